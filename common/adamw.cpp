@@ -1,0 +1,1 @@
+// adamw.cpp: (to be written)

@@ -1,0 +1,21 @@
+// check.cpp: the rank tag and the throwing half of REQUIRE.
+#include "check.h"
+
+namespace zf {
+
+namespace {
+thread_local int tls_rank = -1;
+}
+
+int current_rank() { return tls_rank; }
+void set_current_rank(int rank) { tls_rank = rank; }
+
+void fail_at(const char* file, int line, const std::string& msg) {
+  std::ostringstream s;
+  s << file << ":" << line;
+  if (tls_rank >= 0) s << " [rank " << tls_rank << "]";
+  s << " " << msg;
+  throw Error(s.str());
+}
+
+}  // namespace zf

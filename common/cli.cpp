@@ -1,0 +1,1 @@
+// cli.cpp: (to be written)

@@ -1,0 +1,1 @@
+// comm.cpp: (to be written)

@@ -1,0 +1,123 @@
+// comm.h: the Communicator every stage talks to, whatever carries the bytes.
+//
+// Five collectives (all_reduce, reduce_scatter, all_gather, broadcast,
+// barrier), each with an async form that returns a CommHandle to wait() on, so
+// a stage can start reducing one unit's gradients while the next unit's
+// backward runs. Backends: `threads` (ranks as threads of this process, the
+// default and the reference), later `mpi` and `nccl`.
+//
+// Semantics (the same as NCCL's, counts in elements):
+//   all_reduce(buf, n)             buf[i] = sum over ranks of buf[i]         (in place)
+//   reduce_scatter(send, recv, n)  recv[i] = sum over ranks of send[r*n + i] (send holds N*n)
+//   all_gather(send, recv, n)      recv[r*n + i] = send of rank r [i]        (recv holds N*n)
+//   broadcast(buf, n, root)        buf = buf of root
+// ReduceOp::avg divides the sum by N after summing. Sums run in a fixed rank
+// order (rank 0 + rank 1 + ...), in float32 for f32 and bf16 (bf16 rounded
+// once at the end), so reduce_scatter followed by all_gather equals
+// all_reduce bit for bit.
+//
+// Byte counters follow the ring model of nccl-tests' bus bandwidth: per rank,
+// all_reduce moves 2(N-1)/N of the buffer, reduce_scatter and all_gather
+// (N-1)/N of the full (N*n) buffer, broadcast the buffer once.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "check.h"
+#include "dtype.h"
+
+namespace zf {
+
+enum class ReduceOp { sum, avg };
+enum class CollectiveKind { all_reduce, reduce_scatter, all_gather, broadcast, barrier };
+constexpr int kNumCollectives = 5;
+const char* collective_name(CollectiveKind k);
+
+// Raised on every rank when any rank has failed and the group was aborted.
+struct CommAborted : Error {
+  using Error::Error;
+};
+
+// Ring-model bytes a rank sends for one collective of `bytes` (the full
+// buffer: for reduce_scatter the input, for all_gather the output).
+double ring_bytes(CollectiveKind kind, size_t bytes, int nranks);
+
+struct CommStats {
+  std::array<double, kNumCollectives> bytes{};  // ring-model bytes sent
+  std::array<uint64_t, kNumCollectives> calls{};
+  std::array<double, kNumCollectives> seconds{};  // time from issue to completion
+  double total_bytes() const;
+  void add(CollectiveKind k, double b) { bytes[int(k)] += b; calls[int(k)]++; }
+};
+
+// A pending collective. wait() blocks until it is done and rethrows its error
+// (CommAborted if the group was aborted). A default handle is already done.
+class CommHandle {
+ public:
+  struct State;
+  CommHandle() = default;
+  explicit CommHandle(std::shared_ptr<State> s) : state_(std::move(s)) {}
+  void wait();
+  bool done() const;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* backend() const = 0;
+
+  virtual CommHandle all_reduce_async(void* buf, size_t count, DType dt, ReduceOp op) = 0;
+  virtual CommHandle reduce_scatter_async(const void* send, void* recv, size_t recv_count,
+                                          DType dt, ReduceOp op) = 0;
+  virtual CommHandle all_gather_async(const void* send, void* recv, size_t send_count,
+                                      DType dt) = 0;
+  virtual CommHandle broadcast_async(void* buf, size_t count, DType dt, int root) = 0;
+  virtual void barrier() = 0;
+
+  // Blocking forms.
+  void all_reduce(void* buf, size_t count, DType dt, ReduceOp op = ReduceOp::sum) {
+    all_reduce_async(buf, count, dt, op).wait();
+  }
+  void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dt,
+                      ReduceOp op = ReduceOp::sum) {
+    reduce_scatter_async(send, recv, recv_count, dt, op).wait();
+  }
+  void all_gather(const void* send, void* recv, size_t send_count, DType dt) {
+    all_gather_async(send, recv, send_count, dt).wait();
+  }
+  void broadcast(void* buf, size_t count, DType dt, int root) {
+    broadcast_async(buf, count, dt, root).wait();
+  }
+
+  // Marks the whole group failed: every rank's pending and future collectives
+  // raise CommAborted carrying `reason`. Safe to call from any thread.
+  virtual void abort(const std::string& reason) = 0;
+
+  // Counters since construction (or reset_stats). Bytes and calls are counted
+  // when a collective is issued; seconds when it completes.
+  CommStats stats() const {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    return stats_;
+  }
+  void reset_stats() {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_ = CommStats{};
+  }
+
+ protected:
+  mutable std::mutex stats_mu_;
+  CommStats stats_;
+};
+
+}  // namespace zf

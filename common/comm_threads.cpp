@@ -1,0 +1,1 @@
+// comm_threads.cpp: (to be written)

@@ -1,0 +1,21 @@
+// comm_threads.h: the `threads` backend, ranks as threads over shared memory.
+//
+// The reference implementation of every collective, written out by hand
+// because it is what this project teaches: each rank posts its buffers, each
+// rank reduces its own 1/N of the data by reading every rank's buffer in rank
+// order (the reduce-scatter half), then each rank copies the other ranks'
+// reduced pieces (the all-gather half). Collectives issued async run on a
+// per-rank communication thread in issue order, like a CUDA stream.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "comm.h"
+
+namespace zf {
+
+// Makes the N communicators of one group; communicator r is rank r's.
+std::vector<std::unique_ptr<Communicator>> make_thread_communicators(int nranks);
+
+}  // namespace zf

@@ -1,0 +1,1 @@
+// data.cpp: (to be written)

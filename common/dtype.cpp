@@ -1,0 +1,1 @@
+// dtype.cpp: (to be written)

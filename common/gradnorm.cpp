@@ -1,0 +1,1 @@
+// gradnorm.cpp: (to be written)

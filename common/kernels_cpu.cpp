@@ -1,0 +1,1 @@
+// kernels_cpu.cpp: (to be written)

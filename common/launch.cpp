@@ -1,0 +1,1 @@
+// launch.cpp: (to be written)

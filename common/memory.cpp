@@ -1,0 +1,1 @@
+// memory.cpp: (to be written)

@@ -1,0 +1,81 @@
+// memory.h: every byte a rank holds, counted by category and place.
+//
+// The point of the whole ladder is that ZeRO and FSDP hold fewer bytes per
+// rank, so bytes are counted where they are allocated, not estimated. Each
+// rank owns one MemoryTracker. An allocation names its Place (host memory or
+// the device) and its Category (params, grads, optimizer, activations, comm,
+// workspace); the tracker keeps the current and peak bytes of each pair and,
+// optionally, a budget for the device place. On a CPU-only run the "device" is
+// simulated: its buffers live in host RAM but are counted apart, so a budget
+// such as --device-mem 64MiB fails exactly like a GPU running out of memory.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "check.h"
+
+namespace zf {
+
+enum class Place { host, device };
+enum class Category { params, grads, optimizer, activations, comm, workspace };
+
+constexpr int kNumPlaces = 2;
+constexpr int kNumCategories = 6;
+const char* place_name(Place p);
+const char* category_name(Category c);
+
+// Thrown when an allocation would exceed the device budget (or cudaMalloc fails).
+struct OutOfMemory : Error {
+  using Error::Error;
+};
+
+// "512KiB", "64MiB", "2GiB", "1.5GB", "4096" -> bytes. Throws UsageError on
+// anything else (unknown unit, negative, empty).
+size_t parse_size(const std::string& text);
+std::string format_bytes(size_t bytes);  // "1.50 MiB"
+
+struct MemoryCounts {
+  std::array<std::array<size_t, kNumCategories>, kNumPlaces> current{};
+  std::array<std::array<size_t, kNumCategories>, kNumPlaces> peak{};
+  std::array<size_t, kNumPlaces> peak_total{};  // peak of the sum over categories
+  size_t cur(Place p, Category c) const { return current[int(p)][int(c)]; }
+  size_t pk(Place p, Category c) const { return peak[int(p)][int(c)]; }
+  size_t total(Place p) const;
+  // params + grads + optimizer on place p (the ZeRO paper's "model states").
+  size_t model_states(Place p) const;
+};
+
+class MemoryTracker {
+ public:
+  explicit MemoryTracker(int rank = 0, std::optional<size_t> device_budget = std::nullopt);
+  MemoryTracker(const MemoryTracker&) = delete;
+  MemoryTracker& operator=(const MemoryTracker&) = delete;
+
+  // Allocates `bytes` (64-byte aligned, zero-filled). Throws OutOfMemory
+  // naming the category, the bytes asked for, the bytes in use and the budget.
+  void* allocate(Place place, Category cat, size_t bytes);
+  void release(Place place, Category cat, void* ptr, size_t bytes);
+
+  // Asks whether `bytes` more would fit on `place`, without allocating; used
+  // to refuse a run up front, before any step.
+  bool fits(Place place, size_t bytes) const;
+  // Throws the same OutOfMemory an allocation would, if `bytes` do not fit.
+  void reserve_check(Place place, Category cat, size_t bytes) const;
+
+  MemoryCounts counts() const;
+  std::optional<size_t> device_budget() const { return budget_; }
+  int rank() const { return rank_; }
+
+ private:
+  int rank_;
+  std::optional<size_t> budget_;
+  mutable std::mutex mu_;
+  MemoryCounts counts_;
+};
+
+}  // namespace zf

@@ -1,0 +1,1 @@
+// model.cpp: (to be written)

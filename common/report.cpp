@@ -1,0 +1,1 @@
+// report.cpp: (to be written)
