@@ -1,1 +1,143 @@
-// (to be written)
+// data_parallel.cpp: stage 00. Read this first: every later stage changes
+// one part of this loop (what each rank keeps, and which collective runs).
+//
+//   for each step:
+//     for each micro-step k:        forward unit by unit, then backward in reverse;
+//                                   on the last k, all_reduce each unit's gradients
+//                                   as soon as its backward is done (overlap)
+//     wait for the all-reduces      every rank now has the same averaged gradient
+//     clip by the global norm       computed from the full gradient on each rank
+//     AdamW on the whole model      every rank does the same update (redundantly)
+#include "data_parallel.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "adamw.h"
+#include "checkpoint.h"
+#include "gradnorm.h"
+#include "precision.h"
+#include "training.h"
+
+namespace zf {
+
+namespace {
+
+// The model states one rank holds under data parallelism: all of them.
+struct Replica {
+  Tensor params;   // P, compute dtype (fp32 or bf16)             category params
+  Tensor grads;    // P, compute dtype                            category grads
+  Tensor master;   // P float32, bf16 recipe only                 category optimizer
+  Tensor m, v;     // P float32 AdamW moments                     category optimizer
+
+  Replica(MemoryTracker& mem, size_t P, Precision prec) {
+    DType dt = compute_dtype(prec);
+    params = Tensor(mem, Place::device, Category::params, dt, P);
+    grads = Tensor(mem, Place::device, Category::grads, dt, P);
+    if (prec == Precision::bf16) master = Tensor(mem, Place::device, Category::optimizer, DType::f32, P);
+    m = Tensor(mem, Place::device, Category::optimizer, DType::f32, P);
+    v = Tensor(mem, Place::device, Category::optimizer, DType::f32, P);
+  }
+  // The float32 copy the optimizer updates: the master in bf16, else the parameters.
+  float* fp32_params() { return master.empty() ? params.as<float>() : master.as<float>(); }
+  char* param_bytes(size_t offset) { return static_cast<char*>(params.data()) + offset * dtype_size(params.dtype()); }
+  char* grad_bytes(size_t offset) { return static_cast<char*>(grads.data()) + offset * dtype_size(grads.dtype()); }
+};
+
+}  // namespace
+
+RankResult train_data_parallel(const TrainConfig& cfg, RankContext& ctx, const TokenData& data,
+                               StepReporter& reporter) {
+  const ModelLayout layout = build_layout(cfg.model);
+  const size_t P = layout.numel;
+  const int B = cfg.batch, T = cfg.model.T, K = cfg.grad_accum, N = ctx.world;
+  const DType dt = compute_dtype(cfg.precision);
+  Sampler sampler(data, T, cfg.model.V);
+
+  // Model states first (the largest allocations): over --device-mem, this is
+  // where the run stops, before any step.
+  Replica rep(ctx.mem, P, cfg.precision);
+  size_t max_unit = 0;
+  for (const auto& u : layout.units) max_unit = std::max(max_unit, u.numel);
+  UnitCompute compute(cfg.precision, ctx.mem, max_unit);
+  Gpt gpt(layout, ctx.mem, B);
+  Tensor inputs(ctx.mem, Place::device, Category::activations, DType::i32, size_t(B) * T);
+  Tensor targets(ctx.mem, Place::device, Category::activations, DType::i32, size_t(B) * T);
+  int32_t* in = inputs.as<int32_t>();
+  int32_t* tg = targets.as<int32_t>();
+
+  // The same initial model on every rank (each computes it; no broadcast needed).
+  initial_model(cfg, layout, rep.fp32_params());
+  if (cfg.precision == Precision::bf16) store_from_f32(rep.params.data(), dt, rep.fp32_params(), P);
+  if (!cfg.save_init.empty() && ctx.rank == 0) save_model(cfg.save_init, layout, rep.fp32_params());
+  if (!cfg.save_init.empty()) ctx.comm.barrier();  // the file is complete before anyone goes on
+
+  AdamWConfig adam;
+  adam.lr = cfg.lr;
+  RankResult result;
+  std::vector<CommHandle> pending(layout.units.size());
+
+  for (int step = 0; step < cfg.steps; ++step) {
+    Timer timer;
+    float loss_sum = 0.0f;
+    for (int k = 0; k < K; ++k) {
+      sampler.micro_batch(step, k, ctx.rank, N, B, K, in, tg);
+      float loss = 0.0f;
+      for (size_t u = 0; u < layout.units.size(); ++u) {
+        const auto& unit = layout.units[u];
+        gpt.forward_unit(int(u), compute.params(rep.param_bytes(unit.offset), unit.numel), in, tg, &loss);
+      }
+      loss_sum += loss;
+
+      // Backward, last unit first. d(objective)/d(micro-batch mean loss) is
+      // 1/(N*K): the all-reduce then sums to the global-batch mean's gradient.
+      const bool last_micro = k == K - 1;
+      for (int u = int(layout.units.size()) - 1; u >= 0; --u) {
+        const auto& unit = layout.units[u];
+        float* g = compute.grads_begin(rep.grad_bytes(unit.offset), unit.numel);
+        gpt.backward_unit(u, compute.params(rep.param_bytes(unit.offset), unit.numel), g,
+                          1.0f / float(N * K));
+        compute.grads_end(rep.grad_bytes(unit.offset), unit.numel);
+        if (u == int(layout.units.size()) - 1) maybe_inject_fault(cfg, ctx.rank, step);
+        // This unit's gradient is final for this step: start reducing it now,
+        // while the next unit's backward runs (DDP's bucketing, one unit a bucket).
+        if (last_micro)
+          pending[u] = ctx.comm.all_reduce_async(rep.grad_bytes(unit.offset), unit.numel, dt, ReduceOp::sum);
+      }
+    }
+    for (auto& h : pending) h.wait();
+    const float loss = global_mean_loss(ctx.comm, loss_sum, K);
+
+    // Clip by the global norm. Every rank has the whole averaged gradient.
+    SumOfSquares sq;
+    if (dt == DType::f32) sq.add(rep.grads.as<float>(), P);
+    else sq.add(rep.grads.as<bf16>(), P);
+    const float scale = clip_coefficient(std::sqrt(sq.value()), cfg.clip);
+
+    // AdamW on the whole model, one parameter tensor at a time (decay or not).
+    float* p32 = rep.fp32_params();
+    for (const auto& unit : layout.units)
+      for (const auto& p : unit.params) {
+        size_t off = unit.offset + p.offset;
+        float *w = p32 + off, *m = rep.m.as<float>() + off, *v = rep.v.as<float>() + off;
+        if (dt == DType::f32)
+          adamw_update(w, rep.grads.as<float>() + off, m, v, p.numel, adam, step + 1, scale, p.decay);
+        else
+          adamw_update(w, rep.grads.as<bf16>() + off, m, v, p.numel, adam, step + 1, scale, p.decay);
+      }
+    if (cfg.precision == Precision::bf16) store_from_f32(rep.params.data(), dt, p32, P);
+    std::memset(rep.grads.data(), 0, rep.grads.bytes());
+
+    double ms = timer.ms();
+    result.losses.push_back(loss);
+    result.step_ms.push_back(ms);
+    if (ctx.rank == 0) reporter.step(step, loss, ms, ctx.mem.counts().model_states(Place::device));
+  }
+
+  result.param_hash = hash_params(rep.fp32_params(), P);
+  result.memory = ctx.mem.counts();
+  result.comm = ctx.comm.stats();
+  return result;
+}
+
+}  // namespace zf

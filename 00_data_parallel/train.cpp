@@ -1,2 +1,12 @@
-// (to be written)
-int main(){}
+// train.cpp: the `dp` executable, stage 00 (data parallel).
+//
+//   build/00_data_parallel/dp --ranks 4 --model small --steps 300 --batch 4
+//
+// Flags are SPEC.md's (see --help). The loop itself is in data_parallel.cpp.
+#include "blas.h"
+#include "data_parallel.h"
+
+int main(int argc, char** argv) {
+  zf::blas_select_kernels(argc, argv);
+  return zf::stage_main(argc, argv, {"dp", "stage 00: data parallel"}, zf::train_data_parallel);
+}

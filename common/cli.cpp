@@ -1,1 +1,86 @@
-// cli.cpp: (to be written)
+// cli.cpp: parsing and validating the shared flags.
+#include "cli.h"
+
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "check.h"
+
+namespace zf {
+
+std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& stage) {
+  TrainConfig cfg;
+  cfg.stage = stage.exe;
+  CLI::App app{"zero-to-fsdp " + stage.title + ": train the GPT of SPEC.md", stage.exe};
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // last one wins
+  std::string model = "small", precision = "fp32", device_mem, fault;
+  app.add_option("--ranks", cfg.ranks, "ranks, as threads of this process")->capture_default_str();
+  app.add_option("--model", model, "model preset: tiny, small or gpt2")->capture_default_str();
+  app.add_option("--steps", cfg.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--batch", cfg.batch, "micro-batch per rank (sequences)")->capture_default_str();
+  app.add_option("--grad-accum", cfg.grad_accum, "micro-steps per optimizer step")->capture_default_str();
+  app.add_option("--lr", cfg.lr, "AdamW learning rate")->capture_default_str();
+  app.add_option("--clip", cfg.clip, "clip the global gradient L2 norm to this (0: off)")->capture_default_str();
+  app.add_option("--seed", cfg.seed, "seed of the initial model")->capture_default_str();
+  app.add_option("--precision", precision, "fp32, or bf16 (bf16 params/grads, fp32 master and moments)")
+      ->capture_default_str();
+  app.add_option("--data", cfg.data, "token file (raw bytes or llm.c .bin); default: built-in corpus");
+  app.add_option("--device", cfg.device, "cpu or cuda")->capture_default_str();
+  app.add_option("--device-mem", device_mem, "device memory budget per rank, e.g. 512KiB, 64MiB, 2GiB");
+  app.add_option("--init", cfg.init, "start from this consolidated safetensors model");
+  app.add_option("--save-init", cfg.save_init, "write the initial model to this safetensors file");
+  app.add_option("--log-json", cfg.log_json, "write the run log (JSON lines) to this file");
+  app.add_option("--log-every", cfg.log_every, "print a log line every this many steps")->capture_default_str();
+  app.add_flag("--quiet", cfg.quiet, "print only errors and the summary");
+  app.add_option("--inject-fault", fault, "RANK:STEP: that rank throws during that step (tests, demos)")
+      ->group("");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return std::nullopt;
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(std::string(e.what()) + " (run " + stage.exe + " --help for the flags)");
+  }
+
+  cfg.model = model_preset(model);
+  USAGE_REQUIRE(cfg.ranks >= 1 && cfg.ranks <= 1024, "--ranks must be between 1 and 1024 (got " << cfg.ranks << ")");
+  USAGE_REQUIRE(cfg.steps >= 0, "--steps must be 0 or more (got " << cfg.steps << ")");
+  USAGE_REQUIRE(cfg.batch >= 1, "--batch must be at least 1 sequence per rank (got " << cfg.batch << ")");
+  USAGE_REQUIRE(cfg.grad_accum >= 1, "--grad-accum must be at least 1 (got " << cfg.grad_accum << ")");
+  USAGE_REQUIRE(cfg.lr > 0 && std::isfinite(cfg.lr), "--lr must be a positive number (got " << cfg.lr << ")");
+  USAGE_REQUIRE(cfg.clip >= 0 && std::isfinite(cfg.clip),
+                "--clip must be 0 (off) or a positive norm (got " << cfg.clip << ")");
+  USAGE_REQUIRE(cfg.log_every >= 1, "--log-every must be at least 1 (got " << cfg.log_every << ")");
+  if (precision == "fp32") cfg.precision = Precision::fp32;
+  else if (precision == "bf16") cfg.precision = Precision::bf16;
+  else throw UsageError("--precision must be fp32 or bf16 (got '" + precision + "')");
+  USAGE_REQUIRE(cfg.device == "cpu" || cfg.device == "cuda",
+                "--device must be cpu or cuda (got '" << cfg.device << "')");
+  USAGE_REQUIRE(cfg.device != "cuda",
+                "--device cuda is not available: this build has no CUDA backend yet (the kernels and "
+                "the NCCL communicator are not compiled in); use --device cpu, where the device is "
+                "simulated with its memory tracked apart");
+  if (!device_mem.empty()) {
+    try {
+      cfg.device_mem = parse_size(device_mem);
+    } catch (const UsageError& e) {
+      throw UsageError("--device-mem: " + std::string(e.what()));
+    }
+  }
+  if (!fault.empty()) {
+    auto colon = fault.find(':');
+    USAGE_REQUIRE(colon != std::string::npos, "--inject-fault wants RANK:STEP (got '" << fault << "')");
+    try {
+      cfg.fault_rank = std::stoi(fault.substr(0, colon));
+      cfg.fault_step = std::stoi(fault.substr(colon + 1));
+    } catch (const std::exception&) {
+      throw UsageError("--inject-fault wants RANK:STEP with two integers (got '" + fault + "')");
+    }
+  }
+  return cfg;
+}
+
+}  // namespace zf

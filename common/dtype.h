@@ -13,13 +13,14 @@
 
 namespace zf {
 
-enum class DType { f32, bf16, i64 };
+enum class DType { f32, bf16, i64, i32 };  // i32: token ids (not communicated)
 
 inline size_t dtype_size(DType t) {
   switch (t) {
     case DType::f32: return 4;
     case DType::bf16: return 2;
     case DType::i64: return 8;
+    case DType::i32: return 4;
   }
   return 0;
 }
@@ -29,6 +30,7 @@ inline const char* dtype_name(DType t) {
     case DType::f32: return "f32";
     case DType::bf16: return "bf16";
     case DType::i64: return "i64";
+    case DType::i32: return "i32";
   }
   return "?";
 }

@@ -1,1 +1,295 @@
-// model.cpp: (to be written)
+// model.cpp: the GPT's layout, its seeded initialisation, and the unit-by-unit
+// forward and backward of one rank (llm.c's order of operations, with the
+// activations of each block kept in that block's own buffers).
+#include "model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "check.h"
+#include "kernels.h"
+#include "rng.h"
+
+namespace zf {
+
+// ---------------------------------------------------------------- presets and layout
+
+const std::vector<std::string>& model_preset_names() {
+  static const std::vector<std::string> names = {"tiny", "small", "gpt2"};
+  return names;
+}
+
+ModelConfig model_preset(const std::string& name) {
+  if (name == "tiny") return {"tiny", 256, 64, 2, 4, 64};
+  if (name == "small") return {"small", 256, 128, 4, 4, 128};
+  if (name == "gpt2") return {"gpt2", 50304, 1024, 12, 12, 768};
+  throw UsageError("unknown model preset '" + name + "': use tiny, small or gpt2");
+}
+
+namespace {
+
+void add_param(UnitLayout& u, std::string name, std::vector<int64_t> shape, InitKind init) {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.numel = 1;
+  for (int64_t d : shape) p.numel *= size_t(d);
+  p.shape = std::move(shape);
+  p.offset = u.numel;
+  p.init = init;
+  p.decay = p.shape.size() >= 2;
+  u.numel += p.numel;
+  u.params.push_back(std::move(p));
+}
+
+}  // namespace
+
+ModelLayout build_layout(const ModelConfig& cfg) {
+  REQUIRE(cfg.C % cfg.H == 0, "channels C=" << cfg.C << " not divisible by heads H=" << cfg.H);
+  const int64_t V = cfg.V, T = cfg.T, C = cfg.C;
+  ModelLayout m;
+  m.cfg = cfg;
+
+  UnitLayout emb{UnitKind::embedding, -1, "embedding", {}, 0, 0};
+  add_param(emb, "wte.weight", {V, C}, InitKind::normal);
+  add_param(emb, "wpe.weight", {T, C}, InitKind::normal);
+  m.units.push_back(std::move(emb));
+
+  for (int l = 0; l < cfg.L; ++l) {
+    std::string h = "h." + std::to_string(l) + ".";
+    UnitLayout b{UnitKind::block, l, "h." + std::to_string(l), {}, 0, 0};
+    add_param(b, h + "ln_1.weight", {C}, InitKind::ones);
+    add_param(b, h + "ln_1.bias", {C}, InitKind::zeros);
+    add_param(b, h + "attn.c_attn.weight", {3 * C, C}, InitKind::normal);
+    add_param(b, h + "attn.c_attn.bias", {3 * C}, InitKind::zeros);
+    add_param(b, h + "attn.c_proj.weight", {C, C}, InitKind::normal_residual);
+    add_param(b, h + "attn.c_proj.bias", {C}, InitKind::zeros);
+    add_param(b, h + "ln_2.weight", {C}, InitKind::ones);
+    add_param(b, h + "ln_2.bias", {C}, InitKind::zeros);
+    add_param(b, h + "mlp.c_fc.weight", {4 * C, C}, InitKind::normal);
+    add_param(b, h + "mlp.c_fc.bias", {4 * C}, InitKind::zeros);
+    add_param(b, h + "mlp.c_proj.weight", {C, 4 * C}, InitKind::normal_residual);
+    add_param(b, h + "mlp.c_proj.bias", {C}, InitKind::zeros);
+    m.units.push_back(std::move(b));
+  }
+
+  UnitLayout head{UnitKind::head, -1, "head", {}, 0, 0};
+  add_param(head, "ln_f.weight", {C}, InitKind::ones);
+  add_param(head, "ln_f.bias", {C}, InitKind::zeros);
+  add_param(head, "lm_head.weight", {V, C}, InitKind::normal);
+  m.units.push_back(std::move(head));
+
+  for (auto& u : m.units) {
+    u.offset = m.numel;
+    m.numel += u.numel;
+  }
+  return m;
+}
+
+const ParamSpec* find_param(const UnitLayout& unit, const std::string& name) {
+  for (const auto& p : unit.params)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+void init_unit_range(const UnitLayout& unit, const ModelConfig& cfg, uint64_t seed,
+                     size_t begin, size_t end, float* out) {
+  REQUIRE(begin <= end && end <= unit.numel, "init range [" << begin << ", " << end
+                                                 << ") outside unit " << unit.name);
+  const double std_normal = 0.02;
+  const double std_residual = 0.02 / std::sqrt(2.0 * cfg.L);
+  for (const auto& p : unit.params) {
+    size_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
+    if (lo >= hi) continue;
+    const uint64_t stream = fnv1a64(p.name.data(), p.name.size());
+    for (size_t i = lo; i < hi; ++i) {
+      float v = 0.0f;
+      switch (p.init) {
+        case InitKind::zeros: v = 0.0f; break;
+        case InitKind::ones: v = 1.0f; break;
+        case InitKind::normal: v = float(std_normal * philox_normal(seed, stream, i - p.offset)); break;
+        case InitKind::normal_residual:
+          v = float(std_residual * philox_normal(seed, stream, i - p.offset));
+          break;
+      }
+      out[i - begin] = v;
+    }
+  }
+}
+
+double flops_per_token(const ModelLayout& layout) {
+  const auto& c = layout.cfg;
+  // Matrix-product parameters (embedding lookups are not products, lm_head is).
+  double matmul_params = double(layout.numel) - double(c.V) * c.C - double(c.T) * c.C;
+  return 6.0 * matmul_params + 12.0 * c.L * c.T * c.C;
+}
+
+// ---------------------------------------------------------------- activations
+
+struct Gpt::BlockActs {
+  Tensor ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
+};
+
+Gpt::Gpt(const ModelLayout& layout, MemoryTracker& mem, int B) : layout_(layout), mem_(mem), B_(B) {
+  const auto& c = layout.cfg;
+  const size_t BT = size_t(B) * c.T, C = c.C;
+  auto act = [&](size_t n) { return Tensor(mem, Place::device, Category::activations, DType::f32, n); };
+  for (int l = 0; l <= c.L; ++l) residual_.push_back(act(BT * C));
+  for (int l = 0; l < c.L; ++l) {
+    auto a = std::make_unique<BlockActs>();
+    a->ln1 = act(BT * C);
+    a->ln1_mean = act(BT);
+    a->ln1_rstd = act(BT);
+    a->qkv = act(BT * 3 * C);
+    a->att = act(size_t(B) * c.H * c.T * c.T);
+    a->atty = act(BT * C);
+    a->res2 = act(BT * C);
+    a->ln2 = act(BT * C);
+    a->ln2_mean = act(BT);
+    a->ln2_rstd = act(BT);
+    a->fch = act(BT * 4 * C);
+    a->fch_gelu = act(BT * 4 * C);
+    blocks_.push_back(std::move(a));
+  }
+  lnf_ = act(BT * C);
+  lnf_mean_ = act(BT);
+  lnf_rstd_ = act(BT);
+  logits_ = act(BT * c.V);
+  probs_ = act(BT * c.V);
+  losses_ = act(BT);
+  dresid_ = act(BT * C);
+  // Backward scratch: a block needs 4C + 4C + C floats per position, the head V + C.
+  dscratch_ = act(BT * std::max<size_t>(9 * C, size_t(c.V) + C));
+  att_scratch_ = act(attention_scratch_floats(c.T));
+}
+
+Gpt::~Gpt() = default;
+
+// ---------------------------------------------------------------- forward
+
+void Gpt::embedding_forward(const float* params, const int32_t* tokens) {
+  const auto& c = layout_.cfg;
+  const auto& u = layout_.units[0];
+  tokens_ = tokens;
+  encoder_forward(residual_[0].as<float>(), tokens, params + u.params[0].offset,
+                  params + u.params[1].offset, B_, c.T, c.C);
+}
+
+void Gpt::block_forward(int layer, const float* params) {
+  const auto& c = layout_.cfg;
+  const auto& P = layout_.units[layout_.block_unit(layer)].params;
+  const int N = B_ * c.T, C = c.C;
+  auto w = [&](int i) { return params + P[i].offset; };
+  BlockActs& a = *blocks_[layer];
+  const float* x = residual_[layer].as<float>();
+  float* out = residual_[layer + 1].as<float>();
+
+  layernorm_forward(a.ln1.as<float>(), a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(), x, w(0), w(1), N, C);
+  matmul_forward(a.qkv.as<float>(), a.ln1.as<float>(), w(2), w(3), N, C, 3 * C);
+  attention_forward(a.atty.as<float>(), a.att.as<float>(), a.qkv.as<float>(), B_, c.T, C, c.H);
+  matmul_forward(a.res2.as<float>(), a.atty.as<float>(), w(4), w(5), N, C, C);
+  residual_forward(a.res2.as<float>(), a.res2.as<float>(), x, size_t(N) * C);
+  layernorm_forward(a.ln2.as<float>(), a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(), a.res2.as<float>(),
+                    w(6), w(7), N, C);
+  matmul_forward(a.fch.as<float>(), a.ln2.as<float>(), w(8), w(9), N, C, 4 * C);
+  gelu_forward(a.fch_gelu.as<float>(), a.fch.as<float>(), size_t(N) * 4 * C);
+  matmul_forward(out, a.fch_gelu.as<float>(), w(10), w(11), N, 4 * C, C);
+  residual_forward(out, out, a.res2.as<float>(), size_t(N) * C);
+}
+
+float Gpt::head_forward(const float* params, const int32_t* targets) {
+  const auto& c = layout_.cfg;
+  const auto& P = layout_.units[layout_.head_unit()].params;
+  const int N = B_ * c.T;
+  targets_ = targets;
+  layernorm_forward(lnf_.as<float>(), lnf_mean_.as<float>(), lnf_rstd_.as<float>(),
+                    residual_[c.L].as<float>(), params + P[0].offset, params + P[1].offset, N, c.C);
+  matmul_forward(logits_.as<float>(), lnf_.as<float>(), params + P[2].offset, nullptr, N, c.C, c.V);
+  softmax_cross_entropy_forward(probs_.as<float>(), losses_.as<float>(), logits_.as<float>(), targets,
+                                N, c.V);
+  double sum = 0.0;
+  for (int i = 0; i < N; ++i) sum += losses_.as<float>()[i];
+  return float(sum / N);
+}
+
+// ---------------------------------------------------------------- backward
+
+void Gpt::head_backward(const float* params, float* grads, float dloss) {
+  const auto& c = layout_.cfg;
+  const auto& P = layout_.units[layout_.head_unit()].params;
+  const int N = B_ * c.T;
+  float* dlogits = dscratch_.as<float>();
+  float* dlnf = dlogits + size_t(N) * c.V;
+  std::memset(dlogits, 0, sizeof(float) * size_t(N) * (c.V + c.C));
+  std::memset(dresid_.data(), 0, dresid_.bytes());
+  softmax_cross_entropy_backward(dlogits, probs_.as<float>(), targets_, dloss / float(N), N, c.V);
+  matmul_backward(dlnf, grads + P[2].offset, nullptr, dlogits, lnf_.as<float>(), params + P[2].offset,
+                  N, c.C, c.V);
+  layernorm_backward(dresid_.as<float>(), grads + P[0].offset, grads + P[1].offset, dlnf,
+                     residual_[c.L].as<float>(), params + P[0].offset, lnf_mean_.as<float>(),
+                     lnf_rstd_.as<float>(), N, c.C);
+}
+
+void Gpt::block_backward(int layer, const float* params, float* grads) {
+  const auto& c = layout_.cfg;
+  const auto& P = layout_.units[layout_.block_unit(layer)].params;
+  const int N = B_ * c.T, C = c.C;
+  const size_t NC = size_t(N) * C;
+  auto w = [&](int i) { return params + P[i].offset; };
+  auto g = [&](int i) { return grads + P[i].offset; };
+  BlockActs& a = *blocks_[layer];
+  float* dx = dresid_.as<float>();  // d(out) on entry; d(res2), then d(x) in place
+  float* s4a = dscratch_.as<float>();
+  float* s4b = s4a + 4 * NC;
+  float* s1 = s4b + 4 * NC;
+
+  // MLP: out = res2 + c_proj(gelu(c_fc(ln_2(res2))))
+  float* dfch_gelu = s4a;
+  float* dfch = s4b;
+  float* dln2 = s1;
+  std::memset(s4a, 0, sizeof(float) * 9 * NC);
+  matmul_backward(dfch_gelu, g(10), g(11), dx, a.fch_gelu.as<float>(), w(10), N, 4 * C, C);
+  gelu_backward(dfch, a.fch.as<float>(), dfch_gelu, 4 * NC);
+  matmul_backward(dln2, g(8), g(9), dfch, a.ln2.as<float>(), w(8), N, C, 4 * C);
+  layernorm_backward(dx, g(6), g(7), dln2, a.res2.as<float>(), w(6), a.ln2_mean.as<float>(),
+                     a.ln2_rstd.as<float>(), N, C);
+
+  // Attention: res2 = x + c_proj(attn(c_attn(ln_1(x))))
+  float* datty = s4a;
+  float* dqkv = s4b;
+  float* dln1 = s1;
+  std::memset(s4a, 0, sizeof(float) * 9 * NC);
+  matmul_backward(datty, g(4), g(5), dx, a.atty.as<float>(), w(4), N, C, C);
+  attention_backward(dqkv, att_scratch_.as<float>(), datty, a.qkv.as<float>(), a.att.as<float>(), B_,
+                     c.T, C, c.H);
+  matmul_backward(dln1, g(2), g(3), dqkv, a.ln1.as<float>(), w(2), N, C, 3 * C);
+  layernorm_backward(dx, g(0), g(1), dln1, residual_[layer].as<float>(), w(0), a.ln1_mean.as<float>(),
+                     a.ln1_rstd.as<float>(), N, C);
+}
+
+void Gpt::embedding_backward(float* grads) {
+  const auto& c = layout_.cfg;
+  const auto& P = layout_.units[0].params;
+  encoder_backward(grads + P[0].offset, grads + P[1].offset, dresid_.as<float>(), tokens_, B_, c.T, c.C);
+}
+
+void Gpt::forward_unit(int unit, const float* params, const int32_t* tokens, const int32_t* targets,
+                       float* loss) {
+  const auto& u = layout_.units[unit];
+  switch (u.kind) {
+    case UnitKind::embedding: embedding_forward(params, tokens); break;
+    case UnitKind::block: block_forward(u.layer, params); break;
+    case UnitKind::head: *loss = head_forward(params, targets); break;
+  }
+}
+
+void Gpt::backward_unit(int unit, const float* params, float* grads, float dloss) {
+  const auto& u = layout_.units[unit];
+  switch (u.kind) {
+    case UnitKind::embedding: embedding_backward(grads); break;
+    case UnitKind::block: block_backward(u.layer, params, grads); break;
+    case UnitKind::head: head_backward(params, grads, dloss); break;
+  }
+}
+
+}  // namespace zf

@@ -1,1 +1,179 @@
-// (to be written)
+// test_model.cpp: the GPT's layout, its seeded initialisation (the same for
+// any number of ranks and through --save-init / --init), and the model's
+// backward against finite differences end to end.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+#include "checkpoint.h"
+#include "launch.h"
+#include "model.h"
+#include "safetensors.h"
+#include "test_util.h"
+#include "training.h"
+
+namespace zf {
+namespace {
+
+size_t expected_params(const ModelConfig& c) {
+  size_t C = c.C;
+  size_t per_block = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + 4 * C * C + 4 * C + 4 * C * C + C;
+  return size_t(c.V) * C + size_t(c.T) * C + c.L * per_block + 2 * C + size_t(c.V) * C;
+}
+
+TEST(Layout, ParameterCountAndOrderFollowSpec) {
+  for (const auto& name : model_preset_names()) {
+    auto cfg = model_preset(name);
+    auto layout = build_layout(cfg);
+    EXPECT_EQ(layout.numel, expected_params(cfg)) << name;
+    // Units are contiguous and in SPEC.md order.
+    size_t off = 0;
+    std::vector<std::string> names;
+    for (const auto& u : layout.units) {
+      EXPECT_EQ(u.offset, off);
+      off += u.numel;
+      for (const auto& p : u.params) names.push_back(p.name);
+    }
+    EXPECT_EQ(names.front(), "wte.weight");
+    EXPECT_EQ(names[1], "wpe.weight");
+    EXPECT_EQ(names[2], "h.0.ln_1.weight");
+    EXPECT_EQ(names[4], "h.0.attn.c_attn.weight");
+    EXPECT_EQ(names.back(), "lm_head.weight");
+    EXPECT_EQ(layout.units.size(), size_t(cfg.L + 2));
+  }
+  // GPT-2 124M's shape with nanoGPT's padded vocabulary (124,475,904 with a
+  // tied head) plus the untied 50304 x 768 lm_head: 163,109,376.
+  EXPECT_EQ(build_layout(model_preset("gpt2")).numel, size_t(124475904) + size_t(50304) * 768);
+}
+
+TEST(Layout, DecayOnlyOnMatrices) {
+  auto layout = build_layout(model_preset("tiny"));
+  for (const auto& u : layout.units)
+    for (const auto& p : u.params) EXPECT_EQ(p.decay, p.shape.size() >= 2) << p.name;
+}
+
+TEST(Init, StatisticsFollowSpec) {
+  auto cfg = model_preset("small");
+  auto layout = build_layout(cfg);
+  std::vector<float> flat(layout.numel);
+  TrainConfig tc;
+  tc.model = cfg;
+  initial_model(tc, layout, flat.data());
+  for (const auto& u : layout.units)
+    for (const auto& p : u.params) {
+      const float* x = flat.data() + u.offset + p.offset;
+      double s = 0, s2 = 0;
+      for (size_t i = 0; i < p.numel; ++i) s += x[i], s2 += double(x[i]) * x[i];
+      double mean = s / p.numel, sd = std::sqrt(s2 / p.numel - mean * mean);
+      bool residual = p.name.find("c_proj.weight") != std::string::npos;
+      if (p.shape.size() >= 2) {
+        double want = residual ? 0.02 / std::sqrt(2.0 * cfg.L) : 0.02;
+        // >= 16384 samples: the sample sd is within ~1% of the true one (5 sigma < 4%).
+        EXPECT_NEAR(sd, want, 0.04 * want) << p.name;
+        EXPECT_NEAR(mean, 0.0, 0.05 * want) << p.name;
+      } else if (p.name.find(".weight") != std::string::npos) {
+        EXPECT_EQ(mean, 1.0) << p.name;
+        EXPECT_EQ(sd, 0.0) << p.name;
+      } else {
+        EXPECT_EQ(s2, 0.0) << p.name;  // biases are zero
+      }
+    }
+}
+
+TEST(Init, ShardedDrawingEqualsWhole) {
+  // Drawing any sub-range gives the same values as drawing the whole unit:
+  // what lets a ZeRO-3 rank initialise only its shard.
+  auto cfg = model_preset("tiny");
+  auto layout = build_layout(cfg);
+  for (const auto& u : layout.units) {
+    std::vector<float> whole(u.numel), part(u.numel);
+    init_unit_range(u, cfg, 7, 0, u.numel, whole.data());
+    size_t cut1 = u.numel / 3, cut2 = 2 * u.numel / 3 + 1;
+    init_unit_range(u, cfg, 7, 0, cut1, part.data());
+    init_unit_range(u, cfg, 7, cut1, cut2, part.data() + cut1);
+    init_unit_range(u, cfg, 7, cut2, u.numel, part.data() + cut2);
+    EXPECT_EQ(0, std::memcmp(whole.data(), part.data(), u.numel * 4)) << u.name;
+  }
+  // And the seed matters.
+  std::vector<float> a(layout.units[0].numel), b(layout.units[0].numel);
+  init_unit_range(layout.units[0], cfg, 1, 0, a.size(), a.data());
+  init_unit_range(layout.units[0], cfg, 2, 0, b.size(), b.data());
+  EXPECT_NE(0, std::memcmp(a.data(), b.data(), a.size() * 4));
+}
+
+TEST(Init, SameForAnyRankCountAndThroughSaveInit) {
+  std::string dir = test::temp_dir();
+  auto cfg = test::quiet_config("tiny", 1, 1, 0);  // 0 steps: the hash is the initial model's
+  cfg.save_init = dir + "/init.safetensors";
+  auto one = run_training(cfg, train_data_parallel);
+  ASSERT_EQ(one.ranks.size(), 1u);
+  for (int n : {2, 3, 4}) {
+    auto c = test::quiet_config("tiny", n, 1, 0);
+    auto run = run_training(c, train_data_parallel);
+    for (const auto& r : run.ranks) EXPECT_EQ(r.param_hash, one.ranks[0].param_hash) << n << " ranks";
+  }
+  // The file holds exactly the seeded values, as F32 under SPEC.md's names.
+  auto layout = build_layout(cfg.model);
+  std::vector<float> direct(layout.numel), loaded(layout.numel);
+  initial_model(cfg, layout, direct.data());
+  SafetensorsReader reader(cfg.save_init);
+  EXPECT_EQ(reader.tensors().size(), size_t(3 + 12 * cfg.model.L + 2));
+  load_model(cfg.save_init, layout, loaded.data());
+  EXPECT_EQ(0, std::memcmp(direct.data(), loaded.data(), direct.size() * 4));
+  EXPECT_EQ(hash_params(direct.data(), direct.size()), one.ranks[0].param_hash);
+  // --init reads it back: a different seed is ignored, the model is the file's.
+  auto c = test::quiet_config("tiny", 2, 1, 0);
+  c.init = cfg.save_init;
+  c.seed = 999;
+  EXPECT_EQ(run_training(c, train_data_parallel).ranks[0].param_hash, one.ranks[0].param_hash);
+}
+
+// The whole model's backward against central differences of its loss.
+TEST(Gpt, BackwardMatchesFiniteDifferences) {
+  ModelConfig cfg{"test", 11, 6, 2, 2, 8};
+  auto layout = build_layout(cfg);
+  MemoryTracker mem;
+  const int B = 2;
+  Gpt gpt(layout, mem, B);
+  std::vector<float> params(layout.numel), grads(layout.numel, 0.0f);
+  for (const auto& u : layout.units) init_unit_range(u, cfg, 3, 0, u.numel, params.data() + u.offset);
+  // Larger weights than the 0.02 init, so every path carries a visible
+  // gradient, but not so large that attention saturates and the loss bends
+  // sharply within one finite-difference step.
+  for (auto& p : params) p *= 3.0f;
+  std::vector<int32_t> in(B * cfg.T), tg(B * cfg.T);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = int32_t((i * 7 + 3) % cfg.V), tg[i] = int32_t((i * 5 + 1) % cfg.V);
+
+  auto loss_at = [&]() {
+    float loss = 0;
+    for (size_t u = 0; u < layout.units.size(); ++u)
+      gpt.forward_unit(int(u), params.data() + layout.units[u].offset, in.data(), tg.data(), &loss);
+    return double(loss);
+  };
+  loss_at();
+  for (int u = int(layout.units.size()) - 1; u >= 0; --u)
+    gpt.backward_unit(u, params.data() + layout.units[u].offset, grads.data() + layout.units[u].offset, 1.0f);
+
+  // Check every 7th parameter. The loss is float32 (~1e-7 relative of ~2.5),
+  // so with h = 2e-3 the difference quotient carries ~1e-4 of rounding noise
+  // plus O(h^2) truncation; 2e-3 absolute + 3% relative covers both with margin
+  // while a wrong wiring (a missing term, a transposed weight) is off by far more.
+  int checked = 0;
+  for (size_t i = 0; i < layout.numel; i += 7) {
+    float saved = params[i];
+    const float h = 2e-3f;
+    params[i] = saved + h;
+    double up = loss_at();
+    params[i] = saved - h;
+    double down = loss_at();
+    params[i] = saved;
+    double fd = (up - down) / (2.0 * h);
+    EXPECT_NEAR(grads[i], fd, 2e-3 + 0.03 * std::fabs(fd)) << "parameter element " << i;
+    ++checked;
+  }
+  EXPECT_GT(checked, 100);
+}
+
+}  // namespace
+}  // namespace zf

@@ -1,1 +1,86 @@
-// (to be written)
+// test_cli.cpp: bad input to the `dp` executable gives one clear message and
+// a non-zero exit, never a crash, a hang or a silent default. Each case runs
+// the real binary and checks both the exit code and the words of the message.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "test_util.h"
+
+namespace zf {
+namespace {
+
+using test::run_command;
+
+std::string dp() { return test::dp_binary() + " --model tiny --steps 1 --batch 1 --quiet"; }
+
+void expect_usage_error(const std::string& args, const std::vector<std::string>& words) {
+  auto r = run_command(dp() + " " + args);
+  EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+  for (const auto& w : words) EXPECT_NE(r.output.find(w), std::string::npos) << "'" << w << "' missing for "
+                                                                              << args << ":\n" << r.output;
+  // One message, not a stack of them, and no crash report.
+  EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
+  EXPECT_LE(std::count(r.output.begin(), r.output.end(), '\n'), 2) << r.output;
+}
+
+TEST(Cli, ValidRunSucceeds) {
+  auto r = run_command(dp() + " --ranks 2");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST(Cli, ZeroRanks) { expect_usage_error("--ranks 0", {"--ranks", "got 0"}); }
+TEST(Cli, UnknownPreset) { expect_usage_error("--model huge", {"huge", "tiny, small or gpt2"}); }
+TEST(Cli, ZeroBatch) { expect_usage_error("--batch 0", {"--batch", "got 0"}); }
+TEST(Cli, NotANumber) { expect_usage_error("--steps many", {"--steps", "many"}); }
+TEST(Cli, UnknownFlag) { expect_usage_error("--zero-stage 3", {"--zero-stage"}); }
+TEST(Cli, BadPrecision) { expect_usage_error("--precision fp16", {"--precision", "fp16"}); }
+TEST(Cli, MalformedSize) { expect_usage_error("--device-mem 12XB", {"--device-mem", "12XB"}); }
+TEST(Cli, CudaUnavailableSaysWhy) { expect_usage_error("--device cuda", {"--device cuda", "CUDA"}); }
+
+TEST(Cli, MissingDataFile) {
+  expect_usage_error("--data /nonexistent/tokens.bin", {"/nonexistent/tokens.bin"});
+}
+
+TEST(Cli, DataFileShorterThanTPlus2) {
+  // tiny has T = 64: 65 tokens are one too few, 66 are enough.
+  std::string dir = test::temp_dir();
+  for (int n : {65, 66}) {
+    std::string path = dir + "/short" + std::to_string(n) + ".txt";
+    std::ofstream(path) << std::string(n, 'a');
+    if (n == 65) expect_usage_error("--data " + path, {path, "65", "66"});
+    else EXPECT_EQ(run_command(dp() + " --data " + path).exit_code, 0);
+  }
+}
+
+TEST(Cli, InitFileOfAnotherModel) {
+  std::string dir = test::temp_dir();
+  std::string path = dir + "/small.safetensors";
+  auto r = run_command(test::dp_binary() + " --model small --steps 0 --quiet --save-init " + path);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // small has C = 128 and L = 4, tiny C = 64 and L = 2: the shapes differ.
+  expect_usage_error("--init " + path, {path, "wte.weight", "[256, 128]", "[256, 64]"});
+}
+
+TEST(Cli, InitFileNotSafetensors) {
+  std::string dir = test::temp_dir();
+  std::string path = dir + "/junk.safetensors";
+  std::ofstream(path) << "this is not a checkpoint";
+  expect_usage_error("--init " + path, {path});
+}
+
+TEST(Cli, OutOfMemoryExitsWithItsOwnCode) {
+  auto r = run_command(dp() + " --device-mem 512KiB");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("out of memory"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("512.00 KiB"), std::string::npos) << r.output;
+}
+
+TEST(Cli, InjectedFaultNamesTheRank) {
+  auto r = run_command("timeout 60 " + dp() + " --ranks 3 --steps 3 --inject-fault 1:1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("rank 1"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace zf

@@ -1,1 +1,162 @@
-// (to be written)
+// test_dp.cpp: stage 00 is right. Data parallelism must give the losses of
+// one rank on the same global batch, hold exactly 16P bytes of model states
+// per rank, move 2(N-1)/N of the gradient per step, and learn.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+
+#include "comm.h"
+#include "test_util.h"
+
+namespace zf {
+namespace {
+
+using test::quiet_config;
+
+// Different rank counts sum the same per-sequence gradients in a different
+// order (N per-rank partial sums, then the all-reduce), so results agree to
+// float32 rounding, not bit for bit. After a few AdamW steps such differences
+// stay ~1e-6 relative in the loss; 2e-4 absolute on a loss of ~5 leaves a wide
+// margin while a wrong batch (other sequences, other weighting) moves the
+// loss by 1e-2 or more.
+constexpr double kOrderTol = 2e-4;
+
+void expect_same_losses(const RunResult& a, const RunResult& b, double tol) {
+  ASSERT_EQ(a.ranks[0].losses.size(), b.ranks[0].losses.size());
+  for (size_t s = 0; s < a.ranks[0].losses.size(); ++s)
+    EXPECT_NEAR(a.ranks[0].losses[s], b.ranks[0].losses[s], tol) << "step " << s;
+}
+
+TEST(DataParallel, FourRanksOfTwoEqualOneRankOfEight) {
+  for (Precision p : {Precision::fp32, Precision::bf16}) {
+    auto c4 = quiet_config("tiny", 4, 2, 5);
+    auto c1 = quiet_config("tiny", 1, 8, 5);
+    c4.precision = c1.precision = p;
+    auto r4 = run_training(c4, train_data_parallel);
+    auto r1 = run_training(c1, train_data_parallel);
+    // bf16 gradients are rounded to 8 bits of mantissa after different partial
+    // sums, so a rounding step can differ by 2^-8 relative in a gradient; the
+    // losses of a few steps then differ by ~1e-3 at most.
+    expect_same_losses(r4, r1, p == Precision::fp32 ? kOrderTol : 3e-3);
+    // Every rank of a run reports the same loss and ends with the same model.
+    for (const auto& r : r4.ranks) {
+      EXPECT_EQ(r.losses, r4.ranks[0].losses);
+      EXPECT_EQ(r.param_hash, r4.ranks[0].param_hash);
+    }
+  }
+}
+
+TEST(DataParallel, AccumulationEqualsMoreRanks) {
+  auto a = quiet_config("tiny", 2, 2, 5);
+  a.grad_accum = 2;
+  auto b = quiet_config("tiny", 4, 2, 5);
+  expect_same_losses(run_training(a, train_data_parallel), run_training(b, train_data_parallel), kOrderTol);
+}
+
+TEST(DataParallel, ClippingChangesTheUpdate) {
+  // With a tiny clip norm the update must differ from the unclipped one.
+  auto a = quiet_config("tiny", 2, 2, 4);
+  auto b = a;
+  a.clip = 0.0f;
+  b.clip = 0.01f;
+  auto ra = run_training(a, train_data_parallel), rb = run_training(b, train_data_parallel);
+  EXPECT_EQ(ra.ranks[0].losses[0], rb.ranks[0].losses[0]);  // same initial model and batch
+  EXPECT_NE(ra.ranks[0].param_hash, rb.ranks[0].param_hash);
+}
+
+TEST(DataParallel, LossFallsOnBuiltInCorpus) {
+  auto cfg = quiet_config("tiny", 2, 4, 60);
+  cfg.lr = 3e-3f;
+  auto run = run_training(cfg, train_data_parallel);
+  const auto& l = run.ranks[0].losses;
+  // A byte-level model starts near ln(256) = 5.55; learning the corpus's
+  // letter statistics alone brings it well under 3.5 in 60 steps.
+  EXPECT_NEAR(l.front(), std::log(256.0), 0.3);
+  EXPECT_LT(l.back(), 3.5);
+}
+
+TEST(DataParallel, ModelStatesAreExactly16PPerRank) {
+  for (Precision p : {Precision::fp32, Precision::bf16}) {
+    auto cfg = quiet_config("tiny", 3, 1, 1);
+    cfg.precision = p;
+    auto run = run_training(cfg, train_data_parallel);
+    const size_t P = run.params;
+    const size_t param_bytes = p == Precision::fp32 ? 4 : 2;
+    for (const auto& r : run.ranks) {
+      const auto& m = r.memory;
+      EXPECT_EQ(m.cur(Place::device, Category::params), param_bytes * P);
+      EXPECT_EQ(m.cur(Place::device, Category::grads), param_bytes * P);
+      EXPECT_EQ(m.cur(Place::device, Category::optimizer), (16 - 2 * param_bytes) * P);
+      EXPECT_EQ(m.model_states(Place::device), 16 * P);
+      EXPECT_EQ(m.model_states(Place::host), 0u);
+      EXPECT_GT(m.pk(Place::device, Category::activations), 0u);
+    }
+  }
+}
+
+TEST(DataParallel, CommunicatesOneAllReducePerStep) {
+  const int N = 4, steps = 3;
+  auto cfg = quiet_config("tiny", N, 1, steps);
+  cfg.grad_accum = 2;  // only the last micro-step communicates
+  auto run = run_training(cfg, train_data_parallel);
+  const double P = double(run.params);
+  for (const auto& r : run.ranks) {
+    const auto& s = r.comm;
+    // Gradients (P floats) plus the loss (1 float) per step, ring model.
+    double want = steps * 2.0 * (N - 1) / N * 4.0 * (P + 1);
+    EXPECT_DOUBLE_EQ(s.bytes[int(CollectiveKind::all_reduce)], want);
+    EXPECT_EQ(s.bytes[int(CollectiveKind::reduce_scatter)], 0.0);
+    EXPECT_EQ(s.bytes[int(CollectiveKind::all_gather)], 0.0);
+    // One all-reduce per unit per step plus the loss.
+    EXPECT_EQ(s.calls[int(CollectiveKind::all_reduce)], uint64_t(steps * (cfg.model.L + 3)));
+  }
+}
+
+TEST(DataParallel, DeviceBudgetRefusesBeforeAnyStep) {
+  std::string dir = test::temp_dir();
+  auto cfg = quiet_config("tiny", 2, 1, 5);
+  cfg.log_json = dir + "/log.jsonl";
+  const size_t P = build_layout(cfg.model).numel;
+  cfg.device_mem = 10 * P;  // less than the 16P of model states
+  try {
+    run_training(cfg, train_data_parallel);
+    FAIL() << "expected OutOfMemory";
+  } catch (const OutOfMemory& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("out of memory"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("--device-mem"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(format_bytes(10 * P)), std::string::npos) << "budget not named: " << msg;
+    bool names_category = msg.find("params") != std::string::npos ||
+                          msg.find("grads") != std::string::npos ||
+                          msg.find("optimizer") != std::string::npos;
+    EXPECT_TRUE(names_category) << msg;
+  }
+  std::ifstream log(cfg.log_json);
+  std::string line;
+  EXPECT_FALSE(std::getline(log, line)) << "a step ran: " << line;
+  // And with enough budget it trains.
+  cfg.device_mem = 64 * P + (64u << 20);
+  EXPECT_EQ(run_training(cfg, train_data_parallel).ranks[0].losses.size(), 5u);
+}
+
+TEST(DataParallel, FailingRankStopsTheRunAndIsNamed) {
+  auto cfg = quiet_config("tiny", 4, 1, 5);
+  cfg.fault_rank = 2;
+  cfg.fault_step = 1;
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    run_training(cfg, train_data_parallel);
+    FAIL() << "expected the run to fail";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("rank 2"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("injected fault"), std::string::npos) << msg;
+  }
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 10.0) << "the other ranks took too long to stop";
+}
+
+}  // namespace
+}  // namespace zf

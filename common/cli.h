@@ -1,0 +1,24 @@
+// cli.h: the flags every stage shares (SPEC.md, "Command line"), with CLI11.
+//
+// Every value is validated here, up front, with a message that names the
+// flag, the value and what is accepted (torchtitan's habit: fail before any
+// work, saying why). A bad flag is a zf::UsageError; --help prints the flags.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "config.h"
+
+namespace zf {
+
+struct StageInfo {
+  std::string exe;          // "dp"
+  std::string title;        // "stage 00: data parallel"
+};
+
+// Returns the configuration, or nullopt when --help was printed.
+// Throws UsageError for anything invalid.
+std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& stage);
+
+}  // namespace zf

@@ -1,0 +1,50 @@
+// gradnorm.h: the global gradient norm, the same bits however it is sharded.
+//
+// Clipping needs ||g|| over the whole model. Data parallel has every gradient
+// on every rank; ZeRO-1/2 hold one shard of the flat range; ZeRO-3 one shard
+// of each unit. A float sum depends on the order of its terms, so each
+// sharding would clip by a slightly different norm and the stages would drift
+// apart bit by bit. SumOfSquares avoids that: each square of a float32 is
+// exact in double (24+24 bits < 53), and it is added into an exact
+// fixed-point accumulator (limbs of 32 bits covering every exponent a float32
+// square can have). Integer addition is associative, so the total is the same
+// whatever the order and however the terms are split among ranks; ranks
+// combine their partial sums by an i64 all_reduce of the limbs.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "dtype.h"
+
+namespace zf {
+
+class Communicator;
+
+class SumOfSquares {
+ public:
+  // Squares of float32 values span 2^-298 .. 2^256 (a bin of 2^15 of them
+  // up to 2^271); 20 limbs of 32 bits from 2^-320 cover that, with room for
+  // carries at the top.
+  static constexpr int kLimbs = 20;
+  static constexpr int kLowestExponent = -320;
+
+  void add(const float* x, size_t n);
+  void add(const bf16* x, size_t n);
+  void add(const SumOfSquares& other);
+  // Sums the accumulators of all ranks (i64 all_reduce of the limbs).
+  void all_reduce(Communicator& comm);
+  // The sum, rounded to double. Deterministic: a function of the exact sum only.
+  double value() const;
+
+  // Internal: adds 256 exponent bins of squares (see gradnorm.cpp) and clears them.
+  void flush(uint64_t* bins);
+
+ private:
+  void add_shifted(uint64_t value, int exponent);
+  void normalize();  // carry so every limb but the top is in [0, 2^32)
+  std::array<int64_t, kLimbs> limbs_{};
+};
+
+}  // namespace zf

@@ -1,0 +1,60 @@
+// runner.cpp: the shared frame around every stage's training function.
+#include "runner.h"
+
+#include <cstdio>
+#include <mutex>
+
+#include "blas.h"
+#include "check.h"
+
+namespace zf {
+
+RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
+  TokenData data = cfg.data.empty() ? builtin_corpus() : load_token_file(cfg.data);
+  Sampler check(data, cfg.model.T, cfg.model.V);  // refuses short files and foreign vocabularies now
+  ModelLayout layout = build_layout(cfg.model);
+
+  RunResult run;
+  run.cfg = cfg;
+  run.params = layout.numel;
+  run.blas = blas_description();
+  run.ranks.resize(cfg.ranks);
+  StepReporter reporter(run.cfg, layout.numel);
+  if (!cfg.quiet) {
+    std::printf("zero-to-fsdp %s | model %s (P = %zu, V=%d T=%d L=%d H=%d C=%d) | %d ranks (threads) | "
+                "B=%d K=%d, %lld tokens/step | %s | data: %s (%zu tokens)\n",
+                cfg.stage.c_str(), cfg.model.name.c_str(), layout.numel, cfg.model.V, cfg.model.T,
+                cfg.model.L, cfg.model.H, cfg.model.C, cfg.ranks, cfg.batch, cfg.grad_accum,
+                (long long)(cfg.global_batch() * cfg.model.T), precision_name(cfg.precision),
+                data.source.c_str(), data.tokens.size());
+    std::printf("BLAS: %s\n", run.blas.c_str());
+    std::fflush(stdout);
+  }
+
+  LaunchOptions opt;
+  opt.ranks = cfg.ranks;
+  opt.device_budget = cfg.device_mem;
+  run_ranks(opt, [&](RankContext& ctx) { run.ranks[ctx.rank] = stage(run.cfg, ctx, data, reporter); });
+  reporter.summary(run);
+  return run;
+}
+
+int stage_main(int argc, char** argv, const StageInfo& info, const StageFn& stage) {
+  try {
+    auto cfg = parse_flags(argc, argv, info);
+    if (!cfg) return 0;
+    run_training(*cfg, stage);
+    return 0;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "%s: error: %s\n", info.exe.c_str(), e.what());
+    return 2;
+  } catch (const OutOfMemory& e) {
+    std::fprintf(stderr, "%s: %s\n", info.exe.c_str(), e.what());
+    return 3;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", info.exe.c_str(), e.what());
+    return 1;
+  }
+}
+
+}  // namespace zf

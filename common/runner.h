@@ -1,0 +1,30 @@
+// runner.h: what every stage's main() does, and the library entry point the
+// tests call: load the data, start the ranks, run the stage's training
+// function on each, gather the per-rank results, print and log them.
+//
+// A stage provides one StageFn; everything around it is shared, so a stage
+// folder shows only its strategy.
+#pragma once
+
+#include <functional>
+
+#include "cli.h"
+#include "config.h"
+#include "data.h"
+#include "launch.h"
+#include "report.h"
+
+namespace zf {
+
+using StageFn =
+    std::function<RankResult(const TrainConfig&, RankContext&, const TokenData&, StepReporter&)>;
+
+// Runs a stage with cfg.ranks ranks. Throws UsageError (bad data file),
+// OutOfMemory (over --device-mem) or Error (a rank failed, named).
+RunResult run_training(const TrainConfig& cfg, const StageFn& stage);
+
+// main() of a stage executable: flags, run, tables, exit code
+// (0 ok, 2 usage error, 3 out of memory, 1 any other failure).
+int stage_main(int argc, char** argv, const StageInfo& info, const StageFn& stage);
+
+}  // namespace zf

@@ -1,0 +1,62 @@
+// test_util.h: helpers shared by the test suites: quiet configs, temp files,
+// running an executable and capturing what it printed.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "data_parallel.h"
+#include "runner.h"
+
+namespace zf::test {
+
+// A quiet configuration of `model` for tests.
+inline TrainConfig quiet_config(const std::string& model, int ranks, int batch, int steps) {
+  TrainConfig cfg;
+  cfg.model = model_preset(model);
+  cfg.ranks = ranks;
+  cfg.batch = batch;
+  cfg.steps = steps;
+  cfg.quiet = true;
+  return cfg;
+}
+
+// A fresh directory for this test's files.
+inline std::string temp_dir() {
+  std::string tmpl = ::testing::TempDir() + "zf_test_XXXXXX";
+  char* d = mkdtemp(tmpl.data());
+  if (!d) throw std::runtime_error("mkdtemp failed");
+  return d;
+}
+
+struct ProcessResult {
+  int exit_code;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs `command` through the shell, capturing stdout+stderr.
+inline ProcessResult run_command(const std::string& command) {
+  ProcessResult r{-1, ""};
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.output.append(buf.data(), n);
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+// Path of the dp executable (meson passes it in ZF_DP_BIN).
+inline std::string dp_binary() {
+  const char* p = std::getenv("ZF_DP_BIN");
+  return p ? p : "build/00_data_parallel/dp";
+}
+
+}  // namespace zf::test
