@@ -42,6 +42,8 @@ class Sampler {
   // Throws UsageError if the data has fewer than T + 2 tokens, or a token id
   // >= V (the model's vocabulary), naming both numbers and the source.
   Sampler(const TokenData& data, int T, int V);
+  // The sampler keeps a reference to the data: a temporary would dangle.
+  Sampler(TokenData&&, int, int) = delete;
 
   // Sequence with global index j: inputs[t] = tok[o+t], targets[t] = tok[o+t+1], t < T.
   void sequence(int64_t j, int32_t* inputs, int32_t* targets) const;

@@ -1,1 +1,356 @@
-// safetensors.cpp: (to be written)
+// safetensors.cpp: the safetensors checkpoint format, written atomically and
+// read with every field checked.
+//
+// Layout of a file (the format of Hugging Face's `safetensors` package, so
+// `safetensors.safe_open(path, "pt")` in Python reads what this writes):
+//
+//   [8 bytes]  N, the header length, unsigned little-endian
+//   [N bytes]  JSON: {"__metadata__": {"k": "v", ...},
+//                     "name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...}
+//              padded with spaces so that the data starts 8-byte aligned
+//   [rest]     the tensors' bytes, little-endian, back to back; offsets are
+//              relative to the start of this section
+//
+// Writing goes to PATH.tmp, is flushed and fsync'ed, then renamed over PATH:
+// a crash or a full disk leaves either the old checkpoint or the new one,
+// never half of one. Reading trusts nothing in the file: sizes, offsets,
+// dtypes and overlaps are all checked before a byte of data is used, and
+// every error names the file.
+#include "safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "check.h"
+
+namespace zf {
+
+static_assert(std::endian::native == std::endian::little,
+              "safetensors data is little-endian; this code assumes a little-endian host");
+
+namespace {
+
+const char* st_dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "F32";
+    case DType::bf16: return "BF16";
+    case DType::i64: return "I64";
+    case DType::i32: return "I32";
+  }
+  return "?";
+}
+
+bool parse_st_dtype(const std::string& s, DType& out) {
+  if (s == "F32") { out = DType::f32; return true; }
+  if (s == "BF16") { out = DType::bf16; return true; }
+  if (s == "I64") { out = DType::i64; return true; }
+  if (s == "I32") { out = DType::i32; return true; }
+  return false;
+}
+
+// numel of a shape, or false if a dimension is negative or the count
+// (times elem_size bytes) does not fit in 64 bits.
+bool checked_bytes(const std::vector<int64_t>& shape, size_t elem_size, uint64_t& bytes) {
+  uint64_t n = elem_size;
+  for (int64_t d : shape) {
+    if (d < 0) return false;
+    if (__builtin_mul_overflow(n, uint64_t(d), &n)) return false;
+  }
+  bytes = n;
+  return true;
+}
+
+struct FileCloser {
+  void operator()(FILE* f) const { if (f) std::fclose(f); }
+};
+using File = std::unique_ptr<FILE, FileCloser>;
+
+// Throws UsageError if `path` cannot be opened for reading, saying why.
+File open_for_reading(const std::string& path) {
+  const std::string what = "checkpoint '" + path + "'";
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    int e = errno;
+    USAGE_REQUIRE(e != ENOENT, what << " does not exist (no such file); check the path given to --init "
+                                       "or --resume");
+    USAGE_REQUIRE(false, what << " cannot be opened (" << std::strerror(e) << ")");
+  }
+  USAGE_REQUIRE(!S_ISDIR(st.st_mode), what << " is a directory, not a safetensors file"
+                                           << " (a sharded checkpoint folder? give the consolidated .safetensors file)");
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) {
+    int e = errno;
+    USAGE_REQUIRE(e != EACCES, what << " cannot be read (permission denied); make it readable (chmod +r)");
+    USAGE_REQUIRE(false, what << " cannot be opened (" << std::strerror(e) << ")");
+  }
+  return File(f);
+}
+
+}  // namespace
+
+size_t TensorInfo::numel() const {
+  size_t n = 1;
+  for (int64_t d : shape) n *= size_t(d);
+  return n;
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::ostringstream s;
+  s << "[";
+  for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
+  s << "]";
+  return s.str();
+}
+
+// ---------------------------------------------------------------------------
+// Writer
+
+void write_safetensors(const std::string& path, const std::vector<TensorRef>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  // Check everything before touching the disk, so a bad call changes nothing.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) meta[k] = v;
+    header["__metadata__"] = std::move(meta);
+  }
+  std::set<std::string> names;
+  std::vector<uint64_t> sizes;
+  uint64_t offset = 0;
+  for (const TensorRef& t : tensors) {
+    REQUIRE(!t.name.empty() && t.name != "__metadata__",
+            "writing '" << path << "': invalid tensor name '" << t.name << "'");
+    REQUIRE(names.insert(t.name).second, "writing '" << path << "': tensor '" << t.name << "' given twice");
+    uint64_t bytes = 0;
+    REQUIRE(checked_bytes(t.shape, dtype_size(t.dtype), bytes),
+            "writing '" << path << "': tensor '" << t.name << "' has an invalid shape " << shape_str(t.shape));
+    REQUIRE(bytes == 0 || t.data != nullptr,
+            "writing '" << path << "': tensor '" << t.name << "' has no data pointer");
+    header[t.name] = {{"dtype", st_dtype_name(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + bytes}}};
+    sizes.push_back(bytes);
+    offset += bytes;
+  }
+  std::string json = header.dump();
+  json.append((8 - json.size() % 8) % 8, ' ');  // data section starts 8-byte aligned
+  uint8_t len_bytes[8];
+  uint64_t n = json.size();
+  std::memcpy(len_bytes, &n, 8);
+
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) {
+    int e = errno;
+    bool user = e == EACCES || e == ENOENT || e == ENOTDIR || e == EROFS || e == EISDIR || e == EPERM;
+    std::ostringstream m;
+    m << "cannot write checkpoint '" << path << "': creating '" << tmp << "' failed (" << std::strerror(e)
+      << ")";
+    if (user) {
+      m << "; choose a path in an existing, writable directory";
+      throw UsageError(m.str());
+    }
+    throw Error(m.str());
+  }
+  // From here on, any failure removes the temporary file and leaves PATH as it was.
+  auto fail = [&](const char* doing, int e) {
+    if (f) std::fclose(f);
+    std::remove(tmp.c_str());
+    std::ostringstream m;
+    m << "writing checkpoint '" << path << "' failed while " << doing << " (" << std::strerror(e)
+      << "); the previous file, if any, is unchanged";
+    throw Error(m.str());
+  };
+  if (std::fwrite(len_bytes, 1, 8, f) != 8 || std::fwrite(json.data(), 1, json.size(), f) != json.size())
+    fail("writing the header", errno);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (sizes[i] == 0) continue;
+    if (std::fwrite(tensors[i].data, 1, sizes[i], f) != sizes[i]) fail("writing tensor data", errno);
+  }
+  if (std::fflush(f) != 0) fail("flushing", errno);
+  if (::fsync(::fileno(f)) != 0) fail("syncing to disk", errno);
+  int rc = std::fclose(f);
+  f = nullptr;
+  if (rc != 0) fail("closing", errno);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("renaming the temporary file into place", errno);
+  // Make the rename itself durable (best effort: not every file system allows it).
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Reader
+
+SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
+  File f = open_for_reading(path);
+  const std::string bad = "'" + path + "' is not a safetensors file: ";
+  USAGE_REQUIRE(std::fseek(f.get(), 0, SEEK_END) == 0, "cannot seek in '" << path << "'");
+  const long size_l = std::ftell(f.get());
+  USAGE_REQUIRE(size_l >= 0, "cannot tell the size of '" << path << "'");
+  const uint64_t size = uint64_t(size_l);
+  std::rewind(f.get());
+  USAGE_REQUIRE(size >= 8, bad << "it has " << size << " bytes, fewer than the 8-byte header length");
+  uint8_t len_bytes[8];
+  USAGE_REQUIRE(std::fread(len_bytes, 1, 8, f.get()) == 8, "cannot read '" << path << "'");
+  uint64_t n;
+  std::memcpy(&n, len_bytes, 8);
+  USAGE_REQUIRE(n <= size - 8, bad << "its header length " << n << " runs past the end of the file ("
+                                   << size << " bytes; the file is truncated or not safetensors)");
+  std::string text(n, '\0');
+  USAGE_REQUIRE(std::fread(text.data(), 1, n, f.get()) == n, "cannot read the header of '" << path << "'");
+  data_start_ = 8 + n;
+  const uint64_t data_size = size - data_start_;
+
+  nlohmann::json parsed;
+  try {
+    parsed = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    USAGE_REQUIRE(false, bad << "its " << n << "-byte header is not valid JSON (" << e.what() << ")");
+  }
+  const nlohmann::json& header = parsed;
+  USAGE_REQUIRE(header.is_object(), bad << "its header is JSON but not an object");
+
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      USAGE_REQUIRE(entry.is_object(), bad << "\"__metadata__\" is not an object of strings");
+      for (const auto& [k, v] : entry.items()) {
+        USAGE_REQUIRE(v.is_string(), bad << "\"__metadata__\" entry '" << k << "' is not a string");
+        metadata_[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    const std::string t = "tensor '" + name + "' ";
+    USAGE_REQUIRE(entry.is_object(), bad << t << "is not described by an object");
+    USAGE_REQUIRE(entry.contains("dtype") && entry.at("dtype").is_string(), bad << t << "has no \"dtype\" string");
+    USAGE_REQUIRE(entry.contains("shape") && entry.at("shape").is_array(), bad << t << "has no \"shape\" list");
+    USAGE_REQUIRE(entry.contains("data_offsets") && entry.at("data_offsets").is_array() &&
+                      entry.at("data_offsets").size() == 2,
+                  bad << t << "has no \"data_offsets\" pair [begin, end]");
+    TensorInfo info;
+    info.name = name;
+    const std::string dt = entry.at("dtype").get<std::string>();
+    USAGE_REQUIRE(parse_st_dtype(dt, info.dtype),
+                  "'" << path << "': " << t << "has dtype \"" << dt
+                      << "\", which this program does not read (it reads F32, BF16, I64 and I32)");
+    for (const auto& d : entry.at("shape")) {
+      USAGE_REQUIRE(d.is_number_integer() && (d.is_number_unsigned() || d.get<int64_t>() >= 0),
+                    bad << t << "has a shape entry " << d.dump() << " that is not a non-negative integer");
+      USAGE_REQUIRE(d.get<uint64_t>() <= uint64_t(INT64_MAX), bad << t << "has a shape entry too large");
+      info.shape.push_back(d.get<int64_t>());
+    }
+    const auto& off = entry.at("data_offsets");
+    USAGE_REQUIRE(off[0].is_number_unsigned() && off[1].is_number_unsigned(),
+                  bad << t << "has data_offsets " << off.dump() << " that are not non-negative integers");
+    info.begin = off[0].get<uint64_t>();
+    info.end = off[1].get<uint64_t>();
+    USAGE_REQUIRE(info.begin <= info.end,
+                  bad << t << "has data_offsets [" << info.begin << ", " << info.end << "] with begin > end");
+    uint64_t bytes = 0;
+    USAGE_REQUIRE(checked_bytes(info.shape, dtype_size(info.dtype), bytes),
+                  bad << t << "has a shape " << shape_str(info.shape) << " too large to address");
+    USAGE_REQUIRE(info.end - info.begin == bytes,
+                  bad << t << "has " << info.end - info.begin << " bytes of data (offsets [" << info.begin
+                      << ", " << info.end << "]) but its shape " << shape_str(info.shape) << " of " << dt
+                      << " needs " << bytes);
+    USAGE_REQUIRE(info.end <= data_size,
+                  bad << t << "ends at data offset " << info.end << ", past the end of the data section ("
+                      << data_size << " bytes): the file is truncated or its header is wrong");
+    tensors_.push_back(std::move(info));
+  }
+  // File order; then no two tensors may share bytes.
+  std::sort(tensors_.begin(), tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  for (size_t i = 1; i < tensors_.size(); ++i) {
+    const TensorInfo& a = tensors_[i - 1];
+    const TensorInfo& b = tensors_[i];
+    USAGE_REQUIRE(b.begin >= a.end, bad << "tensors '" << a.name << "' [" << a.begin << ", " << a.end
+                                        << ") and '" << b.name << "' [" << b.begin << ", " << b.end
+                                        << ") overlap");
+  }
+}
+
+bool SafetensorsReader::has(const std::string& name) const {
+  for (const TensorInfo& t : tensors_)
+    if (t.name == name) return true;
+  return false;
+}
+
+const TensorInfo& SafetensorsReader::info(const std::string& name) const {
+  for (const TensorInfo& t : tensors_)
+    if (t.name == name) return t;
+  std::ostringstream m;
+  m << "checkpoint '" << path_ << "' has no tensor '" << name << "' (it holds " << tensors_.size()
+    << " tensors";
+  for (size_t i = 0; i < tensors_.size() && i < 3; ++i) m << (i ? ", " : ": ") << tensors_[i].name;
+  if (tensors_.size() > 3) m << ", ...";
+  m << "); was it written for another model or stage?";
+  throw UsageError(m.str());
+}
+
+void SafetensorsReader::read(const std::string& name, const std::vector<int64_t>& shape, DType as,
+                             void* dst) const {
+  const TensorInfo& t = info(name);
+  USAGE_REQUIRE(t.shape == shape, "tensor '" << name << "' in '" << path_ << "' has shape " << shape_str(t.shape)
+                                             << " but shape " << shape_str(shape)
+                                             << " was expected; the checkpoint was written for a different model"
+                                             << " (check --model)");
+  auto is_float = [](DType d) { return d == DType::f32 || d == DType::bf16; };
+  USAGE_REQUIRE(t.dtype == as || (is_float(t.dtype) && is_float(as)), "tensor '" << name << "' in '" << path_ << "' is "
+                                                   << st_dtype_name(t.dtype) << " and cannot be read as "
+                                                   << dtype_name(as));
+  const size_t n = t.numel();
+  if (n == 0) return;
+  File f = open_for_reading(path_);
+  USAGE_REQUIRE(std::fseek(f.get(), long(data_start_ + t.begin), SEEK_SET) == 0,
+                "cannot seek to tensor '" << name << "' in '" << path_ << "'");
+  auto read_exact = [&](void* p, size_t bytes) {
+    USAGE_REQUIRE(std::fread(p, 1, bytes, f.get()) == bytes,
+                  "'" << path_ << "' is truncated: reading tensor '" << name
+                      << "' ran past the end of the file (was it changed while being read?)");
+  };
+  if (t.dtype == as) {  // same type: straight into dst
+    read_exact(dst, n * dtype_size(as));
+    return;
+  }
+  // f32 <-> bf16, a chunk at a time so no second full-size buffer is needed.
+  constexpr size_t kChunk = size_t(1) << 16;
+  std::vector<uint8_t> buf(kChunk * dtype_size(t.dtype));
+  for (size_t i = 0; i < n; i += kChunk) {
+    const size_t m = std::min(kChunk, n - i);
+    read_exact(buf.data(), m * dtype_size(t.dtype));
+    if (t.dtype == DType::bf16) {
+      float* out = static_cast<float*>(dst) + i;
+      for (size_t k = 0; k < m; ++k) {
+        bf16 h;
+        std::memcpy(&h.bits, buf.data() + 2 * k, 2);
+        out[k] = bf16_to_float(h);
+      }
+    } else {
+      bf16* out = static_cast<bf16*>(dst) + i;
+      for (size_t k = 0; k < m; ++k) {
+        float x;
+        std::memcpy(&x, buf.data() + 4 * k, 4);
+        out[k] = float_to_bf16(x);
+      }
+    }
+  }
+}
+
+}  // namespace zf

@@ -19,7 +19,7 @@ namespace zf {
 
 struct TensorInfo {
   std::string name;
-  DType dtype;                 // F32, BF16 and I64 are supported
+  DType dtype;                 // F32, BF16, I64 and I32 are supported
   std::vector<int64_t> shape;
   uint64_t begin = 0, end = 0;  // byte offsets in the data section
   size_t numel() const;
