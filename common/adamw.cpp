@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "simd.h"
+
 namespace zf {
 
 namespace {
@@ -13,7 +15,7 @@ inline float load(const float* g, size_t i) { return g[i]; }
 inline float load(const bf16* g, size_t i) { return bf16_to_float(g[i]); }
 
 template <class G>
-__attribute__((target_clones("avx512f", "avx2", "default")))
+ZF_VECTOR_CLONES
 void adamw_impl(float* __restrict param, const G* __restrict grad, float* __restrict m,
                 float* __restrict v, size_t n, const AdamWConfig& cfg, long step, float grad_scale,
                 bool decay) {

@@ -5,6 +5,9 @@
 // All tensors are float32, row-major, contiguous. Weights of a Linear are
 // stored [OC, IC] (PyTorch's nn.Linear layout).
 //
+// Results are deterministic on one machine; across CPU types they may differ
+// in the last bits (the AVX-512 clones use fused multiply-add).
+//
 // Convention: every backward kernel ACCUMULATES (+=) into each gradient it
 // writes (dinp, dweight, dbias, dqkv, ...). The caller zeroes a gradient
 // once; residual branches and gradient accumulation then just add up.
@@ -47,7 +50,9 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 // out[B,T,C]; att[B,H,T,T] keeps the softmax probabilities for the backward
 // (entries above the diagonal are written as 0).
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int H);
-// dqkv[B,T,3C] += gradient. scratch must hold attention_scratch_floats(T) floats.
+// dqkv[B,T,3C] += gradient. `att` must be exactly what attention_forward
+// wrote (its zeros above the diagonal are relied on); C % H == 0; scratch
+// must hold attention_scratch_floats(T) floats and is overwritten.
 size_t attention_scratch_floats(int T);
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                         const float* att, int B, int T, int C, int H);
