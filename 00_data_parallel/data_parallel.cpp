@@ -57,6 +57,7 @@ RankResult train_data_parallel(const TrainConfig& cfg, RankContext& ctx, const T
   // Model states first (the largest allocations): over --device-mem, this is
   // where the run stops, before any step.
   Replica rep(ctx.mem, P, cfg.precision);
+  RankFailureGuard guard(ctx.comm);  // a failing rank stops the group before freeing rep
   size_t max_unit = 0;
   for (const auto& u : layout.units) max_unit = std::max(max_unit, u.numel);
   UnitCompute compute(cfg.precision, ctx.mem, max_unit);

@@ -70,6 +70,8 @@ class CommHandle {
   std::shared_ptr<State> state_;
 };
 
+// Every rank of a group must issue the same collectives (kind, count, dtype)
+// in the same order; a mismatch is reported as an error on every rank.
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -101,7 +103,10 @@ class Communicator {
   }
 
   // Marks the whole group failed: every rank's pending and future collectives
-  // raise CommAborted carrying `reason`. Safe to call from any thread.
+  // raise CommAborted carrying `reason`. Returns once no collective of the
+  // group touches any rank's buffers any more, so a failing rank may then free
+  // its memory. Call it from a rank's thread or from outside, never from a
+  // backend's own communication thread.
   virtual void abort(const std::string& reason) = 0;
 
   // Counters since construction (or reset_stats). Bytes and calls are counted

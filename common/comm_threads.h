@@ -3,8 +3,8 @@
 // The reference implementation of every collective, written out by hand
 // because it is what this project teaches: each rank posts its buffers, each
 // rank reduces its own 1/N of the data by reading every rank's buffer in rank
-// order (the reduce-scatter half), then each rank copies the other ranks'
-// reduced pieces (the all-gather half). Collectives issued async run on a
+// order (the reduce-scatter half), then writes its reduced piece into every
+// rank's buffer (the all-gather half). Collectives issued async run on a
 // per-rank communication thread in issue order, like a CUDA stream.
 #pragma once
 

@@ -247,7 +247,7 @@ void Gpt::block_backward(int layer, const float* params, float* grads) {
   float* dfch_gelu = s4a;
   float* dfch = s4b;
   float* dln2 = s1;
-  std::memset(s4a, 0, sizeof(float) * 9 * NC);
+  std::memset(s4a, 0, sizeof(float) * 9 * NC);  // the backward kernels accumulate
   matmul_backward(dfch_gelu, g(10), g(11), dx, a.fch_gelu.as<float>(), w(10), N, 4 * C, C);
   gelu_backward(dfch, a.fch.as<float>(), dfch_gelu, 4 * NC);
   matmul_backward(dln2, g(8), g(9), dfch, a.ln2.as<float>(), w(8), N, C, 4 * C);
@@ -258,7 +258,9 @@ void Gpt::block_backward(int layer, const float* params, float* grads) {
   float* datty = s4a;
   float* dqkv = s4b;
   float* dln1 = s1;
-  std::memset(s4a, 0, sizeof(float) * 9 * NC);
+  std::memset(datty, 0, sizeof(float) * NC);
+  std::memset(dqkv, 0, sizeof(float) * 3 * NC);
+  std::memset(dln1, 0, sizeof(float) * NC);
   matmul_backward(datty, g(4), g(5), dx, a.atty.as<float>(), w(4), N, C, C);
   attention_backward(dqkv, att_scratch_.as<float>(), datty, a.qkv.as<float>(), a.att.as<float>(), B_,
                      c.T, C, c.H);
