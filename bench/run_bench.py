@@ -146,6 +146,10 @@ def timed_median(steps, warmup):
     return statistics.median(ms) if ms else None
 
 
+def plural(n, word):
+    return "%d %s%s" % (n, word, "" if n == 1 else "s")
+
+
 def fmt_ms(x):
     return "-" if x is None else ("%.1f" % x if x >= 10 else "%.2f" % x)
 
@@ -196,26 +200,28 @@ class Runner:
         self.torch_ref = os.path.join(ROOT, "bench", "torch_ref.py")
         self.count = 0
         self.problems = []   # (what, detail) for the report
+        self.lines = []      # one line per timed run, for the markdown's details
 
     def _log(self, tag):
         self.count += 1
         return os.path.join(self.tmp, "%02d_%s.jsonl" % (self.count, tag))
 
-    def dp_run(self, model, ranks, batch, steps, extra=()):
+    def dp_run(self, model, ranks, batch, steps, extra=(), quiet=False):
         log = self._log("dp_%s_%d" % (model, ranks))
         cmd = [self.dp, "--model", model, "--ranks", str(ranks), "--batch", str(batch), "--steps", str(steps),
                "--precision", "fp32", "--quiet", "--log-json", log] + list(extra)
-        return self._finish("dp %s %d ranks" % (model, ranks), cmd, base_env(), log, ranks * batch * CONTEXT[model])
+        return self._finish("dp %s %s" % (model, plural(ranks, "rank")), cmd, base_env(), log,
+                            ranks * batch * CONTEXT[model], quiet)
 
     def torch_run(self, model, ranks, batch, steps, coretype, extra=()):
         log = self._log("torch_%s_%d" % (model, ranks))
         cmd = [sys.executable, self.torch_ref, "--model", model, "--ranks", str(ranks), "--batch", str(batch),
                "--steps", str(steps), "--warmup", str(min(self.args.warmup, max(0, steps - 1))),
                "--precision", "fp32", "--log-json", log] + list(extra)
-        return self._finish("torch %s %d ranks%s" % (model, ranks, "" if coretype else " (Debian BLAS)"),
+        return self._finish("torch %s %s%s" % (model, plural(ranks, "rank"), "" if coretype else " (Debian BLAS)"),
                             cmd, torch_env(coretype), log, ranks * batch * CONTEXT[model])
 
-    def _finish(self, what, cmd, env, log, tokens):
+    def _finish(self, what, cmd, env, log, tokens, quiet=False):
         load = loadavg()
         rc, out, err, secs = run(cmd, env=env, timeout=self.args.timeout)
         res = {"what": what, "rc": rc, "load": load, "seconds": secs, "cmd": cmd}
@@ -230,9 +236,12 @@ class Runner:
         res["tokens_per_s"] = tokens / (res["median_ms"] / 1e3) if res["median_ms"] else None
         if summary is None:
             self.problems.append((what, "no summary line in the run log"))
-        print("  %-36s %8s ms/step %9s tok/s   (load %s, %.1f s)"
-              % (what, fmt_ms(res["median_ms"]), fmt_tps(res["tokens_per_s"]), load, secs))
-        sys.stdout.flush()
+        if not quiet:
+            self.lines.append("%-36s %8s ms/step %9s tok/s   (load %s, %.1f s)"
+                              % (what, fmt_ms(res["median_ms"]), fmt_tps(res["tokens_per_s"]), load, secs))
+            print("  %-36s %8s ms/step %9s tok/s   (load %s, %.1f s)"
+                  % (what, fmt_ms(res["median_ms"]), fmt_tps(res["tokens_per_s"]), load, secs))
+            sys.stdout.flush()
         return res
 
 
@@ -251,7 +260,7 @@ def section_training(args, runner):
            % (args.steps, args.warmup, args.steps - 1, args.warmup, args.repeats, os.cpu_count() or 1))
 
     # The kernel set dp selects, read from a short run's log, so PyTorch gets the same.
-    probe = runner.dp_run("tiny", 1, 1, 1)
+    probe = runner.dp_run("tiny", 1, 1, 1, quiet=True)
     dp_blas = probe.get("summary", {}).get("blas")
     core = core_from_blas(dp_blas)
     R.note("dp's BLAS: %s. PyTorch runs with OPENBLAS_CORETYPE=%s (the same kernel set) unless marked "
@@ -288,7 +297,7 @@ def section_training(args, runner):
     for model in args.models:
         for ranks in args.ranks:
             d, t = results[(model, ranks, "dp")], results[(model, ranks, "torch")]
-            row = ["%s, %d rank%s" % (model, ranks, "s" if ranks > 1 else ""),
+            row = ["%s, %s" % (model, plural(ranks, "rank")),
                    fmt_ms(d.get("median_ms")), fmt_ms(t.get("median_ms")),
                    fmt_tps(d.get("tokens_per_s")), fmt_tps(t.get("tokens_per_s")),
                    fmt_ratio(d["tokens_per_s"] / t["tokens_per_s"]) if d.get("tokens_per_s") and t.get("tokens_per_s") else "-"]
@@ -302,6 +311,8 @@ def section_training(args, runner):
             rows.append(row)
     R.table(["config", "dp ms", "torch ms", "dp tok/s", "torch tok/s", "dp/torch",
              "torch Debian ms", "dp/Debian", "load dp/torch"], rows)
+    R.md.append("<details><summary>every run, in order</summary>\n\n```\n%s\n```\n</details>\n"
+                % "\n".join(runner.lines))
     return results, debian, core, dp_blas
 
 
@@ -526,7 +537,7 @@ def main():
     ap.add_argument("--steps", type=int, default=20, help="steps per training run")
     ap.add_argument("--warmup", type=int, default=3, help="first steps left out of the median")
     ap.add_argument("--batch", type=int, default=8, help="micro-batch per rank")
-    ap.add_argument("--repeats", type=int, default=1, help="runs per configuration, the best median kept")
+    ap.add_argument("--repeats", type=int, default=2, help="runs per configuration, the best median kept")
     ap.add_argument("--models", default="tiny,small", help="comma list of presets for part A")
     ap.add_argument("--ranks", default="1,2,4", help="comma list of rank counts for part A")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: train,kernels,crosscheck")
@@ -559,7 +570,7 @@ def main():
             kc = section_kernels_comm(args, runner)
         if "crosscheck" not in skip:
             if core is None:
-                probe = runner.dp_run("tiny", 1, 1, 1)
+                probe = runner.dp_run("tiny", 1, 1, 1, quiet=True)
                 dp_blas = probe.get("summary", {}).get("blas")
                 core = core_from_blas(dp_blas)
             cross = section_crosscheck(args, runner, core)
@@ -615,7 +626,7 @@ def summary(args, train, debian, kc, cross, runner, elapsed):
                     continue
                 d, t = train.get((model, ranks, "dp"), {}), train.get((model, ranks, "torch"), {})
                 if d.get("median_ms") and t.get("median_ms"):
-                    rows.append(["%s, %d rank%s, ms/step" % (model, ranks, "s" if ranks > 1 else ""),
+                    rows.append(["%s, %s, ms/step" % (model, plural(ranks, "rank")),
                                  fmt_ms(d["median_ms"]) + " ms", fmt_ms(t["median_ms"]) + " ms",
                                  fmt_ratio(t["median_ms"] / d["median_ms"]), "(info)", ""])
     if kc:
@@ -625,10 +636,10 @@ def summary(args, train, debian, kc, cross, runner, elapsed):
             bus, cp = col(ar, "busbw"), col(ar, "memcpy")
             if bus is not None and cp:
                 add("all_reduce 16 MiB 4 ranks, busbw vs memcpy", "%.2f GB/s" % bus, "%.2f GB/s" % cp,
-                    fmt_ratio(bus / cp), ">= %.1fx" % TARGET_BUSBW_VS_MEMCPY, bus >= TARGET_BUSBW_VS_MEMCPY * cp)
+                    "%.3gx" % (bus / cp), ">= %.1fx" % TARGET_BUSBW_VS_MEMCPY, bus >= TARGET_BUSBW_VS_MEMCPY * cp)
             if bus is not None and gl:
                 add("all_reduce 16 MiB 4 ranks, busbw vs gloo", "%.2f GB/s" % bus, "%.3f GB/s" % gl["busbw_GBps"],
-                    fmt_ratio(bus / gl["busbw_GBps"]), ">= %.0fx" % TARGET_BUSBW_VS_GLOO,
+                    "%.3gx" % (bus / gl["busbw_GBps"]), ">= %.0fx" % TARGET_BUSBW_VS_GLOO,
                     bus >= TARGET_BUSBW_VS_GLOO * gl["busbw_GBps"])
         else:
             rows.append(["all_reduce 16 MiB 4 ranks", "not found in bench_comm's output", "", "", "", "n/a"])
