@@ -6,5 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
 scripts/build.sh
-exec build/00_data_parallel/dp --ranks 4 --model small --batch 2 --steps 300 --log-every 25 \
+exec build/00_data_parallel/dp --ranks 4 --model small --batch 4 --steps 400 --lr 1e-3 --log-every 25 \
   --log-json build/dp_demo.jsonl "$@"
