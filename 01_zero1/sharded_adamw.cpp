@@ -1,0 +1,86 @@
+// sharded_adamw.cpp: AdamW on one rank's shard, and gathering a full model back.
+#include "sharded_adamw.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "gradnorm.h"
+#include "precision.h"
+
+namespace zf {
+
+ShardedAdamW::ShardedAdamW(const ModelLayout& layout, const ShardLayout& shards, Precision precision,
+                           MemoryTracker& mem, float lr)
+    : layout_(layout), shards_(shards), precision_(precision) {
+  adam_.lr = lr;
+  const size_t S = shards.shard_total;
+  if (precision == Precision::bf16) master_ = Tensor(mem, Place::device, Category::optimizer, DType::f32, S);
+  m_ = Tensor(mem, Place::device, Category::optimizer, DType::f32, S);
+  v_ = Tensor(mem, Place::device, Category::optimizer, DType::f32, S);
+}
+
+void ShardedAdamW::init_master(const float* full_model) {
+  if (precision_ != Precision::bf16) return;
+  for (size_t u = 0; u < layout_.units.size(); ++u) {
+    const UnitShard& us = shards_.units[u];
+    std::memcpy(master_.as<float>() + us.shard_offset, full_model + layout_.units[u].offset + us.begin,
+                (us.end - us.begin) * sizeof(float));
+  }
+}
+
+float ShardedAdamW::clip_scale(Communicator& comm, const std::function<const void*(int)>& grad_piece,
+                               float clip) const {
+  if (clip <= 0.0f) return 1.0f;  // no norm needed, no collective: the same on every rank
+  SumOfSquares sq;
+  for (size_t u = 0; u < layout_.units.size(); ++u) {
+    const size_t n = shards_.units[u].end - shards_.units[u].begin;  // padding is zero anyway
+    if (precision_ == Precision::fp32) sq.add(static_cast<const float*>(grad_piece(int(u))), n);
+    else sq.add(static_cast<const bf16*>(grad_piece(int(u))), n);
+  }
+  sq.all_reduce(comm);
+  return clip_coefficient(std::sqrt(sq.value()), clip);
+}
+
+void ShardedAdamW::update(int u, const void* grad_piece, void* param_piece, long step, float scale) {
+  const UnitShard& us = shards_.units[u];
+  float* m = m_.as<float>() + us.shard_offset;
+  float* v = v_.as<float>() + us.shard_offset;
+  float* w = precision_ == Precision::bf16 ? master_.as<float>() + us.shard_offset
+                                           : static_cast<float*>(param_piece);
+  // One call per parameter tensor overlapping the piece: decay or not.
+  for (const auto& p : layout_.units[u].params) {
+    size_t lo = std::max(us.begin, p.offset), hi = std::min(us.end, p.offset + p.numel);
+    if (lo >= hi) continue;
+    size_t i = lo - us.begin;  // index within the piece
+    if (precision_ == Precision::fp32)
+      adamw_update(w + i, static_cast<const float*>(grad_piece) + i, m + i, v + i, hi - lo, adam_, step, scale,
+                   p.decay);
+    else
+      adamw_update(w + i, static_cast<const bf16*>(grad_piece) + i, m + i, v + i, hi - lo, adam_, step, scale,
+                   p.decay);
+  }
+  if (precision_ == Precision::bf16)
+    store_from_f32(param_piece, DType::bf16, w, us.end - us.begin);
+}
+
+const float* ShardedAdamW::fp32_piece(int u, const void* param_piece) const {
+  if (precision_ == Precision::bf16) return master_.as<float>() + shards_.units[u].shard_offset;
+  return static_cast<const float*>(param_piece);
+}
+
+std::vector<float> gather_full_model(Communicator& comm, const ModelLayout& layout,
+                                     const ShardLayout& shards,
+                                     const std::function<const float*(int)>& fp32_piece) {
+  std::vector<float> full(layout.numel);
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    const UnitShard& us = shards.units[u];
+    std::vector<float> piece(us.shard, 0.0f), gathered(us.padded());
+    std::memcpy(piece.data(), fp32_piece(int(u)), (us.end - us.begin) * sizeof(float));
+    comm.all_gather(piece.data(), gathered.data(), us.shard, DType::f32);
+    std::memcpy(full.data() + layout.units[u].offset, gathered.data(), us.numel * sizeof(float));
+  }
+  return full;
+}
+
+}  // namespace zf

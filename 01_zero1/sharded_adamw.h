@@ -1,0 +1,60 @@
+// sharded_adamw.h: what is new in ZeRO-1, the optimizer state cut into N shards.
+//
+// Each rank keeps AdamW's moments (and, in the bf16 recipe, the float32
+// master weights) for its own piece of every unit only (shard.h): 8 or 12
+// bytes per parameter divided by N. After the gradients are reduce-scattered,
+// each rank updates its piece and the pieces are all-gathered back into full
+// parameters. ZeRO-2 and ZeRO-3 keep this optimizer as it is.
+#pragma once
+
+#include <functional>
+
+#include "adamw.h"
+#include "comm.h"
+#include "config.h"
+#include "shard.h"
+#include "tensor.h"
+
+namespace zf {
+
+class ShardedAdamW {
+ public:
+  ShardedAdamW(const ModelLayout& layout, const ShardLayout& shards, Precision precision,
+               MemoryTracker& mem, float lr);
+
+  // bf16 recipe: takes this rank's float32 master pieces from the full initial
+  // model (consolidated order). fp32: nothing to do (the parameters are their own master).
+  void init_master(const float* full_model);
+
+  // The clipping coefficient from the global gradient norm, computed from
+  // every rank's gradient pieces (grad_piece(u): S_u elements of the compute
+  // dtype) with an exact sum, so it equals data parallel's to the bit.
+  float clip_scale(Communicator& comm, const std::function<const void*(int)>& grad_piece,
+                   float clip) const;
+
+  // AdamW on this rank's piece of unit u (padding skipped). fp32: param_piece
+  // (float) is updated in place. bf16: the master is updated and param_piece
+  // (bf16) receives it rounded.
+  void update(int u, const void* grad_piece, void* param_piece, long step, float scale);
+
+  // The float32 values of this rank's piece of unit u: the master (bf16), or
+  // param_piece itself (fp32).
+  const float* fp32_piece(int u, const void* param_piece) const;
+
+ private:
+  const ModelLayout& layout_;
+  const ShardLayout& shards_;
+  Precision precision_;
+  AdamWConfig adam_;
+  Tensor m_, v_, master_;  // shard_total float32 each; master only in bf16
+};
+
+// The whole model as float32 in consolidated order, gathered from every
+// rank's float32 pieces (one all_gather per unit). For the final parameter
+// hash and consolidated checkpoints; uses untracked host memory, so call it
+// after the memory counts are taken.
+std::vector<float> gather_full_model(Communicator& comm, const ModelLayout& layout,
+                                     const ShardLayout& shards,
+                                     const std::function<const float*(int)>& fp32_piece);
+
+}  // namespace zf
