@@ -20,12 +20,11 @@ ShardedAdamW::ShardedAdamW(const ModelLayout& layout, const ShardLayout& shards,
   v_ = Tensor(mem, Place::device, Category::optimizer, DType::f32, S);
 }
 
-void ShardedAdamW::init_master(const float* full_model) {
+void ShardedAdamW::init_master(const std::function<const float*(int)>& piece) {
   if (precision_ != Precision::bf16) return;
   for (size_t u = 0; u < layout_.units.size(); ++u) {
     const UnitShard& us = shards_.units[u];
-    std::memcpy(master_.as<float>() + us.shard_offset, full_model + layout_.units[u].offset + us.begin,
-                (us.end - us.begin) * sizeof(float));
+    std::memcpy(master_.as<float>() + us.shard_offset, piece(int(u)), (us.end - us.begin) * sizeof(float));
   }
 }
 

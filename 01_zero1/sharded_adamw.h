@@ -22,9 +22,10 @@ class ShardedAdamW {
   ShardedAdamW(const ModelLayout& layout, const ShardLayout& shards, Precision precision,
                MemoryTracker& mem, float lr);
 
-  // bf16 recipe: takes this rank's float32 master pieces from the full initial
-  // model (consolidated order). fp32: nothing to do (the parameters are their own master).
-  void init_master(const float* full_model);
+  // bf16 recipe: takes this rank's float32 master piece of each unit u from
+  // piece(u) (end - begin values). fp32: nothing to do (the parameters are
+  // their own master).
+  void init_master(const std::function<const float*(int)>& piece);
 
   // The clipping coefficient from the global gradient norm, computed from
   // every rank's gradient pieces (grad_piece(u): S_u elements of the compute

@@ -54,7 +54,7 @@ RankResult train_zero1(const TrainConfig& cfg, RankContext& ctx, const TokenData
     if (!cfg.save_init.empty()) ctx.comm.barrier();
     for (size_t u = 0; u < layout.units.size(); ++u)
       store_from_f32(unit_params(int(u)), dt, full.data() + layout.units[u].offset, layout.units[u].numel);
-    opt.init_master(full.data());
+    opt.init_master([&](int u) { return full.data() + layout.units[u].offset + shards.units[u].begin; });
   }
 
   RankResult result;

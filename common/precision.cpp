@@ -34,6 +34,18 @@ void UnitCompute::grads_end(void* grads, size_t n) {
   for (size_t i = 0; i < n; ++i) g[i] = float_to_bf16(bf16_to_float(g[i]) + w[i]);
 }
 
+void accumulate(void* dst, const void* src, DType dtype, size_t n) {
+  if (dtype == DType::f32) {
+    float* d = static_cast<float*>(dst);
+    const float* s = static_cast<const float*>(src);
+    for (size_t i = 0; i < n; ++i) d[i] += s[i];
+  } else {
+    bf16* d = static_cast<bf16*>(dst);
+    const bf16* s = static_cast<const bf16*>(src);
+    for (size_t i = 0; i < n; ++i) d[i] = float_to_bf16(bf16_to_float(d[i]) + bf16_to_float(s[i]));
+  }
+}
+
 void store_from_f32(void* dst, DType dtype, const float* src, size_t n) {
   if (dtype == DType::f32)
     std::memcpy(dst, src, n * sizeof(float));

@@ -33,6 +33,9 @@ class UnitCompute {
   Tensor param_ws_, grad_ws_;
 };
 
+// dst += src, n elements of dtype (bf16: summed in float32, rounded once).
+void accumulate(void* dst, const void* src, DType dtype, size_t n);
+
 // Fills dst (n elements of dtype) from float32 src, rounding for bf16.
 void store_from_f32(void* dst, DType dtype, const float* src, size_t n);
 

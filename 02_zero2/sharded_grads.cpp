@@ -1,0 +1,51 @@
+// sharded_grads.cpp: the reduce-scatter-as-you-go gradient path of ZeRO-2.
+#include "sharded_grads.h"
+
+#include <cstring>
+
+#include "check.h"
+#include "precision.h"
+
+namespace zf {
+
+ShardedGradients::ShardedGradients(const ShardLayout& shards, DType dtype, MemoryTracker& mem,
+                                   Communicator& comm)
+    : shards_(shards), dtype_(dtype), mem_(mem), comm_(comm),
+      pieces_(mem, Place::device, Category::grads, dtype, shards.shard_total) {}
+
+void* ShardedGradients::begin_unit(int u) {
+  REQUIRE(computing_unit_ < 0, "begin_unit(" << u << ") while unit " << computing_unit_ << " is not reduced");
+  computing_ = Tensor(mem_, Place::device, Category::comm, dtype_, shards_.units[u].padded());  // zero-filled
+  computing_unit_ = u;
+  return computing_.data();
+}
+
+void ShardedGradients::reduce_unit(int u) {
+  REQUIRE(computing_unit_ == u, "reduce_unit(" << u << ") but the unit being computed is " << computing_unit_);
+  const UnitShard& us = shards_.units[u];
+  InFlight f{u, std::move(computing_), Tensor(mem_, Place::device, Category::comm, dtype_, us.shard), {}};
+  f.handle = comm_.reduce_scatter_async(f.full.data(), f.recv.data(), us.shard, dtype_, ReduceOp::sum);
+  computing_unit_ = -1;
+  inflight_.push_back(std::move(f));
+  // Keep one reduction in flight behind the next unit's backward, no more.
+  while (inflight_.size() > 1) complete_oldest();
+}
+
+void ShardedGradients::complete_oldest() {
+  InFlight& f = inflight_.front();
+  f.handle.wait();
+  accumulate(piece(f.unit), f.recv.data(), dtype_, shards_.units[f.unit].shard);
+  inflight_.pop_front();  // releases both buffers: the tracker's comm bytes drop here
+}
+
+void ShardedGradients::finish() {
+  while (!inflight_.empty()) complete_oldest();
+}
+
+void* ShardedGradients::piece(int u) {
+  return static_cast<char*>(pieces_.data()) + shards_.units[u].shard_offset * dtype_size(dtype_);
+}
+
+void ShardedGradients::zero() { std::memset(pieces_.data(), 0, pieces_.bytes()); }
+
+}  // namespace zf

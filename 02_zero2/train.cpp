@@ -1,0 +1,13 @@
+// train.cpp: the `zero2` executable, stage 02 (ZeRO-2: sharded optimizer states and gradients).
+//
+//   build/02_zero2/zero2 --ranks 4 --model small --steps 300 --batch 4
+//
+// Flags are SPEC.md's (see --help). The loop is in zero2.cpp, the gradient
+// path in sharded_grads.cpp; the optimizer is stage 01's.
+#include "blas.h"
+#include "zero2.h"
+
+int main(int argc, char** argv) {
+  zf::blas_select_kernels(argc, argv);
+  return zf::stage_main(argc, argv, {"zero2", "stage 02: ZeRO-2"}, zf::train_zero2);
+}

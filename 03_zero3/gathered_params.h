@@ -1,0 +1,45 @@
+// gathered_params.h: what is new in ZeRO-3, parameters that exist whole only
+// while a unit computes.
+//
+// Each rank keeps its piece of every unit's parameters (pieces(), S_u
+// elements per unit, category params). gather(u) starts an all_gather of
+// unit u into a temporary buffer (category comm); get(u) waits for it and
+// returns the unit's full parameters; release(u) frees the buffer. The
+// stage prefetches: it starts gathering the next unit before computing this
+// one, so at most two units are gathered at any moment.
+#pragma once
+
+#include <map>
+
+#include "comm.h"
+#include "shard.h"
+#include "tensor.h"
+
+namespace zf {
+
+class GatheredParams {
+ public:
+  GatheredParams(const ShardLayout& shards, DType dtype, MemoryTracker& mem, Communicator& comm);
+
+  void gather(int u);       // start gathering unit u (no-op if already gathered or in flight)
+  const void* get(int u);   // wait for unit u; its N * S_u elements, the first n_u the unit's
+  void release(int u);      // free unit u's buffer
+  int gathered() const { return int(buffers_.size()); }
+
+  void* piece(int u);       // my piece of unit u's parameters (S_u elements)
+  Tensor& pieces() { return pieces_; }
+
+ private:
+  struct Gathered {
+    Tensor full;
+    CommHandle handle;
+  };
+  const ShardLayout& shards_;
+  DType dtype_;
+  MemoryTracker& mem_;
+  Communicator& comm_;
+  Tensor pieces_;  // shard_total elements: the only persistent parameters
+  std::map<int, Gathered> buffers_;
+};
+
+}  // namespace zf

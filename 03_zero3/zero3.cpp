@@ -1,0 +1,122 @@
+// zero3.cpp: stage 03. The loop of stage 02 with the parameters sharded:
+//
+//   for each micro-step k:
+//     forward:  gather(u+1) in flight | wait gather(u), forward u, release u     (new)
+//     backward: gather(u-1) in flight | wait gather(u), backward u into a
+//               temporary gradient, release u; reduce-scatter the gradient
+//               into my piece (stage 02's path)
+//   clip, AdamW on my piece          the updated piece IS my parameters: no all_gather
+#include "zero3.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "checkpoint.h"
+#include "gathered_params.h"
+#include "precision.h"
+#include "shard.h"
+#include "sharded_adamw.h"
+#include "sharded_grads.h"
+#include "training.h"
+
+namespace zf {
+
+RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData& data,
+                       StepReporter& reporter) {
+  const ModelLayout layout = build_layout(cfg.model);
+  const ShardLayout shards = make_shard_layout(layout, ctx.world, ctx.rank);
+  const int B = cfg.batch, T = cfg.model.T, K = cfg.grad_accum, N = ctx.world, r = ctx.rank;
+  const int U = int(layout.units.size());
+  const DType dt = compute_dtype(cfg.precision);
+  Sampler sampler(data, T, cfg.model.V);
+
+  GatheredParams params(shards, dt, ctx.mem, ctx.comm);              // new: pieces only
+  ShardedGradients grads(shards, dt, ctx.mem, ctx.comm);             // stage 02's
+  ShardedAdamW opt(layout, shards, cfg.precision, ctx.mem, cfg.lr);  // stage 01's
+  RankFailureGuard guard(ctx.comm);
+  size_t max_unit = 0;
+  for (const auto& u : layout.units) max_unit = std::max(max_unit, u.numel);
+  UnitCompute compute(cfg.precision, ctx.mem, max_unit);
+  Gpt gpt(layout, ctx.mem, B);
+  Tensor inputs(ctx.mem, Place::device, Category::activations, DType::i32, size_t(B) * T);
+  Tensor targets(ctx.mem, Place::device, Category::activations, DType::i32, size_t(B) * T);
+
+  {  // Each rank draws only its own pieces of the seeded model (rng.h makes
+     // that the same as drawing everything); --init reads the whole file.
+    std::vector<float> full;
+    if (!cfg.init.empty()) {
+      full.resize(layout.numel);
+      initial_model(cfg, layout, full.data());
+    }
+    std::vector<float> piece;
+    std::vector<std::vector<float>> masters(U);
+    for (int u = 0; u < U; ++u) {
+      const UnitShard& us = shards.units[u];
+      piece.assign(us.end - us.begin, 0.0f);
+      if (full.empty())
+        init_unit_range(layout.units[u], cfg.model, cfg.seed, us.begin, us.end, piece.data());
+      else
+        std::memcpy(piece.data(), full.data() + layout.units[u].offset + us.begin, piece.size() * sizeof(float));
+      store_from_f32(params.piece(u), dt, piece.data(), piece.size());
+      masters[u] = piece;
+    }
+    opt.init_master([&](int u) { return masters[u].data(); });
+    if (!cfg.save_init.empty()) {
+      std::vector<float> all = gather_full_model(ctx.comm, layout, shards, [&](int u) { return masters[u].data(); });
+      if (r == 0) save_model(cfg.save_init, layout, all.data());
+      ctx.comm.barrier();
+      ctx.comm.reset_stats();  // count only the training's communication
+    }
+  }
+
+  RankResult result;
+  for (int step = 0; step < cfg.steps; ++step) {
+    Timer timer;
+    float loss_sum = 0.0f;
+    for (int k = 0; k < K; ++k) {
+      sampler.micro_batch(step, k, r, N, B, K, inputs.as<int32_t>(), targets.as<int32_t>());
+      float loss = 0.0f;
+      params.gather(0);
+      for (int u = 0; u < U; ++u) {
+        if (u + 1 < U) params.gather(u + 1);  // prefetch the next unit while this one computes
+        const size_t n = layout.units[u].numel;
+        gpt.forward_unit(u, compute.params(params.get(u), n), inputs.as<int32_t>(), targets.as<int32_t>(), &loss);
+        params.release(u);
+      }
+      loss_sum += loss;
+
+      params.gather(U - 1);
+      for (int u = U - 1; u >= 0; --u) {
+        if (u > 0) params.gather(u - 1);
+        const size_t n = layout.units[u].numel;
+        void* full_grad = grads.begin_unit(u);
+        float* g = compute.grads_begin(full_grad, n);
+        gpt.backward_unit(u, compute.params(params.get(u), n), g, 1.0f / float(N * K));
+        compute.grads_end(full_grad, n);
+        params.release(u);
+        if (u == U - 1) maybe_inject_fault(cfg, r, step);
+        grads.reduce_unit(u);
+      }
+      grads.finish();
+    }
+    const float loss = global_mean_loss(ctx.comm, loss_sum, K);
+
+    const float scale = opt.clip_scale(ctx.comm, [&](int u) { return grads.piece(u); }, cfg.clip);
+    for (int u = 0; u < U; ++u) opt.update(u, grads.piece(u), params.piece(u), step + 1, scale);
+    grads.zero();
+
+    double ms = timer.ms();
+    result.losses.push_back(loss);
+    result.step_ms.push_back(ms);
+    if (r == 0) reporter.step(step, loss, ms, ctx.mem.counts().model_states(Place::device));
+  }
+
+  result.memory = ctx.mem.counts();
+  result.comm = ctx.comm.stats();
+  std::vector<float> full = gather_full_model(ctx.comm, layout, shards,
+                                              [&](int u) { return opt.fp32_piece(u, params.piece(u)); });
+  result.param_hash = hash_params(full.data(), full.size());
+  return result;
+}
+
+}  // namespace zf
