@@ -16,7 +16,6 @@
 #include "adamw.h"
 #include "checkpoint.h"
 #include "gradnorm.h"
-#include "precision.h"
 #include "training.h"
 
 namespace zf {
@@ -50,22 +49,14 @@ RankResult train_data_parallel(const TrainConfig& cfg, RankContext& ctx, const T
                                StepReporter& reporter) {
   const ModelLayout layout = build_layout(cfg.model);
   const size_t P = layout.numel;
-  const int B = cfg.batch, T = cfg.model.T, K = cfg.grad_accum, N = ctx.world;
+  const int K = cfg.grad_accum;
   const DType dt = compute_dtype(cfg.precision);
-  Sampler sampler(data, T, cfg.model.V);
 
   // Model states first (the largest allocations): over --device-mem, this is
   // where the run stops, before any step.
   Replica rep(ctx.mem, P, cfg.precision);
   RankFailureGuard guard(ctx.comm);  // a failing rank stops the group before freeing rep
-  size_t max_unit = 0;
-  for (const auto& u : layout.units) max_unit = std::max(max_unit, u.numel);
-  UnitCompute compute(cfg.precision, ctx.mem, max_unit);
-  Gpt gpt(layout, ctx.mem, B);
-  Tensor inputs(ctx.mem, Place::device, Category::activations, DType::i32, size_t(B) * T);
-  Tensor targets(ctx.mem, Place::device, Category::activations, DType::i32, size_t(B) * T);
-  int32_t* in = inputs.as<int32_t>();
-  int32_t* tg = targets.as<int32_t>();
+  RankCompute rc(cfg, layout, ctx, data);
 
   // The same initial model on every rank (each computes it; no broadcast needed).
   initial_model(cfg, layout, rep.fp32_params());
@@ -82,27 +73,19 @@ RankResult train_data_parallel(const TrainConfig& cfg, RankContext& ctx, const T
     Timer timer;
     float loss_sum = 0.0f;
     for (int k = 0; k < K; ++k) {
-      sampler.micro_batch(step, k, ctx.rank, N, B, K, in, tg);
+      rc.load(step, k);
       float loss = 0.0f;
-      for (size_t u = 0; u < layout.units.size(); ++u) {
-        const auto& unit = layout.units[u];
-        gpt.forward_unit(int(u), compute.params(rep.param_bytes(unit.offset), unit.numel), in, tg, &loss);
-      }
+      for (size_t u = 0; u < layout.units.size(); ++u)
+        rc.forward(int(u), rep.param_bytes(layout.units[u].offset), &loss);
       loss_sum += loss;
 
-      // Backward, last unit first. d(objective)/d(micro-batch mean loss) is
-      // 1/(N*K): the all-reduce then sums to the global-batch mean's gradient.
-      const bool last_micro = k == K - 1;
+      // Backward, last unit first.
       for (int u = int(layout.units.size()) - 1; u >= 0; --u) {
         const auto& unit = layout.units[u];
-        float* g = compute.grads_begin(rep.grad_bytes(unit.offset), unit.numel);
-        gpt.backward_unit(u, compute.params(rep.param_bytes(unit.offset), unit.numel), g,
-                          1.0f / float(N * K));
-        compute.grads_end(rep.grad_bytes(unit.offset), unit.numel);
-        if (u == int(layout.units.size()) - 1) maybe_inject_fault(cfg, ctx.rank, step);
+        rc.backward(u, rep.param_bytes(unit.offset), rep.grad_bytes(unit.offset));
         // This unit's gradient is final for this step: start reducing it now,
         // while the next unit's backward runs (DDP's bucketing, one unit a bucket).
-        if (last_micro)
+        if (k == K - 1)
           pending[u] = ctx.comm.all_reduce_async(rep.grad_bytes(unit.offset), unit.numel, dt, ReduceOp::sum);
       }
     }
@@ -129,15 +112,11 @@ RankResult train_data_parallel(const TrainConfig& cfg, RankContext& ctx, const T
     if (cfg.precision == Precision::bf16) store_from_f32(rep.params.data(), dt, p32, P);
     std::memset(rep.grads.data(), 0, rep.grads.bytes());
 
-    double ms = timer.ms();
-    result.losses.push_back(loss);
-    result.step_ms.push_back(ms);
-    if (ctx.rank == 0) reporter.step(step, loss, ms, ctx.mem.counts().model_states(Place::device));
+    record_step(result, reporter, ctx, step, loss, timer.ms());
   }
 
+  record_counters(result, ctx);
   result.param_hash = hash_params(rep.fp32_params(), P);
-  result.memory = ctx.mem.counts();
-  result.comm = ctx.comm.stats();
   return result;
 }
 

@@ -1,6 +1,6 @@
 // train.cpp: the `dp` executable, stage 00 (data parallel).
 //
-//   build/00_data_parallel/dp --ranks 4 --model small --steps 300 --batch 4
+//   build/00_data_parallel/dp --ranks 4 --model small --steps 300 --batch 2
 //
 // Flags are SPEC.md's (see --help). The loop itself is in data_parallel.cpp.
 #include "blas.h"

@@ -1,7 +1,7 @@
 // train.cpp: the `zero3` executable, stage 03 (ZeRO-3: optimizer states,
 // gradients and parameters sharded).
 //
-//   build/03_zero3/zero3 --ranks 4 --model small --steps 300 --batch 4
+//   build/03_zero3/zero3 --ranks 4 --model small --steps 300 --batch 2
 //
 // Flags are SPEC.md's (see --help). The loop is in zero3.cpp, the parameter
 // gathering in gathered_params.cpp; gradients are stage 02's, the optimizer stage 01's.

@@ -25,21 +25,14 @@ RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData
                        StepReporter& reporter) {
   const ModelLayout layout = build_layout(cfg.model);
   const ShardLayout shards = make_shard_layout(layout, ctx.world, ctx.rank);
-  const int B = cfg.batch, T = cfg.model.T, K = cfg.grad_accum, N = ctx.world, r = ctx.rank;
-  const int U = int(layout.units.size());
+  const int K = cfg.grad_accum, r = ctx.rank, U = int(layout.units.size());
   const DType dt = compute_dtype(cfg.precision);
-  Sampler sampler(data, T, cfg.model.V);
 
   GatheredParams params(shards, dt, ctx.mem, ctx.comm);              // new: pieces only
   ShardedGradients grads(shards, dt, ctx.mem, ctx.comm);             // stage 02's
   ShardedAdamW opt(layout, shards, cfg.precision, ctx.mem, cfg.lr);  // stage 01's
   RankFailureGuard guard(ctx.comm);
-  size_t max_unit = 0;
-  for (const auto& u : layout.units) max_unit = std::max(max_unit, u.numel);
-  UnitCompute compute(cfg.precision, ctx.mem, max_unit);
-  Gpt gpt(layout, ctx.mem, B);
-  Tensor inputs(ctx.mem, Place::device, Category::activations, DType::i32, size_t(B) * T);
-  Tensor targets(ctx.mem, Place::device, Category::activations, DType::i32, size_t(B) * T);
+  RankCompute rc(cfg, layout, ctx, data);
 
   {  // Each rank draws only its own pieces of the seeded model (rng.h makes
      // that the same as drawing everything); --init reads the whole file.
@@ -74,13 +67,12 @@ RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData
     Timer timer;
     float loss_sum = 0.0f;
     for (int k = 0; k < K; ++k) {
-      sampler.micro_batch(step, k, r, N, B, K, inputs.as<int32_t>(), targets.as<int32_t>());
+      rc.load(step, k);
       float loss = 0.0f;
       params.gather(0);
       for (int u = 0; u < U; ++u) {
         if (u + 1 < U) params.gather(u + 1);  // prefetch the next unit while this one computes
-        const size_t n = layout.units[u].numel;
-        gpt.forward_unit(u, compute.params(params.get(u), n), inputs.as<int32_t>(), targets.as<int32_t>(), &loss);
+        rc.forward(u, params.get(u), &loss);
         params.release(u);
       }
       loss_sum += loss;
@@ -88,13 +80,8 @@ RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData
       params.gather(U - 1);
       for (int u = U - 1; u >= 0; --u) {
         if (u > 0) params.gather(u - 1);
-        const size_t n = layout.units[u].numel;
-        void* full_grad = grads.begin_unit(u);
-        float* g = compute.grads_begin(full_grad, n);
-        gpt.backward_unit(u, compute.params(params.get(u), n), g, 1.0f / float(N * K));
-        compute.grads_end(full_grad, n);
+        rc.backward(u, params.get(u), grads.begin_unit(u));
         params.release(u);
-        if (u == U - 1) maybe_inject_fault(cfg, r, step);
         grads.reduce_unit(u);
       }
       grads.finish();
@@ -105,14 +92,10 @@ RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData
     for (int u = 0; u < U; ++u) opt.update(u, grads.piece(u), params.piece(u), step + 1, scale);
     grads.zero();
 
-    double ms = timer.ms();
-    result.losses.push_back(loss);
-    result.step_ms.push_back(ms);
-    if (r == 0) reporter.step(step, loss, ms, ctx.mem.counts().model_states(Place::device));
+    record_step(result, reporter, ctx, step, loss, timer.ms());
   }
 
-  result.memory = ctx.mem.counts();
-  result.comm = ctx.comm.stats();
+  record_counters(result, ctx);
   std::vector<float> full = gather_full_model(ctx.comm, layout, shards,
                                               [&](int u) { return opt.fp32_piece(u, params.piece(u)); });
   result.param_hash = hash_params(full.data(), full.size());

@@ -1,6 +1,8 @@
 // training.cpp: initial model, global loss, parameter hash, fault injection.
 #include "training.h"
 
+#include <algorithm>
+
 #include "checkpoint.h"
 #include "rng.h"
 
@@ -26,6 +28,48 @@ void maybe_inject_fault(const TrainConfig& cfg, int rank, int step) {
   if (rank == cfg.fault_rank && step == cfg.fault_step)
     throw Error("injected fault (--inject-fault " + std::to_string(rank) + ":" + std::to_string(step) +
                 ") in the middle of step " + std::to_string(step));
+}
+
+RankCompute::RankCompute(const TrainConfig& cfg, const ModelLayout& layout, RankContext& ctx,
+                         const TokenData& data)
+    : cfg_(cfg), layout_(layout), ctx_(ctx), sampler_(data, cfg.model.T, cfg.model.V),
+      unit_(cfg.precision, ctx.mem,
+            std::max_element(layout.units.begin(), layout.units.end(),
+                             [](const UnitLayout& a, const UnitLayout& b) { return a.numel < b.numel; })
+                ->numel),
+      gpt_(layout, ctx.mem, cfg.batch),
+      inputs_(ctx.mem, Place::device, Category::activations, DType::i32, size_t(cfg.batch) * cfg.model.T),
+      targets_(ctx.mem, Place::device, Category::activations, DType::i32, size_t(cfg.batch) * cfg.model.T) {}
+
+void RankCompute::load(int step, int micro) {
+  step_ = step;
+  sampler_.micro_batch(step, micro, ctx_.rank, ctx_.world, cfg_.batch, cfg_.grad_accum, inputs_.as<int32_t>(),
+                       targets_.as<int32_t>());
+}
+
+void RankCompute::forward(int u, const void* params, float* loss) {
+  gpt_.forward_unit(u, unit_.params(params, layout_.units[u].numel), inputs_.as<int32_t>(),
+                    targets_.as<int32_t>(), loss);
+}
+
+void RankCompute::backward(int u, const void* params, void* grads) {
+  const size_t n = layout_.units[u].numel;
+  float* g = unit_.grads_begin(grads, n);
+  gpt_.backward_unit(u, unit_.params(params, n), g, 1.0f / float(ctx_.world * cfg_.grad_accum));
+  unit_.grads_end(grads, n);
+  if (u == layout_.head_unit()) maybe_inject_fault(cfg_, ctx_.rank, step_);  // mid-backward, for the tests
+}
+
+void record_step(RankResult& result, StepReporter& reporter, RankContext& ctx, int step, float loss,
+                 double ms) {
+  result.losses.push_back(loss);
+  result.step_ms.push_back(ms);
+  if (ctx.rank == 0) reporter.step(step, loss, ms, ctx.mem.counts().model_states(Place::device));
+}
+
+void record_counters(RankResult& result, RankContext& ctx) {
+  result.memory = ctx.mem.counts();
+  result.comm = ctx.comm.stats();
 }
 
 }  // namespace zf

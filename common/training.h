@@ -7,7 +7,11 @@
 
 #include "comm.h"
 #include "config.h"
+#include "data.h"
+#include "launch.h"
 #include "model.h"
+#include "precision.h"
+#include "report.h"
 
 namespace zf {
 
@@ -35,5 +39,39 @@ class Timer {
 
 // Throws the fault injected with --inject-fault when (rank, step) match.
 void maybe_inject_fault(const TrainConfig& cfg, int rank, int step);
+
+// What every stage computes with, whatever it shards: this rank's
+// micro-batches, the model's unit-by-unit arithmetic and its activations,
+// and the precision recipe. A stage only decides where each unit's
+// parameters come from and where its gradient goes.
+class RankCompute {
+ public:
+  RankCompute(const TrainConfig& cfg, const ModelLayout& layout, RankContext& ctx, const TokenData& data);
+
+  // Loads this rank's micro-batch `micro` of step `step` (SPEC.md's sampler).
+  void load(int step, int micro);
+  // Forward of unit u on its parameters (compute dtype); the head sets *loss.
+  void forward(int u, const void* params, float* loss);
+  // Backward of unit u, accumulating into grads (compute dtype). The
+  // objective is the global-batch mean loss: d/d(micro-batch loss) = 1/(N*K).
+  void backward(int u, const void* params, void* grads);
+
+ private:
+  const TrainConfig& cfg_;
+  const ModelLayout& layout_;
+  RankContext& ctx_;
+  Sampler sampler_;
+  UnitCompute unit_;
+  Gpt gpt_;
+  Tensor inputs_, targets_;
+  int step_ = 0;
+};
+
+// Records a finished step in the result, and reports it (rank 0).
+void record_step(RankResult& result, StepReporter& reporter, RankContext& ctx, int step, float loss,
+                 double ms);
+// Fills in the end-of-run memory and communication counters (call before any
+// collective that is not part of training, such as gathering the final model).
+void record_counters(RankResult& result, RankContext& ctx);
 
 }  // namespace zf
