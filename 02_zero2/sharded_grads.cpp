@@ -23,8 +23,8 @@ void* ShardedGradients::begin_unit(int u) {
 void ShardedGradients::reduce_unit(int u) {
   REQUIRE(computing_unit_ == u, "reduce_unit(" << u << ") but the unit being computed is " << computing_unit_);
   const UnitShard& us = shards_.units[u];
-  InFlight f{u, std::move(computing_), Tensor(mem_, Place::device, Category::comm, dtype_, us.shard), {}};
-  f.handle = comm_.reduce_scatter_async(f.full.data(), f.recv.data(), us.shard, dtype_, ReduceOp::sum);
+  InFlight f{u, std::move(computing_), {}};
+  f.handle = comm_.reduce_scatter_async(f.full.data(), slot_of_mine(f), us.shard, dtype_, ReduceOp::sum);
   computing_unit_ = -1;
   inflight_.push_back(std::move(f));
   // Keep one reduction in flight behind the next unit's backward, no more.
@@ -34,8 +34,13 @@ void ShardedGradients::reduce_unit(int u) {
 void ShardedGradients::complete_oldest() {
   InFlight& f = inflight_.front();
   f.handle.wait();
-  accumulate(piece(f.unit), f.recv.data(), dtype_, shards_.units[f.unit].shard);
-  inflight_.pop_front();  // releases both buffers: the tracker's comm bytes drop here
+  accumulate(piece(f.unit), slot_of_mine(f), dtype_, shards_.units[f.unit].shard);
+  inflight_.pop_front();  // releases the full gradient: the tracker's comm bytes drop here
+}
+
+void* ShardedGradients::slot_of_mine(InFlight& f) {
+  return static_cast<char*>(f.full.data()) +
+         size_t(shards_.rank) * shards_.units[f.unit].shard * dtype_size(dtype_);
 }
 
 void ShardedGradients::finish() {

@@ -1,0 +1,82 @@
+// memory_model.cpp: SPEC.md's model-state formulas (see memory_model.h).
+#include "memory_model.h"
+
+#include "check.h"
+
+namespace zf {
+
+const std::vector<Stage>& all_stages() {
+  static const std::vector<Stage> stages{Stage::dp,    Stage::zero1, Stage::zero2,
+                                         Stage::zero3, Stage::fsdp,  Stage::offload};
+  return stages;
+}
+
+const char* stage_label(Stage s) {
+  switch (s) {
+    case Stage::dp: return "00 data parallel";
+    case Stage::zero1: return "01 ZeRO-1";
+    case Stage::zero2: return "02 ZeRO-2";
+    case Stage::zero3: return "03 ZeRO-3";
+    case Stage::fsdp: return "04 FSDP";
+    case Stage::offload: return "05 offload";
+  }
+  return "?";
+}
+
+ModelSizes unpadded_sizes(double params, int ranks) {
+  REQUIRE(ranks >= 1, "unpadded_sizes: ranks must be >= 1, got " << ranks);
+  ModelSizes z;
+  z.ranks = ranks;
+  z.params = params;
+  z.padded = params;
+  z.shard = params / ranks;
+  return z;
+}
+
+ModelSizes padded_sizes(const ModelLayout& layout, int ranks) {
+  REQUIRE(ranks >= 1, "padded_sizes: ranks must be >= 1, got " << ranks);
+  ModelSizes z;
+  z.ranks = ranks;
+  size_t padded = 0, shard = 0;
+  for (const auto& u : layout.units) {
+    const size_t s = (u.numel + size_t(ranks) - 1) / size_t(ranks);  // ceil(n_u / N)
+    shard += s;
+    padded += s * size_t(ranks);
+  }
+  z.params = double(layout.numel);
+  z.padded = double(padded);
+  z.shard = double(shard);
+  return z;
+}
+
+ModelStateBytes model_state_bytes(Stage stage, Precision precision, const ModelSizes& z,
+                                  bool offload_params) {
+  const double e = precision == Precision::fp32 ? 4 : 2;   // params and grads, compute dtype
+  const double o = precision == Precision::fp32 ? 8 : 12;  // float32 moments (+ master in bf16)
+  ModelStateBytes b;
+  switch (stage) {
+    case Stage::dp:
+      b.device = {e * z.params, e * z.params, o * z.params};
+      break;
+    case Stage::zero1:
+      b.device = {e * z.padded, e * z.padded, o * z.shard};
+      break;
+    case Stage::zero2:
+      b.device = {e * z.padded, e * z.shard, o * z.shard};
+      break;
+    case Stage::zero3:
+    case Stage::fsdp:
+      b.device = {e * z.shard, e * z.shard, o * z.shard};
+      break;
+    case Stage::offload:
+      if (offload_params) b.host = {e * z.shard, e * z.shard, o * z.shard};
+      else {
+        b.device = {e * z.shard, 0, 0};
+        b.host = {0, e * z.shard, o * z.shard};
+      }
+      break;
+  }
+  return b;
+}
+
+}  // namespace zf

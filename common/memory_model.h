@@ -1,0 +1,69 @@
+// memory_model.h: the model-state bytes per rank that SPEC.md's "Memory
+// bookkeeping" table promises, as arithmetic instead of allocations.
+//
+// Per element of the model, a rank holds (e = 4 bytes in fp32, 2 in bf16;
+// o = the optimizer's float32 state: 8 bytes of moments, 12 with the bf16
+// recipe's master copy):
+//
+//   stage            params        grads         optimizer
+//   00 dp            e * P         e * P         o * P
+//   01 ZeRO-1        e * Pp        e * Pp        o * S
+//   02 ZeRO-2        e * Pp        e * S         o * S
+//   03 ZeRO-3/04     e * S         e * S         o * S
+//   05 offload       device: e * S params (0 with --offload-params);
+//                    host: the rest (grads e * S, optimizer o * S, and the
+//                    params too with --offload-params)
+//
+// where P is the model's size, Pp the full model in the padded layout and S
+// one rank's shard. Unpadded (only P known): Pp = P, S = P / N. Padded per
+// unit (shard.h): Pp = sum N * ceil(n_u / N), S = sum ceil(n_u / N). Stage
+// 00 never pads.
+//
+// With bf16 this gives 16P, 4P + 12P/N, 2P + 14P/N, 16P/N (the ZeRO paper's
+// table with bf16 for fp16); with fp32 16P, 8P + 8P/N, 4P + 12P/N, 16P/N.
+// The tests compare the trainers' counted bytes with these numbers, and
+// tools/memory_estimate prints them without training.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "config.h"
+#include "model.h"
+
+namespace zf {
+
+enum class Stage { dp, zero1, zero2, zero3, fsdp, offload };
+const std::vector<Stage>& all_stages();
+const char* stage_label(Stage s);  // "00 dp", "01 ZeRO-1", ...
+
+// Element counts (doubles: P / N need not be whole when unpadded; with the
+// padded sizes of a real model every value is an exact integer).
+struct ModelSizes {
+  int ranks = 1;
+  double params = 0;  // P, unpadded
+  double padded = 0;  // Pp: the full model in the padded layout
+  double shard = 0;   // S: one rank's shard
+};
+
+// Only P known: no padding (Pp = P, S = P / N).
+ModelSizes unpadded_sizes(double params, int ranks);
+// From the layout's units, each padded to a multiple of N as shard.h does.
+ModelSizes padded_sizes(const ModelLayout& layout, int ranks);
+
+struct StateBytes {
+  double params = 0, grads = 0, optimizer = 0;
+  double total() const { return params + grads + optimizer; }
+};
+struct ModelStateBytes {
+  StateBytes device, host;
+  double total() const { return device.total() + host.total(); }
+};
+
+// Bytes per rank of params, grads and optimizer state on each place.
+// offload_params matters for Stage::offload only.
+ModelStateBytes model_state_bytes(Stage stage, Precision precision, const ModelSizes& sizes,
+                                  bool offload_params = false);
+
+}  // namespace zf
