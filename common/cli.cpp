@@ -15,7 +15,7 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   CLI::App app{"zero-to-fsdp " + stage.title + ": train the GPT of SPEC.md", stage.exe};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // last one wins
   std::string model = "small", precision = "fp32", device_mem, fault;
-  app.add_option("--ranks", cfg.ranks, "ranks, as threads of this process")->capture_default_str();
+  app.add_option("--ranks", cfg.ranks, "ranks, as threads of this process (ignored under mpirun/srun, which say how many)")->capture_default_str();
   app.add_option("--model", model, "model preset: tiny, small or gpt2")->capture_default_str();
   app.add_option("--steps", cfg.steps, "optimizer steps")->capture_default_str();
   app.add_option("--batch", cfg.batch, "micro-batch per rank (sequences)")->capture_default_str();

@@ -1,15 +1,29 @@
-// launch.cpp: run N ranks as threads of this process (launch.h).
+// launch.cpp: run the ranks of a run (launch.h): N threads of this process,
+// or, under a launcher, this process's one rank over MPI.
 //
-// Each rank thread tags itself with its rank (so every error message names
-// it), owns its MemoryTracker and its Communicator, and runs the stage's
-// function. The whole point of this file is the failure path: when a rank
+//   build/00_data_parallel/dp --ranks 4          four ranks as threads
+//   mpirun -np 4 build/00_data_parallel/dp       four processes, one rank each
+//
+// Threads: each rank thread tags itself with its rank (so every error message
+// names it), owns its MemoryTracker and its Communicator, and runs the stage's
+// function. The whole point of this part is the failure path: when a rank
 // throws, the group is aborted at once, so the other ranks' collectives raise
 // CommAborted instead of waiting forever for a rank that will never come;
 // after joining, run_ranks throws one error naming the rank that failed first
 // and what went wrong there (its own message, not the CommAborted echoes).
+//
+// Processes: the same frame around the one rank of this process, with the
+// `mpi` communicator (comm_mpi.h). The failure path differs because the other
+// ranks are other processes, possibly waiting inside MPI for this one: the
+// failing rank prints its error naming itself, then ends the whole job with
+// MPI_Abort (mpirun then kills every process and exits non-zero).
 #include "launch.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -19,6 +33,9 @@
 
 #include "blas.h"
 #include "comm_threads.h"
+#ifdef ZF_HAVE_MPI
+#include "comm_mpi.h"
+#endif
 
 namespace zf {
 
@@ -46,10 +63,203 @@ void describe_exception(std::exception_ptr e, std::string& what, bool& aborted) 
   }
 }
 
+// The exit status stage_main gives each kind of error (runner.h).
+int exit_status_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const OutOfMemory&) {
+    return 3;
+  } catch (const UsageError&) {
+    return 2;
+  } catch (...) {
+  }
+  return 1;
+}
+
+// An environment variable as a non-negative int, or -1 when absent or not a number.
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return -1;
+  char* end = nullptr;
+  errno = 0;
+  const long x = std::strtol(v, &end, 10);
+  if (errno != 0 || *end != '\0' || x < 0 || x > 1 << 24) return -1;
+  return int(x);
+}
+
+// This process's one rank of a multi-process run (see the file comment).
+void run_this_process_rank(const LaunchOptions& opt, const World& world,
+                           const std::function<void(RankContext&)>& fn) {
+#ifdef ZF_HAVE_MPI
+  mpi_init_once();
+  const int N = mpi_world_size(), r = mpi_world_rank();
+  REQUIRE(N == world.size && r == world.process_rank,
+          world.launcher << " says this process is rank " << world.process_rank << " of "
+                         << world.size << ", but MPI says rank " << r << " of " << N
+                         << ": was this program started by another MPI's launcher?");
+  set_current_rank(r);
+  // The processes on this host share its cores, as rank threads do.
+  blas_set_threads(std::max(1, hardware_cores() / std::max(1, mpi_local_size())));
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  try {
+    MemoryTracker mem(r, opt.device_budget);
+    RankContext ctx{r, N, *comm, mem};
+    fn(ctx);
+  } catch (...) {
+    const std::exception_ptr e = std::current_exception();
+    std::string what;
+    bool aborted = false;
+    describe_exception(e, what, aborted);
+    comm->abort("rank " + std::to_string(r) + " failed: " + what);
+    const int status = exit_status_of(e);
+    std::fprintf(stderr,
+                 "%s: error: rank %d failed: %s\n"
+                 "%s: rank %d ends the whole job (MPI_Abort, exit status %d): the other ranks "
+                 "wait inside MPI and cannot be stopped any other way\n",
+                 program_invocation_short_name, r, what.c_str(), program_invocation_short_name, r,
+                 status);
+    mpi_abort_job(status);
+  }
+  // Leaves the group: a rank still waiting for this one to join a collective
+  // gets an error naming it, not a hang.
+  comm.reset();
+  set_current_rank(-1);
+#else
+  (void)opt;
+  (void)fn;
+  throw UsageError(world.launcher + " started this process as one of " + std::to_string(world.size) +
+                   ", but this build has no MPI backend");  // resolve_world says it first
+#endif
+}
+
+// Rank results as 64-bit words, for share_rank_results.
+template <class T>
+int64_t word(T v) {
+  static_assert(sizeof(T) <= sizeof(int64_t));
+  int64_t w = 0;
+  std::memcpy(&w, &v, sizeof(T));
+  return w;
+}
+template <class T>
+T unword(int64_t w) {
+  T v;
+  std::memcpy(&v, &w, sizeof(T));
+  return v;
+}
+
+std::vector<int64_t> pack(const RankResult& r) {
+  std::vector<int64_t> w;
+  for (int p = 0; p < kNumPlaces; p++) {
+    for (int c = 0; c < kNumCategories; c++) w.push_back(word(r.memory.current[p][c]));
+    for (int c = 0; c < kNumCategories; c++) w.push_back(word(r.memory.peak[p][c]));
+    w.push_back(word(r.memory.peak_total[p]));
+  }
+  for (int k = 0; k < kNumCollectives; k++) {
+    w.push_back(word(r.comm.bytes[k]));
+    w.push_back(word(r.comm.calls[k]));
+    w.push_back(word(r.comm.seconds[k]));
+  }
+  w.push_back(word(r.param_hash));
+  w.push_back(int64_t(r.losses.size()));
+  for (float x : r.losses) w.push_back(word(x));
+  w.push_back(int64_t(r.step_ms.size()));
+  for (double x : r.step_ms) w.push_back(word(x));
+  return w;
+}
+
+RankResult unpack(const int64_t* w) {
+  RankResult r;
+  size_t i = 0;
+  for (int p = 0; p < kNumPlaces; p++) {
+    for (int c = 0; c < kNumCategories; c++) r.memory.current[p][c] = unword<size_t>(w[i++]);
+    for (int c = 0; c < kNumCategories; c++) r.memory.peak[p][c] = unword<size_t>(w[i++]);
+    r.memory.peak_total[p] = unword<size_t>(w[i++]);
+  }
+  for (int k = 0; k < kNumCollectives; k++) {
+    r.comm.bytes[k] = unword<double>(w[i++]);
+    r.comm.calls[k] = unword<uint64_t>(w[i++]);
+    r.comm.seconds[k] = unword<double>(w[i++]);
+  }
+  r.param_hash = unword<uint64_t>(w[i++]);
+  r.losses.resize(size_t(w[i++]));
+  for (float& x : r.losses) x = unword<float>(w[i++]);
+  r.step_ms.resize(size_t(w[i++]));
+  for (double& x : r.step_ms) x = unword<double>(w[i++]);
+  return r;
+}
+
 }  // namespace
+
+LauncherInfo detect_launcher() {
+  LauncherInfo l;
+  auto from = [&](const char* name, const char* size_var, const char* rank_var) {
+    const int size = env_int(size_var), rank = env_int(rank_var);
+    if (size < 1 || rank < 0) return false;
+    l.name = name;
+    l.size = size;
+    l.rank = rank;
+    return true;
+  };
+  if (from("mpirun", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")) return l;
+  if (from("PMI", "PMI_SIZE", "PMI_RANK")) return l;
+  if (std::getenv("SLURM_STEP_ID")) {  // inside an srun step, not the batch script
+    if (from("srun", "SLURM_STEP_NUM_TASKS", "SLURM_PROCID")) return l;
+    if (from("srun", "SLURM_NTASKS", "SLURM_PROCID")) return l;
+  }
+  return LauncherInfo{};
+}
+
+std::string World::describe() const {
+  std::string s = std::to_string(size) + (size == 1 ? " rank" : " ranks");
+  return s + (multi_process() ? " (processes, " + launcher + ")" : " (threads)");
+}
+
+World resolve_world(int requested_ranks) {
+  World w;
+  w.size = requested_ranks;
+  const LauncherInfo l = detect_launcher();
+  if (l.name.empty() || l.size <= 1) return w;
+  USAGE_REQUIRE(l.rank < l.size, l.name << " says this process is rank " << l.rank << " of only "
+                                        << l.size);
+#ifndef ZF_HAVE_MPI
+  throw UsageError(l.name + " started " + std::to_string(l.size) + " processes (this one is rank " +
+                   std::to_string(l.rank) +
+                   "), but this build has no MPI backend: MPI was not found when it was "
+                   "configured. Install libopenmpi-dev and reconfigure (meson setup --reconfigure "
+                   "build -Dmpi=enabled), or run one process with --ranks " +
+                   std::to_string(l.size) + " instead.");
+#endif
+  w.size = l.size;
+  w.process_rank = l.rank;
+  w.launcher = l.name;
+  if (requested_ranks > 1 && requested_ranks != l.size && l.rank == 0)
+    std::fprintf(stderr, "note: --ranks %d ignored: %s started %d processes, one rank each\n",
+                 requested_ranks, l.name.c_str(), l.size);
+  return w;
+}
+
+void share_rank_results(RankContext& ctx, std::vector<RankResult>& results) {
+  const int N = ctx.world;
+  REQUIRE(int(results.size()) == N, "share_rank_results: " << results.size() << " results for "
+                                                             << N << " ranks");
+  std::vector<int64_t> mine = pack(results[ctx.rank]);
+  // Lengths first (the step counts could differ), then every rank's words,
+  // padded to the longest.
+  int64_t len = int64_t(mine.size());
+  std::vector<int64_t> lens(static_cast<size_t>(N));
+  ctx.comm.all_gather(&len, lens.data(), 1, DType::i64);
+  const size_t width = size_t(*std::max_element(lens.begin(), lens.end()));
+  mine.resize(width);
+  std::vector<int64_t> all(size_t(N) * width);
+  ctx.comm.all_gather(mine.data(), all.data(), width, DType::i64);
+  for (int q = 0; q < N; q++)
+    if (q != ctx.rank) results[q] = unpack(all.data() + size_t(q) * width);
+}
 
 void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>& fn) {
   USAGE_REQUIRE(opt.ranks >= 1, "--ranks must be at least 1, got " << opt.ranks);
+  const World world = resolve_world(opt.ranks);
+  if (world.multi_process()) return run_this_process_rank(opt, world, fn);
   const int N = opt.ranks;
   auto comms = make_thread_communicators(N);
 

@@ -14,27 +14,39 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   Sampler check(data, cfg.model.T, cfg.model.V);  // refuses short files and foreign vocabularies now
   ModelLayout layout = build_layout(cfg.model);
 
+  // Threads, or one rank per process under mpirun/srun (launch.h). Only the
+  // process of rank 0 prints and writes the run log.
+  const World world = resolve_world(cfg.ranks);
   RunResult run;
   run.cfg = cfg;
+  run.cfg.ranks = world.size;
   run.params = layout.numel;
   run.blas = blas_description();
-  run.ranks.resize(cfg.ranks);
-  StepReporter reporter(run.cfg, layout.numel);
-  if (!cfg.quiet) {
-    std::printf("zero-to-fsdp %s | model %s (P = %zu, V=%d T=%d L=%d H=%d C=%d) | %d ranks (threads) | "
+  run.ranks.resize(world.size);
+  TrainConfig report_cfg = run.cfg;
+  if (!world.prints()) {
+    report_cfg.quiet = true;
+    report_cfg.log_json.clear();
+  }
+  StepReporter reporter(report_cfg, layout.numel);
+  if (!report_cfg.quiet) {
+    std::printf("zero-to-fsdp %s | model %s (P = %zu, V=%d T=%d L=%d H=%d C=%d) | %s | "
                 "B=%d K=%d, %lld tokens/step | %s | data: %s (%zu tokens)\n",
                 cfg.stage.c_str(), cfg.model.name.c_str(), layout.numel, cfg.model.V, cfg.model.T,
-                cfg.model.L, cfg.model.H, cfg.model.C, cfg.ranks, cfg.batch, cfg.grad_accum,
-                (long long)(cfg.global_batch() * cfg.model.T), precision_name(cfg.precision),
+                cfg.model.L, cfg.model.H, cfg.model.C, world.describe().c_str(), cfg.batch,
+                cfg.grad_accum, (long long)(run.cfg.global_batch() * cfg.model.T), precision_name(cfg.precision),
                 data.source.c_str(), data.tokens.size());
     std::printf("BLAS: %s\n", run.blas.c_str());
     std::fflush(stdout);
   }
 
   LaunchOptions opt;
-  opt.ranks = cfg.ranks;
+  opt.ranks = world.size;
   opt.device_budget = cfg.device_mem;
-  run_ranks(opt, [&](RankContext& ctx) { run.ranks[ctx.rank] = stage(run.cfg, ctx, data, reporter); });
+  run_ranks(opt, [&](RankContext& ctx) {
+    run.ranks[ctx.rank] = stage(run.cfg, ctx, data, reporter);
+    if (world.multi_process()) share_rank_results(ctx, run.ranks);  // rank 0's tables list all
+  });
   reporter.summary(run);
   return run;
 }

@@ -1,0 +1,611 @@
+// comm_mpi.cpp: the `mpi` backend, one rank per process over MPI (OpenMPI),
+// with the `threads` backend's semantics, counters and bits (comm_mpi.h).
+//
+//   mpirun -np 4 build/03_zero3/zero3 --model tiny --steps 20
+//
+// Shape of the backend
+//   MpiCommunicator   this process's Communicator, over its own duplicate of
+//                     MPI_COMM_WORLD. Collectives are queued to one
+//                     communication thread, which makes every MPI call of
+//                     normal operation and runs them in issue order, like the
+//                     threads backend's per-rank thread (and a CUDA stream).
+//
+// One collective, on the communication thread (N ranks, this is rank r):
+//   header   MPI_Iallgather of what every rank called (kind, count, dtype,
+//            op, root). It is also the barrier: nobody passes it before all
+//            have arrived. Every rank then checks that all called the same
+//            thing, so a mismatch is the same error on every rank, and a rank
+//            that has left (its last header says "depart") is named, not
+//            waited for.
+//   payload  MPI only moves bytes; the sums are ours. The buffer is cut into
+//            N pieces exactly as in the threads backend (piece_of).
+//              reduce_scatter  all-to-all of the N slots, then rank r sums
+//                              slot r of every rank in rank order 0..N-1
+//                              (reduce_in_rank_order, the threads backend's
+//                              loop: float32, bf16 rounded once).
+//              all_reduce      the same with piece_of's pieces (all-to-all-v),
+//                              then an all-gather-v of the reduced pieces.
+//              all_gather      an all-gather; broadcast a broadcast.
+//            So all_gather(reduce_scatter(x)) == all_reduce(x) bit for bit, and
+//            every result equals the threads backend's. (MPI_Allreduce would
+//            be shorter, but its summation order is unspecified.)
+//
+// Staging. MPI reads and writes only buffers this communicator owns: the
+// inputs are copied in when the collective starts, the results copied out
+// when it ends. That costs a copy each way, and buys the failure path below:
+// MPI cannot cancel a collective, so a caller's buffer handed to MPI could be
+// written long after its owner freed it. These staging buffers are host
+// memory outside the MemoryTracker, like NCCL's internal buffers.
+//
+// Waiting. Each MPI operation is non-blocking (MPI_Ialltoallv, ...) and the
+// communication thread polls it with MPI_Test, napping between polls once the
+// wait gets long (up to 0.2 ms). A blocking MPI call would spin a core at
+// 100%, and under `mpirun --oversubscribe` (4 ranks on a 2-core laptop) that
+// core is the one another rank needs to compute.
+//
+// Failures. abort(reason) marks this communicator failed: queued collectives
+// raise CommAborted, the running one gives up at its next poll, and abort()
+// returns once the communication thread has left it, so the caller may free
+// its buffers. A collective given up is left pending inside MPI, so its
+// staging buffers are deliberately leaked (MPI may still write into them).
+// Peer processes cannot be woken from inside MPI: the launcher (launch.cpp)
+// then ends the whole job with MPI_Abort, naming the failed rank, so no
+// process is left waiting for one that will never come. A rank that simply
+// finishes early (it issued fewer collectives) says so in a last header when
+// its communicator is destroyed: every rank still waiting raises an Error
+// naming it, at the same collective, and exchanges nothing more.
+#include "comm_mpi.h"
+
+// The C API only: OpenMPI's deprecated C++ bindings are not used here.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm_reduce.h"
+#include "comm_state.h"
+
+// MPI_CHECK(call): throw zf::Error("file:line [rank r] call failed: <MPI's message>").
+#define MPI_CHECK(call)                                                                   \
+  do {                                                                                    \
+    const int zf_mpi_rc_ = (call);                                                        \
+    if (zf_mpi_rc_ != MPI_SUCCESS)                                                        \
+      ::zf::fail_at(__FILE__, __LINE__,                                                   \
+                    std::string(#call) + " failed: " + ::zf::mpi_error_text(zf_mpi_rc_)); \
+  } while (0)
+
+namespace zf {
+
+namespace {
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(text, size_t(len));
+}
+
+using Clock = std::chrono::steady_clock;
+
+// ------------------------------------------------------------------ the header
+
+// What a rank called, exchanged before every collective. kind is a
+// CollectiveKind, or kDepart: this rank issues nothing more (count then holds
+// how many collectives it issued).
+constexpr int64_t kDepart = 100;
+struct Header {
+  int64_t seq = 0, kind = 0, count = 0, dtype = 0, op = 0, root = 0;
+};
+constexpr int kHeaderInts = 6;
+static_assert(sizeof(Header) == kHeaderInts * sizeof(int64_t));
+
+std::string describe(const Header& h) {
+  if (h.kind == kDepart) return "leaving the group";
+  const auto kind = CollectiveKind(h.kind);
+  std::ostringstream s;
+  s << collective_name(kind);
+  if (kind != CollectiveKind::barrier) {
+    s << "(count " << h.count << ", " << dtype_name(DType(h.dtype));
+    if (kind == CollectiveKind::all_reduce || kind == CollectiveKind::reduce_scatter)
+      s << ", " << (ReduceOp(h.op) == ReduceOp::sum ? "sum" : "avg");
+    if (kind == CollectiveKind::broadcast) s << ", root " << h.root;
+    s << ")";
+  }
+  return s.str();
+}
+
+// The same test as the threads backend's: fields a collective ignores do not count.
+bool same_call(const Header& a, const Header& b) {
+  if (a.kind != b.kind) return false;
+  const auto kind = CollectiveKind(a.kind);
+  if (a.kind == kDepart || kind == CollectiveKind::barrier) return true;
+  if (a.count != b.count || a.dtype != b.dtype) return false;
+  if ((kind == CollectiveKind::all_reduce || kind == CollectiveKind::reduce_scatter) && a.op != b.op)
+    return false;
+  if (kind == CollectiveKind::broadcast && a.root != b.root) return false;
+  return true;
+}
+
+MPI_Datatype mpi_type(DType dt) {
+  switch (dt) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::bf16: return MPI_UINT16_T;  // moved, never summed by MPI
+    case DType::i64: return MPI_INT64_T;
+    case DType::i32: return MPI_INT32_T;
+  }
+  return MPI_BYTE;
+}
+
+// ------------------------------------------------------------------ staging
+
+// Everything a pending MPI operation may still read or write: the payload
+// buffers, the headers, and the count/displacement arrays (MPI-3 requires
+// those of a non-blocking collective to stay valid until it completes).
+struct Staging {
+  std::vector<char> a, b;
+  Header mine;
+  std::vector<Header> headers;
+  std::vector<int> counts, displs, rcounts, rdispls;
+
+  char* a_bytes(size_t bytes) {
+    if (a.size() < bytes) a.resize(bytes);
+    return a.data();
+  }
+  char* b_bytes(size_t bytes) {
+    if (b.size() < bytes) b.resize(bytes);
+    return b.data();
+  }
+};
+
+// A collective given up after abort() is still pending inside MPI: its
+// staging is kept here, never freed, so MPI can never write into freed
+// memory. The process ends soon after (MPI_Abort).
+void bury(std::unique_ptr<Staging> s) {
+  static std::mutex mu;
+  static auto* graveyard = new std::vector<std::unique_ptr<Staging>>();  // leaked on purpose
+  std::lock_guard<std::mutex> lock(mu);
+  graveyard->push_back(std::move(s));
+}
+
+void copy_bytes(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0 && dst != src) std::memcpy(dst, src, bytes);
+}
+
+// ------------------------------------------------------------------ the communicator
+
+class MpiCommunicator : public Communicator {
+ public:
+  explicit MpiCommunicator(MPI_Comm world) : staging_(std::make_unique<Staging>()) {
+    // Our own communicator: collectives of this one never meet anybody else's
+    // MPI traffic, and errors return codes (MPI_CHECK) instead of aborting.
+    MPI_CHECK(MPI_Comm_dup(world, &comm_));
+    MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    worker_ = std::thread([this] { worker_loop(); });
+  }
+
+  // Lets the communication thread finish what was issued (the other ranks
+  // expect it), then leaves the group with a last header exchange, so that a
+  // rank still waiting in a collective this one never issued gets an error
+  // naming it instead of a hang.
+  ~MpiCommunicator() override {
+    std::shared_ptr<CommHandle::State> depart;
+    {
+      std::lock_guard<std::mutex> lock(q_mu_);
+      if (!aborted_ && gone_rank_ < 0) {  // else there is nobody to say goodbye to
+        Header h;
+        h.kind = kDepart;
+        h.count = int64_t(issued_);
+        h.seq = int64_t(issued_);
+        depart = std::make_shared<CommHandle::State>();
+        queue_.push_back(Op{h, nullptr, nullptr, depart, Clock::now(), true});
+      }
+    }
+    q_cv_.notify_all();
+    bool clean = false;
+    if (depart) {
+      try {
+        CommHandle(depart).wait();
+        clean = true;
+      } catch (...) {
+        // Another rank is still inside a collective this rank never issued:
+        // it has raised an error naming this rank, and the job will end.
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(q_mu_);
+      stopping_ = true;
+    }
+    q_cv_.notify_all();
+    worker_.join();
+    // After a failure an operation may still be pending on comm_: leave it.
+    if (clean && !abandoned_) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend() const override { return "mpi"; }
+
+  CommHandle all_reduce_async(void* buf, size_t count, DType dt, ReduceOp op) override {
+    Header h;
+    h.kind = int64_t(CollectiveKind::all_reduce);
+    h.count = int64_t(count); h.dtype = int64_t(dt); h.op = int64_t(op);
+    return issue(h, buf, buf, count, count * dtype_size(dt));
+  }
+  CommHandle reduce_scatter_async(const void* send, void* recv, size_t recv_count, DType dt,
+                                  ReduceOp op) override {
+    Header h;
+    h.kind = int64_t(CollectiveKind::reduce_scatter);
+    h.count = int64_t(recv_count); h.dtype = int64_t(dt); h.op = int64_t(op);
+    const size_t full = size_t(size_) * recv_count;
+    return issue(h, send, recv, full, full * dtype_size(dt));
+  }
+  CommHandle all_gather_async(const void* send, void* recv, size_t send_count,
+                              DType dt) override {
+    Header h;
+    h.kind = int64_t(CollectiveKind::all_gather);
+    h.count = int64_t(send_count); h.dtype = int64_t(dt);
+    const size_t full = size_t(size_) * send_count;
+    return issue(h, send, recv, full, full * dtype_size(dt));
+  }
+  CommHandle broadcast_async(void* buf, size_t count, DType dt, int root) override {
+    REQUIRE(root >= 0 && root < size_,
+            "broadcast: root " << root << " is not a rank of this group of " << size_);
+    Header h;
+    h.kind = int64_t(CollectiveKind::broadcast);
+    h.count = int64_t(count); h.dtype = int64_t(dt); h.root = root;
+    return issue(h, buf, buf, count, count * dtype_size(dt));
+  }
+  void barrier() override {
+    Header h;
+    h.kind = int64_t(CollectiveKind::barrier);
+    issue(h, nullptr, nullptr, 0, 0).wait();
+  }
+
+  // Fails what is queued, makes the running collective give up at its next
+  // poll, and returns once the communication thread has left it.
+  void abort(const std::string& reason) override {
+    std::vector<Op> dropped;
+    {
+      std::unique_lock<std::mutex> lock(q_mu_);
+      if (!aborted_) {
+        reason_ = reason;
+        aborted_ = true;
+      }
+      dropped.assign(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
+      queue_.clear();
+      idle_cv_.wait(lock, [&] { return !in_op_; });
+    }
+    for (Op& op : dropped) op.state->finish(std::make_exception_ptr(aborted_error(op.header)));
+  }
+
+ private:
+  struct Op {
+    Header header;
+    const void* send;
+    void* recv;
+    std::shared_ptr<CommHandle::State> state;
+    Clock::time_point issued_at;
+    bool internal;  // the departure: not a collective of the API, not counted
+  };
+
+  // Called by the rank's own thread: count the collective (bytes and calls
+  // at issue time, as the threads backend does) and queue it.
+  CommHandle issue(Header h, const void* send, void* recv, size_t full_count, size_t full_bytes) {
+    // MPI counts and displacements are ints (in elements).
+    REQUIRE(full_count <= size_t(INT_MAX),
+            "mpi backend: " << collective_name(CollectiveKind(h.kind)) << " of " << full_count
+                            << " elements is over MPI's limit of " << INT_MAX
+                            << " elements per call; split the buffer");
+    auto state = std::make_shared<CommHandle::State>();
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      stats_.add(CollectiveKind(h.kind), ring_bytes(CollectiveKind(h.kind), full_bytes, size_));
+    }
+    {
+      std::lock_guard<std::mutex> lock(q_mu_);
+      h.seq = int64_t(issued_++);
+      if (aborted_ || gone_rank_ >= 0) {  // nothing will run any more
+        state->finish(broken_error(h));
+        return CommHandle(state);
+      }
+      queue_.push_back(Op{h, send, recv, state, Clock::now(), false});
+    }
+    q_cv_.notify_all();
+    return CommHandle(state);
+  }
+
+  CommAborted aborted_error(const Header& h) const {  // reason_ is set before aborted_
+    return CommAborted("[rank " + std::to_string(rank_) + "] " + describe(h) + " (collective #" +
+                       std::to_string(h.seq) + " of this rank) aborted: " + reason_);
+  }
+  Error gone_error(const Header& h, int rank, int64_t issued) const {
+    return Error("[rank " + std::to_string(rank_) + "] " + describe(h) + " (collective #" +
+                 std::to_string(h.seq) + " of this rank) cannot complete: rank " +
+                 std::to_string(rank) + " finished after issuing only " + std::to_string(issued) +
+                 " collectives. Every rank must issue the same collectives in the same order.");
+  }
+  // Why a collective cannot run once the group is broken. Called with q_mu_ held.
+  std::exception_ptr broken_error(const Header& h) const {
+    if (aborted_) return std::make_exception_ptr(aborted_error(h));
+    return std::make_exception_ptr(gone_error(h, gone_rank_, gone_issued_));
+  }
+
+  // The communication thread: runs this rank's collectives one at a time, in
+  // the order they were issued.
+  void worker_loop() {
+    set_current_rank(rank_);
+    for (;;) {
+      Op op;
+      std::exception_ptr error;
+      {
+        std::unique_lock<std::mutex> lock(q_mu_);
+        q_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, and nothing left to run
+        op = std::move(queue_.front());
+        queue_.pop_front();
+        if (aborted_ || gone_rank_ >= 0) error = broken_error(op.header);
+        else in_op_ = true;
+      }
+      if (!error) {
+        try {
+          run(op);
+        } catch (...) {
+          error = std::current_exception();
+        }
+        if (abandoned_ && staging_) bury(std::move(staging_));
+        {
+          std::lock_guard<std::mutex> lock(q_mu_);
+          in_op_ = false;
+        }
+        idle_cv_.notify_all();
+      }
+      if (!op.internal) {
+        const double seconds = std::chrono::duration<double>(Clock::now() - op.issued_at).count();
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        stats_.seconds[int(op.header.kind)] += seconds;
+      }
+      op.state->finish(error);
+    }
+  }
+
+  // Polls a non-blocking MPI operation to completion: a few quick polls
+  // (short collectives end there), then naps growing to 0.2 ms so a waiting
+  // rank leaves the core to the ranks that compute. Gives up if aborted.
+  void wait_request(MPI_Request& req, const Header& h) {
+    auto nap = std::chrono::microseconds(5);
+    for (int polls = 0;; polls++) {
+      int done = 0;
+      MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+      if (done) return;
+      if (aborted_) {  // the request stays pending inside MPI: see bury()
+        abandoned_ = true;
+        throw aborted_error(h);
+      }
+      if (polls < 64) continue;
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(200));
+    }
+  }
+
+  // Header exchange: every rank learns what every rank called. Throws the
+  // same error on every rank if they differ, or if a rank has left.
+  void exchange_headers(const Header& me) {
+    Staging& s = *staging_;
+    s.mine = me;
+    s.headers.resize(size_t(size_));
+    MPI_Request req;
+    MPI_CHECK(MPI_Iallgather(&s.mine, kHeaderInts, MPI_INT64_T, s.headers.data(), kHeaderInts,
+                             MPI_INT64_T, comm_, &req));
+    wait_request(req, me);
+    for (int q = 0; q < size_; q++) {
+      const Header& other = s.headers[size_t(q)];
+      if (other.kind == kDepart && me.kind != kDepart) {
+        // Every rank still here saw the same departure at the same collective:
+        // from now on none of them exchanges anything on this communicator.
+        {
+          std::lock_guard<std::mutex> lock(q_mu_);
+          gone_rank_ = q;
+          gone_issued_ = other.count;
+        }
+        throw gone_error(me, q, other.count);
+      }
+      if (me.kind == kDepart && other.kind != kDepart)
+        throw Error("[rank " + std::to_string(rank_) + "] left the group after " +
+                    std::to_string(me.count) + " collectives while rank " + std::to_string(q) +
+                    " still issued " + describe(other));
+    }
+    for (int q = 1; q < size_; q++)
+      if (!same_call(s.headers[0], s.headers[size_t(q)]))
+        throw Error("collectives do not match at collective #" + std::to_string(me.seq) +
+                    ": rank 0 called " + describe(s.headers[0]) + " but rank " +
+                    std::to_string(q) + " called " + describe(s.headers[size_t(q)]) +
+                    ". Every rank must issue the same collectives, with the same counts and "
+                    "dtypes, in the same order.");
+  }
+
+  // One collective: the header, then the payload (see the file comment).
+  void run(const Op& op) {
+    const Header& h = op.header;
+    exchange_headers(h);  // also the barrier
+    if (h.kind == kDepart || CollectiveKind(h.kind) == CollectiveKind::barrier) return;
+
+    Staging& s = *staging_;
+    const int N = size_, r = rank_;
+    const DType dt = DType(h.dtype);
+    const ReduceOp rop = ReduceOp(h.op);
+    const MPI_Datatype t = mpi_type(dt);
+    const size_t n = size_t(h.count), esz = dtype_size(dt);
+    if (n == 0) return;  // nothing to move; the header exchange synchronised us
+    s.counts.resize(size_t(N)); s.displs.resize(size_t(N));
+    s.rcounts.resize(size_t(N)); s.rdispls.resize(size_t(N));
+    MPI_Request req;
+
+    switch (CollectiveKind(h.kind)) {
+      case CollectiveKind::all_reduce: {
+        // Piece q of my buffer goes to rank q; I receive piece r of every
+        // rank's buffer, rank q's at slot q, and sum them in rank order into
+        // piece r of my staged buffer; then every rank's reduced piece is
+        // gathered into place everywhere.
+        char* a = s.a_bytes(n * esz);
+        copy_bytes(a, op.send, n * esz);
+        const Piece mine = piece_of(n, N, r);
+        char* b = s.b_bytes(size_t(N) * mine.size * esz);
+        for (int q = 0; q < N; q++) {
+          const Piece p = piece_of(n, N, q);
+          s.counts[q] = int(p.size);
+          s.displs[q] = int(p.begin);
+          s.rcounts[q] = int(mine.size);
+          s.rdispls[q] = int(size_t(q) * mine.size);
+        }
+        MPI_CHECK(MPI_Ialltoallv(a, s.counts.data(), s.displs.data(), t, b, s.rcounts.data(),
+                                 s.rdispls.data(), t, comm_, &req));
+        wait_request(req, h);
+        std::vector<const void*> src(static_cast<size_t>(N));
+        for (int q = 0; q < N; q++) src[q] = b + size_t(q) * mine.size * esz;
+        reduce_in_rank_order(src, {a + mine.begin * esz}, mine.size, dt, rop);
+        MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, a, s.counts.data(),
+                                  s.displs.data(), t, comm_, &req));
+        wait_request(req, h);
+        copy_bytes(op.recv, a, n * esz);
+        break;
+      }
+      case CollectiveKind::reduce_scatter: {
+        // Slot q of my send buffer goes to rank q; I sum the N slots r I
+        // receive, in rank order, straight into my recv buffer (the send
+        // buffer is staged, so recv may be my own slot of it).
+        const size_t full = size_t(N) * n;
+        char* a = s.a_bytes(full * esz);
+        copy_bytes(a, op.send, full * esz);
+        char* b = s.b_bytes(full * esz);
+        MPI_CHECK(MPI_Ialltoall(a, int(n), t, b, int(n), t, comm_, &req));
+        wait_request(req, h);
+        std::vector<const void*> src(static_cast<size_t>(N));
+        for (int q = 0; q < N; q++) src[q] = b + size_t(q) * n * esz;
+        reduce_in_rank_order(src, {op.recv}, n, dt, rop);
+        break;
+      }
+      case CollectiveKind::all_gather: {
+        const size_t full = size_t(N) * n;
+        char* a = s.a_bytes(full * esz);
+        copy_bytes(a + size_t(r) * n * esz, op.send, n * esz);
+        MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, a, int(n), t, comm_, &req));
+        wait_request(req, h);
+        copy_bytes(op.recv, a, full * esz);
+        break;
+      }
+      case CollectiveKind::broadcast: {
+        char* a = s.a_bytes(n * esz);
+        if (r == h.root) copy_bytes(a, op.send, n * esz);
+        MPI_CHECK(MPI_Ibcast(a, int(n), t, int(h.root), comm_, &req));
+        wait_request(req, h);
+        if (r != h.root) copy_bytes(op.recv, a, n * esz);
+        break;
+      }
+      case CollectiveKind::barrier:
+        break;
+    }
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  std::unique_ptr<Staging> staging_;  // used only by the communication thread
+  bool abandoned_ = false;            // communication thread only: a request was given up
+  std::thread worker_;
+
+  std::mutex q_mu_;
+  std::condition_variable q_cv_;     // work was queued, or stopping
+  std::condition_variable idle_cv_;  // the communication thread left a collective
+  std::deque<Op> queue_;
+  bool stopping_ = false;
+  bool in_op_ = false;
+  uint64_t issued_ = 0;
+  std::string reason_;
+  std::atomic<bool> aborted_{false};  // written under q_mu_, polled without it
+  int gone_rank_ = -1;                // a rank that left while this one still issued collectives
+  int64_t gone_issued_ = 0;           // ... after issuing this many
+};
+
+void finalize_at_exit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ process-wide
+
+void mpi_init_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (initialized) return;  // the embedding program owns MPI's lifetime
+    int provided = 0;
+    MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+    // Every MPI call of normal operation comes from one communication thread
+    // at a time, so SERIALIZED suffices; MULTIPLE makes MPI_Abort from the
+    // rank's thread legal while that thread is inside MPI_Test.
+    REQUIRE(provided >= MPI_THREAD_SERIALIZED,
+            "this MPI library offers only thread level " << provided
+                << "; the mpi backend needs MPI_THREAD_SERIALIZED or better");
+    std::atexit(finalize_at_exit);
+  });
+}
+
+int mpi_world_rank() {
+  int r = 0;
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &r));
+  return r;
+}
+
+int mpi_world_size() {
+  int n = 1;
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &n));
+  return n;
+}
+
+int mpi_local_size() {
+  MPI_Comm local;
+  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local));
+  int n = 1;
+  MPI_Comm_size(local, &n);
+  MPI_Comm_free(&local);
+  return n;
+}
+
+std::unique_ptr<Communicator> make_mpi_communicator() {
+  mpi_init_once();
+  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
+}
+
+void mpi_abort_job(int exit_code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);  // MPI_Abort does not return; should it, leave anyway
+}
+
+std::vector<int> mpi_gather_ints(int value) {
+  std::vector<int> all(static_cast<size_t>(mpi_world_size()));
+  MPI_CHECK(MPI_Allgather(&value, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD));
+  return all;
+}
+
+}  // namespace zf

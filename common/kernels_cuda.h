@@ -1,0 +1,185 @@
+// kernels_cuda.h: the CUDA twins of kernels.h (every op of the model, forward
+// and backward), AdamW on device, bf16 <-> float32 casts, and CudaContext, the
+// per-rank handle (device, compute stream, cuBLAS) that the matrix products use.
+//
+//   build/tests/test_gpu_kernels        (each kernel against its CPU twin; skips without a GPU)
+//
+// Conventions, as in kernels.h: shapes B, T, C, V, H, N = B*T; row-major,
+// contiguous; Linear weights [OC, IC]; every backward ADDS (+=) into its
+// gradients. All pointers are device pointers. Each op is enqueued on a
+// stream and returns at once (no synchronisation); the caller's thread must
+// have the op's device current (cudaSetDevice, which CudaContext does).
+//
+// Precision. Each op is a template on F, the type of activations and
+// parameters, instantiated for float and __nv_bfloat16 (and nothing else):
+// - float: everything float32, like the CPU reference. Matrix products use
+//   cuBLAS in plain float32 (TF32 tensor cores only if CudaContext::set_tf32).
+// - __nv_bfloat16: tensors stored in bf16; every kernel computes and
+//   accumulates in float32 and rounds once when it stores (cuBLAS with
+//   CUBLAS_COMPUTE_32F). LayerNorm statistics, losses and the attention
+//   scores before softmax stay float32.
+// A backward into a bf16 gradient reads it, adds in float32 and rounds once.
+//
+// Determinism: no kernel uses atomics, and every reduction has a fixed order,
+// so results are the same bits from run to run on a given GPU and cuBLAS.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "adamw.h"
+#include "check.h"
+#include "dtype.h"
+
+// CUDA_CHECK(call) / CUBLAS_CHECK(call): throw zf::Error("file:line [rank r]
+// CUDA error <name> (<text>) in <call>") when the call does not succeed.
+// After a kernel launch, CUDA_CHECK(cudaGetLastError()) catches a bad launch
+// configuration; errors inside a kernel surface at the next synchronising call.
+#define CUDA_CHECK(call) ::zf::cuda_check((call), #call, __FILE__, __LINE__)
+#define CUBLAS_CHECK(call) ::zf::cublas_check((call), #call, __FILE__, __LINE__)
+
+namespace zf {
+
+inline void cuda_check(cudaError_t err, const char* call, const char* file, int line) {
+  if (err != cudaSuccess)
+    fail_at(file, line,
+            std::string("CUDA error ") + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) +
+                ") in " + call);
+}
+
+inline void cublas_check(cublasStatus_t st, const char* call, const char* file, int line) {
+  if (st != CUBLAS_STATUS_SUCCESS)
+    fail_at(file, line,
+            std::string("cuBLAS error ") + cublasGetStatusName(st) + " (" +
+                cublasGetStatusString(st) + ") in " + call);
+}
+
+// "" when a CUDA device can be used; otherwise why not, in words
+// (e.g. "cudaGetDeviceCount: no CUDA-capable device is detected").
+std::string cuda_unavailable_reason();
+
+// zf::bf16 (dtype.h, the host type) and __nv_bfloat16 have the same 16 bits.
+static_assert(sizeof(bf16) == sizeof(__nv_bfloat16));
+inline __nv_bfloat16* as_cuda(bf16* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
+inline const __nv_bfloat16* as_cuda(const bf16* p) {
+  return reinterpret_cast<const __nv_bfloat16*>(p);
+}
+
+// ---------------------------------------------------------------------------
+// CudaContext: one rank's device, the compute stream its kernels run on, and
+// a cuBLAS handle bound to that stream. One per rank (per thread driving a
+// GPU); not shared between threads. cuBLAS keeps its own workspace inside
+// the handle (not counted by the memory tracker).
+class CudaContext {
+ public:
+  // Makes `device` current for the calling thread. With stream == nullptr the
+  // context creates (and later destroys) its own non-blocking stream;
+  // otherwise it borrows `stream`.
+  explicit CudaContext(int device = 0, cudaStream_t stream = nullptr);
+  ~CudaContext();
+  CudaContext(const CudaContext&) = delete;
+  CudaContext& operator=(const CudaContext&) = delete;
+
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+  cublasHandle_t cublas() const { return cublas_; }
+
+  // float32 matrix products on TF32 tensor cores (10-bit mantissa inputs,
+  // float32 accumulation): much faster, ~1e-3 relative error. Off by default.
+  void set_tf32(bool on) { tf32_ = on; }
+  bool tf32() const { return tf32_; }
+
+  void synchronize() const { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+ private:
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  bool owns_stream_ = false;
+  cublasHandle_t cublas_ = nullptr;
+  bool tf32_ = false;
+};
+
+// ---------------------------------------------------------------------------
+// The ops, in kernels.h's order. F is float or __nv_bfloat16.
+
+// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
+template <class F>
+void encoder_forward_cuda(F* out, const int32_t* tokens, const F* wte, const F* wpe, int B, int T,
+                          int C, cudaStream_t stream);
+template <class F>
+void encoder_backward_cuda(F* dwte, F* dwpe, const F* dout, const int32_t* tokens, int B, int T,
+                           int C, cudaStream_t stream);
+
+// LayerNorm over the last dimension, eps 1e-5; mean[N], rstd[N] in float32.
+template <class F>
+void layernorm_forward_cuda(F* out, float* mean, float* rstd, const F* inp, const F* weight,
+                            const F* bias, int N, int C, cudaStream_t stream);
+template <class F>
+void layernorm_backward_cuda(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
+                             const F* weight, const float* mean, const float* rstd, int N, int C,
+                             cudaStream_t stream);
+
+// out[N,OC] = inp[N,IC] @ weight[OC,IC]^T + bias[OC]; bias may be null.
+// Runs on ctx.stream().
+template <class F>
+void matmul_forward_cuda(CudaContext& ctx, F* out, const F* inp, const F* weight, const F* bias,
+                         int N, int IC, int OC);
+// dinp += dout @ weight; dweight += dout^T @ inp; dbias += column sums of dout.
+// dinp and dbias may be null.
+template <class F>
+void matmul_backward_cuda(CudaContext& ctx, F* dinp, F* dweight, F* dbias, const F* dout,
+                          const F* inp, const F* weight, int N, int IC, int OC);
+
+// Causal self-attention as in kernels.h: qkv[B,T,3C], out[B,T,C],
+// att[B,H,T,T] the probabilities (0 above the diagonal). scratch: device
+// memory of attention_scratch_floats_cuda(T, H) floats, overwritten by both
+// forward and backward. Runs on ctx.stream().
+size_t attention_scratch_floats_cuda(int T, int H);
+template <class F>
+void attention_forward_cuda(CudaContext& ctx, F* out, F* att, float* scratch, const F* qkv, int B,
+                            int T, int C, int H);
+template <class F>
+void attention_backward_cuda(CudaContext& ctx, F* dqkv, float* scratch, const F* dout,
+                             const F* qkv, const F* att, int B, int T, int C, int H);
+
+// GELU, tanh approximation.
+template <class F>
+void gelu_forward_cuda(F* out, const F* inp, size_t n, cudaStream_t stream);
+template <class F>
+void gelu_backward_cuda(F* dinp, const F* inp, const F* dout, size_t n, cudaStream_t stream);
+
+// out = a + b (out may alias a or b). Also the device-side reduction of
+// gradient buffers (dst = dst + src).
+template <class F>
+void residual_forward_cuda(F* out, const F* a, const F* b, size_t n, cudaStream_t stream);
+
+// probs[N,V] = softmax(logits); losses[N] (float32) = -log probs[n, targets[n]].
+template <class F>
+void softmax_cross_entropy_forward_cuda(F* probs, float* losses, const F* logits,
+                                        const int32_t* targets, int N, int V, cudaStream_t stream);
+// dlogits += (probs - onehot(targets)) * dloss.
+template <class F>
+void softmax_cross_entropy_backward_cuda(F* dlogits, const F* probs, const int32_t* targets,
+                                         float dloss, int N, int V, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------
+// AdamW on a flat range, the formula of adamw.h: float32 parameters (the
+// master copy in the bf16 recipe) and moments, float32 or bf16 gradients (G
+// is float or __nv_bfloat16). If param_bf16 is not null, the updated
+// parameters are also written there rounded to bf16 (the compute copy).
+template <class G>
+void adamw_update_cuda(float* param, const G* grad, float* m, float* v, size_t n,
+                       const AdamWConfig& cfg, long step, float grad_scale, bool decay,
+                       cudaStream_t stream, __nv_bfloat16* param_bf16 = nullptr);
+
+// bf16 <-> float32, the same bits as dtype.h's host conversions (round to
+// nearest even; a NaN stays a NaN, with the same payload rule).
+void bf16_to_float_cuda(const __nv_bfloat16* in, float* out, size_t n, cudaStream_t stream);
+void float_to_bf16_cuda(const float* in, __nv_bfloat16* out, size_t n, cudaStream_t stream);
+
+}  // namespace zf

@@ -1,0 +1,231 @@
+#!/usr/bin/env bash
+# gpu_check.sh RESULTS_DIR: on the GPU machine, build the project with CUDA in
+# its own build folder (build-gpu/) and run the GPU test suites (every CUDA
+# kernel against its CPU twin); logs go into RESULTS_DIR, a short table is
+# printed last (and saved as RESULTS_DIR/summary.txt). Under 8 minutes: the
+# steps' time limits add up to 7.5 (about 1.5 expected on one H200 with 16
+# cores). RESULTS_DIR gets at most 4 files plus one XML per GPU suite (the
+# GPU machine returns at most 8 files).
+#
+# The GPU machine lacks CLI11, GoogleTest, nlohmann-json and OpenBLAS, so
+# prepare them here first, then carry gpu_carry/ (git-ignored) along:
+#   scripts/prepare_gpu_carry.sh                  # here, once
+#   scripts/gpu_check.sh "$OUT/gpu"               # there, gpu_carry/ carried
+# i.e. with the device tool: run(command='scripts/gpu_check.sh $OUT/gpu',
+# carry=['gpu_carry'], timeout_s=540).
+#
+# Exit status 0 only if every step passed and the GPU tests really ran on a
+# GPU (a suite whose tests skipped for want of a device counts as a failure
+# here: on this machine that would be a vacuous pass).
+#
+# Environment: ZF_GPU_BUILD_DIR (default build-gpu), ZF_GPU_ARCH (default:
+# the gpu_arch option's default), ZF_GPU_CHECK_WITHOUT_GPU=1 to go on past a
+# failed device check (to test this script's build steps on a machine
+# without a GPU; the test step then fails, as it must).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+if [[ $# -ne 1 ]]; then
+  echo "usage: scripts/gpu_check.sh RESULTS_DIR" >&2
+  exit 2
+fi
+mkdir -p "$1" || exit 2
+res=$(cd "$1" && pwd)
+build=${ZF_GPU_BUILD_DIR:-build-gpu}
+carry=$root/gpu_carry
+t0=$SECONDS
+
+# ---------------------------------------------------------------------------
+# Steps and the final table
+
+rows=()
+failed=0
+device="?"
+record() {  # record STEP RESULT SECONDS
+  rows+=("$(printf '%-26s %-50s %5ss' "$1" "$2" "$3")")
+}
+finish() {
+  {
+    echo
+    echo "== gpu_check: $device =="
+    printf '%-26s %-50s %6s\n' step result time
+    printf '%s\n' "${rows[@]}"
+    printf '%-26s %-50s %5ss\n' total "$([[ $failed -eq 0 ]] && echo PASS || echo FAIL)" \
+      "$((SECONDS - t0))"
+    echo "logs: $res"
+  } | tee "$res/summary.txt"
+  exit "$failed"
+}
+# run_step NAME LIMIT_S LOG CMD...: runs CMD with a time limit, output to LOG.
+run_step() {
+  local name=$1 limit=$2 log=$3 s=$SECONDS rc
+  shift 3
+  timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1
+  rc=$?
+  if [[ $rc -eq 0 ]]; then
+    record "$name" ok $((SECONDS - s))
+  else
+    [[ $rc -eq 124 || $rc -eq 137 ]] && rc="timed out after ${limit}s" || rc="exit $rc"
+    record "$name" "FAILED ($rc, see $(basename "$log"))" $((SECONDS - s))
+    failed=1
+    echo "gpu_check: $name failed ($rc); last lines of $log:" >&2
+    tail -n 25 "$log" >&2
+  fi
+  [[ $rc == 0 ]]
+}
+
+# ---------------------------------------------------------------------------
+# 1. Preflight: the GPU, the tools, the carried dependencies.
+
+pre=$res/preflight.log
+: >"$pre"
+s=$SECONDS
+[[ -d /usr/local/cuda/bin ]] && export PATH=/usr/local/cuda/bin:$PATH
+problems=()
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >>"$pre" 2>&1; then
+  device=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null |
+           head -n 1)
+  nvidia-smi >>"$pre" 2>&1
+elif [[ -e /dev/nvidia0 ]]; then
+  device="a GPU at /dev/nvidia0 (no nvidia-smi)"
+else
+  problems+=("no GPU visible: nvidia-smi is $(command -v nvidia-smi >/dev/null &&
+               echo 'failing' || echo 'absent') and there is no /dev/nvidia0")
+  device="no GPU"
+fi
+meson_cmd=(meson)
+command -v meson >/dev/null || meson_cmd=(python3 -m mesonbuild.mesonmain)
+"${meson_cmd[@]}" --version >>"$pre" 2>&1 || problems+=("meson not found (neither meson nor python3 -m mesonbuild)")
+command -v ninja >/dev/null || problems+=("ninja not found")
+command -v nvcc >/dev/null && nvcc --version >>"$pre" 2>&1 || problems+=("nvcc not found (looked in PATH and /usr/local/cuda/bin)")
+c++ --version >>"$pre" 2>&1 || problems+=("no C++ compiler (c++)")
+[[ -f $carry/pkgconfig/gtest.pc ]] ||
+  problems+=("gpu_carry/ missing: run scripts/prepare_gpu_carry.sh on the build machine and carry gpu_carry")
+if [[ ${#problems[@]} -gt 0 ]]; then
+  printf 'gpu_check: %s\n' "${problems[@]}" | tee -a "$pre" >&2
+  if [[ ${ZF_GPU_CHECK_WITHOUT_GPU:-0} == 1 && ${#problems[@]} -eq 1 && $device == "no GPU" ]]; then
+    record preflight "no GPU (going on: ZF_GPU_CHECK_WITHOUT_GPU=1)" $((SECONDS - s))
+    failed=1
+  else
+    record preflight "FAILED: $(IFS=';'; echo "${problems[*]}")" $((SECONDS - s))
+    failed=1
+    finish
+  fi
+else
+  record preflight "ok" $((SECONDS - s))
+fi
+
+# cuBLAS: from the CUDA toolkit; if the toolkit has none, from PyTorch's
+# nvidia-cublas wheel (headers and libraries found through CPATH,
+# LIBRARY_PATH and LD_LIBRARY_PATH, with the unversioned links the linker
+# needs made in gpu_carry/cublas/).
+cuda_root=$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")
+if ! ls "$cuda_root"/lib64/libcublas.so "$cuda_root"/lib/libcublas.so \
+       "$cuda_root"/targets/x86_64-linux/lib/libcublas.so >/dev/null 2>&1; then
+  wheel=$(python3 -c 'import nvidia.cublas, os; print(list(nvidia.cublas.__path__)[0])' 2>/dev/null)
+  if [[ -n $wheel && -d $wheel/lib ]]; then
+    mkdir -p "$carry/cublas"
+    for lib in cublas cublasLt; do
+      so=$(ls "$wheel"/lib/lib$lib.so.* 2>/dev/null | head -n 1)
+      [[ -n $so ]] && ln -sf "$so" "$carry/cublas/lib$lib.so"
+    done
+    export LIBRARY_PATH=$carry/cublas${LIBRARY_PATH:+:$LIBRARY_PATH}
+    export LD_LIBRARY_PATH=$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export CPATH=$wheel/include${CPATH:+:$CPATH}
+    echo "cuBLAS: not in $cuda_root, using the wheel at $wheel" >>"$pre"
+  else
+    echo "cuBLAS: not in $cuda_root and no nvidia-cublas wheel; configure will say so" >>"$pre"
+  fi
+fi
+
+# ---------------------------------------------------------------------------
+# 2. The carried dependencies: unpack OpenBLAS, compile GoogleTest with this
+# machine's compiler, point pkg-config at gpu_carry/pkgconfig.
+
+# One log for setup, configure and build; one for the tests (at most 8 files
+# come back from the GPU machine: keep RESULTS_DIR small).
+setup_log=$res/build.log
+: >"$setup_log"
+setup_carry() {
+  set -e
+  if [[ ! -f $carry/lib/libopenblas.a ]]; then
+    if command -v xz >/dev/null; then
+      xz -dc "$carry/lib/libopenblas.a.xz" >"$carry/lib/libopenblas.a"
+    else
+      python3 -c 'import lzma, sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())' \
+        "$carry/lib/libopenblas.a.xz" >"$carry/lib/libopenblas.a"
+    fi
+  fi
+  if [[ ! -f $carry/lib/libgtest.a ]]; then
+    local g=$carry/src/googletest
+    c++ -std=c++17 -O2 -fPIC -pthread -I"$g/include" -I"$g" -c "$g/src/gtest-all.cc" \
+      -o "$carry/lib/gtest-all.o"
+    ar rcs "$carry/lib/libgtest.a" "$carry/lib/gtest-all.o"
+  fi
+  ls -la "$carry/lib"
+}
+if command -v pkg-config >/dev/null; then
+  echo "pkg-config: $(command -v pkg-config)" >>"$setup_log"
+else
+  export PATH=$carry/bin:$PATH
+  export PKG_CONFIG=$carry/bin/pkg-config
+  echo "pkg-config: none here, using the carried pkgconf" >>"$setup_log"
+fi
+export PKG_CONFIG_PATH=$carry/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+run_step "carried deps" 60 "$setup_log" bash -c "$(declare -f setup_carry); carry='$carry' setup_carry" ||
+  finish
+
+# ---------------------------------------------------------------------------
+# 3. Configure and build (only what the GPU tests need).
+
+conf=$res/build.log
+arch_opt=()
+[[ -n ${ZF_GPU_ARCH:-} ]] && arch_opt=(-Dgpu_arch="$ZF_GPU_ARCH")
+setup_mode=()
+[[ -f $build/build.ninja ]] && setup_mode=(--reconfigure)
+run_step "configure (cuda)" 60 "$conf" "${meson_cmd[@]}" setup "${setup_mode[@]}" "$build" \
+  -Dcuda=enabled -Dmpi=disabled -Dbuildtype=release "${arch_opt[@]}" || finish
+grep -E '^\s+(BLAS|MPI|CUDA|GoogleTest)\s*:' "$conf" | sed 's/^ */  /' >&2
+
+blog=$res/build.log
+targets=$(ninja -C "$build" -t targets all 2>/dev/null |
+          sed -nE 's#^(tests/test_gpu_[A-Za-z0-9_]+):.*#\1#p' | sort -u)
+if [[ -z $targets ]]; then
+  record build "FAILED (no tests/test_gpu_* target: CUDA off?)" 0
+  failed=1
+  finish
+fi
+run_step "build" 240 "$blog" ninja -C "$build" $targets || finish
+
+# ---------------------------------------------------------------------------
+# 4. The GPU test suites (those named gpu_*), through meson test so that
+# scripts/test_summary.py can count them.
+
+tlog=$res/tests.log
+: >"$tlog"
+suites=$(for t in $targets; do echo "${t#tests/test_}"; done)  # tests/test_gpu_x -> gpu_x
+rm -rf "$build/tests/results" && mkdir -p "$build/tests/results"
+s=$SECONDS
+timeout --kill-after=10 90 "${meson_cmd[@]}" test -C "$build" --no-rebuild --print-errorlogs \
+  $suites >>"$tlog" 2>&1
+python3 scripts/test_summary.py "$build/tests/results" "$build/meson-logs/testlog.json" \
+  >"$build/test_summary.txt" 2>&1
+summary_rc=$?
+cat "$build/test_summary.txt" >>"$tlog"
+counts=$(tail -n 1 "$build/test_summary.txt")
+cp "$build/meson-logs/testlog.txt" "$tlog.full" 2>/dev/null && cat "$tlog.full" >>"$tlog" && rm -f "$tlog.full"
+cp "$build"/tests/results/*.xml "$res/" 2>/dev/null
+vacuous=$(grep -l 'no CUDA device' "$build"/tests/results/gpu_*.xml 2>/dev/null | wc -l)
+if [[ $summary_rc -ne 0 ]]; then
+  record "gpu tests ($(echo $suites))" "FAILED: $counts" $((SECONDS - s))
+  failed=1
+elif [[ $vacuous -gt 0 ]]; then
+  record "gpu tests ($(echo $suites))" "FAILED: skipped, no CUDA device ($counts)" $((SECONDS - s))
+  failed=1
+else
+  record "gpu tests ($(echo $suites))" "$counts" $((SECONDS - s))
+fi
+# The headroom of each comparison (max error / tolerance), for the record.
+grep -h 'max error / tolerance' "$tlog" | sort -t= -k2 -g -r | head -n 5 | sed 's/^ */  worst: /' >&2
+finish
