@@ -16,6 +16,7 @@
 #include "adamw.h"
 #include "checkpoint.h"
 #include "gradnorm.h"
+#include "precision.h"
 #include "training.h"
 
 namespace zf {
@@ -58,11 +59,14 @@ RankResult train_data_parallel(const TrainConfig& cfg, RankContext& ctx, const T
   RankFailureGuard guard(ctx.comm);  // a failing rank stops the group before freeing rep
   RankCompute rc(cfg, layout, ctx, data);
 
-  // The same initial model on every rank (each computes it; no broadcast needed).
-  initial_model(cfg, layout, rep.fp32_params());
-  if (cfg.precision == Precision::bf16) store_from_f32(rep.params.data(), dt, rep.fp32_params(), P);
-  if (!cfg.save_init.empty() && ctx.rank == 0) save_model(cfg.save_init, layout, rep.fp32_params());
-  if (!cfg.save_init.empty()) ctx.comm.barrier();  // the file is complete before anyone goes on
+  {  // The same initial model on every rank (each computes it; no broadcast needed).
+    std::vector<float> full(P);
+    initial_model(cfg, layout, full.data());
+    store_from_f32(ctx.dev, rep.fp32_params(), DType::f32, full.data(), P);
+    if (cfg.precision == Precision::bf16) store_from_f32(ctx.dev, rep.params.data(), dt, full.data(), P);
+    if (!cfg.save_init.empty() && ctx.rank == 0) save_model(cfg.save_init, layout, full.data());
+    if (!cfg.save_init.empty()) ctx.comm.barrier();  // the file is complete before anyone goes on
+  }
 
   AdamWConfig adam;
   adam.lr = cfg.lr;
@@ -94,8 +98,7 @@ RankResult train_data_parallel(const TrainConfig& cfg, RankContext& ctx, const T
 
     // Clip by the global norm. Every rank has the whole averaged gradient.
     SumOfSquares sq;
-    if (dt == DType::f32) sq.add(rep.grads.as<float>(), P);
-    else sq.add(rep.grads.as<bf16>(), P);
+    ctx.dev.sum_squares(rep.grads.data(), dt, P, sq);
     const float scale = clip_coefficient(std::sqrt(sq.value()), cfg.clip);
 
     // AdamW on the whole model, one parameter tensor at a time (decay or not).
@@ -103,20 +106,19 @@ RankResult train_data_parallel(const TrainConfig& cfg, RankContext& ctx, const T
     for (const auto& unit : layout.units)
       for (const auto& p : unit.params) {
         size_t off = unit.offset + p.offset;
-        float *w = p32 + off, *m = rep.m.as<float>() + off, *v = rep.v.as<float>() + off;
-        if (dt == DType::f32)
-          adamw_update(w, rep.grads.as<float>() + off, m, v, p.numel, adam, step + 1, scale, p.decay);
-        else
-          adamw_update(w, rep.grads.as<bf16>() + off, m, v, p.numel, adam, step + 1, scale, p.decay);
+        ctx.dev.adamw(p32 + off, rep.grad_bytes(off), dt, rep.m.as<float>() + off, rep.v.as<float>() + off,
+                      p.numel, adam, step + 1, scale, p.decay);
       }
-    if (cfg.precision == Precision::bf16) store_from_f32(rep.params.data(), dt, p32, P);
-    std::memset(rep.grads.data(), 0, rep.grads.bytes());
+    if (cfg.precision == Precision::bf16) ctx.dev.narrow(p32, rep.params.as<bf16>(), P);
+    ctx.dev.zero(rep.grads.data(), rep.grads.bytes());
 
     record_step(result, reporter, ctx, step, loss, timer.ms());
   }
 
   record_counters(result, ctx);
-  result.param_hash = hash_params(rep.fp32_params(), P);
+  std::vector<float> final_params(P);
+  ctx.dev.to_host(final_params.data(), rep.fp32_params(), P * sizeof(float));
+  result.param_hash = hash_params(final_params.data(), P);
   return result;
 }
 

@@ -6,13 +6,12 @@
 #include <cstring>
 
 #include "gradnorm.h"
-#include "precision.h"
 
 namespace zf {
 
 ShardedAdamW::ShardedAdamW(const ModelLayout& layout, const ShardLayout& shards, Precision precision,
-                           MemoryTracker& mem, float lr)
-    : layout_(layout), shards_(shards), precision_(precision) {
+                           MemoryTracker& mem, Device& dev, float lr)
+    : layout_(layout), shards_(shards), precision_(precision), dev_(dev) {
   adam_.lr = lr;
   const size_t S = shards.shard_total;
   if (precision == Precision::bf16) master_ = Tensor(mem, Place::device, Category::optimizer, DType::f32, S);
@@ -24,7 +23,7 @@ void ShardedAdamW::init_master(const std::function<const float*(int)>& piece) {
   if (precision_ != Precision::bf16) return;
   for (size_t u = 0; u < layout_.units.size(); ++u) {
     const UnitShard& us = shards_.units[u];
-    std::memcpy(master_.as<float>() + us.shard_offset, piece(int(u)), (us.end - us.begin) * sizeof(float));
+    dev_.to_device(master_.as<float>() + us.shard_offset, piece(int(u)), (us.end - us.begin) * sizeof(float));
   }
 }
 
@@ -34,8 +33,7 @@ float ShardedAdamW::clip_scale(Communicator& comm, const std::function<const voi
   SumOfSquares sq;
   for (size_t u = 0; u < layout_.units.size(); ++u) {
     const size_t n = shards_.units[u].end - shards_.units[u].begin;  // padding is zero anyway
-    if (precision_ == Precision::fp32) sq.add(static_cast<const float*>(grad_piece(int(u))), n);
-    else sq.add(static_cast<const bf16*>(grad_piece(int(u))), n);
+    dev_.sum_squares(grad_piece(int(u)), compute_dtype(precision_), n, sq);
   }
   sq.all_reduce(comm);
   return clip_coefficient(std::sqrt(sq.value()), clip);
@@ -52,15 +50,11 @@ void ShardedAdamW::update(int u, const void* grad_piece, void* param_piece, long
     size_t lo = std::max(us.begin, p.offset), hi = std::min(us.end, p.offset + p.numel);
     if (lo >= hi) continue;
     size_t i = lo - us.begin;  // index within the piece
-    if (precision_ == Precision::fp32)
-      adamw_update(w + i, static_cast<const float*>(grad_piece) + i, m + i, v + i, hi - lo, adam_, step, scale,
-                   p.decay);
-    else
-      adamw_update(w + i, static_cast<const bf16*>(grad_piece) + i, m + i, v + i, hi - lo, adam_, step, scale,
-                   p.decay);
+    const DType gdt = compute_dtype(precision_);
+    dev_.adamw(w + i, static_cast<const char*>(grad_piece) + i * dtype_size(gdt), gdt, m + i, v + i, hi - lo, adam_,
+               step, scale, p.decay);
   }
-  if (precision_ == Precision::bf16)
-    store_from_f32(param_piece, DType::bf16, w, us.end - us.begin);
+  if (precision_ == Precision::bf16) dev_.narrow(w, static_cast<bf16*>(param_piece), us.end - us.begin);
 }
 
 const float* ShardedAdamW::fp32_piece(int u, const void* param_piece) const {
@@ -68,14 +62,16 @@ const float* ShardedAdamW::fp32_piece(int u, const void* param_piece) const {
   return static_cast<const float*>(param_piece);
 }
 
-std::vector<float> gather_full_model(Communicator& comm, const ModelLayout& layout,
+std::vector<float> gather_full_model(Communicator& comm, Device& dev, const ModelLayout& layout,
                                      const ShardLayout& shards,
                                      const std::function<const float*(int)>& fp32_piece) {
   std::vector<float> full(layout.numel);
   for (size_t u = 0; u < layout.units.size(); ++u) {
     const UnitShard& us = shards.units[u];
+    // Host buffers: the threads and MPI communicators move host memory here
+    // (at the end of a run, outside the tracked device memory).
     std::vector<float> piece(us.shard, 0.0f), gathered(us.padded());
-    std::memcpy(piece.data(), fp32_piece(int(u)), (us.end - us.begin) * sizeof(float));
+    dev.to_host(piece.data(), fp32_piece(int(u)), (us.end - us.begin) * sizeof(float));
     comm.all_gather(piece.data(), gathered.data(), us.shard, DType::f32);
     std::memcpy(full.data() + layout.units[u].offset, gathered.data(), us.numel * sizeof(float));
   }

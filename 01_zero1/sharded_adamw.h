@@ -12,6 +12,7 @@
 #include "adamw.h"
 #include "comm.h"
 #include "config.h"
+#include "device.h"
 #include "shard.h"
 #include "tensor.h"
 
@@ -20,10 +21,10 @@ namespace zf {
 class ShardedAdamW {
  public:
   ShardedAdamW(const ModelLayout& layout, const ShardLayout& shards, Precision precision,
-               MemoryTracker& mem, float lr);
+               MemoryTracker& mem, Device& dev, float lr);
 
   // bf16 recipe: takes this rank's float32 master piece of each unit u from
-  // piece(u) (end - begin values). fp32: nothing to do (the parameters are
+  // piece(u) (end - begin values, host memory). fp32: nothing to do (the parameters are
   // their own master).
   void init_master(const std::function<const float*(int)>& piece);
 
@@ -38,14 +39,15 @@ class ShardedAdamW {
   // (bf16) receives it rounded.
   void update(int u, const void* grad_piece, void* param_piece, long step, float scale);
 
-  // The float32 values of this rank's piece of unit u: the master (bf16), or
-  // param_piece itself (fp32).
+  // The float32 values of this rank's piece of unit u (device memory): the
+  // master (bf16), or param_piece itself (fp32).
   const float* fp32_piece(int u, const void* param_piece) const;
 
  private:
   const ModelLayout& layout_;
   const ShardLayout& shards_;
   Precision precision_;
+  Device& dev_;
   AdamWConfig adam_;
   Tensor m_, v_, master_;  // shard_total float32 each; master only in bf16
 };
@@ -53,8 +55,8 @@ class ShardedAdamW {
 // The whole model as float32 in consolidated order, gathered from every
 // rank's float32 pieces (one all_gather per unit). For the final parameter
 // hash and consolidated checkpoints; uses untracked host memory, so call it
-// after the memory counts are taken.
-std::vector<float> gather_full_model(Communicator& comm, const ModelLayout& layout,
+// after the memory counts are taken. fp32_piece(u) is device memory.
+std::vector<float> gather_full_model(Communicator& comm, Device& dev, const ModelLayout& layout,
                                      const ShardLayout& shards,
                                      const std::function<const float*(int)>& fp32_piece);
 

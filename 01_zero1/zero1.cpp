@@ -28,7 +28,7 @@ void init_padded_params(const TrainConfig& cfg, const ModelLayout& layout, const
   if (!cfg.save_init.empty() && ctx.rank == 0) save_model(cfg.save_init, layout, full.data());
   if (!cfg.save_init.empty()) ctx.comm.barrier();  // the file is complete before anyone goes on
   for (size_t u = 0; u < layout.units.size(); ++u)
-    store_from_f32(static_cast<char*>(params) + shards.units[u].padded_offset * dtype_size(dt), dt,
+    store_from_f32(ctx.dev, static_cast<char*>(params) + shards.units[u].padded_offset * dtype_size(dt), dt,
                    full.data() + layout.units[u].offset, layout.units[u].numel);
   opt.init_master([&](int u) { return full.data() + layout.units[u].offset + shards.units[u].begin; });
 }
@@ -44,7 +44,7 @@ RankResult train_zero1(const TrainConfig& cfg, RankContext& ctx, const TokenData
   // Full parameters and gradients, in the padded layout (each unit padded to N pieces).
   Tensor params(ctx.mem, Place::device, Category::params, dt, shards.padded_total);
   Tensor grads(ctx.mem, Place::device, Category::grads, dt, shards.padded_total);
-  ShardedAdamW opt(layout, shards, cfg.precision, ctx.mem, cfg.lr);  // new: 1/N of the optimizer state
+  ShardedAdamW opt(layout, shards, cfg.precision, ctx.mem, ctx.dev, cfg.lr);  // new: 1/N of the optimizer state
   RankFailureGuard guard(ctx.comm);
   RankCompute rc(cfg, layout, ctx, data);
 
@@ -85,12 +85,12 @@ RankResult train_zero1(const TrainConfig& cfg, RankContext& ctx, const TokenData
       pending[u] = ctx.comm.all_gather_async(my_param_piece(u), unit_params(u), shards.units[u].shard, dt);
     }
     for (auto& h : pending) h.wait();
-    std::memset(grads.data(), 0, grads.bytes());
+    ctx.dev.zero(grads.data(), grads.bytes());
     record_step(result, reporter, ctx, step, loss, timer.ms());
   }
 
   record_counters(result, ctx);
-  std::vector<float> full = gather_full_model(ctx.comm, layout, shards,
+  std::vector<float> full = gather_full_model(ctx.comm, ctx.dev, layout, shards,
                                               [&](int u) { return opt.fp32_piece(u, my_param_piece(u)); });
   result.param_hash = hash_params(full.data(), full.size());
   return result;

@@ -4,13 +4,12 @@
 #include <cstring>
 
 #include "check.h"
-#include "precision.h"
 
 namespace zf {
 
-ShardedGradients::ShardedGradients(const ShardLayout& shards, DType dtype, MemoryTracker& mem,
+ShardedGradients::ShardedGradients(const ShardLayout& shards, DType dtype, MemoryTracker& mem, Device& dev,
                                    Communicator& comm)
-    : shards_(shards), dtype_(dtype), mem_(mem), comm_(comm),
+    : shards_(shards), dtype_(dtype), mem_(mem), dev_(dev), comm_(comm),
       pieces_(mem, Place::device, Category::grads, dtype, shards.shard_total) {}
 
 void* ShardedGradients::begin_unit(int u) {
@@ -34,7 +33,7 @@ void ShardedGradients::reduce_unit(int u) {
 void ShardedGradients::complete_oldest() {
   InFlight& f = inflight_.front();
   f.handle.wait();
-  accumulate(piece(f.unit), slot_of_mine(f), dtype_, shards_.units[f.unit].shard);
+  dev_.add(piece(f.unit), slot_of_mine(f), dtype_, shards_.units[f.unit].shard);
   inflight_.pop_front();  // releases the full gradient: the tracker's comm bytes drop here
 }
 
@@ -51,6 +50,6 @@ void* ShardedGradients::piece(int u) {
   return static_cast<char*>(pieces_.data()) + shards_.units[u].shard_offset * dtype_size(dtype_);
 }
 
-void ShardedGradients::zero() { std::memset(pieces_.data(), 0, pieces_.bytes()); }
+void ShardedGradients::zero() { dev_.zero(pieces_.data(), pieces_.bytes()); }
 
 }  // namespace zf

@@ -15,6 +15,7 @@
 #include <deque>
 
 #include "comm.h"
+#include "device.h"
 #include "shard.h"
 #include "tensor.h"
 
@@ -22,7 +23,7 @@ namespace zf {
 
 class ShardedGradients {
  public:
-  ShardedGradients(const ShardLayout& shards, DType dtype, MemoryTracker& mem, Communicator& comm);
+  ShardedGradients(const ShardLayout& shards, DType dtype, MemoryTracker& mem, Device& dev, Communicator& comm);
 
   // A zeroed buffer for unit u's full gradient (N * S_u elements; the first n_u are the unit's).
   void* begin_unit(int u);
@@ -49,6 +50,7 @@ class ShardedGradients {
   const ShardLayout& shards_;
   DType dtype_;
   MemoryTracker& mem_;
+  Device& dev_;
   Communicator& comm_;
   Tensor pieces_;                 // shard_total elements: the only persistent gradient (category grads)
   Tensor computing_;              // the unit whose backward is running

@@ -29,8 +29,8 @@ RankResult train_zero2(const TrainConfig& cfg, RankContext& ctx, const TokenData
   const size_t esz = dtype_size(dt);
 
   Tensor params(ctx.mem, Place::device, Category::params, dt, shards.padded_total);  // full, as in stage 01
-  ShardedGradients grads(shards, dt, ctx.mem, ctx.comm);                               // new: pieces only
-  ShardedAdamW opt(layout, shards, cfg.precision, ctx.mem, cfg.lr);                   // stage 01's
+  ShardedGradients grads(shards, dt, ctx.mem, ctx.dev, ctx.comm);                              // new: pieces only
+  ShardedAdamW opt(layout, shards, cfg.precision, ctx.mem, ctx.dev, cfg.lr);                  // stage 01's
   RankFailureGuard guard(ctx.comm);
   RankCompute rc(cfg, layout, ctx, data);
 
@@ -67,7 +67,7 @@ RankResult train_zero2(const TrainConfig& cfg, RankContext& ctx, const TokenData
   }
 
   record_counters(result, ctx);
-  std::vector<float> full = gather_full_model(ctx.comm, layout, shards,
+  std::vector<float> full = gather_full_model(ctx.comm, ctx.dev, layout, shards,
                                               [&](int u) { return opt.fp32_piece(u, my_param_piece(u)); });
   result.param_hash = hash_params(full.data(), full.size());
   return result;

@@ -29,8 +29,8 @@ RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData
   const DType dt = compute_dtype(cfg.precision);
 
   GatheredParams params(shards, dt, ctx.mem, ctx.comm);              // new: pieces only
-  ShardedGradients grads(shards, dt, ctx.mem, ctx.comm);             // stage 02's
-  ShardedAdamW opt(layout, shards, cfg.precision, ctx.mem, cfg.lr);  // stage 01's
+  ShardedGradients grads(shards, dt, ctx.mem, ctx.dev, ctx.comm);            // stage 02's
+  ShardedAdamW opt(layout, shards, cfg.precision, ctx.mem, ctx.dev, cfg.lr); // stage 01's
   RankFailureGuard guard(ctx.comm);
   RankCompute rc(cfg, layout, ctx, data);
 
@@ -50,12 +50,12 @@ RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData
         init_unit_range(layout.units[u], cfg.model, cfg.seed, us.begin, us.end, piece.data());
       else
         std::memcpy(piece.data(), full.data() + layout.units[u].offset + us.begin, piece.size() * sizeof(float));
-      store_from_f32(params.piece(u), dt, piece.data(), piece.size());
+      store_from_f32(ctx.dev, params.piece(u), dt, piece.data(), piece.size());
       masters[u] = piece;
     }
     opt.init_master([&](int u) { return masters[u].data(); });
     if (!cfg.save_init.empty()) {
-      std::vector<float> all = gather_full_model(ctx.comm, layout, shards, [&](int u) { return masters[u].data(); });
+      std::vector<float> all = gather_full_model(ctx.comm, ctx.dev, layout, shards, [&](int u) { return opt.fp32_piece(u, params.piece(u)); });
       if (r == 0) save_model(cfg.save_init, layout, all.data());
       ctx.comm.barrier();
       ctx.comm.reset_stats();  // count only the training's communication
@@ -96,7 +96,7 @@ RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData
   }
 
   record_counters(result, ctx);
-  std::vector<float> full = gather_full_model(ctx.comm, layout, shards,
+  std::vector<float> full = gather_full_model(ctx.comm, ctx.dev, layout, shards,
                                               [&](int u) { return opt.fp32_piece(u, params.piece(u)); });
   result.param_hash = hash_params(full.data(), full.size());
   return result;

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "check.h"
+#include "device.h"
 
 namespace zf {
 
@@ -59,10 +60,16 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   else throw UsageError("--precision must be fp32 or bf16 (got '" + precision + "')");
   USAGE_REQUIRE(cfg.device == "cpu" || cfg.device == "cuda",
                 "--device must be cpu or cuda (got '" << cfg.device << "')");
-  USAGE_REQUIRE(cfg.device != "cuda",
-                "--device cuda is not available: this build has no CUDA backend yet (the kernels and "
-                "the NCCL communicator are not compiled in); use --device cpu, where the device is "
-                "simulated with its memory tracked apart");
+  if (cfg.device == "cuda") {
+    // The GPU Device (device_cuda.cu: memory, kernels) exists when CUDA is
+    // built, but no communicator moves GPU memory yet (NCCL is being wired).
+    std::string why = cuda_device_unavailable_reason();
+    if (why.empty())
+      why = "the GPU path of the trainers is not finished in this version: the CUDA kernels and "
+            "device memory are built, but the communicators still move host memory only";
+    throw UsageError("--device cuda is not available: " + why +
+                     ". Use --device cpu, where the device is simulated with its memory tracked apart");
+  }
   if (!device_mem.empty()) {
     try {
       cfg.device_mem = parse_size(device_mem);

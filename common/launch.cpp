@@ -39,6 +39,12 @@
 
 namespace zf {
 
+// The device of rank r: the simulated CPU device, or GPU r % (GPUs visible).
+static std::unique_ptr<Device> make_rank_device(const LaunchOptions& opt, int r) {
+  if (opt.device != "cuda") return make_cpu_device();
+  return make_cuda_device(r);
+}
+
 namespace {
 
 struct Failure {
@@ -102,8 +108,10 @@ void run_this_process_rank(const LaunchOptions& opt, const World& world,
   blas_set_threads(std::max(1, hardware_cores() / std::max(1, mpi_local_size())));
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
   try {
+    std::unique_ptr<Device> dev = make_rank_device(opt, r);
     MemoryTracker mem(r, opt.device_budget);
-    RankContext ctx{r, N, *comm, mem};
+    mem.set_device(dev.get());
+    RankContext ctx{r, N, *comm, mem, *dev};
     fn(ctx);
   } catch (...) {
     const std::exception_ptr e = std::current_exception();
@@ -272,8 +280,10 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
     blas_set_threads(std::max(1, hardware_cores() / N));
     std::unique_ptr<Communicator> comm = std::move(comms[r]);
     try {
+      std::unique_ptr<Device> dev = make_rank_device(opt, r);
       MemoryTracker mem(r, opt.device_budget);
-      RankContext ctx{r, N, *comm, mem};
+      mem.set_device(dev.get());
+      RankContext ctx{r, N, *comm, mem, *dev};
       fn(ctx);
     } catch (...) {
       Failure f{r, std::current_exception(), "", false};

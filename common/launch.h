@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "comm.h"
+#include "device.h"
 #include "config.h"
 #include "memory.h"
 
@@ -33,11 +34,13 @@ struct RankContext {
   int world;
   Communicator& comm;
   MemoryTracker& mem;
+  Device& dev;  // where this rank's device place is: the simulated CPU device or a GPU
 };
 
 struct LaunchOptions {
   int ranks = 1;
   std::optional<size_t> device_budget;  // bytes per rank on the device place
+  std::string device = "cpu";           // "cpu" (simulated) or "cuda" (GPU rank % count)
 };
 
 // Who started this process, read from the environment: mpirun

@@ -9,6 +9,8 @@
 // which category asked for how much and what to change.
 #include "memory.h"
 
+#include "device.h"
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -157,10 +159,15 @@ void* MemoryTracker::allocate(Place place, Category cat, size_t bytes) {
     counts_.peak[p][c] = std::max(counts_.peak[p][c], counts_.current[p][c]);
     counts_.peak_total[p] = std::max(counts_.peak_total[p], in_use + bytes);
   }
-  // aligned_alloc wants a size that is a multiple of the alignment (and not 0).
+  // The device place comes from the rank's Device when it has one (GPU
+  // memory on a GPU run); host memory otherwise. aligned_alloc wants a size
+  // that is a multiple of the alignment (and not 0).
   constexpr size_t kAlign = 64;
   const size_t padded = bytes == 0 ? kAlign : (bytes + kAlign - 1) / kAlign * kAlign;
-  void* ptr = padded < bytes ? nullptr : std::aligned_alloc(kAlign, padded);
+  const bool on_device = place == Place::device && device_ != nullptr;
+  void* ptr = padded < bytes ? nullptr
+              : on_device    ? device_->allocate(padded)
+                             : std::aligned_alloc(kAlign, padded);
   if (!ptr) {
     std::lock_guard<std::mutex> lock(mu_);
     counts_.current[p][c] -= bytes;
@@ -168,7 +175,8 @@ void* MemoryTracker::allocate(Place place, Category cat, size_t bytes) {
                       std::to_string(rank_) + ": the system refused " + format_bytes(bytes) +
                       " for " + category_name(cat) + ". Use a smaller model or batch.");
   }
-  std::memset(ptr, 0, padded);
+  if (on_device) device_->zero(ptr, padded);
+  else std::memset(ptr, 0, padded);
   return ptr;
 }
 
@@ -182,7 +190,8 @@ void MemoryTracker::release(Place place, Category cat, void* ptr, size_t bytes) 
                          << " are counted (released twice, or with the wrong category?)");
     counts_.current[p][c] -= bytes;
   }
-  std::free(ptr);
+  if (place == Place::device && device_ != nullptr) device_->release(ptr);
+  else std::free(ptr);
 }
 
 MemoryCounts MemoryTracker::counts() const {

@@ -21,6 +21,8 @@
 
 namespace zf {
 
+class Device;
+
 enum class Place { host, device };
 enum class Category { params, grads, optimizer, activations, comm, workspace };
 
@@ -67,6 +69,11 @@ class MemoryTracker {
   // Throws the same OutOfMemory an allocation would, if `bytes` do not fit.
   void reserve_check(Place place, Category cat, size_t bytes) const;
 
+  // Device-place allocations come from `device` (GPU memory on a GPU run);
+  // without one they come from host memory (the simulated device).
+  void set_device(Device* device) { device_ = device; }
+  Device* device() const { return device_; }
+
   MemoryCounts counts() const;
   std::optional<size_t> device_budget() const { return budget_; }
   int rank() const { return rank_; }
@@ -74,6 +81,7 @@ class MemoryTracker {
  private:
   int rank_;
   std::optional<size_t> budget_;
+  Device* device_ = nullptr;
   mutable std::mutex mu_;
   MemoryCounts counts_;
 };

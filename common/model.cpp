@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "check.h"
-#include "kernels.h"
+#include "device.h"
 #include "rng.h"
 
 namespace zf {
@@ -130,7 +130,8 @@ struct Gpt::BlockActs {
   Tensor ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
 };
 
-Gpt::Gpt(const ModelLayout& layout, MemoryTracker& mem, int B) : layout_(layout), mem_(mem), B_(B) {
+Gpt::Gpt(const ModelLayout& layout, MemoryTracker& mem, Device& dev, int B)
+    : layout_(layout), mem_(mem), dev_(dev), B_(B) {
   const auto& c = layout.cfg;
   const size_t BT = size_t(B) * c.T, C = c.C;
   auto act = [&](size_t n) { return Tensor(mem, Place::device, Category::activations, DType::f32, n); };
@@ -160,7 +161,8 @@ Gpt::Gpt(const ModelLayout& layout, MemoryTracker& mem, int B) : layout_(layout)
   dresid_ = act(BT * C);
   // Backward scratch: a block needs 4C + 4C + C floats per position, the head V + C.
   dscratch_ = act(BT * std::max<size_t>(9 * C, size_t(c.V) + C));
-  att_scratch_ = act(attention_scratch_floats(c.T));
+  att_scratch_ = act(dev.attention_scratch_floats(c.T, c.H));
+  host_losses_.resize(BT);
 }
 
 Gpt::~Gpt() = default;
@@ -171,7 +173,7 @@ void Gpt::embedding_forward(const float* params, const int32_t* tokens) {
   const auto& c = layout_.cfg;
   const auto& u = layout_.units[0];
   tokens_ = tokens;
-  encoder_forward(residual_[0].as<float>(), tokens, params + u.params[0].offset,
+  dev_.encoder_forward(residual_[0].as<float>(), tokens, params + u.params[0].offset,
                   params + u.params[1].offset, B_, c.T, c.C);
 }
 
@@ -184,17 +186,18 @@ void Gpt::block_forward(int layer, const float* params) {
   const float* x = residual_[layer].as<float>();
   float* out = residual_[layer + 1].as<float>();
 
-  layernorm_forward(a.ln1.as<float>(), a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(), x, w(0), w(1), N, C);
-  matmul_forward(a.qkv.as<float>(), a.ln1.as<float>(), w(2), w(3), N, C, 3 * C);
-  attention_forward(a.atty.as<float>(), a.att.as<float>(), a.qkv.as<float>(), B_, c.T, C, c.H);
-  matmul_forward(a.res2.as<float>(), a.atty.as<float>(), w(4), w(5), N, C, C);
-  residual_forward(a.res2.as<float>(), a.res2.as<float>(), x, size_t(N) * C);
-  layernorm_forward(a.ln2.as<float>(), a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(), a.res2.as<float>(),
+  dev_.layernorm_forward(a.ln1.as<float>(), a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(), x, w(0), w(1), N, C);
+  dev_.matmul_forward(a.qkv.as<float>(), a.ln1.as<float>(), w(2), w(3), N, C, 3 * C);
+  dev_.attention_forward(a.atty.as<float>(), a.att.as<float>(), att_scratch_.as<float>(), a.qkv.as<float>(), B_,
+                         c.T, C, c.H);
+  dev_.matmul_forward(a.res2.as<float>(), a.atty.as<float>(), w(4), w(5), N, C, C);
+  dev_.residual_forward(a.res2.as<float>(), a.res2.as<float>(), x, size_t(N) * C);
+  dev_.layernorm_forward(a.ln2.as<float>(), a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(), a.res2.as<float>(),
                     w(6), w(7), N, C);
-  matmul_forward(a.fch.as<float>(), a.ln2.as<float>(), w(8), w(9), N, C, 4 * C);
-  gelu_forward(a.fch_gelu.as<float>(), a.fch.as<float>(), size_t(N) * 4 * C);
-  matmul_forward(out, a.fch_gelu.as<float>(), w(10), w(11), N, 4 * C, C);
-  residual_forward(out, out, a.res2.as<float>(), size_t(N) * C);
+  dev_.matmul_forward(a.fch.as<float>(), a.ln2.as<float>(), w(8), w(9), N, C, 4 * C);
+  dev_.gelu_forward(a.fch_gelu.as<float>(), a.fch.as<float>(), size_t(N) * 4 * C);
+  dev_.matmul_forward(out, a.fch_gelu.as<float>(), w(10), w(11), N, 4 * C, C);
+  dev_.residual_forward(out, out, a.res2.as<float>(), size_t(N) * C);
 }
 
 float Gpt::head_forward(const float* params, const int32_t* targets) {
@@ -202,13 +205,14 @@ float Gpt::head_forward(const float* params, const int32_t* targets) {
   const auto& P = layout_.units[layout_.head_unit()].params;
   const int N = B_ * c.T;
   targets_ = targets;
-  layernorm_forward(lnf_.as<float>(), lnf_mean_.as<float>(), lnf_rstd_.as<float>(),
+  dev_.layernorm_forward(lnf_.as<float>(), lnf_mean_.as<float>(), lnf_rstd_.as<float>(),
                     residual_[c.L].as<float>(), params + P[0].offset, params + P[1].offset, N, c.C);
-  matmul_forward(logits_.as<float>(), lnf_.as<float>(), params + P[2].offset, nullptr, N, c.C, c.V);
-  softmax_cross_entropy_forward(probs_.as<float>(), losses_.as<float>(), logits_.as<float>(), targets,
+  dev_.matmul_forward(logits_.as<float>(), lnf_.as<float>(), params + P[2].offset, nullptr, N, c.C, c.V);
+  dev_.softmax_cross_entropy_forward(probs_.as<float>(), losses_.as<float>(), logits_.as<float>(), targets,
                                 N, c.V);
+  dev_.to_host(host_losses_.data(), losses_.data(), losses_.bytes());
   double sum = 0.0;
-  for (int i = 0; i < N; ++i) sum += losses_.as<float>()[i];
+  for (int i = 0; i < N; ++i) sum += host_losses_[i];
   return float(sum / N);
 }
 
@@ -220,12 +224,12 @@ void Gpt::head_backward(const float* params, float* grads, float dloss) {
   const int N = B_ * c.T;
   float* dlogits = dscratch_.as<float>();
   float* dlnf = dlogits + size_t(N) * c.V;
-  std::memset(dlogits, 0, sizeof(float) * size_t(N) * (c.V + c.C));
-  std::memset(dresid_.data(), 0, dresid_.bytes());
-  softmax_cross_entropy_backward(dlogits, probs_.as<float>(), targets_, dloss / float(N), N, c.V);
-  matmul_backward(dlnf, grads + P[2].offset, nullptr, dlogits, lnf_.as<float>(), params + P[2].offset,
+  dev_.zero(dlogits, sizeof(float) * size_t(N) * (c.V + c.C));
+  dev_.zero(dresid_.data(), dresid_.bytes());
+  dev_.softmax_cross_entropy_backward(dlogits, probs_.as<float>(), targets_, dloss / float(N), N, c.V);
+  dev_.matmul_backward(dlnf, grads + P[2].offset, nullptr, dlogits, lnf_.as<float>(), params + P[2].offset,
                   N, c.C, c.V);
-  layernorm_backward(dresid_.as<float>(), grads + P[0].offset, grads + P[1].offset, dlnf,
+  dev_.layernorm_backward(dresid_.as<float>(), grads + P[0].offset, grads + P[1].offset, dlnf,
                      residual_[c.L].as<float>(), params + P[0].offset, lnf_mean_.as<float>(),
                      lnf_rstd_.as<float>(), N, c.C);
 }
@@ -247,32 +251,32 @@ void Gpt::block_backward(int layer, const float* params, float* grads) {
   float* dfch_gelu = s4a;
   float* dfch = s4b;
   float* dln2 = s1;
-  std::memset(s4a, 0, sizeof(float) * 9 * NC);  // the backward kernels accumulate
-  matmul_backward(dfch_gelu, g(10), g(11), dx, a.fch_gelu.as<float>(), w(10), N, 4 * C, C);
-  gelu_backward(dfch, a.fch.as<float>(), dfch_gelu, 4 * NC);
-  matmul_backward(dln2, g(8), g(9), dfch, a.ln2.as<float>(), w(8), N, C, 4 * C);
-  layernorm_backward(dx, g(6), g(7), dln2, a.res2.as<float>(), w(6), a.ln2_mean.as<float>(),
+  dev_.zero(s4a, sizeof(float) * 9 * NC);  // the backward kernels accumulate
+  dev_.matmul_backward(dfch_gelu, g(10), g(11), dx, a.fch_gelu.as<float>(), w(10), N, 4 * C, C);
+  dev_.gelu_backward(dfch, a.fch.as<float>(), dfch_gelu, 4 * NC);
+  dev_.matmul_backward(dln2, g(8), g(9), dfch, a.ln2.as<float>(), w(8), N, C, 4 * C);
+  dev_.layernorm_backward(dx, g(6), g(7), dln2, a.res2.as<float>(), w(6), a.ln2_mean.as<float>(),
                      a.ln2_rstd.as<float>(), N, C);
 
   // Attention: res2 = x + c_proj(attn(c_attn(ln_1(x))))
   float* datty = s4a;
   float* dqkv = s4b;
   float* dln1 = s1;
-  std::memset(datty, 0, sizeof(float) * NC);
-  std::memset(dqkv, 0, sizeof(float) * 3 * NC);
-  std::memset(dln1, 0, sizeof(float) * NC);
-  matmul_backward(datty, g(4), g(5), dx, a.atty.as<float>(), w(4), N, C, C);
-  attention_backward(dqkv, att_scratch_.as<float>(), datty, a.qkv.as<float>(), a.att.as<float>(), B_,
+  dev_.zero(datty, sizeof(float) * NC);
+  dev_.zero(dqkv, sizeof(float) * 3 * NC);
+  dev_.zero(dln1, sizeof(float) * NC);
+  dev_.matmul_backward(datty, g(4), g(5), dx, a.atty.as<float>(), w(4), N, C, C);
+  dev_.attention_backward(dqkv, att_scratch_.as<float>(), datty, a.qkv.as<float>(), a.att.as<float>(), B_,
                      c.T, C, c.H);
-  matmul_backward(dln1, g(2), g(3), dqkv, a.ln1.as<float>(), w(2), N, C, 3 * C);
-  layernorm_backward(dx, g(0), g(1), dln1, residual_[layer].as<float>(), w(0), a.ln1_mean.as<float>(),
+  dev_.matmul_backward(dln1, g(2), g(3), dqkv, a.ln1.as<float>(), w(2), N, C, 3 * C);
+  dev_.layernorm_backward(dx, g(0), g(1), dln1, residual_[layer].as<float>(), w(0), a.ln1_mean.as<float>(),
                      a.ln1_rstd.as<float>(), N, C);
 }
 
 void Gpt::embedding_backward(float* grads) {
   const auto& c = layout_.cfg;
   const auto& P = layout_.units[0].params;
-  encoder_backward(grads + P[0].offset, grads + P[1].offset, dresid_.as<float>(), tokens_, B_, c.T, c.C);
+  dev_.encoder_backward(grads + P[0].offset, grads + P[1].offset, dresid_.as<float>(), tokens_, B_, c.T, c.C);
 }
 
 void Gpt::forward_unit(int unit, const float* params, const int32_t* tokens, const int32_t* targets,

@@ -25,6 +25,8 @@
 
 namespace zf {
 
+class Device;
+
 struct ModelConfig {
   std::string name;  // preset name
   int V = 256, T = 64, L = 2, H = 4, C = 64;
@@ -82,7 +84,8 @@ double flops_per_token(const ModelLayout& layout);
 // into `grads` (the unit's flat float32 gradient buffer).
 class Gpt {
  public:
-  Gpt(const ModelLayout& layout, MemoryTracker& mem, int B);
+  // Activations live on the rank's device (dev), counted by mem.
+  Gpt(const ModelLayout& layout, MemoryTracker& mem, Device& dev, int B);
   ~Gpt();
 
   // Forward. The residual stream flows embedding -> h.0 -> ... -> head;
@@ -107,6 +110,7 @@ class Gpt {
   struct BlockActs;
   const ModelLayout& layout_;
   MemoryTracker& mem_;
+  Device& dev_;
   int B_;
   const int32_t* tokens_ = nullptr;  // of the current micro-batch
   const int32_t* targets_ = nullptr;
@@ -115,6 +119,7 @@ class Gpt {
   Tensor lnf_, lnf_mean_, lnf_rstd_, logits_, probs_, losses_;  // head
   Tensor dresid_, dscratch_;         // gradient of the residual stream and per-op scratch
   Tensor att_scratch_;
+  std::vector<float> host_losses_;   // the per-position losses, copied back for the mean
 };
 
 // Offset helpers: the ParamSpec of `name` in a unit, or nullptr.

@@ -1,12 +1,12 @@
 // precision.cpp: widening bf16 parameters and folding float32 gradients back.
 #include "precision.h"
 
-#include <cstring>
+#include <vector>
 
 namespace zf {
 
-UnitCompute::UnitCompute(Precision precision, MemoryTracker& mem, size_t max_unit_numel)
-    : precision_(precision) {
+UnitCompute::UnitCompute(Precision precision, MemoryTracker& mem, Device& dev, size_t max_unit_numel)
+    : precision_(precision), dev_(dev) {
   if (precision_ == Precision::bf16) {
     param_ws_ = Tensor(mem, Place::device, Category::workspace, DType::f32, max_unit_numel);
     grad_ws_ = Tensor(mem, Place::device, Category::workspace, DType::f32, max_unit_numel);
@@ -16,41 +16,30 @@ UnitCompute::UnitCompute(Precision precision, MemoryTracker& mem, size_t max_uni
 const float* UnitCompute::params(const void* params, size_t n) {
   if (precision_ == Precision::fp32) return static_cast<const float*>(params);
   REQUIRE(n <= param_ws_.numel(), "unit of " << n << " elements exceeds the workspace");
-  bf16_to_float(static_cast<const bf16*>(params), param_ws_.as<float>(), n);
+  dev_.widen(static_cast<const bf16*>(params), param_ws_.as<float>(), n);
   return param_ws_.as<float>();
 }
 
 float* UnitCompute::grads_begin(void* grads, size_t n) {
   if (precision_ == Precision::fp32) return static_cast<float*>(grads);
   REQUIRE(n <= grad_ws_.numel(), "unit of " << n << " elements exceeds the workspace");
-  std::memset(grad_ws_.data(), 0, n * sizeof(float));
+  dev_.zero(grad_ws_.data(), n * sizeof(float));
   return grad_ws_.as<float>();
 }
 
 void UnitCompute::grads_end(void* grads, size_t n) {
   if (precision_ == Precision::fp32) return;
-  auto* g = static_cast<bf16*>(grads);
-  const float* w = grad_ws_.as<float>();
-  for (size_t i = 0; i < n; ++i) g[i] = float_to_bf16(bf16_to_float(g[i]) + w[i]);
+  dev_.fold(static_cast<bf16*>(grads), grad_ws_.as<float>(), n);
 }
 
-void accumulate(void* dst, const void* src, DType dtype, size_t n) {
+void store_from_f32(Device& dev, void* dst, DType dtype, const float* host_src, size_t n) {
   if (dtype == DType::f32) {
-    float* d = static_cast<float*>(dst);
-    const float* s = static_cast<const float*>(src);
-    for (size_t i = 0; i < n; ++i) d[i] += s[i];
-  } else {
-    bf16* d = static_cast<bf16*>(dst);
-    const bf16* s = static_cast<const bf16*>(src);
-    for (size_t i = 0; i < n; ++i) d[i] = float_to_bf16(bf16_to_float(d[i]) + bf16_to_float(s[i]));
+    dev.to_device(dst, host_src, n * sizeof(float));
+    return;
   }
-}
-
-void store_from_f32(void* dst, DType dtype, const float* src, size_t n) {
-  if (dtype == DType::f32)
-    std::memcpy(dst, src, n * sizeof(float));
-  else
-    float_to_bf16(src, static_cast<bf16*>(dst), n);
+  std::vector<bf16> rounded(n);
+  float_to_bf16(host_src, rounded.data(), n);
+  dev.to_device(dst, rounded.data(), n * sizeof(bf16));
 }
 
 }  // namespace zf

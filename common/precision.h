@@ -2,16 +2,17 @@
 //
 // fp32: parameters and gradients are float32; the kernels use them directly.
 // bf16: parameters and gradients are stored and communicated as bf16 (2 bytes
-// each), the optimizer keeps a float32 master copy. The CPU kernels compute
-// in float32, so before a unit's forward or backward its bf16 parameters are
+// each), the optimizer keeps a float32 master copy. The kernels compute in
+// float32, so before a unit's forward or backward its bf16 parameters are
 // widened into a float32 workspace, and its gradient is computed into a
 // zeroed float32 workspace and then added into the bf16 gradient buffer,
-// rounding once. (On a GPU the kernels read bf16 directly.)
+// rounding once. Everything here runs on the rank's Device.
 #pragma once
 
 #include <cstddef>
 
 #include "config.h"
+#include "device.h"
 #include "tensor.h"
 
 namespace zf {
@@ -19,7 +20,7 @@ namespace zf {
 class UnitCompute {
  public:
   // max_unit_numel: the largest unit this rank computes (sizes the workspaces).
-  UnitCompute(Precision precision, MemoryTracker& mem, size_t max_unit_numel);
+  UnitCompute(Precision precision, MemoryTracker& mem, Device& dev, size_t max_unit_numel);
 
   // The unit's parameters as float32 (params has n elements of the compute dtype).
   const float* params(const void* params, size_t n);
@@ -30,13 +31,12 @@ class UnitCompute {
 
  private:
   Precision precision_;
+  Device& dev_;
   Tensor param_ws_, grad_ws_;
 };
 
-// dst += src, n elements of dtype (bf16: summed in float32, rounded once).
-void accumulate(void* dst, const void* src, DType dtype, size_t n);
-
-// Fills dst (n elements of dtype) from float32 src, rounding for bf16.
-void store_from_f32(void* dst, DType dtype, const float* src, size_t n);
+// Fills device memory dst (n elements of dtype) from float32 host values,
+// rounding for bf16.
+void store_from_f32(Device& dev, void* dst, DType dtype, const float* host_src, size_t n);
 
 }  // namespace zf

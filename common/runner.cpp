@@ -43,6 +43,7 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   LaunchOptions opt;
   opt.ranks = world.size;
   opt.device_budget = cfg.device_mem;
+  opt.device = cfg.device;
   run_ranks(opt, [&](RankContext& ctx) {
     run.ranks[ctx.rank] = stage(run.cfg, ctx, data, reporter);
     if (world.multi_process()) share_rank_results(ctx, run.ranks);  // rank 0's tables list all

@@ -33,18 +33,22 @@ void maybe_inject_fault(const TrainConfig& cfg, int rank, int step) {
 RankCompute::RankCompute(const TrainConfig& cfg, const ModelLayout& layout, RankContext& ctx,
                          const TokenData& data)
     : cfg_(cfg), layout_(layout), ctx_(ctx), sampler_(data, cfg.model.T, cfg.model.V),
-      unit_(cfg.precision, ctx.mem,
+      unit_(cfg.precision, ctx.mem, ctx.dev,
             std::max_element(layout.units.begin(), layout.units.end(),
                              [](const UnitLayout& a, const UnitLayout& b) { return a.numel < b.numel; })
                 ->numel),
-      gpt_(layout, ctx.mem, cfg.batch),
+      gpt_(layout, ctx.mem, ctx.dev, cfg.batch),
       inputs_(ctx.mem, Place::device, Category::activations, DType::i32, size_t(cfg.batch) * cfg.model.T),
-      targets_(ctx.mem, Place::device, Category::activations, DType::i32, size_t(cfg.batch) * cfg.model.T) {}
+      targets_(ctx.mem, Place::device, Category::activations, DType::i32, size_t(cfg.batch) * cfg.model.T),
+      host_inputs_(size_t(cfg.batch) * cfg.model.T), host_targets_(size_t(cfg.batch) * cfg.model.T) {}
 
 void RankCompute::load(int step, int micro) {
   step_ = step;
-  sampler_.micro_batch(step, micro, ctx_.rank, ctx_.world, cfg_.batch, cfg_.grad_accum, inputs_.as<int32_t>(),
-                       targets_.as<int32_t>());
+  // The sampler writes host memory; the tokens then go to the device.
+  sampler_.micro_batch(step, micro, ctx_.rank, ctx_.world, cfg_.batch, cfg_.grad_accum, host_inputs_.data(),
+                       host_targets_.data());
+  ctx_.dev.to_device(inputs_.data(), host_inputs_.data(), inputs_.bytes());
+  ctx_.dev.to_device(targets_.data(), host_targets_.data(), targets_.bytes());
 }
 
 void RankCompute::forward(int u, const void* params, float* loss) {

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <vector>
 
 #include "comm.h"
 #include "config.h"
@@ -63,7 +64,8 @@ class RankCompute {
   Sampler sampler_;
   UnitCompute unit_;
   Gpt gpt_;
-  Tensor inputs_, targets_;
+  Tensor inputs_, targets_;                          // on the device
+  std::vector<int32_t> host_inputs_, host_targets_;  // where the sampler writes
   int step_ = 0;
 };
 

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "checkpoint.h"
+#include "device.h"
 #include "launch.h"
 #include "model.h"
 #include "safetensors.h"
@@ -134,8 +135,9 @@ TEST(Gpt, BackwardMatchesFiniteDifferences) {
   ModelConfig cfg{"test", 11, 6, 2, 2, 8};
   auto layout = build_layout(cfg);
   MemoryTracker mem;
+  auto dev = make_cpu_device();
   const int B = 2;
-  Gpt gpt(layout, mem, B);
+  Gpt gpt(layout, mem, *dev, B);
   std::vector<float> params(layout.numel), grads(layout.numel, 0.0f);
   for (const auto& u : layout.units) init_unit_range(u, cfg, 3, 0, u.numel, params.data() + u.offset);
   // Larger weights than the 0.02 init, so every path carries a visible

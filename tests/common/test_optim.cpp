@@ -134,7 +134,8 @@ TEST(SumOfSquares, RefusesNonFinite) {
 
 TEST(UnitCompute, Bf16GradientsAccumulateRoundedOnce) {
   MemoryTracker mem;
-  UnitCompute uc(Precision::bf16, mem, 4);
+  auto dev = make_cpu_device();
+  UnitCompute uc(Precision::bf16, mem, *dev, 4);
   std::vector<bf16> g = {float_to_bf16(1.0f), float_to_bf16(0.0f), float_to_bf16(-2.0f), float_to_bf16(0.0f)};
   float* w = uc.grads_begin(g.data(), 4);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(w[i], 0.0f);  // the workspace starts zeroed

@@ -51,7 +51,8 @@ class Mpi : public ::testing::Test {
   void run(const std::function<void(RankContext&)>& fn) {
     std::unique_ptr<Communicator> comm = make_mpi_communicator();
     MemoryTracker mem(comm->rank());
-    RankContext ctx{comm->rank(), comm->size(), *comm, mem};
+    std::unique_ptr<Device> dev = make_cpu_device();
+    RankContext ctx{comm->rank(), comm->size(), *comm, mem, *dev};
     set_current_rank(ctx.rank);
     fn(ctx);
     set_current_rank(-1);

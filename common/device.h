@@ -1,0 +1,90 @@
+// device.h: the "device" place of a rank, and every operation that touches it.
+//
+// A rank's model states, activations and communication buffers live on its
+// device. On a CPU run the device is simulated: host memory counted apart
+// (memory.h), computed on by the CPU kernels (kernels.h). On a GPU it is the
+// GPU's memory, computed on by the CUDA kernels (kernels_cuda.h) on the
+// rank's compute stream. Code above this line (the model, the precision
+// recipes, the stages) never touches device memory directly: it calls these
+// methods, so the same stage runs on both.
+//
+// All pointers are device pointers unless named host_*. Operations are
+// ordered on the device in call order; to_host/to_device and synchronize
+// wait for everything issued before them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "adamw.h"
+#include "dtype.h"
+#include "gradnorm.h"
+
+namespace zf {
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual std::string name() const = 0;  // "cpu (simulated device)", "cuda:0 NVIDIA H200"
+  virtual bool is_cuda() const = 0;
+
+  // ---- memory (MemoryTracker calls these for Place::device)
+  virtual void* allocate(size_t bytes) = 0;  // nullptr when the device is out of memory
+  virtual void release(void* p) = 0;
+  virtual void zero(void* p, size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // device to device
+  virtual void to_device(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void to_host(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void synchronize() = 0;
+
+  // ---- the precision recipes (precision.h)
+  virtual void widen(const bf16* in, float* out, size_t n) = 0;    // bf16 -> f32
+  virtual void narrow(const float* in, bf16* out, size_t n) = 0;   // f32 -> bf16, round to nearest even
+  virtual void fold(bf16* dst, const float* src, size_t n) = 0;    // dst = bf16(f32(dst) + src)
+  virtual void add(void* dst, const void* src, DType dtype, size_t n) = 0;  // dst += src, same dtype
+
+  // ---- the optimizer
+  virtual void adamw(float* param, const void* grad, DType grad_dtype, float* m, float* v, size_t n,
+                     const AdamWConfig& cfg, long step, float grad_scale, bool decay) = 0;
+  // acc += sum of x[i]^2, exactly (gradnorm.h); x has n elements of dtype.
+  virtual void sum_squares(const void* x, DType dtype, size_t n, SumOfSquares& acc) = 0;
+
+  // ---- the model's ops: kernels.h, float32, same shapes and conventions
+  virtual void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                               int B, int T, int C) = 0;
+  virtual void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                                int B, int T, int C) = 0;
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                 const float* weight, const float* bias, int N, int C) = 0;
+  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                  const float* inp, const float* weight, const float* mean,
+                                  const float* rstd, int N, int C) = 0;
+  virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
+                              int N, int IC, int OC) = 0;
+  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                               const float* inp, const float* weight, int N, int IC, int OC) = 0;
+  virtual size_t attention_scratch_floats(int T, int H) const = 0;
+  virtual void attention_forward(float* out, float* att, float* scratch, const float* qkv, int B, int T,
+                                 int C, int H) = 0;
+  virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                                  const float* att, int B, int T, int C, int H) = 0;
+  virtual void gelu_forward(float* out, const float* inp, size_t n) = 0;
+  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) = 0;
+  virtual void residual_forward(float* out, const float* a, const float* b, size_t n) = 0;
+  virtual void softmax_cross_entropy_forward(float* probs, float* losses, const float* logits,
+                                             const int32_t* targets, int N, int V) = 0;
+  virtual void softmax_cross_entropy_backward(float* dlogits, const float* probs, const int32_t* targets,
+                                              float dloss, int N, int V) = 0;
+};
+
+// The simulated device of a CPU run: host memory, the CPU kernels.
+std::unique_ptr<Device> make_cpu_device();
+
+// "" when `--device cuda` can run in this build on this machine, else why not.
+std::string cuda_device_unavailable_reason();
+// GPU `ordinal` (only when cuda_device_unavailable_reason() is empty).
+std::unique_ptr<Device> make_cuda_device(int ordinal);
+
+}  // namespace zf

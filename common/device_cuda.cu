@@ -1,0 +1,158 @@
+// device_cuda.cu: a rank's device on a GPU. Memory from cudaMalloc, ops from
+// kernels_cuda.cu on the rank's compute stream (CudaContext), float32
+// compute as on the CPU (bf16 parameters and gradients are widened and folded
+// back by the precision recipe, as on the CPU).
+//
+// The exact gradient norm copies the gradient to the host and sums there
+// (gradnorm.h): exact and simple, but a device-to-host copy of the shard per
+// step; a device-side exact accumulator is left for the performance work.
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "device.h"
+#include "kernels_cuda.h"
+
+namespace zf {
+
+namespace {
+
+__global__ void fold_kernel(__nv_bfloat16* dst, const float* src, size_t n) {
+  size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] = __float2bfloat16_rn(__bfloat162float(dst[i]) + src[i]);
+}
+
+unsigned blocks_for(size_t n, unsigned threads) { return unsigned((n + threads - 1) / threads); }
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(int ordinal) : ctx_(ordinal) {
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
+    name_ = "cuda:" + std::to_string(ordinal) + " " + prop.name;
+  }
+  std::string name() const override { return name_; }
+  bool is_cuda() const override { return true; }
+
+  void* allocate(size_t bytes) override {
+    void* p = nullptr;
+    cudaError_t err = cudaMalloc(&p, bytes);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();  // clear the sticky out-of-memory error; the tracker reports it
+      return nullptr;
+    }
+    return p;
+  }
+  void release(void* p) override { CUDA_CHECK(cudaFree(p)); }
+  void zero(void* p, size_t bytes) override { CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s())); }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s()));
+  }
+  void to_device(void* dst, const void* src, size_t bytes) override {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s()));
+    ctx_.synchronize();  // the host buffer may be reused as soon as we return
+  }
+  void to_host(void* dst, const void* src, size_t bytes) override {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s()));
+    ctx_.synchronize();
+  }
+  void synchronize() override { ctx_.synchronize(); }
+
+  void widen(const bf16* in, float* out, size_t n) override { bf16_to_float_cuda(as_cuda(in), out, n, s()); }
+  void narrow(const float* in, bf16* out, size_t n) override { float_to_bf16_cuda(in, as_cuda(out), n, s()); }
+  void fold(bf16* dst, const float* src, size_t n) override {
+    if (n == 0) return;
+    fold_kernel<<<blocks_for(n, 256), 256, 0, s()>>>(as_cuda(dst), src, n);
+    CUDA_CHECK(cudaGetLastError());
+  }
+  void add(void* dst, const void* src, DType dtype, size_t n) override {
+    if (dtype == DType::f32)
+      residual_forward_cuda(static_cast<float*>(dst), static_cast<const float*>(dst),
+                            static_cast<const float*>(src), n, s());
+    else
+      residual_forward_cuda(as_cuda(static_cast<bf16*>(dst)), as_cuda(static_cast<const bf16*>(dst)),
+                            as_cuda(static_cast<const bf16*>(src)), n, s());
+  }
+
+  void adamw(float* param, const void* grad, DType gdt, float* m, float* v, size_t n, const AdamWConfig& cfg,
+             long step, float scale, bool decay) override {
+    if (gdt == DType::f32)
+      adamw_update_cuda(param, static_cast<const float*>(grad), m, v, n, cfg, step, scale, decay, s());
+    else
+      adamw_update_cuda(param, as_cuda(static_cast<const bf16*>(grad)), m, v, n, cfg, step, scale, decay, s());
+  }
+  void sum_squares(const void* x, DType dtype, size_t n, SumOfSquares& acc) override {
+    std::vector<char> host(n * dtype_size(dtype));
+    to_host(host.data(), x, host.size());
+    if (dtype == DType::f32) acc.add(reinterpret_cast<const float*>(host.data()), n);
+    else acc.add(reinterpret_cast<const bf16*>(host.data()), n);
+  }
+
+  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+                       int C) override {
+    encoder_forward_cuda(out, tokens, wte, wpe, B, T, C, s());
+  }
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+                        int C) override {
+    encoder_backward_cuda(dwte, dwpe, dout, tokens, B, T, C, s());
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                         const float* bias, int N, int C) override {
+    layernorm_forward_cuda(out, mean, rstd, inp, weight, bias, N, C, s());
+  }
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                          const float* weight, const float* mean, const float* rstd, int N, int C) override {
+    layernorm_backward_cuda(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, s());
+  }
+  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int IC,
+                      int OC) override {
+    matmul_forward_cuda(ctx_, out, inp, weight, bias, N, IC, OC);
+  }
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                       const float* weight, int N, int IC, int OC) override {
+    matmul_backward_cuda(ctx_, dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+  }
+  size_t attention_scratch_floats(int T, int H) const override { return attention_scratch_floats_cuda(T, H); }
+  void attention_forward(float* out, float* att, float* scratch, const float* qkv, int B, int T, int C,
+                         int H) override {
+    attention_forward_cuda(ctx_, out, att, scratch, qkv, B, T, C, H);
+  }
+  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att,
+                          int B, int T, int C, int H) override {
+    attention_backward_cuda(ctx_, dqkv, scratch, dout, qkv, att, B, T, C, H);
+  }
+  void gelu_forward(float* out, const float* inp, size_t n) override { gelu_forward_cuda(out, inp, n, s()); }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override {
+    gelu_backward_cuda(dinp, inp, dout, n, s());
+  }
+  void residual_forward(float* out, const float* a, const float* b, size_t n) override {
+    residual_forward_cuda(out, a, b, n, s());
+  }
+  void softmax_cross_entropy_forward(float* probs, float* losses, const float* logits, const int32_t* targets,
+                                     int N, int V) override {
+    softmax_cross_entropy_forward_cuda(probs, losses, logits, targets, N, V, s());
+  }
+  void softmax_cross_entropy_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss,
+                                      int N, int V) override {
+    softmax_cross_entropy_backward_cuda(dlogits, probs, targets, dloss, N, V, s());
+  }
+
+ private:
+  cudaStream_t s() const { return ctx_.stream(); }
+  CudaContext ctx_;
+  std::string name_;
+};
+
+}  // namespace
+
+std::string cuda_device_unavailable_reason() { return cuda_unavailable_reason(); }
+
+std::unique_ptr<Device> make_cuda_device(int ordinal) {
+  std::string why = cuda_unavailable_reason();
+  if (!why.empty()) throw UsageError("--device cuda: " + why);
+  int count = 0;
+  CUDA_CHECK(cudaGetDeviceCount(&count));
+  return std::make_unique<CudaDevice>(ordinal % count);
+}
+
+}  // namespace zf
