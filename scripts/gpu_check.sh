@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# gpu_check.sh RESULTS_DIR: on the GPU machine, build the project with CUDA in
-# its own build folder (build-gpu/) and run the GPU test suites (every CUDA
-# kernel against its CPU twin); logs go into RESULTS_DIR, a short table is
-# printed last (and saved as RESULTS_DIR/summary.txt). Under 8 minutes: the
-# steps' time limits add up to 7.5 (about 1.5 expected on one H200 with 16
-# cores). RESULTS_DIR gets at most 4 files plus one XML per GPU suite (the
+# gpu_check.sh RESULTS_DIR: on the GPU machine, build the project with CUDA
+# and NCCL in its own build folder (build-gpu/), run the GPU test suites
+# (every CUDA kernel against its CPU twin; every collective of the NCCL
+# communicator against a host computation), then the NCCL communicator with
+# one rank per process: two processes on the one GPU (NCCL_HOSTID each, a
+# rendezvous file for the id), once checking every collective, once with
+# rank 1 dying (rank 0 must raise, not hang). Logs go into RESULTS_DIR, a
+# short table is printed last (and saved as RESULTS_DIR/summary.txt). The
+# steps' time limits add up to 8.5 minutes (about 2 expected on one H200 with
+# 16 cores). RESULTS_DIR gets at most 4 files plus one XML per GPU suite (the
 # GPU machine returns at most 8 files).
 #
 # The GPU machine lacks CLI11, GoogleTest, nlohmann-json and OpenBLAS, so
@@ -17,6 +21,10 @@
 # Exit status 0 only if every step passed and the GPU tests really ran on a
 # GPU (a suite whose tests skipped for want of a device counts as a failure
 # here: on this machine that would be a vacuous pass).
+#
+# NCCL: from the CUDA toolkit, else from the nvidia-nccl-cu13 (or -cu12)
+# wheel that PyTorch brings (-Dnccl_dir=<wheel>; Meson links its
+# lib/libnccl.so.2 by full path with an rpath).
 #
 # Environment: ZF_GPU_BUILD_DIR (default build-gpu), ZF_GPU_ARCH (default:
 # the gpu_arch option's default), ZF_GPU_CHECK_WITHOUT_GPU=1 to go on past a
@@ -139,6 +147,20 @@ if ! ls "$cuda_root"/lib64/libcublas.so "$cuda_root"/lib/libcublas.so \
   fi
 fi
 
+# NCCL: the toolkit's, else the wheel's (its headers in include/, its library
+# in lib/ as libnccl.so.2 only; meson.build handles that name).
+nccl_opt=()
+if ! ls "$cuda_root"/include/nccl.h >/dev/null 2>&1; then
+  wheel=$(python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)
+  if [[ -n $wheel && -f $wheel/include/nccl.h ]]; then
+    nccl_opt=(-Dnccl_dir="$wheel")
+    export LD_LIBRARY_PATH=$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    echo "NCCL: not in $cuda_root, using the wheel at $wheel: $(ls "$wheel"/lib)" >>"$pre"
+  else
+    echo "NCCL: not in $cuda_root and no nvidia-nccl wheel; configure will say so" >>"$pre"
+  fi
+fi
+
 # ---------------------------------------------------------------------------
 # 2. The carried dependencies: unpack OpenBLAS, compile GoogleTest with this
 # machine's compiler, point pkg-config at gpu_carry/pkgconfig.
@@ -185,8 +207,9 @@ arch_opt=()
 setup_mode=()
 [[ -f $build/build.ninja ]] && setup_mode=(--reconfigure)
 run_step "configure (cuda)" 60 "$conf" "${meson_cmd[@]}" setup "${setup_mode[@]}" "$build" \
-  -Dcuda=enabled -Dmpi=disabled -Dbuildtype=release "${arch_opt[@]}" || finish
-grep -E '^\s+(BLAS|MPI|CUDA|GoogleTest)\s*:' "$conf" | sed 's/^ */  /' >&2
+  -Dcuda=enabled -Dnccl=enabled "${nccl_opt[@]}" -Dmpi=disabled -Dbuildtype=release \
+  "${arch_opt[@]}" || finish
+grep -E '^\s+(BLAS|MPI|CUDA|NCCL|GoogleTest)\s*:' "$conf" | sed 's/^ */  /' >&2
 
 blog=$res/build.log
 targets=$(ninja -C "$build" -t targets all 2>/dev/null |
@@ -196,7 +219,9 @@ if [[ -z $targets ]]; then
   failed=1
   finish
 fi
-run_step "build" 240 "$blog" ninja -C "$build" $targets || finish
+# nccl_two_process: not a meson test, run below as two processes.
+two_proc=$(ninja -C "$build" -t targets all 2>/dev/null | sed -nE 's#^(tests/nccl_two_process):.*#\1#p' | head -n 1)
+run_step "build" 240 "$blog" ninja -C "$build" $targets $two_proc || finish
 
 # ---------------------------------------------------------------------------
 # 4. The GPU test suites (those named gpu_*), through meson test so that
@@ -228,4 +253,46 @@ else
 fi
 # The headroom of each comparison (max error / tolerance), for the record.
 grep -h 'max error / tolerance' "$tlog" | sort -t= -k2 -g -r | head -n 5 | sed 's/^ */  worst: /' >&2
+
+# ---------------------------------------------------------------------------
+# 5. The NCCL communicator with one rank per process: two processes on the one
+# GPU, each with its own NCCL_HOSTID (NCCL then sees two hosts and connects
+# them over sockets on lo), the id passed through a fresh rendezvous file.
+# First every collective (each process checks its results), then a fault:
+# rank 1 dies before the last collective, and rank 0 must raise (NCCL's
+# asynchronous error, or the watchdog after ZF_NCCL_TIMEOUT_S=8) and exit.
+# (ZF_NCCL_TIMEOUT_S=20 in the first run: a hang is reported by the
+# communicator, naming the collective, well inside the step's 60 s.)
+two_process() {  # two_process BIN MODE (normal|fault): both processes' output on stdout
+  local bin=$1 mode=$2 dir r timeout_s=20 ok=0
+  local extra=() pids=() rcs=()
+  [[ $mode == fault ]] && extra=(--fault) && timeout_s=8
+  dir=$(mktemp -d "${TMPDIR:-/tmp}/zf-nccl.XXXXXX")
+  for r in 0 1; do
+    RANK=$r WORLD_SIZE=2 NCCL_HOSTID=zf-gpu-check-rank$r NCCL_SOCKET_IFNAME=lo \
+      NCCL_IB_DISABLE=1 NCCL_DEBUG=WARN ZF_NCCL_TIMEOUT_S=$timeout_s \
+      "$bin" "$dir/id" "${extra[@]}" >"$dir/out$r" 2>&1 &
+    pids[r]=$!
+  done
+  for r in 0 1; do
+    rcs[r]=0
+    wait "${pids[r]}" || rcs[r]=$?
+    sed "s/^/[$mode, process $r] /" "$dir/out$r"
+  done
+  echo "[$mode] exit status: process 0: ${rcs[0]}, process 1: ${rcs[1]}"
+  [[ ${rcs[0]} -eq 0 && ${rcs[1]} -eq 0 ]] || ok=1
+  [[ $mode == fault ]] && ! grep -q 'fault check ok' "$dir/out0" && ok=1
+  rm -rf "$dir"
+  return $ok
+}
+if [[ -z $two_proc ]]; then
+  record "nccl 2 processes" "FAILED (no tests/nccl_two_process target: NCCL off?)" 0
+  failed=1
+else
+  echo "== nccl_two_process ==" >>"$tlog"
+  run_step "nccl 2 processes (+fault)" 60 "$tlog" bash -c "$(declare -f two_process)
+    two_process '$build/tests/nccl_two_process' normal &&
+    two_process '$build/tests/nccl_two_process' fault"
+  grep -hE 'checks, [0-9]+ failed|fault detected' "$tlog" | sed 's/^/  /' >&2
+fi
 finish
