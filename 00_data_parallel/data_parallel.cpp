@@ -94,7 +94,7 @@ RankResult train_data_parallel(const TrainConfig& cfg, RankContext& ctx, const T
       }
     }
     for (auto& h : pending) h.wait();
-    const float loss = global_mean_loss(ctx.comm, loss_sum, K);
+    const float loss = global_mean_loss(ctx.comm, ctx.dev, loss_sum, K);
 
     // Clip by the global norm. Every rank has the whole averaged gradient.
     SumOfSquares sq;

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "gradnorm.h"
+#include "host_collectives.h"
 
 namespace zf {
 
@@ -35,7 +36,7 @@ float ShardedAdamW::clip_scale(Communicator& comm, const std::function<const voi
     const size_t n = shards_.units[u].end - shards_.units[u].begin;  // padding is zero anyway
     dev_.sum_squares(grad_piece(int(u)), compute_dtype(precision_), n, sq);
   }
-  sq.all_reduce(comm);
+  sq.all_reduce(comm, dev_);
   return clip_coefficient(std::sqrt(sq.value()), clip);
 }
 
@@ -72,7 +73,7 @@ std::vector<float> gather_full_model(Communicator& comm, Device& dev, const Mode
     // (at the end of a run, outside the tracked device memory).
     std::vector<float> piece(us.shard, 0.0f), gathered(us.padded());
     dev.to_host(piece.data(), fp32_piece(int(u)), (us.end - us.begin) * sizeof(float));
-    comm.all_gather(piece.data(), gathered.data(), us.shard, DType::f32);
+    all_gather_host(comm, dev, piece.data(), gathered.data(), us.shard, DType::f32);
     std::memcpy(full.data() + layout.units[u].offset, gathered.data(), us.numel * sizeof(float));
   }
   return full;

@@ -75,7 +75,7 @@ RankResult train_zero1(const TrainConfig& cfg, RankContext& ctx, const TokenData
       }
     }
     for (auto& h : pending) h.wait();
-    const float loss = global_mean_loss(ctx.comm, loss_sum, K);
+    const float loss = global_mean_loss(ctx.comm, ctx.dev, loss_sum, K);
 
     // Clip with the norm of the whole gradient, summed exactly from the pieces.
     const float scale = opt.clip_scale(ctx.comm, [&](int u) { return my_grad_piece(u); }, cfg.clip);

@@ -54,7 +54,7 @@ RankResult train_zero2(const TrainConfig& cfg, RankContext& ctx, const TokenData
       }
       grads.finish();
     }
-    const float loss = global_mean_loss(ctx.comm, loss_sum, K);
+    const float loss = global_mean_loss(ctx.comm, ctx.dev, loss_sum, K);
 
     const float scale = opt.clip_scale(ctx.comm, [&](int u) { return grads.piece(u); }, cfg.clip);
     for (int u = 0; u < U; ++u) {

@@ -29,6 +29,11 @@ class Device {
   virtual ~Device() = default;
   virtual std::string name() const = 0;  // "cpu (simulated device)", "cuda:0 NVIDIA H200"
   virtual bool is_cuda() const = 0;
+  // The CUDA stream the ops run on (a cudaStream_t), nullptr on the CPU.
+  virtual void* native_stream() const { return nullptr; }
+  // Makes this device current for the calling thread (cudaSetDevice).
+  virtual void make_current() {}
+  virtual int ordinal() const { return -1; }
 
   // ---- memory (MemoryTracker calls these for Place::device)
   virtual void* allocate(size_t bytes) = 0;  // nullptr when the device is out of memory
@@ -84,7 +89,9 @@ std::unique_ptr<Device> make_cpu_device();
 
 // "" when `--device cuda` can run in this build on this machine, else why not.
 std::string cuda_device_unavailable_reason();
-// GPU `ordinal` (only when cuda_device_unavailable_reason() is empty).
+// GPU `ordinal` modulo the GPUs visible (only when cuda_device_unavailable_reason() is empty).
 std::unique_ptr<Device> make_cuda_device(int ordinal);
+// GPUs visible to this process (0 without CUDA).
+int cuda_device_count();
 
 }  // namespace zf

@@ -122,6 +122,7 @@ std::string cuda_device_unavailable_reason() {
 std::unique_ptr<Device> make_cuda_device(int) {
   throw UsageError("--device cuda: " + cuda_device_unavailable_reason());
 }
+int cuda_device_count() { return 0; }
 #endif
 
 }  // namespace zf

@@ -33,6 +33,9 @@ class CudaDevice final : public Device {
   }
   std::string name() const override { return name_; }
   bool is_cuda() const override { return true; }
+  void* native_stream() const override { return ctx_.stream(); }
+  void make_current() override { CUDA_CHECK(cudaSetDevice(ctx_.device())); }
+  int ordinal() const override { return ctx_.device(); }
 
   void* allocate(size_t bytes) override {
     void* p = nullptr;
@@ -146,6 +149,11 @@ class CudaDevice final : public Device {
 }  // namespace
 
 std::string cuda_device_unavailable_reason() { return cuda_unavailable_reason(); }
+
+int cuda_device_count() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
+}
 
 std::unique_ptr<Device> make_cuda_device(int ordinal) {
   std::string why = cuda_unavailable_reason();

@@ -6,6 +6,7 @@
 
 #include "check.h"
 #include "comm.h"
+#include "host_collectives.h"
 
 namespace zf {
 
@@ -82,9 +83,9 @@ void SumOfSquares::normalize() {
   }
 }
 
-void SumOfSquares::all_reduce(Communicator& comm) {
+void SumOfSquares::all_reduce(Communicator& comm, Device& dev) {
   normalize();  // every limb < 2^32, so the sum over ranks cannot overflow
-  comm.all_reduce(limbs_.data(), kLimbs, DType::i64, ReduceOp::sum);
+  all_reduce_host(comm, dev, limbs_.data(), kLimbs, DType::i64, ReduceOp::sum);
   normalize();
 }
 

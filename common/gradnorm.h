@@ -21,6 +21,7 @@
 namespace zf {
 
 class Communicator;
+class Device;
 
 class SumOfSquares {
  public:
@@ -33,8 +34,9 @@ class SumOfSquares {
   void add(const float* x, size_t n);
   void add(const bf16* x, size_t n);
   void add(const SumOfSquares& other);
-  // Sums the accumulators of all ranks (i64 all_reduce of the limbs).
-  void all_reduce(Communicator& comm);
+  // Sums the accumulators of all ranks (i64 all_reduce of the limbs; staged
+  // through the device when the communicator moves device memory).
+  void all_reduce(Communicator& comm, Device& dev);
   // The sum, rounded to double. Deterministic: a function of the exact sum only.
   double value() const;
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "checkpoint.h"
+#include "host_collectives.h"
 #include "rng.h"
 
 namespace zf {
@@ -16,9 +17,9 @@ void initial_model(const TrainConfig& cfg, const ModelLayout& layout, float* fla
   for (const auto& u : layout.units) init_unit_range(u, cfg.model, cfg.seed, 0, u.numel, flat + u.offset);
 }
 
-float global_mean_loss(Communicator& comm, float local_sum, int micro_steps) {
+float global_mean_loss(Communicator& comm, Device& dev, float local_sum, int micro_steps) {
   float v = local_sum;
-  comm.all_reduce(&v, 1, DType::f32, ReduceOp::sum);
+  all_reduce_host(comm, dev, &v, 1, DType::f32, ReduceOp::sum);
   return v / float(comm.size() * micro_steps);
 }
 

@@ -22,7 +22,7 @@ void initial_model(const TrainConfig& cfg, const ModelLayout& layout, float* fla
 
 // Global-batch mean loss: each rank passes the sum of its micro-batch mean
 // losses; the sum over ranks (rank order) is divided by N*K.
-float global_mean_loss(Communicator& comm, float local_sum, int micro_steps);
+float global_mean_loss(Communicator& comm, Device& dev, float local_sum, int micro_steps);
 
 // Hash of float32 parameters in consolidated order (FNV-1a over their bytes).
 uint64_t hash_params(const float* flat, size_t n);

@@ -120,7 +120,7 @@ TEST(SumOfSquares, AllReduceAcrossRanksEqualsLocal) {
     size_t lo = x.size() * ctx.rank / N, hi = x.size() * (ctx.rank + 1) / N;
     SumOfSquares s;
     s.add(x.data() + lo, hi - lo);
-    s.all_reduce(ctx.comm);
+    s.all_reduce(ctx.comm, ctx.dev);
     got[ctx.rank] = s.value();
   });
   for (double g : got) EXPECT_EQ(g, local.value());
