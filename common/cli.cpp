@@ -61,14 +61,10 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   USAGE_REQUIRE(cfg.device == "cpu" || cfg.device == "cuda",
                 "--device must be cpu or cuda (got '" << cfg.device << "')");
   if (cfg.device == "cuda") {
-    // The GPU Device (device_cuda.cu: memory, kernels) exists when CUDA is
-    // built, but no communicator moves GPU memory yet (NCCL is being wired).
-    std::string why = cuda_device_unavailable_reason();
-    if (why.empty())
-      why = "the GPU path of the trainers is not finished in this version: the CUDA kernels and "
-            "device memory are built, but the communicators still move host memory only";
-    throw UsageError("--device cuda is not available: " + why +
-                     ". Use --device cpu, where the device is simulated with its memory tracked apart");
+    const std::string why = cuda_device_unavailable_reason();
+    USAGE_REQUIRE(why.empty(), "--device cuda is not available: " << why
+                                   << ". Use --device cpu, where the device is simulated with its memory "
+                                      "tracked apart");
   }
   if (!device_mem.empty()) {
     try {

@@ -5,8 +5,9 @@
 // a stage can start reducing one unit's gradients while the next unit's
 // backward runs. Backends: `threads` (ranks as threads of this process, the
 // default and the reference), `mpi` (one process per rank, comm_mpi.h; the
-// same rank-ordered sums, so the same bits), and `nccl` (comm_nccl.h: GPU
-// buffers; not yet wired into launch).
+// same rank-ordered sums, so the same bits), the threads backend on GPU
+// buffers (comm_threads_cuda.h: virtual ranks sharing a GPU) and `nccl`
+// (comm_nccl.h: one GPU per rank). launch.cpp picks one (see launch.h).
 //
 // Semantics (the same as NCCL's, counts in elements):
 //   all_reduce(buf, n)             buf[i] = sum over ranks of buf[i]         (in place)

@@ -590,6 +590,15 @@ int mpi_local_size() {
   return n;
 }
 
+int mpi_local_rank() {
+  MPI_Comm local;
+  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local));
+  int r = 0;
+  MPI_Comm_rank(local, &r);
+  MPI_Comm_free(&local);
+  return r;
+}
+
 std::unique_ptr<Communicator> make_mpi_communicator() {
   mpi_init_once();
   return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);

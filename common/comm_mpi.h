@@ -31,6 +31,8 @@ void mpi_init_once();
 int mpi_world_rank();
 int mpi_world_size();
 int mpi_local_size();
+// This process's rank among those on its host (picks its GPU). Collective.
+int mpi_local_rank();
 
 // This process's Communicator, over its own duplicate of MPI_COMM_WORLD.
 // Collective: every process of the job calls it, in the same order.

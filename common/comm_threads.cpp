@@ -9,6 +9,12 @@
 //                        communication thread per rank and run in issue order,
 //                        like kernels on a CUDA stream; the k-th collective of
 //                        every rank meets the k-th collective of the others.
+//   ThreadTransport      how rank r moves the bytes (comm_threads_impl.h):
+//                        HostTransport below (comm_reduce.cpp's loops and
+//                        memcpy), or the CUDA one of comm_threads_cuda.cu (a
+//                        reduction kernel and device copies on the rank's
+//                        stream, for buffers on GPUs). The algorithm below is
+//                        the same for both; only the transport's calls differ.
 //
 // The algorithm (N ranks; rank r; the buffer cut into N contiguous pieces):
 //   phase 1  post: rank r publishes its buffers and what it called, then waits
@@ -38,7 +44,9 @@
 // pending or later collective raises CommAborted carrying the reason. A rank
 // whose communicator is destroyed while the others still wait for it to
 // join a collective makes them fail with a message naming it, instead of
-// hanging.
+// hanging. A rank whose transport fails (a CUDA error; host copies cannot
+// fail) marks the group aborted before raising its error, so the other
+// ranks raise CommAborted instead of waiting for it at the next barrier.
 //
 // Waits use a mutex and condition variables, never spinning: a laptop (or a
 // 2-core CI machine) runs N rank threads plus N communication threads.
@@ -58,6 +66,7 @@
 
 #include "comm_reduce.h"
 #include "comm_state.h"
+#include "comm_threads_impl.h"
 
 namespace zf {
 
@@ -152,12 +161,16 @@ class ThreadGroup {
   // failing rank may free its memory. Never called by a communication thread.
   void abort(const std::string& reason) {
     std::unique_lock<std::mutex> lock(mu_);
-    if (!aborted_) {
-      aborted_ = true;
-      reason_ = reason;
-      cv_.notify_all();
-    }
+    mark_aborted_locked(reason);
     cv_.wait(lock, [&] { return active_ == 0; });
+  }
+
+  // The first half of abort(), for a communication thread whose own data
+  // movement failed: marks the group failed and wakes every rank, without
+  // waiting (the caller is itself inside a collective).
+  void fail(const std::string& reason) {
+    std::lock_guard<std::mutex> lock(mu_);
+    mark_aborted_locked(reason);
   }
 
   // A communication thread starts / ends running one collective. After an
@@ -188,6 +201,14 @@ class ThreadGroup {
   }
 
  private:
+  // Called with mu_ held. The first reason wins.
+  void mark_aborted_locked(const std::string& reason) {
+    if (aborted_) return;
+    aborted_ = true;
+    reason_ = reason;
+    cv_.notify_all();
+  }
+
   // Called with mu_ held.
   void throw_if_broken(int rank, const Post& me) const {
     if (aborted_)
@@ -223,9 +244,19 @@ class ThreadGroup {
 // sum) live in comm_reduce.h, shared with the mpi backend so that both give
 // the same bits.
 
-void copy_bytes(void* dst, const void* src, size_t bytes) {
-  if (bytes > 0 && dst != src) std::memcpy(dst, src, bytes);
-}
+// Host memory: the loops of comm_reduce.cpp and memcpy, run right here on
+// the communication thread, so every call is complete when it returns.
+class HostTransport final : public ThreadTransport {
+ public:
+  const char* backend() const override { return "threads"; }
+  void reduce(const std::vector<const void*>& src, const std::vector<void*>& dst, size_t n,
+              DType dt, ReduceOp op) override {
+    reduce_in_rank_order(src, dst, n, dt, op);
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes > 0 && dst != src) std::memcpy(dst, src, bytes);
+  }
+};
 
 const char* at(const void* p, size_t byte_offset) {
   return static_cast<const char*>(p) + byte_offset;
@@ -236,8 +267,9 @@ char* at(void* p, size_t byte_offset) { return static_cast<char*>(p) + byte_offs
 
 class ThreadCommunicator : public Communicator {
  public:
-  ThreadCommunicator(std::shared_ptr<ThreadGroup> group, int rank)
-      : group_(std::move(group)), rank_(rank) {
+  ThreadCommunicator(std::shared_ptr<ThreadGroup> group, int rank,
+                     std::unique_ptr<ThreadTransport> io)
+      : group_(std::move(group)), rank_(rank), io_(std::move(io)) {
     worker_ = std::thread([this] { worker_loop(); });
   }
 
@@ -255,7 +287,8 @@ class ThreadCommunicator : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
-  const char* backend() const override { return "threads"; }
+  const char* backend() const override { return io_->backend(); }
+  ThreadTransport& transport() { return *io_; }
 
   CommHandle all_reduce_async(void* buf, size_t count, DType dt, ReduceOp op) override {
     Post p;
@@ -302,11 +335,14 @@ class ThreadCommunicator : public Communicator {
     Post post;
     std::shared_ptr<CommHandle::State> state;
     Clock::time_point issued_at;
+    void* ticket = nullptr;  // the transport's, for inputs_ready
   };
 
-  // Called by the rank's own thread: count the collective (bytes and calls
-  // at issue time) and queue it for the communication thread.
+  // Called by the rank's own thread: let the transport check the buffers
+  // and mark what the collective comes after, count the collective (bytes
+  // and calls at issue time) and queue it for the communication thread.
   CommHandle issue(Post p, size_t full_bytes) {
+    void* ticket = io_->issued(p.kind, p.send, p.recv);
     auto state = std::make_shared<CommHandle::State>();
     {
       std::lock_guard<std::mutex> lock(stats_mu_);
@@ -315,7 +351,7 @@ class ThreadCommunicator : public Communicator {
     {
       std::lock_guard<std::mutex> lock(q_mu_);
       p.seq = issued_++;
-      queue_.push_back(Op{p, state, Clock::now()});
+      queue_.push_back(Op{p, state, Clock::now(), ticket});
     }
     q_cv_.notify_one();
     return CommHandle(state);
@@ -336,6 +372,7 @@ class ThreadCommunicator : public Communicator {
       }
       std::exception_ptr error;
       try {
+        failing_the_group(op.post, [&] { io_->inputs_ready(op.ticket); });
         group_->enter(rank_, op.post);
         try {
           run(op.post);
@@ -354,6 +391,37 @@ class ThreadCommunicator : public Communicator {
       }
       op.state->finish(error);
     }
+  }
+
+  // Runs f (calls to the transport), then completes what they started. If
+  // that fails, this rank cannot go on with the collective while the others
+  // would wait for it at the next barrier: the group is marked failed first
+  // (they raise CommAborted), then this rank raises the error itself. (The
+  // host transport never fails.)
+  template <class F>
+  void moving(const Post& me, F&& f) {
+    failing_the_group(me, [&] {
+      f();
+      io_->complete();
+    });
+  }
+  template <class F>
+  void failing_the_group(const Post& me, F&& f) {
+    std::exception_ptr error;
+    std::string why = "unknown error";
+    try {
+      f();
+      return;
+    } catch (const std::exception& e) {
+      error = std::current_exception();
+      why = e.what();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    io_->drain();
+    group_->fail("rank " + std::to_string(rank_) + ": " + describe(me) + " (collective #" +
+                 std::to_string(me.seq) + " of this rank) failed: " + why);
+    std::rethrow_exception(error);
   }
 
   // One collective, the three phases of the header comment.
@@ -391,7 +459,7 @@ class ThreadCommunicator : public Communicator {
           src[q] = at(g.posted(q, me.seq).recv, mine.begin * esz);
           dst[q] = at(g.posted(q, me.seq).recv, mine.begin * esz);
         }
-        reduce_in_rank_order(src, dst, mine.size, me.dtype, me.op);
+        moving(me, [&] { io_->reduce(src, dst, mine.size, me.dtype, me.op); });
         g.barrier(r, me);  // every piece is in every buffer: my caller may use mine
         break;
       }
@@ -401,7 +469,8 @@ class ThreadCommunicator : public Communicator {
         std::vector<const void*> src(N);
         for (int q = 0; q < N; q++)
           src[q] = at(g.posted(q, me.seq).send, size_t(r) * me.count * esz);
-        reduce_in_rank_order(src, {me.recv}, me.count, me.dtype, me.op);
+        const std::vector<void*> dst = {me.recv};
+        moving(me, [&] { io_->reduce(src, dst, me.count, me.dtype, me.op); });
         g.barrier(r, me);  // nobody reads my send buffer any more
         break;
       }
@@ -409,16 +478,21 @@ class ThreadCommunicator : public Communicator {
         // Phase 3 only: my piece is my send buffer; I write it into slot r of
         // every rank's recv buffer. In place (send == recv + r*count) my own
         // copy is skipped, and no other rank writes slot r of my buffer.
-        for (int k = 0; k < N; k++) {
-          const int q = (r + k) % N;  // start with mine, then spread the writes
-          copy_bytes(at(g.posted(q, me.seq).recv, size_t(r) * me.count * esz), me.send,
-                     me.count * esz);
-        }
+        moving(me, [&] {
+          for (int k = 0; k < N; k++) {
+            const int q = (r + k) % N;  // start with mine, then spread the writes
+            io_->copy(at(g.posted(q, me.seq).recv, size_t(r) * me.count * esz), me.send,
+                      me.count * esz);
+          }
+        });
         g.barrier(r, me);  // every rank's slot of my recv buffer is written
         break;
       }
       case CollectiveKind::broadcast: {
-        if (r != me.root) copy_bytes(me.recv, g.posted(me.root, me.seq).send, me.count * esz);
+        if (r != me.root)
+          moving(me, [&] {
+            io_->copy(me.recv, g.posted(me.root, me.seq).send, me.count * esz);
+          });
         g.barrier(r, me);  // the root may reuse its buffer
         break;
       }
@@ -429,6 +503,7 @@ class ThreadCommunicator : public Communicator {
 
   std::shared_ptr<ThreadGroup> group_;
   const int rank_;
+  std::unique_ptr<ThreadTransport> io_;  // used by the worker until it is joined
   std::thread worker_;
   std::mutex q_mu_;
   std::condition_variable q_cv_;
@@ -439,13 +514,28 @@ class ThreadCommunicator : public Communicator {
 
 }  // namespace
 
-std::vector<std::unique_ptr<Communicator>> make_thread_communicators(int nranks) {
+std::vector<std::unique_ptr<Communicator>> make_thread_communicators_with(
+    std::vector<std::unique_ptr<ThreadTransport>> transports) {
+  const int nranks = int(transports.size());
   REQUIRE(nranks >= 1, "make_thread_communicators: need at least one rank, got " << nranks);
   auto group = std::make_shared<ThreadGroup>(nranks);
   std::vector<std::unique_ptr<Communicator>> comms;
   comms.reserve(nranks);
-  for (int r = 0; r < nranks; r++) comms.push_back(std::make_unique<ThreadCommunicator>(group, r));
+  for (int r = 0; r < nranks; r++)
+    comms.push_back(std::make_unique<ThreadCommunicator>(group, r, std::move(transports[r])));
   return comms;
+}
+
+std::vector<std::unique_ptr<Communicator>> make_thread_communicators(int nranks) {
+  REQUIRE(nranks >= 1, "make_thread_communicators: need at least one rank, got " << nranks);
+  std::vector<std::unique_ptr<ThreadTransport>> transports;
+  for (int r = 0; r < nranks; r++) transports.push_back(std::make_unique<HostTransport>());
+  return make_thread_communicators_with(std::move(transports));
+}
+
+ThreadTransport* thread_transport(Communicator& comm) {
+  auto* c = dynamic_cast<ThreadCommunicator*>(&comm);
+  return c ? &c->transport() : nullptr;
 }
 
 }  // namespace zf

@@ -6,6 +6,9 @@
 // order (the reduce-scatter half), then writes its reduced piece into every
 // rank's buffer (the all-gather half). Collectives issued async run on a
 // per-rank communication thread in issue order, like a CUDA stream.
+//
+// Buffers in host memory. The same backend on CUDA device buffers (virtual
+// ranks on one GPU, the same bits): comm_threads_cuda.h.
 #pragma once
 
 #include <memory>

@@ -33,11 +33,63 @@
 
 #include "blas.h"
 #include "comm_threads.h"
+#include "host_collectives.h"
+#if defined(ZF_HAVE_CUDA)
+#include "comm_threads_cuda.h"
+#endif
+#if defined(ZF_HAVE_NCCL)
+#include "comm_nccl.h"
+#endif
 #ifdef ZF_HAVE_MPI
 #include "comm_mpi.h"
 #endif
 
 namespace zf {
+
+// Communicators for GPU ranks that are threads of this process: NCCL when
+// every rank has a GPU of its own, else the threads backend on device
+// buffers (virtual ranks sharing a GPU, for a one-GPU user).
+static std::vector<std::unique_ptr<Communicator>> make_gpu_thread_communicators(
+    std::vector<std::unique_ptr<Device>>& devices) {
+  const int N = int(devices.size());
+  std::vector<std::unique_ptr<Communicator>> comms;
+#if defined(ZF_HAVE_NCCL)
+  if (N > 1 && cuda_device_count() >= N) {
+    std::vector<int> ordinals;
+    for (auto& d : devices) ordinals.push_back(d->ordinal());
+    for (auto& c : NcclCommunicator::create_group(ordinals)) comms.push_back(std::move(c));
+    for (int r = 0; r < N; r++)
+      static_cast<NcclCommunicator&>(*comms[r]).set_compute_stream(
+          static_cast<cudaStream_t>(devices[r]->native_stream()));
+    return comms;
+  }
+#endif
+#if defined(ZF_HAVE_CUDA)
+  std::vector<cudaStream_t> streams;
+  for (auto& d : devices) streams.push_back(static_cast<cudaStream_t>(d->native_stream()));
+  return make_thread_communicators_cuda(N, streams);
+#else
+  throw UsageError("--device cuda: " + cuda_device_unavailable_reason());
+#endif
+}
+
+#if defined(ZF_HAVE_MPI)
+// One GPU rank per process: rank 0 makes NCCL's id, MPI broadcasts it.
+static std::unique_ptr<Communicator> make_nccl_over_mpi(Communicator& mpi, Device& dev) {
+#if defined(ZF_HAVE_NCCL)
+  ncclUniqueId id{};
+  if (mpi.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+  static_assert(sizeof(id) % 8 == 0, "ncclUniqueId is broadcast as 64-bit words");
+  mpi.broadcast(&id, sizeof(id) / 8, DType::i64, 0);
+  auto nccl = NcclCommunicator::create(id, mpi.rank(), mpi.size(), dev.ordinal());
+  nccl->set_compute_stream(static_cast<cudaStream_t>(dev.native_stream()));
+  return nccl;
+#else
+  throw UsageError("--device cuda under mpirun needs NCCL, which this build does not have "
+                   "(reconfigure with -Dnccl=enabled, or -Dnccl_dir=... for the nvidia-nccl wheel)");
+#endif
+}
+#endif
 
 // The device of rank r: the simulated CPU device, or GPU r % (GPUs visible).
 static std::unique_ptr<Device> make_rank_device(const LaunchOptions& opt, int r) {
@@ -106,12 +158,16 @@ void run_this_process_rank(const LaunchOptions& opt, const World& world,
   set_current_rank(r);
   // The processes on this host share its cores, as rank threads do.
   blas_set_threads(std::max(1, hardware_cores() / std::max(1, mpi_local_size())));
+  const int local_rank = mpi_local_rank();
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
   try {
-    std::unique_ptr<Device> dev = make_rank_device(opt, r);
+    std::unique_ptr<Device> dev = make_rank_device(opt, local_rank);
     MemoryTracker mem(r, opt.device_budget);
     mem.set_device(dev.get());
-    RankContext ctx{r, N, *comm, mem, *dev};
+    // GPU ranks train over NCCL; MPI only hands out NCCL's id (and stays for
+    // gathering the results at the end, through host_collectives).
+    std::unique_ptr<Communicator> nccl = dev->is_cuda() ? make_nccl_over_mpi(*comm, *dev) : nullptr;
+    RankContext ctx{r, N, nccl ? *nccl : *comm, mem, *dev};
     fn(ctx);
   } catch (...) {
     const std::exception_ptr e = std::current_exception();
@@ -255,11 +311,11 @@ void share_rank_results(RankContext& ctx, std::vector<RankResult>& results) {
   // padded to the longest.
   int64_t len = int64_t(mine.size());
   std::vector<int64_t> lens(static_cast<size_t>(N));
-  ctx.comm.all_gather(&len, lens.data(), 1, DType::i64);
+  all_gather_host(ctx.comm, ctx.dev, &len, lens.data(), 1, DType::i64);
   const size_t width = size_t(*std::max_element(lens.begin(), lens.end()));
   mine.resize(width);
   std::vector<int64_t> all(size_t(N) * width);
-  ctx.comm.all_gather(mine.data(), all.data(), width, DType::i64);
+  all_gather_host(ctx.comm, ctx.dev, mine.data(), all.data(), width, DType::i64);
   for (int q = 0; q < N; q++)
     if (q != ctx.rank) results[q] = unpack(all.data() + size_t(q) * width);
 }
@@ -269,7 +325,12 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
   const World world = resolve_world(opt.ranks);
   if (world.multi_process()) return run_this_process_rank(opt, world, fn);
   const int N = opt.ranks;
-  auto comms = make_thread_communicators(N);
+  // GPU ranks get their devices first: their communicators are ordered
+  // after the devices' compute streams.
+  std::vector<std::unique_ptr<Device>> gpu_devices;
+  if (opt.device == "cuda")
+    for (int r = 0; r < N; r++) gpu_devices.push_back(make_cuda_device(r));
+  auto comms = opt.device == "cuda" ? make_gpu_thread_communicators(gpu_devices) : make_thread_communicators(N);
 
   std::mutex failures_mu;
   std::vector<Failure> failures;  // in the order they happened
@@ -280,7 +341,8 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
     blas_set_threads(std::max(1, hardware_cores() / N));
     std::unique_ptr<Communicator> comm = std::move(comms[r]);
     try {
-      std::unique_ptr<Device> dev = make_rank_device(opt, r);
+      std::unique_ptr<Device> dev = gpu_devices.empty() ? make_cpu_device() : std::move(gpu_devices[r]);
+      dev->make_current();
       MemoryTracker mem(r, opt.device_budget);
       mem.set_device(dev.get());
       RankContext ctx{r, N, *comm, mem, *dev};

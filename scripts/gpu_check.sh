@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # gpu_check.sh RESULTS_DIR: on the GPU machine, build the project with CUDA
 # and NCCL in its own build folder (build-gpu/), run the GPU test suites
-# (every CUDA kernel against its CPU twin; every collective of the NCCL
-# communicator against a host computation), then the NCCL communicator with
+# (gpu_kernels: every CUDA kernel against its CPU twin; gpu_comm: every
+# collective of the NCCL communicator against a host computation;
+# gpu_comm_threads: the threads backend on device buffers, N virtual ranks on
+# the one GPU, bit for bit against a host computation and the host threads
+# backend; every tests/test_gpu_* target is run), then the NCCL communicator with
 # one rank per process: two processes on the one GPU (NCCL_HOSTID each, a
 # rendezvous file for the id), once checking every collective, once with
 # rank 1 dying (rank 0 must raise, not hang). Logs go into RESULTS_DIR, a
@@ -221,11 +224,13 @@ if [[ -z $targets ]]; then
 fi
 # nccl_two_process: not a meson test, run below as two processes.
 two_proc=$(ninja -C "$build" -t targets all 2>/dev/null | sed -nE 's#^(tests/nccl_two_process):.*#\1#p' | head -n 1)
-run_step "build" 240 "$blog" ninja -C "$build" $targets $two_proc || finish
+stages="00_data_parallel/dp 01_zero1/zero1 02_zero2/zero2 03_zero3/zero3"
+run_step "build" 240 "$blog" ninja -C "$build" $targets $two_proc $stages || finish
 
 # ---------------------------------------------------------------------------
-# 4. The GPU test suites (those named gpu_*), through meson test so that
-# scripts/test_summary.py can count them.
+# 4. The GPU test suites (those named gpu_*: gpu_kernels, gpu_comm,
+# gpu_comm_threads, found from the tests/test_gpu_* targets above), through
+# meson test so that scripts/test_summary.py can count them.
 
 tlog=$res/tests.log
 : >"$tlog"
@@ -295,4 +300,25 @@ else
     two_process '$build/tests/nccl_two_process' fault"
   grep -hE 'checks, [0-9]+ failed|fault detected' "$tlog" | sed 's/^/  /' >&2
 fi
+
+# ---------------------------------------------------------------------------
+# 6. Every stage on the gpt2 preset, bf16, 1 rank and 4 virtual ranks on this
+# GPU: step time and peak memory per rank from each run log (stages.log).
+slog=$res/stages.log
+for st in $stages; do
+  for n in 1 4; do
+    name=$(basename "$st")
+    run_step "$name gpt2 bf16 ranks=$n" 120 "$slog" "$build/$st" --device cuda --model gpt2 --precision bf16 \
+      --ranks "$n" --batch 4 --steps 6 --log-every 1 --log-json "$build/$name.$n.jsonl" || continue
+    python3 - "$build/$name.$n.jsonl" >>"$slog" 2>&1 <<'PY'
+import json, sys
+s = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][-1]["summary"]
+d = s["memory"][0]["device"]
+print(f"RESULT {s['stage']} ranks={s['ranks']} median_ms={s['median_ms']:.1f} tok/s={s['tokens_per_s']:.0f} "
+      f"peak_device={d['peak_total']/2**30:.2f}GiB model_states/P={d['model_states']/s['params']:.2f} "
+      f"final_loss={s['final_loss']:.4f}")
+PY
+  done
+done
+grep -h '^RESULT' "$slog" | sed 's/^RESULT /  /' >&2
 finish
