@@ -96,24 +96,7 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// Makes `device` current for the calling thread while in scope (NCCL and
-// event calls act on the current device), then puts the previous one back.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) : device_(device) {
-    if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
-    if (prev_ != device_) CUDA_CHECK(cudaSetDevice(device_));
-  }
-  ~DeviceGuard() {
-    if (prev_ >= 0 && prev_ != device_) cudaSetDevice(prev_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int device_;
-  int prev_ = -1;
-};
+// DeviceGuard (kernels_cuda.h): NCCL and event calls act on the current device.
 
 ncclDataType_t nccl_type(DType dt) {
   switch (dt) {

@@ -164,26 +164,6 @@ void reduce_on_host(const Ptrs& p, int nsrc, int ndst, size_t n, DType dt, bool 
 
 // ------------------------------------------------------------------ devices
 
-// Makes `device` current for the calling thread while in scope.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) : device_(device) {
-    if (cudaGetDevice(&prev_) != cudaSuccess) {
-      (void)cudaGetLastError();
-      prev_ = -1;
-    }
-    if (prev_ != device_) CUDA_CHECK(cudaSetDevice(device_));
-  }
-  ~DeviceGuard() {
-    if (prev_ >= 0 && prev_ != device_) cudaSetDevice(prev_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int device_;
-  int prev_ = -1;
-};
 
 // Lets every GPU of the group read and write every other's memory (the
 // reduction kernel reads all ranks' buffers). Peer access is per pair and

@@ -70,6 +70,28 @@ inline const __nv_bfloat16* as_cuda(const bf16* p) {
   return reinterpret_cast<const __nv_bfloat16*>(p);
 }
 
+// Makes `device` current for the calling thread while in scope, then puts
+// the previous one back.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) : device_(device) {
+    if (cudaGetDevice(&prev_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      prev_ = -1;
+    }
+    if (prev_ != device_) CUDA_CHECK(cudaSetDevice(device_));
+  }
+  ~DeviceGuard() {
+    if (prev_ >= 0 && prev_ != device_) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int device_;
+  int prev_ = -1;
+};
+
 // ---------------------------------------------------------------------------
 // CudaContext: one rank's device, the compute stream its kernels run on, and
 // a cuBLAS handle bound to that stream. One per rank (per thread driving a
