@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -35,6 +36,20 @@ inline std::string temp_dir() {
   if (!d) throw std::runtime_error("mkdtemp failed");
   return d;
 }
+
+// A fixture with a fresh directory per test, removed afterwards (write
+// permission restored first, for tests that take it away).
+class TempDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = temp_dir(); }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::permissions(dir_, std::filesystem::perms::owner_all, std::filesystem::perm_options::add, ec);
+    std::filesystem::remove_all(dir_, ec);
+  }
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+  std::string dir_;
+};
 
 struct ProcessResult {
   int exit_code;

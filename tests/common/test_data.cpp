@@ -23,6 +23,7 @@
 
 #include "check.h"
 #include "data.h"
+#include "test_util.h"
 
 namespace {
 
@@ -30,20 +31,9 @@ namespace fs = std::filesystem;
 using zf::Sampler;
 using zf::TokenData;
 
-// A fresh directory per test, removed afterwards.
-class DataTest : public ::testing::Test {
+// A fresh directory per test, removed afterwards (test_util.h).
+class DataTest : public zf::test::TempDirTest {
  protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "zf_data_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::permissions(dir_, fs::perms::owner_all, fs::perm_options::add, ec);
-    fs::remove_all(dir_, ec);
-  }
-  std::string path(const std::string& name) const { return dir_ + "/" + name; }
   std::string write_bytes(const std::string& name, const std::vector<uint8_t>& bytes) const {
     std::string p = path(name);
     std::ofstream f(p, std::ios::binary);
@@ -54,7 +44,6 @@ class DataTest : public ::testing::Test {
     std::ifstream f(p, std::ios::binary);
     return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
   }
-  std::string dir_;
 };
 
 // Runs fn, expects a zf::UsageError whose message contains every fragment.

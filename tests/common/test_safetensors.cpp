@@ -27,6 +27,7 @@
 #include "check.h"
 #include "dtype.h"
 #include "safetensors.h"
+#include "test_util.h"
 
 namespace {
 
@@ -35,18 +36,8 @@ using zf::DType;
 using zf::SafetensorsReader;
 using zf::TensorRef;
 
-class Safetensors : public ::testing::Test {
+class Safetensors : public zf::test::TempDirTest {
  protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "zf_st_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  std::string path(const std::string& name) const { return dir_ + "/" + name; }
   std::string write_bytes(const std::string& name, const std::string& bytes) const {
     std::string p = path(name);
     std::ofstream f(p, std::ios::binary);
@@ -57,7 +48,6 @@ class Safetensors : public ::testing::Test {
     std::ifstream f(p, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(f), {});
   }
-  std::string dir_;
 };
 
 void expect_usage_error(const std::function<void()>& fn, std::initializer_list<std::string> fragments) {

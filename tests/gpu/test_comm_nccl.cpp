@@ -29,6 +29,8 @@
 // after it would report that instead of their own result.
 #include <gtest/gtest.h>
 
+#include "gpu/gpu_test_util.h"
+
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -57,22 +59,8 @@ using zf::NcclCommunicator;
 using zf::ReduceOp;
 using vf = std::vector<float>;
 
-const std::string& no_device_reason() {
-  static const std::string reason = zf::cuda_unavailable_reason();
-  return reason;
-}
-
-int gpu_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (!no_device_reason().empty()) GTEST_SKIP() << "no CUDA device: " << no_device_reason()
+using zf::test::gpu_count;
+using zf::test::no_device_reason;
 
 // The unit roundoff of a dtype: 2^-24 for f32, 2^-8 for bf16.
 double unit(DType dt) { return dt == DType::bf16 ? 1.0 / 256 : 1.0 / (1 << 24); }

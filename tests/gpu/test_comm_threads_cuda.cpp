@@ -29,6 +29,8 @@
 // without a device.
 #include <gtest/gtest.h>
 
+#include "gpu/gpu_test_util.h"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -62,22 +64,8 @@ using zf::ReduceOp;
 using Bytes = std::vector<uint8_t>;
 using Comms = std::vector<std::unique_ptr<Communicator>>;
 
-const std::string& no_device_reason() {
-  static const std::string reason = zf::cuda_unavailable_reason();
-  return reason;
-}
-
-int gpu_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (!no_device_reason().empty()) GTEST_SKIP() << "no CUDA device: " << no_device_reason()
+using zf::test::gpu_count;
+using zf::test::no_device_reason;
 
 // ------------------------------------------------------------------ inputs
 

@@ -40,6 +40,8 @@
 // far above all of these.
 #include <gtest/gtest.h>
 
+#include "gpu/gpu_test_util.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -84,16 +86,13 @@ std::mt19937 make_rng(unsigned base) {
   return std::mt19937(seed);
 }
 
-const std::string& no_device_reason() {
-  static const std::string reason = zf::cuda_unavailable_reason();
-  return reason;
-}
+using zf::test::no_device_reason;
 
 // Every GPU test: skip without a device, else a fresh CudaContext on device 0.
 class CudaKernels : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!no_device_reason().empty()) GTEST_SKIP() << "no CUDA device: " << no_device_reason();
+    SKIP_WITHOUT_GPU();
     ctx_ = std::make_unique<zf::CudaContext>(0);
   }
   void TearDown() override { ctx_.reset(); }
