@@ -23,8 +23,14 @@ for s in suites:
     name = s["name"]
     path = os.path.join(results_dir, name + ".xml")
     suite_failed = 0
-    if os.path.exists(path):
-        for case in ET.parse(path).getroot().iter("testcase"):
+    try:
+        cases = list(ET.parse(path).getroot().iter("testcase")) if os.path.exists(path) else []
+    except ET.ParseError as e:
+        cases = []
+        suite_failed += 1
+        failures.append(f"{name}: unreadable results {path} ({e})")
+    if cases:
+        for case in cases:
             if case.find("failure") is not None or case.find("error") is not None:
                 suite_failed += 1
                 failures.append(f"{name}: {case.get('classname')}.{case.get('name')}")

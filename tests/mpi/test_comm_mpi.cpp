@@ -258,11 +258,18 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 
 int main(int argc, char** argv) {
   zf::blas_select_kernels(argc, argv);
-  ::testing::InitGoogleTest(&argc, argv);
   zf::mpi_init_once();
   const int rank = zf::mpi_world_rank();
+  // Only rank 0 writes the XML report: drop --gtest_output on the others
+  // before GoogleTest sees it (it opens the file while initialising, and N
+  // processes writing one file corrupt it).
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i)
+    if (rank == 0 || std::strncmp(argv[i], "--gtest_output", 14) != 0) args.push_back(argv[i]);
+  int nargs = int(args.size());
+  args.push_back(nullptr);
+  ::testing::InitGoogleTest(&nargs, args.data());
   if (rank != 0) {
-    ::testing::GTEST_FLAG(output) = "";
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new RankFailurePrinter(rank));
