@@ -15,7 +15,7 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   cfg.stage = stage.exe;
   CLI::App app{"zero-to-fsdp " + stage.title + ": train the GPT of SPEC.md", stage.exe};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // last one wins
-  std::string model = "small", precision = "fp32", device_mem, fault;
+  std::string model = "small", precision = "fp32", compute = "auto", device_mem, fault;
   app.add_option("--ranks", cfg.ranks, "ranks, as threads of this process (ignored under mpirun/srun, which say how many)")->capture_default_str();
   app.add_option("--model", model, "model preset: tiny, small or gpt2")->capture_default_str();
   app.add_option("--steps", cfg.steps, "optimizer steps")->capture_default_str();
@@ -25,6 +25,10 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   app.add_option("--clip", cfg.clip, "clip the global gradient L2 norm to this (0: off)")->capture_default_str();
   app.add_option("--seed", cfg.seed, "seed of the initial model")->capture_default_str();
   app.add_option("--precision", precision, "fp32, or bf16 (bf16 params/grads, fp32 master and moments)")
+      ->capture_default_str();
+  app.add_option("--compute", compute,
+                 "what the kernels compute in: f32, bf16 (bf16 activations and tensor-core matrix products; "
+                 "needs --precision bf16), or auto (bf16 for --precision bf16 on cuda, else f32)")
       ->capture_default_str();
   app.add_option("--data", cfg.data, "token file (raw bytes or llm.c .bin); default: built-in corpus");
   app.add_option("--device", cfg.device, "cpu or cuda")->capture_default_str();
@@ -65,6 +69,17 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
     USAGE_REQUIRE(why.empty(), "--device cuda is not available: " << why
                                    << ". Use --device cpu, where the device is simulated with its memory "
                                       "tracked apart");
+  }
+  if (compute == "auto") {
+    cfg.compute = cfg.precision == Precision::bf16 && cfg.device == "cuda" ? DType::bf16 : DType::f32;
+  } else if (compute == "f32" || compute == "fp32") {
+    cfg.compute = DType::f32;
+  } else if (compute == "bf16") {
+    USAGE_REQUIRE(cfg.precision == Precision::bf16,
+                  "--compute bf16 needs --precision bf16 (the fp32 recipe is float32 throughout)");
+    cfg.compute = DType::bf16;
+  } else {
+    throw UsageError("--compute must be auto, f32 or bf16 (got '" + compute + "')");
   }
   if (!device_mem.empty()) {
     try {

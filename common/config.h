@@ -29,6 +29,9 @@ struct TrainConfig {
   float clip = 1.0f;              // 0: no clipping
   uint64_t seed = 1337;
   Precision precision = Precision::fp32;
+  // What the kernels compute in (precision.h, device.h): f32, or bf16 (bf16
+  // recipe only). --compute auto picks bf16 for the bf16 recipe on a GPU.
+  DType compute = DType::f32;
   std::string data;               // empty: the built-in corpus
   std::string device = "cpu";
   std::optional<size_t> device_mem;

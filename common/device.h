@@ -19,6 +19,7 @@
 #include <string>
 
 #include "adamw.h"
+#include "check.h"
 #include "dtype.h"
 #include "gradnorm.h"
 
@@ -56,32 +57,53 @@ class Device {
   // acc += sum of x[i]^2, exactly (gradnorm.h); x has n elements of dtype.
   virtual void sum_squares(const void* x, DType dtype, size_t n, SumOfSquares& acc) = 0;
 
-  // ---- the model's ops: kernels.h, float32, same shapes and conventions
-  virtual void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+  // ---- the model's ops: kernels.h's shapes and conventions (every backward
+  // adds into its gradients). Activations, parameters and gradients passed
+  // as void* are of the device's compute dtype (below); LayerNorm
+  // statistics, losses and the attention scratch are always float32.
+  //
+  // Compute dtype f32: the kernels of kernels.h, float32 throughout.
+  // Compute dtype bf16: every tensor above is stored in bf16, and each op
+  // reads it, computes and accumulates in float32, and rounds once when it
+  // stores (on a GPU: bf16 tensor-core matrix products with float32
+  // accumulation, like PyTorch's autocast). The CPU device emulates this
+  // with the float32 kernels (widen the inputs, compute, round the outputs):
+  // slow, and meant for tests and for comparing with a GPU run.
+  void set_compute_dtype(DType dtype) {
+    REQUIRE(dtype == DType::f32 || dtype == DType::bf16,
+            "compute dtype must be f32 or bf16 (got " << dtype_name(dtype) << ")");
+    compute_ = dtype;
+  }
+  DType compute_dtype() const { return compute_; }
+
+  virtual void encoder_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe,
                                int B, int T, int C) = 0;
-  virtual void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+  virtual void encoder_backward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens,
                                 int B, int T, int C) = 0;
-  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                                 const float* weight, const float* bias, int N, int C) = 0;
-  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                  const float* inp, const float* weight, const float* mean,
+  virtual void layernorm_forward(void* out, float* mean, float* rstd, const void* inp,
+                                 const void* weight, const void* bias, int N, int C) = 0;
+  virtual void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout,
+                                  const void* inp, const void* weight, const float* mean,
                                   const float* rstd, int N, int C) = 0;
-  virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
+  virtual void matmul_forward(void* out, const void* inp, const void* weight, const void* bias,
                               int N, int IC, int OC) = 0;
-  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                               const float* inp, const float* weight, int N, int IC, int OC) = 0;
+  virtual void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout,
+                               const void* inp, const void* weight, int N, int IC, int OC) = 0;
   virtual size_t attention_scratch_floats(int T, int H) const = 0;
-  virtual void attention_forward(float* out, float* att, float* scratch, const float* qkv, int B, int T,
+  virtual void attention_forward(void* out, void* att, float* scratch, const void* qkv, int B, int T,
                                  int C, int H) = 0;
-  virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                                  const float* att, int B, int T, int C, int H) = 0;
-  virtual void gelu_forward(float* out, const float* inp, size_t n) = 0;
-  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) = 0;
-  virtual void residual_forward(float* out, const float* a, const float* b, size_t n) = 0;
-  virtual void softmax_cross_entropy_forward(float* probs, float* losses, const float* logits,
+  virtual void attention_backward(void* dqkv, float* scratch, const void* dout, const void* qkv,
+                                  const void* att, int B, int T, int C, int H) = 0;
+  virtual void gelu_forward(void* out, const void* inp, size_t n) = 0;
+  virtual void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n) = 0;
+  virtual void residual_forward(void* out, const void* a, const void* b, size_t n) = 0;
+  virtual void softmax_cross_entropy_forward(void* probs, float* losses, const void* logits,
                                              const int32_t* targets, int N, int V) = 0;
-  virtual void softmax_cross_entropy_backward(float* dlogits, const float* probs, const int32_t* targets,
+  virtual void softmax_cross_entropy_backward(void* dlogits, const void* probs, const int32_t* targets,
                                               float dloss, int N, int V) = 0;
+
+ protected:
+  DType compute_ = DType::f32;
 };
 
 // The simulated device of a CPU run: host memory, the CPU kernels.

@@ -1,8 +1,11 @@
 // device_cpu.cpp: the simulated device of a CPU run. Its memory is host
 // memory (the MemoryTracker counts it as "device"), its ops the CPU
-// reference kernels; every call runs to completion before it returns.
+// reference kernels; every call runs to completion before it returns. With
+// compute dtype bf16 it emulates a GPU's bf16 compute (class Arg).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "check.h"
 #include "device.h"
@@ -11,6 +14,37 @@
 namespace zf {
 
 namespace {
+
+// One argument of an op, as the float32 kernels want it. Compute dtype f32:
+// the buffer itself. bf16 (the emulation of a GPU's bf16 compute, see
+// device.h): a float32 copy, widened from the buffer if the op reads it
+// (in, inout), rounded back into it once when the op is done if the op
+// writes it (out, inout). The copies are transient host memory, not counted
+// by the tracker (this is a checking mode, not a memory model).
+enum class Use { in, out, inout };
+
+class Arg {
+ public:
+  Arg(DType dtype, const void* p, size_t n, Use use)
+      : p_(const_cast<void*>(p)), n_(n), use_(use), bf16_(dtype == DType::bf16 && p != nullptr) {
+    if (!bf16_) return;
+    copy_.resize(n);
+    if (use != Use::out) bf16_to_float(static_cast<const bf16*>(p_), copy_.data(), n);
+  }
+  ~Arg() {
+    if (bf16_ && use_ != Use::in) float_to_bf16(copy_.data(), static_cast<bf16*>(p_), n_);
+  }
+  Arg(const Arg&) = delete;
+  Arg& operator=(const Arg&) = delete;
+  operator float*() { return bf16_ ? copy_.data() : static_cast<float*>(p_); }
+
+ private:
+  void* p_;
+  size_t n_;
+  Use use_;
+  bool bf16_;
+  std::vector<float> copy_;
+};
 
 class CpuDevice final : public Device {
  public:
@@ -60,53 +94,94 @@ class CpuDevice final : public Device {
     else acc.add(static_cast<const bf16*>(x), n);
   }
 
-  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+  void encoder_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T,
                        int C) override {
-    zf::encoder_forward(out, tokens, wte, wpe, B, T, C);
+    const size_t BT = size_t(B) * T;
+    Arg o(compute_, out, BT * C, Use::out);
+    Arg e(compute_, wte, rows_used(tokens, BT) * C, Use::in), p(compute_, wpe, size_t(T) * C, Use::in);
+    zf::encoder_forward(o, tokens, e, p, B, T, C);
   }
-  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+  void encoder_backward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens, int B, int T,
                         int C) override {
-    zf::encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
+    const size_t BT = size_t(B) * T;
+    Arg de(compute_, dwte, rows_used(tokens, BT) * C, Use::inout), dp(compute_, dwpe, size_t(T) * C, Use::inout);
+    Arg d(compute_, dout, BT * C, Use::in);
+    zf::encoder_backward(de, dp, d, tokens, B, T, C);
   }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                         const float* bias, int N, int C) override {
-    zf::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+  void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* weight,
+                         const void* bias, int N, int C) override {
+    const size_t NC = size_t(N) * C;
+    Arg o(compute_, out, NC, Use::out), x(compute_, inp, NC, Use::in);
+    Arg w(compute_, weight, C, Use::in), b(compute_, bias, C, Use::in);
+    zf::layernorm_forward(o, mean, rstd, x, w, b, N, C);
   }
-  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                          const float* weight, const float* mean, const float* rstd, int N, int C) override {
-    zf::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                          const void* weight, const float* mean, const float* rstd, int N, int C) override {
+    const size_t NC = size_t(N) * C;
+    Arg dx(compute_, dinp, NC, Use::inout), dw(compute_, dweight, C, Use::inout), db(compute_, dbias, C, Use::inout);
+    Arg d(compute_, dout, NC, Use::in), x(compute_, inp, NC, Use::in), w(compute_, weight, C, Use::in);
+    zf::layernorm_backward(dx, dw, db, d, x, w, mean, rstd, N, C);
   }
-  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int IC,
+  void matmul_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
                       int OC) override {
-    zf::matmul_forward(out, inp, weight, bias, N, IC, OC);
+    Arg o(compute_, out, size_t(N) * OC, Use::out), x(compute_, inp, size_t(N) * IC, Use::in);
+    Arg w(compute_, weight, size_t(OC) * IC, Use::in), b(compute_, bias, OC, Use::in);
+    zf::matmul_forward(o, x, w, b, N, IC, OC);
   }
-  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                       const float* weight, int N, int IC, int OC) override {
-    zf::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+  void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                       const void* weight, int N, int IC, int OC) override {
+    Arg dx(compute_, dinp, size_t(N) * IC, Use::inout), dw(compute_, dweight, size_t(OC) * IC, Use::inout);
+    Arg db(compute_, dbias, OC, Use::inout), d(compute_, dout, size_t(N) * OC, Use::in);
+    Arg x(compute_, inp, size_t(N) * IC, Use::in), w(compute_, weight, size_t(OC) * IC, Use::in);
+    zf::matmul_backward(dx, dw, db, d, x, w, N, IC, OC);
   }
   size_t attention_scratch_floats(int T, int /*H*/) const override { return zf::attention_scratch_floats(T); }
-  void attention_forward(float* out, float* att, float* /*scratch*/, const float* qkv, int B, int T, int C,
+  void attention_forward(void* out, void* att, float* /*scratch*/, const void* qkv, int B, int T, int C,
                          int H) override {
-    zf::attention_forward(out, att, qkv, B, T, C, H);
+    const size_t BT = size_t(B) * T;
+    Arg o(compute_, out, BT * C, Use::out), a(compute_, att, BT * H * T, Use::out);
+    Arg x(compute_, qkv, BT * 3 * C, Use::in);
+    zf::attention_forward(o, a, x, B, T, C, H);
   }
-  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att,
+  void attention_backward(void* dqkv, float* scratch, const void* dout, const void* qkv, const void* att,
                           int B, int T, int C, int H) override {
-    zf::attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, H);
+    const size_t BT = size_t(B) * T;
+    Arg dx(compute_, dqkv, BT * 3 * C, Use::inout), d(compute_, dout, BT * C, Use::in);
+    Arg x(compute_, qkv, BT * 3 * C, Use::in), a(compute_, att, BT * H * T, Use::in);
+    zf::attention_backward(dx, scratch, d, x, a, B, T, C, H);
   }
-  void gelu_forward(float* out, const float* inp, size_t n) override { zf::gelu_forward(out, inp, n); }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override {
-    zf::gelu_backward(dinp, inp, dout, n);
+  void gelu_forward(void* out, const void* inp, size_t n) override {
+    Arg o(compute_, out, n, Use::out), x(compute_, inp, n, Use::in);
+    zf::gelu_forward(o, x, n);
   }
-  void residual_forward(float* out, const float* a, const float* b, size_t n) override {
-    zf::residual_forward(out, a, b, n);
+  void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n) override {
+    Arg dx(compute_, dinp, n, Use::inout), x(compute_, inp, n, Use::in), d(compute_, dout, n, Use::in);
+    zf::gelu_backward(dx, x, d, n);
   }
-  void softmax_cross_entropy_forward(float* probs, float* losses, const float* logits, const int32_t* targets,
+  void residual_forward(void* out, const void* a, const void* b, size_t n) override {
+    Arg o(compute_, out, n, Use::out), x(compute_, a, n, Use::in), y(compute_, b, n, Use::in);
+    zf::residual_forward(o, x, y, n);
+  }
+  void softmax_cross_entropy_forward(void* probs, float* losses, const void* logits, const int32_t* targets,
                                      int N, int V) override {
-    zf::softmax_cross_entropy_forward(probs, losses, logits, targets, N, V);
+    const size_t NV = size_t(N) * V;
+    Arg p(compute_, probs, NV, Use::out), x(compute_, logits, NV, Use::in);
+    zf::softmax_cross_entropy_forward(p, losses, x, targets, N, V);
   }
-  void softmax_cross_entropy_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss,
+  void softmax_cross_entropy_backward(void* dlogits, const void* probs, const int32_t* targets, float dloss,
                                       int N, int V) override {
-    zf::softmax_cross_entropy_backward(dlogits, probs, targets, dloss, N, V);
+    const size_t NV = size_t(N) * V;
+    Arg dx(compute_, dlogits, NV, Use::inout), p(compute_, probs, NV, Use::in);
+    zf::softmax_cross_entropy_backward(dx, p, targets, dloss, N, V);
+  }
+
+ private:
+  // Rows of an embedding table that `tokens` can touch: the largest id + 1
+  // (the ops take no V; a bf16 emulation widens only those rows).
+  static size_t rows_used(const int32_t* tokens, size_t n) {
+    int32_t mx = -1;
+    for (size_t i = 0; i < n; ++i) mx = std::max(mx, tokens[i]);
+    return size_t(mx + 1);
   }
 };
 

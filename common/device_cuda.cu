@@ -1,7 +1,8 @@
 // device_cuda.cu: a rank's device on a GPU. Memory from cudaMalloc, ops from
-// kernels_cuda.cu on the rank's compute stream (CudaContext), float32
-// compute as on the CPU (bf16 parameters and gradients are widened and folded
-// back by the precision recipe, as on the CPU).
+// kernels_cuda.cu on the rank's compute stream (CudaContext), in the compute
+// dtype of device.h: float32 as on the CPU, or bf16 (what the bf16 recipe
+// uses on a GPU by default: bf16 tensors, bf16 tensor-core matrix products,
+// float32 accumulation).
 //
 // The exact gradient norm copies the gradient to the host and sums there
 // (gradnorm.h): exact and simple, but a device-to-host copy of the shard per
@@ -91,57 +92,114 @@ class CudaDevice final : public Device {
     else acc.add(reinterpret_cast<const bf16*>(host.data()), n);
   }
 
-  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+  // Each op runs the kernel of the compute dtype (device.h): float, or
+  // __nv_bfloat16 (bf16 storage, float32 arithmetic, cuBLAS on bf16 tensor
+  // cores with float32 accumulation).
+  void encoder_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T,
                        int C) override {
-    encoder_forward_cuda(out, tokens, wte, wpe, B, T, C, s());
+    dispatch([&](auto f) {
+      using F = decltype(f);
+      encoder_forward_cuda(ptr<F>(out), tokens, ptr<F>(wte), ptr<F>(wpe), B, T, C, s());
+    });
   }
-  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+  void encoder_backward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens, int B, int T,
                         int C) override {
-    encoder_backward_cuda(dwte, dwpe, dout, tokens, B, T, C, s());
+    dispatch([&](auto f) {
+      using F = decltype(f);
+      encoder_backward_cuda(ptr<F>(dwte), ptr<F>(dwpe), ptr<F>(dout), tokens, B, T, C, s());
+    });
   }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                         const float* bias, int N, int C) override {
-    layernorm_forward_cuda(out, mean, rstd, inp, weight, bias, N, C, s());
+  void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* weight,
+                         const void* bias, int N, int C) override {
+    dispatch([&](auto f) {
+      using F = decltype(f);
+      layernorm_forward_cuda(ptr<F>(out), mean, rstd, ptr<F>(inp), ptr<F>(weight), ptr<F>(bias), N, C, s());
+    });
   }
-  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                          const float* weight, const float* mean, const float* rstd, int N, int C) override {
-    layernorm_backward_cuda(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, s());
+  void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                          const void* weight, const float* mean, const float* rstd, int N, int C) override {
+    dispatch([&](auto f) {
+      using F = decltype(f);
+      layernorm_backward_cuda(ptr<F>(dinp), ptr<F>(dweight), ptr<F>(dbias), ptr<F>(dout), ptr<F>(inp),
+                              ptr<F>(weight), mean, rstd, N, C, s());
+    });
   }
-  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int IC,
+  void matmul_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
                       int OC) override {
-    matmul_forward_cuda(ctx_, out, inp, weight, bias, N, IC, OC);
+    dispatch([&](auto f) {
+      using F = decltype(f);
+      matmul_forward_cuda(ctx_, ptr<F>(out), ptr<F>(inp), ptr<F>(weight), ptr<F>(bias), N, IC, OC);
+    });
   }
-  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                       const float* weight, int N, int IC, int OC) override {
-    matmul_backward_cuda(ctx_, dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+  void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                       const void* weight, int N, int IC, int OC) override {
+    dispatch([&](auto f) {
+      using F = decltype(f);
+      matmul_backward_cuda(ctx_, ptr<F>(dinp), ptr<F>(dweight), ptr<F>(dbias), ptr<F>(dout), ptr<F>(inp),
+                           ptr<F>(weight), N, IC, OC);
+    });
   }
   size_t attention_scratch_floats(int T, int H) const override { return attention_scratch_floats_cuda(T, H); }
-  void attention_forward(float* out, float* att, float* scratch, const float* qkv, int B, int T, int C,
+  void attention_forward(void* out, void* att, float* scratch, const void* qkv, int B, int T, int C,
                          int H) override {
-    attention_forward_cuda(ctx_, out, att, scratch, qkv, B, T, C, H);
+    dispatch([&](auto f) {
+      using F = decltype(f);
+      attention_forward_cuda(ctx_, ptr<F>(out), ptr<F>(att), scratch, ptr<F>(qkv), B, T, C, H);
+    });
   }
-  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att,
+  void attention_backward(void* dqkv, float* scratch, const void* dout, const void* qkv, const void* att,
                           int B, int T, int C, int H) override {
-    attention_backward_cuda(ctx_, dqkv, scratch, dout, qkv, att, B, T, C, H);
+    dispatch([&](auto f) {
+      using F = decltype(f);
+      attention_backward_cuda(ctx_, ptr<F>(dqkv), scratch, ptr<F>(dout), ptr<F>(qkv), ptr<F>(att), B, T, C, H);
+    });
   }
-  void gelu_forward(float* out, const float* inp, size_t n) override { gelu_forward_cuda(out, inp, n, s()); }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override {
-    gelu_backward_cuda(dinp, inp, dout, n, s());
+  void gelu_forward(void* out, const void* inp, size_t n) override {
+    dispatch([&](auto f) {
+      using F = decltype(f);
+      gelu_forward_cuda(ptr<F>(out), ptr<F>(inp), n, s());
+    });
   }
-  void residual_forward(float* out, const float* a, const float* b, size_t n) override {
-    residual_forward_cuda(out, a, b, n, s());
+  void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n) override {
+    dispatch([&](auto f) {
+      using F = decltype(f);
+      gelu_backward_cuda(ptr<F>(dinp), ptr<F>(inp), ptr<F>(dout), n, s());
+    });
   }
-  void softmax_cross_entropy_forward(float* probs, float* losses, const float* logits, const int32_t* targets,
+  void residual_forward(void* out, const void* a, const void* b, size_t n) override {
+    dispatch([&](auto f) {
+      using F = decltype(f);
+      residual_forward_cuda(ptr<F>(out), ptr<F>(a), ptr<F>(b), n, s());
+    });
+  }
+  void softmax_cross_entropy_forward(void* probs, float* losses, const void* logits, const int32_t* targets,
                                      int N, int V) override {
-    softmax_cross_entropy_forward_cuda(probs, losses, logits, targets, N, V, s());
+    dispatch([&](auto f) {
+      using F = decltype(f);
+      softmax_cross_entropy_forward_cuda(ptr<F>(probs), losses, ptr<F>(logits), targets, N, V, s());
+    });
   }
-  void softmax_cross_entropy_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss,
+  void softmax_cross_entropy_backward(void* dlogits, const void* probs, const int32_t* targets, float dloss,
                                       int N, int V) override {
-    softmax_cross_entropy_backward_cuda(dlogits, probs, targets, dloss, N, V, s());
+    dispatch([&](auto f) {
+      using F = decltype(f);
+      softmax_cross_entropy_backward_cuda(ptr<F>(dlogits), ptr<F>(probs), targets, dloss, N, V, s());
+    });
   }
 
  private:
   cudaStream_t s() const { return ctx_.stream(); }
+  // Calls fn with a value of the compute dtype's CUDA type (float or
+  // __nv_bfloat16), so one body serves both instantiations.
+  template <class Fn>
+  void dispatch(Fn&& fn) {
+    if (compute_ == DType::f32) fn(float{});
+    else fn(__nv_bfloat16{});
+  }
+  template <class F>
+  static F* ptr(void* p) { return static_cast<F*>(p); }
+  template <class F>
+  static const F* ptr(const void* p) { return static_cast<const F*>(p); }
   CudaContext ctx_;
   std::string name_;
 };

@@ -131,37 +131,39 @@ struct Gpt::BlockActs {
 };
 
 Gpt::Gpt(const ModelLayout& layout, MemoryTracker& mem, Device& dev, int B)
-    : layout_(layout), mem_(mem), dev_(dev), B_(B) {
+    : layout_(layout), mem_(mem), dev_(dev), B_(B), act_(dev.compute_dtype()), esize_(dtype_size(act_)) {
   const auto& c = layout.cfg;
   const size_t BT = size_t(B) * c.T, C = c.C;
-  auto act = [&](size_t n) { return Tensor(mem, Place::device, Category::activations, DType::f32, n); };
+  // Tensors of the compute dtype, and the float32 ones (statistics, losses).
+  auto act = [&](size_t n) { return Tensor(mem, Place::device, Category::activations, act_, n); };
+  auto f32 = [&](size_t n) { return Tensor(mem, Place::device, Category::activations, DType::f32, n); };
   for (int l = 0; l <= c.L; ++l) residual_.push_back(act(BT * C));
   for (int l = 0; l < c.L; ++l) {
     auto a = std::make_unique<BlockActs>();
     a->ln1 = act(BT * C);
-    a->ln1_mean = act(BT);
-    a->ln1_rstd = act(BT);
+    a->ln1_mean = f32(BT);
+    a->ln1_rstd = f32(BT);
     a->qkv = act(BT * 3 * C);
     a->att = act(size_t(B) * c.H * c.T * c.T);
     a->atty = act(BT * C);
     a->res2 = act(BT * C);
     a->ln2 = act(BT * C);
-    a->ln2_mean = act(BT);
-    a->ln2_rstd = act(BT);
+    a->ln2_mean = f32(BT);
+    a->ln2_rstd = f32(BT);
     a->fch = act(BT * 4 * C);
     a->fch_gelu = act(BT * 4 * C);
     blocks_.push_back(std::move(a));
   }
   lnf_ = act(BT * C);
-  lnf_mean_ = act(BT);
-  lnf_rstd_ = act(BT);
+  lnf_mean_ = f32(BT);
+  lnf_rstd_ = f32(BT);
   logits_ = act(BT * c.V);
   probs_ = act(BT * c.V);
-  losses_ = act(BT);
+  losses_ = f32(BT);
   dresid_ = act(BT * C);
-  // Backward scratch: a block needs 4C + 4C + C floats per position, the head V + C.
+  // Backward scratch: a block needs 4C + 4C + C elements per position, the head V + C.
   dscratch_ = act(BT * std::max<size_t>(9 * C, size_t(c.V) + C));
-  att_scratch_ = act(dev.attention_scratch_floats(c.T, c.H));
+  att_scratch_ = f32(dev.attention_scratch_floats(c.T, c.H));
   host_losses_.resize(BT);
 }
 
@@ -169,47 +171,46 @@ Gpt::~Gpt() = default;
 
 // ---------------------------------------------------------------- forward
 
-void Gpt::embedding_forward(const float* params, const int32_t* tokens) {
+void Gpt::embedding_forward(const void* params, const int32_t* tokens) {
   const auto& c = layout_.cfg;
   const auto& u = layout_.units[0];
+  REQUIRE(dev_.compute_dtype() == act_, "the device's compute dtype changed after the model was built");
   tokens_ = tokens;
-  dev_.encoder_forward(residual_[0].as<float>(), tokens, params + u.params[0].offset,
-                  params + u.params[1].offset, B_, c.T, c.C);
+  dev_.encoder_forward(residual_[0].data(), tokens, at(params, u.params[0].offset),
+                       at(params, u.params[1].offset), B_, c.T, c.C);
 }
 
-void Gpt::block_forward(int layer, const float* params) {
+void Gpt::block_forward(int layer, const void* params) {
   const auto& c = layout_.cfg;
   const auto& P = layout_.units[layout_.block_unit(layer)].params;
   const int N = B_ * c.T, C = c.C;
-  auto w = [&](int i) { return params + P[i].offset; };
+  auto w = [&](int i) { return at(params, P[i].offset); };
   BlockActs& a = *blocks_[layer];
-  const float* x = residual_[layer].as<float>();
-  float* out = residual_[layer + 1].as<float>();
+  const void* x = residual_[layer].data();
+  void* out = residual_[layer + 1].data();
 
-  dev_.layernorm_forward(a.ln1.as<float>(), a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(), x, w(0), w(1), N, C);
-  dev_.matmul_forward(a.qkv.as<float>(), a.ln1.as<float>(), w(2), w(3), N, C, 3 * C);
-  dev_.attention_forward(a.atty.as<float>(), a.att.as<float>(), att_scratch_.as<float>(), a.qkv.as<float>(), B_,
-                         c.T, C, c.H);
-  dev_.matmul_forward(a.res2.as<float>(), a.atty.as<float>(), w(4), w(5), N, C, C);
-  dev_.residual_forward(a.res2.as<float>(), a.res2.as<float>(), x, size_t(N) * C);
-  dev_.layernorm_forward(a.ln2.as<float>(), a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(), a.res2.as<float>(),
-                    w(6), w(7), N, C);
-  dev_.matmul_forward(a.fch.as<float>(), a.ln2.as<float>(), w(8), w(9), N, C, 4 * C);
-  dev_.gelu_forward(a.fch_gelu.as<float>(), a.fch.as<float>(), size_t(N) * 4 * C);
-  dev_.matmul_forward(out, a.fch_gelu.as<float>(), w(10), w(11), N, 4 * C, C);
-  dev_.residual_forward(out, out, a.res2.as<float>(), size_t(N) * C);
+  dev_.layernorm_forward(a.ln1.data(), a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(), x, w(0), w(1), N, C);
+  dev_.matmul_forward(a.qkv.data(), a.ln1.data(), w(2), w(3), N, C, 3 * C);
+  dev_.attention_forward(a.atty.data(), a.att.data(), att_scratch_.as<float>(), a.qkv.data(), B_, c.T, C, c.H);
+  dev_.matmul_forward(a.res2.data(), a.atty.data(), w(4), w(5), N, C, C);
+  dev_.residual_forward(a.res2.data(), a.res2.data(), x, size_t(N) * C);
+  dev_.layernorm_forward(a.ln2.data(), a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(), a.res2.data(), w(6),
+                         w(7), N, C);
+  dev_.matmul_forward(a.fch.data(), a.ln2.data(), w(8), w(9), N, C, 4 * C);
+  dev_.gelu_forward(a.fch_gelu.data(), a.fch.data(), size_t(N) * 4 * C);
+  dev_.matmul_forward(out, a.fch_gelu.data(), w(10), w(11), N, 4 * C, C);
+  dev_.residual_forward(out, out, a.res2.data(), size_t(N) * C);
 }
 
-float Gpt::head_forward(const float* params, const int32_t* targets) {
+float Gpt::head_forward(const void* params, const int32_t* targets) {
   const auto& c = layout_.cfg;
   const auto& P = layout_.units[layout_.head_unit()].params;
   const int N = B_ * c.T;
   targets_ = targets;
-  dev_.layernorm_forward(lnf_.as<float>(), lnf_mean_.as<float>(), lnf_rstd_.as<float>(),
-                    residual_[c.L].as<float>(), params + P[0].offset, params + P[1].offset, N, c.C);
-  dev_.matmul_forward(logits_.as<float>(), lnf_.as<float>(), params + P[2].offset, nullptr, N, c.C, c.V);
-  dev_.softmax_cross_entropy_forward(probs_.as<float>(), losses_.as<float>(), logits_.as<float>(), targets,
-                                N, c.V);
+  dev_.layernorm_forward(lnf_.data(), lnf_mean_.as<float>(), lnf_rstd_.as<float>(), residual_[c.L].data(),
+                         at(params, P[0].offset), at(params, P[1].offset), N, c.C);
+  dev_.matmul_forward(logits_.data(), lnf_.data(), at(params, P[2].offset), nullptr, N, c.C, c.V);
+  dev_.softmax_cross_entropy_forward(probs_.data(), losses_.as<float>(), logits_.data(), targets, N, c.V);
   dev_.to_host(host_losses_.data(), losses_.data(), losses_.bytes());
   double sum = 0.0;
   for (int i = 0; i < N; ++i) sum += host_losses_[i];
@@ -218,68 +219,67 @@ float Gpt::head_forward(const float* params, const int32_t* targets) {
 
 // ---------------------------------------------------------------- backward
 
-void Gpt::head_backward(const float* params, float* grads, float dloss) {
+void Gpt::head_backward(const void* params, void* grads, float dloss) {
   const auto& c = layout_.cfg;
   const auto& P = layout_.units[layout_.head_unit()].params;
   const int N = B_ * c.T;
-  float* dlogits = dscratch_.as<float>();
-  float* dlnf = dlogits + size_t(N) * c.V;
-  dev_.zero(dlogits, sizeof(float) * size_t(N) * (c.V + c.C));
+  void* dlogits = dscratch_.data();
+  void* dlnf = at(dlogits, size_t(N) * c.V);
+  dev_.zero(dlogits, esize_ * size_t(N) * (c.V + c.C));
   dev_.zero(dresid_.data(), dresid_.bytes());
-  dev_.softmax_cross_entropy_backward(dlogits, probs_.as<float>(), targets_, dloss / float(N), N, c.V);
-  dev_.matmul_backward(dlnf, grads + P[2].offset, nullptr, dlogits, lnf_.as<float>(), params + P[2].offset,
-                  N, c.C, c.V);
-  dev_.layernorm_backward(dresid_.as<float>(), grads + P[0].offset, grads + P[1].offset, dlnf,
-                     residual_[c.L].as<float>(), params + P[0].offset, lnf_mean_.as<float>(),
-                     lnf_rstd_.as<float>(), N, c.C);
+  dev_.softmax_cross_entropy_backward(dlogits, probs_.data(), targets_, dloss / float(N), N, c.V);
+  dev_.matmul_backward(dlnf, at(grads, P[2].offset), nullptr, dlogits, lnf_.data(), at(params, P[2].offset), N,
+                       c.C, c.V);
+  dev_.layernorm_backward(dresid_.data(), at(grads, P[0].offset), at(grads, P[1].offset), dlnf,
+                          residual_[c.L].data(), at(params, P[0].offset), lnf_mean_.as<float>(),
+                          lnf_rstd_.as<float>(), N, c.C);
 }
 
-void Gpt::block_backward(int layer, const float* params, float* grads) {
+void Gpt::block_backward(int layer, const void* params, void* grads) {
   const auto& c = layout_.cfg;
   const auto& P = layout_.units[layout_.block_unit(layer)].params;
   const int N = B_ * c.T, C = c.C;
   const size_t NC = size_t(N) * C;
-  auto w = [&](int i) { return params + P[i].offset; };
-  auto g = [&](int i) { return grads + P[i].offset; };
+  auto w = [&](int i) { return at(params, P[i].offset); };
+  auto g = [&](int i) { return at(grads, P[i].offset); };
   BlockActs& a = *blocks_[layer];
-  float* dx = dresid_.as<float>();  // d(out) on entry; d(res2), then d(x) in place
-  float* s4a = dscratch_.as<float>();
-  float* s4b = s4a + 4 * NC;
-  float* s1 = s4b + 4 * NC;
+  void* dx = dresid_.data();  // d(out) on entry; d(res2), then d(x) in place
+  void* s4a = dscratch_.data();
+  void* s4b = at(s4a, 4 * NC);
+  void* s1 = at(s4b, 4 * NC);
 
   // MLP: out = res2 + c_proj(gelu(c_fc(ln_2(res2))))
-  float* dfch_gelu = s4a;
-  float* dfch = s4b;
-  float* dln2 = s1;
-  dev_.zero(s4a, sizeof(float) * 9 * NC);  // the backward kernels accumulate
-  dev_.matmul_backward(dfch_gelu, g(10), g(11), dx, a.fch_gelu.as<float>(), w(10), N, 4 * C, C);
-  dev_.gelu_backward(dfch, a.fch.as<float>(), dfch_gelu, 4 * NC);
-  dev_.matmul_backward(dln2, g(8), g(9), dfch, a.ln2.as<float>(), w(8), N, C, 4 * C);
-  dev_.layernorm_backward(dx, g(6), g(7), dln2, a.res2.as<float>(), w(6), a.ln2_mean.as<float>(),
-                     a.ln2_rstd.as<float>(), N, C);
+  void* dfch_gelu = s4a;
+  void* dfch = s4b;
+  void* dln2 = s1;
+  dev_.zero(s4a, esize_ * 9 * NC);  // the backward kernels accumulate
+  dev_.matmul_backward(dfch_gelu, g(10), g(11), dx, a.fch_gelu.data(), w(10), N, 4 * C, C);
+  dev_.gelu_backward(dfch, a.fch.data(), dfch_gelu, 4 * NC);
+  dev_.matmul_backward(dln2, g(8), g(9), dfch, a.ln2.data(), w(8), N, C, 4 * C);
+  dev_.layernorm_backward(dx, g(6), g(7), dln2, a.res2.data(), w(6), a.ln2_mean.as<float>(),
+                          a.ln2_rstd.as<float>(), N, C);
 
   // Attention: res2 = x + c_proj(attn(c_attn(ln_1(x))))
-  float* datty = s4a;
-  float* dqkv = s4b;
-  float* dln1 = s1;
-  dev_.zero(datty, sizeof(float) * NC);
-  dev_.zero(dqkv, sizeof(float) * 3 * NC);
-  dev_.zero(dln1, sizeof(float) * NC);
-  dev_.matmul_backward(datty, g(4), g(5), dx, a.atty.as<float>(), w(4), N, C, C);
-  dev_.attention_backward(dqkv, att_scratch_.as<float>(), datty, a.qkv.as<float>(), a.att.as<float>(), B_,
-                     c.T, C, c.H);
-  dev_.matmul_backward(dln1, g(2), g(3), dqkv, a.ln1.as<float>(), w(2), N, C, 3 * C);
-  dev_.layernorm_backward(dx, g(0), g(1), dln1, residual_[layer].as<float>(), w(0), a.ln1_mean.as<float>(),
-                     a.ln1_rstd.as<float>(), N, C);
+  void* datty = s4a;
+  void* dqkv = s4b;
+  void* dln1 = s1;
+  dev_.zero(datty, esize_ * NC);
+  dev_.zero(dqkv, esize_ * 3 * NC);
+  dev_.zero(dln1, esize_ * NC);
+  dev_.matmul_backward(datty, g(4), g(5), dx, a.atty.data(), w(4), N, C, C);
+  dev_.attention_backward(dqkv, att_scratch_.as<float>(), datty, a.qkv.data(), a.att.data(), B_, c.T, C, c.H);
+  dev_.matmul_backward(dln1, g(2), g(3), dqkv, a.ln1.data(), w(2), N, C, 3 * C);
+  dev_.layernorm_backward(dx, g(0), g(1), dln1, residual_[layer].data(), w(0), a.ln1_mean.as<float>(),
+                          a.ln1_rstd.as<float>(), N, C);
 }
 
-void Gpt::embedding_backward(float* grads) {
+void Gpt::embedding_backward(void* grads) {
   const auto& c = layout_.cfg;
   const auto& P = layout_.units[0].params;
-  dev_.encoder_backward(grads + P[0].offset, grads + P[1].offset, dresid_.as<float>(), tokens_, B_, c.T, c.C);
+  dev_.encoder_backward(at(grads, P[0].offset), at(grads, P[1].offset), dresid_.data(), tokens_, B_, c.T, c.C);
 }
 
-void Gpt::forward_unit(int unit, const float* params, const int32_t* tokens, const int32_t* targets,
+void Gpt::forward_unit(int unit, const void* params, const int32_t* tokens, const int32_t* targets,
                        float* loss) {
   const auto& u = layout_.units[unit];
   switch (u.kind) {
@@ -289,7 +289,7 @@ void Gpt::forward_unit(int unit, const float* params, const int32_t* tokens, con
   }
 }
 
-void Gpt::backward_unit(int unit, const float* params, float* grads, float dloss) {
+void Gpt::backward_unit(int unit, const void* params, void* grads, float dloss) {
   const auto& u = layout_.units[unit];
   switch (u.kind) {
     case UnitKind::embedding: embedding_backward(grads); break;

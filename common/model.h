@@ -79,9 +79,10 @@ void init_unit_range(const UnitLayout& unit, const ModelConfig& cfg, uint64_t se
 // two embedding tables) plus 12 * L * T * C for attention's q.k and att.v.
 double flops_per_token(const ModelLayout& layout);
 
-// One rank's forward and backward arithmetic, unit by unit, in float32.
-// `params` of a unit is its flat float32 buffer; grads are ACCUMULATED (+=)
-// into `grads` (the unit's flat float32 gradient buffer).
+// One rank's forward and backward arithmetic, unit by unit, in the device's
+// compute dtype (device.h: float32, or bf16 on a GPU), read when the Gpt is
+// built. `params` of a unit is its flat buffer of that dtype; grads are
+// ACCUMULATED (+=) into `grads` (the unit's flat gradient buffer, same dtype).
 class Gpt {
  public:
   // Activations live on the rank's device (dev), counted by mem.
@@ -90,28 +91,35 @@ class Gpt {
 
   // Forward. The residual stream flows embedding -> h.0 -> ... -> head;
   // head_forward returns the mean cross-entropy over the B*T positions.
-  void embedding_forward(const float* params, const int32_t* tokens);
-  void block_forward(int layer, const float* params);
-  float head_forward(const float* params, const int32_t* targets);
+  void embedding_forward(const void* params, const int32_t* tokens);
+  void block_forward(int layer, const void* params);
+  float head_forward(const void* params, const int32_t* targets);
 
   // Backward, in reverse order. dloss is d(objective)/d(mean loss of this micro-batch).
-  void head_backward(const float* params, float* grads, float dloss);
-  void block_backward(int layer, const float* params, float* grads);
-  void embedding_backward(float* grads);
+  void head_backward(const void* params, void* grads, float dloss);
+  void block_backward(int layer, const void* params, void* grads);
+  void embedding_backward(void* grads);
 
-  void forward_unit(int unit, const float* params, const int32_t* tokens, const int32_t* targets,
+  void forward_unit(int unit, const void* params, const int32_t* tokens, const int32_t* targets,
                     float* loss);
-  void backward_unit(int unit, const float* params, float* grads, float dloss);
+  void backward_unit(int unit, const void* params, void* grads, float dloss);
 
   const ModelLayout& layout() const { return layout_; }
   int batch() const { return B_; }
+  DType compute_dtype() const { return act_; }
 
  private:
   struct BlockActs;
+  // Element i of a buffer of the compute dtype.
+  const void* at(const void* base, size_t i) const { return static_cast<const char*>(base) + i * esize_; }
+  void* at(void* base, size_t i) const { return static_cast<char*>(base) + i * esize_; }
+
   const ModelLayout& layout_;
   MemoryTracker& mem_;
   Device& dev_;
   int B_;
+  DType act_;                        // the compute dtype of every activation and parameter
+  size_t esize_;                     // its bytes per element
   const int32_t* tokens_ = nullptr;  // of the current micro-batch
   const int32_t* targets_ = nullptr;
   std::vector<Tensor> residual_;     // x_0 .. x_L, each [B,T,C]

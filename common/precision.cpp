@@ -5,30 +5,34 @@
 
 namespace zf {
 
-UnitCompute::UnitCompute(Precision precision, MemoryTracker& mem, Device& dev, size_t max_unit_numel)
-    : precision_(precision), dev_(dev) {
-  if (precision_ == Precision::bf16) {
+UnitCompute::UnitCompute(Precision precision, DType compute, MemoryTracker& mem, Device& dev,
+                         size_t max_unit_numel)
+    : precision_(precision), compute_(compute), dev_(dev) {
+  REQUIRE(compute == DType::f32 || precision == Precision::bf16,
+          "bf16 compute needs the bf16 recipe (--precision bf16): the fp32 recipe is float32 throughout");
+  dev.set_compute_dtype(compute);
+  if (widens()) {
     param_ws_ = Tensor(mem, Place::device, Category::workspace, DType::f32, max_unit_numel);
     grad_ws_ = Tensor(mem, Place::device, Category::workspace, DType::f32, max_unit_numel);
   }
 }
 
-const float* UnitCompute::params(const void* params, size_t n) {
-  if (precision_ == Precision::fp32) return static_cast<const float*>(params);
+const void* UnitCompute::params(const void* params, size_t n) {
+  if (!widens()) return params;
   REQUIRE(n <= param_ws_.numel(), "unit of " << n << " elements exceeds the workspace");
   dev_.widen(static_cast<const bf16*>(params), param_ws_.as<float>(), n);
-  return param_ws_.as<float>();
+  return param_ws_.data();
 }
 
-float* UnitCompute::grads_begin(void* grads, size_t n) {
-  if (precision_ == Precision::fp32) return static_cast<float*>(grads);
+void* UnitCompute::grads_begin(void* grads, size_t n) {
+  if (!widens()) return grads;
   REQUIRE(n <= grad_ws_.numel(), "unit of " << n << " elements exceeds the workspace");
   dev_.zero(grad_ws_.data(), n * sizeof(float));
-  return grad_ws_.as<float>();
+  return grad_ws_.data();
 }
 
 void UnitCompute::grads_end(void* grads, size_t n) {
-  if (precision_ == Precision::fp32) return;
+  if (!widens()) return;
   dev_.fold(static_cast<bf16*>(grads), grad_ws_.as<float>(), n);
 }
 

@@ -81,6 +81,7 @@ nlohmann::json summary_json(const RunResult& run) {
             {"model", cfg.model.name},
             {"ranks", cfg.ranks},
             {"precision", precision_name(cfg.precision)},
+            {"compute", dtype_name(cfg.compute)},
             {"params", run.params},
             {"batch", cfg.batch},
             {"grad_accum", cfg.grad_accum},

@@ -34,7 +34,7 @@ void maybe_inject_fault(const TrainConfig& cfg, int rank, int step) {
 RankCompute::RankCompute(const TrainConfig& cfg, const ModelLayout& layout, RankContext& ctx,
                          const TokenData& data)
     : cfg_(cfg), layout_(layout), ctx_(ctx), sampler_(data, cfg.model.T, cfg.model.V),
-      unit_(cfg.precision, ctx.mem, ctx.dev,
+      unit_(cfg.precision, cfg.compute, ctx.mem, ctx.dev,
             std::max_element(layout.units.begin(), layout.units.end(),
                              [](const UnitLayout& a, const UnitLayout& b) { return a.numel < b.numel; })
                 ->numel),
@@ -59,7 +59,7 @@ void RankCompute::forward(int u, const void* params, float* loss) {
 
 void RankCompute::backward(int u, const void* params, void* grads) {
   const size_t n = layout_.units[u].numel;
-  float* g = unit_.grads_begin(grads, n);
+  void* g = unit_.grads_begin(grads, n);
   gpt_.backward_unit(u, unit_.params(params, n), g, 1.0f / float(ctx_.world * cfg_.grad_accum));
   unit_.grads_end(grads, n);
   if (u == layout_.head_unit()) maybe_inject_fault(cfg_, ctx_.rank, step_);  // mid-backward, for the tests

@@ -135,9 +135,9 @@ TEST(SumOfSquares, RefusesNonFinite) {
 TEST(UnitCompute, Bf16GradientsAccumulateRoundedOnce) {
   MemoryTracker mem;
   auto dev = make_cpu_device();
-  UnitCompute uc(Precision::bf16, mem, *dev, 4);
+  UnitCompute uc(Precision::bf16, DType::f32, mem, *dev, 4);
   std::vector<bf16> g = {float_to_bf16(1.0f), float_to_bf16(0.0f), float_to_bf16(-2.0f), float_to_bf16(0.0f)};
-  float* w = uc.grads_begin(g.data(), 4);
+  float* w = static_cast<float*>(uc.grads_begin(g.data(), 4));
   for (int i = 0; i < 4; ++i) EXPECT_EQ(w[i], 0.0f);  // the workspace starts zeroed
   w[0] = 0.5f; w[1] = 1.0f / 3.0f; w[2] = 2.0f; w[3] = 1e-3f;
   uc.grads_end(g.data(), 4);
@@ -147,6 +147,26 @@ TEST(UnitCompute, Bf16GradientsAccumulateRoundedOnce) {
   EXPECT_EQ(g[3].bits, float_to_bf16(1e-3f).bits);
   // Workspaces are counted.
   EXPECT_EQ(mem.counts().cur(Place::device, Category::workspace), 2 * 4 * sizeof(float));
+}
+
+// With bf16 compute the kernels use the bf16 buffers themselves: no
+// workspace, no widening, and the device computes in bf16 from then on.
+TEST(UnitCompute, Bf16ComputeUsesTheBuffersDirectly) {
+  MemoryTracker mem;
+  auto dev = make_cpu_device();
+  UnitCompute uc(Precision::bf16, DType::bf16, mem, *dev, 4);
+  std::vector<bf16> p(4), g(4);
+  EXPECT_EQ(uc.params(p.data(), 4), p.data());
+  EXPECT_EQ(uc.grads_begin(g.data(), 4), g.data());
+  uc.grads_end(g.data(), 4);
+  EXPECT_EQ(dev->compute_dtype(), DType::bf16);
+  EXPECT_EQ(mem.counts().cur(Place::device, Category::workspace), 0u);
+}
+
+TEST(UnitCompute, Bf16ComputeNeedsTheBf16Recipe) {
+  MemoryTracker mem;
+  auto dev = make_cpu_device();
+  EXPECT_THROW(UnitCompute(Precision::fp32, DType::bf16, mem, *dev, 4), Error);
 }
 
 }  // namespace

@@ -36,6 +36,26 @@ TEST(Cli, NotANumber) { expect_usage_error("--steps many", {"--steps", "many"});
 TEST(Cli, UnknownFlag) { expect_usage_error("--zero-stage 3", {"--zero-stage"}); }
 TEST(Cli, BadPrecision) { expect_usage_error("--precision fp16", {"--precision", "fp16"}); }
 TEST(Cli, MalformedSize) { expect_usage_error("--device-mem 12XB", {"--device-mem", "12XB"}); }
+TEST(Cli, BadCompute) { expect_usage_error("--compute fp16", {"--compute", "fp16"}); }
+TEST(Cli, Bf16ComputeNeedsBf16Recipe) {
+  expect_usage_error("--compute bf16 --precision fp32", {"--compute bf16", "--precision bf16"});
+}
+
+// --compute auto is f32 on the CPU (bf16 only on a GPU), and an explicit
+// bf16 runs the CPU's emulation; the run log says which.
+TEST(Cli, ComputeDtypeInRunLog) {
+  const std::string dir = test::temp_dir();
+  for (const auto& [flags, want] : {std::pair{"--precision bf16", "\"compute\":\"f32\""},
+                                    std::pair{"--precision bf16 --compute bf16", "\"compute\":\"bf16\""}}) {
+    const std::string log = dir + "/run.jsonl";
+    auto r = run_command(dp() + " " + flags + " --log-json " + log);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::ifstream in(log);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find(want), std::string::npos) << flags << ":\n" << text;
+  }
+}
+
 TEST(Cli, CudaUnavailableSaysWhy) { expect_usage_error("--device cuda", {"--device cuda", "CUDA"}); }
 
 TEST(Cli, MissingDataFile) {

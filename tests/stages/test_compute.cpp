@@ -1,0 +1,100 @@
+// test_compute.cpp: bf16 compute (--compute bf16, what the bf16 recipe uses
+// on a GPU by default), checked on the CPU device's emulation of it
+// (device.h: the float32 kernels on widened copies, each output rounded to
+// bf16 once). It must keep what the stage tests promise for f32 compute:
+// every stage trains to stage 00's bits, it stays close to f32 compute, and
+// its activations take half the bytes with no widening workspace.
+//
+//   build/tests/test_compute
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "test_util.h"
+#include "zero1.h"
+#include "zero2.h"
+#include "zero3.h"
+
+namespace zf {
+namespace {
+
+using test::quiet_config;
+
+TrainConfig bf16_config(const ModelConfig& m, int N, int steps, DType compute) {
+  TrainConfig cfg = quiet_config("tiny", N, 1, steps);
+  cfg.model = m;
+  cfg.precision = Precision::bf16;
+  cfg.compute = compute;
+  return cfg;
+}
+
+// K = 1: the stages differ only in where parameters and gradients live and
+// how they are summed across ranks (in rank order, bit for bit the same
+// sums: comm.h), never in the arithmetic of a rank's forward and backward,
+// so with bf16 compute too they must give stage 00's losses and final
+// parameters to the bit. The "odd" model pads every unit at N = 3.
+TEST(Bf16Compute, EveryStageBitIdenticalToDataParallel) {
+  const ModelConfig odd{"odd", 256, 13, 2, 2, 10};
+  for (const auto& [model, N] : {std::pair{model_preset("tiny"), 2}, std::pair{odd, 3}}) {
+    const TrainConfig cfg = bf16_config(model, N, 3, DType::bf16);
+    SCOPED_TRACE(model.name + ", N=" + std::to_string(N));
+    const RunResult ref = run_training(cfg, train_data_parallel);
+    for (StageFn fn : {StageFn(train_zero1), StageFn(train_zero2), StageFn(train_zero3)}) {
+      const RunResult got = run_training(cfg, fn);
+      for (const auto& r : got.ranks) {
+        EXPECT_EQ(r.losses, ref.ranks[0].losses);
+        EXPECT_EQ(r.param_hash, ref.ranks[0].param_hash);
+      }
+    }
+  }
+}
+
+// bf16 compute rounds every activation and every gradient op's output to 8
+// significant bits (relative error up to 2^-9 = 2e-3 per rounding), but the
+// loss is a mean over B*T*N = 128 positions and the roundings are unbiased,
+// so it moves far less. Measured (tiny, N = 2, B = 1, 10 steps, lr 3e-4):
+// max |loss(bf16 compute) - loss(f32 compute)| = 3.0e-4 at losses ~5.5;
+// tolerance 3e-3, a margin of 10x. A real error in the plumbing moves
+// it much more: training on other batches changes the loss by ~0.02
+// (test_zero.cpp), a missing gradient term stops the loss from falling.
+// The losses must also differ (bf16 compute really happened).
+TEST(Bf16Compute, CloseToF32Compute) {
+  const TrainConfig f32 = bf16_config(model_preset("tiny"), 2, 10, DType::f32);
+  const TrainConfig b16 = bf16_config(model_preset("tiny"), 2, 10, DType::bf16);
+  const RunResult a = run_training(f32, train_data_parallel);
+  const RunResult b = run_training(b16, train_data_parallel);
+  ASSERT_EQ(a.ranks[0].losses.size(), b.ranks[0].losses.size());
+  double max_diff = 0.0;
+  for (size_t s = 0; s < a.ranks[0].losses.size(); ++s)
+    max_diff = std::max(max_diff, std::fabs(double(a.ranks[0].losses[s]) - b.ranks[0].losses[s]));
+  EXPECT_LT(max_diff, 3e-3);
+  EXPECT_GT(max_diff, 0.0) << "bf16 compute gave float32's losses to the bit: was it used?";
+  EXPECT_NE(a.ranks[0].param_hash, b.ranks[0].param_hash);
+  // And it trains: the loss falls over the 10 steps.
+  EXPECT_LT(b.ranks[0].losses.back(), b.ranks[0].losses.front() - 0.1);
+}
+
+// Memory: bf16 compute keeps the compute-dtype activations in 2 bytes
+// instead of 4 (LayerNorm statistics, losses and the attention scratch stay
+// float32) and needs no float32 copy of a unit's parameters and gradient.
+TEST(Bf16Compute, HalvesActivationsAndNeedsNoWorkspace) {
+  const RunResult a = run_training(bf16_config(model_preset("tiny"), 1, 1, DType::f32), train_data_parallel);
+  const RunResult b = run_training(bf16_config(model_preset("tiny"), 1, 1, DType::bf16), train_data_parallel);
+  const MemoryCounts& ma = a.ranks[0].memory;
+  const MemoryCounts& mb = b.ranks[0].memory;
+  const size_t act_a = ma.pk(Place::device, Category::activations);
+  const size_t act_b = mb.pk(Place::device, Category::activations);
+  // tiny, B = 1: of f32 compute's activation bytes, the float32-only
+  // tensors (statistics, losses, attention scratch) are a small part, so bf16
+  // compute needs a little over half.
+  EXPECT_LT(act_b, act_a * 6 / 10);
+  EXPECT_GT(act_b, act_a / 2);
+  EXPECT_GT(ma.pk(Place::device, Category::workspace), 0u);
+  EXPECT_EQ(mb.pk(Place::device, Category::workspace), 0u);
+  // Model states are the recipe's, whatever the compute dtype.
+  EXPECT_EQ(ma.model_states(Place::device), mb.model_states(Place::device));
+}
+
+}  // namespace
+}  // namespace zf
