@@ -27,8 +27,7 @@ struct Bins {
       uint32_t bits = get_bits(i);
       uint32_t e = (bits >> 23) & 0xffu;
       uint64_t mant = (bits & 0x7fffffu) | (e ? 0x800000u : 0u);
-      REQUIRE(e != 0xffu, "gradient is not finite (inf or NaN): training diverged; "
-                          "lower --lr or turn clipping on (--clip 1.0)");
+      REQUIRE(e != 0xffu, kNonFiniteGradientMessage);
       sum[e] += mant * mant;
       if ((i + 1) % kFlushEvery == 0) flush(acc, *this);
     }
@@ -51,11 +50,29 @@ void SumOfSquares::add_shifted(uint64_t value, int exponent) {
 
 static void flush_bins(SumOfSquares& acc, Bins& bins) { acc.flush(bins.sum); }
 
+// The power of two that bin e's mant^2 are multiplied by: 2^(2e - 300)
+// (subnormals, e = 0, have the exponent of e = 1).
+static int bin_exponent(int e) { return 2 * (e == 0 ? 1 : e) - 300; }
+
 void SumOfSquares::flush(uint64_t* bins) {
   for (int e = 0; e < 255; ++e) {
     if (bins[e] == 0) continue;
-    add_shifted(bins[e], 2 * (e == 0 ? 1 : e) - 300);
+    add_shifted(bins[e], bin_exponent(e));
     bins[e] = 0;
+  }
+  normalize();
+}
+
+void SumOfSquares::add_bin_halves(const uint64_t* lo, const uint64_t* hi) {
+  REQUIRE(lo[255] == 0 && hi[255] == 0, kNonFiniteGradientMessage);
+  for (int e = 0; e < 255; ++e) {
+    REQUIRE(lo[e] < (uint64_t(1) << 63) && hi[e] < (uint64_t(1) << 63),
+            "exponent bin " << e << " half over 2^63 (lo " << lo[e] << ", hi " << hi[e]
+                            << "): the caller summed too many squares into one bin");
+    // Each add_shifted touches three limbs with less than 2^32 each, so 510
+    // of them cannot overflow an int64 limb before normalize().
+    if (lo[e]) add_shifted(lo[e], bin_exponent(e));
+    if (hi[e]) add_shifted(hi[e], bin_exponent(e) + 32);
   }
   normalize();
 }

@@ -10,6 +10,9 @@
 // square can have). Integer addition is associative, so the total is the same
 // whatever the order and however the terms are split among ranks; ranks
 // combine their partial sums by an i64 all_reduce of the limbs.
+//
+// On a GPU the squares are binned on the device (gradnorm_cuda.h) and only
+// the 256 bins come to the host, through add_bin_halves: the same bits as add.
 #pragma once
 
 #include <array>
@@ -22,6 +25,10 @@ namespace zf {
 
 class Communicator;
 class Device;
+
+// What every path (CPU, GPU) says when a gradient holds an inf or a NaN.
+inline constexpr const char* kNonFiniteGradientMessage =
+    "gradient is not finite (inf or NaN): training diverged; lower --lr or turn clipping on (--clip 1.0)";
 
 class SumOfSquares {
  public:
@@ -42,6 +49,17 @@ class SumOfSquares {
 
   // Internal: adds 256 exponent bins of squares (see gradnorm.cpp) and clears them.
   void flush(uint64_t* bins);
+
+  // Adds bins of squares computed elsewhere (the GPU, gradnorm_cuda.cu), each
+  // bin e given as two halves: bin e = lo[e] + hi[e] * 2^32, where bin e sums
+  // mant^2 of the elements whose exponent field is e (gradnorm.cpp). Each half
+  // must be below 2^63. Bin 255 (inf and NaN) must be empty: otherwise this
+  // raises kNonFiniteGradientMessage, as add does.
+  void add_bin_halves(const uint64_t* lo, const uint64_t* hi);
+
+  // The normalized limbs (limb i weighs 2^(kLowestExponent + 32 i)): two
+  // accumulators hold the same exact sum iff their limbs are equal.
+  const std::array<int64_t, kLimbs>& limbs() const { return limbs_; }
 
  private:
   void add_shifted(uint64_t value, int exponent);

@@ -1,11 +1,19 @@
 // test_optim.cpp: AdamW against a direct computation of PyTorch's formula,
-// the clipping coefficient, the exact sum of squares behind the global norm,
-// and the bf16 gradient folding of the mixed-precision recipe.
+// the clipping coefficient, the exact sum of squares behind the global norm
+// (and the host half of its GPU version), and the bf16 gradient folding of
+// the mixed-precision recipe.
+//
+//   build/tests/test_optim --gtest_filter='SumOfSquares*'
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
 
 #include "adamw.h"
 #include "gradnorm.h"
@@ -130,6 +138,137 @@ TEST(SumOfSquares, RefusesNonFinite) {
   float bad[2] = {1.0f, std::nanf("")};
   SumOfSquares s;
   EXPECT_THROW(s.add(bad, 2), Error);
+}
+
+// ---------------------------------------------------------------------------
+// The host half of the GPU path (gradnorm_cuda.cu): the kernel bins mant^2 by
+// exponent field per block of 2^15 elements and adds each block's bin into
+// two global sums, its low 32 bits and its high bits; add_bin_halves turns
+// those into limbs. Here the bins are computed on the host the same way, so
+// this runs on any machine; tests/gpu/test_gradnorm_cuda.cpp checks the
+// kernel itself. Exact comparisons: both sides hold the same integer sum.
+
+constexpr size_t kGpuBlock = size_t(1) << 15;
+
+uint32_t float_bits(float x) { return std::bit_cast<uint32_t>(x); }
+uint32_t float_bits(bf16 x) { return uint32_t(x.bits) << 16; }
+
+template <class T>
+void gpu_style_bins(const std::vector<T>& x, std::vector<uint64_t>& lo, std::vector<uint64_t>& hi) {
+  lo.assign(256, 0);
+  hi.assign(256, 0);
+  for (size_t begin = 0; begin < x.size(); begin += kGpuBlock) {
+    uint64_t bin[256] = {};
+    for (size_t i = begin; i < std::min(x.size(), begin + kGpuBlock); ++i) {
+      uint32_t bits = float_bits(x[i]), e = (bits >> 23) & 0xffu;
+      uint64_t mant = (bits & 0x7fffffu) | (e ? 0x800000u : 0u);
+      bin[e] += mant * mant;
+    }
+    for (int e = 0; e < 256; ++e) {
+      lo[e] += bin[e] & 0xffffffffu;
+      hi[e] += bin[e] >> 32;
+    }
+  }
+}
+
+// Every finite bit pattern equally likely: all exponents, subnormals, zeros, both signs.
+template <class T>
+std::vector<T> random_finite(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<T> x;
+  while (x.size() < n) {
+    uint32_t b = rng();
+    if constexpr (std::is_same_v<T, float>) {
+      if (((b >> 23) & 0xffu) != 0xffu) x.push_back(std::bit_cast<float>(b));
+    } else {
+      if (((b >> 7) & 0xffu) != 0xffu) x.push_back(bf16{uint16_t(b)});
+    }
+  }
+  return x;
+}
+
+template <class T>
+void expect_bin_halves_equal_add(const std::vector<T>& x) {
+  SCOPED_TRACE("n = " + std::to_string(x.size()));
+  std::vector<uint64_t> lo, hi;
+  gpu_style_bins(x, lo, hi);
+  SumOfSquares direct, binned;
+  direct.add(x.data(), x.size());
+  binned.add_bin_halves(lo.data(), hi.data());
+  EXPECT_EQ(binned.limbs(), direct.limbs());
+  EXPECT_EQ(binned.value(), direct.value());
+}
+
+TEST(SumOfSquares, BinHalvesEqualAddFloat32) {
+  for (size_t n : {size_t(0), size_t(1), kGpuBlock - 1, 5 * kGpuBlock + 123})
+    expect_bin_halves_equal_add(random_finite<float>(n, uint32_t(n) + 1));
+  // The extremes: FLT_MAX fills a block's bin to just under 2^63 (high half
+  // near 2^31), 1e19 squares near FLT_MAX, tiny normals, subnormals, zeros.
+  std::vector<float> x(6 * kGpuBlock + 5, 3.4028234663852886e38f);
+  for (size_t i = 0; i < x.size(); i += 5) x[i] = 1e19f;
+  for (size_t i = 1; i < x.size(); i += 7) x[i] = -1e-37f;
+  for (size_t i = 2; i < x.size(); i += 11) x[i] = std::bit_cast<float>(uint32_t(i) & 0x807fffffu);
+  for (size_t i = 3; i < x.size(); i += 13) x[i] = 0.0f;
+  expect_bin_halves_equal_add(x);
+}
+
+TEST(SumOfSquares, BinHalvesEqualAddBf16) {
+  for (size_t n : {size_t(1), kGpuBlock + 1, 4 * kGpuBlock + 9})
+    expect_bin_halves_equal_add(random_finite<bf16>(n, uint32_t(n) + 7));
+  std::vector<bf16> x(3 * kGpuBlock, bf16{0x7f7f});  // bf16's largest finite value
+  for (size_t i = 0; i < x.size(); i += 3) x[i] = bf16{uint16_t(i & 0x807f)};  // subnormals, zeros
+  expect_bin_halves_equal_add(x);
+}
+
+TEST(SumOfSquares, BinHalvesAtTheirLimit) {
+  // Halves just under 2^63 (what 2^31 - 1 blocks could sum) in every bin.
+  // The high half of bin e weighs 2^32 times more, the weight of bin e + 16
+  // (bin e stands for 2^(2e - 300), bin 0 for 2^(2 - 300)), so flush() of
+  // shifted bins is an independent way to the same sum. Bins over 238 have
+  // no bin e + 16: their high halves stay 0 here.
+  std::vector<uint64_t> lo(256, 0), hi(256, 0), lo_bins(256, 0), hi_bins(256, 0);
+  for (int e = 0; e < 255; ++e) {
+    lo[e] = lo_bins[e] = (uint64_t(1) << 63) - 1 - uint64_t(e);
+    if (e <= 238) {
+      hi[e] = (uint64_t(1) << 61) + uint64_t(e);
+      hi_bins[(e == 0 ? 1 : e) + 16] += hi[e];  // bins 0 and 1 both land on 17: 2^62 + 1 < 2^63
+    }
+  }
+  SumOfSquares halves, bins;
+  halves.add_bin_halves(lo.data(), hi.data());
+  bins.flush(lo_bins.data());
+  bins.flush(hi_bins.data());
+  EXPECT_EQ(halves.limbs(), bins.limbs());
+  EXPECT_EQ(halves.value(), bins.value());
+  // A half at 2^63 could only come from an overflowing caller: refused.
+  lo[3] = uint64_t(1) << 63;
+  SumOfSquares over;
+  EXPECT_THROW(over.add_bin_halves(lo.data(), hi.data()), Error);
+}
+
+TEST(SumOfSquares, BinHalvesRefuseNonFiniteWithTheCpuMessage) {
+  // An inf or a NaN lands in bin 255 on the GPU; add_bin_halves must say
+  // what add says.
+  std::string cpu_msg;
+  float bad = std::nanf("");
+  try {
+    SumOfSquares s;
+    s.add(&bad, 1);
+  } catch (const Error& e) {
+    cpu_msg = e.what();
+  }
+  ASSERT_NE(cpu_msg.find(kNonFiniteGradientMessage), std::string::npos) << cpu_msg;
+  for (int half = 0; half < 2; ++half) {
+    std::vector<uint64_t> lo(256, 0), hi(256, 0);
+    (half ? hi : lo)[255] = 1;
+    SumOfSquares s;
+    try {
+      s.add_bin_halves(lo.data(), hi.data());
+      ADD_FAILURE() << "bin 255 (inf/NaN) accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(kNonFiniteGradientMessage), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(UnitCompute, Bf16GradientsAccumulateRoundedOnce) {
