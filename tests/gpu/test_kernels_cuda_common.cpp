@@ -1,0 +1,97 @@
+// test_kernels_cuda_common.cpp: what holds for every CUDA kernel (the same
+// bits from run to run), and the error macros and CudaContext, which need no
+// GPU: those run (and must pass) on every machine.
+//
+//   build/tests/test_gpu_kernels --gtest_filter='*Deterministic*:CudaCheck*:CudaContext*'
+//
+// How the comparisons and their tolerances work: kernels_cuda_test_util.h.
+// Without a CUDA device the GPU tests here are skipped, with the reason.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gpu/kernels_cuda_test_util.h"
+#include "kernels.h"
+
+namespace {
+
+using namespace zf::test;
+
+// ---------------------------------------------------------------------------
+// Determinism: the same inputs give the same bits (no atomics anywhere).
+
+TEST_F(CudaKernels, BackwardIsDeterministic) {
+  std::mt19937 rng = make_rng(1001);
+  const int B = 4, T = 64, C = 128, H = 4, V = 50;
+  const auto tokens = random_tokens(rng, B * T, V);
+  const vf dout = uniform<float>(rng, size_t(B) * T * C), inp = uniform<float>(rng, dout.size());
+  const vf qkv = uniform<float>(rng, size_t(B) * T * 3 * C), w = uniform<float>(rng, C);
+  const vf mean(B * T, 0.1f), rstd(B * T, 1.3f);
+  auto d_tok = to_device(tokens);
+  auto d_dout = to_device<float>(dout), d_inp = to_device<float>(inp), d_qkv = to_device<float>(qkv);
+  auto d_w = to_device<float>(w), d_mean = to_device<float>(mean), d_rstd = to_device<float>(rstd);
+  DeviceBuffer<float> scratch(zf::attention_scratch_floats_cuda(T, H));
+  auto d_att = poisoned<float>(size_t(B) * H * T * T), d_out = poisoned<float>(dout.size());
+  zf::attention_forward_cuda(ctx(), d_out->get(), d_att->get(), scratch.get(), d_qkv->get(), B, T,
+                             C, H);
+  auto run = [&] {
+    auto dwte = to_device<float>(vf(size_t(V) * C, 0.0f)), dwpe = to_device<float>(vf(T * C, 0.0f));
+    auto dinp = to_device<float>(vf(inp.size(), 0.0f)), dw = to_device<float>(vf(C, 0.0f));
+    auto db = to_device<float>(vf(C, 0.0f)), dqkv = to_device<float>(vf(qkv.size(), 0.0f));
+    zf::encoder_backward_cuda(dwte->get(), dwpe->get(), d_dout->get(), d_tok->get(), B, T, C,
+                              stream());
+    zf::layernorm_backward_cuda(dinp->get(), dw->get(), db->get(), d_dout->get(), d_inp->get(),
+                                d_w->get(), d_mean->get(), d_rstd->get(), B * T, C, stream());
+    zf::attention_backward_cuda(ctx(), dqkv->get(), scratch.get(), d_dout->get(), d_qkv->get(),
+                                d_att->get(), B, T, C, H);
+    std::vector<vf> r = {to_host(*dwte), to_host(*dwpe), to_host(*dinp),
+                         to_host(*dw),   to_host(*db),   to_host(*dqkv)};
+    return r;
+  };
+  const auto first = run();
+  const auto second = run();
+  for (size_t k = 0; k < first.size(); ++k)
+    EXPECT_TRUE(exact("rerun " + std::to_string(k), second[k], first[k]));
+}
+
+// ---------------------------------------------------------------------------
+// The error macros and the no-device path. These need no GPU, so they run
+// (and must pass) on every machine.
+
+TEST(CudaCheck, ReportsFileLineAndCall) {
+  try {
+    CUDA_CHECK(cudaErrorMemoryAllocation);
+    FAIL() << "CUDA_CHECK did not throw";
+  } catch (const zf::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("test_kernels_cuda_common.cpp:"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("cudaErrorMemoryAllocation"), std::string::npos) << msg;
+  }
+  try {
+    CUBLAS_CHECK(CUBLAS_STATUS_NOT_INITIALIZED);
+    FAIL() << "CUBLAS_CHECK did not throw";
+  } catch (const zf::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("test_kernels_cuda_common.cpp:"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("CUBLAS_STATUS_NOT_INITIALIZED"), std::string::npos) << msg;
+  }
+  EXPECT_NO_THROW(CUDA_CHECK(cudaSuccess));
+  EXPECT_NO_THROW(CUBLAS_CHECK(CUBLAS_STATUS_SUCCESS));
+}
+
+// Without a device, making a context fails with a zf::Error naming the CUDA
+// error, not a crash (what `--device cuda` on a laptop will hit).
+TEST(CudaContext, FailsClearlyWithoutADevice) {
+  if (no_device_reason().empty()) GTEST_SKIP() << "a CUDA device is present";
+  try {
+    zf::CudaContext ctx(0);
+    FAIL() << "CudaContext(0) succeeded without a device";
+  } catch (const zf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA error"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
