@@ -83,10 +83,12 @@ __global__ void layernorm_backward_input_kernel(F* dinp, const F* dout, const F*
 // coalesced), then the 32 partial sums of each column are added in shared
 // memory by a fixed tree (y with y + 16, then y + 8, ...). kColTile = 32.
 
+// __launch_bounds__: a block of 1024 threads only launches if each thread
+// needs at most 64 registers (65536 per block); this holds the compiler to it.
 template <class F>
-__global__ void layernorm_backward_params_kernel(F* dweight, F* dbias, const F* dout, const F* inp,
-                                                 const float* mean, const float* rstd, int N,
-                                                 int C) {
+__global__ void __launch_bounds__(kColTile * kColTile)
+    layernorm_backward_params_kernel(F* dweight, F* dbias, const F* dout, const F* inp,
+                                     const float* mean, const float* rstd, int N, int C) {
   __shared__ float sw[kColTile][kColTile], sb[kColTile][kColTile];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int c = blockIdx.x * kColTile + tx;
@@ -129,7 +131,9 @@ template <class F>
 void layernorm_backward_cuda(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
                              const F* weight, const float* mean, const float* rstd, int N, int C,
                              cudaStream_t stream) {
-  if (N == 0) return;
+  // C == 0: nothing to add to, and blocks_for(C, ...) below would be a grid
+  // of 0 blocks, which CUDA rejects (cudaErrorInvalidConfiguration).
+  if (N == 0 || C == 0) return;
   layernorm_backward_input_kernel<<<blocks_for(N, kRowsPerBlock), kBlock, 0, stream>>>(
       dinp, dout, inp, weight, mean, rstd, N, C);
   CUDA_CHECK_LAUNCH();

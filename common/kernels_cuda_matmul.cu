@@ -75,9 +75,11 @@ __global__ void bias_broadcast_kernel(F* out, const F* bias, int N, int OC) {
 }
 
 // dbias[o] += sum over n of dout[n, o]: the column sums of
-// layernorm_backward_params_kernel (same 32 x 32 block layout).
+// layernorm_backward_params_kernel (same 32 x 32 block layout, and the same
+// __launch_bounds__ for its 1024 threads).
 template <class F>
-__global__ void bias_backward_kernel(F* dbias, const F* dout, int N, int OC) {
+__global__ void __launch_bounds__(kColTile * kColTile)
+    bias_backward_kernel(F* dbias, const F* dout, int N, int OC) {
   __shared__ float sb[kColTile][kColTile];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int o = blockIdx.x * kColTile + tx;
@@ -104,6 +106,12 @@ void matmul_forward_cuda(CudaContext& ctx, F* out, const F* inp, const F* weight
         out, bias, N, OC);
     CUDA_CHECK_LAUNCH();
   }
+  if (IC == 0) {
+    // An empty product: out = bias (just written), or 0. cuBLAS would
+    // reject this gemm (its leading dimensions IC must be at least 1).
+    if (!bias) CUDA_CHECK(cudaMemsetAsync(out, 0, size_t(N) * OC * sizeof(F), ctx.stream()));
+    return;
+  }
   // Row-major out[N,OC] = inp[N,IC] weight[OC,IC]^T is column-major
   // out^T[OC,N] = weight[OC,IC] inp^T[IC,N]. Read column-major, the weight
   // buffer is weight^T (hence CUBLAS_OP_T) and the inp buffer is inp^T.
@@ -115,7 +123,9 @@ void matmul_forward_cuda(CudaContext& ctx, F* out, const F* inp, const F* weight
 template <class F>
 void matmul_backward_cuda(CudaContext& ctx, F* dinp, F* dweight, F* dbias, const F* dout,
                           const F* inp, const F* weight, int N, int IC, int OC) {
-  if (N == 0 || OC == 0 || IC == 0) return;
+  // IC == 0 still has a dbias to add to (as on the CPU): the two products
+  // are then empty (m = IC = 0), and gemm returns before calling cuBLAS.
+  if (N == 0 || OC == 0) return;
   // Row-major dinp[N,IC] += dout[N,OC] weight[OC,IC]: column-major
   // dinp^T[IC,N] += weight^T[IC,OC] dout^T[OC,N], both read as stored.
   if (dinp)

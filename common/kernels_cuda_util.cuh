@@ -64,7 +64,9 @@ constexpr int kColTile = 32;
 // Blocks needed to give each of n items one of per_block threads.
 inline unsigned blocks_for(size_t n, size_t per_block) {
   const size_t blocks = (n + per_block - 1) / per_block;
-  REQUIRE(blocks <= 0x7fffffffu, "CUDA grid of " << blocks << " blocks is too large");
+  REQUIRE(blocks <= 0x7fffffffu, "CUDA grid of " << blocks << " blocks of " << per_block
+                                  << " items is over the limit of 2^31 - 1 blocks: "
+                                     "split the op into smaller calls");
   return unsigned(blocks);
 }
 

@@ -1,8 +1,8 @@
 // test_kernels_cuda_common.cpp: what holds for every CUDA kernel (the same
-// bits from run to run), and the error macros and CudaContext, which need no
-// GPU: those run (and must pass) on every machine.
+// bits from run to run; zero sizes do nothing), and the error macros and
+// CudaContext, which need no GPU: those run (and must pass) on every machine.
 //
-//   build/tests/test_gpu_kernels --gtest_filter='*Deterministic*:CudaCheck*:CudaContext*'
+//   build/tests/test_gpu_kernels --gtest_filter='*Deterministic*:*ZeroSizes*:CudaC*'
 //
 // How the comparisons and their tolerances work: kernels_cuda_test_util.h.
 // Without a CUDA device the GPU tests here are skipped, with the reason.
@@ -10,9 +10,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "adamw.h"
 #include "gpu/kernels_cuda_test_util.h"
 #include "kernels.h"
 
@@ -55,6 +59,70 @@ TEST_F(CudaKernels, BackwardIsDeterministic) {
   const auto second = run();
   for (size_t k = 0; k < first.size(); ++k)
     EXPECT_TRUE(exact("rerun " + std::to_string(k), second[k], first[k]));
+}
+
+// ---------------------------------------------------------------------------
+// Zero sizes: an op with an empty dimension does nothing, as its CPU twin
+// does: it neither fails (a grid of 0 blocks is a launch error, which
+// layernorm_backward_cuda with C = 0 used to hit) nor writes anything. Every
+// pointer below points into buffers of random values that must come back
+// unchanged. (matmul with IC = 0 is not a no-op: test_kernels_cuda_matmul.cpp.)
+
+TEST_F(CudaKernels, EveryOpAcceptsZeroSizes) {
+  std::mt19937 rng = make_rng(1101);
+  const vf init = uniform<float>(rng, 4096);  // more than any shape below could reach
+  std::vector<std::unique_ptr<zf::test::DeviceBuffer<float>>> bufs;
+  for (int i = 0; i < 6; ++i) bufs.push_back(to_device<float>(init));
+  float *a = bufs[0]->get(), *b = bufs[1]->get(), *c = bufs[2]->get(), *d = bufs[3]->get();
+  float *e = bufs[4]->get(), *f = bufs[5]->get();
+  nvbf* h = reinterpret_cast<nvbf*>(f);
+  auto tok = to_device(std::vector<int32_t>(64, 1));
+  const int32_t* t = tok->get();
+  zf::CudaContext& cx = ctx();
+  cudaStream_t s = stream();
+  const zf::AdamWConfig cfg;
+  const std::vector<std::pair<const char*, std::function<void()>>> ops = {
+      {"encoder_forward B=0", [&] { zf::encoder_forward_cuda(a, t, b, c, 0, 4, 8, s); }},
+      {"encoder_forward T=0", [&] { zf::encoder_forward_cuda(a, t, b, c, 2, 0, 8, s); }},
+      {"encoder_forward C=0", [&] { zf::encoder_forward_cuda(a, t, b, c, 2, 4, 0, s); }},
+      {"encoder_backward B=0", [&] { zf::encoder_backward_cuda(a, b, c, t, 0, 4, 8, s); }},
+      {"encoder_backward T=0", [&] { zf::encoder_backward_cuda(a, b, c, t, 2, 0, 8, s); }},
+      {"encoder_backward C=0", [&] { zf::encoder_backward_cuda(a, b, c, t, 2, 4, 0, s); }},
+      {"layernorm_forward N=0", [&] { zf::layernorm_forward_cuda(a, b, c, d, e, f, 0, 8, s); }},
+      {"layernorm_backward N=0",
+       [&] { zf::layernorm_backward_cuda(a, b, c, d, e, f, d, e, 0, 8, s); }},
+      {"layernorm_backward C=0",
+       [&] { zf::layernorm_backward_cuda(a, b, c, d, e, f, d, e, 4, 0, s); }},
+      {"matmul_forward N=0", [&] { zf::matmul_forward_cuda(cx, a, b, c, d, 0, 4, 8); }},
+      {"matmul_forward OC=0", [&] { zf::matmul_forward_cuda(cx, a, b, c, d, 3, 4, 0); }},
+      {"matmul_forward OC=0, no bias",
+       [&] { zf::matmul_forward_cuda<float>(cx, a, b, c, nullptr, 3, 4, 0); }},
+      {"matmul_backward N=0", [&] { zf::matmul_backward_cuda(cx, a, b, c, d, e, f, 0, 4, 8); }},
+      {"matmul_backward OC=0", [&] { zf::matmul_backward_cuda(cx, a, b, c, d, e, f, 3, 4, 0); }},
+      {"attention_forward B=0", [&] { zf::attention_forward_cuda(cx, a, b, c, d, 0, 4, 8, 2); }},
+      {"attention_forward T=0", [&] { zf::attention_forward_cuda(cx, a, b, c, d, 2, 0, 8, 2); }},
+      {"attention_backward B=0",
+       [&] { zf::attention_backward_cuda(cx, a, b, c, d, e, 0, 4, 8, 2); }},
+      {"attention_backward T=0",
+       [&] { zf::attention_backward_cuda(cx, a, b, c, d, e, 2, 0, 8, 2); }},
+      {"gelu_forward n=0", [&] { zf::gelu_forward_cuda(a, b, 0, s); }},
+      {"gelu_backward n=0", [&] { zf::gelu_backward_cuda(a, b, c, 0, s); }},
+      {"residual_forward n=0", [&] { zf::residual_forward_cuda(a, b, c, 0, s); }},
+      {"softmax_cross_entropy_forward N=0",
+       [&] { zf::softmax_cross_entropy_forward_cuda(a, b, c, t, 0, 8, s); }},
+      {"softmax_cross_entropy_backward N=0",
+       [&] { zf::softmax_cross_entropy_backward_cuda(a, b, t, 1.0f, 0, 8, s); }},
+      {"adamw_update n=0", [&] { zf::adamw_update_cuda(a, b, c, d, 0, cfg, 1, 1.0f, true, s, h); }},
+      {"bf16_to_float n=0", [&] { zf::bf16_to_float_cuda(h, a, 0, s); }},
+      {"float_to_bf16 n=0", [&] { zf::float_to_bf16_cuda(a, h, 0, s); }},
+  };
+  for (const auto& [what, op] : ops) {
+    EXPECT_NO_THROW(op()) << what;
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;  // errors raised inside a kernel
+  }
+  for (size_t i = 0; i < bufs.size(); ++i)
+    EXPECT_TRUE(exact("buffer " + std::to_string(i) + " after the zero-size ops",
+                      to_host(*bufs[i]), init));
 }
 
 // ---------------------------------------------------------------------------

@@ -87,6 +87,49 @@ TEST_F(CudaKernels, MatmulBf16) {
 }
 TEST_F(CudaKernels, MatmulTf32WhenAskedFor) { check_matmul<float>(ctx(), 256, 256, 768, true, true); }
 
+// IC = 0, a Linear with no inputs: no model has one, but the op is plain.
+// out = bias (or 0 without one), and the backward still adds dout's column
+// sums to dbias (dinp and dweight have no elements). The matmul launchers
+// used to get both wrong: the forward passed cuBLAS a leading dimension of
+// 0 (CUBLAS_STATUS_INVALID_VALUE), the backward returned before dbias. The
+// CPU twin's sgemm rejects IC = 0 too, so the expected values are written
+// out here: out exactly (copies of bias, or zeros), dbias within the
+// column-sum bound of check_matmul (2 (N + 2) u32 of sum |terms|, + u16).
+template <class F>
+void check_matmul_no_inputs(zf::CudaContext& ctx, int N, int OC) {
+  std::mt19937 rng = make_rng(313);
+  const vf bias = uniform<F>(rng, OC), dout = uniform<F>(rng, size_t(N) * OC);
+  const vf db0 = uniform<F>(rng, OC);
+  DeviceBuffer<F> empty(0);  // inp, weight, dinp, dweight: no elements
+  auto d_bias = to_device<F>(bias), d_dout = to_device<F>(dout), d_db = to_device<F>(db0);
+
+  vf with_bias(size_t(N) * OC);
+  for (size_t i = 0; i < with_bias.size(); ++i) with_bias[i] = bias[i % OC];
+  auto d_out = poisoned<F>(with_bias.size());
+  zf::matmul_forward_cuda(ctx, d_out->get(), empty.get(), empty.get(), d_bias->get(), N, 0, OC);
+  EXPECT_TRUE(exact("matmul IC=0 out, bias", to_host(*d_out), with_bias));
+  d_out->poison();
+  zf::matmul_forward_cuda<F>(ctx, d_out->get(), empty.get(), empty.get(), nullptr, N, 0, OC);
+  EXPECT_TRUE(exact("matmul IC=0 out, no bias", to_host(*d_out), vf(with_bias.size(), 0.0f)));
+
+  vf db = db0, mag = abs_of(db0);
+  for (int n = 0; n < N; ++n)
+    for (int o = 0; o < OC; ++o) {
+      db[o] += dout[size_t(n) * OC + o];
+      mag[o] += std::abs(dout[size_t(n) * OC + o]);
+    }
+  zf::matmul_backward_cuda(ctx, empty.get(), empty.get(), d_db->get(), d_dout->get(), empty.get(),
+                           empty.get(), N, 0, OC);
+  EXPECT_TRUE(close("matmul IC=0 dbias", to_host(*d_db), db, [&](size_t i) {
+    return 2.0 * (N + 2) * kU32 * mag[i] + kStoreU<F> * std::abs(db[i]);
+  }));
+}
+
+TEST_F(CudaKernels, MatmulWithNoInputChannels) {
+  check_matmul_no_inputs<float>(ctx(), 70, 40);  // rows over one 32-row pass, columns over one tile
+  check_matmul_no_inputs<nvbf>(ctx(), 70, 40);
+}
+
 // ---------------------------------------------------------------------------
 // Attention
 
