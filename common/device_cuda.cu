@@ -1,5 +1,5 @@
 // device_cuda.cu: a rank's device on a GPU. Memory from cudaMalloc, ops from
-// kernels_cuda.cu on the rank's compute stream (CudaContext), in the compute
+// kernels_cuda_*.cu on the rank's compute stream (CudaContext), in the compute
 // dtype of device.h: float32 as on the CPU, or bf16 (what the bf16 recipe
 // uses on a GPU by default: bf16 tensors, bf16 tensor-core matrix products,
 // float32 accumulation).

@@ -1,6 +1,8 @@
 // kernels_cuda.h: the CUDA twins of kernels.h (every op of the model, forward
 // and backward), AdamW on device, bf16 <-> float32 casts, and CudaContext, the
 // per-rank handle (device, compute stream, cuBLAS) that the matrix products use.
+// Implemented one op family a file, kernels_cuda_*.cu (kernels_cuda_util.cuh
+// lists them); tested the same way, tests/gpu/test_kernels_cuda_*.cpp.
 //
 //   build/tests/test_gpu_kernels        (each kernel against its CPU twin; skips without a GPU)
 //
@@ -8,7 +10,9 @@
 // contiguous; Linear weights [OC, IC]; every backward ADDS (+=) into its
 // gradients. All pointers are device pointers. Each op is enqueued on a
 // stream and returns at once (no synchronisation); the caller's thread must
-// have the op's device current (cudaSetDevice, which CudaContext does).
+// have the op's device current (cudaSetDevice, which CudaContext does). Any
+// size may be 0: the op then does nothing (a Linear with IC = 0 still sets
+// out = bias, or 0, and adds dout's column sums to dbias).
 //
 // Precision. Each op is a template on F, the type of activations and
 // parameters, instantiated for float and __nv_bfloat16 (and nothing else):

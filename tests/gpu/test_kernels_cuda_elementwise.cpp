@@ -1,0 +1,139 @@
+// test_kernels_cuda_elementwise.cpp: the encoder (token + position
+// embedding), GELU and residual CUDA kernels against their CPU twins.
+//
+//   build/tests/test_gpu_kernels --gtest_filter='*Encoder*:*Gelu*:*Residual*'
+//
+// How the comparisons and their tolerances work: kernels_cuda_test_util.h.
+// Without a CUDA device every test here is skipped, with the reason.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "gpu/kernels_cuda_test_util.h"
+#include "kernels.h"
+
+namespace {
+
+using namespace zf::test;
+
+// ---------------------------------------------------------------------------
+// Encoder
+
+template <class F>
+void check_encoder(zf::CudaContext& ctx, int B, int T, int C, int V) {
+  std::mt19937 rng = make_rng(101);
+  const int N = B * T;
+  const auto tokens = random_tokens(rng, N, V);  // V small: tokens repeat
+  const vf wte = uniform<F>(rng, size_t(V) * C), wpe = uniform<F>(rng, size_t(T) * C);
+  auto d_tok = to_device(tokens);
+  auto d_wte = to_device<F>(wte), d_wpe = to_device<F>(wpe);
+
+  // Forward: one float32 addition per element on both sides, then (bf16) one
+  // rounding to nearest even on both sides: equal bits.
+  vf out(size_t(N) * C);
+  zf::encoder_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  auto d_out = poisoned<F>(out.size());
+  zf::encoder_forward_cuda(d_out->get(), d_tok->get(), d_wte->get(), d_wpe->get(), B, T, C,
+                           ctx.stream());
+  EXPECT_TRUE(exact("encoder out", to_host(*d_out), representable<F>(out)));
+
+  // Backward. float32: both sides add the same terms in position order
+  // (dwpe: b = 0, 1, ...; dwte: n = 0, 1, ...), so equal bits. bf16: dwpe is
+  // summed in float32 and rounded once (equal to the rounded CPU sum); dwte
+  // rounds after each of the k additions into a token's row, each by at most
+  // u16 of |g0| + sum |dout| of that element.
+  const vf dout = uniform<F>(rng, out.size());
+  const vf dwte0 = uniform<F>(rng, wte.size()), dwpe0 = uniform<F>(rng, wpe.size());
+  vf dwte = dwte0, dwpe = dwpe0;
+  zf::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+  auto d_dout = to_device<F>(dout);
+  auto d_dwte = to_device<F>(dwte0), d_dwpe = to_device<F>(dwpe0);
+  zf::encoder_backward_cuda(d_dwte->get(), d_dwpe->get(), d_dout->get(), d_tok->get(), B, T, C,
+                            ctx.stream());
+  EXPECT_TRUE(exact("encoder dwpe", to_host(*d_dwpe), representable<F>(dwpe)));
+  if constexpr (kIsBf16<F>) {
+    vf mag = abs_of(dwte0), count(wte.size(), 0.0f);
+    for (int n = 0; n < N; ++n)
+      for (int c = 0; c < C; ++c) {
+        mag[size_t(tokens[n]) * C + c] += std::abs(dout[size_t(n) * C + c]);
+        count[size_t(tokens[n]) * C + c] += 1;
+      }
+    // (count + 1): each rounding is relative to a partial sum that itself
+    // carries the earlier roundings (second order, covered by the extra one).
+    EXPECT_TRUE(close("encoder dwte", to_host(*d_dwte), dwte, [&](size_t i) {
+      return (count[i] + 1) * kU16 * mag[i];
+    }));
+  } else {
+    EXPECT_TRUE(exact("encoder dwte", to_host(*d_dwte), dwte));
+  }
+}
+
+TEST_F(CudaKernels, EncoderF32) {
+  check_encoder<float>(ctx(), 2, 13, 12, 7);
+  check_encoder<float>(ctx(), 4, 64, 128, 256);
+}
+TEST_F(CudaKernels, EncoderBf16) {
+  check_encoder<nvbf>(ctx(), 2, 13, 12, 7);
+  check_encoder<nvbf>(ctx(), 4, 64, 128, 256);
+}
+
+// ---------------------------------------------------------------------------
+// GELU and residual
+
+template <class F>
+void check_gelu(zf::CudaContext& ctx, size_t n) {
+  std::mt19937 rng = make_rng(505);
+  const vf x = uniform<F>(rng, n, -6.0f, 6.0f);
+  vf out(n);
+  zf::gelu_forward(out.data(), x.data(), n);
+  auto d_x = to_device<F>(x);
+  auto d_out = poisoned<F>(n);
+  zf::gelu_forward_cuda(d_out->get(), d_x->get(), n, ctx.stream());
+  // x / (1 + e^-2u) on both sides, e^-2u good to 2 ulp on each (the CPU's
+  // polynomial, the GPU's expf). The argument 2u may differ by a few ulps
+  // (fused multiply-adds), and e^y turns an absolute error d of y into a
+  // relative error d: (32 + 8 |2u|) u32 relative to the result.
+  auto u2_of = [](double x) { return 2 * 0.7978845608 * (x + 0.044715 * x * x * x); };
+  EXPECT_TRUE(close("gelu out", to_host(*d_out), out, [&](size_t i) {
+    return ((32 + 8 * std::abs(u2_of(x[i]))) * kU32 + kStoreU<F>) * std::abs(out[i]) + 1e-37;
+  }));
+  // Backward: dout (s + 2 x s (1 - s) u'), whose two terms may cancel: the
+  // bound is relative to |dout| (1 + |x| u' / 2), since s <= 1, s (1 - s) <= 1/4.
+  const vf dout = uniform<F>(rng, n), dx0 = uniform<F>(rng, n);
+  vf dx = dx0;
+  zf::gelu_backward(dx.data(), x.data(), dout.data(), n);
+  auto d_dout = to_device<F>(dout), d_dx = to_device<F>(dx0);
+  zf::gelu_backward_cuda(d_dx->get(), d_x->get(), d_dout->get(), n, ctx.stream());
+  EXPECT_TRUE(close("gelu dinp", to_host(*d_dx), dx, [&](size_t i) {
+    const double du = 0.7978845608 * (1 + 3 * 0.044715 * x[i] * x[i]);
+    const double terms = std::abs(dout[i]) * (1 + std::abs(x[i]) * du / 2);
+    return (32 + 8 * std::abs(u2_of(x[i]))) * kU32 * terms + 2 * kU32 * std::abs(dx0[i]) +
+           kStoreU<F> * std::abs(dx[i]);
+  }));
+}
+
+TEST_F(CudaKernels, GeluF32) { check_gelu<float>(ctx(), 100003); }
+TEST_F(CudaKernels, GeluBf16) { check_gelu<nvbf>(ctx(), 100003); }
+
+// One float32 addition per element, then (bf16) one rounding, on both sides:
+// equal bits. Also in place (out aliasing a), as the model uses it.
+template <class F>
+void check_residual(zf::CudaContext& ctx, size_t n) {
+  std::mt19937 rng = make_rng(606);
+  const vf a = uniform<F>(rng, n), b = uniform<F>(rng, n);
+  vf out(n);
+  zf::residual_forward(out.data(), a.data(), b.data(), n);
+  auto d_a = to_device<F>(a), d_b = to_device<F>(b);
+  auto d_out = poisoned<F>(n);
+  zf::residual_forward_cuda(d_out->get(), d_a->get(), d_b->get(), n, ctx.stream());
+  EXPECT_TRUE(exact("residual out", to_host(*d_out), representable<F>(out)));
+  zf::residual_forward_cuda(d_a->get(), d_a->get(), d_b->get(), n, ctx.stream());
+  EXPECT_TRUE(exact("residual in place", to_host(*d_a), representable<F>(out)));
+}
+
+TEST_F(CudaKernels, ResidualF32) { check_residual<float>(ctx(), 100003); }
+TEST_F(CudaKernels, ResidualBf16) { check_residual<nvbf>(ctx(), 100003); }
+
+}  // namespace
