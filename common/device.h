@@ -45,6 +45,15 @@ class Device {
   virtual void to_host(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void synchronize() = 0;
 
+  // ---- timing, for the op profile (device_profile.h): mark() is a point on
+  // this device's timeline after everything issued so far (a CUDA event
+  // recorded on the stream; the host clock on the CPU, where ops finish
+  // before they return); elapsed_ms waits for the later mark and gives the
+  // device time between two; forget_marks() lets their ids be reused.
+  virtual size_t mark() = 0;
+  virtual double elapsed_ms(size_t from, size_t to) = 0;
+  virtual void forget_marks() = 0;
+
   // ---- the precision recipes (precision.h)
   virtual void widen(const bf16* in, float* out, size_t n) = 0;    // bf16 -> f32
   virtual void narrow(const float* in, bf16* out, size_t n) = 0;   // f32 -> bf16, round to nearest even
@@ -69,7 +78,7 @@ class Device {
   // accumulation, like PyTorch's autocast). The CPU device emulates this
   // with the float32 kernels (widen the inputs, compute, round the outputs):
   // slow, and meant for tests and for comparing with a GPU run.
-  void set_compute_dtype(DType dtype) {
+  virtual void set_compute_dtype(DType dtype) {
     REQUIRE(dtype == DType::f32 || dtype == DType::bf16,
             "compute dtype must be f32 or bf16 (got " << dtype_name(dtype) << ")");
     compute_ = dtype;

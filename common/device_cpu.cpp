@@ -3,6 +3,7 @@
 // reference kernels; every call runs to completion before it returns. With
 // compute dtype bf16 it emulates a GPU's bf16 compute (class Arg).
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -63,6 +64,15 @@ class CpuDevice final : public Device {
   void to_device(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void synchronize() override {}
+
+  size_t mark() override {
+    marks_.push_back(std::chrono::steady_clock::now());
+    return marks_.size() - 1;
+  }
+  double elapsed_ms(size_t from, size_t to) override {
+    return std::chrono::duration<double, std::milli>(marks_.at(to) - marks_.at(from)).count();
+  }
+  void forget_marks() override { marks_.clear(); }
 
   void widen(const bf16* in, float* out, size_t n) override { bf16_to_float(in, out, n); }
   void narrow(const float* in, bf16* out, size_t n) override { float_to_bf16(in, out, n); }
@@ -176,6 +186,8 @@ class CpuDevice final : public Device {
   }
 
  private:
+  std::vector<std::chrono::steady_clock::time_point> marks_;
+
   // Rows of an embedding table that `tokens` can touch: the largest id + 1
   // (the ops take no V; a bf16 emulation widens only those rows).
   static size_t rows_used(const int32_t* tokens, size_t n) {

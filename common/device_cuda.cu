@@ -62,6 +62,29 @@ class CudaDevice final : public Device {
   }
   void synchronize() override { ctx_.synchronize(); }
 
+  // Marks are events from a pool that grows to the most marks held at once.
+  size_t mark() override {
+    if (next_mark_ == marks_.size()) {
+      cudaEvent_t e;
+      CUDA_CHECK(cudaEventCreate(&e));
+      marks_.push_back(e);
+    }
+    CUDA_CHECK(cudaEventRecord(marks_[next_mark_], s()));
+    return next_mark_++;
+  }
+  double elapsed_ms(size_t from, size_t to) override {
+    REQUIRE(from < next_mark_ && to < next_mark_, "elapsed_ms: no such mark");
+    CUDA_CHECK(cudaEventSynchronize(marks_[to]));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, marks_[from], marks_[to]));
+    return ms;
+  }
+  void forget_marks() override { next_mark_ = 0; }
+  ~CudaDevice() override {
+    cudaSetDevice(ctx_.device());  // unchecked: a destructor must not throw
+    for (cudaEvent_t e : marks_) cudaEventDestroy(e);
+  }
+
   void widen(const bf16* in, float* out, size_t n) override { bf16_to_float_cuda(as_cuda(in), out, n, s()); }
   void narrow(const float* in, bf16* out, size_t n) override { float_to_bf16_cuda(in, as_cuda(out), n, s()); }
   void fold(bf16* dst, const float* src, size_t n) override {
@@ -198,7 +221,9 @@ class CudaDevice final : public Device {
   template <class F>
   static const F* ptr(const void* p) { return static_cast<const F*>(p); }
   CudaContext ctx_;
-  SumSquaresScratch norm_scratch_;  // after ctx_: 8 KiB for sum_squares, not tracked (gradnorm_cuda.h)
+  SumSquaresScratch norm_scratch_;
+  std::vector<cudaEvent_t> marks_;  // the op profile's marks (mark())
+  size_t next_mark_ = 0;  // after ctx_: 8 KiB for sum_squares, not tracked (gradnorm_cuda.h)
   std::string name_;
 };
 

@@ -19,6 +19,8 @@
 // MPI_Abort (mpirun then kills every process and exits non-zero).
 #include "launch.h"
 
+#include "device_profile.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -97,6 +99,12 @@ static std::unique_ptr<Device> make_rank_device(const LaunchOptions& opt, int r)
   return make_cuda_device(r);
 }
 
+// With ZF_PROFILE=1, the device times its ops and rank 0 prints the table
+// at the end (device_profile.h).
+static std::unique_ptr<Device> maybe_profiled(std::unique_ptr<Device> dev, int rank) {
+  return profiling_requested() ? make_profiling_device(std::move(dev), rank == 0) : std::move(dev);
+}
+
 namespace {
 
 struct Failure {
@@ -161,7 +169,7 @@ void run_this_process_rank(const LaunchOptions& opt, const World& world,
   const int local_rank = mpi_local_rank();
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
   try {
-    std::unique_ptr<Device> dev = make_rank_device(opt, local_rank);
+    std::unique_ptr<Device> dev = maybe_profiled(make_rank_device(opt, local_rank), r);
     MemoryTracker mem(r, opt.device_budget);
     mem.set_device(dev.get());
     // GPU ranks train over NCCL; MPI only hands out NCCL's id (and stays for
@@ -341,7 +349,8 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
     blas_set_threads(std::max(1, hardware_cores() / N));
     std::unique_ptr<Communicator> comm = std::move(comms[r]);
     try {
-      std::unique_ptr<Device> dev = gpu_devices.empty() ? make_cpu_device() : std::move(gpu_devices[r]);
+      std::unique_ptr<Device> dev =
+          maybe_profiled(gpu_devices.empty() ? make_cpu_device() : std::move(gpu_devices[r]), r);
       dev->make_current();
       MemoryTracker mem(r, opt.device_budget);
       mem.set_device(dev.get());

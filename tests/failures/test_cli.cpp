@@ -56,6 +56,23 @@ TEST(Cli, ComputeDtypeInRunLog) {
   }
 }
 
+// ZF_PROFILE=1 prints rank 0's op table (device_profile.h) and changes
+// nothing else: the final parameters hash the same as without it.
+TEST(Cli, ProfileTableLeavesResultsAlone) {
+  const std::string args = " --ranks 2 --steps 2 --precision bf16";
+  auto plain = run_command(test::dp_binary() + " --model tiny --batch 1" + args);
+  auto prof = run_command("ZF_PROFILE=1 " + test::dp_binary() + " --model tiny --batch 1" + args);
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  ASSERT_EQ(prof.exit_code, 0) << prof.output;
+  EXPECT_EQ(plain.output.find("op profile"), std::string::npos);
+  for (const char* op : {"op profile", "matmul_forward", "attention_backward", "adamw", "sum_squares"})
+    EXPECT_NE(prof.output.find(op), std::string::npos) << op << " missing:\n" << prof.output;
+  // One table (rank 0's), not one per rank.
+  EXPECT_EQ(prof.output.find("op profile"), prof.output.rfind("op profile")) << prof.output;
+  auto hash = [](const std::string& out) { return out.substr(out.rfind("hash")); };
+  EXPECT_EQ(hash(plain.output), hash(prof.output));
+}
+
 TEST(Cli, CudaUnavailableSaysWhy) { expect_usage_error("--device cuda", {"--device cuda", "CUDA"}); }
 
 TEST(Cli, MissingDataFile) {
