@@ -43,10 +43,6 @@
 // clock.
 #include "comm_nccl.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -66,6 +62,7 @@
 
 #include "comm_state.h"
 #include "kernels_cuda.h"  // CUDA_CHECK
+#include "rendezvous.h"
 
 namespace zf {
 
@@ -895,66 +892,30 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(const ncclUniqueId& i
 
 // ------------------------------------------------------------------ file rendezvous
 
-namespace {
-constexpr char kIdMagic[] = "zf-nccl-id v1\n";
-constexpr size_t kIdMagicLen = sizeof(kIdMagic) - 1;
-}  // namespace
-
-ncclUniqueId nccl_id_from_file(const std::string& path, int rank, double timeout_s) {
-  REQUIRE(rank >= 0, "nccl_id_from_file: rank " << rank << " is negative");
-  ncclUniqueId id;
+std::unique_ptr<NcclCommunicator> NcclCommunicator::create_from_file(const std::string& path,
+                                                                     int rank, int world,
+                                                                     int device,
+                                                                     const NcclOptions& opt) {
+  REQUIRE(world >= 1 && rank >= 0 && rank < world,
+          "NcclCommunicator::create_from_file: rank " << rank << " is not a rank of a world of "
+                                                      << world);
+  NcclOptions o = opt;
+  o.timeout_s = resolve_timeout(opt);
+  ncclUniqueId id{};
   if (rank == 0) {
     NCCL_CHECK(ncclGetUniqueId(&id));
-    // Written whole under a temporary name, then renamed: a reader sees no
-    // file or the complete one, never half of it.
-    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    USAGE_REQUIRE(fd >= 0, "rank 0: cannot write the NCCL id to " << tmp << ": "
-                                                                  << std::strerror(errno));
-    std::string bytes(kIdMagic, kIdMagicLen);
-    bytes.append(id.internal, sizeof(id.internal));
-    const ssize_t n = ::write(fd, bytes.data(), bytes.size());
-    const int write_errno = errno;
-    const bool synced = ::fsync(fd) == 0;
-    ::close(fd);
-    if (n != ssize_t(bytes.size()) || !synced) {
-      ::unlink(tmp.c_str());
-      throw UsageError("rank 0: cannot write the NCCL id to " + tmp + ": " +
-                       std::strerror(write_errno));
-    }
-    if (::rename(tmp.c_str(), path.c_str()) != 0) {
-      const int e = errno;
-      ::unlink(tmp.c_str());
-      throw UsageError("rank 0: cannot rename " + tmp + " to " + path + ": " + std::strerror(e));
-    }
-    return id;
+    // Kept fresh (and so takeable) until create() returns: by then every
+    // rank has joined with this id. Removed on the way out, error or not.
+    RendezvousPublisher published(path, std::string(id.internal, sizeof(id.internal)), world);
+    return create(id, rank, world, device, o);
   }
-  const auto t0 = Clock::now();
-  for (;;) {
-    if (FILE* f = std::fopen(path.c_str(), "rb")) {
-      char buf[kIdMagicLen + sizeof(id.internal) + 1];
-      const size_t n = std::fread(buf, 1, sizeof(buf), f);
-      std::fclose(f);
-      if (n >= kIdMagicLen && std::memcmp(buf, kIdMagic, kIdMagicLen) != 0)
-        throw UsageError("rank " + std::to_string(rank) + ": " + path +
-                         " is not an NCCL id file (written by nccl_id_from_file on rank 0)");
-      if (n == kIdMagicLen + sizeof(id.internal)) {
-        std::memcpy(id.internal, buf + kIdMagicLen, sizeof(id.internal));
-        return id;
-      }
-      if (n > kIdMagicLen + sizeof(id.internal))
-        throw UsageError("rank " + std::to_string(rank) + ": " + path +
-                         " is longer than an NCCL id file");
-    }
-    if (seconds_since(t0) > timeout_s) {
-      std::ostringstream s;
-      s << "rank " << rank << ": no NCCL id in " << path << " after " << timeout_s
-        << " s: rank 0 writes it when it starts. Is rank 0 running, with the same path, on a file "
-           "system this host sees?";
-      throw Error(s.str());
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  const std::string bytes = rendezvous_read(path, rank, world, o.timeout_s);
+  USAGE_REQUIRE(bytes.size() == sizeof(id.internal),
+                "rank " << rank << ": the rendezvous file " << path << " holds " << bytes.size()
+                        << " bytes, not an NCCL id (" << sizeof(id.internal)
+                        << "): was it written by another program?");
+  std::memcpy(id.internal, bytes.data(), sizeof(id.internal));
+  return create(id, rank, world, device, o);
 }
 
 }  // namespace zf
