@@ -60,7 +60,11 @@
 // The rank that saw the problem raises Error (the cause); every other rank
 // of the group raises CommAborted (an echo, as in comm.h), and so do all
 // ranks after abort(). Ranks in other processes cannot be woken from here:
-// they see NCCL's asynchronous error or their own timeout.
+// they see NCCL's asynchronous error or their own timeout. A collective
+// raises only once its aborted kernels have left the communication stream
+// (waited for at most 10-60 s), so a caller may free its buffers on the error.
+// NCCL_COMM_BLOCKING=1 in the environment would make NCCL's own calls block
+// and defeat all of this (a warning says so).
 //
 // Counters: bytes and calls when a collective is issued (ring_bytes, as the
 // other backends); seconds when it completes, measured on the device between
