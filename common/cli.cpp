@@ -16,7 +16,7 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   CLI::App app{"zero-to-fsdp " + stage.title + ": train the GPT of SPEC.md", stage.exe};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // last one wins
   std::string model = "small", precision = "fp32", compute = "auto", device_mem, fault;
-  app.add_option("--ranks", cfg.ranks, "ranks, as threads of this process (ignored under mpirun/srun, which say how many)")->capture_default_str();
+  app.add_option("--ranks", cfg.ranks, "ranks, as threads of this process (ignored under mpirun/srun or RANK/WORLD_SIZE, which say how many)")->capture_default_str();
   app.add_option("--model", model, "model preset: tiny, small or gpt2")->capture_default_str();
   app.add_option("--steps", cfg.steps, "optimizer steps")->capture_default_str();
   app.add_option("--batch", cfg.batch, "micro-batch per rank (sequences)")->capture_default_str();
@@ -38,6 +38,14 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   app.add_option("--log-json", cfg.log_json, "write the run log (JSON lines) to this file");
   app.add_option("--log-every", cfg.log_every, "print a log line every this many steps")->capture_default_str();
   app.add_flag("--quiet", cfg.quiet, "print only errors and the summary");
+  app.footer(
+      "Several processes, one rank each: under mpirun or srun --mpi=pmix (a build with MPI), or,\n"
+      "for --device cuda only, without MPI: set in every process RANK (0..N-1), WORLD_SIZE (N),\n"
+      "LOCAL_RANK (its GPU is LOCAL_RANK % GPUs; default RANK) and ZF_RENDEZVOUS=FILE, a path every\n"
+      "process sees, used by no other run at once: rank 0 passes NCCL's id through it. srun\n"
+      "without an MPI plugin works the same way (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID).\n"
+      "Processes sharing a GPU get an NCCL_HOSTID each (correctness only). ZF_NCCL_TIMEOUT_S\n"
+      "(default 600) bounds every wait for the other ranks.");
   app.add_option("--inject-fault", fault, "RANK:STEP: that rank throws during that step (tests, demos)")
       ->group("");
 

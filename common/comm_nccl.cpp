@@ -43,10 +43,6 @@
 // clock.
 #include "comm_nccl.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -66,6 +62,7 @@
 
 #include "comm_state.h"
 #include "kernels_cuda.h"  // CUDA_CHECK
+#include "rendezvous.h"
 
 namespace zf {
 
@@ -147,8 +144,7 @@ void require_device(int device) {
 // Polls a non-blocking NCCL communicator being created until it is ready.
 // Throws, after aborting it, on an error or after `timeout_s`.
 void wait_until_ready(ncclComm_t comm, int rank, int world, double timeout_s,
-                      const std::string& hint) {
-  const auto t0 = Clock::now();
+                      const std::string& hint, Clock::time_point t0 = Clock::now()) {
   for (;;) {
     ncclResult_t state = ncclInProgress;
     const ncclResult_t q = ncclCommGetAsyncError(comm, &state);
@@ -407,6 +403,7 @@ class NcclRank final : public NcclCommunicator {
     auto refuse = [&](const std::string& reason, bool aborted, int64_t seq = -1) {
       fail(reason, aborted, seq);
       if (!aborted) group_->abort_all(reason);
+      drain_after_abort();  // NCCL may have enqueued part of it
       std::lock_guard<std::mutex> lock(q_mu_);
       give_back(op);
       state->finish(error_for(op));
@@ -437,15 +434,38 @@ class NcclRank final : public NcclCommunicator {
     }
     {
       std::lock_guard<std::mutex> lock(q_mu_);
-      if (!broken_.empty()) {  // failed meanwhile: the watchdog has let go
-        give_back(op);
-        state->finish(error_for(op));
-        return CommHandle(state);
+      if (broken_.empty()) {
+        pending_.push_back(std::move(op));
+        op.state = nullptr;
       }
-      pending_.push_back(std::move(op));
+    }
+    if (op.state) {  // failed meanwhile (the watchdog has let go): enqueued on an aborted comm
+      drain_after_abort();
+      std::lock_guard<std::mutex> lock(q_mu_);
+      give_back(op);
+      state->finish(error_for(op));
+      return CommHandle(state);
     }
     q_cv_.notify_all();
     return CommHandle(state);
+  }
+
+  // Once this communicator is aborted, waits (at most drain_limit_s()) until
+  // its stream has nothing left, so that a handle that raises also means
+  // that no NCCL kernel of its collective touches the buffers any more:
+  // ncclCommAbort tells the kernels to quit but need not wait for them (in a
+  // group of threads NCCL frees the resources only at the last member's
+  // abort), and a caller that frees a buffer when wait() raises (a staging
+  // buffer, a stage without a RankFailureGuard) must not free it under a
+  // running kernel. Holds no lock.
+  void drain_after_abort() {
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(drain_limit_s()));
+    if (!drain_stream(deadline))
+      std::fprintf(stderr,
+                   "[rank %d] nccl: after the abort, the communication stream still has work "
+                   "after %g s; its collectives' buffers may still be in use\n",
+                   rank_, drain_limit_s());
   }
 
   // Non-blocking NCCL: a call may return ncclInProgress, and must then be
@@ -558,6 +578,12 @@ class NcclRank final : public NcclCommunicator {
       std::lock_guard<std::mutex> lock(q_mu_);
       if (broken_.empty()) return false;
       failed.swap(pending_);
+    }
+    // (Before: the handles raised at once, while the aborted kernels could
+    // still be running on the stream.)
+    if (!failed.empty()) drain_after_abort();
+    {
+      std::lock_guard<std::mutex> lock(q_mu_);
       for (Op& op : failed) give_back(op);
     }
     for (Op& op : failed) op.state->finish(error_for(op));
@@ -670,26 +696,34 @@ class NcclRank final : public NcclCommunicator {
     int prev = -1;
     cudaGetDevice(&prev);
     cudaSetDevice(device_);
-    bool ok = false;
-    ncclResult_t r = ncclCommFinalize(comm_);
-    if (r == ncclSuccess || r == ncclInProgress) {
+    // ncclCommFinalize on a non-blocking communicator returns at once (its
+    // state ncclInProgress); the state turns ncclSuccess once the
+    // communicator is quiescent, and only then may ncclCommDestroy free the
+    // rest without blocking (nccl.h). Any other outcome, or no answer within
+    // the timeout: abort instead, which never waits for peers.
+    std::string why;
+    ncclResult_t state = ncclCommFinalize(comm_);
+    if (state == ncclSuccess || state == ncclInProgress) {
       const auto t0 = Clock::now();
       for (;;) {
-        ncclResult_t state = ncclInProgress;
-        if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
-        if (state == ncclSuccess) {
-          ok = true;
+        const ncclResult_t q = ncclCommGetAsyncError(comm_, &state);
+        if (q != ncclSuccess) state = q;
+        if (state != ncclInProgress) break;
+        if (seconds_since(t0) > timeout_s_) {
+          why = "not quiescent after " + std::to_string(timeout_s_) + " s (ZF_NCCL_TIMEOUT_S)";
           break;
         }
-        if (state != ncclInProgress || seconds_since(t0) > timeout_s_) break;
         std::this_thread::sleep_for(std::chrono::microseconds(200));
       }
     }
-    if (ok) {
+    if (why.empty() && state == ncclSuccess) {
       ncclCommDestroy(comm_);
     } else {
+      // (Before: the message named ncclCommFinalize's own return, usually
+      // "in progress", not the state that failed.)
+      if (why.empty()) why = nccl_error_text(state);
       std::fprintf(stderr, "[rank %d] nccl: finalizing the communicator failed (%s); aborting it\n",
-                   rank_, nccl_error_text(r).c_str());
+                   rank_, why.c_str());
       ncclCommAbort(comm_);
     }
     comm_ = nullptr;
@@ -777,6 +811,18 @@ void NcclGroup::drain_all(double limit_s) {
 ncclConfig_t nonblocking_config() {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // no call blocks: every wait is ours, with its checks
+  // NCCL_COMM_BLOCKING in the environment overrides the config (NCCL's
+  // parameter of that name): with 1, NCCL's own calls wait (the creation for
+  // every rank to join, with no timeout), and a missing rank hangs there.
+  static const bool warned = [] {
+    const char* b = std::getenv("NCCL_COMM_BLOCKING");
+    if (b && std::strcmp(b, "1") == 0)
+      std::fprintf(stderr,
+                   "warning: NCCL_COMM_BLOCKING=1 makes NCCL's calls block: ZF_NCCL_TIMEOUT_S can "
+                   "then not end a wait inside NCCL (a missing rank hangs the others). Unset it.\n");
+    return true;
+  }();
+  (void)warned;
   return config;
 }
 
@@ -836,10 +882,13 @@ std::vector<std::unique_ptr<NcclCommunicator>> NcclCommunicator::create_group(
       throw Error("[rank " + std::to_string(r) + "] NCCL returned no communicator");
     }
   }
+  // One deadline for the whole group (polling the ranks one after the other,
+  // each with a fresh timeout, could take N times the timeout).
+  const auto t0 = Clock::now();
   for (int r = 0; r < N; r++) {
     try {
       wait_until_ready(comms[size_t(r)], r, N, timeout,
-                       "the NCCL communicators of one process did not connect to each other");
+                       "the NCCL communicators of one process did not connect to each other", t0);
     } catch (...) {
       comms[size_t(r)] = nullptr;  // aborted by wait_until_ready
       abort_all();
@@ -895,66 +944,30 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(const ncclUniqueId& i
 
 // ------------------------------------------------------------------ file rendezvous
 
-namespace {
-constexpr char kIdMagic[] = "zf-nccl-id v1\n";
-constexpr size_t kIdMagicLen = sizeof(kIdMagic) - 1;
-}  // namespace
-
-ncclUniqueId nccl_id_from_file(const std::string& path, int rank, double timeout_s) {
-  REQUIRE(rank >= 0, "nccl_id_from_file: rank " << rank << " is negative");
-  ncclUniqueId id;
+std::unique_ptr<NcclCommunicator> NcclCommunicator::create_from_file(const std::string& path,
+                                                                     int rank, int world,
+                                                                     int device,
+                                                                     const NcclOptions& opt) {
+  REQUIRE(world >= 1 && rank >= 0 && rank < world,
+          "NcclCommunicator::create_from_file: rank " << rank << " is not a rank of a world of "
+                                                      << world);
+  NcclOptions o = opt;
+  o.timeout_s = resolve_timeout(opt);
+  ncclUniqueId id{};
   if (rank == 0) {
     NCCL_CHECK(ncclGetUniqueId(&id));
-    // Written whole under a temporary name, then renamed: a reader sees no
-    // file or the complete one, never half of it.
-    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    USAGE_REQUIRE(fd >= 0, "rank 0: cannot write the NCCL id to " << tmp << ": "
-                                                                  << std::strerror(errno));
-    std::string bytes(kIdMagic, kIdMagicLen);
-    bytes.append(id.internal, sizeof(id.internal));
-    const ssize_t n = ::write(fd, bytes.data(), bytes.size());
-    const int write_errno = errno;
-    const bool synced = ::fsync(fd) == 0;
-    ::close(fd);
-    if (n != ssize_t(bytes.size()) || !synced) {
-      ::unlink(tmp.c_str());
-      throw UsageError("rank 0: cannot write the NCCL id to " + tmp + ": " +
-                       std::strerror(write_errno));
-    }
-    if (::rename(tmp.c_str(), path.c_str()) != 0) {
-      const int e = errno;
-      ::unlink(tmp.c_str());
-      throw UsageError("rank 0: cannot rename " + tmp + " to " + path + ": " + std::strerror(e));
-    }
-    return id;
+    // Kept fresh (and so takeable) until create() returns: by then every
+    // rank has joined with this id. Removed on the way out, error or not.
+    RendezvousPublisher published(path, std::string(id.internal, sizeof(id.internal)), world);
+    return create(id, rank, world, device, o);
   }
-  const auto t0 = Clock::now();
-  for (;;) {
-    if (FILE* f = std::fopen(path.c_str(), "rb")) {
-      char buf[kIdMagicLen + sizeof(id.internal) + 1];
-      const size_t n = std::fread(buf, 1, sizeof(buf), f);
-      std::fclose(f);
-      if (n >= kIdMagicLen && std::memcmp(buf, kIdMagic, kIdMagicLen) != 0)
-        throw UsageError("rank " + std::to_string(rank) + ": " + path +
-                         " is not an NCCL id file (written by nccl_id_from_file on rank 0)");
-      if (n == kIdMagicLen + sizeof(id.internal)) {
-        std::memcpy(id.internal, buf + kIdMagicLen, sizeof(id.internal));
-        return id;
-      }
-      if (n > kIdMagicLen + sizeof(id.internal))
-        throw UsageError("rank " + std::to_string(rank) + ": " + path +
-                         " is longer than an NCCL id file");
-    }
-    if (seconds_since(t0) > timeout_s) {
-      std::ostringstream s;
-      s << "rank " << rank << ": no NCCL id in " << path << " after " << timeout_s
-        << " s: rank 0 writes it when it starts. Is rank 0 running, with the same path, on a file "
-           "system this host sees?";
-      throw Error(s.str());
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  const std::string bytes = rendezvous_read(path, rank, world, o.timeout_s);
+  USAGE_REQUIRE(bytes.size() == sizeof(id.internal),
+                "rank " << rank << ": the rendezvous file " << path << " holds " << bytes.size()
+                        << " bytes, not an NCCL id (" << sizeof(id.internal)
+                        << "): was it written by another program?");
+  std::memcpy(id.internal, bytes.data(), sizeof(id.internal));
+  return create(id, rank, world, device, o);
 }
 
 }  // namespace zf

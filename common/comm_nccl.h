@@ -1,7 +1,8 @@
 // comm_nccl.h: the `nccl` backend, the Communicator of comm.h on device
 // buffers, over NCCL. One rank per GPU: ranks as threads of one process
 // (NcclCommunicator::create_group), or one rank per process with an NCCL id
-// handed out by the launcher (NcclCommunicator::create, nccl_id_from_file).
+// handed out by MPI (NcclCommunicator::create) or a rendezvous file
+// (NcclCommunicator::create_from_file).
 //
 //   build/tests/test_gpu_comm              every collective against a host computation
 //   scripts/gpu_check.sh RESULTS           also runs build/tests/nccl_two_process as two
@@ -59,7 +60,11 @@
 // The rank that saw the problem raises Error (the cause); every other rank
 // of the group raises CommAborted (an echo, as in comm.h), and so do all
 // ranks after abort(). Ranks in other processes cannot be woken from here:
-// they see NCCL's asynchronous error or their own timeout.
+// they see NCCL's asynchronous error or their own timeout. A collective
+// raises only once its aborted kernels have left the communication stream
+// (waited for at most 10-60 s), so a caller may free its buffers on the error.
+// NCCL_COMM_BLOCKING=1 in the environment would make NCCL's own calls block
+// and defeat all of this (a warning says so).
 //
 // Counters: bytes and calls when a collective is issued (ring_bytes, as the
 // other backends); seconds when it completes, measured on the device between
@@ -105,10 +110,20 @@ class NcclCommunicator : public Communicator {
 
   // One rank per process: this process is `rank` of `world`, on `device`.
   // Every process calls it with the same id (ncclGetUniqueId on one of them,
-  // passed on by MPI or nccl_id_from_file). Returns once all `world` ranks
-  // have joined; raises an Error after the timeout if they do not.
+  // passed on by MPI). Returns once all `world` ranks have joined; raises an
+  // Error after the timeout if they do not.
   static std::unique_ptr<NcclCommunicator> create(const ncclUniqueId& id, int rank, int world,
                                                   int device, const NcclOptions& opt = {});
+
+  // The same, for processes started without MPI (RANK and WORLD_SIZE in the
+  // environment): rank 0 makes the id and publishes it in the file `path`
+  // (rendezvous.h: a file left by an earlier run is never taken), the other
+  // ranks read it; rank 0 removes the file once every rank has joined. The
+  // path must be on a file system every rank sees (any local path when all
+  // run on one host). Waiting for the file counts against the same timeout.
+  static std::unique_ptr<NcclCommunicator> create_from_file(const std::string& path, int rank,
+                                                            int world, int device,
+                                                            const NcclOptions& opt = {});
 
   const char* backend() const override { return "nccl"; }
 
@@ -126,15 +141,5 @@ class NcclCommunicator : public Communicator {
 
   virtual double timeout_s() const = 0;
 };
-
-// The NCCL id of a run whose processes were started without MPI (RANK and
-// WORLD_SIZE in the environment: srun, a shell loop). Rank 0 creates the id
-// and writes it to `path` atomically (a temporary file, then rename); every
-// other rank polls for the file and reads it, and raises an Error naming the
-// path if it has not appeared after timeout_s seconds. Use a fresh path for
-// each run (a file left by an earlier run would hand out a stale id; the
-// ranks would then time out in create()). The path must be on a file system
-// every rank sees (any local path when all ranks run on one host).
-ncclUniqueId nccl_id_from_file(const std::string& path, int rank, double timeout_s = 120);
 
 }  // namespace zf

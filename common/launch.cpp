@@ -1,8 +1,11 @@
 // launch.cpp: run the ranks of a run (launch.h): N threads of this process,
-// or, under a launcher, this process's one rank over MPI.
+// or this process's one rank, over MPI or, for GPU ranks without MPI, NCCL
+// with its id passed through a rendezvous file.
 //
 //   build/00_data_parallel/dp --ranks 4          four ranks as threads
 //   mpirun -np 4 build/00_data_parallel/dp       four processes, one rank each
+//   export WORLD_SIZE=2 ZF_RENDEZVOUS=/tmp/zf-$$               (GPU only: two processes)
+//   for r in 0 1; do RANK=$r build/00_data_parallel/dp --device cuda & done; wait
 //
 // Threads: each rank thread tags itself with its rank (so every error message
 // names it), owns its MemoryTracker and its Communicator, and runs the stage's
@@ -17,6 +20,11 @@
 // ranks are other processes, possibly waiting inside MPI for this one: the
 // failing rank prints its error naming itself, then ends the whole job with
 // MPI_Abort (mpirun then kills every process and exits non-zero).
+//
+// Processes without MPI (the env launch): the frame once more, on NCCL. A
+// failing rank aborts its NCCL communicator (so nothing of it waits for the
+// peers) and its process exits with the error; the peers' NCCL sees the
+// connection drop (or their watchdog's timeout) and they exit too.
 #include "launch.h"
 
 #include "device_profile.h"
@@ -31,6 +39,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 #include "blas.h"
@@ -142,19 +151,56 @@ int exit_status_of(std::exception_ptr e) {
   return 1;
 }
 
-// An environment variable as a non-negative int, or -1 when absent or not a number.
-int env_int(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return -1;
-  char* end = nullptr;
-  errno = 0;
-  const long x = std::strtol(v, &end, 10);
-  if (errno != 0 || *end != '\0' || x < 0 || x > 1 << 24) return -1;
-  return int(x);
+// Rethrows a rank's failure as one error naming the rank, of the same kind,
+// so a CLI prints a user mistake or an out-of-memory plainly and exits with
+// the right status.
+[[noreturn]] void throw_rank_failure(int rank, std::exception_ptr error, const std::string& what) {
+  const std::string msg = "rank " + std::to_string(rank) + " failed: " + what;
+  try {
+    std::rethrow_exception(error);
+  } catch (const OutOfMemory&) {
+    throw OutOfMemory(msg);
+  } catch (const UsageError&) {
+    throw UsageError(msg);
+  } catch (const CommAborted&) {
+    throw CommAborted(msg);
+  } catch (...) {
+  }
+  throw Error(msg);
 }
 
-// This process's one rank of a multi-process run (see the file comment).
-void run_this_process_rank(const LaunchOptions& opt, const World& world,
+#if defined(ZF_HAVE_NCCL)
+// This machine's name, for NCCL_HOSTID.
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "host";
+  return buf;
+}
+
+// One GPU rank per process, on GPU local_rank % (GPUs visible): when that
+// GPU is shared with another process of the run, gives this process its own
+// NCCL_HOSTID (unless the user set one) and says so. Must run before this
+// process's first NCCL call: NCCL reads NCCL_HOSTID once, the first time it
+// needs the host's identity.
+void share_gpu_if_needed(int rank, int local_rank, int local_size) {
+  const int gpus = cuda_device_count();
+  const std::string hostid = shared_gpu_hostid(local_rank, local_size, gpus, host_name());
+  if (hostid.empty()) return;
+  const char* set = std::getenv("NCCL_HOSTID");
+  const bool own = !(set && *set);
+  if (own) ::setenv("NCCL_HOSTID", hostid.c_str(), 1);
+  std::fprintf(stderr,
+               "note: rank %d shares GPU %d with another process of this run (local rank %d, %d "
+               "GPU(s) visible): with NCCL_HOSTID=%s%s NCCL takes this process for a host of its "
+               "own and connects it over its network transport. A correctness-only mode: the "
+               "results are right, the speed is not a GPU's.\n",
+               rank, local_rank % gpus, local_rank, gpus, own ? hostid.c_str() : set,
+               own ? "" : " (from the environment)");
+}
+#endif
+
+// This process's one rank of a run under an MPI launcher (see the file comment).
+void run_mpi_process_rank(const LaunchOptions& opt, const World& world,
                            const std::function<void(RankContext&)>& fn) {
 #ifdef ZF_HAVE_MPI
   mpi_init_once();
@@ -174,6 +220,9 @@ void run_this_process_rank(const LaunchOptions& opt, const World& world,
     mem.set_device(dev.get());
     // GPU ranks train over NCCL; MPI only hands out NCCL's id (and stays for
     // gathering the results at the end, through host_collectives).
+#if defined(ZF_HAVE_NCCL)
+    if (dev->is_cuda()) share_gpu_if_needed(r, local_rank, mpi_local_size());  // before any NCCL call
+#endif
     std::unique_ptr<Communicator> nccl = dev->is_cuda() ? make_nccl_over_mpi(*comm, *dev) : nullptr;
     RankContext ctx{r, N, nccl ? *nccl : *comm, mem, *dev};
     fn(ctx);
@@ -201,6 +250,51 @@ void run_this_process_rank(const LaunchOptions& opt, const World& world,
   (void)fn;
   throw UsageError(world.launcher + " started this process as one of " + std::to_string(world.size) +
                    ", but this build has no MPI backend");  // resolve_world says it first
+#endif
+}
+
+// This process's one rank of a run started without MPI (the env launch):
+// NCCL, its id through the rendezvous file (see the file comment).
+void run_env_process_rank(const LaunchOptions& opt, const World& world,
+                          const std::function<void(RankContext&)>& fn) {
+#if defined(ZF_HAVE_NCCL)
+  const int r = world.process_rank, N = world.size;
+  set_current_rank(r);
+  // The processes on this host share its cores, as rank threads do (when
+  // the launcher says how many there are).
+  blas_set_threads(std::max(1, hardware_cores() / std::max(1, world.local_size)));
+  share_gpu_if_needed(r, world.local_rank, world.local_size);  // before any NCCL call
+  std::unique_ptr<Device> dev = make_cuda_device(world.local_rank);
+  dev->make_current();
+  MemoryTracker mem(r, opt.device_budget);
+  mem.set_device(dev.get());
+  std::unique_ptr<NcclCommunicator> comm =
+      NcclCommunicator::create_from_file(world.rendezvous, r, N, dev->ordinal());
+  comm->set_compute_stream(static_cast<cudaStream_t>(dev->native_stream()));
+  try {
+    RankContext ctx{r, N, *comm, mem, *dev};
+    fn(ctx);
+  } catch (...) {
+    const std::exception_ptr e = std::current_exception();
+    std::string what;
+    bool aborted = false;
+    describe_exception(e, what, aborted);
+    // Nothing of this rank waits for its peers any more, and no collective
+    // touches its buffers; the peers see the connection drop when this
+    // process exits, or time out.
+    comm->abort("rank " + std::to_string(r) + " failed: " + what);
+    comm.reset();
+    set_current_rank(-1);
+    throw_rank_failure(r, e, what);
+  }
+  // Waits for this rank's collectives, then closes the NCCL communicator.
+  comm.reset();
+  set_current_rank(-1);
+#else
+  (void)opt;
+  (void)fn;
+  throw UsageError(world.launcher + " started this process as one of " + std::to_string(world.size) +
+                   ", but this build has no NCCL");  // resolve_world says it first
 #endif
 }
 
@@ -262,54 +356,6 @@ RankResult unpack(const int64_t* w) {
 
 }  // namespace
 
-LauncherInfo detect_launcher() {
-  LauncherInfo l;
-  auto from = [&](const char* name, const char* size_var, const char* rank_var) {
-    const int size = env_int(size_var), rank = env_int(rank_var);
-    if (size < 1 || rank < 0) return false;
-    l.name = name;
-    l.size = size;
-    l.rank = rank;
-    return true;
-  };
-  if (from("mpirun", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")) return l;
-  if (from("PMI", "PMI_SIZE", "PMI_RANK")) return l;
-  if (std::getenv("SLURM_STEP_ID")) {  // inside an srun step, not the batch script
-    if (from("srun", "SLURM_STEP_NUM_TASKS", "SLURM_PROCID")) return l;
-    if (from("srun", "SLURM_NTASKS", "SLURM_PROCID")) return l;
-  }
-  return LauncherInfo{};
-}
-
-std::string World::describe() const {
-  std::string s = std::to_string(size) + (size == 1 ? " rank" : " ranks");
-  return s + (multi_process() ? " (processes, " + launcher + ")" : " (threads)");
-}
-
-World resolve_world(int requested_ranks) {
-  World w;
-  w.size = requested_ranks;
-  const LauncherInfo l = detect_launcher();
-  if (l.name.empty() || l.size <= 1) return w;
-  USAGE_REQUIRE(l.rank < l.size, l.name << " says this process is rank " << l.rank << " of only "
-                                        << l.size);
-#ifndef ZF_HAVE_MPI
-  throw UsageError(l.name + " started " + std::to_string(l.size) + " processes (this one is rank " +
-                   std::to_string(l.rank) +
-                   "), but this build has no MPI backend: MPI was not found when it was "
-                   "configured. Install libopenmpi-dev and reconfigure (meson setup --reconfigure "
-                   "build -Dmpi=enabled), or run one process with --ranks " +
-                   std::to_string(l.size) + " instead.");
-#endif
-  w.size = l.size;
-  w.process_rank = l.rank;
-  w.launcher = l.name;
-  if (requested_ranks > 1 && requested_ranks != l.size && l.rank == 0)
-    std::fprintf(stderr, "note: --ranks %d ignored: %s started %d processes, one rank each\n",
-                 requested_ranks, l.name.c_str(), l.size);
-  return w;
-}
-
 void share_rank_results(RankContext& ctx, std::vector<RankResult>& results) {
   const int N = ctx.world;
   REQUIRE(int(results.size()) == N, "share_rank_results: " << results.size() << " results for "
@@ -330,8 +376,9 @@ void share_rank_results(RankContext& ctx, std::vector<RankResult>& results) {
 
 void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>& fn) {
   USAGE_REQUIRE(opt.ranks >= 1, "--ranks must be at least 1, got " << opt.ranks);
-  const World world = resolve_world(opt.ranks);
-  if (world.multi_process()) return run_this_process_rank(opt, world, fn);
+  const World world = resolve_world(opt.ranks, opt.device);
+  if (world.multi_process())
+    return world.mpi ? run_mpi_process_rank(opt, world, fn) : run_env_process_rank(opt, world, fn);
   const int N = opt.ranks;
   // GPU ranks get their devices first: their communicators are ordered
   // after the devices' compute streams.
@@ -384,20 +431,7 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
   auto first = std::find_if(failures.begin(), failures.end(),
                             [](const Failure& f) { return !f.aborted; });
   if (first == failures.end()) first = failures.begin();
-  const std::string msg = "rank " + std::to_string(first->rank) + " failed: " + first->what;
-  // Keep the kind of error, so a CLI can print a user mistake or an
-  // out-of-memory plainly and exit with the right status.
-  try {
-    std::rethrow_exception(first->error);
-  } catch (const OutOfMemory&) {
-    throw OutOfMemory(msg);
-  } catch (const UsageError&) {
-    throw UsageError(msg);
-  } catch (const CommAborted&) {
-    throw CommAborted(msg);
-  } catch (...) {
-  }
-  throw Error(msg);
+  throw_rank_failure(first->rank, first->error, first->what);
 }
 
 }  // namespace zf

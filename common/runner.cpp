@@ -14,9 +14,9 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   Sampler check(data, cfg.model.T, cfg.model.V);  // refuses short files and foreign vocabularies now
   ModelLayout layout = build_layout(cfg.model);
 
-  // Threads, or one rank per process under mpirun/srun (launch.h). Only the
-  // process of rank 0 prints and writes the run log.
-  const World world = resolve_world(cfg.ranks);
+  // Threads, or one rank per process under mpirun/srun or RANK/WORLD_SIZE
+  // (launch.h). Only the process of rank 0 prints and writes the run log.
+  const World world = resolve_world(cfg.ranks, cfg.device);
   RunResult run;
   run.cfg = cfg;
   run.cfg.ranks = world.size;

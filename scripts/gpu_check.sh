@@ -8,9 +8,10 @@
 # backend; every tests/test_gpu_* target is run), then the NCCL communicator with
 # one rank per process: two processes on the one GPU (NCCL_HOSTID each, a
 # rendezvous file for the id), once checking every collective, once with
-# rank 1 dying (rank 0 must raise, not hang). Logs go into RESULTS_DIR, a
+# rank 1 dying (rank 0 must raise, not hang); then dp launched the same way
+# (RANK / WORLD_SIZE, no MPI) against dp --ranks 2. Logs go into RESULTS_DIR, a
 # short table is printed last (and saved as RESULTS_DIR/summary.txt). The
-# steps' time limits add up to 8.5 minutes (about 2 expected on one H200 with
+# steps' time limits add up to 10.5 minutes (about 2 expected on one H200 with
 # 16 cores). RESULTS_DIR gets at most 4 files plus one XML per GPU suite (the
 # GPU machine returns at most 8 files).
 #
@@ -299,6 +300,73 @@ else
     two_process '$build/tests/nccl_two_process' normal &&
     two_process '$build/tests/nccl_two_process' fault"
   grep -hE 'checks, [0-9]+ failed|fault detected' "$tlog" | sed 's/^/  /' >&2
+fi
+
+# The env launch of a stage (common/launch.h): dp as two plain background
+# processes on the one GPU, each with RANK / WORLD_SIZE / ZF_RENDEZVOUS and no
+# NCCL_HOSTID of ours (the launcher must give the second process one, or NCCL
+# refuses two ranks on one GPU), against dp --ranks 2 in one process (virtual
+# ranks, the threads backend on device buffers): the same global batch, so
+# the same losses. Tolerance 1e-4 on every step's loss: with 2 ranks NCCL's
+# sum is one addition per element, as the threads backend's (the same bits
+# are expected; param_hash says whether they were), while an update 1% off
+# moves the tiny model's loss by 8e-4 from step 1 on (measured on the CPU).
+# Output into tests.log only (no file of its own in RESULTS_DIR).
+env_launch() {  # env_launch DP_BINARY: both runs' output on stdout
+  local bin=$1 dir r ok=0 pids=() rcs=()
+  local flags=(--device cuda --model tiny --batch 2 --steps 6 --lr 1e-3 --log-every 1)
+  dir=$(mktemp -d "${TMPDIR:-/tmp}/zf-env.XXXXXX")
+  "$bin" "${flags[@]}" --ranks 2 --log-json "$dir/threads.jsonl" >"$dir/threads.out" 2>&1 || ok=1
+  sed 's/^/[dp --ranks 2] /' "$dir/threads.out"
+  for r in 0 1; do
+    RANK=$r WORLD_SIZE=2 ZF_RENDEZVOUS=$dir/rendezvous NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 \
+      NCCL_DEBUG=WARN ZF_NCCL_TIMEOUT_S=30 "$bin" "${flags[@]}" --log-json "$dir/env.jsonl" \
+      >"$dir/env$r.out" 2>&1 &
+    pids[r]=$!
+  done
+  for r in 0 1; do
+    rcs[r]=0
+    wait "${pids[r]}" || rcs[r]=$?
+    sed "s/^/[dp RANK=$r] /" "$dir/env$r.out"
+  done
+  echo "[env launch] exit status: rank 0: ${rcs[0]}, rank 1: ${rcs[1]}"
+  [[ ${rcs[0]} -eq 0 && ${rcs[1]} -eq 0 ]] || ok=1
+  grep -q '2 ranks (processes, RANK/WORLD_SIZE)' "$dir/env0.out" ||
+    { echo "[env launch] FAILED: rank 0 did not run as one of 2 processes"; ok=1; }
+  grep -q 'correctness-only' "$dir/env1.out" ||
+    { echo "[env launch] FAILED: rank 1 did not say it shares the GPU (NCCL_HOSTID)"; ok=1; }
+  [[ -e $dir/rendezvous ]] && { echo "[env launch] FAILED: rank 0 left the rendezvous file"; ok=1; }
+  python3 - "$dir/threads.jsonl" "$dir/env.jsonl" <<'PY' || ok=1
+import json, sys
+def load(path):
+    try:
+        rows = [json.loads(l) for l in open(path) if l.strip()]
+    except OSError:
+        rows = []
+    steps = [r for r in rows if "summary" not in r]
+    summary = [r["summary"] for r in rows if "summary" in r]
+    return steps, (summary[-1] if summary else None)
+(a, sa), (b, sb) = load(sys.argv[1]), load(sys.argv[2])
+tol = 1e-4
+if not a or len(a) != len(b) or sa is None or sb is None:
+    print(f"[env launch] FAILED: the runs logged {len(a)} and {len(b)} steps")
+    sys.exit(1)
+worst = max(abs(x["loss"] - y["loss"]) for x, y in zip(a, b))
+ok = worst <= tol and sb["ranks"] == 2
+same = "equal" if sa["param_hash"] == sb["param_hash"] else "different"
+print(f"[env launch] dp, 2 processes (NCCL) vs --ranks 2 (threads): {len(a)} steps, "
+      f"max |loss difference| {worst:.3g} (tolerance {tol:g}), param_hash {same}: "
+      f"{'ok' if ok else 'FAILED'}")
+sys.exit(0 if ok else 1)
+PY
+  rm -rf "$dir"
+  return $ok
+}
+if [[ -n $two_proc ]]; then  # (NCCL was built)
+  echo "== dp, env launch ==" >>"$tlog"
+  run_step "dp env launch (2 procs)" 120 "$tlog" bash -c "$(declare -f env_launch)
+    env_launch '$build/00_data_parallel/dp'"
+  grep -h '^\[env launch\] dp' "$tlog" | sed 's/^/  /' >&2
 fi
 
 # ---------------------------------------------------------------------------

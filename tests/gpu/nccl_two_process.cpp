@@ -1,6 +1,6 @@
 // nccl_two_process.cpp: the nccl communicator with one rank per process, the
-// NCCL id passed through a rendezvous file (nccl_id_from_file), as a launch
-// without MPI does it. scripts/gpu_check.sh runs it as two processes sharing
+// NCCL id passed through a rendezvous file (NcclCommunicator::create_from_file),
+// as a launch without MPI does it. scripts/gpu_check.sh runs it as two processes sharing
 // the one GPU:
 //
 //   f=$(mktemp -u)
@@ -248,9 +248,8 @@ int main(int argc, char** argv) {
   const int device = env_int("ZF_NCCL_DEVICE", env_int("LOCAL_RANK", 0)) % ndev;
   try {
     const auto t0 = std::chrono::steady_clock::now();
-    const ncclUniqueId id = zf::nccl_id_from_file(argv[1], rank, 60);
     CUDA_CHECK(cudaSetDevice(device));
-    auto comm = zf::NcclCommunicator::create(id, rank, world, device);
+    auto comm = zf::NcclCommunicator::create_from_file(argv[1], rank, world, device);
     std::printf("rank %d/%d: NCCL communicator on device %d in %.2f s (timeout %g s)\n", rank,
                 world, device,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),

@@ -4,9 +4,8 @@
 //   build/tests/test_gpu_comm
 //   build/tests/test_gpu_comm --gtest_filter='*Faults*'
 //
-// Without a CUDA device every GPU test is skipped with the reason ("no CUDA
-// device: ..."); the rendezvous-file tests need no device (ncclGetUniqueId
-// needs none) and run everywhere.
+// Without a CUDA device every test is skipped with the reason ("no CUDA
+// device: ...").
 //
 // Worlds. Each collective test runs on two worlds: OneRank (an in-process
 // group of one rank on device 0) and AllGpus (one rank per visible GPU, as
@@ -552,62 +551,32 @@ TEST(NcclCreate, RejectsBadDevices) {
   }
 }
 
-// ------------------------------------------------------------------ the rendezvous file (no GPU needed)
+// ------------------------------------------------------------------ through a rendezvous file
+//
+// (The rendezvous itself, stale files and timeouts included, is tested
+// without a GPU in tests/common/test_rendezvous.cpp; two processes,
+// nccl_two_process and the env launch, in scripts/gpu_check.sh.)
 
 std::string temp_path(const char* name) {
   return std::string(::testing::TempDir()) + "zf_nccl_" + name + "_" + std::to_string(::getpid());
 }
 
-TEST(NcclRendezvous, EveryRankReadsRankZerosId) {
-  const std::string path = temp_path("id");
-  std::remove(path.c_str());
-  const int N = 4;
-  std::vector<ncclUniqueId> ids(N);
-  std::vector<std::string> errors(N);
-  std::vector<std::thread> threads;
-  for (int r = N - 1; r >= 0; r--)  // the readers start first and wait
-    threads.emplace_back([&, r] {
-      try {
-        ids[size_t(r)] = zf::nccl_id_from_file(path, r, 30);
-      } catch (const std::exception& e) {
-        errors[size_t(r)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < N; r++) {
-    EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
-    EXPECT_EQ(std::memcmp(&ids[0], &ids[size_t(r)], sizeof(ncclUniqueId)), 0) << "rank " << r;
-  }
-  std::remove(path.c_str());
-}
-
-TEST(NcclRendezvous, TimesOutNamingThePath) {
-  const std::string path = temp_path("missing");
-  std::remove(path.c_str());
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
-    zf::nccl_id_from_file(path, 1, 0.2);
-    ADD_FAILURE() << "no error without a file";
-  } catch (const zf::Error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find(path), std::string::npos) << what;
-    EXPECT_NE(what.find("rank 0"), std::string::npos) << what;
-  }
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
-}
-
-TEST(NcclRendezvous, RejectsAFileThatIsNoId) {
-  const std::string path = temp_path("garbage");
+// Rank 0 of a world of one: replaces a file an earlier run left, creates the
+// communicator, and removes the file once every rank (itself) has joined.
+TEST(NcclCreate, FromAFileWorldOfOne) {
+  SKIP_WITHOUT_GPU();
+  const std::string path = temp_path("rdv");
   FILE* f = std::fopen(path.c_str(), "w");
   ASSERT_NE(f, nullptr);
-  std::fputs("this is not an NCCL id file at all\n", f);
+  std::fputs("zf-rendezvous v1 world=1 bytes=0\n", f);  // left by an "earlier run"
   std::fclose(f);
-  try {
-    zf::nccl_id_from_file(path, 1, 5);
-    ADD_FAILURE() << "a garbage file was accepted";
-  } catch (const zf::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("not an NCCL id file"), std::string::npos) << e.what();
-  }
+  auto comm = NcclCommunicator::create_from_file(path, 0, 1, 0, test_options());
+  EXPECT_NE(::access(path.c_str(), F_OK), 0) << "rank 0 left the rendezvous file " << path;
+  DevBuf buf(7, DType::f32);
+  buf.upload(ints(0, 7, 1));
+  comm->all_reduce(buf.get(), 7, DType::f32, ReduceOp::sum);
+  const vf x = ints(0, 7, 1);
+  EXPECT_EQ(mismatch(buf.download(), std::vector<double>(x.begin(), x.end()), 0), "");
   std::remove(path.c_str());
 }
 

@@ -199,7 +199,7 @@ TEST_F(Mpi, LauncherIsDetected) {
   EXPECT_EQ(l.name, "mpirun");
   EXPECT_EQ(l.size, mpi_world_size());
   EXPECT_EQ(l.rank, mpi_world_rank());
-  const World w = resolve_world(1);
+  const World w = resolve_world(1, "cpu");
   EXPECT_TRUE(w.multi_process());
   EXPECT_EQ(w.size, mpi_world_size());
   EXPECT_EQ(w.process_rank, mpi_world_rank());
