@@ -140,7 +140,7 @@ def table(headers, rows):
     return "\n".join([line(headers), "  ".join("-" * x for x in w)] + [line(r) for r in rows])
 
 
-def compare(ours, torch, peak, peak_src, warmup):
+def compare(ours, torch, peak, peak_src, warmup, label=None):
     """Text of table 1 and its verdicts."""
     o, t = ours, torch
     ratio = (o["tokens_per_s"] / t["tokens_per_s"]
@@ -158,9 +158,9 @@ def compare(ours, torch, peak, peak_src, warmup):
         ["loss, first / last step", "%s / %s" % (num(o.get("loss_first"), "%.4f"), num(o.get("loss_last"), "%.4f")),
          "%s / %s" % (num(t.get("loss_first"), "%.4f"), num(t.get("loss_last"), "%.4f")), "", "", ""],
     ]
-    cfg = next((s for s in (o, t) if s.get("model")), {})
-    title = "%s %s, %s rank, B=%s" % (cfg.get("model", "?"), cfg.get("precision", "?"), cfg.get("ranks", "?"),
-                                      cfg.get("batch", "?"))
+    cfg = next((s for s in (o, t) if s.get("model")), None)
+    title = ("%s %s, %s rank, B=%s" % (cfg["model"], cfg.get("precision"), cfg.get("ranks"), cfg.get("batch"))
+             if cfg else label or "ours vs PyTorch")
     lines = [table([title, "zero-to-fsdp dp", "PyTorch eager", "ratio", "target", "verdict"], rows)]
     for name, s in (("ours", o), ("PyTorch", t)):
         if s.get("error"):
@@ -180,6 +180,7 @@ def stage_rows(paths, warmup):
     for path in paths:
         steps, summary = read_log(path)
         name = os.path.basename(path)
+        name = name[:-len(".jsonl")] if name.endswith(".jsonl") else name
         if summary is None:
             rows.append([name, "", "no summary in its log (failed, timed out or skipped)", "", "", "", ""])
             data.append({"log": path, "error": "no summary"})
@@ -207,6 +208,7 @@ def main(argv=None):
     ap.add_argument("--ours", help="run log of build-gpu/00_data_parallel/dp (the timing run)")
     ap.add_argument("--torch", help="run log of bench/torch_ref.py --device cuda (the timing run)")
     ap.add_argument("--warmup", type=int, default=5, help="steps left out of the timing median")
+    ap.add_argument("--label", help="title of the first table when neither log says what ran")
     ap.add_argument("--stage", action="append", default=[], help="run log of a stage run (repeat)")
     ap.add_argument("--stage-warmup", type=int, default=2, help="steps left out of the stage runs' median")
     ap.add_argument("--json", help="also write the numbers here as JSON")
@@ -221,7 +223,7 @@ def main(argv=None):
     if args.ours or args.torch:
         ours = side(args.ours or "", args.warmup, peak)
         torch = side(args.torch or "", args.warmup, peak)
-        text, verdicts = compare(ours, torch, peak, peak_src, args.warmup)
+        text, verdicts = compare(ours, torch, peak, peak_src, args.warmup, args.label)
         print(text)
         out.update({"ours": ours, "torch": torch, **verdicts})
     if args.stage:
