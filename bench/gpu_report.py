@@ -113,7 +113,7 @@ def side(path, warmup, peak):
            "peak_device_bytes": peak_device_bytes(summary),
            "loss_first": steps[0]["loss"] if steps else None, "loss_last": steps[-1]["loss"] if steps else None,
            "steps": len(steps), "summary": summary is not None}
-    for k in ("model", "precision", "ranks", "batch"):
+    for k in ("model", "precision", "compute", "ranks", "batch"):
         res[k] = (summary or {}).get(k)
     if summary is None:
         res["error"] = "no summary line: the run stopped after %d steps" % len(steps)
@@ -159,7 +159,9 @@ def compare(ours, torch, peak, peak_src, warmup, label=None):
          "%s / %s" % (num(t.get("loss_first"), "%.4f"), num(t.get("loss_last"), "%.4f")), "", "", ""],
     ]
     cfg = next((s for s in (o, t) if s.get("model")), None)
-    title = ("%s %s, %s rank, B=%s" % (cfg["model"], cfg.get("precision"), cfg.get("ranks"), cfg.get("batch"))
+    title = ("%s %s%s, %s rank, B=%s" % (cfg["model"], cfg.get("precision"),
+                                         " (compute %s)" % o["compute"] if o.get("compute") else "",
+                                         cfg.get("ranks"), cfg.get("batch"))
              if cfg else label or "ours vs PyTorch")
     lines = [table([title, "zero-to-fsdp dp", "PyTorch eager", "ratio", "target", "verdict"], rows)]
     for name, s in (("ours", o), ("PyTorch", t)):

@@ -23,7 +23,8 @@
 # fails), and the stage runs leave ZF_BENCH_RESERVE_S (150 s) for the timing
 # against PyTorch. Expected on one H200 with 16 cores: about 5 minutes.
 # Files: RESULTS_DIR gets build.log, tests.log, stages.log, summary.txt and one
-# XML per GPU suite (3): 7 of the 8 files the GPU machine returns.
+# XML per GPU suite (4: gpu_kernels, gpu_comm, gpu_comm_threads, gpu_stages):
+# the 8 files the GPU machine returns at most. A new file needs an old one merged.
 #
 # The GPU machine lacks CLI11, GoogleTest, nlohmann-json and OpenBLAS, so
 # prepare them here first, then carry gpu_carry/ (git-ignored) along:

@@ -131,7 +131,7 @@ class ReportTest(unittest.TestCase):
         # Warmup steps (the first 5) are slow and must not count: the medians are
         # 40 ms (ours) and 50 ms (PyTorch), exact in binary.
         write_log(ours, [900, 300, 80, 70, 60, 40, 40, 41, 39, 40], tokens,
-                  {"stage": "dp", "model": "gpt2", "precision": "bf16", "ranks": 1, "batch": 16,
+                  {"stage": "dp", "model": "gpt2", "precision": "bf16", "compute": "bf16", "ranks": 1, "batch": 16,
                    "params": 163109376, "flops_per_token": fpt,
                    "memory": [{"rank": 0, "device": {"peak_total": 3 << 30, "model_states": 16 * 163109376}}]})
         write_log(torch, [2000, 60, 55, 52, 51, 50, 50, 49, 51, 50], tokens,
@@ -151,7 +151,7 @@ class ReportTest(unittest.TestCase):
         self.assertEqual(o["peak_device_bytes"], 3 << 30)
         self.assertEqual(t["peak_device_bytes"], 5 << 30)
         self.assertEqual((o["loss_first"], o["loss_last"]), (10.0, 1.0))
-        self.assertIn("gpt2 bf16, 1 rank, B=16", text)
+        self.assertIn("gpt2 bf16 (compute bf16), 1 rank, B=16", text)
         self.assertIn("1.25x", text)
         self.assertNotIn("NOT the same model", text)
 
