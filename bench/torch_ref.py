@@ -19,6 +19,9 @@
 #       /usr/bin/python3 bench/torch_ref.py --model tiny --init /tmp/init.safetensors \
 #           --data data.bin --steps 10 --log-json /tmp/torch.jsonl
 #   then compare the "loss" of each step of the two logs.
+#   on a GPU (PyTorch 2.x, as on the H200 machine; scripts/gpu_check.sh runs it):
+#       python3 bench/torch_ref.py --device cuda --model gpt2 --batch 16 --precision bf16 \
+#           --steps 20 --warmup 5 --log-json /tmp/torch_gpu.jsonl
 #
 # Semantics
 #   --steps S      optimizer steps in all; step s always uses the batch of step s
@@ -40,12 +43,27 @@
 #                  uniform random tokens (1 MiB): for timing only, NOT the C++
 #                  built-in corpus.
 #   --save FILE    write the final parameters as safetensors (SPEC.md names, F32).
-#   --precision    fp32; or bf16 = torch.autocast(cpu, bfloat16) around the forward
-#                  (fp32 master weights/grads/moments). That is not the bit-level
-#                  recipe of SPEC.md (bf16 gradients on the wire), and on CPUs
-#                  without native bf16 matmul it is slow.
-#   --sdpa         use F.scaled_dot_product_attention (torch >= 2.0) instead of
-#                  the explicit q.k^T/sqrt(hs), mask, softmax, .v.
+#   --precision    fp32; or bf16 = torch.autocast(<device>, bfloat16) around the
+#                  forward and the loss (fp32 parameters, gradients and AdamW
+#                  moments): mixed precision as PyTorch users write it. That is not
+#                  the bit-level recipe of SPEC.md (bf16 gradients on the wire), and
+#                  on CPUs without native bf16 matmul it is slow.
+#   --sdpa         use F.scaled_dot_product_attention(is_causal=True) (torch >= 2.0)
+#                  instead of the explicit q.k^T/sqrt(hs), mask, softmax, .v. The
+#                  default on cuda (--no-sdpa turns it off); off by default on cpu.
+#   --device cuda  one process on the current GPU (--ranks 1 only), eager mode (no
+#                  torch.compile). The model is built and initialised on the CPU as
+#                  without --device, then moved; the batches are sampled on the GPU.
+#                  Each step is timed between two torch.cuda.synchronize() calls.
+#                  AdamW: PyTorch's default implementation (foreach=None,
+#                  fused=None), which PyTorch resolves to the multi-tensor "foreach"
+#                  kernels when every parameter is a CUDA tensor; not fused. The run
+#                  log's summary says which ran ("adamw_impl"). Clipping:
+#                  clip_grad_norm_ with its defaults (foreach on CUDA as well).
+#                  The summary adds the GPU's name, torch.cuda.max_memory_allocated()
+#                  ("peak_memory_bytes"), "flops_per_token" and "mfu" (bench/mfu.py:
+#                  flops_per_token * tokens_per_s / the card's dense bf16 peak;
+#                  null on an unknown card unless ZF_PEAK_TFLOPS is set).
 #
 # Threads: 1 rank uses all cores; N ranks use max(1, cores // N) each (both
 # torch's intra-op pool and OpenBLAS's own pool, via openblas_set_num_threads);
@@ -70,6 +88,10 @@ import statistics
 import struct
 import sys
 import time
+
+# bench/mfu.py, beside this file: the one definition of MFU and of the peak table.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mfu  # noqa: E402
 
 # libgomp (torch's OpenMP) spin-waits between parallel regions by default. With
 # OpenBLAS's own threads, or other processes, on the same cores, the spinning
@@ -132,6 +154,8 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+            if self.mask.device != x.device:  # a plain attribute: .to(device) leaves it behind
+                self.mask = self.mask.to(x.device)
             att = att.masked_fill(~self.mask[:, :, :T, :T], float("-inf"))
             att = F.softmax(att, dim=-1)
             y = att @ v
@@ -314,7 +338,7 @@ def load_tokens(path):
 
 
 class Sampler:
-    def __init__(self, tokens, T, V, source):
+    def __init__(self, tokens, T, V, source, device="cpu"):
         n = len(tokens)
         if n < T + 2:
             raise UsageError("%s: %d tokens, the model's context T=%d needs at least %d"
@@ -323,15 +347,18 @@ class Sampler:
         if mx >= V:
             raise UsageError("%s: token id %d is outside the vocabulary V=%d of this --model"
                              % (source, mx, V))
-        self.tokens = torch.from_numpy(np.ascontiguousarray(tokens))
+        # On a GPU the token array lives there too, so a batch is a gather on the
+        # device, with no copy from the host and no synchronisation in the step.
+        self.tokens = torch.from_numpy(np.ascontiguousarray(tokens)).to(device)
         self.T = T
         self.mod = n - T - 1
-        self.ar = torch.arange(T + 1, dtype=torch.long)
+        self.device = device
+        self.ar = torch.arange(T + 1, dtype=torch.long, device=device)
 
     def micro_batch(self, step, micro, rank, nranks, B, K):
         G = nranks * B * K
         first = step * G + micro * nranks * B + rank * B
-        j = torch.arange(first, first + B, dtype=torch.long)
+        j = torch.arange(first, first + B, dtype=torch.long, device=self.device)
         o = (j * self.T) % self.mod                     # exact in int64 for any realistic run
         seq = self.tokens[o.unsqueeze(1) + self.ar]     # (B, T+1)
         return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
@@ -377,6 +404,24 @@ def blas_line():
     return info
 
 
+def adamw_implementation(opt):
+    """Which AdamW kernels this optimizer runs: "fused", "foreach" or "for-loop" (and why)."""
+    d = opt.defaults
+    if d.get("fused"):
+        return "fused (asked for)"
+    if d.get("foreach"):
+        return "foreach (asked for)"
+    if d.get("foreach") is None and d.get("fused") is None:
+        params = [p for g in opt.param_groups for p in g["params"]]
+        try:  # PyTorch's own choice when neither is given (torch/optim/optimizer.py)
+            from torch.optim.optimizer import _default_to_fused_or_foreach
+            fused, foreach = _default_to_fused_or_foreach(params, differentiable=False, use_fused=False)
+        except (ImportError, TypeError):
+            return "PyTorch's default (foreach=None, fused=None)"
+        return ("fused" if fused else "foreach" if foreach else "for-loop") + " (PyTorch's default)"
+    return "for-loop (foreach=False)"
+
+
 def set_threads(n):
     torch.set_num_threads(n)
     lib = _openblas()
@@ -409,8 +454,10 @@ def train(rank, args):
     V, T, L, H, C = PRESETS[args.model]
     B, K = args.batch, args.grad_accum
 
+    cuda = args.device == "cuda"
+    dev = torch.device("cuda") if cuda else torch.device("cpu")
     toks, source, fmt = build_tokens(args, V)
-    sampler = Sampler(toks, T, V, source)
+    sampler = Sampler(toks, T, V, source, device=dev)
 
     torch.manual_seed(args.seed)
     model = GPT(V, T, L, H, C, sdpa=args.sdpa)
@@ -419,12 +466,15 @@ def train(rank, args):
     else:
         model.init_normal()
     nparams = sum(p.numel() for p in model.parameters())
+    if cuda:
+        model.to(dev)  # initialised on the CPU, so the same seed gives the same model as there
 
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    adamw_impl = adamw_implementation(opt)
 
     ddp = model
     if nranks > 1:
@@ -433,11 +483,17 @@ def train(rank, args):
 
     import contextlib
     if args.precision == "bf16":
-        autocast = lambda: torch.autocast(device_type="cpu", dtype=torch.bfloat16)
+        autocast = lambda: torch.autocast(device_type=dev.type, dtype=torch.bfloat16)
     else:
         autocast = contextlib.nullcontext
 
     log = open(args.log_json, "w") if (args.log_json and rank == 0) else None
+    gpu_name = torch.cuda.get_device_name(dev) if cuda else None
+    # Device work is asynchronous: a step's time is read between two
+    # synchronisations, so it holds all the work the step queued and nothing else.
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(dev)
     blas = blas_line()
     if rank == 0:
         print("torch_ref: torch %s, model %s (P=%d), ranks %d x %d threads, B=%d K=%d T=%d, data %s (%s, %d tokens), "
@@ -446,6 +502,8 @@ def train(rank, args):
                  len(toks), args.init or "torch normal (seed %d)" % args.seed, args.precision,
                  "sdpa" if args.sdpa else "explicit"))
         print("torch_ref: blas: %s" % blas)
+        if cuda:
+            print("torch_ref: cuda: %s, AdamW %s, eager (no torch.compile)" % (gpu_name, adamw_impl))
         sys.stdout.flush()
 
     G = nranks * B * K
@@ -453,12 +511,13 @@ def train(rank, args):
     times = []
     lv = None
     for step in range(args.steps):
+        sync()
         t0 = time.perf_counter()
-        loss_sum = torch.zeros(())
+        loss_sum = torch.zeros((), device=dev)
         for k in range(K):
             x, y = sampler.micro_batch(step, k, rank, nranks, B, K)
-            sync = contextlib.nullcontext() if (nranks == 1 or k == K - 1) else ddp.no_sync()
-            with sync:
+            grad_sync = contextlib.nullcontext() if (nranks == 1 or k == K - 1) else ddp.no_sync()
+            with grad_sync:
                 with autocast():
                     loss = ddp(x, y)
                 (loss / K).backward()
@@ -471,6 +530,7 @@ def train(rank, args):
         if nranks > 1:
             dist.all_reduce(mean_loss)
             mean_loss /= nranks
+        sync()
         ms = (time.perf_counter() - t0) * 1e3
         lv = float(mean_loss)
         if not math.isfinite(lv):
@@ -493,10 +553,21 @@ def train(rank, args):
                    "threads_per_rank": torch.get_num_threads(), "model": args.model, "params": nparams,
                    "batch": B, "grad_accum": K, "precision": args.precision, "steps": args.steps,
                    "timed_steps": len(times), "median_ms": med, "tokens_per_s": tps,
-                   "final_loss": lv, "blas": blas, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+                   "final_loss": lv, "blas": blas, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                   "device": args.device, "attention": "sdpa" if args.sdpa else "explicit",
+                   "flops_per_token": mfu.flops_per_token(nparams, V, T, L, C)}
         print("summary: pytorch %s, %s, %d rank(s), B=%d K=%d: median %s ms/step over %d steps, %s tok/s"
               % (torch.__version__, args.model, nranks, B, K, "%.2f" % med if times else "-", len(times),
                  "%.0f" % tps if times else "-"))
+        if cuda:
+            peak, peak_src = mfu.peak_flops(gpu_name)
+            util = mfu.mfu(summary["flops_per_token"], tps, peak)
+            summary.update({"gpu": gpu_name, "adamw_impl": adamw_impl, "compile": False,
+                            "peak_memory_bytes": torch.cuda.max_memory_allocated(dev),
+                            "peak_flops": peak, "peak_source": peak_src, "mfu": util})
+            print("summary: %s, MFU %s (%.4g GFLOP/token; peak: %s), peak memory allocated %.2f GiB"
+                  % (gpu_name, "%.1f%%" % (100 * util) if util is not None else "-",
+                     summary["flops_per_token"] / 1e9, peak_src, summary["peak_memory_bytes"] / 2**30))
         if log:
             log.write(json.dumps({"summary": summary}) + "\n")
             log.close()
@@ -536,7 +607,12 @@ def main():
     ap.add_argument("--init", help="safetensors file with SPEC.md parameter names")
     ap.add_argument("--save", help="write the final parameters to this safetensors file")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
-    ap.add_argument("--sdpa", action="store_true", help="use F.scaled_dot_product_attention (torch >= 2.0)")
+    ap.add_argument("--sdpa", action="store_true", default=None,
+                    help="use F.scaled_dot_product_attention(is_causal=True) (torch >= 2.0); the default on cuda")
+    ap.add_argument("--no-sdpa", dest="sdpa", action="store_false",
+                    help="the explicit q.k^T, mask, softmax, .v (the default on cpu)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cpu (default), or cuda: one process on the current GPU (--ranks 1)")
     ap.add_argument("--threads", type=int, default=0,
                     help="threads per rank (default: all cores for 1 rank, max(1, cores // N) for N ranks)")
     ap.add_argument("--log-json", help="JSON lines run log")
@@ -548,8 +624,21 @@ def main():
             ap.error("%s must be >= %d, got %d" % (flag, lo, v))
     if args.lr <= 0 or args.clip < 0:
         ap.error("--lr must be > 0 and --clip >= 0")
+    if args.device == "cuda":
+        if args.ranks != 1:
+            ap.error("--device cuda runs one process on one GPU: use --ranks 1 (DDP here is gloo on the CPU)")
+        if not torch.cuda.is_available():
+            sys.exit("torch_ref.py: --device cuda: torch %s sees no CUDA device (built with CUDA: %s); "
+                     "run on a GPU machine or use --device cpu" % (torch.__version__, torch.version.cuda or "no"))
+        try:
+            mfu.peak_flops(torch.cuda.get_device_name())
+        except mfu.PeakError as e:
+            sys.exit("torch_ref.py: %s" % e)
+    if args.sdpa is None:
+        args.sdpa = args.device == "cuda"
     if args.sdpa and not hasattr(F, "scaled_dot_product_attention"):
-        ap.error("--sdpa: torch %s has no F.scaled_dot_product_attention (needs torch >= 2.0)" % torch.__version__)
+        ap.error("--sdpa (the default on cuda): torch %s has no F.scaled_dot_product_attention (needs torch >= 2.0); "
+                 "--no-sdpa uses the explicit form" % torch.__version__)
     if args.precision == "bf16" and not hasattr(torch, "autocast"):
         ap.error("--precision bf16: torch %s has no torch.autocast" % torch.__version__)
     for flag, path in (("--data", args.data), ("--init", args.init)):

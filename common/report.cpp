@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "check.h"
+#include "model.h"
 
 namespace zf {
 
@@ -89,6 +90,9 @@ nlohmann::json summary_json(const RunResult& run) {
             {"blas", run.blas},
             {"median_ms", med},
             {"tokens_per_s", med > 0 ? tokens_per_step(cfg) / (med / 1000.0) : 0.0},
+            // Model FLOPs of one token's forward + backward (model.h): with
+            // tokens_per_s and the card's peak, bench/mfu.py's MFU.
+            {"flops_per_token", flops_per_token(build_layout(cfg.model))},
             {"final_loss", run.ranks.empty() || run.ranks[0].losses.empty() ? 0.0 : run.ranks[0].losses.back()},
             {"memory", memory},
             {"comm", comm},

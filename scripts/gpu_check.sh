@@ -9,11 +9,23 @@
 # one rank per process: two processes on the one GPU (NCCL_HOSTID each, a
 # rendezvous file for the id), once checking every collective, once with
 # rank 1 dying (rank 0 must raise, not hang); then dp launched the same way
-# (RANK / WORLD_SIZE, no MPI) against dp --ranks 2. Logs go into RESULTS_DIR, a
-# short table is printed last (and saved as RESULTS_DIR/summary.txt). The
-# steps' time limits add up to 10.5 minutes (about 2 expected on one H200 with
-# 16 cores). RESULTS_DIR gets at most 4 files plus one XML per GPU suite (the
-# GPU machine returns at most 8 files).
+# (RANK / WORLD_SIZE, no MPI) against dp --ranks 2; then every stage on the gpt2
+# preset (bf16) with 1 rank and with 4 virtual ranks on the one GPU (step time,
+# peak device memory per rank, model states / P); last, the gpt2 preset in
+# bf16 with 1 rank timed against PyTorch eager on the same GPU, model, batch
+# and precision (bench/torch_ref.py --device cuda), in tokens/s, ms/step, MFU
+# (bench/mfu.py) and peak memory. Logs go into RESULTS_DIR; the steps' table and
+# the benchmark tables (bench/gpu_report.py) are printed last and saved as
+# RESULTS_DIR/summary.txt.
+#
+# Time: the whole script stays inside ZF_GPU_CHECK_BUDGET_S (default 465 s,
+# under the 8 minutes a device session can give it): every step's time limit
+# is cut to what is left, a step with no time left is skipped (and the check
+# fails), and the stage runs leave ZF_BENCH_RESERVE_S (150 s) for the timing
+# against PyTorch. Expected on one H200 with 16 cores: about 5 minutes.
+# Files: RESULTS_DIR gets build.log, tests.log, stages.log, summary.txt and one
+# XML per GPU suite (4: gpu_kernels, gpu_comm, gpu_comm_threads, gpu_stages):
+# the 8 files the GPU machine returns at most. A new file needs an old one merged.
 #
 # The GPU machine lacks CLI11, GoogleTest, nlohmann-json and OpenBLAS, so
 # prepare them here first, then carry gpu_carry/ (git-ignored) along:
@@ -30,8 +42,12 @@
 # wheel that PyTorch brings (-Dnccl_dir=<wheel>; Meson links its
 # lib/libnccl.so.2 by full path with an rpath).
 #
-# Environment: ZF_GPU_BUILD_DIR (default build-gpu), ZF_GPU_ARCH (default:
-# the gpu_arch option's default), ZF_GPU_CHECK_WITHOUT_GPU=1 to go on past a
+# Environment: ZF_GPU_BUILD_DIR (default build-gpu), ZF_GPU_ARCH (the SM
+# architectures to build for, Meson's -Dgpu_arch; default 90: the H100/H200
+# only, a faster build than the option's default 80;90), ZF_BENCH_BATCH (16)
+# and ZF_BENCH_STEPS (20, of which the first 5 are warmup) for the timing
+# against PyTorch, ZF_PEAK_TFLOPS (the card's dense bf16 peak, for MFU on a
+# card bench/mfu.py does not know), ZF_GPU_CHECK_WITHOUT_GPU=1 to go on past a
 # failed device check (to test this script's build steps on a machine
 # without a GPU; the test step then fails, as it must).
 set -uo pipefail
@@ -47,6 +63,8 @@ res=$(cd "$1" && pwd)
 build=${ZF_GPU_BUILD_DIR:-build-gpu}
 carry=$root/gpu_carry
 t0=$SECONDS
+deadline=$((t0 + ${ZF_GPU_CHECK_BUDGET_S:-465}))
+reserve=0  # seconds kept back for later steps (the stage runs keep the timing's)
 
 # ---------------------------------------------------------------------------
 # Steps and the final table
@@ -54,6 +72,9 @@ t0=$SECONDS
 rows=()
 failed=0
 device="?"
+gpu_name=""      # the card's name alone (nvidia-smi), for MFU's peak
+stage_logs=()    # run logs of the stage runs (step 6) and of the timing (step 7),
+bench_logs=()    # for bench/gpu_report.py's tables at the end
 record() {  # record STEP RESULT SECONDS
   rows+=("$(printf '%-26s %-50s %5ss' "$1" "$2" "$3")")
 }
@@ -65,14 +86,32 @@ finish() {
     printf '%s\n' "${rows[@]}"
     printf '%-26s %-50s %5ss\n' total "$([[ $failed -eq 0 ]] && echo PASS || echo FAIL)" \
       "$((SECONDS - t0))"
+    rm -f "$build/bench.json"  # never an earlier check's numbers
+    if [[ ${#stage_logs[@]} -gt 0 || ${#bench_logs[@]} -gt 0 ]]; then
+      echo
+      local args=()
+      for l in "${stage_logs[@]}"; do args+=(--stage "$l"); done
+      python3 "$root/bench/gpu_report.py" --gpu "$gpu_name" --warmup 5 --stage-warmup 2 \
+        "${bench_logs[@]}" "${args[@]}" --json "$build/bench.json" 2>&1
+    fi
     echo "logs: $res"
   } | tee "$res/summary.txt"
+  if [[ -f $build/bench.json ]]; then  # every number of the tables, for bench/RESULTS.md
+    { echo "== bench.json (bench/gpu_report.py) =="; cat "$build/bench.json"; } >>"$res/stages.log"
+  fi
   exit "$failed"
 }
 # run_step NAME LIMIT_S LOG CMD...: runs CMD with a time limit, output to LOG.
 run_step() {
-  local name=$1 limit=$2 log=$3 s=$SECONDS rc
+  local name=$1 limit=$2 log=$3 s=$SECONDS rc left
   shift 3
+  left=$((deadline - reserve - SECONDS))  # the time budget: cut the limit to what is left
+  if [[ $left -lt 10 ]]; then
+    record "$name" "SKIPPED (time budget spent)" 0
+    failed=1
+    return 1
+  fi
+  [[ $limit -gt $left ]] && limit=$left
   timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1
   rc=$?
   if [[ $rc -eq 0 ]]; then
@@ -90,7 +129,7 @@ run_step() {
 # ---------------------------------------------------------------------------
 # 1. Preflight: the GPU, the tools, the carried dependencies.
 
-pre=$res/preflight.log
+pre=$res/build.log  # preflight, setup, configure and build: one log (at most 8 files come back)
 : >"$pre"
 s=$SECONDS
 [[ -d /usr/local/cuda/bin ]] && export PATH=/usr/local/cuda/bin:$PATH
@@ -98,6 +137,7 @@ problems=()
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >>"$pre" 2>&1; then
   device=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null |
            head -n 1)
+  gpu_name=${device%%,*}
   nvidia-smi >>"$pre" 2>&1
 elif [[ -e /dev/nvidia0 ]]; then
   device="a GPU at /dev/nvidia0 (no nvidia-smi)"
@@ -172,7 +212,6 @@ fi
 # One log for setup, configure and build; one for the tests (at most 8 files
 # come back from the GPU machine: keep RESULTS_DIR small).
 setup_log=$res/build.log
-: >"$setup_log"
 setup_carry() {
   set -e
   if [[ ! -f $carry/lib/libopenblas.a ]]; then
@@ -206,8 +245,8 @@ run_step "carried deps" 60 "$setup_log" bash -c "$(declare -f setup_carry); carr
 # 3. Configure and build (only what the GPU tests need).
 
 conf=$res/build.log
-arch_opt=()
-[[ -n ${ZF_GPU_ARCH:-} ]] && arch_opt=(-Dgpu_arch="$ZF_GPU_ARCH")
+# sm_90 only (H100/H200): half the device code of the default "80;90".
+arch_opt=(-Dgpu_arch="${ZF_GPU_ARCH:-90}")
 setup_mode=()
 [[ -f $build/build.ninja ]] && setup_mode=(--reconfigure)
 run_step "configure (cuda)" 60 "$conf" "${meson_cmd[@]}" setup "${setup_mode[@]}" "$build" \
@@ -225,7 +264,13 @@ if [[ -z $targets ]]; then
 fi
 # nccl_two_process: not a meson test, run below as two processes.
 two_proc=$(ninja -C "$build" -t targets all 2>/dev/null | sed -nE 's#^(tests/nccl_two_process):.*#\1#p' | head -n 1)
-stages="00_data_parallel/dp 01_zero1/zero1 02_zero2/zero2 03_zero3/zero3"
+# Every stage executable this build has (04_fsdp/fsdp, 05_offload/offload as
+# they arrive).
+all_targets=$(ninja -C "$build" -t targets all 2>/dev/null)
+stages=""
+for st in 00_data_parallel/dp 01_zero1/zero1 02_zero2/zero2 03_zero3/zero3 04_fsdp/fsdp 05_offload/offload; do
+  grep -q "^$st:" <<<"$all_targets" && stages+="$st "
+done
 run_step "build" 240 "$blog" ninja -C "$build" $targets $two_proc $stages || finish
 
 # ---------------------------------------------------------------------------
@@ -371,22 +416,68 @@ fi
 
 # ---------------------------------------------------------------------------
 # 6. Every stage on the gpt2 preset, bf16, 1 rank and 4 virtual ranks on this
-# GPU: step time and peak memory per rank from each run log (stages.log).
+# GPU (B=4, 6 steps): step time, peak device memory per rank and model states
+# per rank / P, from each run log, in the tables at the end (bench/gpu_report.py;
+# the median leaves out the first 2 steps). The time limits leave
+# ZF_BENCH_RESERVE_S for step 7.
 slog=$res/stages.log
+: >"$slog"
+reserve=${ZF_BENCH_RESERVE_S:-150}
 for st in $stages; do
   for n in 1 4; do
     name=$(basename "$st")
+    log=$build/$name.$n.jsonl
+    rm -f "$log"  # no stale log from an earlier check may stand in for a failed run
+    stage_logs+=("$log")
+    echo "== $name gpt2 bf16 ranks=$n ==" >>"$slog"
     run_step "$name gpt2 bf16 ranks=$n" 120 "$slog" "$build/$st" --device cuda --model gpt2 --precision bf16 \
-      --ranks "$n" --batch 4 --steps 6 --log-every 1 --log-json "$build/$name.$n.jsonl" || continue
-    python3 - "$build/$name.$n.jsonl" >>"$slog" 2>&1 <<'PY'
-import json, sys
-s = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][-1]["summary"]
-d = s["memory"][0]["device"]
-print(f"RESULT {s['stage']} ranks={s['ranks']} median_ms={s['median_ms']:.1f} tok/s={s['tokens_per_s']:.0f} "
-      f"peak_device={d['peak_total']/2**30:.2f}GiB model_states/P={d['model_states']/s['params']:.2f} "
-      f"final_loss={s['final_loss']:.4f}")
-PY
+      --ranks "$n" --batch 4 --steps 6 --log-every 1 --log-json "$log"
   done
 done
-grep -h '^RESULT' "$slog" | sed 's/^RESULT /  /' >&2
+reserve=0
+
+# ---------------------------------------------------------------------------
+# 7. Timing against PyTorch: the gpt2 preset, bf16, 1 rank, batch B, on this
+# GPU, our stage 00 (dp) then bench/torch_ref.py --device cuda (PyTorch eager:
+# autocast bf16 around forward and loss, fp32 parameters and AdamW, SDPA
+# attention). Both read the same token file (random tokens, llm.c format) and
+# start from the same model (dp --save-init -> torch_ref --init), so their
+# first losses must agree closely (bf16 rounding apart). Both logs: per-step times; the
+# tables take the median of the steps after the first 5 on both sides alike.
+bench_b=${ZF_BENCH_BATCH:-16}
+bench_steps=${ZF_BENCH_STEPS:-20}
+if ! [[ $bench_b =~ ^[1-9][0-9]*$ && $bench_steps =~ ^[0-9]+$ && $bench_steps -gt 5 ]]; then
+  echo "gpu_check: ZF_BENCH_BATCH=$bench_b must be a positive integer and ZF_BENCH_STEPS=$bench_steps" \
+       "more than the 5 warmup steps" >&2
+  record "timing vs PyTorch" "FAILED (bad ZF_BENCH_BATCH / ZF_BENCH_STEPS)" 0
+  failed=1
+  finish
+fi
+data=$build/bench_tokens.bin
+init=$build/bench_init.safetensors
+bench_dp=$build/bench_dp.jsonl
+bench_torch=$build/bench_torch.jsonl
+rm -f "$data" "$init" "$bench_dp" "$bench_torch"
+bench_logs=(--ours "$bench_dp" --torch "$bench_torch" --label "gpt2 bf16, 1 rank, B=$bench_b")
+echo "== timing: dp and PyTorch, gpt2 bf16 ranks=1 B=$bench_b, $bench_steps steps ==" >>"$slog"
+# 2^20 random tokens below GPT-2's 50257, in llm.c's format (SPEC.md "Data").
+python3 - "$data" >>"$slog" 2>&1 <<'PY'
+import array, random, sys
+n, rng = 1 << 20, random.Random(1337)
+header = array.array("i", [20240520, 1, n] + [0] * 253)
+tokens = array.array("H", (rng.randrange(50257) for _ in range(n)))
+with open(sys.argv[1], "wb") as f:
+    f.write(header.tobytes())
+    f.write(tokens.tobytes())
+print("token file: %s, %d random tokens" % (sys.argv[1], n))
+PY
+run_step "timing: dp B=$bench_b" 120 "$slog" "$build/00_data_parallel/dp" --device cuda --model gpt2 \
+  --precision bf16 --ranks 1 --batch "$bench_b" --steps "$bench_steps" --data "$data" \
+  --save-init "$init" --log-every 5 --log-json "$bench_dp"
+init_opt=()
+[[ -f $init ]] && init_opt=(--init "$init")  # else PyTorch's own init: timing only
+run_step "timing: PyTorch eager B=$bench_b" 150 "$slog" env PYTHONUNBUFFERED=1 python3 bench/torch_ref.py \
+  --device cuda --model gpt2 --precision bf16 --batch "$bench_b" --steps "$bench_steps" --warmup 5 \
+  --data "$data" "${init_opt[@]}" --log-json "$bench_torch"
+rm -f "$init"  # 650 MB
 finish

@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+# test_bench.py: tests of bench/mfu.py (the one definition of MFU and the peak
+# table) and bench/gpu_report.py (gpu_check.sh's benchmark tables), which the
+# GPU run relies on but which this machine can check: the FLOP count against
+# the C++ run log's flops_per_token (common/model.cpp), the arithmetic, and
+# the tables built from made-up run logs. Standard library only.
+#
+#   meson test -C build bench_py                 # as scripts/test.sh runs it
+#   ZF_DP_BIN=build/00_data_parallel/dp python3 tests/python/test_bench.py [--xml FILE]
+#
+# --xml writes GoogleTest's XML shape (testsuites/testsuite/testcase, with
+# <failure> or <skipped>), so scripts/test_summary.py counts these tests with
+# the C++ ones.
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+import xml.etree.ElementTree as ET
+from contextlib import redirect_stdout
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import gpu_report  # noqa: E402
+import mfu  # noqa: E402
+
+PRESETS = {"tiny": (256, 64, 2, 4, 64), "small": (256, 128, 4, 4, 128), "gpt2": (50304, 1024, 12, 12, 768)}
+
+
+class FlopsTest(unittest.TestCase):
+    def test_gpt2_by_hand(self):
+        # gpt2 (V=50304, T=1024, L=12, C=768), counted by hand from SPEC.md's table:
+        #   wte = lm_head = 50304*768 = 38,633,472 each; wpe = 1024*768 = 786,432;
+        #   a block: ln 2*1536 + c_attn 768*2304+2304 + c_proj 768*768+768
+        #            + c_fc 768*3072+3072 + mlp.c_proj 3072*768+768 = 7,087,872; 12 blocks 85,054,464;
+        #   ln_f 1,536. P = 163,109,376.
+        #   matrix-product parameters: P - wte - wpe = 123,689,472; 6x = 742,136,832;
+        #   attention 12*L*T*C = 12*12*1024*768 = 113,246,208. Sum 855,383,040.
+        V, T, L, H, C = PRESETS["gpt2"]
+        self.assertEqual(mfu.gpt_params(V, T, L, C), 163109376)
+        self.assertEqual(mfu.flops_per_token(163109376, V, T, L, C), 855383040.0)
+
+    def test_same_count_as_the_cpp_run_log(self):
+        # The C++ count (common/model.cpp, in the run log's summary) and this one
+        # must be the same number: integers far below 2^53, so exactly equal.
+        dp = os.environ.get("ZF_DP_BIN")
+        if not dp or not os.access(dp, os.X_OK):
+            self.skipTest("ZF_DP_BIN is not set to the built dp (meson test sets it)")
+        for model in ("tiny", "small"):
+            V, T, L, H, C = PRESETS[model]
+            with tempfile.TemporaryDirectory() as tmp:
+                log = os.path.join(tmp, "run.jsonl")
+                subprocess.run([dp, "--model", model, "--steps", "1", "--batch", "1", "--quiet",
+                                "--log-json", log], check=True, stdout=subprocess.DEVNULL)
+                summary = [json.loads(l) for l in open(log) if l.strip()][-1]["summary"]
+            self.assertEqual(summary["params"], mfu.gpt_params(V, T, L, C), model)
+            self.assertEqual(summary["flops_per_token"], mfu.flops_per_token(summary["params"], V, T, L, C), model)
+
+
+class PeakAndMfuTest(unittest.TestCase):
+    def test_known_cards(self):
+        self.assertEqual(mfu.peak_flops("NVIDIA H200", env={})[0], 989.4e12)
+        self.assertEqual(mfu.peak_flops("NVIDIA H100 80GB HBM3", env={})[0], 989.4e12)
+        self.assertEqual(mfu.peak_flops("NVIDIA A100-SXM4-80GB", env={})[0], 312e12)
+
+    def test_unknown_cards_get_no_peak(self):
+        # Variants with lower clocks must not borrow the SXM figure.
+        for name in ("NVIDIA H200 NVL", "NVIDIA H100 PCIe", "Tesla T4", "", "no GPU"):
+            peak, why = mfu.peak_flops(name, env={})
+            self.assertIsNone(peak, name)
+            self.assertIn("unknown card", why)
+            self.assertIn(mfu.ENV_PEAK, why)
+
+    def test_override(self):
+        self.assertEqual(mfu.peak_flops("Tesla T4", env={mfu.ENV_PEAK: "65"})[0], 65e12)
+        self.assertEqual(mfu.peak_flops("NVIDIA H200", env={mfu.ENV_PEAK: "500.5"})[0], 500.5e12)
+        for bad in ("abc", "0", "-3", "inf"):
+            with self.assertRaises(mfu.PeakError) as e:
+                mfu.peak_flops("NVIDIA H200", env={mfu.ENV_PEAK: bad})
+            self.assertIn("ZF_PEAK_TFLOPS", str(e.exception))
+
+    def test_mfu(self):
+        # 1e9 FLOP/token at 1e3 tokens/s on a 1e12 FLOP/s card: all exact in binary floating point.
+        self.assertEqual(mfu.mfu(1e9, 1e3, 1e12), 1.0)
+        # gpt2 at 462,600 tok/s on an H200: 855383040 * 462600 / 989.4e12 = 0.39994...;
+        # one multiplication and one division, each rounded to half an ulp (1.1e-16 relative).
+        self.assertAlmostEqual(mfu.mfu(855383040.0, 462600.0, 989.4e12), 855383040 * 462600 / 989.4e12, delta=1e-15)
+        self.assertLess(mfu.mfu(855383040.0, 462600.0, 989.4e12), 0.40)
+        self.assertIsNone(mfu.mfu(855383040.0, 462600.0, None))
+        self.assertIsNone(mfu.mfu(855383040.0, None, 989.4e12))
+
+
+def write_log(path, ms, tokens_per_step, summary, losses=None):
+    with open(path, "w") as f:
+        for i, t in enumerate(ms):
+            loss = losses[i] if losses else 10.0 - i
+            f.write(json.dumps({"step": i, "loss": loss, "ms": t, "tokens_per_s": tokens_per_step / (t / 1e3)}) + "\n")
+        if summary is not None:
+            f.write(json.dumps({"summary": summary}) + "\n")
+
+
+class ReportTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+        # The tables read the peak from the environment too: test the built-in table.
+        self.saved_peak = os.environ.pop(mfu.ENV_PEAK, None)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+        if self.saved_peak is not None:
+            os.environ[mfu.ENV_PEAK] = self.saved_peak
+
+    def run_report(self, *args):
+        out = os.path.join(self.dir, "report.json")
+        buf = io.StringIO()
+        with redirect_stdout(buf):
+            rc = gpu_report.main(list(args) + ["--json", out])
+        self.assertEqual(rc, 0)
+        with open(out) as f:
+            return json.load(f), buf.getvalue()
+
+    def test_ours_against_torch(self):
+        fpt = 855383040.0
+        tokens = 16 * 1024
+        ours = os.path.join(self.dir, "dp.jsonl")
+        torch = os.path.join(self.dir, "torch.jsonl")
+        # Warmup steps (the first 5) are slow and must not count: the medians are
+        # 40 ms (ours) and 50 ms (PyTorch), exact in binary.
+        write_log(ours, [900, 300, 80, 70, 60, 40, 40, 41, 39, 40], tokens,
+                  {"stage": "dp", "model": "gpt2", "precision": "bf16", "compute": "bf16", "ranks": 1, "batch": 16,
+                   "params": 163109376, "flops_per_token": fpt,
+                   "memory": [{"rank": 0, "device": {"peak_total": 3 << 30, "model_states": 16 * 163109376}}]})
+        write_log(torch, [2000, 60, 55, 52, 51, 50, 50, 49, 51, 50], tokens,
+                  {"impl": "pytorch", "model": "gpt2", "precision": "bf16", "ranks": 1, "batch": 16,
+                   "flops_per_token": fpt, "peak_memory_bytes": 5 << 30})
+        data, text = self.run_report("--gpu", "NVIDIA H200", "--warmup", "5", "--ours", ours, "--torch", torch)
+        o, t = data["ours"], data["torch"]
+        self.assertEqual(o["ms"], 40.0)
+        self.assertEqual(t["ms"], 50.0)
+        # tokens per step is recovered from the log's own ms and tokens_per_s (rounded to an integer).
+        self.assertAlmostEqual(o["tokens_per_s"], tokens / 0.040, delta=1e-6)
+        self.assertAlmostEqual(data["ratio"], 1.25, delta=1e-12)
+        self.assertTrue(data["ratio_met"])
+        # The same product and quotients in another order: equal to a few ulps of 0.35.
+        self.assertAlmostEqual(o["mfu"], fpt * tokens / 0.040 / 989.4e12, delta=1e-12)
+        self.assertFalse(data["mfu_met"])  # 855383040 * 409600 / 989.4e12 = 0.354 < 0.40
+        self.assertEqual(o["peak_device_bytes"], 3 << 30)
+        self.assertEqual(t["peak_device_bytes"], 5 << 30)
+        self.assertEqual((o["loss_first"], o["loss_last"]), (10.0, 1.0))
+        self.assertIn("gpt2 bf16 (compute bf16), 1 rank, B=16", text)
+        self.assertIn("1.25x", text)
+        self.assertNotIn("NOT the same model", text)
+
+    def test_missing_and_cut_short_logs(self):
+        torch = os.path.join(self.dir, "torch.jsonl")
+        write_log(torch, [100, 10, 10], 1024, None)  # crashed before its summary
+        data, text = self.run_report("--gpu", "Tesla T4", "--warmup", "1",
+                                     "--ours", os.path.join(self.dir, "absent.jsonl"), "--torch", torch)
+        self.assertIn("no run log", data["ours"]["error"])
+        self.assertIn("stopped after 3 steps", data["torch"]["error"])
+        self.assertIsNone(data["ratio"])
+        self.assertIsNone(data["ratio_met"])
+        self.assertIsNone(data["peak_flops"])  # unknown card: no MFU, and the table says why
+        self.assertIn("unknown card", text)
+
+    def test_stage_rows(self):
+        P = 1000
+        log = os.path.join(self.dir, "zero2.4.jsonl")
+        # zero2 with 4 ranks, bf16: SPEC gives 2 + 14/4 = 5.5 P per rank. Rank 2 holds
+        # the padding (5.6 P) and the largest peak: the table reports the largest.
+        mem = [{"rank": r, "device": {"peak_total": (7 if r == 2 else 6) << 20,
+                                      "model_states": 5600 if r == 2 else 5500}} for r in range(4)]
+        write_log(log, [500, 200, 30, 20, 30, 25], 4 * 4 * 1024,
+                  {"stage": "zero2", "ranks": 4, "precision": "bf16", "params": P, "memory": mem})
+        data, text = self.run_report("--stage-warmup", "2", "--stage", log,
+                                     "--stage", os.path.join(self.dir, "zero3.4.jsonl"))
+        row, missing = data["stages"]
+        self.assertEqual(row["ms"], 27.5)  # median of 30, 20, 30, 25
+        self.assertEqual(row["peak_device_bytes_per_rank"], 7 << 20)
+        self.assertAlmostEqual(row["model_states_per_P"], 5.6, delta=1e-12)
+        self.assertEqual(row["spec_model_states_per_P"], 5.5)
+        self.assertIn("error", missing)
+        self.assertIn("no summary in its log", text)
+
+    def test_spec_formulas(self):
+        # SPEC.md's memory table at N = 4.
+        expect = {("dp", "bf16"): 16, ("zero1", "bf16"): 7, ("zero2", "bf16"): 5.5, ("zero3", "bf16"): 4,
+                  ("dp", "fp32"): 16, ("zero1", "fp32"): 10, ("zero2", "fp32"): 7, ("zero3", "fp32"): 4}
+        for (stage, prec), v in expect.items():
+            self.assertEqual(gpu_report.spec_model_states(stage, prec, 4), v, (stage, prec))
+        self.assertIsNone(gpu_report.spec_model_states("offload", "bf16", 4))
+
+
+def write_xml(result, cases, path):
+    """GoogleTest's XML shape, as scripts/test_summary.py reads it."""
+    failed = {t.id(): tb for t, tb in result.failures + result.errors}
+    skipped = {t.id(): why for t, why in result.skipped}
+    suites = ET.Element("testsuites", name="AllTests", tests=str(len(cases)),
+                        failures=str(len(failed)))
+    suite = ET.SubElement(suites, "testsuite", name="bench_py", tests=str(len(cases)), failures=str(len(failed)))
+    for case in cases:
+        cls, name = case.id().rsplit(".", 1)
+        tc = ET.SubElement(suite, "testcase", name=name, classname=cls.rsplit(".", 1)[-1],
+                           result="skipped" if case.id() in skipped else "completed")
+        if case.id() in failed:
+            ET.SubElement(tc, "failure", message=failed[case.id()].strip().splitlines()[-1]).text = failed[case.id()]
+        elif case.id() in skipped:
+            ET.SubElement(tc, "skipped", message=skipped[case.id()])
+    ET.ElementTree(suites).write(path, encoding="UTF-8", xml_declaration=True)
+
+
+def all_cases(suite):
+    for t in suite:
+        if isinstance(t, unittest.TestSuite):
+            yield from all_cases(t)
+        else:
+            yield t
+
+
+def main():
+    xml = None
+    argv = sys.argv[1:]
+    if len(argv) == 2 and argv[0] == "--xml":
+        xml = argv[1]
+    elif argv:
+        sys.exit("usage: test_bench.py [--xml FILE]")
+    suite = unittest.defaultTestLoader.loadTestsFromModule(sys.modules[__name__])
+    cases = list(all_cases(suite))
+    result = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
+    if xml:
+        os.makedirs(os.path.dirname(os.path.abspath(xml)), exist_ok=True)
+        write_xml(result, cases, xml)
+    return 0 if result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
