@@ -192,10 +192,14 @@ void layernorm_backward(float* __restrict dinp, float* __restrict dweight, float
 void matmul_forward(float* __restrict out, const float* __restrict inp,
                     const float* __restrict weight, const float* __restrict bias, int N, int IC,
                     int OC) {
+  if (N == 0 || OC == 0) return;
   // Start out from the bias and let sgemm add to it (beta = 1): one pass over
   // out, where beta = 0 and a bias loop afterwards would take two.
   if (bias)
     for (int n = 0; n < N; ++n) std::memcpy(out + size_t(n) * OC, bias, sizeof(float) * OC);
+  else if (IC == 0)
+    std::memset(out, 0, sizeof(float) * size_t(N) * OC);
+  if (IC == 0) return;  // an empty product: BLAS refuses a leading dimension of 0
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, weight, IC,
               bias ? 1.0f : 0.0f, out, OC);
 }
@@ -204,12 +208,15 @@ ZF_VECTOR_CLONES
 void matmul_backward(float* __restrict dinp, float* __restrict dweight, float* __restrict dbias,
                      const float* __restrict dout, const float* __restrict inp,
                      const float* __restrict weight, int N, int IC, int OC) {
-  if (dinp)  // dinp[N,IC] += dout[N,OC] @ weight[OC,IC]
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, weight, IC,
-                1.0f, dinp, IC);
-  // dweight[OC,IC] += dout^T @ inp
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f,
-              dweight, IC);
+  if (N == 0 || OC == 0) return;  // nothing to add (and BLAS refuses a leading dimension of 0)
+  if (IC > 0) {
+    if (dinp)  // dinp[N,IC] += dout[N,OC] @ weight[OC,IC]
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, weight, IC,
+                  1.0f, dinp, IC);
+    // dweight[OC,IC] += dout^T @ inp
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f,
+                dweight, IC);
+  }
   if (dbias)  // column sums of dout, row after row: contiguous, vectorised across OC
     for (int n = 0; n < N; ++n) {
       const float* __restrict d = dout + size_t(n) * OC;

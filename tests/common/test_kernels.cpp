@@ -404,6 +404,26 @@ TEST(Kernels, MatmulSmall) {
   check_matmul(10, 13, 11, false, false, true, 6);  // bias, dinp and dbias null
 }
 
+// IC = 0: the product is empty, so out is the bias (or 0) and the backward
+// adds only dbias; N = 0 or OC = 0: nothing is touched. (BLAS itself refuses
+// a leading dimension of 0, which the kernel must not pass it.)
+TEST(Kernels, MatmulEmptySizes) {
+  const int N = 3, OC = 4;
+  std::vector<float> out(N * OC, -7.0f), bias = {1, 2, 3, 4}, dout(N * OC), db(OC, 0.5f);
+  for (int i = 0; i < N * OC; ++i) dout[i] = float(i);
+  float dummy = 0.0f;
+  zf::matmul_forward(out.data(), &dummy, &dummy, bias.data(), N, 0, OC);
+  for (int i = 0; i < N * OC; ++i) EXPECT_EQ(out[i], bias[i % OC]) << i;
+  zf::matmul_forward(out.data(), &dummy, &dummy, nullptr, N, 0, OC);
+  for (int i = 0; i < N * OC; ++i) EXPECT_EQ(out[i], 0.0f) << i;
+  zf::matmul_backward(nullptr, &dummy, db.data(), dout.data(), &dummy, &dummy, N, 0, OC);
+  for (int o = 0; o < OC; ++o) EXPECT_EQ(db[o], 0.5f + float(o) + float(OC + o) + float(2 * OC + o)) << o;
+  std::vector<float> untouched(N * OC, -7.0f);
+  zf::matmul_forward(untouched.data(), &dummy, &dummy, bias.data(), 0, 5, OC);
+  zf::matmul_forward(untouched.data(), &dummy, &dummy, bias.data(), N, 5, 0);
+  for (float v : untouched) EXPECT_EQ(v, -7.0f);
+}
+
 TEST(Kernels, MatmulLarge) {
   // Larger than OpenBLAS's register and cache blocks in every dimension.
   check_matmul(300, 261, 190, true, true, false, 7);
