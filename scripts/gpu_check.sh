@@ -14,7 +14,8 @@
 # peak device memory per rank, model states / P); last, the gpt2 preset in
 # bf16 with 1 rank timed against PyTorch eager on the same GPU, model, batch
 # and precision (bench/torch_ref.py --device cuda), in tokens/s, ms/step, MFU
-# (bench/mfu.py) and peak memory. Logs go into RESULTS_DIR; the steps' table and
+# (bench/mfu.py) and peak memory, then the same dp run's device time op by
+# op (ZF_PROFILE=1, in stages.log). Logs go into RESULTS_DIR; the steps' table and
 # the benchmark tables (bench/gpu_report.py) are printed last and saved as
 # RESULTS_DIR/summary.txt.
 #
@@ -283,7 +284,12 @@ tlog=$res/tests.log
 suites=$(for t in $targets; do echo "${t#tests/test_}"; done)  # tests/test_gpu_x -> gpu_x
 rm -rf "$build/tests/results" && mkdir -p "$build/tests/results"
 s=$SECONDS
-timeout --kill-after=10 90 "${meson_cmd[@]}" test -C "$build" --no-rebuild --print-errorlogs \
+# 150 s at most (the suites run side by side; the stage suite alone trains
+# tiny 30 times), less if the budget is short.
+test_limit=$((deadline - SECONDS - 60))
+[[ $test_limit -gt 150 ]] && test_limit=150
+[[ $test_limit -lt 10 ]] && test_limit=10
+timeout --kill-after=10 "$test_limit" "${meson_cmd[@]}" test -C "$build" --no-rebuild --print-errorlogs \
   $suites >>"$tlog" 2>&1
 python3 scripts/test_summary.py "$build/tests/results" "$build/meson-logs/testlog.json" \
   >"$build/test_summary.txt" 2>&1
@@ -480,4 +486,10 @@ run_step "timing: PyTorch eager B=$bench_b" 150 "$slog" env PYTHONUNBUFFERED=1 p
   --device cuda --model gpt2 --precision bf16 --batch "$bench_b" --steps "$bench_steps" --warmup 5 \
   --data "$data" "${init_opt[@]}" --log-json "$bench_torch"
 rm -f "$init"  # 650 MB
+# 8. Where our step's device time goes, op by op (common/device_profile.h):
+# the same run, 4 steps, ZF_PROFILE=1; the table lands in stages.log.
+echo "== op profile: dp gpt2 bf16 ranks=1 B=$bench_b (ZF_PROFILE=1) ==" >>"$slog"
+run_step "op profile: dp B=$bench_b" 60 "$slog" env ZF_PROFILE=1 "$build/00_data_parallel/dp" \
+  --device cuda --model gpt2 --precision bf16 --ranks 1 --batch "$bench_b" --steps 4 --data "$data" \
+  --log-every 4
 finish
