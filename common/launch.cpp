@@ -62,7 +62,7 @@ namespace zf {
 // buffers (virtual ranks sharing a GPU, for a one-GPU user).
 static std::vector<std::unique_ptr<Communicator>> make_gpu_thread_communicators(
     std::vector<std::unique_ptr<Device>>& devices) {
-  const int N = int(devices.size());
+  [[maybe_unused]] const int N = int(devices.size());  // unused without NCCL
   std::vector<std::unique_ptr<Communicator>> comms;
 #if defined(ZF_HAVE_NCCL)
   if (N > 1 && cuda_device_count() >= N) {
@@ -103,7 +103,7 @@ static std::unique_ptr<Communicator> make_nccl_over_mpi(Communicator& mpi, Devic
 #endif
 
 // The device of rank r: the simulated CPU device, or GPU r % (GPUs visible).
-static std::unique_ptr<Device> make_rank_device(const LaunchOptions& opt, int r) {
+[[maybe_unused]] static std::unique_ptr<Device> make_rank_device(const LaunchOptions& opt, int r) {
   if (opt.device != "cuda") return make_cpu_device();
   return make_cuda_device(r);
 }
@@ -139,7 +139,7 @@ void describe_exception(std::exception_ptr e, std::string& what, bool& aborted) 
 }
 
 // The exit status stage_main gives each kind of error (runner.h).
-int exit_status_of(std::exception_ptr e) {
+[[maybe_unused]] int exit_status_of(std::exception_ptr e) {
   try {
     std::rethrow_exception(e);
   } catch (const OutOfMemory&) {
