@@ -138,6 +138,17 @@ void describe_exception(std::exception_ptr e, std::string& what, bool& aborted) 
   }
 }
 
+// What a rank of its own process does first when it fails, whatever the
+// launch: abort its communicator, so that no peer waits for it. Returns the
+// error's message.
+[[maybe_unused]] std::string abort_for_failure(Communicator& comm, int r, std::exception_ptr e) {
+  std::string what;
+  bool aborted = false;
+  describe_exception(e, what, aborted);
+  comm.abort("rank " + std::to_string(r) + " failed: " + what);
+  return what;
+}
+
 // The exit status stage_main gives each kind of error (runner.h).
 [[maybe_unused]] int exit_status_of(std::exception_ptr e) {
   try {
@@ -228,10 +239,7 @@ void run_mpi_process_rank(const LaunchOptions& opt, const World& world,
     fn(ctx);
   } catch (...) {
     const std::exception_ptr e = std::current_exception();
-    std::string what;
-    bool aborted = false;
-    describe_exception(e, what, aborted);
-    comm->abort("rank " + std::to_string(r) + " failed: " + what);
+    const std::string what = abort_for_failure(*comm, r, e);
     const int status = exit_status_of(e);
     std::fprintf(stderr,
                  "%s: error: rank %d failed: %s\n"
@@ -264,7 +272,7 @@ void run_env_process_rank(const LaunchOptions& opt, const World& world,
   // the launcher says how many there are).
   blas_set_threads(std::max(1, hardware_cores() / std::max(1, world.local_size)));
   share_gpu_if_needed(r, world.local_rank, world.local_size);  // before any NCCL call
-  std::unique_ptr<Device> dev = make_cuda_device(world.local_rank);
+  std::unique_ptr<Device> dev = maybe_profiled(make_cuda_device(world.local_rank), r);
   dev->make_current();
   MemoryTracker mem(r, opt.device_budget);
   mem.set_device(dev.get());
@@ -276,13 +284,10 @@ void run_env_process_rank(const LaunchOptions& opt, const World& world,
     fn(ctx);
   } catch (...) {
     const std::exception_ptr e = std::current_exception();
-    std::string what;
-    bool aborted = false;
-    describe_exception(e, what, aborted);
     // Nothing of this rank waits for its peers any more, and no collective
     // touches its buffers; the peers see the connection drop when this
     // process exits, or time out.
-    comm->abort("rank " + std::to_string(r) + " failed: " + what);
+    const std::string what = abort_for_failure(*comm, r, e);
     comm.reset();
     set_current_rank(-1);
     throw_rank_failure(r, e, what);
