@@ -132,6 +132,16 @@ std::vector<float> download(zf::Device& dev, const void* p, size_t n) {
   dev.to_host(v.data(), p, n * sizeof(float));
   return v;
 }
+// "" when equal (exact: small integers), else how many differ and the first.
+std::string mismatch(const std::vector<float>& got, const std::vector<float>& want) {
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < got.size(); i++)
+    if (got[i] != want[i] && bad++ == 0) first = i;
+  if (bad == 0) return "";
+  return std::to_string(bad) + " of " + std::to_string(got.size()) + " wrong; first at " +
+         std::to_string(first) + ": got " + std::to_string(got[first]) + ", want " +
+         std::to_string(want[first]);
+}
 
 // Round after round, with no host sync: all_gather into a fresh buffer,
 // wait(), a kernel on the compute stream reads the result (out = 2 * recv),
@@ -177,7 +187,7 @@ TEST(NcclDeviceWait, TheNextKernelSeesTheResultAndTheHostGoesOn) {
       for (int i = 0; i < kRounds; i++) {
         std::vector<float> want = gathered(N, n, i);
         for (float& x : want) x *= 2.0f;  // exact: small integers
-        EXPECT_EQ(download(dev, out[size_t(i)], full), want) << "round " << i;
+        EXPECT_EQ(mismatch(download(dev, out[size_t(i)], full), want), "") << "round " << i;
       }
       for (void* p : send) dev.release(p);
       for (void* p : out) dev.release(p);
