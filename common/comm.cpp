@@ -1,6 +1,7 @@
 // comm.cpp: what every Communicator backend shares: collective names, the
 // ring model of bytes moved (as nccl-tests' bus bandwidth counts them), the
-// counters, and waiting on a pending collective (CommHandle).
+// counters, and waiting on a pending collective (CommHandle: on the device
+// where the backend can, else on the host).
 //
 // The ring model, per rank, for a collective over a buffer of `bytes` (the
 // full buffer: all_reduce's buffer, reduce_scatter's input, all_gather's
@@ -52,6 +53,21 @@ double CommStats::total_bytes() const {
 
 void CommHandle::wait() {
   if (!state_) return;  // a default handle is already done
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->done) {
+      if (state_->error) std::rethrow_exception(state_->error);
+      return;
+    }
+  }
+  // Pending: a GPU backend orders the caller's compute stream after the
+  // collective on the device and the host goes on (comm_state.h).
+  if (state_->device_wait && state_->device_wait()) return;
+  wait_host();
+}
+
+void CommHandle::wait_host() {
+  if (!state_) return;
   std::unique_lock<std::mutex> lock(state_->mu);
   state_->cv.wait(lock, [&] { return state_->done; });
   if (state_->error) std::rethrow_exception(state_->error);

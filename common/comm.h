@@ -59,15 +59,34 @@ struct CommStats {
   void add(CollectiveKind k, double b) { bytes[int(k)] += b; calls[int(k)]++; }
 };
 
-// A pending collective. wait() blocks until it is done and rethrows its error
-// (CommAborted if the group was aborted). A default handle is already done.
+// A pending collective. A default handle is already done.
+//
+// wait(): after it returns, the caller may use the collective's buffers in
+// order: work it then issues on its compute stream (the stream the
+// communicator is ordered after) sees the result, and it may free or reuse
+// the buffers (a release through the stream-ordered allocator is on that
+// stream, so it comes after the collective). On the host backends (threads,
+// mpi, threads on GPU buffers) the host has waited for the collective. On a
+// backend whose collectives run on a GPU stream (nccl) the wait is on the
+// device: the compute stream waits for the collective, the host goes on at
+// once, and must not read a result without a device sync (Device::to_host
+// does one). wait() raises the collective's error if it is known by then; a
+// failure found later is raised by wait_host() on this handle or any later
+// one, and by every later collective of the rank (comm_nccl.h).
+//
+// wait_host(): blocks the host until the collective has completed and raises
+// its error (CommAborted if the group was aborted). The blocking forms of
+// Communicator below and barrier() wait this way, so a collective whose
+// result the host reads (the loss, the norm's limbs: host_collectives.h)
+// raises every failure of the collectives issued before it.
 class CommHandle {
  public:
   struct State;
   CommHandle() = default;
   explicit CommHandle(std::shared_ptr<State> s) : state_(std::move(s)) {}
   void wait();
-  bool done() const;
+  void wait_host();
+  bool done() const;  // completed (or failed), as the host has seen it
 
  private:
   std::shared_ptr<State> state_;
@@ -90,19 +109,19 @@ class Communicator {
   virtual CommHandle broadcast_async(void* buf, size_t count, DType dt, int root) = 0;
   virtual void barrier() = 0;
 
-  // Blocking forms.
+  // Blocking forms: return once the collective has completed (wait_host).
   void all_reduce(void* buf, size_t count, DType dt, ReduceOp op = ReduceOp::sum) {
-    all_reduce_async(buf, count, dt, op).wait();
+    all_reduce_async(buf, count, dt, op).wait_host();
   }
   void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dt,
                       ReduceOp op = ReduceOp::sum) {
-    reduce_scatter_async(send, recv, recv_count, dt, op).wait();
+    reduce_scatter_async(send, recv, recv_count, dt, op).wait_host();
   }
   void all_gather(const void* send, void* recv, size_t send_count, DType dt) {
-    all_gather_async(send, recv, send_count, dt).wait();
+    all_gather_async(send, recv, send_count, dt).wait_host();
   }
   void broadcast(void* buf, size_t count, DType dt, int root) {
-    broadcast_async(buf, count, dt, root).wait();
+    broadcast_async(buf, count, dt, root).wait_host();
   }
 
   // Marks the whole group failed: every rank's pending and future collectives

@@ -23,8 +23,11 @@
 //   queue  the collective joins this rank's pending list, in issue order.
 // The watchdog thread polls the oldest pending collective's done event.
 // When it has completed, it adds the device time between start and done to
-// the counters and finishes the handle: CommHandle::wait() (comm.cpp) is the
-// same wait on a condition variable as in the other backends.
+// the counters and finishes the handle, which wakes CommHandle::wait_host()
+// (comm.cpp: the same wait on a condition variable as in the other backends).
+// CommHandle::wait() waits on the device instead (order_after(), the handle's
+// device_wait hook, comm_state.h): while the collective is pending, the
+// compute stream waits for its done event and the host goes on.
 //
 // Failures (the watchdog, and settle() while a call is in progress):
 //   - the group was aborted (abort() from any rank): every member's NCCL
@@ -317,7 +320,7 @@ class NcclRank final : public NcclCommunicator {
           [=](ncclComm_t c, cudaStream_t s) {
             return ncclAllReduce(p, p, 1, ncclFloat32, ncclSum, c, s);
           })
-        .wait();
+        .wait_host();
   }
 
   void abort(const std::string& reason) override {
@@ -393,6 +396,9 @@ class NcclRank final : public NcclCommunicator {
     {
       std::lock_guard<std::mutex> lock(q_mu_);
       op.seq = issued_++;
+      // CommHandle::wait() on the device (comm_state.h). Set before the
+      // handle leaves this function, never changed after.
+      state->device_wait = [this, seq = op.seq] { return order_after(seq); };
       if (!broken_.empty()) {  // nothing runs on a failed communicator
         state->finish(error_for(op));
         return CommHandle(state);
@@ -448,6 +454,29 @@ class NcclRank final : public NcclCommunicator {
     }
     q_cv_.notify_all();
     return CommHandle(state);
+  }
+
+  // CommHandle::wait() of collective `seq`, from the rank's thread: the
+  // compute stream waits (on the device) for the collective's done event, so
+  // the work the caller issues next, frees through the stream-ordered
+  // allocator included, comes after the collective; the host goes on. q_mu_
+  // is held so the event cannot go back to the pool and be recorded again
+  // for a later collective meanwhile (give_back). Returns false, and wait()
+  // waits on the host instead, when the collective is no longer pending (the
+  // watchdog has seen its done event complete: later device work is after
+  // it anyway, and the handle is about to be finished) or when the
+  // communicator has failed (the host wait raises once the watchdog has
+  // drained the stream).
+  bool order_after(uint64_t seq) {
+    DeviceGuard g(device_);  // the legacy default stream, when it is the compute stream, is per device
+    std::lock_guard<std::mutex> lock(q_mu_);
+    if (!broken_.empty()) return false;
+    for (const Op& op : pending_)
+      if (op.seq == seq) {
+        CUDA_CHECK(cudaStreamWaitEvent(compute_stream_, op.done, 0));
+        return true;
+      }
+    return false;
   }
 
   // Once this communicator is aborted, waits (at most drain_limit_s()) until
@@ -634,6 +663,14 @@ class NcclRank final : public NcclCommunicator {
       Op op;
       {
         std::lock_guard<std::mutex> lock(q_mu_);
+        // Failed since we looked: ncclCommAbort makes the collective's
+        // kernels quit, so its done event may have completed without the
+        // result. fail() marks the communicator broken before it aborts, so
+        // a completion the abort caused is always seen here, and
+        // fail_pending_if_broken() fails the collective instead. (A caller
+        // that waited on the device reads the result only after a host wait
+        // has said it is good: comm.h.)
+        if (!broken_.empty() || pending_.empty()) return any;
         op = std::move(pending_.front());
         pending_.pop_front();
         give_back(op);

@@ -33,14 +33,38 @@
 //      and a done event.
 // So compute issued after the collective overlaps it on the device.
 //
-// Waiting. CommHandle::wait() is host side (comm.h: when it returns, the
-// collective is done and the buffers may be read or reused by anyone): it
-// blocks until this communicator's watchdog thread sees the done event
-// complete. For device-side ordering without blocking the host, call
-// stream_wait_issued(compute_stream): that stream then waits for every
-// collective issued so far, and the host goes on enqueueing work. (Making
-// wait() itself a stream wait needs a hook in CommHandle::State; see
-// docs/ARCHITECTURE.md.)
+// Waiting. CommHandle::wait() is device side (comm.h): while the collective
+// is pending, the compute stream waits for its done event
+// (cudaStreamWaitEvent) and the host returns at once, so the compute work
+// issued next, and a free of its buffers through the stream-ordered
+// allocator (device_cuda.cu), run after the collective without the host
+// ever blocking. The host must not read a result before a device sync
+// (Device::to_host). CommHandle::wait_host(), the blocking forms
+// (all_reduce() ...) and barrier() block the host until the watchdog has
+// seen the collective complete, as before. stream_wait_issued(stream) orders
+// any stream after every collective issued so far.
+//
+// Where a failure raises. A collective that has failed when wait() is
+// called raises there. One that fails after its wait() returned (on the
+// device) raises, at the latest:
+//   - at the next collective this rank issues (it fails at once on a failed
+//     communicator: its wait() or wait_host() raises);
+//   - at the next wait_host() or blocking collective: collectives complete
+//     in issue order, one stream, and a failure fails every pending one, so
+//     a host wait that succeeds vouches for every collective before it.
+// Every stage reads its step's loss through a blocking all-reduce
+// (global_mean_loss, host_collectives.h), so a failure raises within the
+// step it happens in, or the next one for the parameter all-gathers that
+// ZeRO-1/2 issue after the loss (their next collective, or the final gather
+// of the model). Meanwhile the compute stream still waits for the failed
+// collective: the watchdog aborts it and drains the communication stream
+// (ncclCommAbort makes NCCL's kernels quit), and then the compute stream
+// goes on with garbage in the collective's buffers: what it computes from
+// them is wrong, but no result of the rank leaves it (a logged loss, a
+// saved model) before the error raises. Should NCCL's kernels not quit (the watchdog
+// says so after the drain limit), a device sync of the compute stream would
+// block: the one case where a device-side wait can hang where a host wait
+// would have raised.
 //
 // Failures never hang. The communicator is created non-blocking
 // (ncclConfig_t.blocking = 0), so no NCCL call blocks the calling thread;
@@ -136,7 +160,8 @@ class NcclCommunicator : public Communicator {
 
   // Device-side ordering: `stream` waits (on the device) for every collective
   // issued so far; the host does not block. Errors still surface through
-  // the handles, or through the next collective.
+  // the handles, or through the next collective. (CommHandle::wait() does
+  // the same for one collective and the compute stream.)
   virtual void stream_wait_issued(cudaStream_t stream) = 0;
 
   virtual double timeout_s() const = 0;

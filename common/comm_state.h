@@ -1,14 +1,25 @@
 // comm_state.h: what a CommHandle points at (private to the comm backends).
 //
 // A pending collective is a small shared state: the issuing thread holds it
-// through its CommHandle, the backend's communication thread finishes it. It
-// is done once, with or without an error; wait() blocks on the condition
-// variable until then and rethrows the error (for example CommAborted), as
-// often as it is called. Backends include this file; stages only see comm.h.
+// through its CommHandle, the backend's communication thread (or watchdog)
+// finishes it. It is done once, with or without an error; wait_host() blocks
+// on the condition variable until then and rethrows the error (for example
+// CommAborted), as often as it is called.
+//
+// device_wait is the hook that makes CommHandle::wait() a device-side wait
+// (comm.h): a backend whose collectives run on a GPU stream (comm_nccl.cpp)
+// sets it to "make the caller's compute stream wait for this collective's
+// done event". wait() calls it, with mu not held, while the collective is not
+// done; it returns true when the stream now waits (the host goes on), false
+// when it cannot order the stream (the communicator has failed, or the
+// collective has just left the backend's queue): wait() then waits on the
+// host, as the backends without the hook always do. Backends include this
+// file; stages only see comm.h.
 #pragma once
 
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <mutex>
 
 #include "comm.h"
@@ -20,6 +31,10 @@ struct CommHandle::State {
   std::condition_variable cv;
   bool done = false;
   std::exception_ptr error;  // null when the collective succeeded
+
+  // Set by the backend before the handle is returned, never changed after
+  // (so wait() may call it without the lock). Empty: wait() is wait_host().
+  std::function<bool()> device_wait;
 
   // Called once by the backend when the collective has completed or failed.
   void finish(std::exception_ptr err = nullptr) {

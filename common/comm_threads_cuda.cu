@@ -167,7 +167,10 @@ void reduce_on_host(const Ptrs& p, int nsrc, int ndst, size_t n, DType dt, bool 
 
 // Lets every GPU of the group read and write every other's memory (the
 // reduction kernel reads all ranks' buffers). Peer access is per pair and
-// per process, and stays enabled.
+// per process, and stays enabled. It covers memory from cudaMalloc only:
+// memory from a pool (the ranks' Devices allocate from each GPU's default
+// pool, device_cuda.cu) is reachable from another GPU only once the pool
+// grants it (cudaMemPoolSetAccess), also for the process's lifetime.
 void enable_peer_access(const std::vector<int>& devices) {
   std::vector<int> d = devices;
   std::sort(d.begin(), d.end());
@@ -187,6 +190,13 @@ void enable_peer_access(const std::vector<int>& devices) {
         (void)cudaGetLastError();  // enabled before (by an earlier group): fine
       else
         CUDA_CHECK(e);
+      cudaMemPool_t pool_b = nullptr;
+      CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_b, b));
+      cudaMemAccessDesc from_a{};
+      from_a.location.type = cudaMemLocationTypeDevice;
+      from_a.location.id = a;
+      from_a.flags = cudaMemAccessFlagsProtReadWrite;
+      CUDA_CHECK(cudaMemPoolSetAccess(pool_b, &from_a, 1));
     }
 }
 

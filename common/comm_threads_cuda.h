@@ -34,8 +34,18 @@
 // posted, every rank's inputs are ready. It then launches the reduction
 // kernel / copies on its own non-blocking stream and synchronizes that
 // stream before the barrier that ends the collective. CommHandle::wait()
-// stays host-blocking, as in comm.h: when it returns, every rank's writes
-// are complete, so work issued afterwards on any stream sees the result.
+// stays host-blocking (comm.h allows it): when it returns, every rank's
+// writes are complete, so work issued afterwards on any stream sees the
+// result, and the buffers may be freed on the compute stream at once.
+// Why not a device-side wait, as the nccl backend's: here the host drives
+// the collective. Its kernels and copies are enqueued by the N ranks'
+// communication threads only once every rank has posted (host barriers), and
+// rank r's result is written by the other ranks' streams too; at wait() they
+// may not be enqueued yet, so there is no event for the compute stream to
+// wait on. Making one would take a flag in host memory that the compute
+// stream polls (cuStreamWaitValue32) and that the communication thread sets,
+// failures included, or the stream hangs: not worth it for virtual ranks that
+// share one GPU's compute anyway.
 // Between issue and wait() the collective owns its buffers: the compute
 // stream must not touch them, but may run anything else (that is the
 // overlap). A barrier() also waits for the rank's compute stream, as the

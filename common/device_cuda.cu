@@ -1,4 +1,5 @@
-// device_cuda.cu: a rank's device on a GPU. Memory from cudaMalloc, ops from
+// device_cuda.cu: a rank's device on a GPU. Memory from the stream-ordered
+// allocator (below), ops from
 // kernels_cuda_*.cu on the rank's compute stream (CudaContext), in the compute
 // dtype of device.h: float32 as on the CPU, or bf16 (what the bf16 recipe
 // uses on a GPU by default: bf16 tensors, bf16 tensor-core matrix products,
@@ -6,8 +7,28 @@
 //
 // The exact gradient norm (gradnorm.h) is summed on the GPU in exponent bins
 // (gradnorm_cuda.h); only 4 KiB of bins come back to the host per call.
+//
+// Memory: cudaMallocFromPoolAsync / cudaFreeAsync on the compute stream, from
+// the GPU's default memory pool, which keeps what is freed (release
+// threshold: all of it) for the next allocation. ZeRO-2/3 allocate and free a
+// unit's buffers every unit of every step; cudaFree would stall the whole
+// GPU each time (it waits for every stream, the communication stream's
+// collectives included), and cudaMalloc goes to the driver. A free is an
+// operation on the stream: the memory is reused only by work ordered after
+// it, so the caller must have ordered the compute stream after every other
+// stream that still uses the buffer: CommHandle::wait() does that for a
+// collective (comm.h). The default pool, not one per rank: the virtual ranks
+// that share a GPU (the threads backend) then share what is cached, and the
+// threads backend grants the pool to the group's other GPUs where its kernels
+// read across GPUs (comm_threads_cuda.cu; pool memory ignores
+// cudaDeviceEnablePeerAccess). Out of memory: the allocation fails with
+// cudaErrorMemoryAllocation; allocate() then hands the pool's cached memory
+// back to the driver (after a sync, so that this stream's frees count) and
+// tries once more, and returns nullptr if that fails too, so the
+// MemoryTracker raises its OutOfMemory (memory.h).
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <vector>
 
 #include "device.h"
@@ -31,6 +52,7 @@ class CudaDevice final : public Device {
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
     name_ = "cuda:" + std::to_string(ordinal) + " " + prop.name;
+    pool_ = memory_pool(ordinal, name_);
   }
   std::string name() const override { return name_; }
   bool is_cuda() const override { return true; }
@@ -38,16 +60,30 @@ class CudaDevice final : public Device {
   void make_current() override { CUDA_CHECK(cudaSetDevice(ctx_.device())); }
   int ordinal() const override { return ctx_.device(); }
 
+  // Stream-ordered (see the file comment): the buffer may be used by work
+  // on the compute stream at once, by another stream only after an event
+  // recorded on the compute stream after this call (as the communicators
+  // do), and freed only once no other stream still touches it.
   void* allocate(size_t bytes) override {
     void* p = nullptr;
-    cudaError_t err = cudaMalloc(&p, bytes);
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();  // clear the sticky out-of-memory error; the tracker reports it
-      return nullptr;
+    cudaError_t err = cudaMallocFromPoolAsync(&p, bytes, pool_, s());
+    if (err == cudaErrorMemoryAllocation) {
+      // Not an error that sticks; clear it. The pool may hold freed blocks
+      // that do not fit this request: give them back to the driver (once
+      // this stream's frees have completed: a sync) and ask again.
+      (void)cudaGetLastError();
+      ctx_.synchronize();
+      CUDA_CHECK(cudaMemPoolTrimTo(pool_, 0));
+      err = cudaMallocFromPoolAsync(&p, bytes, pool_, s());
     }
+    if (err == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      return nullptr;  // the tracker raises OutOfMemory with what was asked for
+    }
+    CUDA_CHECK(err);  // anything else is a real error
     return p;
   }
-  void release(void* p) override { CUDA_CHECK(cudaFree(p)); }
+  void release(void* p) override { CUDA_CHECK(cudaFreeAsync(p, s())); }
   void zero(void* p, size_t bytes) override { CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s())); }
   void copy(void* dst, const void* src, size_t bytes) override {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s()));
@@ -209,6 +245,24 @@ class CudaDevice final : public Device {
 
  private:
   cudaStream_t s() const { return ctx_.stream(); }
+
+  // The GPU's default memory pool, told to keep what is freed (shared by
+  // every CudaDevice on this GPU: setting it again is harmless).
+  static cudaMemPool_t memory_pool(int ordinal, const std::string& name) {
+    int supported = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, ordinal));
+    REQUIRE(supported, name << " does not support the stream-ordered allocator (cudaMallocAsync: "
+                            "CUDA 11.2 or later, and a driver and GPU that have memory pools)");
+    cudaMemPool_t pool = nullptr;
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, ordinal));
+    // The attribute is a cuuint64_t: bytes the pool may keep before it hands
+    // memory back to the driver at a sync. All: a step reuses what the last
+    // one freed, without calling the driver.
+    uint64_t keep_all = UINT64_MAX;
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
+    return pool;
+  }
+
   // Calls fn with a value of the compute dtype's CUDA type (float or
   // __nv_bfloat16), so one body serves both instantiations.
   template <class Fn>
@@ -222,6 +276,7 @@ class CudaDevice final : public Device {
   static const F* ptr(const void* p) { return static_cast<const F*>(p); }
   CudaContext ctx_;
   SumSquaresScratch norm_scratch_;
+  cudaMemPool_t pool_ = nullptr;  // the GPU's default pool (not ours to destroy)
   std::vector<cudaEvent_t> marks_;  // the op profile's marks (mark())
   size_t next_mark_ = 0;  // after ctx_: 8 KiB for sum_squares, not tracked (gradnorm_cuda.h)
   std::string name_;

@@ -31,7 +31,7 @@ constexpr int kNumCategories = 6;
 const char* place_name(Place p);
 const char* category_name(Category c);
 
-// Thrown when an allocation would exceed the device budget (or cudaMalloc fails).
+// Thrown when an allocation would exceed the device budget (or the GPU refuses it).
 struct OutOfMemory : Error {
   using Error::Error;
 };

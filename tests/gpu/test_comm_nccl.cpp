@@ -398,8 +398,9 @@ TEST_P(NcclComm, AsyncFormsWaitedInReverseOrder) {
     h.push_back(comm.reduce_scatter_async(rs_send.get(), rs_recv.get(), n, dt, ReduceOp::avg));
     h.push_back(comm.all_gather_async(ag_send.get(), ag_recv.get(), n, dt));
     h.push_back(comm.broadcast_async(bc.get(), n, dt, N - 1));
+    // wait() is on the device: the default stream (this world's compute
+    // stream) waits for each collective; download() copies on it after.
     for (int k = int(h.size()) - 1; k >= 0; k--) h[size_t(k)].wait();
-    for (auto& x : h) EXPECT_TRUE(x.done());
     h[0].wait();  // a second wait is fine
 
     EXPECT_EQ(mismatch(ar.download(), reduce_ints(N, n, 1, ReduceOp::sum, dt).value, 0), "");
@@ -415,6 +416,11 @@ TEST_P(NcclComm, AsyncFormsWaitedInReverseOrder) {
     EXPECT_EQ(mismatch(ag_recv.download(), ag, 0), "");
     const vf b = ints(N - 1, n, 4);
     EXPECT_EQ(mismatch(bc.download(), std::vector<double>(b.begin(), b.end()), 0), "");
+    // On the host: done once wait_host() returns.
+    for (auto& x : h) {
+      x.wait_host();
+      EXPECT_TRUE(x.done());
+    }
   });
 }
 
@@ -459,7 +465,7 @@ TEST_P(NcclComm, OrderedAfterComputeStream) {
     CUDA_CHECK(cudaStreamSynchronize(compute));
     EXPECT_EQ(mismatch(vf(out, out + n), reduce_ints(N, n, 2, ReduceOp::sum, dt).value, 0), "")
         << "read through stream_wait_issued";
-    h.wait();
+    h.wait_host();  // (wait() would order `compute`, not the default stream download() copies on)
     EXPECT_EQ(mismatch(buf.download(), reduce_ints(N, n, 2, ReduceOp::sum, dt).value, 0), "");
     comm.set_compute_stream(nullptr);
     CUDA_CHECK(cudaFreeHost(in));
@@ -626,7 +632,7 @@ TEST_P(NcclFaults, AbortWakesAPendingCollective) {
     comm.abort("stopped from another thread");
   });
   try {
-    h.wait();
+    h.wait_host();
     ADD_FAILURE() << "the pending collective completed despite abort()";
   } catch (const zf::CommAborted& e) {
     EXPECT_NE(std::string(e.what()).find("stopped from another thread"), std::string::npos) << e.what();
@@ -654,7 +660,7 @@ TEST_P(NcclFaults, TimeoutAbortsAStuckCollective) {
   CUDA_CHECK(cudaLaunchHostFunc(compute, sleep_on_stream, &stall));
   zf::CommHandle h = comm.all_reduce_async(buf.get(), 1000, DType::f32, ReduceOp::sum);
   try {
-    h.wait();
+    h.wait_host();
     ADD_FAILURE() << "the stuck collective completed";
   } catch (const zf::CommAborted& e) {
     ADD_FAILURE() << "the rank that timed out should raise Error (the cause), not CommAborted: "
@@ -666,6 +672,46 @@ TEST_P(NcclFaults, TimeoutAbortsAStuckCollective) {
   }
   EXPECT_THROW(comm.all_reduce(buf.get(), 1000, DType::f32), zf::Error);
   comms.clear();  // must not hang
+  CUDA_CHECK(cudaStreamSynchronize(compute));
+  CUDA_CHECK(cudaStreamDestroy(compute));
+}
+
+// wait() is on the device: a collective that has not failed yet lets it
+// return at once (its input stalls 1.5 s, the timeout is 0.3 s). The failure
+// found later still raises on the host: at wait_host() on the handle, and at
+// once in the next collective.
+TEST_P(NcclFaults, AFailureAfterADeviceWaitRaisesOnTheHost) {
+  SKIP_WITHOUT_GPU();
+  auto comms = NcclCommunicator::create_group({0}, test_options(0.3));
+  NcclCommunicator& comm = *comms[0];
+  cudaStream_t compute;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+  DevBuf buf(1000, DType::f32);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  comm.set_compute_stream(compute);
+  static SleepArg stall{1500};
+  CUDA_CHECK(cudaLaunchHostFunc(compute, sleep_on_stream, &stall));
+  zf::CommHandle h = comm.all_reduce_async(buf.get(), 1000, DType::f32, ReduceOp::sum);
+  const auto t0 = std::chrono::steady_clock::now();
+  h.wait();  // not failed yet: returns, the compute stream waits
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.2)
+      << "wait() blocked the host";
+  try {
+    h.wait_host();
+    ADD_FAILURE() << "the stuck collective completed";
+  } catch (const zf::CommAborted& e) {
+    ADD_FAILURE() << "the rank that timed out should raise Error (the cause), not CommAborted: "
+                  << e.what();
+  } catch (const zf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("did not complete within 0.3 s"), std::string::npos)
+        << e.what();
+  }
+  zf::CommHandle next = comm.all_reduce_async(buf.get(), 1000, DType::f32, ReduceOp::sum);
+  EXPECT_TRUE(next.done()) << "a collective on a failed communicator must fail at once";
+  EXPECT_THROW(next.wait(), zf::Error);
+  comms.clear();  // must not hang
+  // The compute stream waited for the failed collective's done event: it
+  // goes on once the stall is over and the aborted collective has left.
   CUDA_CHECK(cudaStreamSynchronize(compute));
   CUDA_CHECK(cudaStreamDestroy(compute));
 }

@@ -96,8 +96,9 @@ TEST(GpuStages, DataParallelMatchesTheCpu) {
   }
 }
 
-// The budget applies to real cudaMalloc'd memory too: a budget below stage
-// 00's model states fails before any step with the out-of-memory message.
+// The budget applies to real GPU memory too: a budget below stage 00's
+// model states fails before any step with the out-of-memory message. (The
+// GPU itself refusing: test_device_cuda.cpp.)
 TEST(GpuStages, DeviceBudgetRefusesOnTheGpu) {
   SKIP_WITHOUT_GPU();
   TrainConfig cfg = gpu_config(Precision::fp32, DType::f32, 1, 1);
