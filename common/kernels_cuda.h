@@ -173,6 +173,21 @@ template <class F>
 void attention_backward_cuda(CudaContext& ctx, F* dqkv, float* scratch, const F* dout,
                              const F* qkv, const F* att, int B, int T, int C, int H);
 
+// Flash-style causal self-attention (kernels_cuda_flash.cu): the same op,
+// never storing a T x T matrix. The forward writes out[B,T,C] and lse[B,H,T]
+// (float32: the log of each softmax's denominator, scores included scale);
+// the backward needs the forward's out and lse, and scratch of
+// flash_attention_scratch_floats(B, T, H) floats (overwritten), and adds into
+// dqkv. Head size C/H at most 128 (a clear error otherwise); B*H <= 65535.
+size_t flash_attention_scratch_floats(int B, int T, int H);
+template <class F>
+void flash_attention_forward_cuda(F* out, float* lse, const F* qkv, int B, int T, int C, int H,
+                                  cudaStream_t stream);
+template <class F>
+void flash_attention_backward_cuda(F* dqkv, float* scratch, const F* dout, const F* out,
+                                   const F* qkv, const float* lse, int B, int T, int C, int H,
+                                   cudaStream_t stream);
+
 // GELU, tanh approximation.
 template <class F>
 void gelu_forward_cuda(F* out, const F* inp, size_t n, cudaStream_t stream);

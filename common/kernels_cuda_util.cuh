@@ -11,6 +11,7 @@
 //   kernels_cuda_elementwise.cu  encoder, GELU, residual
 //   kernels_cuda_layernorm.cu    LayerNorm
 //   kernels_cuda_matmul.cu       matmul and attention (the cuBLAS users) + the gemm helper
+//   kernels_cuda_flash.cu        flash-style attention (its per-thread work: flash_attention.cuh)
 //   kernels_cuda_softmax.cu      softmax + cross-entropy
 //   kernels_cuda_adamw.cu        AdamW and the bf16 <-> float32 casts
 //   kernels_cuda_context.cu      CudaContext, cuda_unavailable_reason

@@ -1,0 +1,159 @@
+// test_kernels_cuda_flash.cpp: the flash-style attention kernels
+// (kernels_cuda_flash.cu) against the CPU reference (attention_forward /
+// attention_backward of kernels_cpu.cpp) and a double log-sum-exp, in float32
+// and bf16; the tails (T = 1, 33, 100, 130: partial tiles and blocks); head
+// sizes padded to each HS (32, 64, 128); two runs giving the same bits.
+//
+//   build/tests/test_gpu_kernels --gtest_filter='*Flash*'
+//
+// How the comparisons and their tolerances work: kernels_cuda_test_util.h.
+// The same per-thread code runs on the CPU in tests/common/test_flash_attention.cpp,
+// which checks the logic; this file checks the GPU runs it as that harness does.
+// Without a CUDA device every test here is skipped, with the reason (except
+// the head-size limit, which fails before touching the device).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "check.h"
+#include "common/attention_ref.h"
+#include "gpu/kernels_cuda_test_util.h"
+#include "kernels.h"
+
+namespace {
+
+using namespace zf::test;
+
+// What one GPU run gives: out, lse, and dqkv after adding into g0.
+template <class F>
+struct FlashRun {
+  vf out, lse, dqkv;
+};
+
+template <class F>
+FlashRun<F> run_flash(zf::CudaContext& ctx, const vf& qkv, const vf& dout, const vf& dqkv0, int B,
+                      int T, int C, int H) {
+  auto d_qkv = to_device<F>(qkv), d_dout = to_device<F>(dout), d_dqkv = to_device<F>(dqkv0);
+  auto d_out = poisoned<F>(size_t(B) * T * C);
+  auto d_lse = poisoned<float>(size_t(B) * H * T);
+  auto scratch = poisoned<float>(zf::flash_attention_scratch_floats(B, T, H));
+  zf::flash_attention_forward_cuda(d_out->get(), d_lse->get(), d_qkv->get(), B, T, C, H,
+                                   ctx.stream());
+  zf::flash_attention_backward_cuda(d_dqkv->get(), scratch->get(), d_dout->get(), d_out->get(),
+                                    d_qkv->get(), d_lse->get(), B, T, C, H, ctx.stream());
+  return {to_host(*d_out), to_host(*d_lse), to_host(*d_dqkv)};
+}
+
+// Tolerances, inputs in [-1, 1] (u32 = 2^-24, u16 = 2^-8):
+// - out: as the simple form's test (test_kernels_cuda_matmul.cpp): a score
+//   sums hs products (|score| <= sqrt(hs)), off by 2 hs sqrt(hs) u32; softmax
+//   doubles that as a relative error of each probability and adds its sum
+//   over T; out sums T terms p v with sum p = 1: e = 2 (2 hs sqrt(hs) + T + 8)
+//   u32, out within 4 e max|v|. bf16: the inputs are exact in float32 and
+//   out is rounded once when stored: + u16 |out|.
+// - lse: float32 in both precisions, within 2 e + 2 u32 |lse| of the double value.
+// - dqkv: the simple form's backward bound, 8 (T + hs + 8) u32 of (the
+//   magnitude of the element's terms + the largest gradient) + 2 u32 |g0|;
+//   bf16 adds u16 |result| (rounded once when added to g0) and the effect of
+//   D_i = dout_i . out_i computed from the bf16-rounded out: D_i is then off
+//   by u16 sum_d |dout_id out_id| =: dD_i, so ds_ij by p_ij dD_i, dq_i by
+//   scale sum_j p_ij dD_i |k_j| and dk_j by scale sum_i p_ij dD_i |q_i|
+//   (computed per element below, in double).
+template <class F>
+void check_flash(zf::CudaContext& ctx, int B, int T, int C, int H) {
+  SCOPED_TRACE("B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
+               " H=" + std::to_string(H));
+  std::mt19937 rng = make_rng(505 + T + C);
+  const int hs = C / H, C3 = 3 * C;
+  const vf qkv = uniform<F>(rng, size_t(B) * T * C3), dout = uniform<F>(rng, size_t(B) * T * C);
+  const vf dqkv0 = uniform<F>(rng, qkv.size());
+  const FlashRun<F> got = run_flash<F>(ctx, qkv, dout, dqkv0, B, T, C, H);
+
+  vf out(size_t(B) * T * C), att(size_t(B) * H * T * T);
+  zf::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, H);
+  const double e = 2.0 * (2 * hs * std::sqrt(double(hs)) + T + 8) * kU32;
+  EXPECT_TRUE(close("flash out", got.out, out,
+                    [&](size_t i) { return 4 * e + kStoreU<F> * std::abs(out[i]); }));
+  const std::vector<double> lse_d = attention_lse(qkv, B, T, C, H);
+  const vf lse(lse_d.begin(), lse_d.end());
+  EXPECT_TRUE(close("flash lse", got.lse, lse,
+                    [&](size_t i) { return 2 * e + 2 * kU32 * std::abs(lse_d[i]); }));
+
+  vf dqkv = dqkv0, scratch(zf::attention_scratch_floats(T));
+  zf::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T, C,
+                         H);
+  double gmax = 0;
+  for (size_t i = 0; i < dqkv.size(); ++i) gmax = std::max(gmax, std::abs(double(dqkv[i]) - dqkv0[i]));
+  const vf mag = attention_grad_magnitudes(qkv, att, dout, B, T, C, H);
+  vf dmag(qkv.size(), 0.0f);  // the bf16 out's effect through D (see above)
+  if (kIsBf16<F>) {
+    const double scale = 1.0 / std::sqrt(double(hs));
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h)
+        for (int i = 0; i < T; ++i) {
+          const size_t oi = (size_t(b) * T + i) * C + h * hs;
+          double dD = 0;
+          for (int d = 0; d < hs; ++d) dD += std::abs(double(dout[oi + d]) * out[oi + d]);
+          dD *= kU16;
+          for (int j = 0; j <= i; ++j) {
+            const double w = scale * att[((size_t(b) * H + h) * T + i) * T + j] * dD;
+            const size_t qi = (size_t(b) * T + i) * C3 + h * hs, kj = (size_t(b) * T + j) * C3 + C + h * hs;
+            for (int d = 0; d < hs; ++d) {
+              dmag[qi + d] += float(w * std::abs(qkv[kj + d]));
+              dmag[kj + d] += float(w * std::abs(qkv[qi + d]));
+            }
+          }
+        }
+  }
+  EXPECT_TRUE(close("flash dqkv", got.dqkv, dqkv, [&](size_t i) {
+    return 8.0 * (T + hs + 8) * kU32 * (mag[i] + gmax) + 2 * kU32 * std::abs(dqkv0[i]) +
+           kStoreU<F> * std::abs(dqkv[i]) + 2 * dmag[i];
+  }));
+}
+
+TEST_F(CudaKernels, FlashAttentionF32) {
+  check_flash<float>(ctx(), 2, 1, 8, 2);      // one position; hs 4 -> HS 32
+  check_flash<float>(ctx(), 2, 33, 48, 3);    // one key tile and a bit; hs 16
+  check_flash<float>(ctx(), 2, 100, 128, 2);  // two row blocks, the last partial; hs 64
+  check_flash<float>(ctx(), 1, 130, 200, 2);  // hs 100 -> HS 128
+  check_flash<float>(ctx(), 1, 256, 768, 12); // GPT-2's heads
+}
+TEST_F(CudaKernels, FlashAttentionBf16) {
+  check_flash<nvbf>(ctx(), 2, 1, 8, 2);
+  check_flash<nvbf>(ctx(), 2, 33, 48, 3);
+  check_flash<nvbf>(ctx(), 2, 100, 128, 2);
+  check_flash<nvbf>(ctx(), 1, 130, 200, 2);
+  check_flash<nvbf>(ctx(), 1, 256, 768, 12);
+}
+
+// No atomics and fixed orders: a second run gives the same bits.
+TEST_F(CudaKernels, FlashAttentionIsDeterministic) {
+  const int B = 2, T = 200, C = 256, H = 4;
+  std::mt19937 rng = make_rng(606);
+  const vf qkv = uniform<nvbf>(rng, size_t(B) * T * 3 * C), dout = uniform<nvbf>(rng, size_t(B) * T * C);
+  const vf dqkv0 = uniform<nvbf>(rng, qkv.size());
+  const FlashRun<nvbf> a = run_flash<nvbf>(ctx(), qkv, dout, dqkv0, B, T, C, H);
+  const FlashRun<nvbf> b = run_flash<nvbf>(ctx(), qkv, dout, dqkv0, B, T, C, H);
+  EXPECT_TRUE(exact("flash out, run 2", b.out, a.out));
+  EXPECT_TRUE(exact("flash lse, run 2", b.lse, a.lse));
+  EXPECT_TRUE(exact("flash dqkv, run 2", b.dqkv, a.dqkv));
+}
+
+// A head size over the kernels' maximum is refused with a clear error before
+// anything is launched (so this runs without a GPU too).
+TEST(FlashAttentionLimits, HeadSizeOver128IsAClearError) {
+  try {
+    zf::flash_attention_forward_cuda<float>(nullptr, nullptr, nullptr, 1, 4, 2 * 129, 2, nullptr);
+    FAIL() << "hs = 129 was accepted";
+  } catch (const zf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("maximum of 128"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(zf::flash_attention_forward_cuda<float>(nullptr, nullptr, nullptr, 1, 4, 10, 3,
+                                                       nullptr),
+               zf::Error)
+      << "C % H != 0";
+}
+
+}  // namespace
