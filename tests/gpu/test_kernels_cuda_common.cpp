@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -47,8 +48,8 @@ TEST_F(CudaKernels, BackwardIsDeterministic) {
     auto db = to_device<float>(vf(C, 0.0f)), dqkv = to_device<float>(vf(qkv.size(), 0.0f));
     zf::encoder_backward_cuda(dwte->get(), dwpe->get(), d_dout->get(), d_tok->get(), B, T, C,
                               stream());
-    zf::layernorm_backward_cuda(dinp->get(), dw->get(), db->get(), d_dout->get(), d_inp->get(),
-                                d_w->get(), d_mean->get(), d_rstd->get(), B * T, C, stream());
+    zf::layernorm_backward_cuda(ctx(), dinp->get(), dw->get(), db->get(), d_dout->get(),
+                                d_inp->get(), d_w->get(), d_mean->get(), d_rstd->get(), B * T, C);
     zf::attention_backward_cuda(ctx(), dqkv->get(), scratch.get(), d_dout->get(), d_qkv->get(),
                                 d_att->get(), B, T, C, H);
     std::vector<vf> r = {to_host(*dwte), to_host(*dwpe), to_host(*dinp),
@@ -59,6 +60,24 @@ TEST_F(CudaKernels, BackwardIsDeterministic) {
   const auto second = run();
   for (size_t k = 0; k < first.size(); ++k)
     EXPECT_TRUE(exact("rerun " + std::to_string(k), second[k], first[k]));
+}
+
+// CudaContext::scratch: 256-byte aligned, grown on demand, never shrunk.
+TEST_F(CudaKernels, ContextScratchGrowsAndIsReused) {
+  zf::CudaContext cx(0);
+  EXPECT_EQ(cx.scratch_bytes(), 0u);
+  void* small = cx.scratch(100);
+  ASSERT_NE(small, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(small) % 256, 0u);
+  EXPECT_GE(cx.scratch_bytes(), 100u);
+  EXPECT_EQ(cx.scratch(10), small) << "a smaller request reuses the buffer";
+  void* big = cx.scratch(size_t(3) << 20);
+  EXPECT_GE(cx.scratch_bytes(), size_t(3) << 20);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(big) % 256, 0u);
+  EXPECT_EQ(cx.scratch(100), big) << "never shrunk";
+  // The whole buffer is usable device memory.
+  EXPECT_EQ(cudaMemsetAsync(big, 0, cx.scratch_bytes(), cx.stream()), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(cx.stream()), cudaSuccess);
 }
 
 // ---------------------------------------------------------------------------
@@ -90,9 +109,9 @@ TEST_F(CudaKernels, EveryOpAcceptsZeroSizes) {
       {"encoder_backward C=0", [&] { zf::encoder_backward_cuda(a, b, c, t, 2, 4, 0, s); }},
       {"layernorm_forward N=0", [&] { zf::layernorm_forward_cuda(a, b, c, d, e, f, 0, 8, s); }},
       {"layernorm_backward N=0",
-       [&] { zf::layernorm_backward_cuda(a, b, c, d, e, f, d, e, 0, 8, s); }},
+       [&] { zf::layernorm_backward_cuda(cx, a, b, c, d, e, f, d, e, 0, 8); }},
       {"layernorm_backward C=0",
-       [&] { zf::layernorm_backward_cuda(a, b, c, d, e, f, d, e, 4, 0, s); }},
+       [&] { zf::layernorm_backward_cuda(cx, a, b, c, d, e, f, d, e, 4, 0); }},
       {"matmul_forward N=0", [&] { zf::matmul_forward_cuda(cx, a, b, c, d, 0, 4, 8); }},
       {"matmul_forward OC=0", [&] { zf::matmul_forward_cuda(cx, a, b, c, d, 3, 4, 0); }},
       {"matmul_forward OC=0, no bias",
