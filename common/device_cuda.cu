@@ -162,7 +162,7 @@ class CudaDevice final : public Device {
                         int C) override {
     dispatch([&](auto f) {
       using F = decltype(f);
-      encoder_backward_cuda(ptr<F>(dwte), ptr<F>(dwpe), ptr<F>(dout), tokens, B, T, C, s());
+      encoder_backward_cuda(ctx_, ptr<F>(dwte), ptr<F>(dwpe), ptr<F>(dout), tokens, B, T, C);
     });
   }
   void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* weight,

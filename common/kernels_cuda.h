@@ -126,9 +126,9 @@ class CudaContext {
   void synchronize() const { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
   // Device memory of at least `bytes` (256-byte aligned) for an op that runs
-  // on stream(): the partial sums between the two passes of a column sum.
-  // Ops on stream() run one after the other, so each may reuse it; its
-  // contents mean nothing between ops.
+  // on stream(): the partial sums between the two passes of a column sum,
+  // the embedding gradient's sorted positions. Ops on stream() run one after
+  // the other, so each may reuse it; its contents mean nothing between ops.
   // Grown on demand, never shrunk: growing waits for stream() (a kernel
   // still running may use the old buffer) and reallocates, so it happens in
   // the first step, which meets every shape; later steps only reuse it. Its
@@ -154,9 +154,10 @@ class CudaContext {
 template <class F>
 void encoder_forward_cuda(F* out, const int32_t* tokens, const F* wte, const F* wpe, int B, int T,
                           int C, cudaStream_t stream);
+// Runs on ctx.stream() and uses ctx.scratch() (it sorts the positions by token).
 template <class F>
-void encoder_backward_cuda(F* dwte, F* dwpe, const F* dout, const int32_t* tokens, int B, int T,
-                           int C, cudaStream_t stream);
+void encoder_backward_cuda(CudaContext& ctx, F* dwte, F* dwpe, const F* dout,
+                           const int32_t* tokens, int B, int T, int C);
 
 // LayerNorm over the last dimension, eps 1e-5; mean[N], rstd[N] in float32.
 template <class F>

@@ -8,7 +8,8 @@
 // The kernels live one op family a file, each in llm.c's order (a
 // "Reference:" line naming the CPU twin, the kernels with their thread-block
 // layout, the launchers), each file ending with its explicit instantiations:
-//   kernels_cuda_elementwise.cu  encoder, GELU, residual
+//   kernels_cuda_encoder.cu      encoder (token + position embedding)
+//   kernels_cuda_elementwise.cu  GELU, residual
 //   kernels_cuda_layernorm.cu    LayerNorm
 //   kernels_cuda_matmul.cu       matmul and attention (the cuBLAS users) + the gemm helper
 //   kernels_cuda_flash.cu        flash-style attention (its per-thread work: flash_attention.cuh)
@@ -26,7 +27,8 @@
 // - No float atomics anywhere: sums over rows (LayerNorm's weight and bias
 //   gradients, a Linear's bias gradient) are split among blocks and threads
 //   in a fixed pattern and combined in a fixed order (two passes, below), so
-//   every run gives the same bits.
+//   every run gives the same bits. The embedding gradient sorts positions by
+//   token first (kernels_cuda_encoder.cu).
 // - bf16 tensors are read into float32, computed on in float32 and rounded
 //   once when stored (load/store below).
 #pragma once

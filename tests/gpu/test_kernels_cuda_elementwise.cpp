@@ -1,7 +1,7 @@
-// test_kernels_cuda_elementwise.cpp: the encoder (token + position
-// embedding), GELU and residual CUDA kernels against their CPU twins.
+// test_kernels_cuda_elementwise.cpp: the GELU and residual CUDA kernels
+// against their CPU twins.
 //
-//   build/tests/test_gpu_kernels --gtest_filter='*Encoder*:*Gelu*:*Residual*'
+//   build/tests/test_gpu_kernels --gtest_filter='*Gelu*:*Residual*'
 //
 // How the comparisons and their tolerances work: kernels_cuda_test_util.h.
 // Without a CUDA device every test here is skipped, with the reason.
@@ -17,67 +17,6 @@
 namespace {
 
 using namespace zf::test;
-
-// ---------------------------------------------------------------------------
-// Encoder
-
-template <class F>
-void check_encoder(zf::CudaContext& ctx, int B, int T, int C, int V) {
-  std::mt19937 rng = make_rng(101);
-  const int N = B * T;
-  const auto tokens = random_tokens(rng, N, V);  // V small: tokens repeat
-  const vf wte = uniform<F>(rng, size_t(V) * C), wpe = uniform<F>(rng, size_t(T) * C);
-  auto d_tok = to_device(tokens);
-  auto d_wte = to_device<F>(wte), d_wpe = to_device<F>(wpe);
-
-  // Forward: one float32 addition per element on both sides, then (bf16) one
-  // rounding to nearest even on both sides: equal bits.
-  vf out(size_t(N) * C);
-  zf::encoder_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
-  auto d_out = poisoned<F>(out.size());
-  zf::encoder_forward_cuda(d_out->get(), d_tok->get(), d_wte->get(), d_wpe->get(), B, T, C,
-                           ctx.stream());
-  EXPECT_TRUE(exact("encoder out", to_host(*d_out), representable<F>(out)));
-
-  // Backward. float32: both sides add the same terms in position order
-  // (dwpe: b = 0, 1, ...; dwte: n = 0, 1, ...), so equal bits. bf16: dwpe is
-  // summed in float32 and rounded once (equal to the rounded CPU sum); dwte
-  // rounds after each of the k additions into a token's row, each by at most
-  // u16 of |g0| + sum |dout| of that element.
-  const vf dout = uniform<F>(rng, out.size());
-  const vf dwte0 = uniform<F>(rng, wte.size()), dwpe0 = uniform<F>(rng, wpe.size());
-  vf dwte = dwte0, dwpe = dwpe0;
-  zf::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
-  auto d_dout = to_device<F>(dout);
-  auto d_dwte = to_device<F>(dwte0), d_dwpe = to_device<F>(dwpe0);
-  zf::encoder_backward_cuda(d_dwte->get(), d_dwpe->get(), d_dout->get(), d_tok->get(), B, T, C,
-                            ctx.stream());
-  EXPECT_TRUE(exact("encoder dwpe", to_host(*d_dwpe), representable<F>(dwpe)));
-  if constexpr (kIsBf16<F>) {
-    vf mag = abs_of(dwte0), count(wte.size(), 0.0f);
-    for (int n = 0; n < N; ++n)
-      for (int c = 0; c < C; ++c) {
-        mag[size_t(tokens[n]) * C + c] += std::abs(dout[size_t(n) * C + c]);
-        count[size_t(tokens[n]) * C + c] += 1;
-      }
-    // (count + 1): each rounding is relative to a partial sum that itself
-    // carries the earlier roundings (second order, covered by the extra one).
-    EXPECT_TRUE(close("encoder dwte", to_host(*d_dwte), dwte, [&](size_t i) {
-      return (count[i] + 1) * kU16 * mag[i];
-    }));
-  } else {
-    EXPECT_TRUE(exact("encoder dwte", to_host(*d_dwte), dwte));
-  }
-}
-
-TEST_F(CudaKernels, EncoderF32) {
-  check_encoder<float>(ctx(), 2, 13, 12, 7);
-  check_encoder<float>(ctx(), 4, 64, 128, 256);
-}
-TEST_F(CudaKernels, EncoderBf16) {
-  check_encoder<nvbf>(ctx(), 2, 13, 12, 7);
-  check_encoder<nvbf>(ctx(), 4, 64, 128, 256);
-}
 
 // ---------------------------------------------------------------------------
 // GELU and residual
