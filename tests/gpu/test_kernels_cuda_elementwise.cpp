@@ -1,7 +1,8 @@
 // test_kernels_cuda_elementwise.cpp: the GELU and residual CUDA kernels
-// against their CPU twins.
+// against their CPU twins, in both launch forms (16-byte packs when every
+// pointer is aligned, one element a thread otherwise).
 //
-//   build/tests/test_gpu_kernels --gtest_filter='*Gelu*:*Residual*'
+//   build/tests/test_gpu_kernels --gtest_filter='*Gelu*:*Residual*:*Elementwise*'
 //
 // How the comparisons and their tolerances work: kernels_cuda_test_util.h.
 // Without a CUDA device every test here is skipped, with the reason.
@@ -9,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "gpu/kernels_cuda_test_util.h"
@@ -74,5 +76,55 @@ void check_residual(zf::CudaContext& ctx, size_t n) {
 
 TEST_F(CudaKernels, ResidualF32) { check_residual<float>(ctx(), 100003); }
 TEST_F(CudaKernels, ResidualBf16) { check_residual<nvbf>(ctx(), 100003); }
+
+// Both launch forms, and their edges: n below, at and just over one 16-byte
+// pack (4 floats, 8 bf16) and a long tail; the ops' pointers `off` elements
+// into larger buffers, so off = 1 takes the one-element form (not 16-byte
+// aligned) and off = 8 the packed form at an offset. The elements around the
+// range must come back untouched. Residual: exact (one addition, one
+// rounding, as on the CPU); GELU forward and backward: the bounds of check_gelu.
+template <class F>
+void check_elementwise_edges(zf::CudaContext& ctx) {
+  std::mt19937 rng = make_rng(707);
+  for (size_t n : {size_t(1), size_t(3), size_t(4), size_t(8), size_t(9), size_t(4099)})
+    for (size_t off : {size_t(0), size_t(1), size_t(8)}) {
+      SCOPED_TRACE("n " + std::to_string(n) + " offset " + std::to_string(off));
+      const size_t len = n + off + 9;  // room after the range too
+      const vf a = uniform<F>(rng, len), b = uniform<F>(rng, len), o0 = uniform<F>(rng, len);
+      const vf x = uniform<F>(rng, len, -6.0f, 6.0f);
+      vf want = o0;
+      zf::residual_forward(want.data() + off, a.data() + off, b.data() + off, n);
+      auto d_a = to_device<F>(a), d_b = to_device<F>(b), d_o = to_device<F>(o0);
+      zf::residual_forward_cuda(d_o->get() + off, d_a->get() + off, d_b->get() + off, n,
+                                ctx.stream());
+      EXPECT_TRUE(exact("residual", to_host(*d_o), representable<F>(want)));
+
+      auto u2_of = [](double v) { return 2 * 0.7978845608 * (v + 0.044715 * v * v * v); };
+      vf y = o0;
+      zf::gelu_forward(y.data() + off, x.data() + off, n);
+      auto d_x = to_device<F>(x), d_y = to_device<F>(o0);
+      zf::gelu_forward_cuda(d_y->get() + off, d_x->get() + off, n, ctx.stream());
+      EXPECT_TRUE(close("gelu out", to_host(*d_y), y, [&](size_t i) {
+        if (i < off || i >= off + n) return 0.0;  // outside the range: untouched
+        return ((32 + 8 * std::abs(u2_of(x[i]))) * kU32 + kStoreU<F>) * std::abs(y[i]) + 1e-37;
+      }));
+
+      vf dx = o0;
+      zf::gelu_backward(dx.data() + off, x.data() + off, b.data() + off, n);
+      auto d_dx = to_device<F>(o0);
+      zf::gelu_backward_cuda(d_dx->get() + off, d_x->get() + off, d_b->get() + off, n,
+                             ctx.stream());
+      EXPECT_TRUE(close("gelu dinp", to_host(*d_dx), dx, [&](size_t i) {
+        if (i < off || i >= off + n) return 0.0;  // outside the range: untouched
+        const double du = 0.7978845608 * (1 + 3 * 0.044715 * x[i] * x[i]);
+        const double terms = std::abs(b[i]) * (1 + std::abs(x[i]) * du / 2);
+        return (32 + 8 * std::abs(u2_of(x[i]))) * kU32 * terms + 2 * kU32 * std::abs(o0[i]) +
+               kStoreU<F> * std::abs(dx[i]);
+      }));
+    }
+}
+
+TEST_F(CudaKernels, ElementwiseEdgesF32) { check_elementwise_edges<float>(ctx()); }
+TEST_F(CudaKernels, ElementwiseEdgesBf16) { check_elementwise_edges<nvbf>(ctx()); }
 
 }  // namespace
