@@ -9,10 +9,12 @@
 // Conventions, as in kernels.h: shapes B, T, C, V, H, N = B*T; row-major,
 // contiguous; Linear weights [OC, IC]; every backward ADDS (+=) into its
 // gradients. All pointers are device pointers. Each op is enqueued on a
-// stream and returns at once (no synchronisation); the caller's thread must
-// have the op's device current (cudaSetDevice, which CudaContext does). Any
-// size may be 0: the op then does nothing (a Linear with IC = 0 still sets
-// out = bias, or 0, and adds dout's column sums to dbias).
+// stream and returns at once (no synchronisation, except when an op first
+// needs more of its CudaContext's scratch: CudaContext::scratch); the
+// caller's thread must have the op's device current (cudaSetDevice, which
+// CudaContext does). Any size may be 0: the op then does nothing (a Linear
+// with IC = 0 still sets out = bias, or 0, and adds dout's column sums to
+// dbias).
 //
 // Precision. Each op is a template on F, the type of activations and
 // parameters, instantiated for float and __nv_bfloat16 (and nothing else):

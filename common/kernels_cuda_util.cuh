@@ -18,9 +18,11 @@
 //   kernels_cuda_context.cu      CudaContext, cuda_unavailable_reason
 //
 // What to look for when reading them:
-// - Everything is plain CUDA C++: one thread per element for elementwise ops,
-//   one warp (32 threads) per row for row-wise ops (LayerNorm, causal
-//   softmax), one block per row when rows are long (the vocabulary softmax).
+// - Everything is plain CUDA C++ (and CUB's radix sort): one thread per
+//   element for elementwise ops (GELU and residual: per 16 bytes of elements
+//   when aligned), one warp (32 threads) per row for row-wise ops (LayerNorm,
+//   causal softmax), one block per row when rows are long (the vocabulary
+//   softmax).
 // - Matrix products, attention's included, go to cuBLAS (cublasGemmEx and
 //   its strided-batched form) with float32 accumulation (kernels_cuda_matmul.cu
 //   explains the row-major / column-major bookkeeping).
