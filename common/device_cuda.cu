@@ -162,7 +162,7 @@ class CudaDevice final : public Device {
                         int C) override {
     dispatch([&](auto f) {
       using F = decltype(f);
-      encoder_backward_cuda(ptr<F>(dwte), ptr<F>(dwpe), ptr<F>(dout), tokens, B, T, C, s());
+      encoder_backward_cuda(ctx_, ptr<F>(dwte), ptr<F>(dwpe), ptr<F>(dout), tokens, B, T, C);
     });
   }
   void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* weight,
@@ -176,8 +176,8 @@ class CudaDevice final : public Device {
                           const void* weight, const float* mean, const float* rstd, int N, int C) override {
     dispatch([&](auto f) {
       using F = decltype(f);
-      layernorm_backward_cuda(ptr<F>(dinp), ptr<F>(dweight), ptr<F>(dbias), ptr<F>(dout), ptr<F>(inp),
-                              ptr<F>(weight), mean, rstd, N, C, s());
+      layernorm_backward_cuda(ctx_, ptr<F>(dinp), ptr<F>(dweight), ptr<F>(dbias), ptr<F>(dout),
+                              ptr<F>(inp), ptr<F>(weight), mean, rstd, N, C);
     });
   }
   void matmul_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,

@@ -9,10 +9,12 @@
 // Conventions, as in kernels.h: shapes B, T, C, V, H, N = B*T; row-major,
 // contiguous; Linear weights [OC, IC]; every backward ADDS (+=) into its
 // gradients. All pointers are device pointers. Each op is enqueued on a
-// stream and returns at once (no synchronisation); the caller's thread must
-// have the op's device current (cudaSetDevice, which CudaContext does). Any
-// size may be 0: the op then does nothing (a Linear with IC = 0 still sets
-// out = bias, or 0, and adds dout's column sums to dbias).
+// stream and returns at once (no synchronisation, except when an op first
+// needs more of its CudaContext's scratch: CudaContext::scratch); the
+// caller's thread must have the op's device current (cudaSetDevice, which
+// CudaContext does). Any size may be 0: the op then does nothing (a Linear
+// with IC = 0 still sets out = bias, or 0, and adds dout's column sums to
+// dbias).
 //
 // Precision. Each op is a template on F, the type of activations and
 // parameters, instantiated for float and __nv_bfloat16 (and nothing else):
@@ -24,8 +26,10 @@
 //   scores before softmax stay float32.
 // A backward into a bf16 gradient reads it, adds in float32 and rounds once.
 //
-// Determinism: no kernel uses atomics, and every reduction has a fixed order,
-// so results are the same bits from run to run on a given GPU and cuBLAS.
+// Determinism: no kernel uses float atomics, and every reduction has a fixed
+// order, so results are the same bits from run to run on a given GPU and
+// cuBLAS. (The order is the GPU's own, not the CPU twin's, except where a
+// test says so: float32 results agree with the CPU within rounding.)
 #pragma once
 
 #include <cublas_v2.h>
@@ -97,10 +101,11 @@ class DeviceGuard {
 };
 
 // ---------------------------------------------------------------------------
-// CudaContext: one rank's device, the compute stream its kernels run on, and
-// a cuBLAS handle bound to that stream. One per rank (per thread driving a
-// GPU); not shared between threads. cuBLAS keeps its own workspace inside
-// the handle (not counted by the memory tracker).
+// CudaContext: one rank's device, the compute stream its kernels run on, a
+// cuBLAS handle bound to that stream, and a scratch buffer for the kernels
+// that reduce in two passes. One per rank (per thread driving a GPU); not
+// shared between threads. Neither cuBLAS's workspace (inside the handle) nor
+// the scratch is counted by the memory tracker.
 class CudaContext {
  public:
   // Makes `device` current for the calling thread. With stream == nullptr the
@@ -122,12 +127,26 @@ class CudaContext {
 
   void synchronize() const { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
+  // Device memory of at least `bytes` (256-byte aligned) for an op that runs
+  // on stream(): the partial sums between the two passes of a column sum,
+  // the embedding gradient's sorted positions. Ops on stream() run one after
+  // the other, so each may reuse it; its contents mean nothing between ops.
+  // Grown on demand, never shrunk: growing waits for stream() (a kernel
+  // still running may use the old buffer) and reallocates, so it happens in
+  // the first step, which meets every shape; later steps only reuse it. Its
+  // size: the largest request, 768 KiB for gpt2 (64 slices x 3072 columns x
+  // 4 bytes for c_fc's bias gradient; kernels_cuda_util.cuh).
+  void* scratch(size_t bytes);
+  size_t scratch_bytes() const { return scratch_bytes_; }
+
  private:
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   bool owns_stream_ = false;
   cublasHandle_t cublas_ = nullptr;
   bool tf32_ = false;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
 };
 
 // ---------------------------------------------------------------------------
@@ -137,18 +156,20 @@ class CudaContext {
 template <class F>
 void encoder_forward_cuda(F* out, const int32_t* tokens, const F* wte, const F* wpe, int B, int T,
                           int C, cudaStream_t stream);
+// Runs on ctx.stream() and uses ctx.scratch() (it sorts the positions by token).
 template <class F>
-void encoder_backward_cuda(F* dwte, F* dwpe, const F* dout, const int32_t* tokens, int B, int T,
-                           int C, cudaStream_t stream);
+void encoder_backward_cuda(CudaContext& ctx, F* dwte, F* dwpe, const F* dout,
+                           const int32_t* tokens, int B, int T, int C);
 
 // LayerNorm over the last dimension, eps 1e-5; mean[N], rstd[N] in float32.
 template <class F>
 void layernorm_forward_cuda(F* out, float* mean, float* rstd, const F* inp, const F* weight,
                             const F* bias, int N, int C, cudaStream_t stream);
+// Runs on ctx.stream() and uses ctx.scratch() (dweight and dbias sum in two passes).
 template <class F>
-void layernorm_backward_cuda(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
-                             const F* weight, const float* mean, const float* rstd, int N, int C,
-                             cudaStream_t stream);
+void layernorm_backward_cuda(CudaContext& ctx, F* dinp, F* dweight, F* dbias, const F* dout,
+                             const F* inp, const F* weight, const float* mean, const float* rstd,
+                             int N, int C);
 
 // out[N,OC] = inp[N,IC] @ weight[OC,IC]^T + bias[OC]; bias may be null.
 // Runs on ctx.stream().
@@ -156,7 +177,7 @@ template <class F>
 void matmul_forward_cuda(CudaContext& ctx, F* out, const F* inp, const F* weight, const F* bias,
                          int N, int IC, int OC);
 // dinp += dout @ weight; dweight += dout^T @ inp; dbias += column sums of dout.
-// dinp and dbias may be null.
+// dinp and dbias may be null. Runs on ctx.stream(); dbias uses ctx.scratch().
 template <class F>
 void matmul_backward_cuda(CudaContext& ctx, F* dinp, F* dweight, F* dbias, const F* dout,
                           const F* inp, const F* weight, int N, int IC, int OC);

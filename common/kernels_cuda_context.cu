@@ -1,5 +1,6 @@
-// kernels_cuda_context.cu: CudaContext (one rank's device, compute stream
-// and cuBLAS handle) and cuda_unavailable_reason, declared in kernels_cuda.h.
+// kernels_cuda_context.cu: CudaContext (one rank's device, compute stream,
+// cuBLAS handle and kernel scratch) and cuda_unavailable_reason, declared in
+// kernels_cuda.h.
 //
 //   build/tests/test_gpu_kernels --gtest_filter='CudaContext*:CudaCheck*'
 #include "kernels_cuda.h"
@@ -46,9 +47,29 @@ CudaContext::CudaContext(int device, cudaStream_t stream) : device_(device), str
 }
 
 CudaContext::~CudaContext() {
-  // No throwing from a destructor: errors here would only repeat an earlier one.
+  // No throwing from a destructor: errors here would only repeat an earlier
+  // one. cudaFree waits for the device if kernels still use the scratch.
+  if (scratch_) cudaFree(scratch_);
   if (cublas_) cublasDestroy(cublas_);
   if (owns_stream_ && stream_) cudaStreamDestroy(stream_);
+}
+
+void* CudaContext::scratch(size_t bytes) {
+  if (bytes <= scratch_bytes_) return scratch_;
+  // Kernels already enqueued on stream_ may still read or write the old
+  // buffer: wait for them before freeing it (cudaFree only promises that it
+  // *may* synchronise). Only the ops of this context use the scratch, and
+  // all of them run on stream_, so waiting for stream_ is enough.
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (scratch_) CUDA_CHECK(cudaFree(scratch_));
+  scratch_ = nullptr;
+  scratch_bytes_ = 0;
+  // Round up to 64 KiB so that a slightly larger request later does not
+  // reallocate again. cudaMalloc's memory is aligned to at least 256 bytes.
+  const size_t rounded = (bytes + 65535) / 65536 * 65536;
+  CUDA_CHECK(cudaMalloc(&scratch_, rounded));
+  scratch_bytes_ = rounded;
+  return scratch_;
 }
 
 }  // namespace zf

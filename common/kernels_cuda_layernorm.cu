@@ -1,7 +1,7 @@
 // kernels_cuda_layernorm.cu: the CUDA twin of kernels_cpu.cpp's LayerNorm,
-// forward and backward: one warp per row for the rows, 32 x 32 blocks for the
-// column sums of dweight and dbias. API and precision rules: kernels_cuda.h;
-// shared helpers: kernels_cuda_util.cuh.
+// forward and backward: one warp per row for the rows, the two-pass column
+// sums of kernels_cuda_util.cuh for dweight and dbias. API and precision
+// rules: kernels_cuda.h; shared helpers: kernels_cuda_util.cuh.
 //
 //   build/tests/test_gpu_kernels --gtest_filter='*LayerNorm*'
 #include "kernels_cuda.h"
@@ -77,42 +77,35 @@ __global__ void layernorm_backward_input_kernel(F* dinp, const F* dout, const F*
   }
 }
 
-// Sums over the N rows, for each column c (dweight, dbias). A block of
-// 32 x 32 threads owns 32 columns: thread (x, y) sums column 32*blockIdx.x + x
-// over rows y, y + 32, y + 64, ... (each row read 32 columns at a time, so
-// coalesced), then the 32 partial sums of each column are added in shared
-// memory by a fixed tree (y with y + 16, then y + 8, ...). kColTile = 32.
-
-// __launch_bounds__: a block of 1024 threads only launches if each thread
-// needs at most 64 registers (65536 per block); this holds the compiler to it.
+// dweight[c] += sum over n of dout[n,c] xhat[n,c], dbias[c] += sum of dout[n,c]:
+// pass 1 of the two-pass column sums of kernels_cuda_util.cuh. Block (x, s)
+// sums columns [32x, 32x + 32) over the rows of slice s and writes
+// partial[s][c] (dweight's) and partial[S + s][c] (dbias's).
 template <class F>
-__global__ void __launch_bounds__(kColTile * kColTile)
-    layernorm_backward_params_kernel(F* dweight, F* dbias, const F* dout, const F* inp,
-                                     const float* mean, const float* rstd, int N, int C) {
-  __shared__ float sw[kColTile][kColTile], sb[kColTile][kColTile];
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int c = blockIdx.x * kColTile + tx;
+__global__ void __launch_bounds__(kColTile * kColRows)
+    layernorm_backward_params_kernel(float* __restrict__ partial, const F* __restrict__ dout,
+                                     const F* __restrict__ inp, const float* __restrict__ mean,
+                                     const float* __restrict__ rstd, int N, int C,
+                                     int slice_rows) {
+  __shared__ float shared[kColRows][kColTile];
+  const int c = blockIdx.x * kColTile + threadIdx.x;
+  const int row0 = blockIdx.y * slice_rows, row_end = min(N, row0 + slice_rows);
   float dw = 0.0f, db = 0.0f;
-  if (c < C)
-    for (int n = ty; n < N; n += kColTile) {
+  if (c < C) {
+    // Unrolled so that the loads of several rows are in flight together.
+#pragma unroll 4
+    for (int n = row0 + threadIdx.y; n < row_end; n += kColRows) {
       const size_t i = size_t(n) * C + c;
       const float d = load(dout, i);
       dw += d * ((load(inp, i) - mean[n]) * rstd[n]);
       db += d;
     }
-  sw[ty][tx] = dw;
-  sb[ty][tx] = db;
-  __syncthreads();
-  for (int s = kColTile / 2; s > 0; s /= 2) {
-    if (ty < s) {
-      sw[ty][tx] += sw[ty + s][tx];
-      sb[ty][tx] += sb[ty + s][tx];
-    }
-    __syncthreads();
   }
-  if (ty == 0 && c < C) {
-    store(dweight, c, load(dweight, c) + sw[0][tx]);
-    store(dbias, c, load(dbias, c) + sb[0][tx]);
+  dw = column_tree_sum(dw, shared);
+  db = column_tree_sum(db, shared);
+  if (threadIdx.y == 0 && c < C) {
+    partial[size_t(blockIdx.y) * C + c] = dw;
+    partial[size_t(gridDim.y + blockIdx.y) * C + c] = db;
   }
 }
 
@@ -128,18 +121,23 @@ void layernorm_forward_cuda(F* out, float* mean, float* rstd, const F* inp, cons
 }
 
 template <class F>
-void layernorm_backward_cuda(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
-                             const F* weight, const float* mean, const float* rstd, int N, int C,
-                             cudaStream_t stream) {
+void layernorm_backward_cuda(CudaContext& ctx, F* dinp, F* dweight, F* dbias, const F* dout,
+                             const F* inp, const F* weight, const float* mean, const float* rstd,
+                             int N, int C) {
   // C == 0: nothing to add to, and blocks_for(C, ...) below would be a grid
   // of 0 blocks, which CUDA rejects (cudaErrorInvalidConfiguration).
   if (N == 0 || C == 0) return;
+  cudaStream_t stream = ctx.stream();
   layernorm_backward_input_kernel<<<blocks_for(N, kRowsPerBlock), kBlock, 0, stream>>>(
       dinp, dout, inp, weight, mean, rstd, N, C);
   CUDA_CHECK_LAUNCH();
-  layernorm_backward_params_kernel<<<blocks_for(C, kColTile), dim3(kColTile, kColTile), 0,
-                                     stream>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
+  const ColumnSlices sl = column_slices(N);
+  float* partial = static_cast<float*>(ctx.scratch(column_scratch_bytes(2, N, C)));
+  const dim3 grid(blocks_for(C, kColTile), sl.count);
+  layernorm_backward_params_kernel<<<grid, dim3(kColTile, kColRows), 0, stream>>>(
+      partial, dout, inp, mean, rstd, N, C, sl.rows);
   CUDA_CHECK_LAUNCH();
+  column_sums_finish(dweight, dbias, partial, sl.count, C, stream);
 }
 
 // ---------------------------------------------------------------------------
@@ -148,8 +146,8 @@ void layernorm_backward_cuda(F* dinp, F* dweight, F* dbias, const F* dout, const
 #define ZF_INSTANTIATE(F)                                                                         \
   template void layernorm_forward_cuda<F>(F*, float*, float*, const F*, const F*, const F*, int, \
                                           int, cudaStream_t);                                    \
-  template void layernorm_backward_cuda<F>(F*, F*, F*, const F*, const F*, const F*,             \
-                                           const float*, const float*, int, int, cudaStream_t);
+  template void layernorm_backward_cuda<F>(CudaContext&, F*, F*, F*, const F*, const F*,         \
+                                           const F*, const float*, const float*, int, int);
 
 ZF_INSTANTIATE(float)
 ZF_INSTANTIATE(__nv_bfloat16)

@@ -74,25 +74,25 @@ __global__ void bias_broadcast_kernel(F* out, const F* bias, int N, int OC) {
   if (i < size_t(N) * OC) out[i] = bias[i % OC];
 }
 
-// dbias[o] += sum over n of dout[n, o]: the column sums of
-// layernorm_backward_params_kernel (same 32 x 32 block layout, and the same
-// __launch_bounds__ for its 1024 threads).
+// dbias[o] += sum over n of dout[n, o]: pass 1 of the two-pass column sums
+// of kernels_cuda_util.cuh (as LayerNorm's dbias). Block (x, s) sums
+// columns [32x, 32x + 32) over the rows of slice s into partial[s][o].
 template <class F>
-__global__ void __launch_bounds__(kColTile * kColTile)
-    bias_backward_kernel(F* dbias, const F* dout, int N, int OC) {
-  __shared__ float sb[kColTile][kColTile];
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int o = blockIdx.x * kColTile + tx;
+__global__ void __launch_bounds__(kColTile * kColRows)
+    bias_backward_kernel(float* __restrict__ partial, const F* __restrict__ dout, int N, int OC,
+                         int slice_rows) {
+  __shared__ float shared[kColRows][kColTile];
+  const int o = blockIdx.x * kColTile + threadIdx.x;
+  const int row0 = blockIdx.y * slice_rows, row_end = min(N, row0 + slice_rows);
   float db = 0.0f;
-  if (o < OC)
-    for (int n = ty; n < N; n += kColTile) db += load(dout, size_t(n) * OC + o);
-  sb[ty][tx] = db;
-  __syncthreads();
-  for (int s = kColTile / 2; s > 0; s /= 2) {
-    if (ty < s) sb[ty][tx] += sb[ty + s][tx];
-    __syncthreads();
+  if (o < OC) {
+    // Unrolled so that the loads of several rows are in flight together.
+#pragma unroll 4
+    for (int n = row0 + threadIdx.y; n < row_end; n += kColRows)
+      db += load(dout, size_t(n) * OC + o);
   }
-  if (ty == 0 && o < OC) store(dbias, o, load(dbias, o) + sb[0][tx]);
+  db = column_tree_sum(db, shared);
+  if (threadIdx.y == 0 && o < OC) partial[size_t(blockIdx.y) * OC + o] = db;
 }
 
 }  // namespace
@@ -137,9 +137,13 @@ void matmul_backward_cuda(CudaContext& ctx, F* dinp, F* dweight, F* dbias, const
   gemm<F, F>(ctx, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, 1.0f, inp, IC, 0, dout, OC, 0, 1.0f,
              dweight, IC, 0);
   if (dbias) {
-    bias_backward_kernel<<<blocks_for(OC, kColTile), dim3(kColTile, kColTile), 0,
-                           ctx.stream()>>>(dbias, dout, N, OC);
+    const ColumnSlices sl = column_slices(N);
+    float* partial = static_cast<float*>(ctx.scratch(column_scratch_bytes(1, N, OC)));
+    const dim3 grid(blocks_for(OC, kColTile), sl.count);
+    bias_backward_kernel<<<grid, dim3(kColTile, kColRows), 0, ctx.stream()>>>(partial, dout, N,
+                                                                              OC, sl.rows);
     CUDA_CHECK_LAUNCH();
+    column_sums_finish<F>(dbias, nullptr, partial, sl.count, OC, ctx.stream());
   }
 }
 

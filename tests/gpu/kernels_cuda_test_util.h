@@ -32,6 +32,12 @@
 //   each test counts the roundings on the way to its output. TF32 (only in
 //   the test that asks for it): inputs keep 11 significant bits, so each
 //   product is within ~2 * 2^-11 relative (2^-9 allowed: Hopper may truncate).
+// - Column sums over many rows (LayerNorm's dweight and dbias, a Linear's
+//   dbias at N = 8192): the bound "2 N u32 of N max|term|" would be larger
+//   than a lost slice of rows, so those tests compare with the exact sum (in
+//   double) within the depth of the GPU's own summation tree
+//   (column_sum_depth below): a float32 sum whose terms each pass through at
+//   most d additions is within d u32 of sum |terms| of the exact sum.
 // A bug (a missing term, a wrong offset, a lost element) is an O(1) error,
 // far above all of these.
 #pragma once
@@ -210,6 +216,14 @@ inline vf abs_of(vf v) {
   for (auto& x : v) x = std::abs(x);
   return v;
 }
+
+// The most additions a term passes through in the GPU's column sums of N
+// rows (kernels_cuda_util.cuh: at most 64 slices of at least 64 rows, a
+// thread summing every 8th row of its slice: at most ceil(N / 512) + 1 rows
+// (8 when N <= 4096); a tree over the 8 threads of a column: 3; a thread
+// summing every 8th of the <= 64 slice partials: 8; a tree: 3; the add into
+// the gradient: 1), with 8 to spare. Change it with those constants.
+inline double column_sum_depth(int N) { return std::ceil(N / 512.0) + 24; }
 
 // ---------------------------------------------------------------------------
 // Comparison

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -45,10 +46,10 @@ TEST_F(CudaKernels, BackwardIsDeterministic) {
     auto dwte = to_device<float>(vf(size_t(V) * C, 0.0f)), dwpe = to_device<float>(vf(T * C, 0.0f));
     auto dinp = to_device<float>(vf(inp.size(), 0.0f)), dw = to_device<float>(vf(C, 0.0f));
     auto db = to_device<float>(vf(C, 0.0f)), dqkv = to_device<float>(vf(qkv.size(), 0.0f));
-    zf::encoder_backward_cuda(dwte->get(), dwpe->get(), d_dout->get(), d_tok->get(), B, T, C,
-                              stream());
-    zf::layernorm_backward_cuda(dinp->get(), dw->get(), db->get(), d_dout->get(), d_inp->get(),
-                                d_w->get(), d_mean->get(), d_rstd->get(), B * T, C, stream());
+    zf::encoder_backward_cuda(ctx(), dwte->get(), dwpe->get(), d_dout->get(), d_tok->get(), B, T,
+                              C);
+    zf::layernorm_backward_cuda(ctx(), dinp->get(), dw->get(), db->get(), d_dout->get(),
+                                d_inp->get(), d_w->get(), d_mean->get(), d_rstd->get(), B * T, C);
     zf::attention_backward_cuda(ctx(), dqkv->get(), scratch.get(), d_dout->get(), d_qkv->get(),
                                 d_att->get(), B, T, C, H);
     std::vector<vf> r = {to_host(*dwte), to_host(*dwpe), to_host(*dinp),
@@ -59,6 +60,65 @@ TEST_F(CudaKernels, BackwardIsDeterministic) {
   const auto second = run();
   for (size_t k = 0; k < first.size(); ++k)
     EXPECT_TRUE(exact("rerun " + std::to_string(k), second[k], first[k]));
+}
+
+// The backward ops that reduce over rows in two passes or sort (LayerNorm's
+// dweight and dbias, a Linear's dbias, the embedding gradient), at gpt2's
+// shapes (N = 8192: 64 slices of rows; tokens with heavy repeats), bf16 as
+// in a GPU run. The first run starts from a fresh context, so the scratch
+// grows (up to three times) while the previous ops may still be running
+// (each growth must wait for them); the second reuses it. Same bits both times.
+TEST_F(CudaKernels, BackwardIsDeterministicAtGpt2Shapes) {
+  std::mt19937 rng = make_rng(1002);
+  const int B = 8, T = 1024, N = B * T, C = 768, OC = 3072, V = 50;
+  const auto tokens = random_tokens(rng, N, V);
+  const vf inp = uniform<nvbf>(rng, size_t(N) * C), dout = uniform<nvbf>(rng, inp.size());
+  const vf dout_fc = uniform<nvbf>(rng, size_t(N) * OC), w = uniform<nvbf>(rng, C, 0.5f, 1.5f);
+  const vf mean = uniform<float>(rng, N, -0.1f, 0.1f), rstd = uniform<float>(rng, N, 0.8f, 1.2f);
+  auto d_tok = to_device(tokens);
+  auto d_inp = to_device<nvbf>(inp), d_dout = to_device<nvbf>(dout);
+  auto d_dout_fc = to_device<nvbf>(dout_fc), d_w = to_device<nvbf>(w);
+  auto d_mean = to_device<float>(mean), d_rstd = to_device<float>(rstd);
+  DeviceBuffer<nvbf> empty(0);
+  auto run = [&](zf::CudaContext& cx) {
+    auto dwte = to_device<nvbf>(vf(size_t(V) * C, 0.0f)), dwpe = to_device<nvbf>(vf(T * C, 0.0f));
+    auto dinp = to_device<nvbf>(vf(inp.size(), 0.0f)), dw = to_device<nvbf>(vf(C, 0.0f));
+    auto db = to_device<nvbf>(vf(C, 0.0f)), db_fc = to_device<nvbf>(vf(OC, 0.0f));
+    // No synchronisation between the three: smallest scratch first.
+    zf::encoder_backward_cuda(cx, dwte->get(), dwpe->get(), d_dout->get(), d_tok->get(), B, T, C);
+    zf::layernorm_backward_cuda(cx, dinp->get(), dw->get(), db->get(), d_dout->get(),
+                                d_inp->get(), d_w->get(), d_mean->get(), d_rstd->get(), N, C);
+    zf::matmul_backward_cuda(cx, empty.get(), empty.get(), db_fc->get(), d_dout_fc->get(),
+                             empty.get(), empty.get(), N, 0, OC);
+    return std::vector<vf>{to_host(*dwte), to_host(*dwpe), to_host(*dinp),
+                           to_host(*dw),   to_host(*db),   to_host(*db_fc)};
+  };
+  zf::CudaContext fresh(0);
+  const auto first = run(fresh);
+  EXPECT_GE(fresh.scratch_bytes(), size_t(64) * OC * sizeof(float));  // dbias's 64 slices
+  const size_t grown = fresh.scratch_bytes();
+  const auto second = run(fresh);
+  EXPECT_EQ(fresh.scratch_bytes(), grown) << "the second run needed no more scratch";
+  for (size_t k = 0; k < first.size(); ++k)
+    EXPECT_TRUE(exact("gpt2 shapes, rerun " + std::to_string(k), second[k], first[k]));
+}
+
+// CudaContext::scratch: 256-byte aligned, grown on demand, never shrunk.
+TEST_F(CudaKernels, ContextScratchGrowsAndIsReused) {
+  zf::CudaContext cx(0);
+  EXPECT_EQ(cx.scratch_bytes(), 0u);
+  void* small = cx.scratch(100);
+  ASSERT_NE(small, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(small) % 256, 0u);
+  EXPECT_GE(cx.scratch_bytes(), 100u);
+  EXPECT_EQ(cx.scratch(10), small) << "a smaller request reuses the buffer";
+  void* big = cx.scratch(size_t(3) << 20);
+  EXPECT_GE(cx.scratch_bytes(), size_t(3) << 20);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(big) % 256, 0u);
+  EXPECT_EQ(cx.scratch(100), big) << "never shrunk";
+  // The whole buffer is usable device memory.
+  EXPECT_EQ(cudaMemsetAsync(big, 0, cx.scratch_bytes(), cx.stream()), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(cx.stream()), cudaSuccess);
 }
 
 // ---------------------------------------------------------------------------
@@ -85,14 +145,14 @@ TEST_F(CudaKernels, EveryOpAcceptsZeroSizes) {
       {"encoder_forward B=0", [&] { zf::encoder_forward_cuda(a, t, b, c, 0, 4, 8, s); }},
       {"encoder_forward T=0", [&] { zf::encoder_forward_cuda(a, t, b, c, 2, 0, 8, s); }},
       {"encoder_forward C=0", [&] { zf::encoder_forward_cuda(a, t, b, c, 2, 4, 0, s); }},
-      {"encoder_backward B=0", [&] { zf::encoder_backward_cuda(a, b, c, t, 0, 4, 8, s); }},
-      {"encoder_backward T=0", [&] { zf::encoder_backward_cuda(a, b, c, t, 2, 0, 8, s); }},
-      {"encoder_backward C=0", [&] { zf::encoder_backward_cuda(a, b, c, t, 2, 4, 0, s); }},
+      {"encoder_backward B=0", [&] { zf::encoder_backward_cuda(cx, a, b, c, t, 0, 4, 8); }},
+      {"encoder_backward T=0", [&] { zf::encoder_backward_cuda(cx, a, b, c, t, 2, 0, 8); }},
+      {"encoder_backward C=0", [&] { zf::encoder_backward_cuda(cx, a, b, c, t, 2, 4, 0); }},
       {"layernorm_forward N=0", [&] { zf::layernorm_forward_cuda(a, b, c, d, e, f, 0, 8, s); }},
       {"layernorm_backward N=0",
-       [&] { zf::layernorm_backward_cuda(a, b, c, d, e, f, d, e, 0, 8, s); }},
+       [&] { zf::layernorm_backward_cuda(cx, a, b, c, d, e, f, d, e, 0, 8); }},
       {"layernorm_backward C=0",
-       [&] { zf::layernorm_backward_cuda(a, b, c, d, e, f, d, e, 4, 0, s); }},
+       [&] { zf::layernorm_backward_cuda(cx, a, b, c, d, e, f, d, e, 4, 0); }},
       {"matmul_forward N=0", [&] { zf::matmul_forward_cuda(cx, a, b, c, d, 0, 4, 8); }},
       {"matmul_forward OC=0", [&] { zf::matmul_forward_cuda(cx, a, b, c, d, 3, 4, 0); }},
       {"matmul_forward OC=0, no bias",

@@ -1,7 +1,8 @@
-// test_kernels_cuda_elementwise.cpp: the encoder (token + position
-// embedding), GELU and residual CUDA kernels against their CPU twins.
+// test_kernels_cuda_elementwise.cpp: the GELU and residual CUDA kernels
+// against their CPU twins, in both launch forms (16-byte packs when every
+// pointer is aligned, one element a thread otherwise).
 //
-//   build/tests/test_gpu_kernels --gtest_filter='*Encoder*:*Gelu*:*Residual*'
+//   build/tests/test_gpu_kernels --gtest_filter='*Gelu*:*Residual*:*Elementwise*'
 //
 // How the comparisons and their tolerances work: kernels_cuda_test_util.h.
 // Without a CUDA device every test here is skipped, with the reason.
@@ -9,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "gpu/kernels_cuda_test_util.h"
@@ -17,67 +19,6 @@
 namespace {
 
 using namespace zf::test;
-
-// ---------------------------------------------------------------------------
-// Encoder
-
-template <class F>
-void check_encoder(zf::CudaContext& ctx, int B, int T, int C, int V) {
-  std::mt19937 rng = make_rng(101);
-  const int N = B * T;
-  const auto tokens = random_tokens(rng, N, V);  // V small: tokens repeat
-  const vf wte = uniform<F>(rng, size_t(V) * C), wpe = uniform<F>(rng, size_t(T) * C);
-  auto d_tok = to_device(tokens);
-  auto d_wte = to_device<F>(wte), d_wpe = to_device<F>(wpe);
-
-  // Forward: one float32 addition per element on both sides, then (bf16) one
-  // rounding to nearest even on both sides: equal bits.
-  vf out(size_t(N) * C);
-  zf::encoder_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
-  auto d_out = poisoned<F>(out.size());
-  zf::encoder_forward_cuda(d_out->get(), d_tok->get(), d_wte->get(), d_wpe->get(), B, T, C,
-                           ctx.stream());
-  EXPECT_TRUE(exact("encoder out", to_host(*d_out), representable<F>(out)));
-
-  // Backward. float32: both sides add the same terms in position order
-  // (dwpe: b = 0, 1, ...; dwte: n = 0, 1, ...), so equal bits. bf16: dwpe is
-  // summed in float32 and rounded once (equal to the rounded CPU sum); dwte
-  // rounds after each of the k additions into a token's row, each by at most
-  // u16 of |g0| + sum |dout| of that element.
-  const vf dout = uniform<F>(rng, out.size());
-  const vf dwte0 = uniform<F>(rng, wte.size()), dwpe0 = uniform<F>(rng, wpe.size());
-  vf dwte = dwte0, dwpe = dwpe0;
-  zf::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
-  auto d_dout = to_device<F>(dout);
-  auto d_dwte = to_device<F>(dwte0), d_dwpe = to_device<F>(dwpe0);
-  zf::encoder_backward_cuda(d_dwte->get(), d_dwpe->get(), d_dout->get(), d_tok->get(), B, T, C,
-                            ctx.stream());
-  EXPECT_TRUE(exact("encoder dwpe", to_host(*d_dwpe), representable<F>(dwpe)));
-  if constexpr (kIsBf16<F>) {
-    vf mag = abs_of(dwte0), count(wte.size(), 0.0f);
-    for (int n = 0; n < N; ++n)
-      for (int c = 0; c < C; ++c) {
-        mag[size_t(tokens[n]) * C + c] += std::abs(dout[size_t(n) * C + c]);
-        count[size_t(tokens[n]) * C + c] += 1;
-      }
-    // (count + 1): each rounding is relative to a partial sum that itself
-    // carries the earlier roundings (second order, covered by the extra one).
-    EXPECT_TRUE(close("encoder dwte", to_host(*d_dwte), dwte, [&](size_t i) {
-      return (count[i] + 1) * kU16 * mag[i];
-    }));
-  } else {
-    EXPECT_TRUE(exact("encoder dwte", to_host(*d_dwte), dwte));
-  }
-}
-
-TEST_F(CudaKernels, EncoderF32) {
-  check_encoder<float>(ctx(), 2, 13, 12, 7);
-  check_encoder<float>(ctx(), 4, 64, 128, 256);
-}
-TEST_F(CudaKernels, EncoderBf16) {
-  check_encoder<nvbf>(ctx(), 2, 13, 12, 7);
-  check_encoder<nvbf>(ctx(), 4, 64, 128, 256);
-}
 
 // ---------------------------------------------------------------------------
 // GELU and residual
@@ -135,5 +76,55 @@ void check_residual(zf::CudaContext& ctx, size_t n) {
 
 TEST_F(CudaKernels, ResidualF32) { check_residual<float>(ctx(), 100003); }
 TEST_F(CudaKernels, ResidualBf16) { check_residual<nvbf>(ctx(), 100003); }
+
+// Both launch forms, and their edges: n below, at and just over one 16-byte
+// pack (4 floats, 8 bf16) and a long tail; the ops' pointers `off` elements
+// into larger buffers, so off = 1 takes the one-element form (not 16-byte
+// aligned) and off = 8 the packed form at an offset. The elements around the
+// range must come back untouched. Residual: exact (one addition, one
+// rounding, as on the CPU); GELU forward and backward: the bounds of check_gelu.
+template <class F>
+void check_elementwise_edges(zf::CudaContext& ctx) {
+  std::mt19937 rng = make_rng(707);
+  for (size_t n : {size_t(1), size_t(3), size_t(4), size_t(8), size_t(9), size_t(4099)})
+    for (size_t off : {size_t(0), size_t(1), size_t(8)}) {
+      SCOPED_TRACE("n " + std::to_string(n) + " offset " + std::to_string(off));
+      const size_t len = n + off + 9;  // room after the range too
+      const vf a = uniform<F>(rng, len), b = uniform<F>(rng, len), o0 = uniform<F>(rng, len);
+      const vf x = uniform<F>(rng, len, -6.0f, 6.0f);
+      vf want = o0;
+      zf::residual_forward(want.data() + off, a.data() + off, b.data() + off, n);
+      auto d_a = to_device<F>(a), d_b = to_device<F>(b), d_o = to_device<F>(o0);
+      zf::residual_forward_cuda(d_o->get() + off, d_a->get() + off, d_b->get() + off, n,
+                                ctx.stream());
+      EXPECT_TRUE(exact("residual", to_host(*d_o), representable<F>(want)));
+
+      auto u2_of = [](double v) { return 2 * 0.7978845608 * (v + 0.044715 * v * v * v); };
+      vf y = o0;
+      zf::gelu_forward(y.data() + off, x.data() + off, n);
+      auto d_x = to_device<F>(x), d_y = to_device<F>(o0);
+      zf::gelu_forward_cuda(d_y->get() + off, d_x->get() + off, n, ctx.stream());
+      EXPECT_TRUE(close("gelu out", to_host(*d_y), y, [&](size_t i) {
+        if (i < off || i >= off + n) return 0.0;  // outside the range: untouched
+        return ((32 + 8 * std::abs(u2_of(x[i]))) * kU32 + kStoreU<F>) * std::abs(y[i]) + 1e-37;
+      }));
+
+      vf dx = o0;
+      zf::gelu_backward(dx.data() + off, x.data() + off, b.data() + off, n);
+      auto d_dx = to_device<F>(o0);
+      zf::gelu_backward_cuda(d_dx->get() + off, d_x->get() + off, d_b->get() + off, n,
+                             ctx.stream());
+      EXPECT_TRUE(close("gelu dinp", to_host(*d_dx), dx, [&](size_t i) {
+        if (i < off || i >= off + n) return 0.0;  // outside the range: untouched
+        const double du = 0.7978845608 * (1 + 3 * 0.044715 * x[i] * x[i]);
+        const double terms = std::abs(b[i]) * (1 + std::abs(x[i]) * du / 2);
+        return (32 + 8 * std::abs(u2_of(x[i]))) * kU32 * terms + 2 * kU32 * std::abs(o0[i]) +
+               kStoreU<F> * std::abs(dx[i]);
+      }));
+    }
+}
+
+TEST_F(CudaKernels, ElementwiseEdgesF32) { check_elementwise_edges<float>(ctx()); }
+TEST_F(CudaKernels, ElementwiseEdgesBf16) { check_elementwise_edges<nvbf>(ctx()); }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "gpu/kernels_cuda_test_util.h"
@@ -60,8 +61,8 @@ void check_layernorm(zf::CudaContext& ctx, int N, int C) {
   auto d_dout = to_device<F>(dout);
   auto d_dinp = to_device<F>(dinp0), d_dw = to_device<F>(dw0), d_db = to_device<F>(db0);
   auto d_mean_in = to_device<float>(mean), d_rstd_in = to_device<float>(rstd);
-  zf::layernorm_backward_cuda(d_dinp->get(), d_dw->get(), d_db->get(), d_dout->get(), d_inp->get(),
-                              d_w->get(), d_mean_in->get(), d_rstd_in->get(), N, C, ctx.stream());
+  zf::layernorm_backward_cuda(ctx, d_dinp->get(), d_dw->get(), d_db->get(), d_dout->get(),
+                              d_inp->get(), d_w->get(), d_mean_in->get(), d_rstd_in->get(), N, C);
   float max_xhat = 0;
   for (size_t i = 0; i < inp.size(); ++i)
     max_xhat = std::max(max_xhat, std::abs((inp[i] - mean[i / C]) * rstd[i / C]));
@@ -89,6 +90,63 @@ TEST_F(CudaKernels, LayerNormF32) {
 TEST_F(CudaKernels, LayerNormBf16) {
   check_layernorm<nvbf>(ctx(), 26, 12);
   check_layernorm<nvbf>(ctx(), 256, 768);
+}
+
+// dweight and dbias over many rows (gpt2: N = 8192, C = 768, so 64 slices
+// of 128 rows in the two-pass column sums), against the exact sums in
+// double, within the depth of the GPU's summation tree (column_sum_depth):
+// a lost or doubled slice, even a lost row, is far above that bound, where
+// the CPU comparison's 2 N u32 of N max|term| would not see it. Each dweight
+// term d ((x - mean) rstd) is itself rounded up to 3 times (3 more u32).
+// bf16: the result is rounded once more when stored (u16 of it). N = 5000,
+// C = 100: slices of uneven length (79 rows, the last 23) and a partial tile
+// of columns.
+template <class F>
+void check_layernorm_param_grads(zf::CudaContext& ctx, int N, int C) {
+  SCOPED_TRACE("N " + std::to_string(N) + " C " + std::to_string(C));
+  std::mt19937 rng = make_rng(212 + N);
+  const vf inp = uniform<F>(rng, size_t(N) * C, -0.5f, 1.5f), dout = uniform<F>(rng, inp.size());
+  const vf w = uniform<F>(rng, C, 0.5f, 1.5f), b = uniform<F>(rng, C);
+  const vf dw0 = uniform<F>(rng, C), db0 = uniform<F>(rng, C);
+  vf out(inp.size()), mean(N), rstd(N);
+  zf::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), N, C);
+  // The exact sums, and the sums of |terms| the bound is relative to.
+  std::vector<double> dw(dw0.begin(), dw0.end()), db(db0.begin(), db0.end());
+  std::vector<double> mag_dw(C), mag_db(C);
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) {
+      const size_t i = size_t(n) * C + c;
+      const double xhat = (double(inp[i]) - mean[n]) * rstd[n];
+      dw[c] += double(dout[i]) * xhat;
+      db[c] += dout[i];
+      mag_dw[c] += std::abs(double(dout[i]) * xhat);
+      mag_db[c] += std::abs(double(dout[i]));
+    }
+  auto d_inp = to_device<F>(inp), d_dout = to_device<F>(dout), d_w = to_device<F>(w);
+  auto d_mean = to_device<float>(mean), d_rstd = to_device<float>(rstd);
+  auto d_dinp = to_device<F>(vf(inp.size(), 0.0f));
+  auto d_dw = to_device<F>(dw0), d_db = to_device<F>(db0);
+  zf::layernorm_backward_cuda(ctx, d_dinp->get(), d_dw->get(), d_db->get(), d_dout->get(),
+                              d_inp->get(), d_w->get(), d_mean->get(), d_rstd->get(), N, C);
+  const double depth = column_sum_depth(N);
+  auto bound = [](const std::vector<double>& want, const std::vector<double>& mag, const vf& g0,
+                  double d) {
+    return [&want, &mag, &g0, d](size_t i) {
+      const double t32 = d * kU32 * (mag[i] + std::abs(g0[i]));
+      return t32 + kStoreU<F> * (std::abs(want[i]) + t32);
+    };
+  };
+  EXPECT_TRUE(close("layernorm dweight, many rows", to_host(*d_dw), vf(dw.begin(), dw.end()),
+                    bound(dw, mag_dw, dw0, depth + 3)));
+  EXPECT_TRUE(close("layernorm dbias, many rows", to_host(*d_db), vf(db.begin(), db.end()),
+                    bound(db, mag_db, db0, depth)));
+}
+
+TEST_F(CudaKernels, LayerNormParamGradsOverManyRows) {
+  check_layernorm_param_grads<float>(ctx(), 8192, 768);
+  check_layernorm_param_grads<float>(ctx(), 5000, 100);
+  check_layernorm_param_grads<nvbf>(ctx(), 8192, 768);
+  check_layernorm_param_grads<nvbf>(ctx(), 5000, 100);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "gpu/kernels_cuda_test_util.h"
@@ -126,8 +127,46 @@ void check_matmul_no_inputs(zf::CudaContext& ctx, int N, int OC) {
 }
 
 TEST_F(CudaKernels, MatmulWithNoInputChannels) {
-  check_matmul_no_inputs<float>(ctx(), 70, 40);  // rows over one 32-row pass, columns over one tile
+  check_matmul_no_inputs<float>(ctx(), 70, 40);  // two slices of rows, columns over one tile
   check_matmul_no_inputs<nvbf>(ctx(), 70, 40);
+}
+
+// dbias over many rows: gpt2's N = 8192 at the widest bias, c_fc's OC = 3072
+// (64 slices of 128 rows, 96 tiles of columns), and N = 5000, OC = 50 (uneven
+// slices, a partial tile), against the exact column sums in double within
+// the depth of the GPU's summation tree (column_sum_depth; why not the CPU
+// comparison's bound: kernels_cuda_test_util.h). IC = 0 leaves dbias the
+// only output (the dbias kernel does not depend on IC). Every dout is
+// positive here, so each sum is as large as its sum of |terms|: a lost
+// slice is far out of bounds, and in float32 so is a lost row.
+template <class F>
+void check_bias_grad(zf::CudaContext& ctx, int N, int OC) {
+  SCOPED_TRACE("N " + std::to_string(N) + " OC " + std::to_string(OC));
+  std::mt19937 rng = make_rng(323 + N);
+  const vf dout = uniform<F>(rng, size_t(N) * OC, 0.25f, 1.0f), db0 = uniform<F>(rng, OC);
+  std::vector<double> db(db0.begin(), db0.end()), mag(OC);
+  for (int n = 0; n < N; ++n)
+    for (int o = 0; o < OC; ++o) {
+      db[o] += dout[size_t(n) * OC + o];
+      mag[o] += dout[size_t(n) * OC + o];
+    }
+  DeviceBuffer<F> empty(0);
+  auto d_dout = to_device<F>(dout), d_db = to_device<F>(db0);
+  zf::matmul_backward_cuda(ctx, empty.get(), empty.get(), d_db->get(), d_dout->get(), empty.get(),
+                           empty.get(), N, 0, OC);
+  const double depth = column_sum_depth(N);
+  EXPECT_TRUE(close("matmul dbias, many rows", to_host(*d_db), vf(db.begin(), db.end()),
+                    [&](size_t i) {
+                      const double t32 = depth * kU32 * (mag[i] + std::abs(db0[i]));
+                      return t32 + kStoreU<F> * (std::abs(db[i]) + t32);
+                    }));
+}
+
+TEST_F(CudaKernels, MatmulBiasGradOverManyRows) {
+  check_bias_grad<float>(ctx(), 8192, 3072);
+  check_bias_grad<float>(ctx(), 5000, 50);
+  check_bias_grad<nvbf>(ctx(), 8192, 3072);
+  check_bias_grad<nvbf>(ctx(), 5000, 50);
 }
 
 // ---------------------------------------------------------------------------
