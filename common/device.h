@@ -67,9 +67,10 @@ class Device {
   virtual void sum_squares(const void* x, DType dtype, size_t n, SumOfSquares& acc) = 0;
 
   // ---- the model's ops: kernels.h's shapes and conventions (every backward
-  // adds into its gradients, but the cross-entropy's). Activations, parameters and gradients passed
-  // as void* are of the device's compute dtype (below); LayerNorm
-  // statistics, losses and the attention scratch are always float32.
+  // adds into its gradients, but the cross-entropy's). Activations,
+  // parameters and gradients passed as void* are of the device's compute
+  // dtype (below); LayerNorm statistics, losses, lse and the attention
+  // scratch are always float32.
   //
   // Compute dtype f32: the kernels of kernels.h, float32 throughout.
   // Compute dtype bf16: every tensor above is stored in bf16, and each op
