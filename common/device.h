@@ -67,9 +67,10 @@ class Device {
   virtual void sum_squares(const void* x, DType dtype, size_t n, SumOfSquares& acc) = 0;
 
   // ---- the model's ops: kernels.h's shapes and conventions (every backward
-  // adds into its gradients). Activations, parameters and gradients passed
-  // as void* are of the device's compute dtype (below); LayerNorm
-  // statistics, losses and the attention scratch are always float32.
+  // adds into its gradients, but the cross-entropy's). Activations,
+  // parameters and gradients passed as void* are of the device's compute
+  // dtype (below); LayerNorm statistics, losses, lse and the attention
+  // scratch are always float32.
   //
   // Compute dtype f32: the kernels of kernels.h, float32 throughout.
   // Compute dtype bf16: every tensor above is stored in bf16, and each op
@@ -106,10 +107,13 @@ class Device {
   virtual void gelu_forward(void* out, const void* inp, size_t n) = 0;
   virtual void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n) = 0;
   virtual void residual_forward(void* out, const void* a, const void* b, size_t n) = 0;
-  virtual void softmax_cross_entropy_forward(void* probs, float* losses, const void* logits,
+  // Fused softmax + cross-entropy (kernels.h): lse[N] and losses[N] float32,
+  // no probabilities kept. The backward WRITES dlogits (=, the one op that
+  // does not add), and dlogits may be logits itself (in place).
+  virtual void softmax_cross_entropy_forward(float* lse, float* losses, const void* logits,
                                              const int32_t* targets, int N, int V) = 0;
-  virtual void softmax_cross_entropy_backward(void* dlogits, const void* probs, const int32_t* targets,
-                                              float dloss, int N, int V) = 0;
+  virtual void softmax_cross_entropy_backward(void* dlogits, const void* logits, const float* lse,
+                                              const int32_t* targets, float dloss, int N, int V) = 0;
 
  protected:
   DType compute_ = DType::f32;

@@ -172,17 +172,25 @@ class CpuDevice final : public Device {
     Arg o(compute_, out, n, Use::out), x(compute_, a, n, Use::in), y(compute_, b, n, Use::in);
     zf::residual_forward(o, x, y, n);
   }
-  void softmax_cross_entropy_forward(void* probs, float* losses, const void* logits, const int32_t* targets,
+  void softmax_cross_entropy_forward(float* lse, float* losses, const void* logits, const int32_t* targets,
                                      int N, int V) override {
-    const size_t NV = size_t(N) * V;
-    Arg p(compute_, probs, NV, Use::out), x(compute_, logits, NV, Use::in);
-    zf::softmax_cross_entropy_forward(p, losses, x, targets, N, V);
+    Arg x(compute_, logits, size_t(N) * V, Use::in);
+    zf::softmax_cross_entropy_forward(lse, losses, x, targets, N, V);
   }
-  void softmax_cross_entropy_backward(void* dlogits, const void* probs, const int32_t* targets, float dloss,
-                                      int N, int V) override {
+  void softmax_cross_entropy_backward(void* dlogits, const void* logits, const float* lse,
+                                      const int32_t* targets, float dloss, int N, int V) override {
     const size_t NV = size_t(N) * V;
-    Arg dx(compute_, dlogits, NV, Use::inout), p(compute_, probs, NV, Use::in);
-    zf::softmax_cross_entropy_backward(dx, p, targets, dloss, N, V);
+    if (dlogits == logits) {
+      // In place (the model's call): one float32 copy, widened from the
+      // logits once, overwritten by the kernel with their gradient, rounded
+      // back once. (Two Args on the one buffer would give the same values,
+      // as an `in` copy is never written back, but hold two copies.)
+      Arg g(compute_, dlogits, NV, Use::inout);
+      zf::softmax_cross_entropy_backward(g, g, lse, targets, dloss, N, V);
+    } else {
+      Arg dx(compute_, dlogits, NV, Use::out), x(compute_, logits, NV, Use::in);  // written, not added
+      zf::softmax_cross_entropy_backward(dx, x, lse, targets, dloss, N, V);
+    }
   }
 
  private:

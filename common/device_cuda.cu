@@ -228,18 +228,18 @@ class CudaDevice final : public Device {
       residual_forward_cuda(ptr<F>(out), ptr<F>(a), ptr<F>(b), n, s());
     });
   }
-  void softmax_cross_entropy_forward(void* probs, float* losses, const void* logits, const int32_t* targets,
+  void softmax_cross_entropy_forward(float* lse, float* losses, const void* logits, const int32_t* targets,
                                      int N, int V) override {
     dispatch([&](auto f) {
       using F = decltype(f);
-      softmax_cross_entropy_forward_cuda(ptr<F>(probs), losses, ptr<F>(logits), targets, N, V, s());
+      softmax_cross_entropy_forward_cuda(lse, losses, ptr<F>(logits), targets, N, V, s());
     });
   }
-  void softmax_cross_entropy_backward(void* dlogits, const void* probs, const int32_t* targets, float dloss,
-                                      int N, int V) override {
+  void softmax_cross_entropy_backward(void* dlogits, const void* logits, const float* lse,
+                                      const int32_t* targets, float dloss, int N, int V) override {
     dispatch([&](auto f) {
       using F = decltype(f);
-      softmax_cross_entropy_backward_cuda(ptr<F>(dlogits), ptr<F>(probs), targets, dloss, N, V, s());
+      softmax_cross_entropy_backward_cuda(ptr<F>(dlogits), ptr<F>(logits), lse, targets, dloss, N, V, s());
     });
   }
 

@@ -124,15 +124,15 @@ class ProfilingDevice final : public Device {
   void residual_forward(void* out, const void* a, const void* b, size_t n) override {
     timed("residual_forward", [&] { in_->residual_forward(out, a, b, n); });
   }
-  void softmax_cross_entropy_forward(void* probs, float* losses, const void* logits, const int32_t* targets,
+  void softmax_cross_entropy_forward(float* lse, float* losses, const void* logits, const int32_t* targets,
                                      int N, int V) override {
     timed("softmax_cross_entropy_forward",
-          [&] { in_->softmax_cross_entropy_forward(probs, losses, logits, targets, N, V); });
+          [&] { in_->softmax_cross_entropy_forward(lse, losses, logits, targets, N, V); });
   }
-  void softmax_cross_entropy_backward(void* dlogits, const void* probs, const int32_t* targets, float dloss,
-                                      int N, int V) override {
+  void softmax_cross_entropy_backward(void* dlogits, const void* logits, const float* lse,
+                                      const int32_t* targets, float dloss, int N, int V) override {
     timed("softmax_cross_entropy_backward",
-          [&] { in_->softmax_cross_entropy_backward(dlogits, probs, targets, dloss, N, V); });
+          [&] { in_->softmax_cross_entropy_backward(dlogits, logits, lse, targets, dloss, N, V); });
   }
 
  private:

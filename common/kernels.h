@@ -10,7 +10,9 @@
 //
 // Convention: every backward kernel ACCUMULATES (+=) into each gradient it
 // writes (dinp, dweight, dbias, dqkv, ...). The caller zeroes a gradient
-// once; residual branches and gradient accumulation then just add up.
+// once; residual branches and gradient accumulation then just add up. The one
+// exception: softmax_cross_entropy_backward WRITES its dlogits (=), in place
+// over the logits (see there).
 //
 // The CPU versions (kernels_cpu.cpp) are the reference: matrix products via
 // BLAS (cblas_sgemm), everything else as plain loops. Each is tested against a
@@ -64,12 +66,23 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
 // out = a + b (out may alias a or b).
 void residual_forward(float* out, const float* a, const float* b, size_t n);
 
-// probs[N,V] = softmax(logits); losses[N] = -log probs[n, targets[n]].
-void softmax_cross_entropy_forward(float* probs, float* losses, const float* logits,
+// Softmax + cross-entropy, fused (llm.c's "fused classifier"): no [N, V]
+// probabilities tensor is ever stored. The forward keeps one float per row,
+// lse[n] = log sum_j exp(logits[n, j]) (computed stably: max + log of the sum
+// of exp(x - max)), and writes losses[n] = -log softmax(logits[n])[targets[n]]
+// (= lse[n] - logits[n, targets[n]], computed as log-sum - (x_t - max), which
+// stays exact where lse and x_t are both large). targets[n] must be in [0, V):
+// the kernels do not check (the Sampler refuses token data with an id >= V).
+void softmax_cross_entropy_forward(float* lse, float* losses, const float* logits,
                                    const int32_t* targets, int N, int V);
-// dlogits[N,V] += (probs - onehot(targets)) * dloss, where dloss is d(total loss)/d(loss[n]),
+// !!! The one backward that does NOT accumulate: it WRITES (=)
+//   dlogits[n, j] = (exp(logits[n, j] - lse[n]) - [j == targets[n]]) * dloss,
+// recomputing each probability from its logit and the forward's lse. dlogits
+// may be logits itself (in place, what the model does: the logits have no
+// other reader, so their buffer takes their gradient and no [N, V] scratch is
+// needed); otherwise the two must not overlap. dloss is d(total loss)/d(loss[n]),
 // the same for every row (1/(B*T) for a mean, scaled for accumulation/ranks).
-void softmax_cross_entropy_backward(float* dlogits, const float* probs, const int32_t* targets,
-                                    float dloss, int N, int V);
+void softmax_cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
+                                    const int32_t* targets, float dloss, int N, int V);
 
 }  // namespace zf

@@ -3,7 +3,8 @@
 // cross-entropy), each forward followed by its backward.
 //
 // Conventions (see kernels.h): float32, row-major, contiguous; Linear weights
-// [OC, IC]; every backward ADDS into its gradients (+=).
+// [OC, IC]; every backward ADDS into its gradients (+=), except the
+// cross-entropy backward, which writes its dlogits (=), in place over the logits.
 //
 // How it is made fast without making it hard to read:
 // - Matrix products, attention's included, go to cblas_sgemm. The trainers
@@ -373,34 +374,73 @@ void residual_forward(float* out, const float* a, const float* b, size_t n) {
 }
 
 // ---------------------------------------------------------------------------
-// Softmax and cross-entropy, fused (the head's last step).
+// Softmax and cross-entropy, fused (the head's last step): the forward keeps
+// only lse per row, the backward recomputes each probability from its logit.
+// The forward's max and sum in one pass over memory ("online" softmax), a
+// chunk at a time: the chunk's max, the running sum rescaled to it if it is
+// a new max (one libm exp a chunk), then the chunk's exps added. A 4 KiB
+// chunk is read twice from L1, and each logit costs one exp (a per-element
+// online update costs two). With V <= kSoftmaxChunk (tiny, small) this is
+// exactly the two-pass arithmetic.
+constexpr int kSoftmaxChunk = 1024;
 
 ZF_VECTOR_CLONES
-void softmax_cross_entropy_forward(float* __restrict probs, float* __restrict losses,
+void softmax_cross_entropy_forward(float* __restrict lse, float* __restrict losses,
                                    const float* __restrict logits, const int32_t* targets, int N,
                                    int V) {
+  if (V == 0) return;  // no row has a target: nothing to do (as the CUDA twin)
   for (int n = 0; n < N; ++n) {
     const float* __restrict x = logits + size_t(n) * V;
-    float* __restrict p = probs + size_t(n) * V;
-    const float mx = lane_max(x, V);
-    const float sum = lane_sum(V, [&](int j) { return p[j] = fast_exp(x[j] - mx); });
-    const float inv = 1.0f / sum;
-    for (int j = 0; j < V; ++j) p[j] *= inv;
-    // -log p[t] = log(sum) - (x[t] - max): finite even when p[t] underflows to 0.
-    losses[n] = std::log(sum) - (x[targets[n]] - mx);
+    float mx = -std::numeric_limits<float>::infinity(), sum = 0.0f;
+    for (int j0 = 0; j0 < V; j0 += kSoftmaxChunk) {
+      const float* __restrict xc = x + j0;
+      const int len = std::min(kSoftmaxChunk, V - j0);
+      const float cmx = lane_max(xc, len);
+      if (cmx > mx) {
+        sum *= std::exp(mx - cmx);  // first chunk: 0 * exp(-inf) = 0
+        mx = cmx;
+      }
+      sum += lane_sum(len, [&](int j) { return fast_exp(xc[j] - mx); });
+    }
+    const float log_sum = std::log(sum);
+    lse[n] = mx + log_sum;
+    // -log p[t] = log(sum) - (x[t] - max): x[t] - max is exact when the two are
+    // close (Sterbenz), where lse - x[t] would lose lse's rounding (u |lse|).
+    losses[n] = log_sum - (x[targets[n]] - mx);
   }
 }
 
+namespace {
+
+// A row of the gradient, less the target's -1: g[j] = e^(x[j] - lse) dloss,
+// out of place and in place, each with __restrict pointers: GCC then
+// vectorises it without run-time overlap checks (which would send the
+// in-place call, equal pointers, down the scalar path).
+ZF_INLINE void ce_grad_row(float* __restrict g, const float* __restrict x, float lse, float dloss,
+                           int V) {
+  for (int j = 0; j < V; ++j) g[j] = fast_exp(x[j] - lse) * dloss;
+}
+ZF_INLINE void ce_grad_row_in_place(float* __restrict xg, float lse, float dloss, int V) {
+  for (int j = 0; j < V; ++j) xg[j] = fast_exp(xg[j] - lse) * dloss;
+}
+
+}  // namespace
+
+// No __restrict on dlogits and logits: they may be the same buffer.
 ZF_VECTOR_CLONES
-void softmax_cross_entropy_backward(float* __restrict dlogits, const float* __restrict probs,
+void softmax_cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                                     const int32_t* targets, float dloss, int N, int V) {
+  if (V == 0) return;
   for (int n = 0; n < N; ++n) {
-    const float* __restrict p = probs + size_t(n) * V;
-    float* __restrict dl = dlogits + size_t(n) * V;
+    const size_t row = size_t(n) * V;
     const int t = targets[n];
-    const float dl_t = dl[t];
-    for (int j = 0; j < V; ++j) dl[j] += p[j] * dloss;
-    dl[t] = dl_t + (p[t] - 1.0f) * dloss;  // the target's term, redone with its -1
+    const float l = lse[n];
+    const float x_t = logits[row + t];  // read before an in-place row overwrites it
+    if (dlogits == logits)
+      ce_grad_row_in_place(dlogits + row, l, dloss, V);
+    else
+      ce_grad_row(dlogits + row, logits + row, l, dloss, V);
+    dlogits[row + t] = (fast_exp(x_t - l) - 1.0f) * dloss;  // the target's term, with its -1
   }
 }
 

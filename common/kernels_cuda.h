@@ -15,6 +15,7 @@
 // CudaContext does). Any size may be 0: the op then does nothing (a Linear
 // with IC = 0 still sets out = bias, or 0, and adds dout's column sums to
 // dbias).
+// (The one exception to the +=: the cross-entropy backward WRITES, see there.)
 //
 // Precision. Each op is a template on F, the type of activations and
 // parameters, instantiated for float and __nv_bfloat16 (and nothing else):
@@ -220,14 +221,17 @@ void gelu_backward_cuda(F* dinp, const F* inp, const F* dout, size_t n, cudaStre
 template <class F>
 void residual_forward_cuda(F* out, const F* a, const F* b, size_t n, cudaStream_t stream);
 
-// probs[N,V] = softmax(logits); losses[N] (float32) = -log probs[n, targets[n]].
+// Softmax + cross-entropy, fused, as in kernels.h: no probabilities stored.
+// lse[N] and losses[N] are float32; targets in [0, V), not checked.
 template <class F>
-void softmax_cross_entropy_forward_cuda(F* probs, float* losses, const F* logits,
+void softmax_cross_entropy_forward_cuda(float* lse, float* losses, const F* logits,
                                         const int32_t* targets, int N, int V, cudaStream_t stream);
-// dlogits += (probs - onehot(targets)) * dloss.
+// !!! WRITES (=), does not add: dlogits = (exp(logits - lse) - onehot(targets)) * dloss.
+// dlogits may be logits itself (in place); otherwise they must not overlap.
 template <class F>
-void softmax_cross_entropy_backward_cuda(F* dlogits, const F* probs, const int32_t* targets,
-                                         float dloss, int N, int V, cudaStream_t stream);
+void softmax_cross_entropy_backward_cuda(F* dlogits, const F* logits, const float* lse,
+                                         const int32_t* targets, float dloss, int N, int V,
+                                         cudaStream_t stream);
 
 // ---------------------------------------------------------------------------
 // AdamW on a flat range, the formula of adamw.h: float32 parameters (the

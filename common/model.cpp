@@ -157,12 +157,16 @@ Gpt::Gpt(const ModelLayout& layout, MemoryTracker& mem, Device& dev, int B)
   lnf_ = act(BT * C);
   lnf_mean_ = f32(BT);
   lnf_rstd_ = f32(BT);
+  // The head keeps its logits and one float per position (lse) for the
+  // backward, no probabilities: the fused cross-entropy recomputes them, and
+  // writes dlogits over the logits (head_backward).
   logits_ = act(BT * c.V);
-  probs_ = act(BT * c.V);
+  lse_ = f32(BT);
   losses_ = f32(BT);
   dresid_ = act(BT * C);
-  // Backward scratch: a block needs 4C + 4C + C elements per position, the head V + C.
-  dscratch_ = act(BT * std::max<size_t>(9 * C, size_t(c.V) + C));
+  // Backward scratch: a block needs 4C + 4C + C elements per position, the
+  // head C (dlnf; its dlogits take the logits' buffer).
+  dscratch_ = act(BT * 9 * C);
   att_scratch_ = f32(dev.attention_scratch_floats(c.T, c.H));
   host_losses_.resize(BT);
 }
@@ -210,7 +214,7 @@ float Gpt::head_forward(const void* params, const int32_t* targets) {
   dev_.layernorm_forward(lnf_.data(), lnf_mean_.as<float>(), lnf_rstd_.as<float>(), residual_[c.L].data(),
                          at(params, P[0].offset), at(params, P[1].offset), N, c.C);
   dev_.matmul_forward(logits_.data(), lnf_.data(), at(params, P[2].offset), nullptr, N, c.C, c.V);
-  dev_.softmax_cross_entropy_forward(probs_.data(), losses_.as<float>(), logits_.data(), targets, N, c.V);
+  dev_.softmax_cross_entropy_forward(lse_.as<float>(), losses_.as<float>(), logits_.data(), targets, N, c.V);
   dev_.to_host(host_losses_.data(), losses_.data(), losses_.bytes());
   double sum = 0.0;
   for (int i = 0; i < N; ++i) sum += host_losses_[i];
@@ -223,11 +227,17 @@ void Gpt::head_backward(const void* params, void* grads, float dloss) {
   const auto& c = layout_.cfg;
   const auto& P = layout_.units[layout_.head_unit()].params;
   const int N = B_ * c.T;
-  void* dlogits = dscratch_.data();
-  void* dlnf = at(dlogits, size_t(N) * c.V);
-  dev_.zero(dlogits, esize_ * size_t(N) * (c.V + c.C));
+  // dlogits IN PLACE over the logits, and WRITTEN (=), not added: the only
+  // backward op that does not accumulate. The logits have no reader after
+  // this point (the loss is already computed), so their buffer takes their
+  // gradient: no [N, V] scratch, and nothing to zero first. One backward per
+  // forward, then: a second head_backward would read gradients as logits.
+  void* dlogits = logits_.data();
+  void* dlnf = dscratch_.data();
+  dev_.zero(dlnf, esize_ * size_t(N) * c.C);
   dev_.zero(dresid_.data(), dresid_.bytes());
-  dev_.softmax_cross_entropy_backward(dlogits, probs_.data(), targets_, dloss / float(N), N, c.V);
+  dev_.softmax_cross_entropy_backward(dlogits, logits_.data(), lse_.as<float>(), targets_, dloss / float(N),
+                                      N, c.V);
   dev_.matmul_backward(dlnf, at(grads, P[2].offset), nullptr, dlogits, lnf_.data(), at(params, P[2].offset), N,
                        c.C, c.V);
   dev_.layernorm_backward(dresid_.data(), at(grads, P[0].offset), at(grads, P[1].offset), dlnf,

@@ -96,6 +96,7 @@ class Gpt {
   float head_forward(const void* params, const int32_t* targets);
 
   // Backward, in reverse order. dloss is d(objective)/d(mean loss of this micro-batch).
+  // head_backward overwrites the logits with their gradient: one backward per forward.
   void head_backward(const void* params, void* grads, float dloss);
   void block_backward(int layer, const void* params, void* grads);
   void embedding_backward(void* grads);
@@ -124,7 +125,7 @@ class Gpt {
   const int32_t* targets_ = nullptr;
   std::vector<Tensor> residual_;     // x_0 .. x_L, each [B,T,C]
   std::vector<std::unique_ptr<BlockActs>> blocks_;
-  Tensor lnf_, lnf_mean_, lnf_rstd_, logits_, probs_, losses_;  // head
+  Tensor lnf_, lnf_mean_, lnf_rstd_, logits_, lse_, losses_;  // head (logits_ becomes dlogits)
   Tensor dresid_, dscratch_;         // gradient of the residual stream and per-op scratch
   Tensor att_scratch_;
   std::vector<float> host_losses_;   // the per-position losses, copied back for the mean

@@ -1,13 +1,16 @@
 // test_model.cpp: the GPT's layout, its seeded initialisation (the same for
-// any number of ranks and through --save-init / --init), and the model's
-// backward against finite differences end to end.
+// any number of ranks and through --save-init / --init), the activations a
+// Gpt keeps, the CPU device's bf16 emulation of the in-place cross-entropy,
+// and the model's backward against finite differences end to end.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 #include <set>
 
 #include "checkpoint.h"
 #include "device.h"
+#include "kernels.h"
 #include "launch.h"
 #include "model.h"
 #include "safetensors.h"
@@ -128,6 +131,70 @@ TEST(Init, SameForAnyRankCountAndThroughSaveInit) {
   c.init = cfg.save_init;
   c.seed = 999;
   EXPECT_EQ(run_training(c, train_data_parallel).ranks[0].param_hash, one.ranks[0].param_hash);
+}
+
+// What a Gpt keeps (category activations), to the byte, in both compute
+// dtypes. The head holds one [B*T, V] tensor, the logits, which the fused
+// cross-entropy overwrites with their own gradient, and one float per
+// position (lse): no probabilities and no V-sized scratch (before the fused
+// classifier it kept three [B*T, V] tensors: logits, probs and a scratch of
+// V + C per position). For gpt2 at B = 8 that is 2 x 8192 x 50304 elements
+// less (1.6 GB in bf16).
+TEST(Gpt, ActivationBytesKeepOneVocabSizedTensor) {
+  const ModelConfig cfg{"test", 1000, 16, 2, 2, 8};  // V >> 9C: a V-sized scratch would show
+  const auto layout = build_layout(cfg);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    MemoryTracker mem;
+    auto dev = make_cpu_device();
+    dev->set_compute_dtype(dt);
+    const int B = 3;
+    Gpt gpt(layout, mem, *dev, B);
+    const size_t BT = size_t(B) * cfg.T, C = cfg.C, V = cfg.V, L = cfg.L, es = dtype_size(dt);
+    const size_t per_position = (L + 1) * C   // the residual stream x_0 .. x_L
+                                + L * 15 * C  // per block: ln1 qkv(3) atty res2 ln2 fch(4) fch_gelu(4)
+                                + C + V       // head: ln_f's output, the logits
+                                + C + 9 * C;  // backward: dresid, the blocks' scratch
+    const size_t att = L * size_t(B) * cfg.H * cfg.T * cfg.T;  // softmax probabilities of attention
+    const size_t f32_per_position = 4 * L + 2 + 2;  // LayerNorm mean/rstd; head: lse, losses
+    const size_t want = es * (BT * per_position + att) +
+                        4 * (BT * f32_per_position + dev->attention_scratch_floats(cfg.T, cfg.H));
+    EXPECT_EQ(mem.counts().cur(Place::device, Category::activations), want) << dtype_name(dt);
+  }
+}
+
+// The CPU device's bf16 emulation of the fused cross-entropy: the backward
+// must be the float32 kernel on the widened logits, rounded once to bf16,
+// whether it writes into another buffer or in place over the logits (the
+// model's call, where dlogits and logits are one pointer).
+TEST(CpuDevice, Bf16CrossEntropyBackwardInPlaceRoundsOnce) {
+  auto dev = make_cpu_device();
+  dev->set_compute_dtype(DType::bf16);
+  const int N = 5, V = 37;
+  std::mt19937 rng(77);
+  std::uniform_real_distribution<float> u(-6.0f, 6.0f);
+  std::vector<bf16> logits(size_t(N) * V);
+  for (auto& x : logits) x = float_to_bf16(u(rng));
+  const std::vector<int32_t> targets = {0, V - 1, 3, 17, 36};
+  std::vector<float> lse(N), losses(N);
+  dev->softmax_cross_entropy_forward(lse.data(), losses.data(), logits.data(), targets.data(), N, V);
+
+  std::vector<float> wide(logits.size()), grad(logits.size());
+  bf16_to_float(logits.data(), wide.data(), wide.size());
+  softmax_cross_entropy_backward(grad.data(), wide.data(), lse.data(), targets.data(), 0.1f, N, V);
+  std::vector<bf16> want(grad.size());
+  float_to_bf16(grad.data(), want.data(), grad.size());
+
+  auto same_bits = [](const std::vector<bf16>& a, const std::vector<bf16>& b) {
+    for (size_t i = 0; i < a.size(); ++i)
+      if (a[i].bits != b[i].bits) return ::testing::AssertionFailure() << "element " << i;
+    return ::testing::AssertionSuccess();
+  };
+  std::vector<bf16> out(logits.size(), bf16{0xffff});  // NaN: an element left unwritten fails
+  dev->softmax_cross_entropy_backward(out.data(), logits.data(), lse.data(), targets.data(), 0.1f, N, V);
+  EXPECT_TRUE(same_bits(out, want)) << "out of place";
+  std::vector<bf16> in_place = logits;
+  dev->softmax_cross_entropy_backward(in_place.data(), in_place.data(), lse.data(), targets.data(), 0.1f, N, V);
+  EXPECT_TRUE(same_bits(in_place, want)) << "in place";
 }
 
 // The whole model's backward against central differences of its loss.

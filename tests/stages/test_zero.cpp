@@ -295,8 +295,9 @@ TEST(ZeroMemory, ModelStatesMatchSpecFormulas) {
 TEST(ZeroMemory, PeakFallsStageByStage) {
   // small preset, 4 ranks, one sequence per rank, so model states are most
   // of the peak; activations are the same in every stage (the same Gpt, the
-  // same batch). Measured (fp32): 20.4, 15.1, 14.5, 13.2 MB; (bf16): 22.0,
-  // 14.1, 13.8, 13.1 MB, with 6.4 MB of activations in each.
+  // same batch). Measured (fp32): 20.2, 15.0, 14.0, 12.9 MB; (bf16): 21.8,
+  // 14.0, 13.4, 12.9 MB, with 6.2 MB of activations in each (6.4 MB before
+  // the fused cross-entropy dropped the [B*T, V] probabilities).
   for (Precision p : {Precision::fp32, Precision::bf16}) {
     const TrainConfig cfg = config(model_preset("small"), 4, 1, 1, p);
     SCOPED_TRACE(describe(cfg));
