@@ -91,6 +91,17 @@ struct Post {
   void* recv = nullptr;
 };
 
+// The message of a collective's error.
+std::string describe_error(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    return ex.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
 std::string describe(const Post& p) {
   std::ostringstream s;
   s << collective_name(p.kind);
@@ -162,6 +173,15 @@ class ThreadGroup {
   void abort(const std::string& reason) {
     std::unique_lock<std::mutex> lock(mu_);
     mark_aborted_locked(reason);
+    cv_.wait(lock, [&] { return active_ == 0; });
+  }
+
+  // Waits until no communication thread is inside a collective. A rank whose
+  // collective failed calls it before it raises: other ranks' threads may
+  // still be moving bytes into its buffers (a peer reduces its piece into
+  // every rank's output), and the caller frees them once it has the error.
+  void wait_idle() {
+    std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return active_ == 0; });
   }
 
@@ -383,6 +403,13 @@ class ThreadCommunicator : public Communicator {
         group_->leave();
       } catch (...) {
         error = std::current_exception();
+        // Not done with this rank's buffers until every peer's thread is out
+        // of the collective. The group is marked failed first (if it is not
+        // already), so that a peer waiting at a barrier for this rank raises
+        // and leaves instead of waiting for ever.
+        group_->fail("rank " + std::to_string(rank_) + ": " + describe(op.post) + " failed: " +
+                     describe_error(error));
+        group_->wait_idle();
       }
       const double seconds = std::chrono::duration<double>(Clock::now() - op.issued_at).count();
       {

@@ -254,10 +254,12 @@ TEST(Comm, TransportFailureFailsTheGroupInsteadOfHanging) {
   auto comms = make_thread_communicators_with(std::move(t));
   EXPECT_EQ(thread_transport(*comms[1]), raw[1]);
   std::vector<std::string> errors(N);
-  std::vector<bool> aborted(N, false);
+  std::vector<char> aborted(N, 0);  // not vector<bool>: its elements share words, and each thread writes one
   std::vector<std::thread> threads;
   for (int r = 0; r < N; r++)
     threads.emplace_back([&, r] {
+      // Freed as soon as the collective has raised: no peer may still be
+      // writing into it then (MALLOC_PERTURB_ and heap checks catch it).
       std::vector<float> buf(1000, float(r));
       try {
         comms[r]->all_reduce(buf.data(), buf.size(), DType::f32);
