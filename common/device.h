@@ -99,11 +99,17 @@ class Device {
                               int N, int IC, int OC) = 0;
   virtual void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout,
                                const void* inp, const void* weight, int N, int IC, int OC) = 0;
-  virtual size_t attention_scratch_floats(int T, int H) const = 0;
-  virtual void attention_forward(void* out, void* att, float* scratch, const void* qkv, int B, int T,
+  // Attention keeps `saved` from its forward for its backward: the
+  // probabilities [B,H,T,T] in the compute dtype (the simple form), or the
+  // float32 log-sum-exp of each row, [B,H,T] (the flash form, GPU only,
+  // ZF_ATTENTION=flash); the model allocates the bytes the device asks for.
+  // scratch: float32, overwritten by both directions.
+  virtual size_t attention_saved_bytes(int B, int T, int H) const = 0;
+  virtual size_t attention_scratch_floats(int B, int T, int H) const = 0;
+  virtual void attention_forward(void* out, void* saved, float* scratch, const void* qkv, int B, int T,
                                  int C, int H) = 0;
-  virtual void attention_backward(void* dqkv, float* scratch, const void* dout, const void* qkv,
-                                  const void* att, int B, int T, int C, int H) = 0;
+  virtual void attention_backward(void* dqkv, float* scratch, const void* dout, const void* out,
+                                  const void* qkv, const void* saved, int B, int T, int C, int H) = 0;
   virtual void gelu_forward(void* out, const void* inp, size_t n) = 0;
   virtual void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n) = 0;
   virtual void residual_forward(void* out, const void* a, const void* b, size_t n) = 0;

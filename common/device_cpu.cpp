@@ -145,7 +145,12 @@ class CpuDevice final : public Device {
     Arg x(compute_, inp, size_t(N) * IC, Use::in), w(compute_, weight, size_t(OC) * IC, Use::in);
     zf::matmul_backward(dx, dw, db, d, x, w, N, IC, OC);
   }
-  size_t attention_scratch_floats(int T, int /*H*/) const override { return zf::attention_scratch_floats(T); }
+  size_t attention_saved_bytes(int B, int T, int H) const override {
+    return size_t(B) * H * T * T * dtype_size(compute_);  // the probabilities
+  }
+  size_t attention_scratch_floats(int /*B*/, int T, int /*H*/) const override {
+    return zf::attention_scratch_floats(T);
+  }
   void attention_forward(void* out, void* att, float* /*scratch*/, const void* qkv, int B, int T, int C,
                          int H) override {
     const size_t BT = size_t(B) * T;
@@ -153,8 +158,8 @@ class CpuDevice final : public Device {
     Arg x(compute_, qkv, BT * 3 * C, Use::in);
     zf::attention_forward(o, a, x, B, T, C, H);
   }
-  void attention_backward(void* dqkv, float* scratch, const void* dout, const void* qkv, const void* att,
-                          int B, int T, int C, int H) override {
+  void attention_backward(void* dqkv, float* scratch, const void* dout, const void* /*out*/, const void* qkv,
+                          const void* att, int B, int T, int C, int H) override {
     const size_t BT = size_t(B) * T;
     Arg dx(compute_, dqkv, BT * 3 * C, Use::inout), d(compute_, dout, BT * C, Use::in);
     Arg x(compute_, qkv, BT * 3 * C, Use::in), a(compute_, att, BT * H * T, Use::in);

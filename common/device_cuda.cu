@@ -29,6 +29,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "device.h"
@@ -42,6 +44,15 @@ namespace {
 __global__ void fold_kernel(__nv_bfloat16* dst, const float* src, size_t n) {
   size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) dst[i] = __float2bfloat16_rn(__bfloat162float(dst[i]) + src[i]);
+}
+
+// ZF_ATTENTION: "simple" (the default) or "flash"; anything else is an error.
+bool attention_is_flash() {
+  const char* v = std::getenv("ZF_ATTENTION");
+  const std::string a = v ? v : "";
+  if (a.empty() || a == "simple") return false;
+  if (a == "flash") return true;
+  throw UsageError("ZF_ATTENTION must be simple or flash (got '" + a + "')");
 }
 
 unsigned blocks_for(size_t n, unsigned threads) { return unsigned((n + threads - 1) / threads); }
@@ -195,19 +206,36 @@ class CudaDevice final : public Device {
                            ptr<F>(weight), N, IC, OC);
     });
   }
-  size_t attention_scratch_floats(int T, int H) const override { return attention_scratch_floats_cuda(T, H); }
-  void attention_forward(void* out, void* att, float* scratch, const void* qkv, int B, int T, int C,
+  // Attention: the simple form (cuBLAS over the full T x T scores, the
+  // probabilities kept) unless ZF_ATTENTION=flash (kernels_cuda_flash.cu:
+  // only each row's log-sum-exp kept; CUDA cores, so it saves memory, not
+  // yet time: bench/RESULTS.md).
+  size_t attention_saved_bytes(int B, int T, int H) const override {
+    return flash_ ? size_t(B) * H * T * sizeof(float) : size_t(B) * H * T * T * dtype_size(compute_);
+  }
+  size_t attention_scratch_floats(int B, int T, int H) const override {
+    return flash_ ? flash_attention_scratch_floats(B, T, H) : attention_scratch_floats_cuda(T, H);
+  }
+  void attention_forward(void* out, void* saved, float* scratch, const void* qkv, int B, int T, int C,
                          int H) override {
     dispatch([&](auto f) {
       using F = decltype(f);
-      attention_forward_cuda(ctx_, ptr<F>(out), ptr<F>(att), scratch, ptr<F>(qkv), B, T, C, H);
+      if (flash_)
+        flash_attention_forward_cuda(ptr<F>(out), static_cast<float*>(saved), ptr<F>(qkv), B, T, C, H, s());
+      else
+        attention_forward_cuda(ctx_, ptr<F>(out), ptr<F>(saved), scratch, ptr<F>(qkv), B, T, C, H);
     });
   }
-  void attention_backward(void* dqkv, float* scratch, const void* dout, const void* qkv, const void* att,
-                          int B, int T, int C, int H) override {
+  void attention_backward(void* dqkv, float* scratch, const void* dout, const void* out, const void* qkv,
+                          const void* saved, int B, int T, int C, int H) override {
     dispatch([&](auto f) {
       using F = decltype(f);
-      attention_backward_cuda(ctx_, ptr<F>(dqkv), scratch, ptr<F>(dout), ptr<F>(qkv), ptr<F>(att), B, T, C, H);
+      if (flash_)
+        flash_attention_backward_cuda(ptr<F>(dqkv), scratch, ptr<F>(dout), ptr<F>(out), ptr<F>(qkv),
+                                      static_cast<const float*>(saved), B, T, C, H, s());
+      else
+        attention_backward_cuda(ctx_, ptr<F>(dqkv), scratch, ptr<F>(dout), ptr<F>(qkv), ptr<F>(saved), B, T, C,
+                                H);
     });
   }
   void gelu_forward(void* out, const void* inp, size_t n) override {
@@ -276,6 +304,7 @@ class CudaDevice final : public Device {
   static const F* ptr(const void* p) { return static_cast<const F*>(p); }
   CudaContext ctx_;
   SumSquaresScratch norm_scratch_;
+  bool flash_ = attention_is_flash();  // ZF_ATTENTION=flash
   cudaMemPool_t pool_ = nullptr;  // the GPU's default pool (not ours to destroy)
   std::vector<cudaEvent_t> marks_;  // the op profile's marks (mark())
   size_t next_mark_ = 0;  // after ctx_: 8 KiB for sum_squares, not tracked (gradnorm_cuda.h)

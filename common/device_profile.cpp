@@ -106,14 +106,18 @@ class ProfilingDevice final : public Device {
                        const void* weight, int N, int IC, int OC) override {
     timed("matmul_backward", [&] { in_->matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC); });
   }
-  size_t attention_scratch_floats(int T, int H) const override { return in_->attention_scratch_floats(T, H); }
-  void attention_forward(void* out, void* att, float* scratch, const void* qkv, int B, int T, int C,
-                         int H) override {
-    timed("attention_forward", [&] { in_->attention_forward(out, att, scratch, qkv, B, T, C, H); });
+  size_t attention_saved_bytes(int B, int T, int H) const override { return in_->attention_saved_bytes(B, T, H); }
+  size_t attention_scratch_floats(int B, int T, int H) const override {
+    return in_->attention_scratch_floats(B, T, H);
   }
-  void attention_backward(void* dqkv, float* scratch, const void* dout, const void* qkv, const void* att,
-                          int B, int T, int C, int H) override {
-    timed("attention_backward", [&] { in_->attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, H); });
+  void attention_forward(void* out, void* saved, float* scratch, const void* qkv, int B, int T, int C,
+                         int H) override {
+    timed("attention_forward", [&] { in_->attention_forward(out, saved, scratch, qkv, B, T, C, H); });
+  }
+  void attention_backward(void* dqkv, float* scratch, const void* dout, const void* out, const void* qkv,
+                          const void* saved, int B, int T, int C, int H) override {
+    timed("attention_backward",
+          [&] { in_->attention_backward(dqkv, scratch, dout, out, qkv, saved, B, T, C, H); });
   }
   void gelu_forward(void* out, const void* inp, size_t n) override {
     timed("gelu_forward", [&] { in_->gelu_forward(out, inp, n); });

@@ -144,7 +144,9 @@ Gpt::Gpt(const ModelLayout& layout, MemoryTracker& mem, Device& dev, int B)
     a->ln1_mean = f32(BT);
     a->ln1_rstd = f32(BT);
     a->qkv = act(BT * 3 * C);
-    a->att = act(size_t(B) * c.H * c.T * c.T);
+    // What attention keeps for its backward: the probabilities, or the flash
+    // form's row statistics (device.h); bytes, counted as activations.
+    a->att = f32((dev.attention_saved_bytes(B, c.T, c.H) + 3) / 4);
     a->atty = act(BT * C);
     a->res2 = act(BT * C);
     a->ln2 = act(BT * C);
@@ -167,7 +169,7 @@ Gpt::Gpt(const ModelLayout& layout, MemoryTracker& mem, Device& dev, int B)
   // Backward scratch: a block needs 4C + 4C + C elements per position, the
   // head C (dlnf; its dlogits take the logits' buffer).
   dscratch_ = act(BT * 9 * C);
-  att_scratch_ = f32(dev.attention_scratch_floats(c.T, c.H));
+  att_scratch_ = f32(dev.attention_scratch_floats(B, c.T, c.H));
   host_losses_.resize(BT);
 }
 
@@ -277,7 +279,8 @@ void Gpt::block_backward(int layer, const void* params, void* grads) {
   dev_.zero(dqkv, esize_ * 3 * NC);
   dev_.zero(dln1, esize_ * NC);
   dev_.matmul_backward(datty, g(4), g(5), dx, a.atty.data(), w(4), N, C, C);
-  dev_.attention_backward(dqkv, att_scratch_.as<float>(), datty, a.qkv.data(), a.att.data(), B_, c.T, C, c.H);
+  dev_.attention_backward(dqkv, att_scratch_.as<float>(), datty, a.atty.data(), a.qkv.data(), a.att.data(), B_,
+                          c.T, C, c.H);
   dev_.matmul_backward(dln1, g(2), g(3), dqkv, a.ln1.data(), w(2), N, C, 3 * C);
   dev_.layernorm_backward(dx, g(0), g(1), dln1, residual_[layer].data(), w(0), a.ln1_mean.as<float>(),
                           a.ln1_rstd.as<float>(), N, C);

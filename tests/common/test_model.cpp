@@ -157,7 +157,7 @@ TEST(Gpt, ActivationBytesKeepOneVocabSizedTensor) {
     const size_t att = L * size_t(B) * cfg.H * cfg.T * cfg.T;  // softmax probabilities of attention
     const size_t f32_per_position = 4 * L + 2 + 2;  // LayerNorm mean/rstd; head: lse, losses
     const size_t want = es * (BT * per_position + att) +
-                        4 * (BT * f32_per_position + dev->attention_scratch_floats(cfg.T, cfg.H));
+                        4 * (BT * f32_per_position + dev->attention_scratch_floats(B, cfg.T, cfg.H));
     EXPECT_EQ(mem.counts().cur(Place::device, Category::activations), want) << dtype_name(dt);
   }
 }
