@@ -15,7 +15,7 @@
 # bf16 with 1 rank timed against PyTorch eager on the same GPU, model, batch
 # and precision (bench/torch_ref.py --device cuda), in tokens/s, ms/step, MFU
 # (bench/mfu.py) and peak memory, then the same dp run's device time op by
-# op (ZF_PROFILE=1, in stages.log). Logs go into RESULTS_DIR; the steps' table and
+# op (ZF_PROFILE=1, in stages.log), with the simple and the flash attention. Logs go into RESULTS_DIR; the steps' table and
 # the benchmark tables (bench/gpu_report.py) are printed last and saved as
 # RESULTS_DIR/summary.txt.
 #
@@ -492,4 +492,8 @@ echo "== op profile: dp gpt2 bf16 ranks=1 B=$bench_b (ZF_PROFILE=1) ==" >>"$slog
 run_step "op profile: dp B=$bench_b" 60 "$slog" env ZF_PROFILE=1 "$build/00_data_parallel/dp" \
   --device cuda --model gpt2 --precision bf16 --ranks 1 --batch "$bench_b" --steps 4 --data "$data" \
   --log-every 4
+echo "== op profile: the same with ZF_ATTENTION=flash ==" >>"$slog"
+run_step "op profile: flash attention" 60 "$slog" env ZF_PROFILE=1 ZF_ATTENTION=flash \
+  "$build/00_data_parallel/dp" --device cuda --model gpt2 --precision bf16 --ranks 1 --batch "$bench_b" \
+  --steps 4 --data "$data" --log-every 4
 finish
