@@ -42,7 +42,7 @@ inline std::vector<double> attention_lse(const std::vector<float>& qkv, int B, i
 // gradient adds up, in double: for q_i, scale sum_j |dpre_ij| |k_j|; for k_j,
 // scale sum_i |dpre_ij| |q_i|; for v_j, sum_i att_ij |dout_i|; with
 // dpre_ij = att_ij (datt_ij - sum_l att_il datt_il), datt_ij = dout_i . v_j.
-// (The same as tests/gpu/test_kernels_cuda_matmul.cpp's, for the simple form.)
+// (Used by the GPU tests of both attention forms and by the flash CPU harness.)
 inline std::vector<float> attention_grad_magnitudes(const std::vector<float>& qkv,
                                                     const std::vector<float>& att,
                                                     const std::vector<float>& dout, int B, int T,

@@ -7,7 +7,9 @@
 
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include "kernels_cuda.h"
 
@@ -25,6 +27,20 @@ inline int gpu_count() {
     return 0;
   }
   return n;
+}
+
+// Stalling a stream from the host, for tests that check what does or does
+// not wait for the GPU: cudaLaunchHostFunc(stream, sleep_on_stream, &stall)
+// keeps the stream busy for stall.ms milliseconds.
+using Clock = std::chrono::steady_clock;
+inline double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+struct Stall {
+  int ms;
+};
+inline void CUDART_CB sleep_on_stream(void* p) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<Stall*>(p)->ms));
 }
 
 }  // namespace zf::test

@@ -44,16 +44,9 @@ using zf::DType;
 using zf::NcclCommunicator;
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-struct Stall {
-  int ms;
-};
-void CUDART_CB sleep_on_stream(void* p) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<Stall*>(p)->ms));
-}
+using zf::test::seconds_since;
+using zf::test::sleep_on_stream;
+using zf::test::Stall;
 
 // Rank r's n inputs for round `salt`: integers in [92, 108].
 std::vector<float> inputs(int rank, size_t n, int salt) {

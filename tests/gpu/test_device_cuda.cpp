@@ -32,16 +32,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-struct Stall {
-  int ms;
-};
-void CUDART_CB sleep_on_stream(void* p) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<Stall*>(p)->ms));
-}
+using zf::test::seconds_since;
+using zf::test::sleep_on_stream;
+using zf::test::Stall;
 
 // Rank 0's device on GPU 0, current on this thread.
 std::unique_ptr<zf::Device> gpu0() {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/attention_ref.h"  // attention_grad_magnitudes
 #include "gpu/kernels_cuda_test_util.h"
 #include "kernels.h"
 
@@ -171,49 +172,6 @@ TEST_F(CudaKernels, MatmulBiasGradOverManyRows) {
 
 // ---------------------------------------------------------------------------
 // Attention
-
-// For each element of dqkv, the sum of the magnitudes of the terms its
-// gradient adds up, in double: for q_i, scale sum_j |dpre_ij| |k_j|; for k_j,
-// scale sum_i |dpre_ij| |q_i|; for v_j, sum_i att_ij |dout_i|; with
-// dpre_ij = att_ij (datt_ij - sum_l att_il datt_il), datt_ij = dout_i . v_j.
-vf attention_grad_magnitudes(const vf& qkv, const vf& att, const vf& dout, int B, int T, int C,
-                             int H) {
-  const int hs = C / H, C3 = 3 * C;
-  const double scale = 1.0 / std::sqrt(double(hs));
-  vf mag(qkv.size(), 0.0f);
-  std::vector<double> dpre(size_t(T) * T);
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h) {
-      auto q = [&](int t, int d) { return qkv[(size_t(b) * T + t) * C3 + h * hs + d]; };
-      auto k = [&](int t, int d) { return qkv[(size_t(b) * T + t) * C3 + C + h * hs + d]; };
-      auto v = [&](int t, int d) { return qkv[(size_t(b) * T + t) * C3 + 2 * C + h * hs + d]; };
-      auto dy = [&](int t, int d) { return dout[(size_t(b) * T + t) * C + h * hs + d]; };
-      auto a = [&](int i, int j) { return double(att[((size_t(b) * H + h) * T + i) * T + j]); };
-      auto m = [&](int t, int part, int d) -> float& {
-        return mag[(size_t(b) * T + t) * C3 + part * C + h * hs + d];
-      };
-      for (int i = 0; i < T; ++i) {
-        double dot = 0;
-        for (int j = 0; j <= i; ++j) {
-          double datt = 0;
-          for (int d = 0; d < hs; ++d) datt += double(dy(i, d)) * v(j, d);
-          dpre[size_t(i) * T + j] = datt;
-          dot += a(i, j) * datt;
-        }
-        for (int j = 0; j <= i; ++j) dpre[size_t(i) * T + j] = a(i, j) * (dpre[size_t(i) * T + j] - dot);
-      }
-      for (int i = 0; i < T; ++i)
-        for (int j = 0; j <= i; ++j) {
-          const double p = std::abs(dpre[size_t(i) * T + j]);
-          for (int d = 0; d < hs; ++d) {
-            m(i, 0, d) += float(scale * p * std::abs(k(j, d)));
-            m(j, 1, d) += float(scale * p * std::abs(q(i, d)));
-            m(j, 2, d) += float(a(i, j) * std::abs(dy(i, d)));
-          }
-        }
-    }
-  return mag;
-}
 
 template <class F>
 void check_attention(zf::CudaContext& ctx, int B, int T, int C, int H) {
