@@ -424,12 +424,33 @@ TEST_P(NcclComm, AsyncFormsWaitedInReverseOrder) {
   });
 }
 
-struct SleepArg {
-  int ms;
+using SleepArg = zf::test::Stall;  // cudaLaunchHostFunc(stream, sleep_on_stream, &stall)
+using zf::test::sleep_on_stream;
+
+// One NCCL rank on GPU 0 whose compute stream is stalled for `ms` from the
+// start (a host function sleeping on it), so that a collective issued now
+// waits for its input. The end waits for the communicator to close and the
+// stall to pass (neither may hang).
+struct StalledRank {
+  StalledRank(double timeout_s, int ms)
+      : comms(NcclCommunicator::create_group({0}, test_options(timeout_s))), stall{ms} {
+    CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    comm().set_compute_stream(compute);
+    CUDA_CHECK(cudaLaunchHostFunc(compute, sleep_on_stream, &stall));
+  }
+  ~StalledRank() {  // no CUDA_CHECK: a destructor must not throw
+    comms.clear();
+    EXPECT_EQ(cudaStreamSynchronize(compute), cudaSuccess);
+    EXPECT_EQ(cudaStreamDestroy(compute), cudaSuccess);
+  }
+  NcclCommunicator& comm() { return *comms[0]; }
+
+  std::vector<std::unique_ptr<NcclCommunicator>> comms;
+  SleepArg stall;
+  cudaStream_t compute = nullptr;
+  DevBuf buf{1000, DType::f32};
 };
-void CUDART_CB sleep_on_stream(void* p) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<SleepArg*>(p)->ms));
-}
 
 // The collective reads its input only after the compute work issued before
 // it: here a copy that the compute stream runs after a 200 ms stall. And
@@ -616,15 +637,9 @@ TEST_P(NcclFaults, AbortFailsEveryLaterCollective) {
 // woken by abort() from another thread, with CommAborted.
 TEST_P(NcclFaults, AbortWakesAPendingCollective) {
   SKIP_WITHOUT_GPU();
-  auto comms = NcclCommunicator::create_group({0}, test_options());
-  NcclCommunicator& comm = *comms[0];
-  cudaStream_t compute;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
-  DevBuf buf(1000, DType::f32);
-  CUDA_CHECK(cudaDeviceSynchronize());
-  comm.set_compute_stream(compute);
-  static SleepArg stall{1000};
-  CUDA_CHECK(cudaLaunchHostFunc(compute, sleep_on_stream, &stall));
+  StalledRank rank(60, 1000);
+  NcclCommunicator& comm = rank.comm();
+  DevBuf& buf = rank.buf;
   zf::CommHandle h = comm.all_reduce_async(buf.get(), 1000, DType::f32, ReduceOp::sum);
   const auto t0 = std::chrono::steady_clock::now();
   std::thread aborter([&] {
@@ -639,25 +654,16 @@ TEST_P(NcclFaults, AbortWakesAPendingCollective) {
   }
   aborter.join();
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
-  comms.clear();
-  CUDA_CHECK(cudaStreamSynchronize(compute));
-  CUDA_CHECK(cudaStreamDestroy(compute));
 }
 
 // The watchdog: a collective still pending after the timeout (0.3 s here; its
 // input stalls 1.5 s) aborts the communicator with an Error that says so.
 TEST_P(NcclFaults, TimeoutAbortsAStuckCollective) {
   SKIP_WITHOUT_GPU();
-  auto comms = NcclCommunicator::create_group({0}, test_options(0.3));
-  NcclCommunicator& comm = *comms[0];
+  StalledRank rank(0.3, 1500);
+  NcclCommunicator& comm = rank.comm();
+  DevBuf& buf = rank.buf;
   EXPECT_DOUBLE_EQ(comm.timeout_s(), 0.3);
-  cudaStream_t compute;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
-  DevBuf buf(1000, DType::f32);
-  CUDA_CHECK(cudaDeviceSynchronize());
-  comm.set_compute_stream(compute);
-  static SleepArg stall{1500};
-  CUDA_CHECK(cudaLaunchHostFunc(compute, sleep_on_stream, &stall));
   zf::CommHandle h = comm.all_reduce_async(buf.get(), 1000, DType::f32, ReduceOp::sum);
   try {
     h.wait_host();
@@ -671,10 +677,7 @@ TEST_P(NcclFaults, TimeoutAbortsAStuckCollective) {
     EXPECT_NE(what.find("rank 0"), std::string::npos) << what;
   }
   EXPECT_THROW(comm.all_reduce(buf.get(), 1000, DType::f32), zf::Error);
-  comms.clear();  // must not hang
-  CUDA_CHECK(cudaStreamSynchronize(compute));
-  CUDA_CHECK(cudaStreamDestroy(compute));
-}
+}  // ~StalledRank: closing must not hang
 
 // wait() is on the device: a collective that has not failed yet lets it
 // return at once (its input stalls 1.5 s, the timeout is 0.3 s). The failure
@@ -682,15 +685,9 @@ TEST_P(NcclFaults, TimeoutAbortsAStuckCollective) {
 // once in the next collective.
 TEST_P(NcclFaults, AFailureAfterADeviceWaitRaisesOnTheHost) {
   SKIP_WITHOUT_GPU();
-  auto comms = NcclCommunicator::create_group({0}, test_options(0.3));
-  NcclCommunicator& comm = *comms[0];
-  cudaStream_t compute;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
-  DevBuf buf(1000, DType::f32);
-  CUDA_CHECK(cudaDeviceSynchronize());
-  comm.set_compute_stream(compute);
-  static SleepArg stall{1500};
-  CUDA_CHECK(cudaLaunchHostFunc(compute, sleep_on_stream, &stall));
+  StalledRank rank(0.3, 1500);
+  NcclCommunicator& comm = rank.comm();
+  DevBuf& buf = rank.buf;
   zf::CommHandle h = comm.all_reduce_async(buf.get(), 1000, DType::f32, ReduceOp::sum);
   const auto t0 = std::chrono::steady_clock::now();
   h.wait();  // not failed yet: returns, the compute stream waits
@@ -709,11 +706,9 @@ TEST_P(NcclFaults, AFailureAfterADeviceWaitRaisesOnTheHost) {
   zf::CommHandle next = comm.all_reduce_async(buf.get(), 1000, DType::f32, ReduceOp::sum);
   EXPECT_TRUE(next.done()) << "a collective on a failed communicator must fail at once";
   EXPECT_THROW(next.wait(), zf::Error);
-  comms.clear();  // must not hang
-  // The compute stream waited for the failed collective's done event: it
-  // goes on once the stall is over and the aborted collective has left.
-  CUDA_CHECK(cudaStreamSynchronize(compute));
-  CUDA_CHECK(cudaStreamDestroy(compute));
+  // ~StalledRank: closing must not hang, and the compute stream, which
+  // waited for the failed collective's done event, goes on once the stall is
+  // over and the aborted collective has left.
 }
 
 // Ranks as threads: a rank that leaves without issuing the collective its
