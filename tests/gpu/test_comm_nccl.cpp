@@ -633,6 +633,23 @@ TEST_P(NcclFaults, AbortFailsEveryLaterCollective) {
   comm.abort("again");  // a second abort is harmless
 }
 
+// Waits on the host for a collective that the watchdog must time out (0.3 s):
+// it raises Error (the cause, not CommAborted) saying so. Returns the message.
+std::string wait_for_timeout_error(zf::CommHandle& h) {
+  try {
+    h.wait_host();
+    ADD_FAILURE() << "the stuck collective completed";
+  } catch (const zf::CommAborted& e) {
+    ADD_FAILURE() << "the rank that timed out should raise Error (the cause), not CommAborted: "
+                  << e.what();
+  } catch (const zf::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("did not complete within 0.3 s"), std::string::npos) << what;
+    return what;
+  }
+  return "";
+}
+
 // A pending collective (its input stalled on the compute stream for 1 s) is
 // woken by abort() from another thread, with CommAborted.
 TEST_P(NcclFaults, AbortWakesAPendingCollective) {
@@ -665,17 +682,8 @@ TEST_P(NcclFaults, TimeoutAbortsAStuckCollective) {
   DevBuf& buf = rank.buf;
   EXPECT_DOUBLE_EQ(comm.timeout_s(), 0.3);
   zf::CommHandle h = comm.all_reduce_async(buf.get(), 1000, DType::f32, ReduceOp::sum);
-  try {
-    h.wait_host();
-    ADD_FAILURE() << "the stuck collective completed";
-  } catch (const zf::CommAborted& e) {
-    ADD_FAILURE() << "the rank that timed out should raise Error (the cause), not CommAborted: "
-                  << e.what();
-  } catch (const zf::Error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("did not complete within 0.3 s"), std::string::npos) << what;
-    EXPECT_NE(what.find("rank 0"), std::string::npos) << what;
-  }
+  const std::string what = wait_for_timeout_error(h);
+  EXPECT_NE(what.find("rank 0"), std::string::npos) << what;
   EXPECT_THROW(comm.all_reduce(buf.get(), 1000, DType::f32), zf::Error);
 }  // ~StalledRank: closing must not hang
 
@@ -693,16 +701,7 @@ TEST_P(NcclFaults, AFailureAfterADeviceWaitRaisesOnTheHost) {
   h.wait();  // not failed yet: returns, the compute stream waits
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.2)
       << "wait() blocked the host";
-  try {
-    h.wait_host();
-    ADD_FAILURE() << "the stuck collective completed";
-  } catch (const zf::CommAborted& e) {
-    ADD_FAILURE() << "the rank that timed out should raise Error (the cause), not CommAborted: "
-                  << e.what();
-  } catch (const zf::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("did not complete within 0.3 s"), std::string::npos)
-        << e.what();
-  }
+  wait_for_timeout_error(h);
   zf::CommHandle next = comm.all_reduce_async(buf.get(), 1000, DType::f32, ReduceOp::sum);
   EXPECT_TRUE(next.done()) << "a collective on a failed communicator must fail at once";
   EXPECT_THROW(next.wait(), zf::Error);
