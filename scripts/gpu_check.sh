@@ -126,6 +126,35 @@ run_step() {
   fi
   [[ $rc == 0 ]]
 }
+# two_ranks OUT HOSTID LINE_FMT STATUS_FMT [NAME=VALUE...] CMD...: step 5's
+# launch of two processes (nccl_two_process, then dp's env launch). Starts CMD
+# twice at once, in the background, as RANK=0 and RANK=1 of WORLD_SIZE=2, NCCL
+# over sockets on lo (no InfiniBand, warnings only), with the NAME=VALUE words
+# (env(1)) and, if HOSTID is not empty, NCCL_HOSTID=HOSTID<r>; process r's
+# output goes to the file OUT<r>. Waits for both, then prints each one's
+# output, every line after LINE_FMT (printf, %s: r), then STATUS_FMT (printf,
+# the two %s: their exit statuses). Returns 0 if both exited 0. Its callers run
+# under run_step's bash -c: pass it along with them (declare -f two_ranks ...).
+two_ranks() {
+  local out=$1 hostid=$2 line_fmt=$3 status_fmt=$4 r pre vars=() pids=() rcs=()
+  shift 4
+  for r in 0 1; do
+    vars=("RANK=$r" WORLD_SIZE=2 NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 NCCL_DEBUG=WARN)
+    [[ -n $hostid ]] && vars+=("NCCL_HOSTID=$hostid$r")
+    env "${vars[@]}" "$@" >"$out$r" 2>&1 &
+    pids[r]=$!
+  done
+  for r in 0 1; do
+    rcs[r]=0
+    wait "${pids[r]}" || rcs[r]=$?
+    # shellcheck disable=SC2059  # the formats are the callers' own
+    printf -v pre "$line_fmt" "$r"
+    sed "s/^/$pre/" "$out$r"
+  done
+  # shellcheck disable=SC2059
+  printf "$status_fmt\n" "${rcs[0]}" "${rcs[1]}"
+  [[ ${rcs[0]} -eq 0 && ${rcs[1]} -eq 0 ]]
+}
 
 # ---------------------------------------------------------------------------
 # 1. Preflight: the GPU, the tools, the carried dependencies.
@@ -321,23 +350,13 @@ grep -h 'max error / tolerance' "$tlog" | sort -t= -k2 -g -r | head -n 5 | sed '
 # (ZF_NCCL_TIMEOUT_S=20 in the first run: a hang is reported by the
 # communicator, naming the collective, well inside the step's 60 s.)
 two_process() {  # two_process BIN MODE (normal|fault): both processes' output on stdout
-  local bin=$1 mode=$2 dir r timeout_s=20 ok=0
-  local extra=() pids=() rcs=()
+  local bin=$1 mode=$2 dir timeout_s=20 ok=0
+  local extra=()
   [[ $mode == fault ]] && extra=(--fault) && timeout_s=8
   dir=$(mktemp -d "${TMPDIR:-/tmp}/zf-nccl.XXXXXX")
-  for r in 0 1; do
-    RANK=$r WORLD_SIZE=2 NCCL_HOSTID=zf-gpu-check-rank$r NCCL_SOCKET_IFNAME=lo \
-      NCCL_IB_DISABLE=1 NCCL_DEBUG=WARN ZF_NCCL_TIMEOUT_S=$timeout_s \
-      "$bin" "$dir/id" "${extra[@]}" >"$dir/out$r" 2>&1 &
-    pids[r]=$!
-  done
-  for r in 0 1; do
-    rcs[r]=0
-    wait "${pids[r]}" || rcs[r]=$?
-    sed "s/^/[$mode, process $r] /" "$dir/out$r"
-  done
-  echo "[$mode] exit status: process 0: ${rcs[0]}, process 1: ${rcs[1]}"
-  [[ ${rcs[0]} -eq 0 && ${rcs[1]} -eq 0 ]] || ok=1
+  two_ranks "$dir/out" zf-gpu-check-rank "[$mode, process %s] " \
+    "[$mode] exit status: process 0: %s, process 1: %s" \
+    "ZF_NCCL_TIMEOUT_S=$timeout_s" "$bin" "$dir/id" "${extra[@]}" || ok=1
   [[ $mode == fault ]] && ! grep -q 'fault check ok' "$dir/out0" && ok=1
   rm -rf "$dir"
   return $ok
@@ -347,7 +366,7 @@ if [[ -z $two_proc ]]; then
   failed=1
 else
   echo "== nccl_two_process ==" >>"$tlog"
-  run_step "nccl 2 processes (+fault)" 60 "$tlog" bash -c "$(declare -f two_process)
+  run_step "nccl 2 processes (+fault)" 60 "$tlog" bash -c "$(declare -f two_ranks two_process)
     two_process '$build/tests/nccl_two_process' normal &&
     two_process '$build/tests/nccl_two_process' fault"
   grep -hE 'checks, [0-9]+ failed|fault detected' "$tlog" | sed 's/^/  /' >&2
@@ -364,27 +383,17 @@ fi
 # moves the tiny model's loss by 8e-4 from step 1 on (measured on the CPU).
 # Output into tests.log only (no file of its own in RESULTS_DIR).
 env_launch() {  # env_launch DP_BINARY: both runs' output on stdout
-  local bin=$1 dir r ok=0 pids=() rcs=()
+  local bin=$1 dir ok=0
   local flags=(--device cuda --model tiny --batch 2 --steps 6 --lr 1e-3 --log-every 1)
   dir=$(mktemp -d "${TMPDIR:-/tmp}/zf-env.XXXXXX")
   "$bin" "${flags[@]}" --ranks 2 --log-json "$dir/threads.jsonl" >"$dir/threads.out" 2>&1 || ok=1
   sed 's/^/[dp --ranks 2] /' "$dir/threads.out"
-  for r in 0 1; do
-    RANK=$r WORLD_SIZE=2 ZF_RENDEZVOUS=$dir/rendezvous NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 \
-      NCCL_DEBUG=WARN ZF_NCCL_TIMEOUT_S=30 "$bin" "${flags[@]}" --log-json "$dir/env.jsonl" \
-      >"$dir/env$r.out" 2>&1 &
-    pids[r]=$!
-  done
-  for r in 0 1; do
-    rcs[r]=0
-    wait "${pids[r]}" || rcs[r]=$?
-    sed "s/^/[dp RANK=$r] /" "$dir/env$r.out"
-  done
-  echo "[env launch] exit status: rank 0: ${rcs[0]}, rank 1: ${rcs[1]}"
-  [[ ${rcs[0]} -eq 0 && ${rcs[1]} -eq 0 ]] || ok=1
-  grep -q '2 ranks (processes, RANK/WORLD_SIZE)' "$dir/env0.out" ||
+  two_ranks "$dir/env" "" "[dp RANK=%s] " "[env launch] exit status: rank 0: %s, rank 1: %s" \
+    "ZF_RENDEZVOUS=$dir/rendezvous" ZF_NCCL_TIMEOUT_S=30 "$bin" "${flags[@]}" --log-json "$dir/env.jsonl" ||
+    ok=1
+  grep -q '2 ranks (processes, RANK/WORLD_SIZE)' "$dir/env0" ||
     { echo "[env launch] FAILED: rank 0 did not run as one of 2 processes"; ok=1; }
-  grep -q 'correctness-only' "$dir/env1.out" ||
+  grep -q 'correctness-only' "$dir/env1" ||
     { echo "[env launch] FAILED: rank 1 did not say it shares the GPU (NCCL_HOSTID)"; ok=1; }
   [[ -e $dir/rendezvous ]] && { echo "[env launch] FAILED: rank 0 left the rendezvous file"; ok=1; }
   python3 - "$dir/threads.jsonl" "$dir/env.jsonl" <<'PY' || ok=1
@@ -415,7 +424,7 @@ PY
 }
 if [[ -n $two_proc ]]; then  # (NCCL was built)
   echo "== dp, env launch ==" >>"$tlog"
-  run_step "dp env launch (2 procs)" 120 "$tlog" bash -c "$(declare -f env_launch)
+  run_step "dp env launch (2 procs)" 120 "$tlog" bash -c "$(declare -f two_ranks env_launch)
     env_launch '$build/00_data_parallel/dp'"
   grep -h '^\[env launch\] dp' "$tlog" | sed 's/^/  /' >&2
 fi
