@@ -132,6 +132,9 @@ std::string describe(CollectiveKind kind, size_t count, DType dt, ReduceOp op, i
 double resolve_timeout(const NcclOptions& opt) {
   return opt.timeout_s > 0 ? opt.timeout_s : nccl_timeout_from_env();
 }
+double resolve_init_timeout(const NcclOptions& opt) {
+  return opt.init_timeout_s > 0 ? opt.init_timeout_s : resolve_timeout(opt);
+}
 
 void require_device(int device) {
   int count = 0;
@@ -875,7 +878,7 @@ std::vector<std::unique_ptr<NcclCommunicator>> NcclCommunicator::create_group(
           "NcclCommunicator::create_group: the devices must be distinct (NCCL does not allow two "
           "ranks of one communicator on one GPU; use the threads backend for virtual ranks)");
   for (int d : devices) require_device(d);
-  const double timeout = resolve_timeout(opt);
+  const double timeout = resolve_timeout(opt), init_timeout = resolve_init_timeout(opt);
 
   ncclUniqueId id;
   NCCL_CHECK(ncclGetUniqueId(&id));
@@ -924,7 +927,7 @@ std::vector<std::unique_ptr<NcclCommunicator>> NcclCommunicator::create_group(
   const auto t0 = Clock::now();
   for (int r = 0; r < N; r++) {
     try {
-      wait_until_ready(comms[size_t(r)], r, N, timeout,
+      wait_until_ready(comms[size_t(r)], r, N, init_timeout,
                        "the NCCL communicators of one process did not connect to each other", t0);
     } catch (...) {
       comms[size_t(r)] = nullptr;  // aborted by wait_until_ready
@@ -956,7 +959,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(const ncclUniqueId& i
   REQUIRE(world >= 1 && rank >= 0 && rank < world,
           "NcclCommunicator::create: rank " << rank << " is not a rank of a world of " << world);
   require_device(device);
-  const double timeout = resolve_timeout(opt);
+  const double timeout = resolve_timeout(opt), init_timeout = resolve_init_timeout(opt);
   ncclConfig_t config = nonblocking_config();
   ncclComm_t comm = nullptr;
   {
@@ -969,7 +972,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(const ncclUniqueId& i
                   std::to_string(world) + " ranks failed: " + nccl_error_text(res));
     }
     REQUIRE(comm, "[rank " << rank << "] NCCL returned no communicator");
-    wait_until_ready(comm, rank, world, timeout,
+    wait_until_ready(comm, rank, world, init_timeout,
                      "are all " + std::to_string(world) +
                          " ranks running (RANK 0.." + std::to_string(world - 1) +
                          "), with the same NCCL id (the same rendezvous file)? Each rank needs its "
@@ -990,6 +993,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create_from_file(const std::
                                                       << world);
   NcclOptions o = opt;
   o.timeout_s = resolve_timeout(opt);
+  o.init_timeout_s = resolve_init_timeout(opt);
   ncclUniqueId id{};
   if (rank == 0) {
     NCCL_CHECK(ncclGetUniqueId(&id));
@@ -998,7 +1002,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create_from_file(const std::
     RendezvousPublisher published(path, std::string(id.internal, sizeof(id.internal)), world);
     return create(id, rank, world, device, o);
   }
-  const std::string bytes = rendezvous_read(path, rank, world, o.timeout_s);
+  const std::string bytes = rendezvous_read(path, rank, world, o.init_timeout_s);
   USAGE_REQUIRE(bytes.size() == sizeof(id.internal),
                 "rank " << rank << ": the rendezvous file " << path << " holds " << bytes.size()
                         << " bytes, not an NCCL id (" << sizeof(id.internal)

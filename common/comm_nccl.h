@@ -121,6 +121,11 @@ struct NcclOptions {
   // How long a collective (or the communicator's creation) may take before
   // the communicator is aborted. <= 0: nccl_timeout_from_env().
   double timeout_s = 0;
+  // How long the creation (rendezvous included) may take, when it should
+  // differ from timeout_s; <= 0: timeout_s. A test that wants a collective
+  // to time out within a fraction of a second still needs NCCL's set-up
+  // (topology, buffers, proxy thread), which alone can take that long.
+  double init_timeout_s = 0;
 };
 
 class NcclCommunicator : public Communicator {

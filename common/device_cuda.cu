@@ -22,10 +22,16 @@
 // threads backend grants the pool to the group's other GPUs where its kernels
 // read across GPUs (comm_threads_cuda.cu; pool memory ignores
 // cudaDeviceEnablePeerAccess). Out of memory: the allocation fails with
-// cudaErrorMemoryAllocation; allocate() then hands the pool's cached memory
-// back to the driver (after a sync, so that this stream's frees count) and
-// tries once more, and returns nullptr if that fails too, so the
-// MemoryTracker raises its OutOfMemory (memory.h).
+// cudaErrorMemoryAllocation (or cudaErrorInvalidValue: the API lists both
+// and does not say which a size too large gets, so that one counts as out
+// of memory too when the size is more than the GPU has free); allocate()
+// then hands the pool's cached memory back to the driver (after a sync, so
+// that this stream's frees count) and tries once more, and returns nullptr
+// if that fails too, so the MemoryTracker raises its OutOfMemory
+// (memory.h). A request larger than the whole GPU is refused without asking.
+// A failed call also leaves its code as the thread's last error, which the
+// next CUDA_CHECK(cudaGetLastError()) after a kernel launch would report:
+// allocate() clears it.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -63,6 +69,7 @@ class CudaDevice final : public Device {
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
     name_ = "cuda:" + std::to_string(ordinal) + " " + prop.name;
+    total_bytes_ = prop.totalGlobalMem;
     pool_ = memory_pool(ordinal, name_);
   }
   std::string name() const override { return name_; }
@@ -76,20 +83,17 @@ class CudaDevice final : public Device {
   // recorded on the compute stream after this call (as the communicators
   // do), and freed only once no other stream still touches it.
   void* allocate(size_t bytes) override {
+    if (bytes > total_bytes_) return nullptr;  // can never fit: the tracker says so
     void* p = nullptr;
     cudaError_t err = cudaMallocFromPoolAsync(&p, bytes, pool_, s());
-    if (err == cudaErrorMemoryAllocation) {
-      // Not an error that sticks; clear it. The pool may hold freed blocks
-      // that do not fit this request: give them back to the driver (once
-      // this stream's frees have completed: a sync) and ask again.
-      (void)cudaGetLastError();
+    if (refused_for_size(err, bytes)) {
+      // The pool may hold freed blocks that do not fit this request: give
+      // them back to the driver (once this stream's frees have completed: a
+      // sync) and ask again.
       ctx_.synchronize();
       CUDA_CHECK(cudaMemPoolTrimTo(pool_, 0));
       err = cudaMallocFromPoolAsync(&p, bytes, pool_, s());
-    }
-    if (err == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();
-      return nullptr;  // the tracker raises OutOfMemory with what was asked for
+      if (refused_for_size(err, bytes)) return nullptr;  // the tracker raises OutOfMemory
     }
     CUDA_CHECK(err);  // anything else is a real error
     return p;
@@ -274,6 +278,22 @@ class CudaDevice final : public Device {
  private:
   cudaStream_t s() const { return ctx_.stream(); }
 
+  // Whether a failed allocation of `bytes` was refused for want of memory
+  // (see the file comment), after clearing the thread's last error, which
+  // the failed call set (out of memory is not an error that corrupts the
+  // context: the next calls work once it is cleared).
+  static bool refused_for_size(cudaError_t err, size_t bytes) {
+    if (err == cudaSuccess) return false;
+    (void)cudaGetLastError();
+    if (err == cudaErrorMemoryAllocation) return true;
+    size_t free_bytes = 0, total_bytes = 0;
+    if (err != cudaErrorInvalidValue || cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return bytes > free_bytes;
+  }
+
   // The GPU's default memory pool, told to keep what is freed (shared by
   // every CudaDevice on this GPU: setting it again is harmless).
   static cudaMemPool_t memory_pool(int ordinal, const std::string& name) {
@@ -309,6 +329,7 @@ class CudaDevice final : public Device {
   std::vector<cudaEvent_t> marks_;  // the op profile's marks (mark())
   size_t next_mark_ = 0;  // after ctx_: 8 KiB for sum_squares, not tracked (gradnorm_cuda.h)
   std::string name_;
+  size_t total_bytes_ = 0;  // the GPU's memory: no allocation can be larger
 };
 
 }  // namespace

@@ -34,9 +34,19 @@ CudaContext::CudaContext(int device, cudaStream_t stream) : device_(device), str
   }
   const cublasStatus_t st = cublasCreate(&cublas_);
   if (st == CUBLAS_STATUS_SUCCESS) {
-    // Default math mode: float32 products stay float32 (no TF32) unless
-    // set_tf32 asks, per call, through the compute type.
-    const cublasStatus_t st2 = cublasSetStream(cublas_, stream_);
+    // Default math, so float32 products stay float32 (no TF32) unless
+    // set_tf32 asks, per call, through the compute type; plus
+    // CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION. Without it a bf16
+    // product may be split along K and its parts added up in bf16, the
+    // output type (cublas_api.h: the flag "force[s] any reductions to use
+    // the accumulator type and not output type in case of mixed precision
+    // routines with lower size output type"; PyTorch's
+    // allow_bf16_reduced_precision_reduction is the same switch), rounding
+    // several times where kernels_cuda.h promises float32 accumulation and
+    // one rounding, and the GPU tests' bf16 bounds assume it.
+    cublasStatus_t st2 = cublasSetMathMode(
+        cublas_, cublasMath_t(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+    if (st2 == CUBLAS_STATUS_SUCCESS) st2 = cublasSetStream(cublas_, stream_);
     if (st2 == CUBLAS_STATUS_SUCCESS) return;
     cublasDestroy(cublas_);
     if (owns_stream_) cudaStreamDestroy(stream_);

@@ -23,12 +23,19 @@
 //   multiply-adds differently. A float32 sum of K terms is within K u32 of
 //   the exact sum, relative to the sum of the terms' magnitudes, so the two
 //   differ by at most ~2 K u32 of that magnitude: each test writes K and the
-//   magnitude it uses. Adding into a gradient g0 rounds once on each side,
-//   so the two may differ by 2 u32 of |g0| more. Where both sides do the
+//   magnitude it uses. (Tensor cores, which run the bf16 products, may add
+//   with truncation instead of rounding to nearest: Fasi et al., "Numerical
+//   behavior of NVIDIA tensor cores", 2021; at worst 2 u32 an addition, but
+//   an error relative to the partial sum, and with inputs of both signs the
+//   partial sums stay about sqrt(K) terms large, far below the sum of
+//   magnitudes the bound is relative to.) Adding into a gradient g0 rounds
+//   once on each side, so the two may differ by 2 u32 of |g0| more. Where both sides do the
 //   very same float operations in the same order (encoder, residual, casts)
 //   the test demands equal bits.
 // - bf16: the computation inside is float32 (the bound above) and each value
-//   stored as bf16 is rounded once more, by at most u16 of its magnitude;
+//   stored as bf16 is rounded once more, by at most u16 of its magnitude
+//   (once: cuBLAS may not add a split product's parts in bf16, see
+//   kernels_cuda_context.cu, CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
 //   each test counts the roundings on the way to its output. TF32 (only in
 //   the test that asks for it): inputs keep 11 significant bits, so each
 //   product is within ~2 * 2^-11 relative (2^-9 allowed: Hopper may truncate).

@@ -27,6 +27,7 @@
 #include <chrono>
 #include <exception>
 #include <functional>
+#include <iostream>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -190,8 +191,12 @@ TEST(NcclDeviceWait, TheNextKernelSeesTheResultAndTheHostGoesOn) {
 }
 
 // The buffer a collective writes, released right after wait() and allocated
-// again (the pool hands the same block back on the same stream) and zeroed:
-// the zeros must land after the collective's write, which runs 300 ms later.
+// again and zeroed: the zeros must land after the collective's write, which
+// runs 300 ms later. That bites only if the pool hands the same block back
+// (it usually does, on the same stream); CUDA allows but does not promise
+// it ("the allocator is free to reallocate the memory as long as ...",
+// runtime API, Stream Ordered Memory Allocator), so another block is only
+// noted (and recorded in the XML report), not a failure.
 TEST(NcclDeviceWait, FreeAfterWaitIsOrderedAfterTheCollective) {
   SKIP_WITHOUT_GPU();
   for (const auto& gpus : groups()) {
@@ -212,7 +217,9 @@ TEST(NcclDeviceWait, FreeAfterWaitIsOrderedAfterTheCollective) {
       dev.zero(b, bytes);
       const double host_s = seconds_since(t0);
       EXPECT_LT(host_s, 0.1) << "wait + release + allocate + zero took " << host_s << " s";
-      EXPECT_EQ(b, a) << "the pool did not hand the block back: the order is not tested";
+      ::testing::Test::RecordProperty("reused_block", b == a ? "yes" : "no");
+      if (b != a)
+        std::cout << "  note: the pool handed out another block; the order was not exercised\n";
       // Read only once the collective has written (the host waits for it):
       // had the zeros come first, its write would now be there.
       h.wait_host();

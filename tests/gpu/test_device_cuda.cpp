@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -46,9 +47,12 @@ std::unique_ptr<zf::Device> gpu0() {
 cudaStream_t stream_of(zf::Device& dev) { return static_cast<cudaStream_t>(dev.native_stream()); }
 
 // Write with op A (a copy that runs only after a 300 ms stall), release,
-// allocate again: the host never waits, the pool hands the same block back
-// at once (on the same stream, the free is ordered before the new
-// allocation), and what is written into the new buffer lands after A.
+// allocate again: the host never waits, and what is written into the new
+// buffer lands after A. The pool usually hands the same block back (on the
+// same stream the free is ordered before the new allocation), which is what
+// makes the last check bite; CUDA allows but does not promise that reuse
+// ("the allocator is free to reallocate the memory as long as ...", runtime
+// API, Stream Ordered Memory Allocator), so another block is only noted.
 TEST(CudaDeviceMemory, ReuseOnTheStreamWithoutWaitingForIt) {
   SKIP_WITHOUT_GPU();
   auto dev = gpu0();
@@ -71,8 +75,10 @@ TEST(CudaDeviceMemory, ReuseOnTheStreamWithoutWaitingForIt) {
   const double host_s = seconds_since(t0);
   EXPECT_LT(host_s, 0.1) << "copy + release + allocate + zero took " << host_s
                          << " s on the host while the stream was stalled: something waited for it";
-  // The pool's cache at work: same stream, same size, the block just freed.
-  EXPECT_EQ(q, p) << "the pool did not reuse the block freed on this stream";
+  // The pool's cache at work (same stream, same size, the block just freed),
+  // usually: the XML report says whether the order below was exercised.
+  ::testing::Test::RecordProperty("reused_block", q == p ? "yes" : "no");
+  if (q != p) std::cout << "  note: the pool handed out another block; the order was not exercised\n";
   dev->to_host(got.data(), q, bytes);  // synchronizes: after the stall
   EXPECT_GE(seconds_since(t0), 0.29);  // the stall did hold the stream
   size_t nonzero = 0;
@@ -110,21 +116,35 @@ TEST(CudaDeviceMemory, ReleaseDoesNotWaitForOtherStreams) {
 
 // More than the GPU has: the allocator says so (nullptr), the tracker raises
 // its OutOfMemory naming what was asked for, and the device works on after
-// it (the error does not stick).
+// it: the failed call's error is not left as the thread's last error (a
+// kernel launch checked with cudaGetLastError right after must not report
+// it). Whatever code the runtime gives a size it cannot serve
+// (cudaMallocFromPoolAsync lists out of memory and cudaErrorInvalidValue),
+// the result is the tracker's message.
 TEST(CudaDeviceMemory, MoreThanTheGpuHasIsTheTrackersOutOfMemory) {
   SKIP_WITHOUT_GPU();
   auto dev = gpu0();
+  // What this process's pool keeps from earlier tests counts as used in
+  // cudaMemGetInfo, but allocate() hands it back before it gives up: hand
+  // it back first, so that "more than is free" below is really more.
+  cudaMemPool_t pool = nullptr;
+  CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
   size_t free_bytes = 0, total_bytes = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   zf::MemoryTracker mem(0);  // no budget: only the GPU can refuse
   mem.set_device(dev.get());
-  // More than is free (and held nowhere else by this process: the pool's
-  // cache is handed back and the allocation tried again before it fails),
-  // then more than the GPU has at all.
-  for (size_t ask : {free_bytes + (size_t(256) << 20), total_bytes + (size_t(1) << 30)}) {
+  // More than is free but less than the GPU has (halfway: the driver
+  // itself must refuse it, and the pool's trim-and-retry runs), more than
+  // the GPU has at all (refused without asking), and a size no GPU has.
+  ASSERT_GT(total_bytes, free_bytes);  // this process's context alone uses some
+  for (size_t ask : {free_bytes + (total_bytes - free_bytes) / 2,
+                     total_bytes + (size_t(1) << 30), size_t(1) << 62}) {
     SCOPED_TRACE("asking for " + zf::format_bytes(ask) + " of a GPU with " +
                  zf::format_bytes(total_bytes) + " (" + zf::format_bytes(free_bytes) + " free)");
     EXPECT_EQ(dev->allocate(ask), nullptr);
+    EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess) << "the refused allocation left its error behind";
     try {
       mem.allocate(zf::Place::device, zf::Category::activations, ask);
       ADD_FAILURE() << "the allocation succeeded";
@@ -138,12 +158,36 @@ TEST(CudaDeviceMemory, MoreThanTheGpuHasIsTheTrackersOutOfMemory) {
         << "a refused allocation stayed counted";
   }
   // The device goes on: a small allocation, zeroed (the tracker zero-fills
-  // on the stream), read back.
+  // on the stream), a kernel (checked with cudaGetLastError) that doubles
+  // it in place, read back.
   void* p = mem.allocate(zf::Place::device, zf::Category::workspace, 4096);
+  EXPECT_NO_THROW(dev->add(p, p, zf::DType::f32, 4096 / sizeof(float)));
   std::vector<uint8_t> back(4096, 0xAB);
   dev->to_host(back.data(), p, back.size());
   EXPECT_EQ(back, std::vector<uint8_t>(4096, 0));
   mem.release(zf::Place::device, zf::Category::workspace, p, 4096);
+  dev->synchronize();
+}
+
+// The threads backend on device buffers (comm_threads_cuda.cu) checks each
+// buffer with cudaPointerGetAttributes: it takes anything but unregistered
+// host memory, and device memory only of its group's GPUs. The Devices'
+// memory comes from the stream-ordered pool; the runtime documents
+// cudaMemoryTypeDevice for "device memory" and the GPU it resides on,
+// without naming pools. This says so for pool memory, so that a stage on
+// the GPU that fails that check points here.
+TEST(CudaDeviceMemory, PoolMemoryIsDeviceMemoryToPointerAttributes) {
+  SKIP_WITHOUT_GPU();
+  auto dev = gpu0();
+  void* p = dev->allocate(1 << 20);
+  ASSERT_NE(p, nullptr);
+  for (void* q : {p, static_cast<void*>(static_cast<char*>(p) + 4096)}) {
+    cudaPointerAttributes a{};
+    ASSERT_EQ(cudaPointerGetAttributes(&a, q), cudaSuccess);
+    EXPECT_EQ(a.type, cudaMemoryTypeDevice);
+    EXPECT_EQ(a.device, dev->ordinal());
+  }
+  dev->release(p);
   dev->synchronize();
 }
 

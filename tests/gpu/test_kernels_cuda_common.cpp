@@ -121,6 +121,15 @@ TEST_F(CudaKernels, ContextScratchGrowsAndIsReused) {
   EXPECT_EQ(cudaStreamSynchronize(cx.stream()), cudaSuccess);
 }
 
+// The cuBLAS handle keeps a bf16 product's partial sums in float32
+// (kernels_cuda_context.cu: CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION),
+// which the bf16 bounds of the matmul and attention tests rely on.
+TEST_F(CudaKernels, ContextKeepsReductionsInFloat32) {
+  cublasMath_t mode{};
+  ASSERT_EQ(cublasGetMathMode(ctx().cublas(), &mode), CUBLAS_STATUS_SUCCESS);
+  EXPECT_NE(int(mode) & int(CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION), 0) << int(mode);
+}
+
 // ---------------------------------------------------------------------------
 // Zero sizes: an op with an empty dimension does nothing, as its CPU twin
 // does: it neither fails (a grid of 0 blocks is a launch error, which
