@@ -6,6 +6,7 @@
 #
 #   bench/gpu_report.py --gpu "NVIDIA H200" --warmup 5 \
 #       --ours build-gpu/bench_dp.jsonl --torch build-gpu/bench_torch.jsonl \
+#       [--ours-flash build-gpu/bench_dp_flash.jsonl] \
 #       --stage-warmup 2 --stage build-gpu/dp.1.jsonl --stage build-gpu/zero1.4.jsonl ... \
 #       [--json bench.json]
 #
@@ -15,7 +16,8 @@
 # median of the per-step times of the log, leaving out the first --warmup
 # steps; tokens/s = tokens per step / that median. Targets (the issue's):
 # tokens/s at least PyTorch eager's, MFU at least 40%. A missed target is
-# reported, it does not fail gpu_check (that is for correctness).
+# reported, it does not fail gpu_check (that is for correctness). With
+# --ours-flash, table 1 again for our run with ZF_ATTENTION=flash.
 # Table 2, every stage run (1 and N virtual ranks on the one GPU): ms/step,
 # tokens/s, the peak device memory per rank (the largest over the ranks, as
 # each rank's memory tracker counts it) and the model states per rank / P
@@ -140,8 +142,8 @@ def table(headers, rows):
     return "\n".join([line(headers), "  ".join("-" * x for x in w)] + [line(r) for r in rows])
 
 
-def compare(ours, torch, peak, peak_src, warmup, label=None):
-    """Text of table 1 and its verdicts."""
+def compare(ours, torch, peak, peak_src, warmup, label=None, variant=None):
+    """Text of table 1 and its verdicts (variant: how this run of ours differs, for the header)."""
     o, t = ours, torch
     ratio = (o["tokens_per_s"] / t["tokens_per_s"]
              if o.get("tokens_per_s") and t.get("tokens_per_s") else None)
@@ -163,7 +165,8 @@ def compare(ours, torch, peak, peak_src, warmup, label=None):
                                          " (compute %s)" % o["compute"] if o.get("compute") else "",
                                          cfg.get("ranks"), cfg.get("batch"))
              if cfg else label or "ours vs PyTorch")
-    lines = [table([title, "zero-to-fsdp dp", "PyTorch eager", "ratio", "target", "verdict"], rows)]
+    ours_header = "zero-to-fsdp dp" + (" (%s)" % variant if variant else "")
+    lines = [table([title, ours_header, "PyTorch eager", "ratio", "target", "verdict"], rows)]
     for name, s in (("ours", o), ("PyTorch", t)):
         if s.get("error"):
             lines.append("%s: %s (%s)" % (name, s["error"], s["log"]))
@@ -209,6 +212,7 @@ def main(argv=None):
     ap.add_argument("--gpu", default="", help="device name, as nvidia-smi prints it (for the peak)")
     ap.add_argument("--ours", help="run log of build-gpu/00_data_parallel/dp (the timing run)")
     ap.add_argument("--torch", help="run log of bench/torch_ref.py --device cuda (the timing run)")
+    ap.add_argument("--ours-flash", help="run log of the same dp run with ZF_ATTENTION=flash (a second table 1)")
     ap.add_argument("--warmup", type=int, default=5, help="steps left out of the timing median")
     ap.add_argument("--label", help="title of the first table when neither log says what ran")
     ap.add_argument("--stage", action="append", default=[], help="run log of a stage run (repeat)")
@@ -228,6 +232,13 @@ def main(argv=None):
         text, verdicts = compare(ours, torch, peak, peak_src, args.warmup, args.label)
         print(text)
         out.update({"ours": ours, "torch": torch, **verdicts})
+        if args.ours_flash:
+            flash = side(args.ours_flash, args.warmup, peak)
+            text, verdicts = compare(flash, torch, peak, peak_src, args.warmup, args.label,
+                                     variant="ZF_ATTENTION=flash")
+            print()
+            print(text)
+            out.update({"ours_flash": flash, **{"flash_" + k: v for k, v in verdicts.items()}})
     if args.stage:
         if args.ours or args.torch:
             print()

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "device.h"
@@ -52,7 +53,8 @@ __global__ void fold_kernel(__nv_bfloat16* dst, const float* src, size_t n) {
   if (i < n) dst[i] = __float2bfloat16_rn(__bfloat162float(dst[i]) + src[i]);
 }
 
-// ZF_ATTENTION: "simple" (the default) or "flash"; anything else is an error.
+// ZF_ATTENTION: "simple" (the default) or "flash" (tensor cores with bf16
+// compute, CUDA cores with f32); anything else is an error.
 bool attention_is_flash() {
   const char* v = std::getenv("ZF_ATTENTION");
   const std::string a = v ? v : "";
@@ -211,9 +213,10 @@ class CudaDevice final : public Device {
     });
   }
   // Attention: the simple form (cuBLAS over the full T x T scores, the
-  // probabilities kept) unless ZF_ATTENTION=flash (kernels_cuda_flash.cu:
-  // only each row's log-sum-exp kept; CUDA cores, so it saves memory, not
-  // yet time: bench/RESULTS.md).
+  // probabilities kept) unless ZF_ATTENTION=flash: only each row's
+  // log-sum-exp kept, on tensor cores with bf16 compute
+  // (kernels_cuda_flash_tc.cu), on CUDA cores with float32 compute
+  // (kernels_cuda_flash.cu: it saves memory, not time; bench/RESULTS.md).
   size_t attention_saved_bytes(int B, int T, int H) const override {
     return flash_ ? size_t(B) * H * T * sizeof(float) : size_t(B) * H * T * T * dtype_size(compute_);
   }
@@ -224,7 +227,10 @@ class CudaDevice final : public Device {
                          int H) override {
     dispatch([&](auto f) {
       using F = decltype(f);
-      if (flash_)
+      if (flash_ && std::is_same_v<F, __nv_bfloat16>)
+        flash_attention_tc_forward_cuda(ptr<__nv_bfloat16>(out), static_cast<float*>(saved),
+                                        ptr<__nv_bfloat16>(qkv), B, T, C, H, s());
+      else if (flash_)
         flash_attention_forward_cuda(ptr<F>(out), static_cast<float*>(saved), ptr<F>(qkv), B, T, C, H, s());
       else
         attention_forward_cuda(ctx_, ptr<F>(out), ptr<F>(saved), scratch, ptr<F>(qkv), B, T, C, H);
@@ -234,7 +240,11 @@ class CudaDevice final : public Device {
                           const void* saved, int B, int T, int C, int H) override {
     dispatch([&](auto f) {
       using F = decltype(f);
-      if (flash_)
+      if (flash_ && std::is_same_v<F, __nv_bfloat16>)
+        flash_attention_tc_backward_cuda(ptr<__nv_bfloat16>(dqkv), scratch, ptr<__nv_bfloat16>(dout),
+                                         ptr<__nv_bfloat16>(out), ptr<__nv_bfloat16>(qkv),
+                                         static_cast<const float*>(saved), B, T, C, H, s());
+      else if (flash_)
         flash_attention_backward_cuda(ptr<F>(dqkv), scratch, ptr<F>(dout), ptr<F>(out), ptr<F>(qkv),
                                       static_cast<const float*>(saved), B, T, C, H, s());
       else

@@ -44,6 +44,8 @@
 #include <math.h>  // expf, logf, fmaxf, INFINITY: the same names in host and device code
 #include <stddef.h>
 
+#include <type_traits>
+
 #if defined(__CUDACC__)
 #include <cuda_bf16.h>
 #define ZF_HD __host__ __device__ __forceinline__
@@ -83,6 +85,17 @@ struct Shape {
   int T, C, H, hs;
   float scale;
 };
+
+// Calls fn(std::integral_constant<int, HS>) for the padded head size of s
+// (the launchers' choice of kernel; hs already checked to be at most 128).
+template <class Fn>
+void with_head_size(const Shape& s, Fn&& fn) {
+  switch (padded_head_size(s.hs)) {
+    case 32: fn(std::integral_constant<int, 32>{}); break;
+    case 64: fn(std::integral_constant<int, 64>{}); break;
+    default: fn(std::integral_constant<int, 128>{}); break;
+  }
+}
 
 // Where row t of (b, h) lives (kernels.h's layout): part 0, 1, 2 of qkv[B,T,3C]
 // are q, k, v, head h at channels h*hs..; out and dout are [B,T,C]; lse and D

@@ -210,6 +210,19 @@ void flash_attention_backward_cuda(F* dqkv, float* scratch, const F* dout, const
                                    const F* qkv, const float* lse, int B, int T, int C, int H,
                                    cudaStream_t stream);
 
+// The same flash attention on tensor cores (kernels_cuda_flash_tc.cu), bf16
+// only: the same arguments, outputs and scratch, with each tile's products in
+// WMMA (bf16 inputs, float32 accumulation; the probabilities and their
+// gradients rounded to bf16 before the products that take them, as in
+// FlashAttention-2). Needs sm_80 or newer and, for head sizes over 64, more
+// shared memory than some GPUs have: a clear error names the limit.
+void flash_attention_tc_forward_cuda(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B,
+                                     int T, int C, int H, cudaStream_t stream);
+void flash_attention_tc_backward_cuda(__nv_bfloat16* dqkv, float* scratch, const __nv_bfloat16* dout,
+                                      const __nv_bfloat16* out, const __nv_bfloat16* qkv,
+                                      const float* lse, int B, int T, int C, int H,
+                                      cudaStream_t stream);
+
 // GELU, tanh approximation.
 template <class F>
 void gelu_forward_cuda(F* out, const F* inp, size_t n, cudaStream_t stream);

@@ -17,7 +17,6 @@
 // tiles of the other side in shared memory. Every sum runs in a fixed order
 // and there are no atomics, so two runs give the same bits.
 #include <cmath>
-#include <type_traits>
 
 #include "flash_attention.cuh"
 #include "kernels_cuda.h"
@@ -104,8 +103,12 @@ __global__ void __launch_bounds__(kRows)
 // ---------------------------------------------------------------------------
 // Launchers
 
-// The checks both directions share; returns the shape, with s.hs = 0 when
-// there is nothing to do (B, T or C is 0).
+dim3 flash_grid(const Shape& s, int B) { return dim3(flash::row_blocks(s.T), B * s.H); }
+
+}  // namespace
+
+namespace cuda_impl {
+
 Shape flash_shape(int B, int T, int C, int H) {
   REQUIRE(H > 0 && C % H == 0, "flash attention: C = " << C << " is not a multiple of H = " << H);
   const int hs = C / H;
@@ -120,28 +123,25 @@ Shape flash_shape(int B, int T, int C, int H) {
   return Shape{T, C, H, hs, 1.0f / std::sqrt(float(hs))};
 }
 
-dim3 flash_grid(const Shape& s, int B) { return dim3(flash::row_blocks(s.T), B * s.H); }
-
-// Calls fn(std::integral_constant<int, HS>) for the padded head size of s.
-template <class Fn>
-void with_head_size(const Shape& s, Fn&& fn) {
-  switch (flash::padded_head_size(s.hs)) {
-    case 32: fn(std::integral_constant<int, 32>{}); break;
-    case 64: fn(std::integral_constant<int, 64>{}); break;
-    default: fn(std::integral_constant<int, 128>{}); break;  // flash_shape checked hs <= 128
-  }
+template <class F>
+void flash_attention_delta_cuda(float* D, const F* out, const F* dout, const Shape& s, int B,
+                                cudaStream_t stream) {
+  REQUIRE(size_t(B) * s.H * s.T <= 0x7fffffffu, "flash attention: B*H*T is over 2^31 - 1 rows");
+  const int rows = B * s.H * s.T;
+  flash_delta_kernel<F><<<blocks_for(size_t(rows), kBlock), kBlock, 0, stream>>>(D, out, dout, s, rows);
+  CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace
+}  // namespace cuda_impl
 
 size_t flash_attention_scratch_floats(int B, int T, int H) { return size_t(B) * H * T; }
 
 template <class F>
 void flash_attention_forward_cuda(F* out, float* lse, const F* qkv, int B, int T, int C, int H,
                                   cudaStream_t stream) {
-  const Shape s = flash_shape(B, T, C, H);
+  const Shape s = cuda_impl::flash_shape(B, T, C, H);
   if (s.hs == 0) return;
-  with_head_size(s, [&](auto hs) {
+  flash::with_head_size(s, [&](auto hs) {
     constexpr int HS = decltype(hs)::value;
     flash_forward_kernel<F, HS><<<flash_grid(s, B), kRows, 0, stream>>>(out, lse, qkv, s);
   });
@@ -152,16 +152,12 @@ template <class F>
 void flash_attention_backward_cuda(F* dqkv, float* scratch, const F* dout, const F* out,
                                    const F* qkv, const float* lse, int B, int T, int C, int H,
                                    cudaStream_t stream) {
-  const Shape s = flash_shape(B, T, C, H);
+  const Shape s = cuda_impl::flash_shape(B, T, C, H);
   if (s.hs == 0) return;
-  REQUIRE(size_t(B) * H * T <= 0x7fffffffu, "flash attention: B*H*T is over 2^31 - 1 rows");
   float* D = scratch;
-  const int rows = B * H * T;
-  flash_delta_kernel<F><<<cuda_impl::blocks_for(size_t(rows), cuda_impl::kBlock),
-                          cuda_impl::kBlock, 0, stream>>>(D, out, dout, s, rows);
-  CUDA_CHECK_LAUNCH();
+  cuda_impl::flash_attention_delta_cuda(D, out, dout, s, B, stream);
   // dQ, dV and dK write disjoint parts of dqkv (q, v, k) and only read D.
-  with_head_size(s, [&](auto hs) {
+  flash::with_head_size(s, [&](auto hs) {
     constexpr int HS = decltype(hs)::value;
     const dim3 grid = flash_grid(s, B);
     flash_dq_kernel<F, HS><<<grid, kRows, 0, stream>>>(dqkv, dout, qkv, lse, D, s);
@@ -177,6 +173,8 @@ void flash_attention_backward_cuda(F* dqkv, float* scratch, const F* dout, const
 // The instantiations the header promises: F = float and __nv_bfloat16.
 
 #define ZF_INSTANTIATE(F)                                                                       \
+  template void cuda_impl::flash_attention_delta_cuda<F>(float*, const F*, const F*, const Shape&,  \
+                                                         int, cudaStream_t);                     \
   template void flash_attention_forward_cuda<F>(F*, float*, const F*, int, int, int, int,      \
                                                 cudaStream_t);                                  \
   template void flash_attention_backward_cuda<F>(F*, float*, const F*, const F*, const F*,     \

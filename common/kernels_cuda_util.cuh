@@ -13,6 +13,7 @@
 //   kernels_cuda_layernorm.cu    LayerNorm
 //   kernels_cuda_matmul.cu       matmul and attention (the cuBLAS users) + the gemm helper
 //   kernels_cuda_flash.cu        flash-style attention (its per-thread work: flash_attention.cuh)
+//   kernels_cuda_flash_tc.cu     the same on tensor cores, bf16 (its programs: flash_attention_tc.cuh)
 //   kernels_cuda_softmax.cu      softmax + cross-entropy
 //   kernels_cuda_adamw.cu        AdamW and the bf16 <-> float32 casts
 //   kernels_cuda_context.cu      CudaContext, cuda_unavailable_reason
@@ -199,5 +200,25 @@ void column_sums_finish(F* out0, F* out1, const float* partial, int slices, int 
                                                                              slices, C);
   CUDA_CHECK_LAUNCH();
 }
+
+// ---------------------------------------------------------------------------
+// What the two flash attention files share (kernels_cuda_flash.cu defines it).
+
+}  // namespace zf::cuda_impl
+
+namespace zf::flash {
+struct Shape;
+}
+
+namespace zf::cuda_impl {
+
+// The shape of one call, after the checks both forms and both directions
+// make (head size, grid limits); hs = 0 when there is nothing to do.
+flash::Shape flash_shape(int B, int T, int C, int H);
+
+// The backward's first step: D_i = dout_i . out_i for every row of [B, H, T].
+template <class F>
+void flash_attention_delta_cuda(float* D, const F* out, const F* dout, const flash::Shape& s, int B,
+                                cudaStream_t stream);
 
 }  // namespace zf::cuda_impl

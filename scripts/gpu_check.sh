@@ -15,7 +15,8 @@
 # bf16 with 1 rank timed against PyTorch eager on the same GPU, model, batch
 # and precision (bench/torch_ref.py --device cuda), in tokens/s, ms/step, MFU
 # (bench/mfu.py) and peak memory, then the same dp run's device time op by
-# op (ZF_PROFILE=1, in stages.log), with the simple and the flash attention. Logs go into RESULTS_DIR; the steps' table and
+# op (ZF_PROFILE=1, in stages.log), with the simple and the flash attention
+# (the flash one also timed, a second table). Logs go into RESULTS_DIR; the steps' table and
 # the benchmark tables (bench/gpu_report.py) are printed last and saved as
 # RESULTS_DIR/summary.txt.
 #
@@ -471,9 +472,11 @@ fi
 data=$build/bench_tokens.bin
 init=$build/bench_init.safetensors
 bench_dp=$build/bench_dp.jsonl
+bench_flash=$build/bench_dp_flash.jsonl
 bench_torch=$build/bench_torch.jsonl
-rm -f "$data" "$init" "$bench_dp" "$bench_torch"
-bench_logs=(--ours "$bench_dp" --torch "$bench_torch" --label "gpt2 bf16, 1 rank, B=$bench_b")
+rm -f "$data" "$init" "$bench_dp" "$bench_flash" "$bench_torch"
+bench_logs=(--ours "$bench_dp" --ours-flash "$bench_flash" --torch "$bench_torch"
+            --label "gpt2 bf16, 1 rank, B=$bench_b")
 echo "== timing: dp and PyTorch, gpt2 bf16 ranks=1 B=$bench_b, $bench_steps steps ==" >>"$slog"
 # 2^20 random tokens below GPT-2's 50257, in llm.c's format (SPEC.md "Data").
 python3 - "$data" >>"$slog" 2>&1 <<'PY'
@@ -491,6 +494,11 @@ run_step "timing: dp B=$bench_b" 120 "$slog" "$build/00_data_parallel/dp" --devi
   --save-init "$init" --log-every 5 --log-json "$bench_dp"
 init_opt=()
 [[ -f $init ]] && init_opt=(--init "$init")  # else PyTorch's own init: timing only
+# The same run with ZF_ATTENTION=flash (tensor cores, kernels_cuda_flash_tc.cu):
+# the same init and tokens, so its losses must follow the simple form's.
+run_step "timing: dp flash B=$bench_b" 90 "$slog" env ZF_ATTENTION=flash "$build/00_data_parallel/dp" \
+  --device cuda --model gpt2 --precision bf16 --ranks 1 --batch "$bench_b" --steps "$bench_steps" \
+  --data "$data" "${init_opt[@]}" --log-every 5 --log-json "$bench_flash"
 run_step "timing: PyTorch eager B=$bench_b" 150 "$slog" env PYTHONUNBUFFERED=1 python3 bench/torch_ref.py \
   --device cuda --model gpt2 --precision bf16 --batch "$bench_b" --steps "$bench_steps" --warmup 5 \
   --data "$data" "${init_opt[@]}" --log-json "$bench_torch"

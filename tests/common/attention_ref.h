@@ -2,7 +2,8 @@
 // share (tests/common/test_flash_attention.cpp on the CPU,
 // tests/gpu/test_kernels_cuda_flash.cpp on a GPU): the log-sum-exp each row's
 // softmax divides by, and, for each gradient element, the sum of the
-// magnitudes of the terms it adds up, which the tolerances are relative to.
+// magnitudes of the terms it adds up, which the tolerances are relative to,
+// and the part of that due to D_i = dout_i . out_i when out is rounded.
 // Layouts as in kernels.h: qkv [B,T,3C], out/dout [B,T,C], att [B,H,T,T],
 // lse [B,H,T]. Header-only, no CUDA.
 #pragma once
@@ -83,6 +84,38 @@ inline std::vector<float> attention_grad_magnitudes(const std::vector<float>& qk
         }
     }
   return mag;
+}
+
+// How far a gradient moves when the backward computes D_i = dout_i . out_i
+// from out rounded to a precision of relative error u (bf16: u = 2^-8): D_i
+// is off by dD_i = u sum_d |dout_id out_id|, so ds_ij by p_ij dD_i, dq_i by
+// scale sum_j p_ij dD_i |k_j| and dk_j by scale sum_i p_ij dD_i |q_i| (v's
+// gradient does not use D). In double, per element of dqkv.
+inline std::vector<float> attention_delta_magnitudes(const std::vector<float>& qkv,
+                                                     const std::vector<float>& att,
+                                                     const std::vector<float>& dout,
+                                                     const std::vector<float>& out, int B, int T,
+                                                     int C, int H, double u) {
+  const int hs = C / H, C3 = 3 * C;
+  const double scale = 1.0 / std::sqrt(double(hs));
+  std::vector<float> dmag(qkv.size(), 0.0f);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < T; ++i) {
+        const size_t oi = (size_t(b) * T + i) * C + h * hs;
+        double dD = 0;
+        for (int d = 0; d < hs; ++d) dD += std::abs(double(dout[oi + d]) * out[oi + d]);
+        dD *= u;
+        for (int j = 0; j <= i; ++j) {
+          const double w = scale * att[((size_t(b) * H + h) * T + i) * T + j] * dD;
+          const size_t qi = (size_t(b) * T + i) * C3 + h * hs, kj = (size_t(b) * T + j) * C3 + C + h * hs;
+          for (int d = 0; d < hs; ++d) {
+            dmag[qi + d] += float(w * std::abs(qkv[kj + d]));
+            dmag[kj + d] += float(w * std::abs(qkv[qi + d]));
+          }
+        }
+      }
+  return dmag;
 }
 
 }  // namespace zf::test

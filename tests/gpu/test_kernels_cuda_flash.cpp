@@ -2,7 +2,8 @@
 // (kernels_cuda_flash.cu) against the CPU reference (attention_forward /
 // attention_backward of kernels_cpu.cpp) and a double log-sum-exp, in float32
 // and bf16; the tails (T = 1, 33, 100, 130: partial tiles and blocks); head
-// sizes padded to each HS (32, 64, 128); two runs giving the same bits.
+// sizes padded to each HS (32, 64, 128); two runs giving the same bits; and
+// the same for the tensor-core form (kernels_cuda_flash_tc.cu, bf16).
 //
 //   build/tests/test_gpu_kernels --gtest_filter='*Flash*'
 //
@@ -15,6 +16,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "check.h"
@@ -32,13 +34,25 @@ struct FlashRun {
   vf out, lse, dqkv;
 };
 
+// The two flash forms: CUDA cores (float32 or bf16), tensor cores (bf16 only).
+enum class Form { cuda_cores, tensor_cores };
+
 template <class F>
 FlashRun<F> run_flash(zf::CudaContext& ctx, const vf& qkv, const vf& dout, const vf& dqkv0, int B,
-                      int T, int C, int H) {
+                      int T, int C, int H, Form form = Form::cuda_cores) {
   auto d_qkv = to_device<F>(qkv), d_dout = to_device<F>(dout), d_dqkv = to_device<F>(dqkv0);
   auto d_out = poisoned<F>(size_t(B) * T * C);
   auto d_lse = poisoned<float>(size_t(B) * H * T);
   auto scratch = poisoned<float>(zf::flash_attention_scratch_floats(B, T, H));
+  if constexpr (std::is_same_v<F, nvbf>) {
+    if (form == Form::tensor_cores) {
+      zf::flash_attention_tc_forward_cuda(d_out->get(), d_lse->get(), d_qkv->get(), B, T, C, H,
+                                          ctx.stream());
+      zf::flash_attention_tc_backward_cuda(d_dqkv->get(), scratch->get(), d_dout->get(), d_out->get(),
+                                           d_qkv->get(), d_lse->get(), B, T, C, H, ctx.stream());
+      return {to_host(*d_out), to_host(*d_lse), to_host(*d_dqkv)};
+    }
+  }
   zf::flash_attention_forward_cuda(d_out->get(), d_lse->get(), d_qkv->get(), B, T, C, H,
                                    ctx.stream());
   zf::flash_attention_backward_cuda(d_dqkv->get(), scratch->get(), d_dout->get(), d_out->get(),
@@ -60,26 +74,33 @@ FlashRun<F> run_flash(zf::CudaContext& ctx, const vf& qkv, const vf& dout, const
 //   D_i = dout_i . out_i computed from the bf16-rounded out: D_i is then off
 //   by u16 sum_d |dout_id out_id| =: dD_i, so ds_ij by p_ij dD_i, dq_i by
 //   scale sum_j p_ij dD_i |k_j| and dk_j by scale sum_i p_ij dD_i |q_i|
-//   (computed per element below, in double).
+//   (attention_delta_magnitudes, in double).
+// - Tensor cores add the roundings of FlashAttention-2 (bound derived in
+//   tests/common/test_flash_attention_tc.cpp, which runs the same programs on
+//   the CPU): P rounded to bf16 before P V, and l summing those rounded p,
+//   so out moves by 2 u16 max|v| and lse by u16; P^T and dS rounded before
+//   the gradient products, u16 of each term: u16 mag. Each doubled for the
+//   float32 work around it (the tile products' order is the hardware's).
 template <class F>
-void check_flash(zf::CudaContext& ctx, int B, int T, int C, int H) {
+void check_flash(zf::CudaContext& ctx, int B, int T, int C, int H, Form form = Form::cuda_cores) {
   SCOPED_TRACE("B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
                " H=" + std::to_string(H));
   std::mt19937 rng = make_rng(505 + T + C);
   const int hs = C / H, C3 = 3 * C;
   const vf qkv = uniform<F>(rng, size_t(B) * T * C3), dout = uniform<F>(rng, size_t(B) * T * C);
   const vf dqkv0 = uniform<F>(rng, qkv.size());
-  const FlashRun<F> got = run_flash<F>(ctx, qkv, dout, dqkv0, B, T, C, H);
+  const FlashRun<F> got = run_flash<F>(ctx, qkv, dout, dqkv0, B, T, C, H, form);
+  const double tc = form == Form::tensor_cores ? kU16 : 0.0;  // the roundings of P and dS
 
   vf out(size_t(B) * T * C), att(size_t(B) * H * T * T);
   zf::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, H);
   const double e = 2.0 * (2 * hs * std::sqrt(double(hs)) + T + 8) * kU32;
   EXPECT_TRUE(close("flash out", got.out, out,
-                    [&](size_t i) { return 4 * e + kStoreU<F> * std::abs(out[i]); }));
+                    [&](size_t i) { return 4 * e + kStoreU<F> * std::abs(out[i]) + 4 * tc; }));
   const std::vector<double> lse_d = attention_lse(qkv, B, T, C, H);
   const vf lse(lse_d.begin(), lse_d.end());
   EXPECT_TRUE(close("flash lse", got.lse, lse,
-                    [&](size_t i) { return 2 * e + 2 * kU32 * std::abs(lse_d[i]); }));
+                    [&](size_t i) { return 2 * e + 2 * kU32 * std::abs(lse_d[i]) + 2 * tc; }));
 
   vf dqkv = dqkv0, scratch(zf::attention_scratch_floats(T));
   zf::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T, C,
@@ -87,29 +108,12 @@ void check_flash(zf::CudaContext& ctx, int B, int T, int C, int H) {
   double gmax = 0;
   for (size_t i = 0; i < dqkv.size(); ++i) gmax = std::max(gmax, std::abs(double(dqkv[i]) - dqkv0[i]));
   const vf mag = attention_grad_magnitudes(qkv, att, dout, B, T, C, H);
-  vf dmag(qkv.size(), 0.0f);  // the bf16 out's effect through D (see above)
-  if (kIsBf16<F>) {
-    const double scale = 1.0 / std::sqrt(double(hs));
-    for (int b = 0; b < B; ++b)
-      for (int h = 0; h < H; ++h)
-        for (int i = 0; i < T; ++i) {
-          const size_t oi = (size_t(b) * T + i) * C + h * hs;
-          double dD = 0;
-          for (int d = 0; d < hs; ++d) dD += std::abs(double(dout[oi + d]) * out[oi + d]);
-          dD *= kU16;
-          for (int j = 0; j <= i; ++j) {
-            const double w = scale * att[((size_t(b) * H + h) * T + i) * T + j] * dD;
-            const size_t qi = (size_t(b) * T + i) * C3 + h * hs, kj = (size_t(b) * T + j) * C3 + C + h * hs;
-            for (int d = 0; d < hs; ++d) {
-              dmag[qi + d] += float(w * std::abs(qkv[kj + d]));
-              dmag[kj + d] += float(w * std::abs(qkv[qi + d]));
-            }
-          }
-        }
-  }
+  // the bf16 out's effect through D (see above)
+  const vf dmag = kIsBf16<F> ? attention_delta_magnitudes(qkv, att, dout, out, B, T, C, H, kU16)
+                             : vf(qkv.size(), 0.0f);
   EXPECT_TRUE(close("flash dqkv", got.dqkv, dqkv, [&](size_t i) {
     return 8.0 * (T + hs + 8) * kU32 * (mag[i] + gmax) + 2 * kU32 * std::abs(dqkv0[i]) +
-           kStoreU<F> * std::abs(dqkv[i]) + 2 * dmag[i];
+           kStoreU<F> * std::abs(dqkv[i]) + 2 * dmag[i] + 2 * tc * mag[i];
   }));
 }
 
@@ -128,7 +132,18 @@ TEST_F(CudaKernels, FlashAttentionBf16) {
   check_flash<nvbf>(ctx(), 1, 256, 768, 12);
 }
 
-// No atomics and fixed orders: a second run gives the same bits.
+// The tensor-core form, bf16 only: the same shapes, and GPT-2's at T = 1024.
+TEST_F(CudaKernels, FlashTcBf16) {
+  const Form tc = Form::tensor_cores;
+  check_flash<nvbf>(ctx(), 2, 1, 8, 2, tc);
+  check_flash<nvbf>(ctx(), 2, 33, 48, 3, tc);
+  check_flash<nvbf>(ctx(), 2, 100, 128, 2, tc);
+  check_flash<nvbf>(ctx(), 1, 130, 200, 2, tc);
+  check_flash<nvbf>(ctx(), 1, 256, 768, 12, tc);
+  check_flash<nvbf>(ctx(), 1, 1024, 128, 2, tc);  // hs 64, 16 tiles
+}
+
+// No atomics and fixed orders: a second run gives the same bits (both forms).
 TEST_F(CudaKernels, FlashAttentionIsDeterministic) {
   const int B = 2, T = 200, C = 256, H = 4;
   std::mt19937 rng = make_rng(606);
@@ -139,6 +154,11 @@ TEST_F(CudaKernels, FlashAttentionIsDeterministic) {
   EXPECT_TRUE(exact("flash out, run 2", b.out, a.out));
   EXPECT_TRUE(exact("flash lse, run 2", b.lse, a.lse));
   EXPECT_TRUE(exact("flash dqkv, run 2", b.dqkv, a.dqkv));
+  const FlashRun<nvbf> c = run_flash<nvbf>(ctx(), qkv, dout, dqkv0, B, T, C, H, Form::tensor_cores);
+  const FlashRun<nvbf> d = run_flash<nvbf>(ctx(), qkv, dout, dqkv0, B, T, C, H, Form::tensor_cores);
+  EXPECT_TRUE(exact("flash tc out, run 2", d.out, c.out));
+  EXPECT_TRUE(exact("flash tc lse, run 2", d.lse, c.lse));
+  EXPECT_TRUE(exact("flash tc dqkv, run 2", d.dqkv, c.dqkv));
 }
 
 // A head size over the kernels' maximum is refused with a clear error before

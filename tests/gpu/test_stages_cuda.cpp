@@ -97,6 +97,38 @@ TEST(GpuStages, DataParallelMatchesTheCpu) {
   }
 }
 
+// ZF_ATTENTION=flash (bf16 compute: tensor cores, kernels_cuda_flash_tc.cu;
+// f32 compute: CUDA cores, kernels_cuda_flash.cu) trains like the simple form,
+// with the simple form's memory for attention's probabilities saved.
+//   f32: the same formula summed in another order, as GPU vs CPU: 2e-4.
+//   bf16: both forms multiply V by bf16-rounded probabilities; the flash one
+//   normalises by the sum of the rounded ones and rounds dS before its
+//   products (FlashAttention-2's roundings, relative 2^-8 each): bf16 noise
+//   of the kind bounded above for GPU vs CPU, 3e-3.
+// The variable is read when a rank's CudaDevice is made: set for one run.
+TEST(GpuStages, FlashAttentionTrainsLikeTheSimpleForm) {
+  SKIP_WITHOUT_GPU();
+  for (const Recipe& r : kRecipes) {
+    SCOPED_TRACE(r.name);
+    const TrainConfig cfg = gpu_config(r.precision, r.compute, 2, 5);
+    const RunResult simple = run_training(cfg, train_data_parallel);
+    ASSERT_EQ(setenv("ZF_ATTENTION", "flash", 1), 0);
+    RunResult flash;
+    try {
+      flash = run_training(cfg, train_data_parallel);
+    } catch (...) {
+      unsetenv("ZF_ATTENTION");
+      throw;
+    }
+    unsetenv("ZF_ATTENTION");
+    ASSERT_EQ(flash.ranks[0].losses.size(), 5u);
+    EXPECT_LT(max_loss_diff(flash, simple), r.compute == DType::bf16 ? 3e-3 : 2e-4);
+    EXPECT_LT(flash.ranks[0].memory.pk(Place::device, Category::activations),
+              simple.ranks[0].memory.pk(Place::device, Category::activations))
+        << "lse [B,H,T] instead of the probabilities [B,H,T,T]";
+  }
+}
+
 // The budget applies to real GPU memory too: a budget below stage 00's
 // model states fails before any step with the out-of-memory message. (The
 // GPU itself refusing: test_device_cuda.cpp.)

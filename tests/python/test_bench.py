@@ -155,6 +155,23 @@ class ReportTest(unittest.TestCase):
         self.assertIn("1.25x", text)
         self.assertNotIn("NOT the same model", text)
 
+    def test_second_table_for_flash_attention(self):
+        fpt, tokens = 855383040.0, 16 * 1024
+        cfg = {"stage": "dp", "model": "gpt2", "precision": "bf16", "compute": "bf16", "ranks": 1, "batch": 16,
+               "params": 163109376, "flops_per_token": fpt, "memory": []}
+        paths = {n: os.path.join(self.dir, n + ".jsonl") for n in ("dp", "flash", "torch")}
+        write_log(paths["dp"], [900, 60, 60, 60], tokens, cfg)
+        write_log(paths["flash"], [900, 25, 25, 25], tokens, cfg)
+        write_log(paths["torch"], [900, 50, 50, 50], tokens, dict(cfg, impl="pytorch"))
+        data, text = self.run_report("--gpu", "NVIDIA H200", "--warmup", "1", "--ours", paths["dp"],
+                                     "--torch", paths["torch"], "--ours-flash", paths["flash"])
+        self.assertEqual(data["ours_flash"]["ms"], 25.0)
+        self.assertAlmostEqual(data["flash_ratio"], 2.0, delta=1e-12)
+        self.assertTrue(data["flash_ratio_met"])
+        self.assertFalse(data["ratio_met"])  # 50 / 60 < 1: the simple run's own verdict stands
+        self.assertIn("zero-to-fsdp dp (ZF_ATTENTION=flash)", text)
+        self.assertEqual(text.count("PyTorch eager"), 2)
+
     def test_missing_and_cut_short_logs(self):
         torch = os.path.join(self.dir, "torch.jsonl")
         write_log(torch, [100, 10, 10], 1024, None)  # crashed before its summary
