@@ -141,6 +141,15 @@ class Communicator {
     std::lock_guard<std::mutex> lock(stats_mu_);
     stats_ = CommStats{};
   }
+  // Puts the bytes and calls back to an earlier snapshot, so that work which is
+  // not training (saving a checkpoint) does not count as training's traffic.
+  // Seconds are left as they are: a backend may still be adding the time of
+  // collectives that completed on the device before the snapshot.
+  void restore_counts(const CommStats& snapshot) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.bytes = snapshot.bytes;
+    stats_.calls = snapshot.calls;
+  }
 
  protected:
   mutable std::mutex stats_mu_;

@@ -306,6 +306,11 @@ const TensorInfo& SafetensorsReader::info(const std::string& name) const {
 
 void SafetensorsReader::read(const std::string& name, const std::vector<int64_t>& shape, DType as,
                              void* dst) const {
+  read_elements(name, shape, as, 0, info(name).numel(), dst);
+}
+
+void SafetensorsReader::read_elements(const std::string& name, const std::vector<int64_t>& shape, DType as,
+                                      size_t first, size_t count, void* dst) const {
   const TensorInfo& t = info(name);
   USAGE_REQUIRE(t.shape == shape, "tensor '" << name << "' in '" << path_ << "' has shape " << shape_str(t.shape)
                                              << " but shape " << shape_str(shape)
@@ -315,10 +320,13 @@ void SafetensorsReader::read(const std::string& name, const std::vector<int64_t>
   USAGE_REQUIRE(t.dtype == as || (is_float(t.dtype) && is_float(as)), "tensor '" << name << "' in '" << path_ << "' is "
                                                    << st_dtype_name(t.dtype) << " and cannot be read as "
                                                    << dtype_name(as));
-  const size_t n = t.numel();
+  REQUIRE(first <= t.numel() && count <= t.numel() - first,
+          "elements [" << first << ", " << first + count << ") of tensor '" << name << "' asked for; it has "
+                       << t.numel());
+  const size_t n = count;
   if (n == 0) return;
   File f = open_for_reading(path_);
-  USAGE_REQUIRE(std::fseek(f.get(), long(data_start_ + t.begin), SEEK_SET) == 0,
+  USAGE_REQUIRE(std::fseek(f.get(), long(data_start_ + t.begin + first * dtype_size(t.dtype)), SEEK_SET) == 0,
                 "cannot seek to tensor '" << name << "' in '" << path_ << "'");
   auto read_exact = [&](void* p, size_t bytes) {
     USAGE_REQUIRE(std::fread(p, 1, bytes, f.get()) == bytes,

@@ -55,6 +55,10 @@ class SafetensorsReader {
   // naming the tensor, both shapes and the file.
   void read(const std::string& name, const std::vector<int64_t>& shape, DType as,
             void* dst) const;
+  // The same for elements [first, first + count) of the tensor in flat
+  // (row-major) order: a rank's piece of a sharded state.
+  void read_elements(const std::string& name, const std::vector<int64_t>& shape, DType as, size_t first,
+                     size_t count, void* dst) const;
 
   const std::string& path() const { return path_; }
 
