@@ -59,6 +59,7 @@ RankResult train_data_parallel(const TrainConfig& cfg, RankContext& ctx, const T
   RankFailureGuard guard(ctx.comm);  // a failing rank stops the group before freeing rep
   RankCompute rc(cfg, layout, ctx, data);
 
+  const Resume resume = open_resume(cfg, layout, ctx);  // --resume: the checkpoint and its step
   {  // The same initial model on every rank (each computes it; no broadcast needed).
     std::vector<float> full(P);
     initial_model(cfg, layout, full.data());
@@ -66,14 +67,30 @@ RankResult train_data_parallel(const TrainConfig& cfg, RankContext& ctx, const T
     if (cfg.precision == Precision::bf16) store_from_f32(ctx.dev, rep.params.data(), dt, full.data(), P);
     if (!cfg.save_init.empty() && ctx.rank == 0) save_model(cfg.save_init, layout, full.data());
     if (!cfg.save_init.empty()) ctx.comm.barrier();  // the file is complete before anyone goes on
+    if (resume.checkpoint) {  // AdamW's moments, whole, as saved
+      for (StateKind kind : {StateKind::m, StateKind::v}) {
+        resume.checkpoint->read_all(kind, full.data());
+        ctx.dev.to_device((kind == StateKind::m ? rep.m : rep.v).data(), full.data(), P * sizeof(float));
+      }
+    }
   }
+  // What --save writes: every rank holds everything, so rank 0 just copies it back.
+  auto full_state = [&](StateKind kind) {
+    std::vector<float> out;
+    if (ctx.rank != 0) return out;
+    out.resize(P);
+    const Tensor* t = kind == StateKind::m ? &rep.m : kind == StateKind::v ? &rep.v : nullptr;
+    ctx.dev.to_host(out.data(), t ? t->data() : rep.fp32_params(), P * sizeof(float));
+    return out;
+  };
 
   AdamWConfig adam;
   adam.lr = cfg.lr;
   RankResult result;
+  result.first_step = resume.first_step;
   std::vector<CommHandle> pending(layout.units.size());
 
-  for (int step = 0; step < cfg.steps; ++step) {
+  for (int step = resume.first_step; step < cfg.steps; ++step) {
     Timer timer;
     float loss_sum = 0.0f;
     for (int k = 0; k < K; ++k) {
@@ -113,6 +130,7 @@ RankResult train_data_parallel(const TrainConfig& cfg, RankContext& ctx, const T
     ctx.dev.zero(rep.grads.data(), rep.grads.bytes());
 
     record_step(result, reporter, ctx, step, loss, timer.ms());
+    maybe_save(cfg, ctx, layout, step + 1, full_state);
   }
 
   record_counters(result, ctx);

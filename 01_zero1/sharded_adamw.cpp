@@ -63,6 +63,24 @@ const float* ShardedAdamW::fp32_piece(int u, const void* param_piece) const {
   return static_cast<const float*>(param_piece);
 }
 
+void ShardedAdamW::load_moments(const CheckpointReader& checkpoint) {
+  std::vector<float> piece;
+  for (size_t u = 0; u < layout_.units.size(); ++u) {
+    const UnitShard& us = shards_.units[u];
+    piece.resize(us.end - us.begin);
+    for (StateKind kind : {StateKind::m, StateKind::v}) {
+      checkpoint.read_unit(int(u), kind, us.begin, us.end, piece.data());
+      float* dst = (kind == StateKind::m ? m_ : v_).as<float>() + us.shard_offset;
+      dev_.to_device(dst, piece.data(), piece.size() * sizeof(float));
+    }
+  }
+}
+
+const float* ShardedAdamW::moment_piece(StateKind kind, int u) const {
+  REQUIRE(kind == StateKind::m || kind == StateKind::v, "moment_piece: m or v");
+  return (kind == StateKind::m ? m_ : v_).as<float>() + shards_.units[u].shard_offset;
+}
+
 std::vector<float> gather_full_model(Communicator& comm, Device& dev, const ModelLayout& layout,
                                      const ShardLayout& shards,
                                      const std::function<const float*(int)>& fp32_piece) {
@@ -77,6 +95,14 @@ std::vector<float> gather_full_model(Communicator& comm, Device& dev, const Mode
     std::memcpy(full.data() + layout.units[u].offset, gathered.data(), us.numel * sizeof(float));
   }
   return full;
+}
+
+std::vector<float> gather_full_state(Communicator& comm, Device& dev, const ModelLayout& layout,
+                                     const ShardLayout& shards, const ShardedAdamW& opt, StateKind kind,
+                                     const std::function<const void*(int)>& param_piece) {
+  return gather_full_model(comm, dev, layout, shards, [&](int u) {
+    return kind == StateKind::params ? opt.fp32_piece(u, param_piece(u)) : opt.moment_piece(kind, u);
+  });
 }
 
 }  // namespace zf

@@ -10,6 +10,7 @@
 #include <functional>
 
 #include "adamw.h"
+#include "checkpoint.h"
 #include "comm.h"
 #include "config.h"
 #include "device.h"
@@ -43,6 +44,12 @@ class ShardedAdamW {
   // master (bf16), or param_piece itself (fp32).
   const float* fp32_piece(int u, const void* param_piece) const;
 
+  // --resume: this rank's pieces of AdamW's two moments, read from the
+  // checkpoint (the master comes with the model, through init_master).
+  void load_moments(const CheckpointReader& checkpoint);
+  // This rank's piece of unit u of moment m or v (device memory), for --save.
+  const float* moment_piece(StateKind kind, int u) const;
+
  private:
   const ModelLayout& layout_;
   const ShardLayout& shards_;
@@ -59,5 +66,13 @@ class ShardedAdamW {
 std::vector<float> gather_full_model(Communicator& comm, Device& dev, const ModelLayout& layout,
                                      const ShardLayout& shards,
                                      const std::function<const float*(int)>& fp32_piece);
+
+// What --save writes (training.h's maybe_save), for a stage that shards with
+// this optimizer: the whole model's float32 values of `kind` (the parameters,
+// or a moment) gathered from every rank's pieces. param_piece(u): this rank's
+// piece of unit u's parameters, as update() takes it.
+std::vector<float> gather_full_state(Communicator& comm, Device& dev, const ModelLayout& layout,
+                                     const ShardLayout& shards, const ShardedAdamW& opt, StateKind kind,
+                                     const std::function<const void*(int)>& param_piece);
 
 }  // namespace zf

@@ -20,8 +20,9 @@
 
 namespace zf {
 
-void init_padded_params(const TrainConfig& cfg, const ModelLayout& layout, const ShardLayout& shards,
-                        RankContext& ctx, void* params, ShardedAdamW& opt) {
+int init_padded_params(const TrainConfig& cfg, const ModelLayout& layout, const ShardLayout& shards,
+                       RankContext& ctx, void* params, ShardedAdamW& opt) {
+  const Resume resume = open_resume(cfg, layout, ctx);
   const DType dt = compute_dtype(cfg.precision);
   std::vector<float> full(layout.numel);
   initial_model(cfg, layout, full.data());
@@ -31,6 +32,8 @@ void init_padded_params(const TrainConfig& cfg, const ModelLayout& layout, const
     store_from_f32(ctx.dev, static_cast<char*>(params) + shards.units[u].padded_offset * dtype_size(dt), dt,
                    full.data() + layout.units[u].offset, layout.units[u].numel);
   opt.init_master([&](int u) { return full.data() + layout.units[u].offset + shards.units[u].begin; });
+  if (resume.checkpoint) opt.load_moments(*resume.checkpoint);
+  return resume.first_step;
 }
 
 RankResult train_zero1(const TrainConfig& cfg, RankContext& ctx, const TokenData& data,
@@ -53,11 +56,15 @@ RankResult train_zero1(const TrainConfig& cfg, RankContext& ctx, const TokenData
   // My piece of unit u inside the full buffers: slot r of the unit's N slots.
   auto my_param_piece = [&](int u) { return unit_params(u) + size_t(r) * shards.units[u].shard * esz; };
   auto my_grad_piece = [&](int u) { return unit_grads(u) + size_t(r) * shards.units[u].shard * esz; };
-  init_padded_params(cfg, layout, shards, ctx, params.data(), opt);
+  const int first_step = init_padded_params(cfg, layout, shards, ctx, params.data(), opt);
+  auto full_state = [&](StateKind kind) {  // what --save writes
+    return gather_full_state(ctx.comm, ctx.dev, layout, shards, opt, kind, my_param_piece);
+  };
 
   RankResult result;
+  result.first_step = first_step;
   std::vector<CommHandle> pending(U);
-  for (int step = 0; step < cfg.steps; ++step) {
+  for (int step = first_step; step < cfg.steps; ++step) {
     Timer timer;
     float loss_sum = 0.0f;
     for (int k = 0; k < K; ++k) {
@@ -87,6 +94,7 @@ RankResult train_zero1(const TrainConfig& cfg, RankContext& ctx, const TokenData
     for (auto& h : pending) h.wait();
     ctx.dev.zero(grads.data(), grads.bytes());
     record_step(result, reporter, ctx, step, loss, timer.ms());
+    maybe_save(cfg, ctx, layout, step + 1, full_state);
   }
 
   record_counters(result, ctx);

@@ -36,11 +36,15 @@ RankResult train_zero2(const TrainConfig& cfg, RankContext& ctx, const TokenData
 
   auto unit_params = [&](int u) { return static_cast<char*>(params.data()) + shards.units[u].padded_offset * esz; };
   auto my_param_piece = [&](int u) { return unit_params(u) + size_t(r) * shards.units[u].shard * esz; };
-  init_padded_params(cfg, layout, shards, ctx, params.data(), opt);
+  const int first_step = init_padded_params(cfg, layout, shards, ctx, params.data(), opt);
+  auto full_state = [&](StateKind kind) {  // what --save writes
+    return gather_full_state(ctx.comm, ctx.dev, layout, shards, opt, kind, my_param_piece);
+  };
 
   RankResult result;
+  result.first_step = first_step;
   std::vector<CommHandle> pending(U);
-  for (int step = 0; step < cfg.steps; ++step) {
+  for (int step = first_step; step < cfg.steps; ++step) {
     Timer timer;
     float loss_sum = 0.0f;
     for (int k = 0; k < K; ++k) {
@@ -64,6 +68,7 @@ RankResult train_zero2(const TrainConfig& cfg, RankContext& ctx, const TokenData
     for (auto& h : pending) h.wait();
     grads.zero();
     record_step(result, reporter, ctx, step, loss, timer.ms());
+    maybe_save(cfg, ctx, layout, step + 1, full_state);
   }
 
   record_counters(result, ctx);

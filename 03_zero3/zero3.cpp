@@ -34,10 +34,11 @@ RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData
   RankFailureGuard guard(ctx.comm);
   RankCompute rc(cfg, layout, ctx, data);
 
+  const Resume resume = open_resume(cfg, layout, ctx);
   {  // Each rank draws only its own pieces of the seeded model (rng.h makes
-     // that the same as drawing everything); --init reads the whole file.
+     // that the same as drawing everything); --init or --resume reads the whole file.
     std::vector<float> full;
-    if (!cfg.init.empty()) {
+    if (!model_file(cfg).empty()) {
       full.resize(layout.numel);
       initial_model(cfg, layout, full.data());
     }
@@ -54,6 +55,7 @@ RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData
       masters[u] = piece;
     }
     opt.init_master([&](int u) { return masters[u].data(); });
+    if (resume.checkpoint) opt.load_moments(*resume.checkpoint);
     if (!cfg.save_init.empty()) {
       std::vector<float> all = gather_full_model(ctx.comm, ctx.dev, layout, shards, [&](int u) { return opt.fp32_piece(u, params.piece(u)); });
       if (r == 0) save_model(cfg.save_init, layout, all.data());
@@ -62,8 +64,13 @@ RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData
     }
   }
 
+  auto full_state = [&](StateKind kind) {  // what --save writes
+    return gather_full_state(ctx.comm, ctx.dev, layout, shards, opt, kind, [&](int u) { return params.piece(u); });
+  };
+
   RankResult result;
-  for (int step = 0; step < cfg.steps; ++step) {
+  result.first_step = resume.first_step;
+  for (int step = resume.first_step; step < cfg.steps; ++step) {
     Timer timer;
     float loss_sum = 0.0f;
     for (int k = 0; k < K; ++k) {
@@ -93,6 +100,7 @@ RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData
     grads.zero();
 
     record_step(result, reporter, ctx, step, loss, timer.ms());
+    maybe_save(cfg, ctx, layout, step + 1, full_state);
   }
 
   record_counters(result, ctx);

@@ -35,6 +35,14 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   app.add_option("--device-mem", device_mem, "device memory budget per rank, e.g. 512KiB, 64MiB, 2GiB");
   app.add_option("--init", cfg.init, "start from this consolidated safetensors model");
   app.add_option("--save-init", cfg.save_init, "write the initial model to this safetensors file");
+  app.add_option("--save", cfg.save,
+                 "write a training checkpoint here (model, AdamW state, step) at the end, and every "
+                 "--save-every steps; --resume continues from it");
+  app.add_option("--save-every", cfg.save_every, "with --save: also write it after every this many steps")
+      ->capture_default_str();
+  app.add_option("--resume", cfg.resume,
+                 "continue a run from a --save checkpoint: its model, AdamW state and step; the run "
+                 "trains the steps from there up to --steps");
   app.add_option("--log-json", cfg.log_json, "write the run log (JSON lines) to this file");
   app.add_option("--log-every", cfg.log_every, "print a log line every this many steps")->capture_default_str();
   app.add_flag("--quiet", cfg.quiet, "print only errors and the summary");
@@ -66,6 +74,12 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   USAGE_REQUIRE(cfg.lr > 0 && std::isfinite(cfg.lr), "--lr must be a positive number (got " << cfg.lr << ")");
   USAGE_REQUIRE(cfg.clip >= 0 && std::isfinite(cfg.clip),
                 "--clip must be 0 (off) or a positive norm (got " << cfg.clip << ")");
+  USAGE_REQUIRE(cfg.save_every >= 0, "--save-every must be 0 (only at the end) or more (got " << cfg.save_every << ")");
+  USAGE_REQUIRE(cfg.save_every == 0 || !cfg.save.empty(),
+                "--save-every " << cfg.save_every << " needs --save FILE (where to write the checkpoint)");
+  USAGE_REQUIRE(cfg.resume.empty() || cfg.init.empty(),
+                "--resume and --init both say where the model comes from: give one (--resume also restores "
+                "the optimizer and the step; --init starts a fresh run from a model)");
   USAGE_REQUIRE(cfg.log_every >= 1, "--log-every must be at least 1 (got " << cfg.log_every << ")");
   if (precision == "fp32") cfg.precision = Precision::fp32;
   else if (precision == "bf16") cfg.precision = Precision::bf16;

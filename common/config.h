@@ -37,6 +37,9 @@ struct TrainConfig {
   std::optional<size_t> device_mem;
   std::string init;               // consolidated safetensors to start from
   std::string save_init;          // write the initial model here first
+  std::string save;               // training checkpoint (checkpoint.h): written at the end...
+  int save_every = 0;             // ...and after every this many steps (0: only at the end)
+  std::string resume;             // training checkpoint to continue from (its step, model, AdamW state)
   std::string log_json;
   int log_every = 10;             // human log: one line every this many steps
   bool quiet = false;             // no human log (tests)
@@ -55,6 +58,7 @@ struct RankResult {
   MemoryCounts memory;            // at the end of the run
   CommStats comm;                 // over the whole run
   uint64_t param_hash = 0;        // final float32 parameters in consolidated order
+  int first_step = 0;             // the step this run started at (> 0 after --resume)
 };
 
 struct RunResult {

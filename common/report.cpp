@@ -70,7 +70,7 @@ nlohmann::json summary_json(const RunResult& run) {
     }
     memory.push_back(entry);
     const auto& s = run.ranks[r].comm;
-    double steps = std::max(1, cfg.steps);
+    double steps = std::max<size_t>(1, run.ranks[r].losses.size());  // the steps this run trained
     json by;
     for (int k = 0; k < kNumCollectives; ++k)
       if (s.calls[k]) by[collective_name(CollectiveKind(k))] = s.bytes[k] / steps;
@@ -87,6 +87,7 @@ nlohmann::json summary_json(const RunResult& run) {
             {"batch", cfg.batch},
             {"grad_accum", cfg.grad_accum},
             {"steps", cfg.steps},
+            {"first_step", run.ranks.empty() ? 0 : run.ranks[0].first_step},
             {"blas", run.blas},
             {"median_ms", med},
             {"tokens_per_s", med > 0 ? tokens_per_step(cfg) / (med / 1000.0) : 0.0},
@@ -143,9 +144,9 @@ void print_comm_table(const RunResult& run, std::FILE* out) {
   std::fprintf(out, "%-5s %14s", "rank", "total");
   for (int k = 0; k < kNumCollectives; ++k) std::fprintf(out, " %14s", collective_name(CollectiveKind(k)));
   std::fprintf(out, "\n");
-  double steps = std::max(1, run.cfg.steps);
   for (size_t r = 0; r < run.ranks.size(); ++r) {
     const auto& s = run.ranks[r].comm;
+    const double steps = std::max<size_t>(1, run.ranks[r].losses.size());  // the steps this run trained
     std::fprintf(out, "%-5zu %14s", r, format_bytes(size_t(s.total_bytes() / steps)).c_str());
     for (int k = 0; k < kNumCollectives; ++k)
       std::fprintf(out, " %14s", format_bytes(size_t(s.bytes[k] / steps)).c_str());

@@ -2,6 +2,7 @@
 #include "training.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "checkpoint.h"
 #include "host_collectives.h"
@@ -9,12 +10,64 @@
 
 namespace zf {
 
+const std::string& model_file(const TrainConfig& cfg) { return cfg.resume.empty() ? cfg.init : cfg.resume; }
+
 void initial_model(const TrainConfig& cfg, const ModelLayout& layout, float* flat) {
-  if (!cfg.init.empty()) {
-    load_model(cfg.init, layout, flat);
+  if (!model_file(cfg).empty()) {
+    load_model(model_file(cfg), layout, flat);
     return;
   }
   for (const auto& u : layout.units) init_unit_range(u, cfg.model, cfg.seed, 0, u.numel, flat + u.offset);
+}
+
+namespace {
+
+std::string data_name(const TrainConfig& cfg) { return cfg.data.empty() ? "(built-in corpus)" : cfg.data; }
+
+}  // namespace
+
+Resume open_resume(const TrainConfig& cfg, const ModelLayout& layout, const RankContext& ctx) {
+  Resume r;
+  if (cfg.resume.empty()) return r;
+  r.checkpoint = std::make_unique<CheckpointReader>(cfg.resume, layout);
+  const long step = r.checkpoint->step();
+  USAGE_REQUIRE(step < cfg.steps, "--resume " << cfg.resume << ": the checkpoint was saved after " << step
+                                              << " steps and --steps is " << cfg.steps
+                                              << ", so there is nothing left to train. --steps counts from "
+                                                 "step 0: ask for more than "
+                                              << step);
+  r.first_step = int(step);
+  const long long G = (long long)ctx.world * cfg.batch * cfg.grad_accum;  // SPEC.md's global batch
+  if (ctx.rank == 0 && !cfg.quiet) {
+    const auto& meta = r.checkpoint->metadata();
+    auto said = [&](const char* key) { auto it = meta.find(key); return it == meta.end() ? std::string("?") : it->second; };
+    std::printf("resuming from %s at step %ld (saved by %s, %s ranks)\n", cfg.resume.c_str(), step,
+                said("stage").c_str(), said("ranks").c_str());
+    if (said("global_batch") != std::to_string(G) || said("data") != data_name(cfg))
+      std::printf("note: the checkpoint was trained with global batch %s on %s; this run uses %lld on %s, so "
+                  "its batches differ from an uninterrupted run's\n",
+                  said("global_batch").c_str(), said("data").c_str(), G,
+                  data_name(cfg).c_str());
+    std::fflush(stdout);
+  }
+  return r;
+}
+
+void maybe_save(const TrainConfig& cfg, RankContext& ctx, const ModelLayout& layout, int steps_done,
+                const std::function<std::vector<float>(StateKind)>& full) {
+  const bool due = steps_done == cfg.steps || (cfg.save_every > 0 && steps_done % cfg.save_every == 0);
+  if (cfg.save.empty() || !due) return;
+  const CommStats training = ctx.comm.stats();
+  const std::vector<float> params = full(StateKind::params), m = full(StateKind::m), v = full(StateKind::v);
+  if (ctx.rank == 0)
+    save_checkpoint(cfg.save, layout, params.data(), m.data(), v.data(), steps_done,
+                    {{"stage", cfg.stage},
+                     {"ranks", std::to_string(ctx.world)},
+                     {"precision", precision_name(cfg.precision)},
+                     {"global_batch", std::to_string((long long)ctx.world * cfg.batch * cfg.grad_accum)},
+                     {"data", data_name(cfg)},
+                     {"seed", std::to_string(cfg.seed)}});
+  ctx.comm.restore_counts(training);
 }
 
 float global_mean_loss(Communicator& comm, Device& dev, float local_sum, int micro_steps) {

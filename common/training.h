@@ -1,11 +1,16 @@
 // training.h: small pieces of a training run that every stage uses the same
-// way: the initial model, the global loss, the final parameter hash, a timer.
+// way: the initial model, resuming and saving checkpoints, the global loss,
+// the final parameter hash, a timer.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
+#include "checkpoint.h"
 #include "comm.h"
 #include "config.h"
 #include "data.h"
@@ -16,9 +21,33 @@
 
 namespace zf {
 
+// The file the initial model comes from: --resume's checkpoint, else --init's
+// model, else none (empty: the seeded model).
+const std::string& model_file(const TrainConfig& cfg);
+
 // The whole initial model as float32 in consolidated order: seeded
-// (init_unit_range) or read from cfg.init. flat holds layout.numel floats.
+// (init_unit_range) or read from model_file(cfg). flat holds layout.numel floats.
 void initial_model(const TrainConfig& cfg, const ModelLayout& layout, float* flat);
+
+// --resume: the checkpoint (none without the flag) and the step this run
+// starts at. Opening it checks the file against the model and the step
+// against --steps (UsageError, saying what to do), and rank 0 notes a global
+// batch or data file other than the checkpoint's (the batches then differ
+// from an uninterrupted run's: SPEC.md's sampler depends on both).
+struct Resume {
+  std::unique_ptr<CheckpointReader> checkpoint;
+  int first_step = 0;
+};
+Resume open_resume(const TrainConfig& cfg, const ModelLayout& layout, const RankContext& ctx);
+
+// --save: after `steps_done` steps, writes the training checkpoint if it is
+// due (every --save-every steps, and after the last step). Every rank calls
+// it; full(kind) returns the whole model's float32 values of that kind in
+// consolidated order on rank 0 (it may run collectives, as a sharded stage's
+// gather does, so every rank calls it; other ranks may return nothing). The
+// collectives of saving are not counted as training's communication.
+void maybe_save(const TrainConfig& cfg, RankContext& ctx, const ModelLayout& layout, int steps_done,
+                const std::function<std::vector<float>(StateKind)>& full);
 
 // Global-batch mean loss: each rank passes the sum of its micro-batch mean
 // losses; the sum over ranks (rank order) is divided by N*K.
