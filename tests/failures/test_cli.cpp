@@ -3,6 +3,7 @@
 // the real binary and checks both the exit code and the words of the message.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "test_util.h"
@@ -104,6 +105,25 @@ TEST(Cli, InitFileNotSafetensors) {
   std::string path = dir + "/junk.safetensors";
   std::ofstream(path) << "this is not a checkpoint";
   expect_usage_error("--init " + path, {path});
+}
+
+TEST(Cli, SaveEveryNeedsSave) { expect_usage_error("--save-every 5", {"--save-every", "--save FILE"}); }
+TEST(Cli, ResumeAndInitExcludeEachOther) {
+  expect_usage_error("--init a.safetensors --resume b.safetensors", {"--resume", "--init"});
+}
+
+// The whole cycle through the binary: save, resume, and a truncated
+// checkpoint refused with exit code 2 and the file named.
+TEST(Cli, SaveThenResume) {
+  const std::string dir = test::temp_dir(), ck = dir + "/ck.safetensors";
+  auto r = run_command(dp() + " --steps 2 --save " + ck);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_command(test::dp_binary() + " --model tiny --batch 1 --steps 3 --resume " + ck);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resuming from " + ck + " at step 2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step     2/3"), std::string::npos) << r.output;
+  std::filesystem::resize_file(ck, std::filesystem::file_size(ck) / 2);
+  expect_usage_error("--steps 3 --resume " + ck, {ck, "truncated"});
 }
 
 TEST(Cli, OutOfMemoryExitsWithItsOwnCode) {
