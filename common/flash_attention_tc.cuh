@@ -34,6 +34,11 @@
 // variable on the GPU, one T per thread on the CPU; per-warp accumulator
 // tiles are Blk::PerWarp<T>.
 //
+// The loops over a tile's columns in the threads phases have constant
+// bounds and are unrolled (ZF_UNROLL), so a thread's shared-memory loads and
+// exponentials overlap: with 4 warps a block there is little else to hide
+// their latency.
+//
 // Thread layout: warp w owns rows [16 w, 16 w + 16) of the block's tile (its
 // products' rows); thread t works on row t / 2, and of that row on the
 // columns (and channels) of parity t % 2, so a row's two threads are
@@ -212,15 +217,17 @@ ZF_DEV void forward_program(Blk& blk, ForwardSmem<Blk, HS>& sm, const Shape& s, 
     blk.threads([&](int t) {  // each half's max of its visible scores
       const int r = row_of(t), hf = half_of(t), i = i0 + r;
       float mx = -INFINITY;
-      for (int c = hf; c < kBN; c += 2)
+      ZF_UNROLL for (int cc = 0; cc < kBN / 2; ++cc) {
+        const int c = 2 * cc + hf;
         if (visible(i, j0 + c, s.T)) mx = fmaxf(mx, s.scale * sm.s[r][c]);
+      }
       sm.part[r][hf] = mx;
     });
     blk.threads([&](int t) {  // the row's new max; rescale; probabilities
       ForwardRow<HS>& row = rows(t);
       const int r = row_of(t), hf = half_of(t), i = i0 + r;
       if (i >= s.T) {  // past the last row: all zeros, never stored
-        for (int c = hf; c < kBN; c += 2) sm.p[r][c] = Blk::to_half(0.0f);
+        ZF_UNROLL for (int cc = 0; cc < kBN / 2; ++cc) sm.p[r][2 * cc + hf] = Blk::to_half(0.0f);
         return;
       }
       // Every real row sees key j0 (j0 <= i0 <= i), so mx is finite; on the
@@ -228,7 +235,8 @@ ZF_DEV void forward_program(Blk& blk, ForwardSmem<Blk, HS>& sm, const Shape& s, 
       const float mx = fmaxf(row.m, fmaxf(sm.part[r][0], sm.part[r][1]));
       const float corr = expf(row.m - mx);
       float sum = 0.0f;
-      for (int c = hf; c < kBN; c += 2) {
+      ZF_UNROLL for (int cc = 0; cc < kBN / 2; ++cc) {
+        const int c = 2 * cc + hf;
         const typename Blk::half p =
             Blk::to_half(visible(i, j0 + c, s.T) ? expf(s.scale * sm.s[r][c] - mx) : 0.0f);
         sm.p[r][c] = p;
@@ -317,7 +325,8 @@ ZF_DEV void dq_program(Blk& blk, DqSmem<Blk, HS>& sm, const Shape& s, bool vec,
     });
     blk.threads([&](int t) {  // dS = P o (dP - D), P recomputed from lse
       const int r = row_of(t), hf = half_of(t), i = i0 + r;
-      for (int c = hf; c < kBN; c += 2) {
+      ZF_UNROLL for (int cc = 0; cc < kBN / 2; ++cc) {
+        const int c = 2 * cc + hf;
         const float p = visible(i, j0 + c, s.T) ? expf(s.scale * sm.s[r][c] - sm.lse[r]) : 0.0f;
         sm.ds[r][c] = Blk::to_half(p * (sm.dp[r][c] - sm.D[r]));
       }
@@ -389,7 +398,8 @@ ZF_DEV void key_program(Blk& blk, KeySmem<Blk, HS>& sm, const Shape& s, bool vec
     });
     blk.threads([&](int t) {  // P^T and dS^T: key row r, query column c
       const int r = row_of(t), hf = half_of(t), j = j0 + r;
-      for (int c = hf; c < kBM; c += 2) {
+      ZF_UNROLL for (int cc = 0; cc < kBM / 2; ++cc) {
+        const int c = 2 * cc + hf;
         const float p = visible(i0 + c, j, s.T) ? expf(s.scale * sm.st[r][c] - sm.lse[c]) : 0.0f;
         sm.pt[r][c] = Blk::to_half(p);
         sm.dst[r][c] = Blk::to_half(p * (sm.dpt[r][c] - sm.D[c]));

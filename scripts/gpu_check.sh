@@ -5,7 +5,8 @@
 # collective of the NCCL communicator against a host computation;
 # gpu_comm_threads: the threads backend on device buffers, N virtual ranks on
 # the one GPU, bit for bit against a host computation and the host threads
-# backend; every tests/test_gpu_* target is run), then the NCCL communicator with
+# backend; every tests/test_gpu_* target is run; then the flash kernels under
+# compute-sanitizer's racecheck and memcheck, if the toolkit has it), then the NCCL communicator with
 # one rank per process: two processes on the one GPU (NCCL_HOSTID each, a
 # rendezvous file for the id), once checking every collective, once with
 # rank 1 dying (rank 0 must raise, not hang); then dp launched the same way
@@ -340,6 +341,24 @@ else
 fi
 # The headroom of each comparison (max error / tolerance), for the record.
 grep -h 'max error / tolerance' "$tlog" | sort -t= -k2 -g -r | head -n 5 | sed 's/^ */  worst: /' >&2
+
+# The flash kernels under compute-sanitizer (the CUDA toolkit's, when there):
+# racecheck finds a shared-memory race the CPU harnesses cannot (they run a
+# phase's threads one after another), memcheck an out-of-bounds access. On
+# FlashAttentionIsDeterministic: both flash forms, small shapes (B=2, T=200),
+# so the tools' slowdown stays within the limit. Output into tests.log.
+sanitizer=$(command -v compute-sanitizer || true)
+[[ -z $sanitizer && -x $cuda_root/bin/compute-sanitizer ]] && sanitizer=$cuda_root/bin/compute-sanitizer
+if [[ -n $sanitizer && -x $build/tests/test_gpu_kernels ]]; then
+  echo "== compute-sanitizer: racecheck, memcheck on the flash kernels ==" >>"$tlog"
+  run_step "sanitizer: flash kernels" 90 "$tlog" bash -c "
+    '$sanitizer' --tool racecheck --error-exitcode 1 \
+      '$build/tests/test_gpu_kernels' --gtest_filter='CudaKernels.FlashAttentionIsDeterministic' &&
+    '$sanitizer' --tool memcheck --error-exitcode 1 \
+      '$build/tests/test_gpu_kernels' --gtest_filter='CudaKernels.FlashAttentionIsDeterministic'"
+else
+  record "sanitizer: flash kernels" "not run (no compute-sanitizer)" 0
+fi
 
 # ---------------------------------------------------------------------------
 # 5. The NCCL communicator with one rank per process: two processes on the one
