@@ -5,8 +5,7 @@
 # collective of the NCCL communicator against a host computation;
 # gpu_comm_threads: the threads backend on device buffers, N virtual ranks on
 # the one GPU, bit for bit against a host computation and the host threads
-# backend; every tests/test_gpu_* target is run; then the flash kernels under
-# compute-sanitizer's racecheck and memcheck, if the toolkit has it), then the NCCL communicator with
+# backend; every tests/test_gpu_* target is run), then the NCCL communicator with
 # one rank per process: two processes on the one GPU (NCCL_HOSTID each, a
 # rendezvous file for the id), once checking every collective, once with
 # rank 1 dying (rank 0 must raise, not hang); then dp launched the same way
@@ -17,7 +16,8 @@
 # and precision (bench/torch_ref.py --device cuda), in tokens/s, ms/step, MFU
 # (bench/mfu.py) and peak memory, then the same dp run's device time op by
 # op (ZF_PROFILE=1, in stages.log), with the simple and the flash attention
-# (the flash one also timed, a second table). Logs go into RESULTS_DIR; the steps' table and
+# (the flash one also timed, a second table); last, with the time left, the
+# flash kernels under compute-sanitizer. Logs go into RESULTS_DIR; the steps' table and
 # the benchmark tables (bench/gpu_report.py) are printed last and saved as
 # RESULTS_DIR/summary.txt.
 #
@@ -342,24 +342,6 @@ fi
 # The headroom of each comparison (max error / tolerance), for the record.
 grep -h 'max error / tolerance' "$tlog" | sort -t= -k2 -g -r | head -n 5 | sed 's/^ */  worst: /' >&2
 
-# The flash kernels under compute-sanitizer (the CUDA toolkit's, when there):
-# racecheck finds a shared-memory race the CPU harnesses cannot (they run a
-# phase's threads one after another), memcheck an out-of-bounds access. On
-# FlashAttentionIsDeterministic: both flash forms, small shapes (B=2, T=200),
-# so the tools' slowdown stays within the limit. Output into tests.log.
-sanitizer=$(command -v compute-sanitizer || true)
-[[ -z $sanitizer && -x $cuda_root/bin/compute-sanitizer ]] && sanitizer=$cuda_root/bin/compute-sanitizer
-if [[ -n $sanitizer && -x $build/tests/test_gpu_kernels ]]; then
-  echo "== compute-sanitizer: racecheck, memcheck on the flash kernels ==" >>"$tlog"
-  run_step "sanitizer: flash kernels" 90 "$tlog" bash -c "
-    '$sanitizer' --tool racecheck --error-exitcode 1 \
-      '$build/tests/test_gpu_kernels' --gtest_filter='CudaKernels.FlashAttentionIsDeterministic' &&
-    '$sanitizer' --tool memcheck --error-exitcode 1 \
-      '$build/tests/test_gpu_kernels' --gtest_filter='CudaKernels.FlashAttentionIsDeterministic'"
-else
-  record "sanitizer: flash kernels" "not run (no compute-sanitizer)" 0
-fi
-
 # ---------------------------------------------------------------------------
 # 5. The NCCL communicator with one rank per process: two processes on the one
 # GPU, each with its own NCCL_HOSTID (NCCL then sees two hosts and connects
@@ -532,4 +514,22 @@ echo "== op profile: the same with ZF_ATTENTION=flash ==" >>"$slog"
 run_step "op profile: flash attention" 60 "$slog" env ZF_PROFILE=1 ZF_ATTENTION=flash \
   "$build/00_data_parallel/dp" --device cuda --model gpt2 --precision bf16 --ranks 1 --batch "$bench_b" \
   --steps 4 --data "$data" --log-every 4
+# 9. Last, with the time that is left: the flash kernels under
+# compute-sanitizer (the CUDA toolkit's, when there):
+# racecheck finds a shared-memory race the CPU harnesses cannot (they run a
+# phase's threads one after another), memcheck an out-of-bounds access. On
+# FlashAttentionIsDeterministic: both flash forms, small shapes (B=2, T=200),
+# so the tools' slowdown stays within the limit. Output into tests.log.
+sanitizer=$(command -v compute-sanitizer || true)
+[[ -z $sanitizer && -x $cuda_root/bin/compute-sanitizer ]] && sanitizer=$cuda_root/bin/compute-sanitizer
+if [[ -n $sanitizer && -x $build/tests/test_gpu_kernels ]]; then
+  echo "== compute-sanitizer: racecheck, memcheck on the flash kernels ==" >>"$tlog"
+  run_step "sanitizer: flash kernels" 90 "$tlog" bash -c "
+    '$sanitizer' --tool racecheck --error-exitcode 1 \
+      '$build/tests/test_gpu_kernels' --gtest_filter='CudaKernels.FlashAttentionIsDeterministic' &&
+    '$sanitizer' --tool memcheck --error-exitcode 1 \
+      '$build/tests/test_gpu_kernels' --gtest_filter='CudaKernels.FlashAttentionIsDeterministic'"
+else
+  record "sanitizer: flash kernels" "not run (no compute-sanitizer)" 0
+fi
 finish
