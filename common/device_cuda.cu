@@ -35,7 +35,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -100,7 +102,28 @@ class CudaDevice final : public Device {
     CUDA_CHECK(err);  // anything else is a real error
     return p;
   }
-  void release(void* p) override { CUDA_CHECK(cudaFreeAsync(p, s())); }
+  // Called from destructors (a Tensor's, a staging buffer's), also while an
+  // error unwinds the stack. After a sticky error (a kernel that faulted)
+  // every CUDA call fails, cudaFreeAsync included: a throw from here would
+  // then leave a destructor during unwinding, i.e. std::terminate, and the
+  // error being reported (which op, which rank) would be lost behind this
+  // one. So while an exception is in flight a failed free is only noted,
+  // once; otherwise it raises as every CUDA call does.
+  void release(void* p) override {
+    const cudaError_t err = cudaFreeAsync(p, s());
+    if (err == cudaSuccess) return;
+    if (std::uncaught_exceptions() > 0) {
+      (void)cudaGetLastError();
+      if (!release_failed_) {
+        release_failed_ = true;
+        std::fprintf(stderr, "note: %s: cudaFreeAsync failed (%s) while an error is being raised; "
+                     "its memory is left to the process's end\n",
+                     name_.c_str(), cudaGetErrorName(err));
+      }
+      return;
+    }
+    CUDA_CHECK(err);
+  }
   void zero(void* p, size_t bytes) override { CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s())); }
   void copy(void* dst, const void* src, size_t bytes) override {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s()));
@@ -340,6 +363,7 @@ class CudaDevice final : public Device {
   size_t next_mark_ = 0;  // after ctx_: 8 KiB for sum_squares, not tracked (gradnorm_cuda.h)
   std::string name_;
   size_t total_bytes_ = 0;  // the GPU's memory: no allocation can be larger
+  bool release_failed_ = false;  // a free failed while unwinding (said once)
 };
 
 }  // namespace
