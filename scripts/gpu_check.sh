@@ -131,7 +131,10 @@ run_step() {
 # two_ranks OUT HOSTID LINE_FMT STATUS_FMT [NAME=VALUE...] CMD...: step 5's
 # launch of two processes (nccl_two_process, then dp's env launch). Starts CMD
 # twice at once, in the background, as RANK=0 and RANK=1 of WORLD_SIZE=2, NCCL
-# over sockets on lo (no InfiniBand, warnings only), with the NAME=VALUE words
+# over sockets on lo (NCCL_NET=Socket: NCCL's own socket transport even where
+# an external net plugin is installed; no InfiniBand; warnings only; P2P and
+# SHM need no switch: NCCL offers them only between ranks of one NCCL_HOSTID),
+# with the NAME=VALUE words
 # (env(1)) and, if HOSTID is not empty, NCCL_HOSTID=HOSTID<r>; process r's
 # output goes to the file OUT<r>. Waits for both, then prints each one's
 # output, every line after LINE_FMT (printf, %s: r), then STATUS_FMT (printf,
@@ -141,7 +144,7 @@ two_ranks() {
   local out=$1 hostid=$2 line_fmt=$3 status_fmt=$4 r pre vars=() pids=() rcs=()
   shift 4
   for r in 0 1; do
-    vars=("RANK=$r" WORLD_SIZE=2 NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 NCCL_DEBUG=WARN)
+    vars=("RANK=$r" WORLD_SIZE=2 NCCL_NET=Socket NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 NCCL_DEBUG=WARN)
     [[ -n $hostid ]] && vars+=("NCCL_HOSTID=$hostid$r")
     env "${vars[@]}" "$@" >"$out$r" 2>&1 &
     pids[r]=$!

@@ -33,6 +33,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm.h"
@@ -249,7 +250,12 @@ int main(int argc, char** argv) {
   try {
     const auto t0 = std::chrono::steady_clock::now();
     CUDA_CHECK(cudaSetDevice(device));
-    auto comm = zf::NcclCommunicator::create_from_file(argv[1], rank, world, device);
+    // The creation gets at least 30 s whatever ZF_NCCL_TIMEOUT_S says (8 s in
+    // the fault run: meant for the stuck collective): two processes starting
+    // at once on a cold GPU can take several seconds for CUDA and NCCL's set-up.
+    zf::NcclOptions opt;
+    opt.init_timeout_s = std::max(30.0, zf::nccl_timeout_from_env());
+    auto comm = zf::NcclCommunicator::create_from_file(argv[1], rank, world, device, opt);
     std::printf("rank %d/%d: NCCL communicator on device %d in %.2f s (timeout %g s)\n", rank,
                 world, device,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
@@ -265,6 +271,12 @@ int main(int argc, char** argv) {
     comm->all_reduce(buf.p, 1024, DType::f32);
     comm->barrier();
     if (rank == 1) {
+      // Not at once: the barrier's kernel here can complete while this
+      // process's NCCL proxy thread still has its last send to rank 0 in
+      // flight (a network send completes on the GPU once handed to the proxy,
+      // not once delivered). Dying now could fail rank 0's barrier instead of
+      // the collective below. Rank 0 is waiting in that collective meanwhile.
+      std::this_thread::sleep_for(std::chrono::seconds(1));
       std::printf("rank 1: dying before the last collective (fault check)\n");
       std::fflush(stdout);
       std::_Exit(0);
