@@ -17,7 +17,7 @@
 # steps; tokens/s = tokens per step / that median. Targets (the issue's):
 # tokens/s at least PyTorch eager's, MFU at least 40%. A missed target is
 # reported, it does not fail gpu_check (that is for correctness). With
-# --ours-flash, table 1 again for our run with ZF_ATTENTION=flash.
+# --ours-flash, table 1 again for our run with --attention flash.
 # Table 2, every stage run (1 and N virtual ranks on the one GPU): ms/step,
 # tokens/s, the peak device memory per rank (the largest over the ranks, as
 # each rank's memory tracker counts it) and the model states per rank / P
@@ -212,7 +212,7 @@ def main(argv=None):
     ap.add_argument("--gpu", default="", help="device name, as nvidia-smi prints it (for the peak)")
     ap.add_argument("--ours", help="run log of build-gpu/00_data_parallel/dp (the timing run)")
     ap.add_argument("--torch", help="run log of bench/torch_ref.py --device cuda (the timing run)")
-    ap.add_argument("--ours-flash", help="run log of the same dp run with ZF_ATTENTION=flash (a second table 1)")
+    ap.add_argument("--ours-flash", help="run log of the same dp run with --attention flash (a second table 1)")
     ap.add_argument("--warmup", type=int, default=5, help="steps left out of the timing median")
     ap.add_argument("--label", help="title of the first table when neither log says what ran")
     ap.add_argument("--stage", action="append", default=[], help="run log of a stage run (repeat)")
@@ -235,7 +235,7 @@ def main(argv=None):
         if args.ours_flash:
             flash = side(args.ours_flash, args.warmup, peak)
             text, verdicts = compare(flash, torch, peak, peak_src, args.warmup, args.label,
-                                     variant="ZF_ATTENTION=flash")
+                                     variant="--attention flash")
             print()
             print(text)
             out.update({"ours_flash": flash, **{"flash_" + k: v for k, v in verdicts.items()}})

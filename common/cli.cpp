@@ -15,7 +15,7 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   cfg.stage = stage.exe;
   CLI::App app{"zero-to-fsdp " + stage.title + ": train the GPT of SPEC.md", stage.exe};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // last one wins
-  std::string model = "small", precision = "fp32", compute = "auto", device_mem, fault;
+  std::string model = "small", precision = "fp32", compute = "auto", attention = "simple", device_mem, fault;
   app.add_option("--ranks", cfg.ranks, "ranks, as threads of this process (ignored under mpirun/srun or RANK/WORLD_SIZE, which say how many)")->capture_default_str();
   app.add_option("--model", model, "model preset: tiny, small or gpt2")->capture_default_str();
   app.add_option("--steps", cfg.steps, "optimizer steps")->capture_default_str();
@@ -29,6 +29,10 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   app.add_option("--compute", compute,
                  "what the kernels compute in: f32, bf16 (bf16 activations and tensor-core matrix products; "
                  "needs --precision bf16), or auto (bf16 for --precision bf16 on cuda, else f32)")
+      ->capture_default_str();
+  app.add_option("--attention", attention,
+                 "simple (keeps the [B,H,T,T] probabilities for the backward) or flash (keeps one number "
+                 "per row, recomputes the rest; --device cuda only: tensor cores with bf16 compute)")
       ->capture_default_str();
   app.add_option("--data", cfg.data, "token file (raw bytes or llm.c .bin); default: built-in corpus");
   app.add_option("--device", cfg.device, "cpu or cuda")->capture_default_str();
@@ -102,6 +106,15 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
     cfg.compute = DType::bf16;
   } else {
     throw UsageError("--compute must be auto, f32 or bf16 (got '" + compute + "')");
+  }
+  if (attention == "simple") {
+    cfg.attention = AttentionForm::simple;
+  } else if (attention == "flash") {
+    USAGE_REQUIRE(cfg.device == "cuda", "--attention flash runs on a GPU only (--device cuda); on the CPU "
+                                        "attention has the simple form");
+    cfg.attention = AttentionForm::flash;
+  } else {
+    throw UsageError("--attention must be simple or flash (got '" + attention + "')");
   }
   if (!device_mem.empty()) {
     try {

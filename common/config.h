@@ -32,6 +32,7 @@ struct TrainConfig {
   // What the kernels compute in (precision.h, device.h): f32, or bf16 (bf16
   // recipe only). --compute auto picks bf16 for the bf16 recipe on a GPU.
   DType compute = DType::f32;
+  AttentionForm attention = AttentionForm::simple;  // --attention (device.h)
   std::string data;               // empty: the built-in corpus
   std::string device = "cpu";
   std::optional<size_t> device_mem;

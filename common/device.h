@@ -22,6 +22,7 @@
 #include "check.h"
 #include "dtype.h"
 #include "gradnorm.h"
+#include "model.h"  // AttentionForm
 
 namespace zf {
 
@@ -85,6 +86,9 @@ class Device {
     compute_ = dtype;
   }
   DType compute_dtype() const { return compute_; }
+  // Which form attention_* run (set before sizing what attention keeps).
+  virtual void set_attention(AttentionForm form) { attention_ = form; }
+  AttentionForm attention() const { return attention_; }
 
   virtual void encoder_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe,
                                int B, int T, int C) = 0;
@@ -102,7 +106,7 @@ class Device {
   // Attention keeps `saved` from its forward for its backward: the
   // probabilities [B,H,T,T] in the compute dtype (the simple form), or the
   // float32 log-sum-exp of each row, [B,H,T] (the flash form, GPU only,
-  // ZF_ATTENTION=flash); the model allocates the bytes the device asks for.
+  // --attention flash); the model allocates the bytes the device asks for.
   // scratch: float32, overwritten by both directions.
   virtual size_t attention_saved_bytes(int B, int T, int H) const = 0;
   virtual size_t attention_scratch_floats(int B, int T, int H) const = 0;
@@ -123,6 +127,7 @@ class Device {
 
  protected:
   DType compute_ = DType::f32;
+  AttentionForm attention_ = AttentionForm::simple;
 };
 
 // The simulated device of a CPU run: host memory, the CPU kernels.

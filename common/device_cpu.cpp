@@ -145,6 +145,12 @@ class CpuDevice final : public Device {
     Arg x(compute_, inp, size_t(N) * IC, Use::in), w(compute_, weight, size_t(OC) * IC, Use::in);
     zf::matmul_backward(dx, dw, db, d, x, w, N, IC, OC);
   }
+  // The simple form only (the flash kernels are CUDA's; the CPU harnesses
+  // of tests/common run their code, but no device op does).
+  void set_attention(AttentionForm form) override {
+    REQUIRE(form == AttentionForm::simple,
+            "the flash attention runs on a GPU only (--device cuda); the CPU device has the simple form");
+  }
   size_t attention_saved_bytes(int B, int T, int H) const override {
     return size_t(B) * H * T * T * dtype_size(compute_);  // the probabilities
   }

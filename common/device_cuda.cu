@@ -55,16 +55,6 @@ __global__ void fold_kernel(__nv_bfloat16* dst, const float* src, size_t n) {
   if (i < n) dst[i] = __float2bfloat16_rn(__bfloat162float(dst[i]) + src[i]);
 }
 
-// ZF_ATTENTION: "simple" (the default) or "flash" (tensor cores with bf16
-// compute, CUDA cores with f32); anything else is an error.
-bool attention_is_flash() {
-  const char* v = std::getenv("ZF_ATTENTION");
-  const std::string a = v ? v : "";
-  if (a.empty() || a == "simple") return false;
-  if (a == "flash") return true;
-  throw UsageError("ZF_ATTENTION must be simple or flash (got '" + a + "')");
-}
-
 unsigned blocks_for(size_t n, unsigned threads) { return unsigned((n + threads - 1) / threads); }
 
 class CudaDevice final : public Device {
@@ -236,24 +226,25 @@ class CudaDevice final : public Device {
     });
   }
   // Attention: the simple form (cuBLAS over the full T x T scores, the
-  // probabilities kept) unless ZF_ATTENTION=flash: only each row's
+  // probabilities kept) unless --attention flash: only each row's
   // log-sum-exp kept, on tensor cores with bf16 compute
   // (kernels_cuda_flash_tc.cu), on CUDA cores with float32 compute
   // (kernels_cuda_flash.cu: it saves memory, not time; bench/RESULTS.md).
+  bool flash() const { return attention_ == AttentionForm::flash; }
   size_t attention_saved_bytes(int B, int T, int H) const override {
-    return flash_ ? size_t(B) * H * T * sizeof(float) : size_t(B) * H * T * T * dtype_size(compute_);
+    return flash() ? size_t(B) * H * T * sizeof(float) : size_t(B) * H * T * T * dtype_size(compute_);
   }
   size_t attention_scratch_floats(int B, int T, int H) const override {
-    return flash_ ? flash_attention_scratch_floats(B, T, H) : attention_scratch_floats_cuda(T, H);
+    return flash() ? flash_attention_scratch_floats(B, T, H) : attention_scratch_floats_cuda(T, H);
   }
   void attention_forward(void* out, void* saved, float* scratch, const void* qkv, int B, int T, int C,
                          int H) override {
     dispatch([&](auto f) {
       using F = decltype(f);
-      if (flash_ && std::is_same_v<F, __nv_bfloat16>)
+      if (flash() && std::is_same_v<F, __nv_bfloat16>)
         flash_attention_tc_forward_cuda(ptr<__nv_bfloat16>(out), static_cast<float*>(saved),
                                         ptr<__nv_bfloat16>(qkv), B, T, C, H, s());
-      else if (flash_)
+      else if (flash())
         flash_attention_forward_cuda(ptr<F>(out), static_cast<float*>(saved), ptr<F>(qkv), B, T, C, H, s());
       else
         attention_forward_cuda(ctx_, ptr<F>(out), ptr<F>(saved), scratch, ptr<F>(qkv), B, T, C, H);
@@ -263,11 +254,11 @@ class CudaDevice final : public Device {
                           const void* saved, int B, int T, int C, int H) override {
     dispatch([&](auto f) {
       using F = decltype(f);
-      if (flash_ && std::is_same_v<F, __nv_bfloat16>)
+      if (flash() && std::is_same_v<F, __nv_bfloat16>)
         flash_attention_tc_backward_cuda(ptr<__nv_bfloat16>(dqkv), scratch, ptr<__nv_bfloat16>(dout),
                                          ptr<__nv_bfloat16>(out), ptr<__nv_bfloat16>(qkv),
                                          static_cast<const float*>(saved), B, T, C, H, s());
-      else if (flash_)
+      else if (flash())
         flash_attention_backward_cuda(ptr<F>(dqkv), scratch, ptr<F>(dout), ptr<F>(out), ptr<F>(qkv),
                                       static_cast<const float*>(saved), B, T, C, H, s());
       else
@@ -357,7 +348,6 @@ class CudaDevice final : public Device {
   static const F* ptr(const void* p) { return static_cast<const F*>(p); }
   CudaContext ctx_;
   SumSquaresScratch norm_scratch_;
-  bool flash_ = attention_is_flash();  // ZF_ATTENTION=flash
   cudaMemPool_t pool_ = nullptr;  // the GPU's default pool (not ours to destroy)
   std::vector<cudaEvent_t> marks_;  // the op profile's marks (mark())
   size_t next_mark_ = 0;  // after ctx_: 8 KiB for sum_squares, not tracked (gradnorm_cuda.h)

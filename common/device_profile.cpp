@@ -40,6 +40,10 @@ class ProfilingDevice final : public Device {
     in_->set_compute_dtype(dtype);
     compute_ = dtype;
   }
+  void set_attention(AttentionForm form) override {
+    in_->set_attention(form);
+    attention_ = form;
+  }
 
   void* allocate(size_t bytes) override { return in_->allocate(bytes); }
   void release(void* p) override { in_->release(p); }

@@ -117,7 +117,7 @@ Shape flash_shape(int B, int T, int C, int H) {
           "flash attention: head size C/H = " << C << "/" << H << " = " << hs
                                               << " is over the kernels' maximum of "
                                               << flash::kMaxHeadSize
-                                              << " (ZF_ATTENTION=simple has no such limit)");
+                                              << " (--attention simple has no such limit)");
   REQUIRE(size_t(B) * H <= 65535,
           "flash attention: B*H = " << size_t(B) * H << " is over CUDA's grid limit of 65535 (y)");
   return Shape{T, C, H, hs, 1.0f / std::sqrt(float(hs))};

@@ -6,7 +6,7 @@
 //
 //   build/tests/test_gpu_kernels --gtest_filter='*FlashTc*'   (against the CPU reference)
 //   build/tests/test_flash_attention_tc                       (the same programs, on the CPU)
-//   ZF_ATTENTION=flash build/00_data_parallel/dp --device cuda --precision bf16 ...
+//   build/00_data_parallel/dp --attention flash --device cuda --precision bf16 ...
 //
 // Reference: attention_forward, attention_backward (kernels_cpu_softmax.cpp).
 //
@@ -166,13 +166,13 @@ void require_device(int hs) {
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   REQUIRE(major >= 8, "flash attention on tensor cores needs bf16 tensor cores (sm_80 or newer); this GPU is sm_"
-                          << major << "x. Use ZF_ATTENTION=simple");
+                          << major << "x. Use --attention simple");
   const size_t need = std::max({sizeof(flash_tc::ForwardSmem<GpuBlock, HS>),
                                 sizeof(flash_tc::DqSmem<GpuBlock, HS>),
                                 sizeof(flash_tc::KeySmem<GpuBlock, HS>)});
   REQUIRE(need <= size_t(smem), "flash attention on tensor cores: head size " << hs << " (padded to " << HS
                                     << ") needs " << need << " bytes of shared memory a block; this GPU allows "
-                                    << smem << ". Use ZF_ATTENTION=simple");
+                                    << smem << ". Use --attention simple");
 }
 
 // Launches kernel with the dynamic shared memory of Smem (raising the

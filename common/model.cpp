@@ -130,8 +130,9 @@ struct Gpt::BlockActs {
   Tensor ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
 };
 
-Gpt::Gpt(const ModelLayout& layout, MemoryTracker& mem, Device& dev, int B)
+Gpt::Gpt(const ModelLayout& layout, MemoryTracker& mem, Device& dev, int B, AttentionForm attention)
     : layout_(layout), mem_(mem), dev_(dev), B_(B), act_(dev.compute_dtype()), esize_(dtype_size(act_)) {
+  dev.set_attention(attention);
   const auto& c = layout.cfg;
   const size_t BT = size_t(B) * c.T, C = c.C;
   // Tensors of the compute dtype, and the float32 ones (statistics, losses).

@@ -27,6 +27,14 @@ namespace zf {
 
 class Device;
 
+// The two forms of causal attention: simple keeps the probabilities
+// [B,H,T,T] for the backward (kernels.h; on a GPU, cuBLAS); flash keeps one
+// log-sum-exp per row and recomputes the rest (GPU only: tensor cores with
+// bf16 compute, kernels_cuda_flash_tc.cu; CUDA cores with f32,
+// kernels_cuda_flash.cu). --attention picks one.
+enum class AttentionForm { simple, flash };
+inline const char* attention_form_name(AttentionForm f) { return f == AttentionForm::flash ? "flash" : "simple"; }
+
 struct ModelConfig {
   std::string name;  // preset name
   int V = 256, T = 64, L = 2, H = 4, C = 64;
@@ -85,8 +93,11 @@ double flops_per_token(const ModelLayout& layout);
 // ACCUMULATED (+=) into `grads` (the unit's flat gradient buffer, same dtype).
 class Gpt {
  public:
-  // Activations live on the rank's device (dev), counted by mem.
-  Gpt(const ModelLayout& layout, MemoryTracker& mem, Device& dev, int B);
+  // Activations live on the rank's device (dev), counted by mem. attention:
+  // the form the device runs (set on it here), which decides what attention
+  // keeps for its backward.
+  Gpt(const ModelLayout& layout, MemoryTracker& mem, Device& dev, int B,
+      AttentionForm attention = AttentionForm::simple);
   ~Gpt();
 
   // Forward. The residual stream flows embedding -> h.0 -> ... -> head;

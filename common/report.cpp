@@ -83,6 +83,7 @@ nlohmann::json summary_json(const RunResult& run) {
             {"ranks", cfg.ranks},
             {"precision", precision_name(cfg.precision)},
             {"compute", dtype_name(cfg.compute)},
+            {"attention", attention_form_name(cfg.attention)},
             {"params", run.params},
             {"batch", cfg.batch},
             {"grad_accum", cfg.grad_accum},

@@ -91,7 +91,7 @@ RankCompute::RankCompute(const TrainConfig& cfg, const ModelLayout& layout, Rank
             std::max_element(layout.units.begin(), layout.units.end(),
                              [](const UnitLayout& a, const UnitLayout& b) { return a.numel < b.numel; })
                 ->numel),
-      gpt_(layout, ctx.mem, ctx.dev, cfg.batch),
+      gpt_(layout, ctx.mem, ctx.dev, cfg.batch, cfg.attention),
       inputs_(ctx.mem, Place::device, Category::activations, DType::i32, size_t(cfg.batch) * cfg.model.T),
       targets_(ctx.mem, Place::device, Category::activations, DType::i32, size_t(cfg.batch) * cfg.model.T),
       host_inputs_(size_t(cfg.batch) * cfg.model.T), host_targets_(size_t(cfg.batch) * cfg.model.T) {}

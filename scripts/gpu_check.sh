@@ -498,9 +498,9 @@ run_step "timing: dp B=$bench_b" 120 "$slog" "$build/00_data_parallel/dp" --devi
   --save-init "$init" --log-every 5 --log-json "$bench_dp"
 init_opt=()
 [[ -f $init ]] && init_opt=(--init "$init")  # else PyTorch's own init: timing only
-# The same run with ZF_ATTENTION=flash (tensor cores, kernels_cuda_flash_tc.cu):
+# The same run with --attention flash (tensor cores, kernels_cuda_flash_tc.cu):
 # the same init and tokens, so its losses must follow the simple form's.
-run_step "timing: dp flash B=$bench_b" 90 "$slog" env ZF_ATTENTION=flash "$build/00_data_parallel/dp" \
+run_step "timing: dp flash B=$bench_b" 90 "$slog" "$build/00_data_parallel/dp" --attention flash \
   --device cuda --model gpt2 --precision bf16 --ranks 1 --batch "$bench_b" --steps "$bench_steps" \
   --data "$data" "${init_opt[@]}" --log-every 5 --log-json "$bench_flash"
 run_step "timing: PyTorch eager B=$bench_b" 150 "$slog" env PYTHONUNBUFFERED=1 python3 bench/torch_ref.py \
@@ -513,9 +513,9 @@ echo "== op profile: dp gpt2 bf16 ranks=1 B=$bench_b (ZF_PROFILE=1) ==" >>"$slog
 run_step "op profile: dp B=$bench_b" 60 "$slog" env ZF_PROFILE=1 "$build/00_data_parallel/dp" \
   --device cuda --model gpt2 --precision bf16 --ranks 1 --batch "$bench_b" --steps 4 --data "$data" \
   --log-every 4
-echo "== op profile: the same with ZF_ATTENTION=flash ==" >>"$slog"
-run_step "op profile: flash attention" 60 "$slog" env ZF_PROFILE=1 ZF_ATTENTION=flash \
-  "$build/00_data_parallel/dp" --device cuda --model gpt2 --precision bf16 --ranks 1 --batch "$bench_b" \
+echo "== op profile: the same with --attention flash ==" >>"$slog"
+run_step "op profile: flash attention" 60 "$slog" env ZF_PROFILE=1 \
+  "$build/00_data_parallel/dp" --attention flash --device cuda --model gpt2 --precision bf16 --ranks 1 --batch "$bench_b" \
   --steps 4 --data "$data" --log-every 4
 # 9. Last, with the time that is left: the flash kernels under
 # compute-sanitizer (the CUDA toolkit's, when there):

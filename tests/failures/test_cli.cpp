@@ -43,7 +43,7 @@ TEST(Cli, Bf16ComputeNeedsBf16Recipe) {
 }
 
 // --compute auto is f32 on the CPU (bf16 only on a GPU), and an explicit
-// bf16 runs the CPU's emulation; the run log says which.
+// bf16 runs the CPU's emulation; the run log says which (and the attention form).
 TEST(Cli, ComputeDtypeInRunLog) {
   const std::string dir = test::temp_dir();
   for (const auto& [flags, want] : {std::pair{"--precision bf16", "\"compute\":\"f32\""},
@@ -54,6 +54,7 @@ TEST(Cli, ComputeDtypeInRunLog) {
     std::ifstream in(log);
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     EXPECT_NE(text.find(want), std::string::npos) << flags << ":\n" << text;
+    EXPECT_NE(text.find("\"attention\":\"simple\""), std::string::npos) << text;  // the CPU's one form
   }
 }
 
@@ -106,6 +107,9 @@ TEST(Cli, InitFileNotSafetensors) {
   std::ofstream(path) << "this is not a checkpoint";
   expect_usage_error("--init " + path, {path});
 }
+
+TEST(Cli, BadAttention) { expect_usage_error("--attention fast", {"--attention", "fast"}); }
+TEST(Cli, FlashAttentionNeedsAGpu) { expect_usage_error("--attention flash", {"--attention flash", "GPU"}); }
 
 TEST(Cli, SaveEveryNeedsSave) { expect_usage_error("--save-every 5", {"--save-every", "--save FILE"}); }
 TEST(Cli, ResumeAndInitExcludeEachOther) {

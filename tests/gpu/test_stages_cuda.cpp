@@ -97,7 +97,7 @@ TEST(GpuStages, DataParallelMatchesTheCpu) {
   }
 }
 
-// ZF_ATTENTION=flash (bf16 compute: tensor cores, kernels_cuda_flash_tc.cu;
+// --attention flash (bf16 compute: tensor cores, kernels_cuda_flash_tc.cu;
 // f32 compute: CUDA cores, kernels_cuda_flash.cu) trains like the simple form,
 // with the simple form's memory for attention's probabilities saved.
 //   f32: the same formula summed in another order, as GPU vs CPU: 2e-4.
@@ -105,44 +105,14 @@ TEST(GpuStages, DataParallelMatchesTheCpu) {
 //   normalises by the sum of the rounded ones and rounds dS before its
 //   products (FlashAttention-2's roundings, relative 2^-8 each): bf16 noise
 //   of the kind bounded above for GPU vs CPU, 3e-3.
-// The variable is read when a rank's CudaDevice is made: set for each run
-// (both, so that a ZF_ATTENTION already in the environment changes neither),
-// and put back as it was afterwards.
-class ScopedAttention {
- public:
-  explicit ScopedAttention(const char* value) {
-    if (const char* v = std::getenv("ZF_ATTENTION")) {
-      had_ = true;
-      old_ = v;
-    }
-    EXPECT_EQ(setenv("ZF_ATTENTION", value, 1), 0);
-  }
-  ~ScopedAttention() {
-    if (had_) setenv("ZF_ATTENTION", old_.c_str(), 1);
-    else unsetenv("ZF_ATTENTION");
-  }
-  ScopedAttention(const ScopedAttention&) = delete;
-  ScopedAttention& operator=(const ScopedAttention&) = delete;
-
- private:
-  bool had_ = false;
-  std::string old_;
-};
-
 TEST(GpuStages, FlashAttentionTrainsLikeTheSimpleForm) {
   SKIP_WITHOUT_GPU();
   for (const Recipe& r : kRecipes) {
     SCOPED_TRACE(r.name);
-    const TrainConfig cfg = gpu_config(r.precision, r.compute, 2, 5);
-    RunResult simple, flash;
-    {
-      ScopedAttention env("simple");
-      simple = run_training(cfg, train_data_parallel);
-    }
-    {
-      ScopedAttention env("flash");
-      flash = run_training(cfg, train_data_parallel);
-    }
+    TrainConfig cfg = gpu_config(r.precision, r.compute, 2, 5);
+    const RunResult simple = run_training(cfg, train_data_parallel);
+    cfg.attention = AttentionForm::flash;
+    const RunResult flash = run_training(cfg, train_data_parallel);
     ASSERT_EQ(flash.ranks[0].losses.size(), 5u);
     EXPECT_LT(max_loss_diff(flash, simple), r.compute == DType::bf16 ? 3e-3 : 2e-4);
     EXPECT_LT(flash.ranks[0].memory.pk(Place::device, Category::activations),

@@ -169,7 +169,7 @@ class ReportTest(unittest.TestCase):
         self.assertAlmostEqual(data["flash_ratio"], 2.0, delta=1e-12)
         self.assertTrue(data["flash_ratio_met"])
         self.assertFalse(data["ratio_met"])  # 50 / 60 < 1: the simple run's own verdict stands
-        self.assertIn("zero-to-fsdp dp (ZF_ATTENTION=flash)", text)
+        self.assertIn("zero-to-fsdp dp (--attention flash)", text)
         self.assertEqual(text.count("PyTorch eager"), 2)
 
     def test_missing_and_cut_short_logs(self):
