@@ -225,8 +225,14 @@ void run_mpi_process_rank(const LaunchOptions& opt, const World& world,
   blas_set_threads(std::max(1, hardware_cores() / std::max(1, mpi_local_size())));
   const int local_rank = mpi_local_rank();
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  // Outside the try, so that a failure can abort NCCL below: left to its
+  // destructor, a failed rank would close it cleanly, and a clean close may
+  // wait for the other ranks (newer NCCL versions do), who are stuck in a
+  // collective waiting for this one.
+  std::unique_ptr<Device> dev;
+  std::unique_ptr<Communicator> nccl;
   try {
-    std::unique_ptr<Device> dev = maybe_profiled(make_rank_device(opt, local_rank), r);
+    dev = maybe_profiled(make_rank_device(opt, local_rank), r);
     MemoryTracker mem(r, opt.device_budget);
     mem.set_device(dev.get());
     // GPU ranks train over NCCL; MPI only hands out NCCL's id (and stays for
@@ -234,11 +240,12 @@ void run_mpi_process_rank(const LaunchOptions& opt, const World& world,
 #if defined(ZF_HAVE_NCCL)
     if (dev->is_cuda()) share_gpu_if_needed(r, local_rank, mpi_local_size());  // before any NCCL call
 #endif
-    std::unique_ptr<Communicator> nccl = dev->is_cuda() ? make_nccl_over_mpi(*comm, *dev) : nullptr;
+    nccl = dev->is_cuda() ? make_nccl_over_mpi(*comm, *dev) : nullptr;
     RankContext ctx{r, N, nccl ? *nccl : *comm, mem, *dev};
     fn(ctx);
   } catch (...) {
     const std::exception_ptr e = std::current_exception();
+    if (nccl) abort_for_failure(*nccl, r, e);
     const std::string what = abort_for_failure(*comm, r, e);
     const int status = exit_status_of(e);
     std::fprintf(stderr,
@@ -250,7 +257,10 @@ void run_mpi_process_rank(const LaunchOptions& opt, const World& world,
     mpi_abort_job(status);
   }
   // Leaves the group: a rank still waiting for this one to join a collective
-  // gets an error naming it, not a hang.
+  // gets an error naming it, not a hang. NCCL first (it waits for this rank's
+  // collectives, then closes), then the device its streams belong to.
+  nccl.reset();
+  dev.reset();
   comm.reset();
   set_current_rank(-1);
 #else
