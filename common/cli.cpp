@@ -81,6 +81,9 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   USAGE_REQUIRE(cfg.save_every >= 0, "--save-every must be 0 (only at the end) or more (got " << cfg.save_every << ")");
   USAGE_REQUIRE(cfg.save_every == 0 || !cfg.save.empty(),
                 "--save-every " << cfg.save_every << " needs --save FILE (where to write the checkpoint)");
+  USAGE_REQUIRE(cfg.save.empty() || cfg.steps > 0,
+                "--save writes the training state after the last step, and --steps 0 trains none: use "
+                "--save-init FILE to write the initial model");
   USAGE_REQUIRE(cfg.resume.empty() || cfg.init.empty(),
                 "--resume and --init both say where the model comes from: give one (--resume also restores "
                 "the optimizer and the step; --init starts a fresh run from a model)");

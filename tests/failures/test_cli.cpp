@@ -112,6 +112,9 @@ TEST(Cli, BadAttention) { expect_usage_error("--attention fast", {"--attention",
 TEST(Cli, FlashAttentionNeedsAGpu) { expect_usage_error("--attention flash", {"--attention flash", "GPU"}); }
 
 TEST(Cli, SaveEveryNeedsSave) { expect_usage_error("--save-every 5", {"--save-every", "--save FILE"}); }
+TEST(Cli, SaveWithNoStepsSaysToUseSaveInit) {
+  expect_usage_error("--steps 0 --save ck.safetensors", {"--steps 0", "--save-init"});
+}
 TEST(Cli, ResumeAndInitExcludeEachOther) {
   expect_usage_error("--init a.safetensors --resume b.safetensors", {"--resume", "--init"});
 }
