@@ -11,7 +11,7 @@
 // Reference: attention_forward, attention_backward (kernels_cpu_softmax.cpp).
 //
 // The kernels' programs (phases, tiles, masks, the online softmax) are in
-// flash_attention_tc.cuh, written against a "block" type; this file gives
+// flash_attention_tc.cuh and flash_attention_tc_backward.cuh, written against a "block" type; this file gives
 // them the real one (GpuBlock: the CUDA thread block, __syncthreads and
 // nvcuda::wmma) and launches them. Every sum runs in a fixed order and there
 // are no atomics: two runs give the same bits.
@@ -22,6 +22,7 @@
 #include <initializer_list>
 
 #include "flash_attention_tc.cuh"
+#include "flash_attention_tc_backward.cuh"
 #include "kernels_cuda.h"
 #include "kernels_cuda_util.cuh"
 

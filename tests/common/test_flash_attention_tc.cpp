@@ -38,6 +38,7 @@
 #include "common/attention_ref.h"
 #include "dtype.h"
 #include "flash_attention_tc.cuh"
+#include "flash_attention_tc_backward.cuh"
 #include "kernels.h"
 
 namespace {
