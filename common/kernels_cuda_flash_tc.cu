@@ -11,9 +11,9 @@
 // Reference: attention_forward, attention_backward (kernels_cpu_softmax.cpp).
 //
 // The kernels' programs (phases, tiles, masks, the online softmax) are in
-// flash_attention_tc.cuh and flash_attention_tc_backward.cuh, written against a "block" type; this file gives
-// them the real one (GpuBlock: the CUDA thread block, __syncthreads and
-// nvcuda::wmma) and launches them. Every sum runs in a fixed order and there
+// flash_attention_tc.cuh and flash_attention_tc_backward.cuh, written
+// against a "block" type; this file gives them the real one (GpuBlock: the
+// CUDA thread block, __syncthreads and nvcuda::wmma) and launches them. Every sum runs in a fixed order and there
 // are no atomics: two runs give the same bits.
 #include <mma.h>
 
