@@ -7,6 +7,8 @@
 
 #include <string>
 
+#include "memory.h"  // OutOfMemory
+
 namespace zf {
 
 // ---------------------------------------------------------------------------
@@ -77,7 +79,25 @@ void* CudaContext::scratch(size_t bytes) {
   // Round up to 64 KiB so that a slightly larger request later does not
   // reallocate again. cudaMalloc's memory is aligned to at least 256 bytes.
   const size_t rounded = (bytes + 65535) / 65536 * 65536;
-  CUDA_CHECK(cudaMalloc(&scratch_, rounded));
+  cudaError_t err = cudaMalloc(&scratch_, rounded);
+  if (err == cudaErrorMemoryAllocation) {
+    // The Device's pool keeps what the model freed (device_cuda.cu), which
+    // cudaMalloc cannot use: hand the unused part back to the GPU and try
+    // once more, as the Device's own allocations do.
+    (void)cudaGetLastError();
+    cudaMemPool_t pool;
+    if (cudaDeviceGetDefaultMemPool(&pool, device_) == cudaSuccess) (void)cudaMemPoolTrimTo(pool, 0);
+    (void)cudaGetLastError();
+    err = cudaMalloc(&scratch_, rounded);
+  }
+  if (err == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // no sticky error for the caller's next call
+    scratch_ = nullptr;
+    throw OutOfMemory("GPU out of memory: the kernels' scratch buffer of " + std::to_string(rounded) +
+                      " bytes (column sums, the embedding's sort) does not fit next to the model on GPU " +
+                      std::to_string(device_) + ". Use a smaller --batch, a later ZeRO stage, or more ranks");
+  }
+  CUDA_CHECK(err);
   scratch_bytes_ = rounded;
   return scratch_;
 }
