@@ -4,7 +4,8 @@
 //   build/tests/test_gpu_stages           (scripts/gpu_check.sh runs it)
 //
 // With several ranks on one GPU the ranks are virtual (threads sharing the
-// GPU, the threads communicator on device buffers): it sums in rank order
+// GPU, the threads communicator on device buffers; on a node with a GPU per
+// rank they are NCCL ranks, compared within tolerances): it sums in rank order
 // like the host one, the CUDA kernels use no float atomics and reduce in a
 // fixed order, and the gradient norm is exact (gradnorm.h), so on one GPU
 // the stages must agree with stage 00 to the bit, as on the CPU (K = 1).
@@ -58,9 +59,20 @@ TEST(GpuStages, EveryStageBitIdenticalToDataParallelOnTheGpu) {
       const TrainConfig cfg = gpu_config(r.precision, r.compute, N, 3);
       const RunResult ref = run_training(cfg, train_data_parallel);
       ASSERT_EQ(ref.ranks[0].losses.size(), 3u);
+      // With a GPU per rank the ranks talk over NCCL, whose sums are not in
+      // rank order (reduce_scatter + all_gather need not equal all_reduce
+      // bit for bit): then the losses agree within DataParallelMatchesTheCpu's
+      // tolerances instead (an update 1% off moves tiny's loss by ~8e-4).
+      const bool nccl = N > 1 && cuda_device_count() >= N;
+      const double tol = r.compute == DType::bf16 ? 3e-3 : 2e-4;
       for (StageFn fn : {StageFn(train_zero1), StageFn(train_zero2), StageFn(train_zero3)}) {
         const RunResult got = run_training(cfg, fn);
         for (const auto& rank : got.ranks) {
+          if (nccl) {
+            ASSERT_EQ(rank.losses.size(), ref.ranks[0].losses.size());
+            for (size_t s = 0; s < rank.losses.size(); ++s) EXPECT_NEAR(rank.losses[s], ref.ranks[0].losses[s], tol);
+            continue;
+          }
           EXPECT_EQ(rank.losses, ref.ranks[0].losses);
           EXPECT_EQ(rank.param_hash, ref.ranks[0].param_hash);
         }
