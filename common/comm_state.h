@@ -7,7 +7,7 @@
 // CommAborted), as often as it is called.
 //
 // device_wait is the hook that makes CommHandle::wait() a device-side wait
-// (comm.h): a backend whose collectives run on a GPU stream (comm_nccl.cpp)
+// (comm.h): a backend whose collectives run on a GPU stream (comm_nccl_collectives.cpp)
 // sets it to "make the caller's compute stream wait for this collective's
 // done event". wait() calls it, with mu not held, while the collective is not
 // done; it returns true when the stream now waits (the host goes on), false
