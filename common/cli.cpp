@@ -32,7 +32,8 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
       ->capture_default_str();
   app.add_option("--attention", attention,
                  "simple (keeps the [B,H,T,T] probabilities for the backward) or flash (keeps one number "
-                 "per row, recomputes the rest; --device cuda only: tensor cores with bf16 compute)")
+                 "per row, recomputes the rest: tensor cores with bf16 compute on a GPU; on the CPU the GPU "
+                 "kernels' code one thread at a time, slow)")
       ->capture_default_str();
   app.add_option("--data", cfg.data, "token file (raw bytes or llm.c .bin); default: built-in corpus");
   app.add_option("--device", cfg.device, "cpu or cuda")->capture_default_str();
@@ -113,8 +114,6 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   if (attention == "simple") {
     cfg.attention = AttentionForm::simple;
   } else if (attention == "flash") {
-    USAGE_REQUIRE(cfg.device == "cuda", "--attention flash runs on a GPU only (--device cuda); on the CPU "
-                                        "attention has the simple form");
     cfg.attention = AttentionForm::flash;
   } else {
     throw UsageError("--attention must be simple or flash (got '" + attention + "')");

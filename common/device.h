@@ -105,8 +105,8 @@ class Device {
                                const void* inp, const void* weight, int N, int IC, int OC) = 0;
   // Attention keeps `saved` from its forward for its backward: the
   // probabilities [B,H,T,T] in the compute dtype (the simple form), or the
-  // float32 log-sum-exp of each row, [B,H,T] (the flash form, GPU only,
-  // --attention flash); the model allocates the bytes the device asks for.
+  // float32 log-sum-exp of each row, [B,H,T] (the flash form, --attention
+  // flash); the model allocates the bytes the device asks for.
   // scratch: float32, overwritten by both directions.
   virtual size_t attention_saved_bytes(int B, int T, int H) const = 0;
   virtual size_t attention_scratch_floats(int B, int T, int H) const = 0;

@@ -145,30 +145,39 @@ class CpuDevice final : public Device {
     Arg x(compute_, inp, size_t(N) * IC, Use::in), w(compute_, weight, size_t(OC) * IC, Use::in);
     zf::matmul_backward(dx, dw, db, d, x, w, N, IC, OC);
   }
-  // The simple form only (the flash kernels are CUDA's; the CPU harnesses
-  // of tests/common run their code, but no device op does).
-  void set_attention(AttentionForm form) override {
-    REQUIRE(form == AttentionForm::simple,
-            "the flash attention runs on a GPU only (--device cuda); the CPU device has the simple form");
-  }
+  // Attention: the simple form (kernels_cpu_softmax.cpp, the probabilities
+  // kept), or with --attention flash the CUDA-core flash kernels' code run one
+  // thread at a time (flash_attention_cpu.cpp: slow; lse kept, float32).
+  bool flash() const { return attention_ == AttentionForm::flash; }
   size_t attention_saved_bytes(int B, int T, int H) const override {
-    return size_t(B) * H * T * T * dtype_size(compute_);  // the probabilities
+    return flash() ? size_t(B) * H * T * sizeof(float)                // lse
+                   : size_t(B) * H * T * T * dtype_size(compute_);  // the probabilities
   }
-  size_t attention_scratch_floats(int /*B*/, int T, int /*H*/) const override {
-    return zf::attention_scratch_floats(T);
+  size_t attention_scratch_floats(int B, int T, int H) const override {
+    return flash() ? zf::flash_attention_scratch_floats(B, T, H) : zf::attention_scratch_floats(T);
   }
-  void attention_forward(void* out, void* att, float* /*scratch*/, const void* qkv, int B, int T, int C,
+  void attention_forward(void* out, void* saved, float* /*scratch*/, const void* qkv, int B, int T, int C,
                          int H) override {
     const size_t BT = size_t(B) * T;
-    Arg o(compute_, out, BT * C, Use::out), a(compute_, att, BT * H * T, Use::out);
-    Arg x(compute_, qkv, BT * 3 * C, Use::in);
+    Arg o(compute_, out, BT * C, Use::out), x(compute_, qkv, BT * 3 * C, Use::in);
+    if (flash()) {
+      zf::flash_attention_forward(o, static_cast<float*>(saved), x, B, T, C, H);
+      return;
+    }
+    Arg a(compute_, saved, BT * H * T, Use::out);
     zf::attention_forward(o, a, x, B, T, C, H);
   }
-  void attention_backward(void* dqkv, float* scratch, const void* dout, const void* /*out*/, const void* qkv,
-                          const void* att, int B, int T, int C, int H) override {
+  void attention_backward(void* dqkv, float* scratch, const void* dout, const void* out, const void* qkv,
+                          const void* saved, int B, int T, int C, int H) override {
     const size_t BT = size_t(B) * T;
     Arg dx(compute_, dqkv, BT * 3 * C, Use::inout), d(compute_, dout, BT * C, Use::in);
-    Arg x(compute_, qkv, BT * 3 * C, Use::in), a(compute_, att, BT * H * T, Use::in);
+    Arg x(compute_, qkv, BT * 3 * C, Use::in);
+    if (flash()) {
+      Arg y(compute_, out, BT * C, Use::in);
+      zf::flash_attention_backward(dx, scratch, d, y, x, static_cast<const float*>(saved), B, T, C, H);
+      return;
+    }
+    Arg a(compute_, saved, BT * H * T, Use::in);
     zf::attention_backward(dx, scratch, d, x, a, B, T, C, H);
   }
   void gelu_forward(void* out, const void* inp, size_t n) override {

@@ -59,6 +59,17 @@ size_t attention_scratch_floats(int T);
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                         const float* att, int B, int T, int C, int H);
 
+// The same attention in flash form (flash_attention_cpu.cpp: the CUDA-core
+// flash kernels' code run one thread at a time; slow, for --attention flash
+// on the CPU device): the forward keeps lse[B,H,T] (float32, the log of each
+// softmax's denominator) instead of att; the backward recomputes the
+// probabilities from it and adds into dqkv. Head size C/H at most 128.
+// scratch: flash_attention_scratch_floats(B, T, H) floats, overwritten.
+size_t flash_attention_scratch_floats(int B, int T, int H);
+void flash_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int H);
+void flash_attention_backward(float* dqkv, float* scratch, const float* dout, const float* out,
+                              const float* qkv, const float* lse, int B, int T, int C, int H);
+
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 void gelu_forward(float* out, const float* inp, size_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);

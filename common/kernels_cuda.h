@@ -201,7 +201,7 @@ void attention_backward_cuda(CudaContext& ctx, F* dqkv, float* scratch, const F*
 // the backward needs the forward's out and lse, and scratch of
 // flash_attention_scratch_floats(B, T, H) floats (overwritten), and adds into
 // dqkv. Head size C/H at most 128 (a clear error otherwise); B*H <= 65535.
-size_t flash_attention_scratch_floats(int B, int T, int H);
+size_t flash_attention_scratch_floats(int B, int T, int H);  // (defined in flash_attention_cpu.cpp, both forms')
 template <class F>
 void flash_attention_forward_cuda(F* out, float* lse, const F* qkv, int B, int T, int C, int H,
                                   cudaStream_t stream);

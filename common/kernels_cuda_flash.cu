@@ -134,8 +134,6 @@ void flash_attention_delta_cuda(float* D, const F* out, const F* dout, const Sha
 
 }  // namespace cuda_impl
 
-size_t flash_attention_scratch_floats(int B, int T, int H) { return size_t(B) * H * T; }
-
 template <class F>
 void flash_attention_forward_cuda(F* out, float* lse, const F* qkv, int B, int T, int C, int H,
                                   cudaStream_t stream) {

@@ -29,9 +29,10 @@ class Device;
 
 // The two forms of causal attention: simple keeps the probabilities
 // [B,H,T,T] for the backward (kernels.h; on a GPU, cuBLAS); flash keeps one
-// log-sum-exp per row and recomputes the rest (GPU only: tensor cores with
-// bf16 compute, kernels_cuda_flash_tc.cu; CUDA cores with f32,
-// kernels_cuda_flash.cu). --attention picks one.
+// log-sum-exp per row and recomputes the rest (on a GPU: tensor cores with
+// bf16 compute, kernels_cuda_flash_tc.cu, CUDA cores with f32,
+// kernels_cuda_flash.cu; on the CPU, the CUDA-core kernels' code run one
+// thread at a time, flash_attention_cpu.cpp). --attention picks one.
 enum class AttentionForm { simple, flash };
 inline const char* attention_form_name(AttentionForm f) { return f == AttentionForm::flash ? "flash" : "simple"; }
 

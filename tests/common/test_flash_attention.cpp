@@ -1,9 +1,10 @@
 // test_flash_attention.cpp: the flash attention kernels' logic on the CPU.
 // common/flash_attention.cuh holds each kernel's per-thread work as plain
 // functions; kernels_cuda_flash.cu runs them on a GPU between __syncthreads.
-// The harness below runs the very same functions for every thread of every
+// The harness (common/flash_attention_cpu.h, also the CPU device's
+// --attention flash) runs the very same functions for every thread of every
 // block in order (one phase for all threads, then the next: what
-// __syncthreads guarantees), in float32, and compares the results with the
+// __syncthreads guarantees), in float32; this file compares the results with the
 // CPU reference (zf::attention_forward / attention_backward) and a double
 // log-sum-exp. So the index arithmetic, the causal masks, the tails (T not a
 // multiple of the tiles, hs padded to HS) and the online softmax are checked
@@ -42,7 +43,7 @@
 #include <vector>
 
 #include "common/attention_ref.h"
-#include "flash_attention.cuh"
+#include "flash_attention_cpu.h"
 #include "kernels.h"
 
 namespace {
@@ -54,76 +55,6 @@ constexpr double kU = 1.0 / (1 << 24);
 Shape make_shape(int T, int C, int H) {
   const int hs = C / H;
   return Shape{T, C, H, hs, 1.0f / std::sqrt(float(hs))};  // as the launcher computes it
-}
-
-// All bytes 0xFF: a NaN in every float.
-template <class Tiles>
-void poison(Tiles& t) {
-  std::memset(static_cast<void*>(&t), 0xFF, sizeof(Tiles));
-}
-
-// ---------------------------------------------------------------------------
-// The harness: kernels_cuda_flash.cu's kernels (forward; D, dQ, dV, dK), one
-// block after another, each phase run for threads 0 .. kRows-1 in turn.
-
-template <int HS>
-void harness_forward(float* out, float* lse, const float* qkv, int B, const Shape& s) {
-  auto tiles = std::make_unique<KVTiles<HS>>();
-  std::vector<ForwardRow<HS>> rows(kRows);
-  const int blocks = row_blocks(s.T);
-  for (int by = 0; by < B * s.H; ++by)
-    for (int bx = 0; bx < blocks; ++bx) {
-      const int rt = blocks - 1 - bx, b = by / s.H, h = by % s.H;
-      for (int tid = 0; tid < kRows; ++tid)
-        forward_begin(rows[tid], s, qkv, b, h, rt * kRows + tid);
-      for (int j0 = 0; j0 < forward_keys(rt, s.T); j0 += kTile) {
-        poison(*tiles);
-        for (int tid = 0; tid < kRows; ++tid) load_kv_tile(*tiles, s, qkv, b, h, j0, tid);
-        for (int tid = 0; tid < kRows; ++tid) forward_tile(rows[tid], *tiles, rt * kRows + tid, tid, j0, s.T);
-      }
-      for (int tid = 0; tid < kRows; ++tid)
-        forward_end(rows[tid], s, out, lse, b, h, rt * kRows + tid);
-    }
-}
-
-template <int HS>
-void harness_backward(float* dqkv, const float* dout, const float* out, const float* qkv,
-                      const float* lse, int B, const Shape& s) {
-  vf D(size_t(B) * s.H * s.T, NAN);
-  for (int r = 0; r < int(D.size()); ++r) backward_delta(D.data(), out, dout, s, r);
-  const int blocks = row_blocks(s.T);
-  auto kv = std::make_unique<KVTiles<HS>>();
-  std::vector<DqRow<HS>> qrows(kRows);
-  for (int by = 0; by < B * s.H; ++by)
-    for (int bx = 0; bx < blocks; ++bx) {
-      const int rt = blocks - 1 - bx, b = by / s.H, h = by % s.H;
-      for (int tid = 0; tid < kRows; ++tid)
-        dq_begin(qrows[tid], s, qkv, dout, lse, D.data(), b, h, rt * kRows + tid);
-      for (int j0 = 0; j0 < forward_keys(rt, s.T); j0 += kTile) {
-        poison(*kv);
-        for (int tid = 0; tid < kRows; ++tid) load_kv_tile(*kv, s, qkv, b, h, j0, tid);
-        for (int tid = 0; tid < kRows; ++tid) dq_tile(qrows[tid], *kv, rt * kRows + tid, j0, s.T);
-      }
-      for (int tid = 0; tid < kRows; ++tid) dq_end(qrows[tid], s, dqkv, b, h, rt * kRows + tid);
-    }
-  auto qt = std::make_unique<QTiles<HS>>();
-  auto key_pass = [&](auto row_type) {  // dV, then dK: flash_key_kernel
-    std::vector<decltype(row_type)> krows(kRows);
-    for (int by = 0; by < B * s.H; ++by)
-      for (int kt = 0; kt < blocks; ++kt) {
-        const int b = by / s.H, h = by % s.H;
-        for (int tid = 0; tid < kRows; ++tid) key_begin(krows[tid], s, qkv, b, h, kt * kRows + tid);
-        for (int i0 = key_first_query(kt); i0 < s.T; i0 += kTile) {
-          poison(*qt);
-          for (int tid = 0; tid < kRows; ++tid)
-            load_q_tile(*qt, s, qkv, dout, lse, D.data(), b, h, i0, tid);
-          for (int tid = 0; tid < kRows; ++tid) key_tile(krows[tid], *qt, kt * kRows + tid, i0, s.T);
-        }
-        for (int tid = 0; tid < kRows; ++tid) key_end(krows[tid], s, dqkv, b, h, kt * kRows + tid);
-      }
-  };
-  key_pass(DvRow<HS>{});
-  key_pass(DkRow<HS>{});
 }
 
 // The launchers' choice of HS, or a forced one (to show that padding changes nothing).
@@ -147,8 +78,10 @@ Result run_flash(const vf& qkv, const vf& dout, const vf& dqkv0, int B, int T, i
   Result r{vf(size_t(B) * T * C, NAN), vf(size_t(B) * H * T, NAN), dqkv0};
   with_hs(HS, [&](auto hs) {
     constexpr int kHS = decltype(hs)::value;
-    harness_forward<kHS>(r.out.data(), r.lse.data(), qkv.data(), B, s);
-    harness_backward<kHS>(r.dqkv.data(), dout.data(), r.out.data(), qkv.data(), r.lse.data(), B, s);
+    vf D(size_t(B) * s.H * s.T, NAN);
+    blocks_forward<kHS>(r.out.data(), r.lse.data(), qkv.data(), B, s, /*poison_tiles=*/true);
+    blocks_backward<kHS>(r.dqkv.data(), D.data(), dout.data(), r.out.data(), qkv.data(), r.lse.data(), B, s,
+                         /*poison_tiles=*/true);
   });
   return r;
 }

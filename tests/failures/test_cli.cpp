@@ -109,7 +109,16 @@ TEST(Cli, InitFileNotSafetensors) {
 }
 
 TEST(Cli, BadAttention) { expect_usage_error("--attention fast", {"--attention", "fast"}); }
-TEST(Cli, FlashAttentionNeedsAGpu) { expect_usage_error("--attention flash", {"--attention flash", "GPU"}); }
+// On the CPU, --attention flash runs the GPU kernels' code one thread at a
+// time; the run log says which form ran.
+TEST(Cli, FlashAttentionRunsOnTheCpuAndIsLogged) {
+  const std::string log = test::temp_dir() + "/run.jsonl";
+  auto r = run_command(dp() + " --attention flash --log-json " + log);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"attention\":\"flash\""), std::string::npos) << text;
+}
 
 TEST(Cli, SaveEveryNeedsSave) { expect_usage_error("--save-every 5", {"--save-every", "--save FILE"}); }
 TEST(Cli, SaveWithNoStepsSaysToUseSaveInit) {
