@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "common/attention_ref.h"
+#include "common/worst_ratio.h"
 #include "flash_attention_cpu.h"
 #include "kernels.h"
 
@@ -93,26 +94,7 @@ vf uniform(std::mt19937& rng, size_t n) {
   return v;
 }
 
-// Worst |got - want| / tol over all elements (NaN counts as infinite); prints it.
-double worst_ratio(const std::string& what, const vf& got, const std::vector<double>& want,
-                   const std::function<double(size_t)>& tol) {
-  double worst = 0;
-  size_t at = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::abs(double(got[i]) - want[i]);
-    const double ratio = std::isnan(err) ? INFINITY : err / tol(i);
-    if (ratio > worst || std::isnan(err)) {
-      worst = ratio;
-      at = i;
-      if (std::isnan(err)) break;
-    }
-  }
-  std::cout << "  " << what << ": max error / tolerance = " << worst << "\n";
-  if (worst > 1.0)
-    ADD_FAILURE() << what << ": element " << at << ": got " << got[at] << ", want " << want[at]
-                  << " (tolerance " << tol(at) << ")";
-  return worst;
-}
+using zf::test::worst_ratio;
 
 std::vector<double> to_double(const vf& x) { return std::vector<double>(x.begin(), x.end()); }
 

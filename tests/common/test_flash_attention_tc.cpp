@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "common/attention_ref.h"
+#include "common/worst_ratio.h"
 #include "dtype.h"
 #include "flash_attention_tc.cuh"
 #include "flash_attention_tc_backward.cuh"
@@ -205,26 +206,7 @@ vf uniform(std::mt19937& rng, size_t n, bool bf16) {
   return v;
 }
 
-// Worst |got - want| / tol over all elements (NaN counts as infinite); prints it.
-double worst_ratio(const std::string& what, const vf& got, const vf& want,
-                   const std::function<double(size_t)>& tol) {
-  double worst = 0;
-  size_t at = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::abs(double(got[i]) - want[i]);
-    const double ratio = std::isnan(err) ? INFINITY : err / tol(i);
-    if (ratio > worst || std::isnan(err)) {
-      worst = ratio;
-      at = i;
-      if (std::isnan(err)) break;
-    }
-  }
-  std::cout << "  " << what << ": max error / tolerance = " << worst << "\n";
-  if (worst > 1.0)
-    ADD_FAILURE() << what << ": element " << at << ": got " << got[at] << ", want " << want[at]
-                  << " (tolerance " << tol(at) << ")";
-  return worst;
-}
+using zf::test::worst_ratio;
 
 bool same_bits(const vf& a, const vf& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
