@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <set>
 #include <vector>
 
@@ -22,13 +23,48 @@ std::string state_name(StateKind kind, const std::string& param) {
 
 constexpr const char* kStepName = "optim.step";
 
+// refs += every parameter of the model under its name for `kind`, its
+// values at flat (consolidated order).
+void add_refs(std::vector<TensorRef>& refs, const ModelLayout& layout, StateKind kind, const float* flat) {
+  for (const auto& u : layout.units)
+    for (const auto& p : u.params)
+      refs.push_back({state_name(kind, p.name), DType::f32, p.shape, flat + u.offset + p.offset});
+}
+
+// Checks, before anything is read, that `reader` holds every parameter of
+// the model under its name for each of `kinds`, in the parameter's shape, and
+// no tensor the model does not have (besides `extra` names, and any optim.*
+// name when optim_ok: a model-only reader ignores the optimizer state).
+void check_tensors(const SafetensorsReader& reader, const ModelLayout& layout,
+                   std::initializer_list<StateKind> kinds, std::set<std::string> extra, bool optim_ok) {
+  const std::string& path = reader.path();
+  for (const auto& u : layout.units)
+    for (const auto& p : u.params)
+      for (StateKind kind : kinds) {
+        const std::string name = state_name(kind, p.name);
+        extra.insert(name);
+        USAGE_REQUIRE(reader.has(name), "checkpoint " << path << " has no tensor '" << name << "' that the "
+                                                       << layout.cfg.name
+                                                       << " model needs: was it saved for another model "
+                                                          "(--model) or by another program?");
+        USAGE_REQUIRE(reader.info(name).shape == p.shape,
+                      "tensor '" << name << "' in " << path << " has shape " << shape_str(reader.info(name).shape)
+                                 << " but the " << layout.cfg.name << " model's is " << shape_str(p.shape)
+                                 << ": the checkpoint was written for a different model (check --model)");
+      }
+  for (const auto& t : reader.tensors())
+    USAGE_REQUIRE(extra.count(t.name) || (optim_ok && t.name.rfind("optim.", 0) == 0),
+                  "checkpoint " << path << " has a tensor '" << t.name << "' " << shape_str(t.shape)
+                                << " that the " << layout.cfg.name
+                                << " model does not have: was it saved for another model (--model)?");
+}
+
 }  // namespace
 
 void save_model(const std::string& path, const ModelLayout& layout, const float* flat,
                 const std::map<std::string, std::string>& metadata) {
   std::vector<TensorRef> refs;
-  for (const auto& u : layout.units)
-    for (const auto& p : u.params) refs.push_back({p.name, DType::f32, p.shape, flat + u.offset + p.offset});
+  add_refs(refs, layout, StateKind::params, flat);
   auto meta = metadata;
   meta["format"] = "zero-to-fsdp consolidated model";
   meta["model"] = layout.cfg.name;
@@ -37,34 +73,17 @@ void save_model(const std::string& path, const ModelLayout& layout, const float*
 
 void load_model(const std::string& path, const ModelLayout& layout, float* flat) {
   SafetensorsReader reader(path);
-  std::set<std::string> expected;
+  check_tensors(reader, layout, {StateKind::params}, {}, /*optim_ok=*/true);
   for (const auto& u : layout.units)
-    for (const auto& p : u.params) {
-      expected.insert(p.name);
-      USAGE_REQUIRE(reader.has(p.name),
-                    "checkpoint " << path << " has no tensor '" << p.name << "' that the "
-                                  << layout.cfg.name << " model needs: was it saved for another model "
-                                                        "(--model) or by another program?");
-      reader.read(p.name, p.shape, DType::f32, flat + u.offset + p.offset);
-    }
-  for (const auto& t : reader.tensors()) {
-    bool optimizer_state = t.name.rfind("optim.", 0) == 0;
-    USAGE_REQUIRE(expected.count(t.name) || optimizer_state,
-                  "checkpoint " << path << " has a tensor '" << t.name << "' " << shape_str(t.shape)
-                                << " that the " << layout.cfg.name
-                                << " model does not have: was it saved for another model (--model)?");
-  }
+    for (const auto& p : u.params) reader.read(p.name, p.shape, DType::f32, flat + u.offset + p.offset);
 }
 
 void save_checkpoint(const std::string& path, const ModelLayout& layout, const float* params, const float* m,
                      const float* v, long step, const std::map<std::string, std::string>& metadata) {
   std::vector<TensorRef> refs;
-  for (StateKind kind : {StateKind::params, StateKind::m, StateKind::v}) {
-    const float* flat = kind == StateKind::params ? params : kind == StateKind::m ? m : v;
-    for (const auto& u : layout.units)
-      for (const auto& p : u.params)
-        refs.push_back({state_name(kind, p.name), DType::f32, p.shape, flat + u.offset + p.offset});
-  }
+  add_refs(refs, layout, StateKind::params, params);
+  add_refs(refs, layout, StateKind::m, m);
+  add_refs(refs, layout, StateKind::v, v);
   const int64_t steps = step;
   refs.push_back({kStepName, DType::i64, {1}, &steps});
   auto meta = metadata;
@@ -79,27 +98,8 @@ CheckpointReader::CheckpointReader(const std::string& path, const ModelLayout& l
                 "checkpoint " << path << " holds a model but no optimizer state (no '" << kStepName
                               << "'): it was written by --save-init or another program. Start from it with "
                                  "--init (a fresh AdamW), or resume from a file written by --save");
-  // Every name and shape, before anything is read: the model's (load_model's
-  // checks and messages), then the two moments.
-  std::set<std::string> expected = {kStepName};
-  for (const auto& u : layout.units)
-    for (const auto& p : u.params)
-      for (StateKind kind : {StateKind::params, StateKind::m, StateKind::v}) {
-        const std::string name = state_name(kind, p.name);
-        expected.insert(name);
-        USAGE_REQUIRE(reader_.has(name), "checkpoint " << path << " has no tensor '" << name << "' that the "
-                                                        << layout.cfg.name
-                                                        << " model needs: was it saved for another model (--model)?");
-        USAGE_REQUIRE(reader_.info(name).shape == p.shape,
-                      "tensor '" << name << "' in " << path << " has shape " << shape_str(reader_.info(name).shape)
-                                 << " but the " << layout.cfg.name << " model's is " << shape_str(p.shape)
-                                 << ": the checkpoint was written for a different model (check --model)");
-      }
-  for (const auto& t : reader_.tensors())
-    USAGE_REQUIRE(expected.count(t.name), "checkpoint " << path << " has a tensor '" << t.name << "' "
-                                                         << shape_str(t.shape) << " that the " << layout.cfg.name
-                                                         << " model does not have: was it saved for another model "
-                                                            "(--model)?");
+  check_tensors(reader_, layout, {StateKind::params, StateKind::m, StateKind::v}, {kStepName},
+                /*optim_ok=*/false);
   int64_t steps = 0;
   reader_.read(kStepName, {1}, DType::i64, &steps);
   USAGE_REQUIRE(steps >= 0, "checkpoint " << path << " says it was saved after " << steps
