@@ -36,9 +36,10 @@ RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData
 
   const Resume resume = open_resume(cfg, layout, ctx);
   {  // Each rank draws only its own pieces of the seeded model (rng.h makes
-     // that the same as drawing everything); --init or --resume reads the whole file.
+     // that the same as drawing everything), or reads only its pieces of a
+     // --resume checkpoint; --init reads the whole file.
     std::vector<float> full;
-    if (!model_file(cfg).empty()) {
+    if (!cfg.init.empty()) {
       full.resize(layout.numel);
       initial_model(cfg, layout, full.data());
     }
@@ -47,7 +48,9 @@ RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData
     for (int u = 0; u < U; ++u) {
       const UnitShard& us = shards.units[u];
       piece.assign(us.end - us.begin, 0.0f);
-      if (full.empty())
+      if (resume.checkpoint)
+        resume.checkpoint->read_unit(u, StateKind::params, us.begin, us.end, piece.data());
+      else if (full.empty())
         init_unit_range(layout.units[u], cfg.model, cfg.seed, us.begin, us.end, piece.data());
       else
         std::memcpy(piece.data(), full.data() + layout.units[u].offset + us.begin, piece.size() * sizeof(float));
