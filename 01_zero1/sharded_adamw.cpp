@@ -36,7 +36,7 @@ float ShardedAdamW::clip_scale(Communicator& comm, const std::function<const voi
     const size_t n = shards_.units[u].end - shards_.units[u].begin;  // padding is zero anyway
     dev_.sum_squares(grad_piece(int(u)), compute_dtype(precision_), n, sq);
   }
-  sq.all_reduce(comm, dev_);
+  all_reduce(sq, comm, dev_);
   return clip_coefficient(std::sqrt(sq.value()), clip);
 }
 

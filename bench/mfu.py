@@ -8,7 +8,7 @@
 #   MFU = flops_per_token * tokens_per_s / peak
 #
 # flops_per_token: one training step's forward + backward per token, as
-#   nanoGPT's estimate counts them (and common/model.cpp's flops_per_token,
+#   nanoGPT's estimate counts them (and common/core/model.cpp's flops_per_token,
 #   which our run logs carry in their summary): 6 per parameter of a matrix
 #   product, i.e. every parameter but the two embedding tables wte [V, C] and
 #   wpe [T, C] (lookups, not products; lm_head is untied and is a product),

@@ -1,6 +1,6 @@
 // memory_estimate: model-state bytes per rank for every stage, without
 // training (SPEC.md, "Memory bookkeeping"; the formulas of
-// common/memory_model.h, the same ones the tests hold the trainers to).
+// common/frame/memory_model.h, the same ones the tests hold the trainers to).
 //
 //   memory_estimate --params 1e9 --ranks 4 --precision bf16
 //     -> 16 GB, 7 GB, 5.5 GB, 4 GB for stages 00, 01, 02, 03/04 (decimal GB,

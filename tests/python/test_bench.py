@@ -2,7 +2,7 @@
 # test_bench.py: tests of bench/mfu.py (the one definition of MFU and the peak
 # table) and bench/gpu_report.py (gpu_check.sh's benchmark tables), which the
 # GPU run relies on but which this machine can check: the FLOP count against
-# the C++ run log's flops_per_token (common/model.cpp), the arithmetic, and
+# the C++ run log's flops_per_token (common/core/model.cpp), the arithmetic, and
 # the tables built from made-up run logs. Standard library only.
 #
 #   meson test -C build bench_py                 # as scripts/test.sh runs it
@@ -44,7 +44,7 @@ class FlopsTest(unittest.TestCase):
         self.assertEqual(mfu.flops_per_token(163109376, V, T, L, C), 855383040.0)
 
     def test_same_count_as_the_cpp_run_log(self):
-        # The C++ count (common/model.cpp, in the run log's summary) and this one
+        # The C++ count (common/core/model.cpp, in the run log's summary) and this one
         # must be the same number: integers far below 2^53, so exactly equal.
         dp = os.environ.get("ZF_DP_BIN")
         if not dp or not os.access(dp, os.X_OK):

@@ -1,5 +1,5 @@
 // test_checkpoint.cpp: training checkpoints (--save, --save-every, --resume;
-// common/checkpoint.h). What a user relies on:
+// common/io/checkpoint.h). What a user relies on:
 // - A run stopped and resumed trains exactly as if it had not stopped: the
 //   same losses from the resumed step on and the same final parameters, bit
 //   for bit (the checkpoint holds AdamW's float32 state and the step; the

@@ -2,7 +2,7 @@
 // stage 00. They must train the same model to the same bits, hold exactly
 // SPEC.md's model-state bytes per rank once shard padding is counted, move the
 // ring-model bytes the sizes predict, and fit a device budget that stage 00
-// does not. Also: the formulas of common/memory_model.h and the
+// does not. Also: the formulas of common/frame/memory_model.h and the
 // memory_estimate tool that prints them. ZF_TEST_PRINT=1 prints the
 // measured numbers the comments quote.
 #include <gtest/gtest.h>

@@ -1,0 +1,152 @@
+// device.h: the "device" place of a rank, and every operation that touches it.
+//
+// A rank's model states, activations and communication buffers live on its
+// device. On a CPU run the device is simulated: host memory counted apart
+// (memory.h), computed on by the CPU kernels (kernels.h). On a GPU it is the
+// GPU's memory, computed on by the CUDA kernels (kernels_cuda.h) on the
+// rank's compute stream. Code above this line (the model, the precision
+// recipes, the stages) never touches device memory directly: it calls these
+// methods, so the same stage runs on both.
+//
+// All pointers are device pointers unless named host_*. Operations are
+// ordered on the device in call order; to_host/to_device and synchronize
+// wait for everything issued before them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "adamw.h"
+#include "check.h"
+#include "dtype.h"
+#include "gradnorm.h"
+
+namespace zf {
+
+// The two forms of causal attention: simple keeps the probabilities
+// [B,H,T,T] for the backward (kernels.h; on a GPU, cuBLAS); flash keeps one
+// log-sum-exp per row and recomputes the rest (on a GPU: tensor cores with
+// bf16 compute, kernels_cuda_flash_tc.cu, CUDA cores with f32,
+// kernels_cuda_flash.cu; on the CPU, the CUDA-core kernels' code run one
+// thread at a time, flash_attention_cpu.cpp). --attention picks one.
+enum class AttentionForm { simple, flash };
+inline const char* attention_form_name(AttentionForm f) { return f == AttentionForm::flash ? "flash" : "simple"; }
+
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual std::string name() const = 0;  // "cpu (simulated device)", "cuda:0 NVIDIA H200"
+  virtual bool is_cuda() const = 0;
+  // The CUDA stream the ops run on (a cudaStream_t), nullptr on the CPU.
+  virtual void* native_stream() const { return nullptr; }
+  // Makes this device current for the calling thread (cudaSetDevice).
+  virtual void make_current() {}
+  virtual int ordinal() const { return -1; }
+
+  // ---- memory (MemoryTracker calls these for Place::device)
+  virtual void* allocate(size_t bytes) = 0;  // nullptr when the device is out of memory
+  virtual void release(void* p) = 0;
+  virtual void zero(void* p, size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // device to device
+  virtual void to_device(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void to_host(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void synchronize() = 0;
+
+  // ---- timing, for the op profile (device_profile.h): mark() is a point on
+  // this device's timeline after everything issued so far (a CUDA event
+  // recorded on the stream; the host clock on the CPU, where ops finish
+  // before they return); elapsed_ms waits for the later mark and gives the
+  // device time between two; forget_marks() lets their ids be reused.
+  virtual size_t mark() = 0;
+  virtual double elapsed_ms(size_t from, size_t to) = 0;
+  virtual void forget_marks() = 0;
+
+  // ---- the precision recipes (precision.h)
+  virtual void widen(const bf16* in, float* out, size_t n) = 0;    // bf16 -> f32
+  virtual void narrow(const float* in, bf16* out, size_t n) = 0;   // f32 -> bf16, round to nearest even
+  virtual void fold(bf16* dst, const float* src, size_t n) = 0;    // dst = bf16(f32(dst) + src)
+  virtual void add(void* dst, const void* src, DType dtype, size_t n) = 0;  // dst += src, same dtype
+
+  // ---- the optimizer
+  virtual void adamw(float* param, const void* grad, DType grad_dtype, float* m, float* v, size_t n,
+                     const AdamWConfig& cfg, long step, float grad_scale, bool decay) = 0;
+  // acc += sum of x[i]^2, exactly (gradnorm.h); x has n elements of dtype.
+  virtual void sum_squares(const void* x, DType dtype, size_t n, SumOfSquares& acc) = 0;
+
+  // ---- the model's ops: kernels.h's shapes and conventions (every backward
+  // adds into its gradients, but the cross-entropy's). Activations,
+  // parameters and gradients passed as void* are of the device's compute
+  // dtype (below); LayerNorm statistics, losses, lse and the attention
+  // scratch are always float32.
+  //
+  // Compute dtype f32: the kernels of kernels.h, float32 throughout.
+  // Compute dtype bf16: every tensor above is stored in bf16, and each op
+  // reads it, computes and accumulates in float32, and rounds once when it
+  // stores (on a GPU: bf16 tensor-core matrix products with float32
+  // accumulation, like PyTorch's autocast). The CPU device emulates this
+  // with the float32 kernels (widen the inputs, compute, round the outputs):
+  // slow, and meant for tests and for comparing with a GPU run.
+  virtual void set_compute_dtype(DType dtype) {
+    REQUIRE(dtype == DType::f32 || dtype == DType::bf16,
+            "compute dtype must be f32 or bf16 (got " << dtype_name(dtype) << ")");
+    compute_ = dtype;
+  }
+  DType compute_dtype() const { return compute_; }
+  // Which form attention_* run (set before sizing what attention keeps).
+  virtual void set_attention(AttentionForm form) { attention_ = form; }
+  AttentionForm attention() const { return attention_; }
+
+  virtual void encoder_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe,
+                               int B, int T, int C) = 0;
+  virtual void encoder_backward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens,
+                                int B, int T, int C) = 0;
+  virtual void layernorm_forward(void* out, float* mean, float* rstd, const void* inp,
+                                 const void* weight, const void* bias, int N, int C) = 0;
+  virtual void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout,
+                                  const void* inp, const void* weight, const float* mean,
+                                  const float* rstd, int N, int C) = 0;
+  virtual void matmul_forward(void* out, const void* inp, const void* weight, const void* bias,
+                              int N, int IC, int OC) = 0;
+  virtual void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout,
+                               const void* inp, const void* weight, int N, int IC, int OC) = 0;
+  // Attention keeps `saved` from its forward for its backward: the
+  // probabilities [B,H,T,T] in the compute dtype (the simple form), or the
+  // float32 log-sum-exp of each row, [B,H,T] (the flash form, --attention
+  // flash); the model allocates the bytes the device asks for.
+  // scratch: float32, overwritten by both directions.
+  virtual size_t attention_saved_bytes(int B, int T, int H) const = 0;
+  virtual size_t attention_scratch_floats(int B, int T, int H) const = 0;
+  virtual void attention_forward(void* out, void* saved, float* scratch, const void* qkv, int B, int T,
+                                 int C, int H) = 0;
+  virtual void attention_backward(void* dqkv, float* scratch, const void* dout, const void* out,
+                                  const void* qkv, const void* saved, int B, int T, int C, int H) = 0;
+  virtual void gelu_forward(void* out, const void* inp, size_t n) = 0;
+  virtual void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n) = 0;
+  virtual void residual_forward(void* out, const void* a, const void* b, size_t n) = 0;
+  // Fused softmax + cross-entropy (kernels.h): lse[N] and losses[N] float32,
+  // no probabilities kept. The backward WRITES dlogits (=, the one op that
+  // does not add), and dlogits may be logits itself (in place).
+  virtual void softmax_cross_entropy_forward(float* lse, float* losses, const void* logits,
+                                             const int32_t* targets, int N, int V) = 0;
+  virtual void softmax_cross_entropy_backward(void* dlogits, const void* logits, const float* lse,
+                                              const int32_t* targets, float dloss, int N, int V) = 0;
+
+ protected:
+  DType compute_ = DType::f32;
+  AttentionForm attention_ = AttentionForm::simple;
+};
+
+// The simulated device of a CPU run: host memory, the CPU kernels.
+std::unique_ptr<Device> make_cpu_device();
+
+// "" when `--device cuda` can run in this build on this machine, else why not.
+std::string cuda_device_unavailable_reason();
+// GPU `ordinal` modulo the GPUs visible (only when cuda_device_unavailable_reason() is empty).
+std::unique_ptr<Device> make_cuda_device(int ordinal);
+// GPUs visible to this process (0 without CUDA).
+int cuda_device_count();
+
+}  // namespace zf

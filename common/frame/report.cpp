@@ -1,0 +1,165 @@
+// report.cpp: step lines, the JSON run log, and the closing tables.
+#include "report.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <vector>
+
+#include "check.h"
+#include "model.h"
+
+namespace zf {
+
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double tokens_per_step(const TrainConfig& cfg) { return double(cfg.global_batch()) * cfg.model.T; }
+
+}  // namespace
+
+std::string hash_hex(uint64_t h) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%016" PRIx64, h);
+  return buf;
+}
+
+StepReporter::StepReporter(const TrainConfig& cfg, size_t params) : cfg_(cfg), params_(params) {
+  if (!cfg.log_json.empty()) {
+    json_.open(cfg.log_json, std::ios::out | std::ios::trunc);
+    USAGE_REQUIRE(json_.good(), "cannot write the run log --log-json " << cfg.log_json
+                                    << ": check that its folder exists and is writable");
+  }
+}
+
+void StepReporter::step(int step, float loss, double ms, size_t model_state_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  double tps = ms > 0 ? tokens_per_step(cfg_) / (ms / 1000.0) : 0.0;
+  if (json_.is_open()) {
+    nlohmann::json j = {{"step", step}, {"loss", loss}, {"ms", ms}, {"tokens_per_s", tps}};
+    json_ << j.dump() << "\n";
+    json_.flush();
+  }
+  bool last = step + 1 == cfg_.steps;
+  if (!cfg_.quiet && (step % cfg_.log_every == 0 || last)) {
+    std::printf("step %5d/%d | loss %.4f | %8.2f ms | %9.0f tok/s | model states %s per rank\n", step,
+                cfg_.steps, loss, ms, tps, format_bytes(model_state_bytes).c_str());
+    std::fflush(stdout);
+  }
+}
+
+void record_step(RankResult& result, StepReporter& reporter, RankContext& ctx, int step, float loss,
+                 double ms) {
+  result.losses.push_back(loss);
+  result.step_ms.push_back(ms);
+  if (ctx.rank == 0) reporter.step(step, loss, ms, ctx.mem.counts().model_states(Place::device));
+}
+
+nlohmann::json summary_json(const RunResult& run) {
+  using nlohmann::json;
+  const auto& cfg = run.cfg;
+  json memory = json::array(), comm = json::array();
+  for (size_t r = 0; r < run.ranks.size(); ++r) {
+    const auto& m = run.ranks[r].memory;
+    json entry = {{"rank", r}};
+    for (int p = 0; p < kNumPlaces; ++p) {
+      json place;
+      for (int c = 0; c < kNumCategories; ++c)
+        place[category_name(Category(c))] = {{"current", m.current[p][c]}, {"peak", m.peak[p][c]}};
+      place["model_states"] = m.model_states(Place(p));
+      place["peak_total"] = m.peak_total[p];
+      entry[place_name(Place(p))] = place;
+    }
+    memory.push_back(entry);
+    const auto& s = run.ranks[r].comm;
+    double steps = std::max<size_t>(1, run.ranks[r].losses.size());  // the steps this run trained
+    json by;
+    for (int k = 0; k < kNumCollectives; ++k)
+      if (s.calls[k]) by[collective_name(CollectiveKind(k))] = s.bytes[k] / steps;
+    comm.push_back({{"rank", r}, {"bytes_per_step", s.total_bytes() / steps}, {"by_collective", by}});
+  }
+  std::vector<double> ms = run.ranks.empty() ? std::vector<double>{} : run.ranks[0].step_ms;
+  double med = median(ms);
+  json s = {{"stage", cfg.stage},
+            {"model", cfg.model.name},
+            {"ranks", cfg.ranks},
+            {"precision", precision_name(cfg.precision)},
+            {"compute", dtype_name(cfg.compute)},
+            {"attention", attention_form_name(cfg.attention)},
+            {"params", run.params},
+            {"batch", cfg.batch},
+            {"grad_accum", cfg.grad_accum},
+            {"steps", cfg.steps},
+            {"first_step", run.ranks.empty() ? 0 : run.ranks[0].first_step},
+            {"blas", run.blas},
+            {"median_ms", med},
+            {"tokens_per_s", med > 0 ? tokens_per_step(cfg) / (med / 1000.0) : 0.0},
+            // Model FLOPs of one token's forward + backward (model.h): with
+            // tokens_per_s and the card's peak, bench/mfu.py's MFU.
+            {"flops_per_token", flops_per_token(build_layout(cfg.model))},
+            {"final_loss", run.ranks.empty() || run.ranks[0].losses.empty() ? 0.0 : run.ranks[0].losses.back()},
+            {"memory", memory},
+            {"comm", comm},
+            {"param_hash", run.ranks.empty() ? std::string() : hash_hex(run.ranks[0].param_hash)}};
+  return {{"summary", s}};
+}
+
+void StepReporter::summary(const RunResult& run) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (json_.is_open()) {
+    json_ << summary_json(run).dump() << "\n";
+    json_.flush();
+  }
+  if (cfg_.quiet) return;
+  print_memory_table(run, stdout);
+  print_comm_table(run, stdout);
+  std::vector<double> ms = run.ranks.empty() ? std::vector<double>{} : run.ranks[0].step_ms;
+  double med = median(ms);
+  std::printf("\nmedian step %.2f ms, %.0f tokens/s; final parameters hash %s\n", med,
+              med > 0 ? tokens_per_step(cfg_) / (med / 1000.0) : 0.0,
+              run.ranks.empty() ? "-" : hash_hex(run.ranks[0].param_hash).c_str());
+}
+
+void print_memory_table(const RunResult& run, std::FILE* out) {
+  std::fprintf(out, "\nmemory per rank at the end of the run (current / peak), P = %zu parameters\n",
+               run.params);
+  std::fprintf(out, "%-5s %-7s", "rank", "place");
+  for (int c = 0; c < kNumCategories; ++c) std::fprintf(out, " %21s", category_name(Category(c)));
+  std::fprintf(out, " %12s %8s\n", "model states", "/ P");
+  for (size_t r = 0; r < run.ranks.size(); ++r) {
+    const auto& m = run.ranks[r].memory;
+    for (int p = 0; p < kNumPlaces; ++p) {
+      if (m.peak_total[p] == 0) continue;
+      std::fprintf(out, "%-5zu %-7s", r, place_name(Place(p)));
+      for (int c = 0; c < kNumCategories; ++c) {
+        std::string cell = format_bytes(m.current[p][c]) + " / " + format_bytes(m.peak[p][c]);
+        std::fprintf(out, " %21s", cell.c_str());
+      }
+      size_t ms = m.model_states(Place(p));
+      std::fprintf(out, " %12s %7.2fP\n", format_bytes(ms).c_str(),
+                   run.params ? double(ms) / double(run.params) : 0.0);
+    }
+  }
+}
+
+void print_comm_table(const RunResult& run, std::FILE* out) {
+  std::fprintf(out, "\ncommunication per rank per step (ring-model bytes sent, as nccl-tests' busbw counts)\n");
+  std::fprintf(out, "%-5s %14s", "rank", "total");
+  for (int k = 0; k < kNumCollectives; ++k) std::fprintf(out, " %14s", collective_name(CollectiveKind(k)));
+  std::fprintf(out, "\n");
+  for (size_t r = 0; r < run.ranks.size(); ++r) {
+    const auto& s = run.ranks[r].comm;
+    const double steps = std::max<size_t>(1, run.ranks[r].losses.size());  // the steps this run trained
+    std::fprintf(out, "%-5zu %14s", r, format_bytes(size_t(s.total_bytes() / steps)).c_str());
+    for (int k = 0; k < kNumCollectives; ++k)
+      std::fprintf(out, " %14s", format_bytes(size_t(s.bytes[k] / steps)).c_str());
+    std::fprintf(out, "\n");
+  }
+}
+
+}  // namespace zf

@@ -1,0 +1,69 @@
+// config.h: what a training run is asked to do (the flags of SPEC.md, parsed
+// by cli.cpp) and what it gives back (what the tests compare across stages).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm.h"
+#include "memory.h"
+#include "model.h"
+#include "precision.h"
+
+namespace zf {
+
+
+struct TrainConfig {
+  std::string stage = "dp";       // executable name: dp, zero1, ...
+  ModelConfig model = model_preset("small");
+  int ranks = 1;
+  int steps = 50;
+  int batch = 4;                  // micro-batch per rank (B)
+  int grad_accum = 1;             // micro-steps per step (K)
+  float lr = 3e-4f;
+  float clip = 1.0f;              // 0: no clipping
+  uint64_t seed = 1337;
+  Precision precision = Precision::fp32;
+  // What the kernels compute in (precision.h, device.h): f32, or bf16 (bf16
+  // recipe only). --compute auto picks bf16 for the bf16 recipe on a GPU.
+  DType compute = DType::f32;
+  AttentionForm attention = AttentionForm::simple;  // --attention (device.h)
+  std::string data;               // empty: the built-in corpus
+  std::string device = "cpu";
+  std::optional<size_t> device_mem;
+  std::string init;               // consolidated safetensors to start from
+  std::string save_init;          // write the initial model here first
+  std::string save;               // training checkpoint (checkpoint.h): written at the end...
+  int save_every = 0;             // ...and after every this many steps (0: only at the end)
+  std::string resume;             // training checkpoint to continue from (its step, model, AdamW state)
+  std::string log_json;
+  int log_every = 10;             // human log: one line every this many steps
+  bool quiet = false;             // no human log (tests)
+  // Fault injection for tests and demos: rank `fault_rank` throws in the
+  // middle of step `fault_step` (after its first unit's backward).
+  int fault_rank = -1;
+  int fault_step = -1;
+
+  int64_t global_batch() const { return int64_t(ranks) * batch * grad_accum; }  // G = N*B*K
+};
+
+// What one rank gives back at the end of a run.
+struct RankResult {
+  std::vector<float> losses;      // global-batch mean loss per step (same on every rank)
+  std::vector<double> step_ms;    // wall time per step
+  MemoryCounts memory;            // at the end of the run
+  CommStats comm;                 // over the whole run
+  uint64_t param_hash = 0;        // final float32 parameters in consolidated order
+  int first_step = 0;             // the step this run started at (> 0 after --resume)
+};
+
+struct RunResult {
+  TrainConfig cfg;
+  size_t params = 0;              // P, unpadded
+  std::string blas;
+  std::vector<RankResult> ranks;
+};
+
+}  // namespace zf

@@ -1,0 +1,743 @@
+// test_comm_nccl.cpp: the nccl communicator (common/cuda/nccl/comm_nccl.h), every
+// collective and its async form, against a direct computation on host copies.
+//
+//   build/tests/test_gpu_comm
+//   build/tests/test_gpu_comm --gtest_filter='*Faults*'
+//
+// Without a CUDA device every test is skipped with the reason ("no CUDA
+// device: ...").
+//
+// Worlds. Each collective test runs on two worlds: OneRank (an in-process
+// group of one rank on device 0) and AllGpus (one rank per visible GPU, as
+// threads of this process; skipped, with the count, below two GPUs: NCCL
+// does not allow two ranks of one communicator on one GPU). N = 2 on one GPU
+// is nccl_two_process's job (two processes, NCCL_HOSTID each; run by
+// scripts/gpu_check.sh).
+//
+// Inputs are seeded by rank and index (each rank computes every rank's input,
+// as nccl-tests do) and are small integers: every sum is then exact in f32 and
+// in bf16 whatever order NCCL adds in, so sums are compared for equality; avg
+// (ncclAvg multiplies by 1/N) is exact for N = 1 and within (N+1) roundings
+// otherwise. One test adds random floats, with a tolerance scaled by N and the
+// precision. Every output is poisoned first (all bytes 0xFF: a NaN), so an
+// element the collective forgets fails. Counts are odd, so they do not divide
+// by N.
+//
+// The fault tests run last (see NcclFaults): a collective aborted while NCCL
+// has it queued is the path most likely to upset the CUDA context, and tests
+// after it would report that instead of their own result.
+#include <gtest/gtest.h>
+
+#include "cuda/gpu_test_util.h"
+
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include "comm.h"
+#include "comm_nccl.h"
+#include "dtype.h"
+#include "kernels_cuda.h"
+
+namespace {
+
+using zf::CollectiveKind;
+using zf::DType;
+using zf::NcclCommunicator;
+using zf::ReduceOp;
+using vf = std::vector<float>;
+
+using zf::test::gpu_count;
+using zf::test::no_device_reason;
+
+// The unit roundoff of a dtype: 2^-24 for f32, 2^-8 for bf16.
+double unit(DType dt) { return dt == DType::bf16 ? 1.0 / 256 : 1.0 / (1 << 24); }
+
+// ------------------------------------------------------------------ buffers
+
+// Host float32 values <-> bytes of dt (bf16 rounded to nearest even).
+std::vector<uint8_t> encode(const vf& v, DType dt) {
+  std::vector<uint8_t> b(v.size() * zf::dtype_size(dt));
+  if (dt == DType::f32) {
+    if (!v.empty()) std::memcpy(b.data(), v.data(), b.size());
+  } else {
+    for (size_t i = 0; i < v.size(); i++) {
+      const zf::bf16 h = zf::float_to_bf16(v[i]);
+      std::memcpy(b.data() + 2 * i, &h, 2);
+    }
+  }
+  return b;
+}
+vf decode(const std::vector<uint8_t>& b, DType dt) {
+  vf v(b.size() / zf::dtype_size(dt));
+  if (dt == DType::f32) {
+    if (!v.empty()) std::memcpy(v.data(), b.data(), b.size());
+  } else {
+    for (size_t i = 0; i < v.size(); i++) {
+      zf::bf16 h;
+      std::memcpy(&h, b.data() + 2 * i, 2);
+      v[i] = zf::bf16_to_float(h);
+    }
+  }
+  return v;
+}
+
+// A device array of n elements of dt on the current device. Transfers use
+// the default stream, which is the communicator's compute stream unless a
+// test sets another: the collective is ordered after them by its ready event.
+class DevBuf {
+ public:
+  DevBuf(size_t n, DType dt) : n_(n), dt_(dt) {
+    CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(n * zf::dtype_size(dt), 1)));
+    poison();
+  }
+  ~DevBuf() { cudaFree(p_); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+
+  char* at(size_t element) { return static_cast<char*>(p_) + element * zf::dtype_size(dt_); }
+  void* get() { return p_; }
+  void poison() { CUDA_CHECK(cudaMemset(p_, 0xFF, n_ * zf::dtype_size(dt_))); }
+  // Writes v at element `offset` (and nothing else).
+  void upload(const vf& v, size_t offset = 0) {
+    const auto b = encode(v, dt_);
+    CUDA_CHECK(cudaMemcpy(at(offset), b.data(), b.size(), cudaMemcpyHostToDevice));
+  }
+  vf download(size_t offset = 0, size_t count = size_t(-1)) {
+    if (count == size_t(-1)) count = n_ - offset;
+    std::vector<uint8_t> b(count * zf::dtype_size(dt_));
+    CUDA_CHECK(cudaMemcpy(b.data(), at(offset), b.size(), cudaMemcpyDeviceToHost));
+    return decode(b, dt_);
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t n_;
+  DType dt_;
+};
+
+// ------------------------------------------------------------------ inputs and checks
+
+// Rank r's input element i for the collective tagged `salt`: an integer in
+// [-8, 8], so sums are exact in f32 and bf16.
+vf ints(int rank, size_t n, int salt) {
+  vf v(n);
+  for (size_t i = 0; i < n; i++) v[i] = float(int((size_t(rank) * 7 + i * 3 + size_t(salt) * 5) % 17) - 8);
+  return v;
+}
+
+// "" if every got[i] is within tol of want[i] (NaN never is); else the first
+// mismatch and how many there are.
+std::string mismatch(const vf& got, const std::vector<double>& want, double tol) {
+  if (got.size() != want.size()) return "size " + std::to_string(got.size()) + " != " + std::to_string(want.size());
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < got.size(); i++) {
+    if (!(std::fabs(double(got[i]) - want[i]) <= tol)) {
+      if (bad++ == 0) first = i;
+    }
+  }
+  if (bad == 0) return "";
+  char s[200];
+  std::snprintf(s, sizeof s, "%zu of %zu elements wrong; first at %zu: got %.9g, want %.9g (tol %.3g)",
+                bad, got.size(), first, double(got[first]), want[first], tol);
+  return s;
+}
+
+// The reduction of every rank's ints(r, n, salt), element by element, and the
+// tolerance for it: exact for sums and for N = 1, (N+1) roundings of the
+// largest magnitude for avg (ncclAvg multiplies by 1/N before summing).
+struct Reduced {
+  std::vector<double> value;
+  double tol = 0;
+};
+Reduced reduce_ints(int N, size_t n, int salt, ReduceOp op, DType dt) {
+  Reduced r;
+  r.value.assign(n, 0.0);
+  double mag = 0;
+  for (int q = 0; q < N; q++) {
+    const vf x = ints(q, n, salt);
+    for (size_t i = 0; i < n; i++) r.value[i] += x[i];
+  }
+  for (size_t i = 0; i < n; i++) mag = std::max(mag, std::fabs(r.value[i]));
+  if (op == ReduceOp::avg) {
+    for (double& v : r.value) v /= N;
+    if (N > 1) r.tol = (N + 1) * unit(dt) * std::max(mag, 8.0 * N);
+  }
+  return r;
+}
+
+// ------------------------------------------------------------------ worlds
+
+enum class WorldKind { one_rank, all_gpus };
+
+std::string world_name(const ::testing::TestParamInfo<WorldKind>& info) {
+  return info.param == WorldKind::one_rank ? "OneRank" : "AllGpus";
+}
+
+// The communicators of one world, and a way to run code on every rank.
+struct World {
+  std::vector<std::unique_ptr<NcclCommunicator>> comms;
+  int size() const { return int(comms.size()); }
+
+  // fn(rank, comm) on one thread per rank, with the rank's device current and
+  // the rank tagged for error messages. The first exception is rethrown
+  // after every thread has joined.
+  void run(const std::function<void(int, NcclCommunicator&)>& fn) {
+    std::mutex mu;
+    std::exception_ptr first;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size(); r++)
+      threads.emplace_back([&, r] {
+        zf::set_current_rank(r);
+        try {
+          CUDA_CHECK(cudaSetDevice(comms[size_t(r)]->device()));
+          fn(r, *comms[size_t(r)]);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (!first) first = std::current_exception();
+        }
+        zf::set_current_rank(-1);
+      });
+    for (auto& t : threads) t.join();
+    if (first) std::rethrow_exception(first);
+  }
+};
+
+// Short timeouts: a test that hangs fails in a minute, not ten. The
+// creation always gets the minute: the fault tests' 0.3 s is for the
+// collective, and NCCL's own set-up of a communicator (topology detection,
+// buffers, proxy thread) can alone take that long on a first run.
+zf::NcclOptions test_options(double timeout_s = 60) {
+  zf::NcclOptions o;
+  o.timeout_s = timeout_s;
+  o.init_timeout_s = 60;
+  return o;
+}
+
+class NcclComm : public ::testing::TestWithParam<WorldKind> {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_GPU();
+    std::vector<int> devices{0};
+    if (GetParam() == WorldKind::all_gpus) {
+      const int n = gpu_count();
+      if (n < 2)
+        GTEST_SKIP() << "needs 2 or more GPUs for ranks as threads (found " << n
+                     << "); N = 2 on one GPU is nccl_two_process's job (scripts/gpu_check.sh)";
+      devices.clear();
+      for (int d = 0; d < n; d++) devices.push_back(d);
+    }
+    world_.comms = NcclCommunicator::create_group(devices, test_options());
+  }
+  void TearDown() override { world_.comms.clear(); }
+  World world_;
+};
+
+constexpr DType kDtypes[] = {DType::f32, DType::bf16};
+constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg};
+const char* op_name(ReduceOp op) { return op == ReduceOp::sum ? "sum" : "avg"; }
+
+// ------------------------------------------------------------------ each collective
+
+TEST_P(NcclComm, AllReduceInPlace) {
+  const int N = world_.size();
+  world_.run([&](int r, NcclCommunicator& comm) {
+    EXPECT_STREQ(comm.backend(), "nccl");
+    EXPECT_EQ(comm.rank(), r);
+    EXPECT_EQ(comm.size(), N);
+    int salt = 0;
+    for (DType dt : kDtypes)
+      for (ReduceOp op : kOps)
+        for (size_t n : {size_t(0), size_t(1), size_t(4099)}) {
+          DevBuf buf(n, dt);
+          buf.upload(ints(r, n, ++salt));
+          comm.all_reduce(buf.get(), n, dt, op);
+          const Reduced want = reduce_ints(N, n, salt, op, dt);
+          EXPECT_EQ(mismatch(buf.download(), want.value, want.tol), "")
+              << "all_reduce " << zf::dtype_name(dt) << " " << op_name(op) << " n=" << n;
+        }
+  });
+}
+
+TEST_P(NcclComm, ReduceScatter) {
+  const int N = world_.size();
+  world_.run([&](int r, NcclCommunicator& comm) {
+    int salt = 0;
+    for (DType dt : kDtypes)
+      for (ReduceOp op : kOps)
+        for (size_t n : {size_t(1), size_t(1003)}) {
+          // Out of place: send holds N*n, recv n.
+          const int s = ++salt;
+          const Reduced all = reduce_ints(N, size_t(N) * n, s, op, dt);
+          const std::vector<double> want(all.value.begin() + long(r * n),
+                                         all.value.begin() + long((r + 1) * n));
+          DevBuf send(size_t(N) * n, dt), recv(n, dt);
+          send.upload(ints(r, size_t(N) * n, s));
+          comm.reduce_scatter(send.get(), recv.get(), n, dt, op);
+          EXPECT_EQ(mismatch(recv.download(), want, all.tol), "")
+              << "reduce_scatter " << zf::dtype_name(dt) << " " << op_name(op) << " n=" << n;
+          // The input is left as it was.
+          const vf x = ints(r, size_t(N) * n, s);
+          EXPECT_EQ(mismatch(send.download(), std::vector<double>(x.begin(), x.end()), 0), "");
+          // In place: recv is rank r's slot of send.
+          DevBuf both(size_t(N) * n, dt);
+          both.upload(ints(r, size_t(N) * n, s));
+          comm.reduce_scatter(both.get(), both.at(size_t(r) * n), n, dt, op);
+          EXPECT_EQ(mismatch(both.download(size_t(r) * n, n), want, all.tol), "")
+              << "in-place reduce_scatter " << zf::dtype_name(dt) << " " << op_name(op)
+              << " n=" << n;
+        }
+  });
+}
+
+TEST_P(NcclComm, AllGather) {
+  const int N = world_.size();
+  world_.run([&](int r, NcclCommunicator& comm) {
+    int salt = 0;
+    for (DType dt : kDtypes)
+      for (size_t n : {size_t(1), size_t(1003)}) {
+        const int s = ++salt;
+        std::vector<double> want;
+        for (int q = 0; q < N; q++) {
+          const vf x = ints(q, n, s);
+          want.insert(want.end(), x.begin(), x.end());
+        }
+        DevBuf send(n, dt), recv(size_t(N) * n, dt);
+        send.upload(ints(r, n, s));
+        comm.all_gather(send.get(), recv.get(), n, dt);
+        EXPECT_EQ(mismatch(recv.download(), want, 0), "")
+            << "all_gather " << zf::dtype_name(dt) << " n=" << n;
+        // In place: send is rank r's slot of recv (the other slots poisoned).
+        DevBuf both(size_t(N) * n, dt);
+        both.upload(ints(r, n, s), size_t(r) * n);
+        comm.all_gather(both.at(size_t(r) * n), both.get(), n, dt);
+        EXPECT_EQ(mismatch(both.download(), want, 0), "")
+            << "in-place all_gather " << zf::dtype_name(dt) << " n=" << n;
+      }
+  });
+}
+
+TEST_P(NcclComm, BroadcastFromEveryRoot) {
+  const int N = world_.size();
+  world_.run([&](int r, NcclCommunicator& comm) {
+    int salt = 0;
+    for (DType dt : kDtypes)
+      for (int root = 0; root < N; root++) {
+        const size_t n = 1003;
+        const int s = ++salt;
+        DevBuf buf(n, dt);
+        buf.upload(ints(r, n, s));
+        comm.broadcast(buf.get(), n, dt, root);
+        const vf x = ints(root, n, s);
+        EXPECT_EQ(mismatch(buf.download(), std::vector<double>(x.begin(), x.end()), 0), "")
+            << "broadcast " << zf::dtype_name(dt) << " root " << root;
+      }
+    EXPECT_THROW(comm.broadcast(nullptr, 1, DType::f32, N), zf::Error);  // root out of range
+  });
+}
+
+TEST_P(NcclComm, RandomFloatsWithinTolerance) {
+  const int N = world_.size();
+  const size_t n = 1 << 16;
+  world_.run([&](int r, NcclCommunicator& comm) {
+    for (DType dt : kDtypes) {
+      // Every rank's inputs, representable in dt, and the exact sums.
+      std::vector<vf> x(size_t(N), vf(n, 0.0f));
+      std::vector<double> want(n, 0.0), mag(n, 0.0);
+      for (int q = 0; q < N; q++) {
+        std::mt19937 rng(1234u + unsigned(q));
+        std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+        for (auto& v : x[size_t(q)]) v = dt == DType::bf16 ? zf::bf16_to_float(zf::float_to_bf16(d(rng))) : d(rng);
+        for (size_t i = 0; i < n; i++) {
+          want[i] += x[size_t(q)][i];
+          mag[i] += std::fabs(x[size_t(q)][i]);
+        }
+      }
+      DevBuf buf(n, dt);
+      buf.upload(x[size_t(r)]);
+      comm.all_reduce(buf.get(), n, dt, ReduceOp::sum);
+      const vf got = buf.download();
+      // Each of NCCL's N-1 additions (and for bf16 each store) rounds once.
+      double worst = 0;
+      size_t bad = 0;
+      for (size_t i = 0; i < n; i++) {
+        const double tol = N == 1 ? 0.0 : 2.0 * N * unit(dt) * mag[i];
+        const double err = std::fabs(double(got[i]) - want[i]);
+        if (!(err <= tol)) bad++;
+        if (tol > 0) worst = std::max(worst, err / tol);
+      }
+      EXPECT_EQ(bad, 0u) << zf::dtype_name(dt) << ": " << bad << " elements beyond tolerance";
+      if (r == 0 && N > 1)
+        std::printf("random all_reduce %s, N=%d: max error / tolerance = %.3g\n", zf::dtype_name(dt), N, worst);
+    }
+  });
+}
+
+// ------------------------------------------------------------------ async forms, streams, counters
+
+TEST_P(NcclComm, AsyncFormsWaitedInReverseOrder) {
+  const int N = world_.size();
+  const size_t n = 1001;
+  world_.run([&](int r, NcclCommunicator& comm) {
+    const DType dt = DType::bf16;
+    DevBuf ar(n, dt), rs_send(size_t(N) * n, dt), rs_recv(n, dt), ag_send(n, dt),
+        ag_recv(size_t(N) * n, dt), bc(n, dt);
+    ar.upload(ints(r, n, 1));
+    rs_send.upload(ints(r, size_t(N) * n, 2));
+    ag_send.upload(ints(r, n, 3));
+    bc.upload(ints(r, n, 4));
+    std::vector<zf::CommHandle> h;
+    h.push_back(comm.all_reduce_async(ar.get(), n, dt, ReduceOp::sum));
+    h.push_back(comm.reduce_scatter_async(rs_send.get(), rs_recv.get(), n, dt, ReduceOp::avg));
+    h.push_back(comm.all_gather_async(ag_send.get(), ag_recv.get(), n, dt));
+    h.push_back(comm.broadcast_async(bc.get(), n, dt, N - 1));
+    // wait() is on the device: the default stream (this world's compute
+    // stream) waits for each collective; download() copies on it after.
+    for (int k = int(h.size()) - 1; k >= 0; k--) h[size_t(k)].wait();
+    h[0].wait();  // a second wait is fine
+
+    EXPECT_EQ(mismatch(ar.download(), reduce_ints(N, n, 1, ReduceOp::sum, dt).value, 0), "");
+    const Reduced rs = reduce_ints(N, size_t(N) * n, 2, ReduceOp::avg, dt);
+    EXPECT_EQ(mismatch(rs_recv.download(),
+                       std::vector<double>(rs.value.begin() + long(r * n), rs.value.begin() + long((r + 1) * n)),
+                       rs.tol), "");
+    std::vector<double> ag;
+    for (int q = 0; q < N; q++) {
+      const vf x = ints(q, n, 3);
+      ag.insert(ag.end(), x.begin(), x.end());
+    }
+    EXPECT_EQ(mismatch(ag_recv.download(), ag, 0), "");
+    const vf b = ints(N - 1, n, 4);
+    EXPECT_EQ(mismatch(bc.download(), std::vector<double>(b.begin(), b.end()), 0), "");
+    // On the host: done once wait_host() returns.
+    for (auto& x : h) {
+      x.wait_host();
+      EXPECT_TRUE(x.done());
+    }
+  });
+}
+
+using SleepArg = zf::test::Stall;  // cudaLaunchHostFunc(stream, sleep_on_stream, &stall)
+using zf::test::sleep_on_stream;
+
+// One NCCL rank on GPU 0 whose compute stream is stalled for `ms` from the
+// start (a host function sleeping on it), so that a collective issued now
+// waits for its input. The end waits for the communicator to close and the
+// stall to pass (neither may hang).
+struct StalledRank {
+  StalledRank(double timeout_s, int ms)
+      : comms(NcclCommunicator::create_group({0}, test_options(timeout_s))), stall{ms} {
+    CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    comm().set_compute_stream(compute);
+    CUDA_CHECK(cudaLaunchHostFunc(compute, sleep_on_stream, &stall));
+  }
+  ~StalledRank() {  // no CUDA_CHECK: a destructor must not throw
+    comms.clear();
+    EXPECT_EQ(cudaStreamSynchronize(compute), cudaSuccess);
+    EXPECT_EQ(cudaStreamDestroy(compute), cudaSuccess);
+  }
+  NcclCommunicator& comm() { return *comms[0]; }
+
+  std::vector<std::unique_ptr<NcclCommunicator>> comms;
+  SleepArg stall;
+  cudaStream_t compute = nullptr;
+  DevBuf buf{1000, DType::f32};
+};
+
+// The collective reads its input only after the compute work issued before
+// it: here a copy that the compute stream runs after a 200 ms stall. And
+// stream_wait_issued orders a later copy after the collective on the device.
+TEST_P(NcclComm, OrderedAfterComputeStream) {
+  const int N = world_.size();
+  const size_t n = 4099;
+  world_.run([&](int r, NcclCommunicator& comm) {
+    const DType dt = DType::f32;
+    cudaStream_t compute;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+    // Pinned host buffers: `in` is read by a copy that runs only after the
+    // stall, so the host must not touch it before the stream is synchronised.
+    float* in = nullptr;
+    float* out = nullptr;
+    CUDA_CHECK(cudaMallocHost(&in, n * sizeof(float)));
+    CUDA_CHECK(cudaMallocHost(&out, n * sizeof(float)));
+    DevBuf buf(n, dt);
+    buf.upload(ints(r, n, 1));  // the old values: a collective that ran early would reduce these
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const vf fresh = ints(r, n, 2);
+    std::memcpy(in, fresh.data(), n * sizeof(float));
+    std::memset(out, 0xFF, n * sizeof(float));
+    static SleepArg stall{200};
+    comm.set_compute_stream(compute);
+    EXPECT_EQ(comm.compute_stream(), compute);
+    CUDA_CHECK(cudaLaunchHostFunc(compute, sleep_on_stream, &stall));
+    CUDA_CHECK(cudaMemcpyAsync(buf.get(), in, n * sizeof(float), cudaMemcpyHostToDevice, compute));
+    zf::CommHandle h = comm.all_reduce_async(buf.get(), n, dt, ReduceOp::sum);
+    // Device-side: the compute stream waits for the collective, the host does not.
+    comm.stream_wait_issued(compute);
+    CUDA_CHECK(cudaMemcpyAsync(out, buf.get(), n * sizeof(float), cudaMemcpyDeviceToHost, compute));
+    CUDA_CHECK(cudaStreamSynchronize(compute));
+    EXPECT_EQ(mismatch(vf(out, out + n), reduce_ints(N, n, 2, ReduceOp::sum, dt).value, 0), "")
+        << "read through stream_wait_issued";
+    h.wait_host();  // (wait() would order `compute`, not the default stream download() copies on)
+    EXPECT_EQ(mismatch(buf.download(), reduce_ints(N, n, 2, ReduceOp::sum, dt).value, 0), "");
+    comm.set_compute_stream(nullptr);
+    CUDA_CHECK(cudaFreeHost(in));
+    CUDA_CHECK(cudaFreeHost(out));
+    CUDA_CHECK(cudaStreamDestroy(compute));
+  });
+}
+
+TEST_P(NcclComm, CountersFollowTheRingModel) {
+  const int N = world_.size();
+  world_.run([&](int r, NcclCommunicator& comm) {
+    comm.reset_stats();
+    const size_t big = size_t(1) << 22;  // 16 MiB of f32: long enough to time
+    const size_t n = 1003;
+    DevBuf a(big, DType::f32), s(size_t(N) * n, DType::bf16), o(n, DType::bf16),
+        g(size_t(N) * n, DType::bf16);
+    a.upload(vf(big, 1.0f));
+    s.upload(ints(r, size_t(N) * n, 1));
+    comm.all_reduce(a.get(), big, DType::f32);
+    comm.all_reduce(a.get(), n, DType::f32, ReduceOp::avg);
+    comm.reduce_scatter(s.get(), o.get(), n, DType::bf16);
+    comm.all_gather(o.get(), g.get(), n, DType::bf16);
+    comm.broadcast(g.get(), n, DType::bf16, 0);
+    comm.barrier();
+    comm.barrier();
+    const zf::CommStats st = comm.stats();
+    auto idx = [](CollectiveKind k) { return size_t(int(k)); };
+    EXPECT_DOUBLE_EQ(st.bytes[idx(CollectiveKind::all_reduce)],
+                     zf::ring_bytes(CollectiveKind::all_reduce, big * 4, N) +
+                         zf::ring_bytes(CollectiveKind::all_reduce, n * 4, N));
+    EXPECT_DOUBLE_EQ(st.bytes[idx(CollectiveKind::reduce_scatter)],
+                     zf::ring_bytes(CollectiveKind::reduce_scatter, size_t(N) * n * 2, N));
+    EXPECT_DOUBLE_EQ(st.bytes[idx(CollectiveKind::all_gather)],
+                     zf::ring_bytes(CollectiveKind::all_gather, size_t(N) * n * 2, N));
+    EXPECT_DOUBLE_EQ(st.bytes[idx(CollectiveKind::broadcast)],
+                     zf::ring_bytes(CollectiveKind::broadcast, n * 2, N));
+    EXPECT_EQ(st.bytes[idx(CollectiveKind::barrier)], 0.0);
+    EXPECT_EQ(st.calls[idx(CollectiveKind::all_reduce)], 2u);
+    EXPECT_EQ(st.calls[idx(CollectiveKind::reduce_scatter)], 1u);
+    EXPECT_EQ(st.calls[idx(CollectiveKind::all_gather)], 1u);
+    EXPECT_EQ(st.calls[idx(CollectiveKind::broadcast)], 1u);
+    EXPECT_EQ(st.calls[idx(CollectiveKind::barrier)], 2u);
+    // Device time: the 16 MiB all-reduce takes some (N = 1 is a copy).
+    EXPECT_GT(st.seconds[idx(CollectiveKind::all_reduce)], 0.0);
+    for (double x : st.seconds) EXPECT_GE(x, 0.0);
+    if (r == 0)
+      std::printf("N=%d: all_reduce 16 MiB + 4 KiB in %.3f ms (device time)\n", N,
+                  1e3 * st.seconds[idx(CollectiveKind::all_reduce)]);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, NcclComm, ::testing::Values(WorldKind::one_rank, WorldKind::all_gpus),
+                         world_name);
+
+// ------------------------------------------------------------------ creation
+
+// The one-process-per-rank factory, here with a world of one (the
+// two-process run is nccl_two_process).
+TEST(NcclCreate, FromAnIdWorldOfOne) {
+  SKIP_WITHOUT_GPU();
+  ncclUniqueId id;
+  NCCL_CHECK(ncclGetUniqueId(&id));
+  auto comm = NcclCommunicator::create(id, 0, 1, 0, test_options());
+  EXPECT_EQ(comm->rank(), 0);
+  EXPECT_EQ(comm->size(), 1);
+  EXPECT_EQ(comm->device(), 0);
+  EXPECT_NE(comm->comm_stream(), nullptr);
+  DevBuf buf(7, DType::f32), out(7, DType::f32);
+  buf.upload(ints(0, 7, 1));
+  comm->all_reduce(buf.get(), 7, DType::f32, ReduceOp::avg);
+  comm->all_gather(buf.get(), out.get(), 7, DType::f32);
+  const vf x = ints(0, 7, 1);
+  EXPECT_EQ(mismatch(out.download(), std::vector<double>(x.begin(), x.end()), 0), "");
+}
+
+TEST(NcclCreate, RejectsBadDevices) {
+  SKIP_WITHOUT_GPU();
+  try {
+    NcclCommunicator::create_group({0, 0}, test_options());
+    ADD_FAILURE() << "two ranks on one GPU were accepted";
+  } catch (const zf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("distinct"), std::string::npos) << e.what();
+  }
+  try {
+    NcclCommunicator::create_group({gpu_count()}, test_options());
+    ADD_FAILURE() << "a device that does not exist was accepted";
+  } catch (const zf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not exist"), std::string::npos) << e.what();
+  }
+}
+
+// ------------------------------------------------------------------ through a rendezvous file
+//
+// (The rendezvous itself, stale files and timeouts included, is tested
+// without a GPU in tests/comm/test_rendezvous.cpp; two processes,
+// nccl_two_process and the env launch, in scripts/gpu_check.sh.)
+
+std::string temp_path(const char* name) {
+  return std::string(::testing::TempDir()) + "zf_nccl_" + name + "_" + std::to_string(::getpid());
+}
+
+// Rank 0 of a world of one: replaces a file an earlier run left, creates the
+// communicator, and removes the file once every rank (itself) has joined.
+TEST(NcclCreate, FromAFileWorldOfOne) {
+  SKIP_WITHOUT_GPU();
+  const std::string path = temp_path("rdv");
+  FILE* f = std::fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("zf-rendezvous v1 world=1 bytes=0\n", f);  // left by an "earlier run"
+  std::fclose(f);
+  auto comm = NcclCommunicator::create_from_file(path, 0, 1, 0, test_options());
+  EXPECT_NE(::access(path.c_str(), F_OK), 0) << "rank 0 left the rendezvous file " << path;
+  DevBuf buf(7, DType::f32);
+  buf.upload(ints(0, 7, 1));
+  comm->all_reduce(buf.get(), 7, DType::f32, ReduceOp::sum);
+  const vf x = ints(0, 7, 1);
+  EXPECT_EQ(mismatch(buf.download(), std::vector<double>(x.begin(), x.end()), 0), "");
+  std::remove(path.c_str());
+}
+
+// ------------------------------------------------------------------ faults (last: see the file comment)
+//
+// GoogleTest runs plain TESTs first and parameterized suites after them, in
+// the order they appear: so the fault tests are a parameterized suite (of one
+// value) defined after NcclComm, and run last.
+class NcclFaults : public ::testing::TestWithParam<int> {};
+
+TEST_P(NcclFaults, AbortFailsEveryLaterCollective) {
+  SKIP_WITHOUT_GPU();
+  auto comms = NcclCommunicator::create_group({0}, test_options());
+  NcclCommunicator& comm = *comms[0];
+  DevBuf buf(5, DType::f32);
+  comm.all_reduce(buf.get(), 5, DType::f32);
+  comm.abort("the test says stop");
+  try {
+    comm.all_reduce(buf.get(), 5, DType::f32);
+    ADD_FAILURE() << "a collective after abort() succeeded";
+  } catch (const zf::CommAborted& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("the test says stop"), std::string::npos) << what;
+    EXPECT_NE(what.find("[rank 0]"), std::string::npos) << what;
+  }
+  EXPECT_THROW(comm.barrier(), zf::CommAborted);
+  comm.abort("again");  // a second abort is harmless
+}
+
+// Waits on the host for a collective that the watchdog must time out (0.3 s):
+// it raises Error (the cause, not CommAborted) saying so. Returns the message.
+std::string wait_for_timeout_error(zf::CommHandle& h) {
+  try {
+    h.wait_host();
+    ADD_FAILURE() << "the stuck collective completed";
+  } catch (const zf::CommAborted& e) {
+    ADD_FAILURE() << "the rank that timed out should raise Error (the cause), not CommAborted: "
+                  << e.what();
+  } catch (const zf::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("did not complete within 0.3 s"), std::string::npos) << what;
+    return what;
+  }
+  return "";
+}
+
+// A pending collective (its input stalled on the compute stream for 1 s) is
+// woken by abort() from another thread, with CommAborted.
+TEST_P(NcclFaults, AbortWakesAPendingCollective) {
+  SKIP_WITHOUT_GPU();
+  StalledRank rank(60, 1000);
+  NcclCommunicator& comm = rank.comm();
+  DevBuf& buf = rank.buf;
+  zf::CommHandle h = comm.all_reduce_async(buf.get(), 1000, DType::f32, ReduceOp::sum);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    comm.abort("stopped from another thread");
+  });
+  try {
+    h.wait_host();
+    ADD_FAILURE() << "the pending collective completed despite abort()";
+  } catch (const zf::CommAborted& e) {
+    EXPECT_NE(std::string(e.what()).find("stopped from another thread"), std::string::npos) << e.what();
+  }
+  aborter.join();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+}
+
+// The watchdog: a collective still pending after the timeout (0.3 s here; its
+// input stalls 1.5 s) aborts the communicator with an Error that says so.
+TEST_P(NcclFaults, TimeoutAbortsAStuckCollective) {
+  SKIP_WITHOUT_GPU();
+  StalledRank rank(0.3, 1500);
+  NcclCommunicator& comm = rank.comm();
+  DevBuf& buf = rank.buf;
+  EXPECT_DOUBLE_EQ(comm.timeout_s(), 0.3);
+  zf::CommHandle h = comm.all_reduce_async(buf.get(), 1000, DType::f32, ReduceOp::sum);
+  const std::string what = wait_for_timeout_error(h);
+  EXPECT_NE(what.find("rank 0"), std::string::npos) << what;
+  EXPECT_THROW(comm.all_reduce(buf.get(), 1000, DType::f32), zf::Error);
+}  // ~StalledRank: closing must not hang
+
+// wait() is on the device: a collective that has not failed yet lets it
+// return at once (its input stalls 1.5 s, the timeout is 0.3 s). The failure
+// found later still raises on the host: at wait_host() on the handle, and at
+// once in the next collective.
+TEST_P(NcclFaults, AFailureAfterADeviceWaitRaisesOnTheHost) {
+  SKIP_WITHOUT_GPU();
+  StalledRank rank(0.3, 1500);
+  NcclCommunicator& comm = rank.comm();
+  DevBuf& buf = rank.buf;
+  zf::CommHandle h = comm.all_reduce_async(buf.get(), 1000, DType::f32, ReduceOp::sum);
+  const auto t0 = std::chrono::steady_clock::now();
+  h.wait();  // not failed yet: returns, the compute stream waits
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.2)
+      << "wait() blocked the host";
+  wait_for_timeout_error(h);
+  zf::CommHandle next = comm.all_reduce_async(buf.get(), 1000, DType::f32, ReduceOp::sum);
+  EXPECT_TRUE(next.done()) << "a collective on a failed communicator must fail at once";
+  EXPECT_THROW(next.wait(), zf::Error);
+  // ~StalledRank: closing must not hang, and the compute stream, which
+  // waited for the failed collective's done event, goes on once the stall is
+  // over and the aborted collective has left.
+}
+
+// Ranks as threads: a rank that leaves without issuing the collective its
+// peers wait in is named in their error (needs 2 GPUs).
+TEST_P(NcclFaults, ARankThatLeavesIsNamed) {
+  SKIP_WITHOUT_GPU();
+  const int n = gpu_count();
+  if (n < 2) GTEST_SKIP() << "needs 2 or more GPUs (found " << n << ")";
+  auto comms = NcclCommunicator::create_group({0, 1}, test_options());
+  std::string error;
+  std::thread rank0([&] {
+    zf::set_current_rank(0);
+    CUDA_CHECK(cudaSetDevice(0));
+    DevBuf buf(100, DType::f32);
+    try {
+      comms[0]->all_reduce(buf.get(), 100, DType::f32);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  comms[1].reset();  // rank 1 leaves, having issued nothing
+  rank0.join();
+  EXPECT_NE(error.find("rank 1 finished after issuing only 0"), std::string::npos) << error;
+}
+
+INSTANTIATE_TEST_SUITE_P(Last, NcclFaults, ::testing::Values(0));
+
+}  // namespace
