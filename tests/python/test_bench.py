@@ -8,9 +8,8 @@
 #   meson test -C build bench_py                 # as scripts/test.sh runs it
 #   ZF_DP_BIN=build/00_data_parallel/dp python3 tests/python/test_bench.py [--xml FILE]
 #
-# --xml writes GoogleTest's XML shape (testsuites/testsuite/testcase, with
-# <failure> or <skipped>), so scripts/test_summary.py counts these tests with
-# the C++ ones.
+# --xml writes GoogleTest's XML shape (gtest_xml.py), so
+# scripts/test_summary.py counts these tests with the C++ ones.
 
 import io
 import json
@@ -19,12 +18,13 @@ import subprocess
 import sys
 import tempfile
 import unittest
-import xml.etree.ElementTree as ET
 from contextlib import redirect_stdout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_report  # noqa: E402
+import gtest_xml  # noqa: E402
 import mfu  # noqa: E402
 
 PRESETS = {"tiny": (256, 64, 2, 4, 64), "small": (256, 128, 4, 4, 128), "gpt2": (50304, 1024, 12, 12, 768)}
@@ -212,47 +212,5 @@ class ReportTest(unittest.TestCase):
         self.assertIsNone(gpu_report.spec_model_states("offload", "bf16", 4))
 
 
-def write_xml(result, cases, path):
-    """GoogleTest's XML shape, as scripts/test_summary.py reads it."""
-    failed = {t.id(): tb for t, tb in result.failures + result.errors}
-    skipped = {t.id(): why for t, why in result.skipped}
-    suites = ET.Element("testsuites", name="AllTests", tests=str(len(cases)),
-                        failures=str(len(failed)))
-    suite = ET.SubElement(suites, "testsuite", name="bench_py", tests=str(len(cases)), failures=str(len(failed)))
-    for case in cases:
-        cls, name = case.id().rsplit(".", 1)
-        tc = ET.SubElement(suite, "testcase", name=name, classname=cls.rsplit(".", 1)[-1],
-                           result="skipped" if case.id() in skipped else "completed")
-        if case.id() in failed:
-            ET.SubElement(tc, "failure", message=failed[case.id()].strip().splitlines()[-1]).text = failed[case.id()]
-        elif case.id() in skipped:
-            ET.SubElement(tc, "skipped", message=skipped[case.id()])
-    ET.ElementTree(suites).write(path, encoding="UTF-8", xml_declaration=True)
-
-
-def all_cases(suite):
-    for t in suite:
-        if isinstance(t, unittest.TestSuite):
-            yield from all_cases(t)
-        else:
-            yield t
-
-
-def main():
-    xml = None
-    argv = sys.argv[1:]
-    if len(argv) == 2 and argv[0] == "--xml":
-        xml = argv[1]
-    elif argv:
-        sys.exit("usage: test_bench.py [--xml FILE]")
-    suite = unittest.defaultTestLoader.loadTestsFromModule(sys.modules[__name__])
-    cases = list(all_cases(suite))
-    result = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
-    if xml:
-        os.makedirs(os.path.dirname(os.path.abspath(xml)), exist_ok=True)
-        write_xml(result, cases, xml)
-    return 0 if result.wasSuccessful() else 1
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(gtest_xml.main(__name__, "bench_py", "test_bench.py [--xml FILE]"))
