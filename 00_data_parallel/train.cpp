@@ -2,7 +2,7 @@
 //
 //   build/00_data_parallel/dp --ranks 4 --model small --steps 300 --batch 2
 //
-// Flags are SPEC.md's (see --help). The loop itself is in data_parallel.cpp.
+// Flags are docs/SPEC.md's (see --help). The loop itself is in data_parallel.cpp.
 #include "blas.h"
 #include "data_parallel.h"
 

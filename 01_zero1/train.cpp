@@ -2,7 +2,7 @@
 //
 //   build/01_zero1/zero1 --ranks 4 --model small --steps 300 --batch 2
 //
-// Flags are SPEC.md's (see --help). The loop is in zero1.cpp, the sharded
+// Flags are docs/SPEC.md's (see --help). The loop is in zero1.cpp, the sharded
 // optimizer in sharded_adamw.cpp.
 #include "blas.h"
 #include "zero1.h"

@@ -2,7 +2,7 @@
 //
 //   build/02_zero2/zero2 --ranks 4 --model small --steps 300 --batch 2
 //
-// Flags are SPEC.md's (see --help). The loop is in zero2.cpp, the gradient
+// Flags are docs/SPEC.md's (see --help). The loop is in zero2.cpp, the gradient
 // path in sharded_grads.cpp; the optimizer is stage 01's.
 #include "blas.h"
 #include "zero2.h"

@@ -3,7 +3,7 @@
 //
 //   build/03_zero3/zero3 --ranks 4 --model small --steps 300 --batch 2
 //
-// Flags are SPEC.md's (see --help). The loop is in zero3.cpp, the parameter
+// Flags are docs/SPEC.md's (see --help). The loop is in zero3.cpp, the parameter
 // gathering in gathered_params.cpp; gradients are stage 02's, the optimizer stage 01's.
 #include "blas.h"
 #include "zero3.h"

@@ -21,7 +21,7 @@
 # Table 2, every stage run (1 and N virtual ranks on the one GPU): ms/step,
 # tokens/s, the peak device memory per rank (the largest over the ranks, as
 # each rank's memory tracker counts it) and the model states per rank / P
-# beside SPEC.md's formula.
+# beside docs/SPEC.md's formula.
 #
 # A log that is missing or has no summary (the run failed) gives a row that
 # says so; the script itself fails only on bad arguments.
@@ -38,7 +38,7 @@ import mfu  # noqa: E402
 TARGET_RATIO = 1.0   # ours tokens/s >= PyTorch eager's
 TARGET_MFU = 0.40    # ours MFU >= 40%
 
-# SPEC.md's model states per rank / P (up to shard padding), by the "stage"
+# docs/SPEC.md's model states per rank / P (up to shard padding), by the "stage"
 # of the run log's summary, for the bf16 recipe and for fp32.
 MODEL_STATES = {
     "dp": (lambda n: 16.0, lambda n: 16.0),
@@ -50,7 +50,7 @@ MODEL_STATES = {
 
 
 def spec_model_states(stage, precision, n):
-    """Model states per rank / P that SPEC.md gives, or None (no formula for this stage)."""
+    """Model states per rank / P that docs/SPEC.md gives, or None (no formula for this stage)."""
     f = MODEL_STATES.get(stage)
     if f is None or precision not in ("bf16", "fp32"):
         return None

@@ -42,7 +42,7 @@ class PeakError(ValueError):
 
 
 def gpt_params(V, T, L, C):
-    """P of SPEC.md's GPT: wte, wpe, L blocks of 12C^2 + 13C, ln_f, untied lm_head."""
+    """P of docs/SPEC.md's GPT: wte, wpe, L blocks of 12C^2 + 13C, ln_f, untied lm_head."""
     return V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C + V * C
 
 

@@ -46,7 +46,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET_SMALL_SPEEDUP = 1.5      # dp 1 rank small B=8 fp32 tokens/s >= 1.5x PyTorch 1 process
 TARGET_BUSBW_VS_MEMCPY = 0.5    # threads all-reduce busbw at 16 MiB, 4 ranks >= 0.5x memcpy
 TARGET_BUSBW_VS_GLOO = 10.0     # ... and >= 10x gloo's all-reduce busbw
-CONTEXT = {"tiny": 64, "small": 128, "gpt2": 1024}  # T of each preset (SPEC.md): tokens per sequence
+CONTEXT = {"tiny": 64, "small": 128, "gpt2": 1024}  # T of each preset (docs/SPEC.md): tokens per sequence
 CROSSCHECK_TOL = 1e-4           # fp32 loss agreement expected per step (|dp - torch|)
 
 

@@ -1,13 +1,13 @@
 #!/usr/bin/python3
-# torch_gpt.py: the model, optimizer and data of /SPEC.md (shared/SPEC.md) in
+# torch_gpt.py: the model, optimizer and data of docs/SPEC.md in
 # plain PyTorch, for bench/torch_ref.py, which runs them (start there: it says
 # how to run it and what each flag means).
 #
-# What is here: the GPT of SPEC.md with nanoGPT's parameter names (without the
-# "transformer." prefix) and its init stds; SPEC.md's AdamW (betas 0.9/0.95,
+# What is here: the GPT of docs/SPEC.md with nanoGPT's parameter names (without the
+# "transformer." prefix) and its init stds; docs/SPEC.md's AdamW (betas 0.9/0.95,
 # eps 1e-8, weight decay 0.1 on matrices only); safetensors read and written by
 # hand (F32; BF16/F16 widened on reading); token files (raw bytes or llm.c's
-# format) and SPEC.md's sampler, which gives step s the same batch as the C++
+# format) and docs/SPEC.md's sampler, which gives step s the same batch as the C++
 # stages do.
 #
 # A library, not a program: torch_ref.py imports it with bench/ on sys.path,
@@ -31,7 +31,7 @@ class UsageError(Exception):
 
 
 # ---------------------------------------------------------------------------
-# Model (SPEC.md, nanoGPT names without the "transformer." prefix)
+# Model (docs/SPEC.md, nanoGPT names without the "transformer." prefix)
 
 PRESETS = {
     # name: (V, T, L, H, C)
@@ -113,7 +113,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(C, V, bias=False)  # untied from wte
 
     def init_normal(self):
-        """torch's RNG with SPEC.md's stds (same distribution as the C++ init, not the same values)."""
+        """torch's RNG with docs/SPEC.md's stds (same distribution as the C++ init, not the same values)."""
         std_proj = 0.02 / math.sqrt(2 * self.L)
         with torch.no_grad():
             for name, p in self.named_parameters():
@@ -138,7 +138,7 @@ class GPT(nn.Module):
 
 
 # ---------------------------------------------------------------------------
-# Optimizer (SPEC.md): AdamW, weight decay on the matrices only
+# Optimizer (docs/SPEC.md): AdamW, weight decay on the matrices only
 
 def make_adamw(model, lr):
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -230,7 +230,7 @@ def load_init(model, path):
 
 
 # ---------------------------------------------------------------------------
-# Data: token files and SPEC.md's sampler
+# Data: token files and docs/SPEC.md's sampler
 
 LLMC_MAGIC = 20240520
 

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 # torch_ref.py: the PyTorch peer of zero-to-fsdp, for benchmarks and cross-checks.
 #
-# The model, optimizer and data sampler of /SPEC.md (shared/SPEC.md), written
+# The model, optimizer and data sampler of docs/SPEC.md, written
 # with plain PyTorch: one process (--ranks 1) or DistributedDataParallel over
 # gloo on N local processes (--ranks N, loopback only).
 #
@@ -30,7 +30,7 @@
 #
 # Semantics
 #   --steps S      optimizer steps in all; step s always uses the batch of step s
-#                  (SPEC.md's sampler), so step numbers line up with the C++ stages.
+#                  (docs/SPEC.md's sampler), so step numbers line up with the C++ stages.
 #   --warmup W     the first W of those S steps are run and logged but left out of
 #                  the median and throughput of the summary (default 3).
 #   ms             wall time of one optimizer step on rank 0 (forward, backward,
@@ -38,20 +38,20 @@
 #   tokens_per_s   global tokens of the step (N*B*K*T) / its time.
 #   loss           mean cross-entropy over the global batch (all micro-steps,
 #                  all ranks).
-#   --init FILE    a consolidated safetensors file with SPEC.md's parameter names
+#   --init FILE    a consolidated safetensors file with docs/SPEC.md's parameter names
 #                  (F32; BF16/F16 are widened). Other tensors in it (optimizer
 #                  state, step) are ignored: the run starts with fresh AdamW state.
-#                  Without --init, torch's own normal init with SPEC.md's stds,
+#                  Without --init, torch's own normal init with docs/SPEC.md's stds,
 #                  seeded by --seed: the right distribution, not the same values as
 #                  the C++ Philox init, so use it for timing only.
 #   --data FILE    raw bytes or llm.c tokens (magic 20240520). Without it, seeded
 #                  uniform random tokens (1 MiB): for timing only, NOT the C++
 #                  built-in corpus.
-#   --save FILE    write the final parameters as safetensors (SPEC.md names, F32).
+#   --save FILE    write the final parameters as safetensors (docs/SPEC.md names, F32).
 #   --precision    fp32; or bf16 = torch.autocast(<device>, bfloat16) around the
 #                  forward and the loss (fp32 parameters, gradients and AdamW
 #                  moments): mixed precision as PyTorch users write it. That is not
-#                  the bit-level recipe of SPEC.md (bf16 gradients on the wire), and
+#                  the bit-level recipe of docs/SPEC.md (bf16 gradients on the wire), and
 #                  on CPUs without native bf16 matmul it is slow.
 #   --sdpa         use F.scaled_dot_product_attention(is_causal=True) (torch >= 2.0)
 #                  instead of the explicit q.k^T/sqrt(hs), mask, softmax, .v. The
@@ -132,7 +132,7 @@ def free_port():
 
 
 def main():
-    ap = argparse.ArgumentParser(description="PyTorch reference for zero-to-fsdp (SPEC.md model, AdamW, sampler).")
+    ap = argparse.ArgumentParser(description="PyTorch reference for zero-to-fsdp (docs/SPEC.md model, AdamW, sampler).")
     ap.add_argument("--model", choices=sorted(PRESETS), default="small")
     ap.add_argument("--batch", type=int, default=8, help="micro-batch per rank (B)")
     ap.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step (K)")
@@ -143,7 +143,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--ranks", type=int, default=1, help="1: one process; N: DDP over gloo, N local processes")
     ap.add_argument("--data", help="token file (raw bytes or llm.c format); synthetic random tokens if absent")
-    ap.add_argument("--init", help="safetensors file with SPEC.md parameter names")
+    ap.add_argument("--init", help="safetensors file with docs/SPEC.md parameter names")
     ap.add_argument("--save", help="write the final parameters to this safetensors file")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--sdpa", action="store_true", default=None,

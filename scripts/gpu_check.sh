@@ -482,7 +482,7 @@ rm -f "$data" "$init" "$bench_dp" "$bench_flash" "$bench_torch"
 bench_logs=(--ours "$bench_dp" --ours-flash "$bench_flash" --torch "$bench_torch"
             --label "gpt2 bf16, 1 rank, B=$bench_b")
 echo "== timing: dp and PyTorch, gpt2 bf16 ranks=1 B=$bench_b, $bench_steps steps ==" >>"$slog"
-# 2^20 random tokens below GPT-2's 50257, in llm.c's format (SPEC.md "Data").
+# 2^20 random tokens below GPT-2's 50257, in llm.c's format (docs/SPEC.md "Data").
 python3 - "$data" >>"$slog" 2>&1 <<'PY'
 import array, random, sys
 n, rng = 1 << 20, random.Random(1337)

@@ -1,5 +1,5 @@
 // memory_estimate: model-state bytes per rank for every stage, without
-// training (SPEC.md, "Memory bookkeeping"; the formulas of
+// training (docs/SPEC.md, "Memory bookkeeping"; the formulas of
 // common/frame/memory_model.h, the same ones the tests hold the trainers to).
 //
 //   memory_estimate --params 1e9 --ranks 4 --precision bf16
@@ -68,7 +68,7 @@ std::string binary(double bytes) {
 
 std::string both(double bytes) { return bytes == 0 ? "0" : decimal(bytes) + " (" + binary(bytes) + ")"; }
 
-// SPEC.md's formula of each row, for the reader.
+// docs/SPEC.md's formula of each row, for the reader.
 const char* formula(Stage s, Precision p) {
   const bool bf = p == Precision::bf16;
   switch (s) {
@@ -83,7 +83,7 @@ const char* formula(Stage s, Precision p) {
 }
 
 int run(int argc, char** argv) {
-  CLI::App app{"Model-state bytes per rank (params + grads + optimizer) of every stage, from SPEC.md's "
+  CLI::App app{"Model-state bytes per rank (params + grads + optimizer) of every stage, from docs/SPEC.md's "
                "formulas, without training",
                "memory_estimate"};
   std::string params_text, model, precision = "bf16";

@@ -22,7 +22,7 @@ Run it with Debian's matplotlib (python3-matplotlib), no display needed:
     /usr/bin/python3 tools/plot_run.py /tmp/a.jsonl /tmp/b.jsonl -o runs.png
 
 Options: -o FILE (default runs.png), --all-ranks, --place device|host (host for
-the offload stage), --no-plot (tables only). The run log format is in SPEC.md,
+the offload stage), --no-plot (tables only). The run log format is in docs/SPEC.md,
 "Run log". A log without its final summary line (a run that failed or was cut
 short) or a missing file is an error naming the file; exit status 1.
 """

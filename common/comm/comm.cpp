@@ -13,7 +13,7 @@
 //   barrier                  0
 // These are the factors that turn nccl-tests' algbw into busbw; a ring
 // algorithm achieves exactly these volumes, so they are the numbers the
-// logs compare against the formulas of SPEC.md.
+// logs compare against the formulas of docs/SPEC.md.
 #include "comm.h"
 
 #include "comm_state.h"

@@ -1,8 +1,8 @@
-// model.h: the GPT of SPEC.md as a list of units with flat parameter buffers.
+// model.h: the GPT of docs/SPEC.md as a list of units with flat parameter buffers.
 //
 // The model is cut into units: the embeddings, each transformer block, and
 // the head (final LayerNorm + lm_head). Each unit's parameters live in one
-// flat buffer, laid out in SPEC.md's order, with named views (ParamSpec) into
+// flat buffer, laid out in docs/SPEC.md's order, with named views (ParamSpec) into
 // it; concatenating the units gives the whole model's flat range in its
 // consolidated order. This is the shape every stage shards: data parallel
 // all-reduces whole unit buffers, ZeRO-1/2 split the model's flat range,

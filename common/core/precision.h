@@ -1,4 +1,4 @@
-// precision.h: the two recipes of SPEC.md, seen from one unit's compute.
+// precision.h: the two recipes of docs/SPEC.md, seen from one unit's compute.
 //
 // fp32: parameters and gradients are float32; the kernels use them directly.
 // bf16: parameters and gradients are stored and communicated as bf16 (2 bytes

@@ -13,7 +13,7 @@ namespace zf {
 std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& stage) {
   TrainConfig cfg;
   cfg.stage = stage.exe;
-  CLI::App app{"zero-to-fsdp " + stage.title + ": train the GPT of SPEC.md", stage.exe};
+  CLI::App app{"zero-to-fsdp " + stage.title + ": train the GPT of docs/SPEC.md", stage.exe};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // last one wins
   std::string model = "small", precision = "fp32", compute = "auto", attention = "simple", device_mem, fault;
   app.add_option("--ranks", cfg.ranks, "ranks, as threads of this process (ignored under mpirun/srun or RANK/WORLD_SIZE, which say how many)")->capture_default_str();

@@ -1,4 +1,4 @@
-// cli.h: the flags every stage shares (SPEC.md, "Command line"), with CLI11.
+// cli.h: the flags every stage shares (docs/SPEC.md, "Command line"), with CLI11.
 //
 // Every value is validated here, up front, with a message that names the
 // flag, the value and what is accepted (torchtitan's habit: fail before any

@@ -1,4 +1,4 @@
-// memory_model.cpp: SPEC.md's model-state formulas (see memory_model.h).
+// memory_model.cpp: docs/SPEC.md's model-state formulas (see memory_model.h).
 #include "memory_model.h"
 
 #include "check.h"

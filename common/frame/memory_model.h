@@ -1,4 +1,4 @@
-// memory_model.h: the model-state bytes per rank that SPEC.md's "Memory
+// memory_model.h: the model-state bytes per rank that docs/SPEC.md's "Memory
 // bookkeeping" table promises, as arithmetic instead of allocations.
 //
 // Per element of the model, a rank holds (e = 4 bytes in fp32, 2 in bf16;

@@ -1,5 +1,5 @@
 // report.h: what a run tells its reader: a line per logged step, the run log
-// (JSON lines, SPEC.md "Run log"), and the memory and communication tables.
+// (JSON lines, docs/SPEC.md "Run log"), and the memory and communication tables.
 #pragma once
 
 #include <cstdio>

@@ -1,7 +1,7 @@
 // checkpoint.h: the model, and a whole training state, as one consolidated
 // safetensors file.
 //
-// Tensor names are SPEC.md's (nanoGPT's): "wte.weight", "h.0.attn.c_attn.weight",
+// Tensor names are docs/SPEC.md's (nanoGPT's): "wte.weight", "h.0.attn.c_attn.weight",
 // ..., "lm_head.weight", stored as F32 in consolidated order. `--save-init`
 // writes one; `--init` reads one back, refusing a file whose names or shapes
 // do not match the model with a message that names the tensor and both shapes.

@@ -1,4 +1,4 @@
-// data.cpp: token files, the built-in corpus, and the sampler of SPEC.md.
+// data.cpp: token files, the built-in corpus, and the sampler of docs/SPEC.md.
 //
 // Three things live here, in this order:
 //   1. load_token_file: raw bytes or llm.c's token format, told apart by the

@@ -1,4 +1,4 @@
-// data.h: token files, the built-in corpus, and the sampler of SPEC.md.
+// data.h: token files, the built-in corpus, and the sampler of docs/SPEC.md.
 //
 // A token file is raw bytes (every byte a token, vocabulary 256) or llm.c's
 // format (256 int32 header: magic 20240520, version 1, count; then uint16

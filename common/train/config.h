@@ -1,4 +1,4 @@
-// config.h: what a training run is asked to do (the flags of SPEC.md, parsed
+// config.h: what a training run is asked to do (the flags of docs/SPEC.md, parsed
 // by cli.cpp) and what it gives back (what the tests compare across stages).
 #pragma once
 

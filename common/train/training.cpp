@@ -37,7 +37,7 @@ Resume open_resume(const TrainConfig& cfg, const ModelLayout& layout, const Rank
                                                  "step 0: ask for more than "
                                               << step);
   r.first_step = int(step);
-  const long long G = (long long)ctx.world * cfg.batch * cfg.grad_accum;  // SPEC.md's global batch
+  const long long G = (long long)ctx.world * cfg.batch * cfg.grad_accum;  // docs/SPEC.md's global batch
   if (ctx.rank == 0 && !cfg.quiet) {
     const auto& meta = r.checkpoint->metadata();
     auto said = [&](const char* key) { auto it = meta.find(key); return it == meta.end() ? std::string("?") : it->second; };

@@ -32,7 +32,7 @@ void initial_model(const TrainConfig& cfg, const ModelLayout& layout, float* fla
 // starts at. Opening it checks the file against the model and the step
 // against --steps (UsageError, saying what to do), and rank 0 notes a global
 // batch or data file other than the checkpoint's (the batches then differ
-// from an uninterrupted run's: SPEC.md's sampler depends on both).
+// from an uninterrupted run's: docs/SPEC.md's sampler depends on both).
 struct Resume {
   std::unique_ptr<CheckpointReader> checkpoint;
   int first_step = 0;
@@ -77,7 +77,7 @@ class RankCompute {
  public:
   RankCompute(const TrainConfig& cfg, const ModelLayout& layout, RankContext& ctx, const TokenData& data);
 
-  // Loads this rank's micro-batch `micro` of step `step` (SPEC.md's sampler).
+  // Loads this rank's micro-batch `micro` of step `step` (docs/SPEC.md's sampler).
   void load(int step, int micro);
   // Forward of unit u on its parameters (compute dtype); the head sets *loss.
   void forward(int u, const void* params, float* loss);

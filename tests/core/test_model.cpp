@@ -31,7 +31,7 @@ TEST(Layout, ParameterCountAndOrderFollowSpec) {
     auto cfg = model_preset(name);
     auto layout = build_layout(cfg);
     EXPECT_EQ(layout.numel, expected_params(cfg)) << name;
-    // Units are contiguous and in SPEC.md order.
+    // Units are contiguous and in docs/SPEC.md order.
     size_t off = 0;
     std::vector<std::string> names;
     for (const auto& u : layout.units) {
@@ -117,7 +117,7 @@ TEST(Init, SameForAnyRankCountAndThroughSaveInit) {
     auto run = run_training(c, train_data_parallel);
     for (const auto& r : run.ranks) EXPECT_EQ(r.param_hash, one.ranks[0].param_hash) << n << " ranks";
   }
-  // The file holds exactly the seeded values, as F32 under SPEC.md's names.
+  // The file holds exactly the seeded values, as F32 under docs/SPEC.md's names.
   auto layout = build_layout(cfg.model);
   std::vector<float> direct(layout.numel), loaded(layout.numel);
   initial_model(cfg, layout, direct.data());

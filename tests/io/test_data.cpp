@@ -1,7 +1,7 @@
-// test_data.cpp: token files, the built-in corpus and the sampler of SPEC.md.
+// test_data.cpp: token files, the built-in corpus and the sampler of docs/SPEC.md.
 //
 // What is promised: raw-byte and llm.c token files load back exactly; the
-// sampler hands out exactly the sequences of SPEC.md's formula, so that every
+// sampler hands out exactly the sequences of docs/SPEC.md's formula, so that every
 // split of a global batch over ranks and micro-steps sees the same sequences;
 // every bad file is refused with a message naming it and the problem; the
 // built-in corpus is the same on every run.
@@ -194,7 +194,7 @@ TEST_F(DataTest, LlmcZeroTokens) {
 // ---------------------------------------------------------------------------
 // The sampler
 
-// SPEC.md, written out directly: micro-step k of rank r at step s takes global
+// docs/SPEC.md, written out directly: micro-step k of rank r at step s takes global
 // indices s*G + k*N*B + r*B + b; sequence j starts at (j*T) mod (n - T - 1).
 void expect_micro_batch_matches_spec(const Sampler& sampler, const TokenData& d, int T, int64_t s, int k,
                                      int r, int N, int B, int K) {

@@ -32,7 +32,7 @@ PRESETS = {"tiny": (256, 64, 2, 4, 64), "small": (256, 128, 4, 4, 128), "gpt2": 
 
 class FlopsTest(unittest.TestCase):
     def test_gpt2_by_hand(self):
-        # gpt2 (V=50304, T=1024, L=12, C=768), counted by hand from SPEC.md's table:
+        # gpt2 (V=50304, T=1024, L=12, C=768), counted by hand from docs/SPEC.md's table:
         #   wte = lm_head = 50304*768 = 38,633,472 each; wpe = 1024*768 = 786,432;
         #   a block: ln 2*1536 + c_attn 768*2304+2304 + c_proj 768*768+768
         #            + c_fc 768*3072+3072 + mlp.c_proj 3072*768+768 = 7,087,872; 12 blocks 85,054,464;
@@ -204,7 +204,7 @@ class ReportTest(unittest.TestCase):
         self.assertIn("no summary in its log", text)
 
     def test_spec_formulas(self):
-        # SPEC.md's memory table at N = 4.
+        # docs/SPEC.md's memory table at N = 4.
         expect = {("dp", "bf16"): 16, ("zero1", "bf16"): 7, ("zero2", "bf16"): 5.5, ("zero3", "bf16"): 4,
                   ("dp", "fp32"): 16, ("zero1", "fp32"): 10, ("zero2", "fp32"): 7, ("zero3", "fp32"): 4}
         for (stage, prec), v in expect.items():

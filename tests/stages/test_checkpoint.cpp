@@ -139,7 +139,7 @@ TEST_F(Checkpoint, SavingIsNotCountedAsTrainingTraffic) {
   EXPECT_EQ(saving.ranks[0].comm.calls, plain.ranks[0].comm.calls);
 }
 
-// The file: the model under SPEC.md's names (so --init reads it as a model),
+// The file: the model under docs/SPEC.md's names (so --init reads it as a model),
 // the moments under optim.m.* / optim.v.*, and optim.step.
 TEST_F(Checkpoint, FileLayoutAndInit) {
   TrainConfig cfg = quiet_config("tiny", 1, 2, 2);

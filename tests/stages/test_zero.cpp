@@ -1,6 +1,6 @@
 // test_zero.cpp: stages 01-03 (ZeRO-1, -2, -3) are right, measured against
 // stage 00. They must train the same model to the same bits, hold exactly
-// SPEC.md's model-state bytes per rank once shard padding is counted, move the
+// docs/SPEC.md's model-state bytes per rank once shard padding is counted, move the
 // ring-model bytes the sizes predict, and fit a device budget that stage 00
 // does not. Also: the formulas of common/frame/memory_model.h and the
 // memory_estimate tool that prints them. ZF_TEST_PRINT=1 prints the
@@ -236,7 +236,7 @@ TEST(ZeroParity, GradAccumulation) {
 
 // ------------------------------------------------------------------ memory
 
-// What a rank must hold at the end of a run, from the sizes alone (SPEC.md's
+// What a rank must hold at the end of a run, from the sizes alone (docs/SPEC.md's
 // table with shard padding: Pp = padded, S = shard):
 //   00: e P, e P, o P;  01: e Pp, e Pp, o S;  02: e Pp, e S, o S;  03: e S, e S, o S
 struct States {
@@ -273,7 +273,7 @@ TEST(ZeroMemory, ModelStatesMatchSpecFormulas) {
         EXPECT_EQ(mm.device.params, double(want.params));
         EXPECT_EQ(mm.device.grads, double(want.grads));
         EXPECT_EQ(mm.device.optimizer, double(want.optimizer));
-        // SPEC.md's unpadded table, 16P ... 16P/N: the stage holds that plus
+        // docs/SPEC.md's unpadded table, 16P ... 16P/N: the stage holds that plus
         // at most the padding (N - 1 elements per unit, at 16 bytes each).
         const double spec = model_state_bytes(st.stage, p, unpadded_sizes(double(s.P), c.N)).device.total();
         for (size_t r = 0; r < run.ranks.size(); ++r) {
@@ -430,7 +430,7 @@ TEST(ZeroComm, RingBytesFollowTheSizes) {
           expect_bytes(bytes(3, CK::all_gather), steps * K * 2 * ag, "03 all_gather");
           expect_bytes(bytes(3, CK::all_reduce), steps * (loss + norm), "03 all_reduce");
 
-          // SPEC.md's statement, with K = 1: 01 and 02 move stage 00's volume,
+          // docs/SPEC.md's statement, with K = 1: 01 and 02 move stage 00's volume,
           // 03 1.5 times it, up to the padding (and the small norm all-reduce).
           const double pad = steps * 2 * f * e * double(s.padded - s.P);
           EXPECT_LE(double(s.padded - s.P), double(s.units * (N - 1)));
@@ -484,7 +484,7 @@ TEST(ZeroBudget, Zero3FitsWhereDataParallelDoesNot) {
 // ------------------------------------------------------------------ memory model and estimator
 
 TEST(MemoryModel, SpecTableUnpadded) {
-  // SPEC.md's table at P = 1e9, N = 4.
+  // docs/SPEC.md's table at P = 1e9, N = 4.
   const ModelSizes z = unpadded_sizes(1e9, 4);
   auto dev = [&](Stage s, Precision p) { return model_state_bytes(s, p, z).device.total(); };
   EXPECT_EQ(dev(Stage::dp, Precision::bf16), 16e9);
