@@ -51,8 +51,20 @@ double CommStats::total_bytes() const {
   return sum;
 }
 
+namespace {
+
+// Blocks until the collective is done; rethrows its error.
+void block_until_done(CommHandle::State& s) {
+  std::unique_lock<std::mutex> lock(s.mu);
+  s.cv.wait(lock, [&] { return s.done; });
+  if (s.error) std::rethrow_exception(s.error);
+}
+
+}  // namespace
+
 void CommHandle::wait() {
   if (!state_) return;  // a default handle is already done
+  if (state_->on_wait) state_->on_wait();
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     if (state_->done) {
@@ -63,14 +75,13 @@ void CommHandle::wait() {
   // Pending: a GPU backend orders the caller's compute stream after the
   // collective on the device and the host goes on (comm_state.h).
   if (state_->device_wait && state_->device_wait()) return;
-  wait_host();
+  block_until_done(*state_);
 }
 
 void CommHandle::wait_host() {
   if (!state_) return;
-  std::unique_lock<std::mutex> lock(state_->mu);
-  state_->cv.wait(lock, [&] { return state_->done; });
-  if (state_->error) std::rethrow_exception(state_->error);
+  if (state_->on_wait) state_->on_wait();
+  block_until_done(*state_);
 }
 
 bool CommHandle::done() const {

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "checkpoint.h"
+#include "comm_recording.h"
 #include "host_collectives.h"
 #include "rng.h"
 
@@ -94,10 +95,12 @@ RankCompute::RankCompute(const TrainConfig& cfg, const ModelLayout& layout, Rank
       gpt_(layout, ctx.mem, ctx.dev, cfg.batch, cfg.attention),
       inputs_(ctx.mem, Place::device, Category::activations, DType::i32, size_t(cfg.batch) * cfg.model.T),
       targets_(ctx.mem, Place::device, Category::activations, DType::i32, size_t(cfg.batch) * cfg.model.T),
-      host_inputs_(size_t(cfg.batch) * cfg.model.T), host_targets_(size_t(cfg.batch) * cfg.model.T) {}
+      host_inputs_(size_t(cfg.batch) * cfg.model.T), host_targets_(size_t(cfg.batch) * cfg.model.T),
+      schedule_(find_recorder(ctx.comm)) {}
 
 void RankCompute::load(int step, int micro) {
   step_ = step;
+  if (schedule_) schedule_->loaded(step, micro);
   // The sampler writes host memory; the tokens then go to the device.
   sampler_.micro_batch(step, micro, ctx_.rank, ctx_.world, cfg_.batch, cfg_.grad_accum, host_inputs_.data(),
                        host_targets_.data());
@@ -106,15 +109,19 @@ void RankCompute::load(int step, int micro) {
 }
 
 void RankCompute::forward(int u, const void* params, float* loss) {
+  if (schedule_) schedule_->compute(ScheduleEvent::forward_begin, u);
   gpt_.forward_unit(u, unit_.params(params, layout_.units[u].numel), inputs_.as<int32_t>(),
                     targets_.as<int32_t>(), loss);
+  if (schedule_) schedule_->compute(ScheduleEvent::forward_end, u);
 }
 
 void RankCompute::backward(int u, const void* params, void* grads) {
   const size_t n = layout_.units[u].numel;
+  if (schedule_) schedule_->compute(ScheduleEvent::backward_begin, u);
   void* g = unit_.grads_begin(grads, n);
   gpt_.backward_unit(u, unit_.params(params, n), g, 1.0f / float(ctx_.world * cfg_.grad_accum));
   unit_.grads_end(grads, n);
+  if (schedule_) schedule_->compute(ScheduleEvent::backward_end, u);
   if (u == layout_.head_unit()) maybe_inject_fault(cfg_, ctx_.rank, step_);  // mid-backward, for the tests
 }
 

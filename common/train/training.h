@@ -20,6 +20,8 @@
 
 namespace zf {
 
+class RecordingCommunicator;
+
 // The file the initial model comes from: --resume's checkpoint, else --init's
 // model, else none (empty: the seeded model).
 const std::string& model_file(const TrainConfig& cfg);
@@ -95,6 +97,7 @@ class RankCompute {
   Tensor inputs_, targets_;                          // on the device
   std::vector<int32_t> host_inputs_, host_targets_;  // where the sampler writes
   int step_ = 0;
+  RecordingCommunicator* schedule_;  // ctx.comm when a test records the schedule (comm_recording.h), else null
 };
 
 // Fills in the end-of-run memory and communication counters (call before any

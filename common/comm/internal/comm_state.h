@@ -36,6 +36,12 @@ struct CommHandle::State {
   // (so wait() may call it without the lock). Empty: wait() is wait_host().
   std::function<bool()> device_wait;
 
+  // Set by a decorator before the handle is returned, never changed after:
+  // called first thing in every wait() and wait_host() of the handle, by the
+  // thread that waits (the schedule recorder, comm_recording.h, logs when a
+  // stage waits). Empty for every backend.
+  std::function<void()> on_wait;
+
   // Called once by the backend when the collective has completed or failed.
   void finish(std::exception_ptr err = nullptr) {
     {

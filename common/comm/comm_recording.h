@@ -1,0 +1,133 @@
+// comm_recording.h: the schedule of a rank, its collectives and its compute
+// in the order they happened, for the tests that check which collective a
+// stage overlaps with which compute.
+//
+// Bit parity between two stages proves they compute the same numbers; it
+// cannot see when a collective is issued and when it is waited for. A
+// RecordingCommunicator wraps any Communicator (as ProfilingDevice wraps a
+// Device, device_profile.h): it forwards every call and logs one ordered list
+// of events per rank:
+//
+//   issued          the stage issued a collective (kind, count, dtype)
+//   waited          the stage called wait() or wait_host() on its handle
+//                   (every call; comm_state.h's on_wait hook)
+//   completed       the collective is done as far as the stage can tell: the
+//                   inner handle's wait_host() returned on the recorder's own
+//                   completion thread (one at a time, in issue order), after
+//                   the delay below
+//   load            RankCompute::load(step, micro): a micro-step begins
+//   forward_begin, forward_end, backward_begin, backward_end   of unit u, from
+//                   RankCompute::forward/backward (common/train/training.cpp)
+//
+// Every event takes the next number of one per-rank counter (seq), so the
+// list is a total order of what the rank did; tests assert order, never
+// clock. The three events of one collective share its id (0 for the first
+// the rank issued, then 1, ...). Compute events are the host's order of
+// issuing work: on a GPU device the kernels run later, on the stream.
+// With a MemoryTracker (RecordOptions::mem) each event also samples the
+// rank's device bytes of category comm at that moment (the gathered
+// parameters and gradient buckets of ZeRO-2/3).
+//
+// delay: each collective's completion is held back by this long after the
+// backend finished it, one collective after the other like a slow link, so
+// that a collective is really still in flight when the stage starts its
+// next compute, and a stage that waits too early blocks there. Handles stay
+// valid: the stage's wait() returns only once the inner collective is done.
+//
+// Off by default, at no cost: only a test builds one. It wraps the rank's
+// communicator for the stage's function (tests/stages/schedule_util.h:
+// RankContext{rank, world, recorder, mem, dev}); RankCompute looks for a
+// recorder once, at construction (find_recorder), and without one its hooks
+// are a null test. The counters (stats()) are the recorder's own, counted
+// as the threads backend counts them, so a stage's results are the same
+// with or without it.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm.h"
+#include "memory.h"
+
+namespace zf {
+
+struct ScheduleEvent {
+  enum Kind { issued, completed, waited, load, forward_begin, forward_end, backward_begin, backward_end };
+  uint64_t seq = 0;  // position in the rank's log
+  Kind kind = issued;
+  // issued, completed, waited
+  uint64_t id = 0;  // the collective's number on this rank
+  CollectiveKind collective = CollectiveKind::barrier;
+  size_t count = 0;  // elements, as the call's count (reduce_scatter: recv, all_gather: send)
+  DType dtype = DType::f32;
+  bool failed = false;  // completed with an error
+  // forward_*, backward_*: the unit; load: the step and micro-step
+  int unit = -1, step = -1, micro = -1;
+  size_t comm_bytes = 0;  // device bytes of category comm at the event (0 without a tracker)
+
+  bool is_collective() const { return kind == issued || kind == completed || kind == waited; }
+};
+const char* schedule_event_name(ScheduleEvent::Kind kind);
+// "#12 issued reduce_scatter(count 16662, f32) id 5", "#13 backward_begin unit 2".
+std::string describe(const ScheduleEvent& e);
+
+struct RecordOptions {
+  std::chrono::microseconds delay{0};  // added before each collective completes
+  const MemoryTracker* mem = nullptr;  // sample its device comm bytes at every event
+};
+
+class RecordingCommunicator final : public Communicator {
+ public:
+  RecordingCommunicator(Communicator& inner, RecordOptions opt = {});
+  // Waits until every collective issued through it has completed.
+  ~RecordingCommunicator() override;
+  RecordingCommunicator(const RecordingCommunicator&) = delete;
+  RecordingCommunicator& operator=(const RecordingCommunicator&) = delete;
+
+  int rank() const override { return in_.rank(); }
+  int size() const override { return in_.size(); }
+  const char* backend() const override { return in_.backend(); }
+  CommHandle all_reduce_async(void* buf, size_t count, DType dt, ReduceOp op) override;
+  CommHandle reduce_scatter_async(const void* send, void* recv, size_t recv_count, DType dt,
+                                  ReduceOp op) override;
+  CommHandle all_gather_async(const void* send, void* recv, size_t send_count, DType dt) override;
+  CommHandle broadcast_async(void* buf, size_t count, DType dt, int root) override;
+  void barrier() override;
+  void abort(const std::string& reason) override { in_.abort(reason); }
+
+  // Compute events (RankCompute): kind is one of forward_begin ... backward_end.
+  void compute(ScheduleEvent::Kind kind, int unit);
+  void loaded(int step, int micro);
+
+  // The log, once every collective issued so far has completed.
+  std::vector<ScheduleEvent> events();
+
+  struct Log;  // the events, shared with the handles' wait hooks
+
+ private:
+  struct Pending;
+  CommHandle issue(CollectiveKind kind, size_t count, DType dt, size_t full_bytes, CommHandle inner);
+  void completion_loop();
+
+  Communicator& in_;
+  RecordOptions opt_;
+  std::shared_ptr<Log> log_;
+  std::mutex q_mu_;
+  std::condition_variable q_cv_;
+  std::deque<std::unique_ptr<Pending>> queue_;
+  bool busy_ = false, stopping_ = false;
+  uint64_t next_id_ = 0;  // the rank's thread only
+  std::thread worker_;
+};
+
+// The recorder `comm` is, or null (every run but a schedule test's).
+RecordingCommunicator* find_recorder(Communicator& comm);
+
+}  // namespace zf
