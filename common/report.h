@@ -18,8 +18,9 @@ class StepReporter {
   // Opens the JSON log (UsageError if it cannot be written). `params` is P.
   StepReporter(const TrainConfig& cfg, size_t params);
 
-  // Called by rank 0 after each step with the global-batch mean loss.
-  void step(int step, float loss, double ms, size_t model_state_bytes_per_rank);
+  // Called by rank 0 after each step with the global-batch mean loss and the
+  // global gradient norm before clipping.
+  void step(int step, float loss, float grad_norm, double ms, size_t model_state_bytes_per_rank);
   // Prints the closing tables and writes the summary object.
   void summary(const RunResult& run);
 

@@ -119,10 +119,11 @@ void RankCompute::backward(int u, const void* params, void* grads) {
 }
 
 void record_step(RankResult& result, StepReporter& reporter, RankContext& ctx, int step, float loss,
-                 double ms) {
+                 float grad_norm, double ms) {
   result.losses.push_back(loss);
+  result.grad_norms.push_back(grad_norm);
   result.step_ms.push_back(ms);
-  if (ctx.rank == 0) reporter.step(step, loss, ms, ctx.mem.counts().model_states(Place::device));
+  if (ctx.rank == 0) reporter.step(step, loss, grad_norm, ms, ctx.mem.counts().model_states(Place::device));
 }
 
 void record_counters(RankResult& result, RankContext& ctx) {

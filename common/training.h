@@ -98,9 +98,10 @@ class RankCompute {
   int step_ = 0;
 };
 
-// Records a finished step in the result, and reports it (rank 0).
+// Records a finished step (its global-batch mean loss and global gradient
+// norm before clipping) in the result, and reports it (rank 0).
 void record_step(RankResult& result, StepReporter& reporter, RankContext& ctx, int step, float loss,
-                 double ms);
+                 float grad_norm, double ms);
 // Fills in the end-of-run memory and communication counters (call before any
 // collective that is not part of training, such as gathering the final model).
 void record_counters(RankResult& result, RankContext& ctx);
