@@ -248,7 +248,7 @@ TEST(ZeroParity, RunLogCarriesTheGradNorm) {
 // The first step's gradient norm differs only by the order in which the
 // same micro-step gradients are summed. | |a| - |b| | <= |a - b|, so its
 // relative difference is at most the elements' worst relative difference:
-// in bf16 a couple of roundings of 2^-9 (about 4e-3), in fp32 a few ulps
+// in bf16 a couple of roundings of 2^-8 (3.9e-3 each), in fp32 a few ulps
 // unless a sum cancels. Measured max relative difference: 7.3e-8 fp32
 // (N = 3; 0 at N = 2, 4), 4.3e-4 bf16 (N = 2); tolerances 1e-6 (14x) and
 // 1e-2 (above the bf16 bound, 23x the measure).
