@@ -116,7 +116,7 @@ RankResult train_data_parallel(const TrainConfig& cfg, RankContext& ctx, const T
     // Clip by the global norm. Every rank has the whole averaged gradient.
     SumOfSquares sq;
     ctx.dev.sum_squares(rep.grads.data(), dt, P, sq);
-    const float scale = clip_coefficient(std::sqrt(sq.value()), cfg.clip);
+    const GradClip clip = grad_clip(std::sqrt(sq.value()), cfg.clip);
 
     // AdamW on the whole model, one parameter tensor at a time (decay or not).
     float* p32 = rep.fp32_params();
@@ -124,12 +124,12 @@ RankResult train_data_parallel(const TrainConfig& cfg, RankContext& ctx, const T
       for (const auto& p : unit.params) {
         size_t off = unit.offset + p.offset;
         ctx.dev.adamw(p32 + off, rep.grad_bytes(off), dt, rep.m.as<float>() + off, rep.v.as<float>() + off,
-                      p.numel, adam, step + 1, scale, p.decay);
+                      p.numel, adam, step + 1, clip.scale, p.decay);
       }
     if (cfg.precision == Precision::bf16) ctx.dev.narrow(p32, rep.params.as<bf16>(), P);
     ctx.dev.zero(rep.grads.data(), rep.grads.bytes());
 
-    record_step(result, reporter, ctx, step, loss, timer.ms());
+    record_step(result, reporter, ctx, step, loss, clip.norm, timer.ms());
     maybe_save(cfg, ctx, layout, step + 1, full_state);
   }
 

@@ -28,16 +28,15 @@ void ShardedAdamW::init_master(const std::function<const float*(int)>& piece) {
   }
 }
 
-float ShardedAdamW::clip_scale(Communicator& comm, const std::function<const void*(int)>& grad_piece,
-                               float clip) const {
-  if (clip <= 0.0f) return 1.0f;  // no norm needed, no collective: the same on every rank
+GradClip ShardedAdamW::clip_scale(Communicator& comm, const std::function<const void*(int)>& grad_piece,
+                                  float clip) const {
   SumOfSquares sq;
   for (size_t u = 0; u < layout_.units.size(); ++u) {
     const size_t n = shards_.units[u].end - shards_.units[u].begin;  // padding is zero anyway
     dev_.sum_squares(grad_piece(int(u)), compute_dtype(precision_), n, sq);
   }
   all_reduce(sq, comm, dev_);
-  return clip_coefficient(std::sqrt(sq.value()), clip);
+  return grad_clip(std::sqrt(sq.value()), clip);
 }
 
 void ShardedAdamW::update(int u, const void* grad_piece, void* param_piece, long step, float scale) {

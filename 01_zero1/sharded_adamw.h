@@ -29,11 +29,12 @@ class ShardedAdamW {
   // their own master).
   void init_master(const std::function<const float*(int)>& piece);
 
-  // The clipping coefficient from the global gradient norm, computed from
-  // every rank's gradient pieces (grad_piece(u): S_u elements of the compute
-  // dtype) with an exact sum, so it equals data parallel's to the bit.
-  float clip_scale(Communicator& comm, const std::function<const void*(int)>& grad_piece,
-                   float clip) const;
+  // The global gradient norm and the clipping coefficient from it, computed
+  // from every rank's gradient pieces (grad_piece(u): S_u elements of the
+  // compute dtype) with an exact sum, so both equal data parallel's to the
+  // bit. The norm is computed (one small all_reduce) even when clip is 0.
+  GradClip clip_scale(Communicator& comm, const std::function<const void*(int)>& grad_piece,
+                      float clip) const;
 
   // AdamW on this rank's piece of unit u (padding skipped). fp32: param_piece
   // (float) is updated in place. bf16: the master is updated and param_piece

@@ -85,15 +85,15 @@ RankResult train_zero1(const TrainConfig& cfg, RankContext& ctx, const TokenData
     const float loss = global_mean_loss(ctx.comm, ctx.dev, loss_sum, K);
 
     // Clip with the norm of the whole gradient, summed exactly from the pieces.
-    const float scale = opt.clip_scale(ctx.comm, [&](int u) { return my_grad_piece(u); }, cfg.clip);
+    const GradClip clip = opt.clip_scale(ctx.comm, [&](int u) { return my_grad_piece(u); }, cfg.clip);
     // New: each rank updates its piece, then the pieces are all-gathered (in place).
     for (int u = 0; u < U; ++u) {
-      opt.update(u, my_grad_piece(u), my_param_piece(u), step + 1, scale);
+      opt.update(u, my_grad_piece(u), my_param_piece(u), step + 1, clip.scale);
       pending[u] = ctx.comm.all_gather_async(my_param_piece(u), unit_params(u), shards.units[u].shard, dt);
     }
     for (auto& h : pending) h.wait();
     ctx.dev.zero(grads.data(), grads.bytes());
-    record_step(result, reporter, ctx, step, loss, timer.ms());
+    record_step(result, reporter, ctx, step, loss, clip.norm, timer.ms());
     maybe_save(cfg, ctx, layout, step + 1, full_state);
   }
 

@@ -98,11 +98,11 @@ RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData
     }
     const float loss = global_mean_loss(ctx.comm, ctx.dev, loss_sum, K);
 
-    const float scale = opt.clip_scale(ctx.comm, [&](int u) { return grads.piece(u); }, cfg.clip);
-    for (int u = 0; u < U; ++u) opt.update(u, grads.piece(u), params.piece(u), step + 1, scale);
+    const GradClip clip = opt.clip_scale(ctx.comm, [&](int u) { return grads.piece(u); }, cfg.clip);
+    for (int u = 0; u < U; ++u) opt.update(u, grads.piece(u), params.piece(u), step + 1, clip.scale);
     grads.zero();
 
-    record_step(result, reporter, ctx, step, loss, timer.ms());
+    record_step(result, reporter, ctx, step, loss, clip.norm, timer.ms());
     maybe_save(cfg, ctx, layout, step + 1, full_state);
   }
 

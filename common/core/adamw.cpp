@@ -55,4 +55,6 @@ float clip_coefficient(double norm, float max_norm) {
   return coef < 1.0 ? float(coef) : 1.0f;
 }
 
+GradClip grad_clip(double norm, float max_norm) { return {float(norm), clip_coefficient(norm, max_norm)}; }
+
 }  // namespace zf

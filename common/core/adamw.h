@@ -34,4 +34,13 @@ void adamw_update(float* param, const bf16* grad, float* m, float* v, size_t n,
 // 1 when clipping is off (max_norm == 0).
 float clip_coefficient(double norm, float max_norm);
 
+// A step's global gradient norm and the clipping coefficient taken from it.
+// The norm is computed whether or not clipping is on (the run log's
+// grad_norm); the coefficient comes from the norm in double, as above.
+struct GradClip {
+  float norm = 0.0f;   // ||g||, rounded to float32 (clip_grad_norm_'s return value)
+  float scale = 1.0f;  // clip_coefficient(norm, max_norm)
+};
+GradClip grad_clip(double norm, float max_norm);
+
 }  // namespace zf

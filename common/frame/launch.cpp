@@ -343,6 +343,8 @@ std::vector<int64_t> pack(const RankResult& r) {
   w.push_back(word(r.param_hash));
   w.push_back(int64_t(r.losses.size()));
   for (float x : r.losses) w.push_back(word(x));
+  w.push_back(int64_t(r.grad_norms.size()));
+  for (float x : r.grad_norms) w.push_back(word(x));
   w.push_back(int64_t(r.step_ms.size()));
   for (double x : r.step_ms) w.push_back(word(x));
   return w;
@@ -364,6 +366,8 @@ RankResult unpack(const int64_t* w) {
   r.param_hash = unword<uint64_t>(w[i++]);
   r.losses.resize(size_t(w[i++]));
   for (float& x : r.losses) x = unword<float>(w[i++]);
+  r.grad_norms.resize(size_t(w[i++]));
+  for (float& x : r.grad_norms) x = unword<float>(w[i++]);
   r.step_ms.resize(size_t(w[i++]));
   for (double& x : r.step_ms) x = unword<double>(w[i++]);
   return r;

@@ -37,27 +37,28 @@ StepReporter::StepReporter(const TrainConfig& cfg, size_t params) : cfg_(cfg), p
   }
 }
 
-void StepReporter::step(int step, float loss, double ms, size_t model_state_bytes) {
+void StepReporter::step(int step, float loss, float grad_norm, double ms, size_t model_state_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   double tps = ms > 0 ? tokens_per_step(cfg_) / (ms / 1000.0) : 0.0;
   if (json_.is_open()) {
-    nlohmann::json j = {{"step", step}, {"loss", loss}, {"ms", ms}, {"tokens_per_s", tps}};
+    nlohmann::json j = {{"step", step}, {"loss", loss}, {"grad_norm", grad_norm}, {"ms", ms}, {"tokens_per_s", tps}};
     json_ << j.dump() << "\n";
     json_.flush();
   }
   bool last = step + 1 == cfg_.steps;
   if (!cfg_.quiet && (step % cfg_.log_every == 0 || last)) {
-    std::printf("step %5d/%d | loss %.4f | %8.2f ms | %9.0f tok/s | model states %s per rank\n", step,
-                cfg_.steps, loss, ms, tps, format_bytes(model_state_bytes).c_str());
+    std::printf("step %5d/%d | loss %.4f | grad norm %.4f | %8.2f ms | %9.0f tok/s | model states %s per rank\n",
+                step, cfg_.steps, loss, grad_norm, ms, tps, format_bytes(model_state_bytes).c_str());
     std::fflush(stdout);
   }
 }
 
 void record_step(RankResult& result, StepReporter& reporter, RankContext& ctx, int step, float loss,
-                 double ms) {
+                 float grad_norm, double ms) {
   result.losses.push_back(loss);
+  result.grad_norms.push_back(grad_norm);
   result.step_ms.push_back(ms);
-  if (ctx.rank == 0) reporter.step(step, loss, ms, ctx.mem.counts().model_states(Place::device));
+  if (ctx.rank == 0) reporter.step(step, loss, grad_norm, ms, ctx.mem.counts().model_states(Place::device));
 }
 
 nlohmann::json summary_json(const RunResult& run) {

@@ -52,6 +52,7 @@ struct TrainConfig {
 // What one rank gives back at the end of a run.
 struct RankResult {
   std::vector<float> losses;      // global-batch mean loss per step (same on every rank)
+  std::vector<float> grad_norms;  // global gradient norm per step, before clipping (same on every rank)
   std::vector<double> step_ms;    // wall time per step
   MemoryCounts memory;            // at the end of the run
   CommStats comm;                 // over the whole run

@@ -40,7 +40,7 @@ std::string binary(const char* env, const char* fallback) {
 }
 
 struct RunLog {
-  std::vector<double> losses;
+  std::vector<double> losses, grad_norms;
   json summary;
 };
 
@@ -52,7 +52,10 @@ RunLog read_log(const std::string& path) {
     if (line.empty()) continue;
     json j = json::parse(line);
     if (j.contains("summary")) log.summary = j["summary"];
-    else log.losses.push_back(j["loss"].get<double>());
+    else {
+      log.losses.push_back(j["loss"].get<double>());
+      log.grad_norms.push_back(j["grad_norm"].get<double>());
+    }
   }
   return log;
 }
@@ -74,6 +77,7 @@ void expect_same_as_threads(const std::string& exe, const std::string& flags) {
   RunLog a = read_log(dir + "/mpi.jsonl"), b = read_log(dir + "/threads.jsonl");
   ASSERT_FALSE(a.losses.empty());
   EXPECT_EQ(a.losses, b.losses) << "per-step losses differ between mpirun -np 4 and --ranks 4";
+  EXPECT_EQ(a.grad_norms, b.grad_norms) << "per-step gradient norms differ between mpirun -np 4 and --ranks 4";
   ASSERT_TRUE(a.summary.is_object()) << "no summary in the mpirun run log";
   EXPECT_EQ(a.summary["ranks"], 4);
   EXPECT_EQ(a.summary["param_hash"], b.summary["param_hash"]);

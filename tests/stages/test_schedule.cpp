@@ -71,7 +71,7 @@ struct Case {
   int N, K;
   Precision precision;
   int delay_us;  // each collective's completion held back this long (0: as the backend finishes)
-  float clip;    // 0: no gradient norm, hence no norm all-reduce
+  float clip;    // 0: no clipping (the norm is still computed: it is logged)
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
@@ -133,8 +133,9 @@ const RecordedRun& recorded(StageId stage, const Case& c) {
 
 // The scalar all-reduces of a step, apart from the model's collectives: the
 // loss (global_mean_loss: one float32, every stage) and the gradient norm's
-// exact accumulator (SumOfSquares::all_reduce: kLimbs int64 limbs, ZeRO-1/2/3
-// with clipping on; data parallel has the whole gradient and reduces nothing).
+// exact accumulator (all_reduce of a SumOfSquares: kLimbs int64 limbs,
+// ZeRO-1/2/3, with or without clipping, since grad_norm is logged; data
+// parallel has the whole gradient and reduces nothing).
 bool is_loss(const Collective& c) { return c.is(CollectiveKind::all_reduce, DType::f32, 1); }
 bool is_norm(const Collective& c) { return c.is(CollectiveKind::all_reduce, DType::i64, SumOfSquares::kLimbs); }
 
@@ -234,21 +235,17 @@ TEST_P(Schedule, DpAllReduceOverlapsBackward) {
   }
 }
 
-// After the last micro-step of ZeRO-1 and ZeRO-2: the loss, the norm (with
-// clipping on), then one all-gather per unit of the updated pieces. The
+// After the last micro-step of ZeRO-1 and ZeRO-2: the loss, the norm, then one all-gather per unit of the updated pieces. The
 // update needs the clipping coefficient, hence the norm; the gathers come
 // after it, and the next step's forward only once every one is waited for.
 void expect_gathers_after_update(const RankSchedule& s, const Case& c, const Units& us, int step,
                                  const std::vector<const Collective*>& after) {
-  const bool clip = c.clip > 0;
-  ASSERT_GE(int(after.size()), 1 + int(clip) + us.U);
+  ASSERT_GE(int(after.size()), 2 + us.U);
   EXPECT_TRUE(is_loss(*after[0])) << describe(*after[0]);
-  if (clip) {
-    EXPECT_TRUE(is_norm(*after[1])) << describe(*after[1]);
-  }
-  const Collective& last_scalar = *after[clip ? 1 : 0];
+  EXPECT_TRUE(is_norm(*after[1])) << describe(*after[1]);
+  const Collective& last_scalar = *after[1];
   for (int u = 0; u < us.U; ++u) {
-    const Collective& g = *after[1 + int(clip) + u];
+    const Collective& g = *after[2 + u];
     EXPECT_TRUE(g.is(CollectiveKind::all_gather, us.dt, us.S[u])) << describe(g);
     EXPECT_GT(g.issued, last_scalar.first_wait()) << "unit " << u << "'s " << describe(g);
     if (step + 1 < kSteps) {
@@ -381,12 +378,10 @@ TEST_P(Schedule, Zero3PrefetchesOneUnitAhead) {
         // No all-gather after the update: the loss and the norm only (and,
         // after the last step, the final gather of the model for its hash).
         if (k + 1 == c.K) {
-          const size_t scalars = 1 + (c.clip > 0);
+          const size_t scalars = 2;
           ASSERT_GE(rest.size(), scalars);
           EXPECT_TRUE(is_loss(*rest[0]));
-          if (c.clip > 0) {
-            EXPECT_TRUE(is_norm(*rest[1]));
-          }
+          EXPECT_TRUE(is_norm(*rest[1]));
           EXPECT_EQ(rest.size(), scalars + (step + 1 == kSteps ? U : 0));
         } else {
           EXPECT_TRUE(rest.empty());
@@ -407,14 +402,14 @@ TEST_P(Schedule, Zero3PrefetchesOneUnitAhead) {
 //   02 zero2  0                   U·K              U
 //   03 zero3  0                   U·K              2·U·K         (before each forward and backward)
 // plus the scalar all-reduces: one for the loss (every stage), one for the
-// gradient norm's limbs (ZeRO-1/2/3 with clipping on; 0 in dp, which has the
+// gradient norm's limbs (ZeRO-1/2/3, clipping or not; 0 in dp, which has the
 // whole gradient). After the last step the ZeRO stages gather the model once
 // more (U float32 all-gathers, for the parameter hash), outside the counters.
 TEST_P(Schedule, CollectiveCountsPerStep) {
   const Case& c = GetParam();
   const Units us = units_of(config_of(c));
   const int U = us.U, K = c.K;
-  const int norm = c.clip > 0 ? 1 : 0;
+  const int norm = 1;  // with or without clipping: grad_norm is logged
   struct Expect {
     int model_all_reduce, reduce_scatter, all_gather, loss, norm;
   };

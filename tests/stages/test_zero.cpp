@@ -10,9 +10,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "comm.h"
 #include "memory_model.h"
@@ -91,11 +95,13 @@ std::string describe(const TrainConfig& c) {
   return buf;
 }
 
-// Every rank of a run reports the same losses and parameters, and they are
-// `ref`'s to the bit.
+// Every rank of a run reports the same losses, gradient norms and
+// parameters, and they are `ref`'s to the bit.
 void expect_bit_identical(const RunResult& ref, const RunResult& got, const char* stage) {
+  ASSERT_EQ(ref.ranks[0].grad_norms.size(), ref.ranks[0].losses.size()) << "one norm per step";
   for (size_t r = 0; r < got.ranks.size(); ++r) {
     EXPECT_EQ(got.ranks[r].losses, ref.ranks[0].losses) << stage << ", rank " << r;
+    EXPECT_EQ(got.ranks[r].grad_norms, ref.ranks[0].grad_norms) << stage << ", rank " << r;
     EXPECT_EQ(got.ranks[r].param_hash, ref.ranks[0].param_hash) << stage << ", rank " << r;
   }
 }
@@ -172,10 +178,47 @@ TEST(ZeroParity, ClippingBites) {
       on.clip = clip;
       const RunResult r1 = run_training(on, train_zero3);
       EXPECT_EQ(r0.ranks[0].losses[0], r1.ranks[0].losses[0]);  // same model, same batch
+      // The logged norm is the one before clipping, computed with clipping
+      // off too: step 0's is the same, and above 1 as said.
+      EXPECT_EQ(r0.ranks[0].grad_norms[0], r1.ranks[0].grad_norms[0]) << "clip " << clip;
+      EXPECT_GT(r0.ranks[0].grad_norms[0], 1.0f);
       EXPECT_NE(r0.ranks[0].losses[2], r1.ranks[0].losses[2]) << "clip " << clip;
       EXPECT_NE(r0.ranks[0].param_hash, r1.ranks[0].param_hash) << "clip " << clip;
     }
   }
+}
+
+// The run log (docs/SPEC.md): every step object carries grad_norm, the value
+// the run recorded (a float32: the JSON double converts back to it
+// exactly), and it is the same in every stage.
+TEST(ZeroParity, RunLogCarriesTheGradNorm) {
+  const std::string dir = test::temp_dir();
+  for (Precision p : {Precision::fp32, Precision::bf16}) {
+    TrainConfig cfg = config(model_preset("tiny"), 2, 1, 3, p);
+    cfg.clip = 0.0f;  // logged with clipping off too
+    SCOPED_TRACE(describe(cfg));
+    std::vector<float> first;
+    for (const auto& st : stages()) {
+      cfg.log_json = dir + "/run.jsonl";
+      const RunResult run = run_training(cfg, st.fn);
+      std::ifstream in(cfg.log_json);
+      std::vector<float> logged;
+      int steps = 0;
+      for (std::string line; std::getline(in, line);) {
+        const nlohmann::json j = nlohmann::json::parse(line);
+        if (j.contains("summary")) continue;
+        EXPECT_EQ(j["step"].get<int>(), steps++) << st.name;
+        ASSERT_TRUE(j.contains("grad_norm")) << st.name << ": " << line;
+        logged.push_back(float(j["grad_norm"].get<double>()));
+      }
+      EXPECT_EQ(steps, cfg.steps) << st.name;
+      EXPECT_EQ(logged, run.ranks[0].grad_norms) << st.name;
+      for (float g : logged) EXPECT_TRUE(std::isfinite(g) && g > 0.0f) << st.name << ": " << g;
+      if (first.empty()) first = logged;
+      EXPECT_EQ(logged, first) << st.name << " vs 00 dp";
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // Gradient accumulation, K = 2.
@@ -199,9 +242,20 @@ TEST(ZeroParity, ClippingBites) {
 // (dp, 2 ranks, K = 1 instead of 2, i.e. one micro-step of each pair
 // dropped) changes the loss of step 1 by 0.019 and step 3 by 0.019.
 // (A wrong constant scale of the gradient would hardly show: AdamW is
-// nearly scale-invariant; the bit-identical K = 1 tests catch that.)
+// nearly scale-invariant; the bit-identical K = 1 tests cannot catch it
+// either, as every stage shares the scale: tests/stages/test_gradients.cpp
+// checks the gradient's value against a double-precision reference.)
+// The first step's gradient norm differs only by the order in which the
+// same micro-step gradients are summed. | |a| - |b| | <= |a - b|, so its
+// relative difference is at most the elements' worst relative difference:
+// in bf16 a couple of roundings of 2^-8 (3.9e-3 each), in fp32 a few ulps
+// unless a sum cancels. Measured max relative difference: 7.3e-8 fp32
+// (N = 3; 0 at N = 2, 4), 4.3e-4 bf16 (N = 2); tolerances 1e-6 (14x) and
+// 1e-2 (above the bf16 bound, 23x the measure).
 constexpr double kAccumTolFp32 = 1e-5;
 constexpr double kAccumTolBf16 = 5e-4;
+constexpr double kAccumNormTolFp32 = 1e-6;
+constexpr double kAccumNormTolBf16 = 1e-2;
 
 TEST(ZeroParity, GradAccumulation) {
   for (Precision p : {Precision::fp32, Precision::bf16})
@@ -223,13 +277,17 @@ TEST(ZeroParity, GradAccumulation) {
         }
         // The first step's loss comes from the initial model: identical.
         EXPECT_EQ(got.ranks[0].losses[0], ref.ranks[0].losses[0]);
+        // Its gradient too, but summed in another order.
+        const double n0 = ref.ranks[0].grad_norms[0], rel = std::fabs(got.ranks[0].grad_norms[0] - n0) / n0;
+        EXPECT_LE(rel, p == Precision::fp32 ? kAccumNormTolFp32 : kAccumNormTolBf16) << "step 0 grad norm";
         for (const auto& r : got.ranks) {
           EXPECT_EQ(r.losses, got.ranks[0].losses);
+          EXPECT_EQ(r.grad_norms, got.ranks[0].grad_norms);
           EXPECT_EQ(r.param_hash, got.ranks[0].param_hash);
         }
         if (std::getenv("ZF_TEST_PRINT"))
-          std::printf("K=2 %s %s N=%d: max |loss - dp loss| = %.3g\n", stages()[i].name, precision_name(p), N,
-                      worst);
+          std::printf("K=2 %s %s N=%d: max |loss - dp loss| = %.3g, step 0 grad norm rel diff %.3g\n",
+                      stages()[i].name, precision_name(p), N, worst, rel);
       }
     }
 }
@@ -378,8 +436,8 @@ TEST(ZeroMemory, CommBuffersAreBounded) {
 // and all_gather (N-1)/N of the full buffer. Per step:
 //   00: one all-reduce of P gradients + the loss (1 float);
 //   01: reduce-scatter + all-gather of the padded model (= one all-reduce of
-//       it) + the loss + the clip norm's exact accumulator (20 int64 limbs,
-//       gradnorm.h) when clipping is on;
+//       it) + the loss + the gradient norm's exact accumulator (20 int64
+//       limbs, gradnorm.h), clipping or not (the norm is logged every step);
 //   02: as 01, but the reduce-scatter runs every micro-step (K of them);
 //   03: reduce-scatter every micro-step and two all-gathers per micro-step
 //       (forward and backward; the head is gathered again for the backward).
@@ -400,7 +458,7 @@ TEST(ZeroComm, RingBytesFollowTheSizes) {
           cfg.grad_accum = K;
           SCOPED_TRACE(describe(cfg));
           const double e = double(esize(p)), f = double(N - 1) / N;
-          const double loss = 2 * f * 4, norm = clip > 0 ? 2 * f * 8 * 20 : 0.0;
+          const double loss = 2 * f * 4, norm = 2 * f * 8 * 20;
           const double ar00 = 2 * f * e * double(s.P), rs = f * e * double(s.padded), ag = rs;
 
           std::vector<CommStats> stats;
