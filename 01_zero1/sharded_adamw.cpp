@@ -20,11 +20,15 @@ ShardedAdamW::ShardedAdamW(const ModelLayout& layout, const ShardLayout& shards,
   v_ = Tensor(mem, Place::device, Category::optimizer, DType::f32, S);
 }
 
-void ShardedAdamW::init_master(const std::function<const float*(int)>& piece) {
-  if (precision_ != Precision::bf16) return;
+void ShardedAdamW::load(const InitialState& init) {
   for (size_t u = 0; u < layout_.units.size(); ++u) {
     const UnitShard& us = shards_.units[u];
-    dev_.to_device(master_.as<float>() + us.shard_offset, piece(int(u)), (us.end - us.begin) * sizeof(float));
+    if (precision_ == Precision::bf16)
+      init.load(int(u), StateKind::params, us.begin, us.end, dev_, master_.as<float>() + us.shard_offset, DType::f32);
+    if (init.has_moments())
+      for (StateKind kind : {StateKind::m, StateKind::v})
+        init.load(int(u), kind, us.begin, us.end, dev_, (kind == StateKind::m ? m_ : v_).as<float>() + us.shard_offset,
+                  DType::f32);
   }
 }
 
@@ -33,7 +37,7 @@ GradClip ShardedAdamW::clip_scale(Communicator& comm, const std::function<const 
   SumOfSquares sq;
   for (size_t u = 0; u < layout_.units.size(); ++u) {
     const size_t n = shards_.units[u].end - shards_.units[u].begin;  // padding is zero anyway
-    dev_.sum_squares(grad_piece(int(u)), compute_dtype(precision_), n, sq);
+    dev_.sum_squares(grad_piece(int(u)), storage_dtype(precision_), n, sq);
   }
   all_reduce(sq, comm, dev_);
   return grad_clip(std::sqrt(sq.value()), clip);
@@ -50,7 +54,7 @@ void ShardedAdamW::update(int u, const void* grad_piece, void* param_piece, long
     size_t lo = std::max(us.begin, p.offset), hi = std::min(us.end, p.offset + p.numel);
     if (lo >= hi) continue;
     size_t i = lo - us.begin;  // index within the piece
-    const DType gdt = compute_dtype(precision_);
+    const DType gdt = storage_dtype(precision_);
     dev_.adamw(w + i, static_cast<const char*>(grad_piece) + i * dtype_size(gdt), gdt, m + i, v + i, hi - lo, adam_,
                step, scale, p.decay);
   }
@@ -60,24 +64,6 @@ void ShardedAdamW::update(int u, const void* grad_piece, void* param_piece, long
 const float* ShardedAdamW::fp32_piece(int u, const void* param_piece) const {
   if (precision_ == Precision::bf16) return master_.as<float>() + shards_.units[u].shard_offset;
   return static_cast<const float*>(param_piece);
-}
-
-void ShardedAdamW::load_moments(const CheckpointReader& checkpoint) {
-  std::vector<float> piece;
-  for (size_t u = 0; u < layout_.units.size(); ++u) {
-    const UnitShard& us = shards_.units[u];
-    piece.resize(us.end - us.begin);
-    for (StateKind kind : {StateKind::m, StateKind::v}) {
-      checkpoint.read_unit(int(u), kind, us.begin, us.end, piece.data());
-      float* dst = (kind == StateKind::m ? m_ : v_).as<float>() + us.shard_offset;
-      dev_.to_device(dst, piece.data(), piece.size() * sizeof(float));
-    }
-  }
-}
-
-const float* ShardedAdamW::moment_piece(StateKind kind, int u) const {
-  REQUIRE(kind == StateKind::m || kind == StateKind::v, "moment_piece: m or v");
-  return (kind == StateKind::m ? m_ : v_).as<float>() + shards_.units[u].shard_offset;
 }
 
 std::vector<float> gather_full_model(Communicator& comm, Device& dev, const ModelLayout& layout,
@@ -96,11 +82,11 @@ std::vector<float> gather_full_model(Communicator& comm, Device& dev, const Mode
   return full;
 }
 
-std::vector<float> gather_full_state(Communicator& comm, Device& dev, const ModelLayout& layout,
-                                     const ShardLayout& shards, const ShardedAdamW& opt, StateKind kind,
-                                     const std::function<const void*(int)>& param_piece) {
-  return gather_full_model(comm, dev, layout, shards, [&](int u) {
-    return kind == StateKind::params ? opt.fp32_piece(u, param_piece(u)) : opt.moment_piece(kind, u);
+std::vector<float> ShardedAdamW::gather(StateKind kind, Communicator& comm,
+                                        const std::function<const void*(int)>& param_piece) const {
+  return gather_full_model(comm, dev_, layout_, shards_, [&](int u) -> const float* {
+    if (kind == StateKind::params) return fp32_piece(u, param_piece(u));
+    return (kind == StateKind::m ? m_ : v_).as<float>() + shards_.units[u].shard_offset;
   });
 }
 

@@ -11,6 +11,7 @@
 
 #include "adamw.h"
 #include "checkpoint.h"
+#include "initial_state.h"
 #include "comm.h"
 #include "config.h"
 #include "device.h"
@@ -24,14 +25,14 @@ class ShardedAdamW {
   ShardedAdamW(const ModelLayout& layout, const ShardLayout& shards, Precision precision,
                MemoryTracker& mem, Device& dev, float lr);
 
-  // bf16 recipe: takes this rank's float32 master piece of each unit u from
-  // piece(u) (end - begin values, host memory). fp32: nothing to do (the parameters are
-  // their own master).
-  void init_master(const std::function<const float*(int)>& piece);
+  // Fills this rank's pieces from the initial state: the float32 master (bf16
+  // recipe; in fp32 the parameters are their own master) and, on --resume,
+  // AdamW's two moments.
+  void load(const InitialState& init);
 
   // The global gradient norm and the clipping coefficient from it, computed
   // from every rank's gradient pieces (grad_piece(u): S_u elements of the
-  // compute dtype) with an exact sum, so both equal data parallel's to the
+  // recipe's dtype) with an exact sum, so both equal data parallel's to the
   // bit. The norm is computed (one small all_reduce) even when clip is 0.
   GradClip clip_scale(Communicator& comm, const std::function<const void*(int)>& grad_piece,
                       float clip) const;
@@ -45,11 +46,12 @@ class ShardedAdamW {
   // master (bf16), or param_piece itself (fp32).
   const float* fp32_piece(int u, const void* param_piece) const;
 
-  // --resume: this rank's pieces of AdamW's two moments, read from the
-  // checkpoint (the master comes with the model, through init_master).
-  void load_moments(const CheckpointReader& checkpoint);
-  // This rank's piece of unit u of moment m or v (device memory), for --save.
-  const float* moment_piece(StateKind kind, int u) const;
+  // The whole model's float32 values of `kind` (the parameters, or a
+  // moment), gathered from every rank's pieces: what ModelStates::full gives
+  // for a stage that shards with this optimizer. param_piece(u): this rank's
+  // piece of unit u's parameters, as update() takes it.
+  std::vector<float> gather(StateKind kind, Communicator& comm,
+                            const std::function<const void*(int)>& param_piece) const;
 
  private:
   const ModelLayout& layout_;
@@ -67,13 +69,5 @@ class ShardedAdamW {
 std::vector<float> gather_full_model(Communicator& comm, Device& dev, const ModelLayout& layout,
                                      const ShardLayout& shards,
                                      const std::function<const float*(int)>& fp32_piece);
-
-// What --save writes (training.h's maybe_save), for a stage that shards with
-// this optimizer: the whole model's float32 values of `kind` (the parameters,
-// or a moment) gathered from every rank's pieces. param_piece(u): this rank's
-// piece of unit u's parameters, as update() takes it.
-std::vector<float> gather_full_state(Communicator& comm, Device& dev, const ModelLayout& layout,
-                                     const ShardLayout& shards, const ShardedAdamW& opt, StateKind kind,
-                                     const std::function<const void*(int)>& param_piece);
 
 }  // namespace zf

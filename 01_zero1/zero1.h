@@ -11,17 +11,8 @@
 #pragma once
 
 #include "runner.h"
-#include "shard.h"
-#include "sharded_adamw.h"
 
 namespace zf {
-
-// Stages 01 and 02 keep whole parameters in the padded layout (each unit
-// padded to N pieces). Fills them, and the optimizer's float32 master
-// pieces, with the initial model (writing --save-init on rank 0); with
-// --resume, also the optimizer's moments. Returns the step to start at.
-int init_padded_params(const TrainConfig& cfg, const ModelLayout& layout, const ShardLayout& shards,
-                        RankContext& ctx, void* params, ShardedAdamW& opt);
 
 RankResult train_zero1(const TrainConfig& cfg, RankContext& ctx, const TokenData& data,
                        StepReporter& reporter);

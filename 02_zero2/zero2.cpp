@@ -8,74 +8,101 @@
 //   all_gather the pieces
 #include "zero2.h"
 
-#include "zero1.h"
-
-#include <algorithm>
-#include <cstring>
-
+#include "precision.h"
+#include "rank_compute.h"
 #include "shard.h"
 #include "sharded_adamw.h"
 #include "sharded_grads.h"
 #include "training.h"
+#include "training_run.h"
 
 namespace zf {
+
+namespace {
+
+// The model states one rank holds under ZeRO-2: whole parameters, each unit
+// padded to N pieces (shard.h), and 1/N of the gradients and of AdamW's state.
+struct Zero2States final : ModelStates {
+  const ModelLayout& layout;
+  const ShardLayout& shards;
+  Communicator& comm;
+  Device& dev;
+  DType dt;                // the recipe's dtype of parameters and gradients (fp32 or bf16)
+  Tensor params;           // padded_total, dt                        category params
+  ShardedGradients grads;  // new: my gradient pieces (and buckets)   category grads (comm)
+  ShardedAdamW opt;        // stage 01's                              category optimizer
+
+  Zero2States(const ModelLayout& layout, const ShardLayout& shards, const TrainConfig& cfg, RankContext& ctx)
+      : layout(layout), shards(shards), comm(ctx.comm), dev(ctx.dev), dt(storage_dtype(cfg.precision)),
+        params(ctx.mem, Place::device, Category::params, dt, shards.padded_total),
+        grads(shards, dt, ctx.mem, ctx.dev, ctx.comm),
+        opt(layout, shards, cfg.precision, ctx.mem, ctx.dev, cfg.lr) {}
+
+  // Unit u's parameters: its N slots of the whole buffer.
+  char* unit_params(int u) { return static_cast<char*>(params.data()) + shards.units[u].padded_offset * dtype_size(dt); }
+  // My piece of unit u inside them: slot r of the unit's N slots.
+  char* my_param_piece(int u) { return unit_params(u) + size_t(shards.rank) * shards.units[u].shard * dtype_size(dt); }
+
+  // Every rank loads the whole parameters, and the optimizer its pieces only.
+  void load(const InitialState& init) override {
+    for (int u = 0; u < int(layout.units.size()); ++u)
+      init.load(u, StateKind::params, 0, layout.units[u].numel, dev, unit_params(u), dt);
+    opt.load(init);
+  }
+  // The pieces of the updated model and of the moments, gathered.
+  std::vector<float> full(StateKind kind) override {
+    return opt.gather(kind, comm, [&](int u) { return my_param_piece(u); });
+  }
+};
+
+}  // namespace
 
 RankResult train_zero2(const TrainConfig& cfg, RankContext& ctx, const TokenData& data,
                        StepReporter& reporter) {
   const ModelLayout layout = build_layout(cfg.model);
   const ShardLayout shards = make_shard_layout(layout, ctx.world, ctx.rank);
-  const int K = cfg.grad_accum, r = ctx.rank, U = int(layout.units.size());
-  const DType dt = compute_dtype(cfg.precision);
-  const size_t esz = dtype_size(dt);
+  const int K = cfg.grad_accum, U = int(layout.units.size());
+  const DType dt = storage_dtype(cfg.precision);
 
-  Tensor params(ctx.mem, Place::device, Category::params, dt, shards.padded_total);  // full, as in stage 01
-  ShardedGradients grads(shards, dt, ctx.mem, ctx.dev, ctx.comm);                              // new: pieces only
-  ShardedAdamW opt(layout, shards, cfg.precision, ctx.mem, ctx.dev, cfg.lr);                  // stage 01's
-  RankFailureGuard guard(ctx.comm);
-  RankCompute rc(cfg, layout, ctx, data);
+  // Model states first (the largest allocations): over --device-mem, this is
+  // where the run stops, before any step.
+  Zero2States states(layout, shards, cfg, ctx);
+  RankFailureGuard guard(ctx.comm);  // a failing rank stops the group before freeing the states
+  auto rc = make_rank_compute(cfg, layout, ctx, data);
+  TrainingRun run(cfg, layout, ctx, reporter, states);  // the initial model, or --resume's checkpoint
 
-  auto unit_params = [&](int u) { return static_cast<char*>(params.data()) + shards.units[u].padded_offset * esz; };
-  auto my_param_piece = [&](int u) { return unit_params(u) + size_t(r) * shards.units[u].shard * esz; };
-  const int first_step = init_padded_params(cfg, layout, shards, ctx, params.data(), opt);
-  auto full_state = [&](StateKind kind) {  // what --save writes
-    return gather_full_state(ctx.comm, ctx.dev, layout, shards, opt, kind, my_param_piece);
-  };
-
-  RankResult result;
-  result.first_step = first_step;
   std::vector<CommHandle> pending(U);
-  for (int step = first_step; step < cfg.steps; ++step) {
+  for (int step = run.first_step(); step < cfg.steps; ++step) {
     Timer timer;
     float loss_sum = 0.0f;
     for (int k = 0; k < K; ++k) {
-      rc.load(step, k);
+      rc->load(step, k);
       float loss = 0.0f;
-      for (int u = 0; u < U; ++u) rc.forward(u, unit_params(u), &loss);
+      for (int u = 0; u < U; ++u) rc->forward(u, states.unit_params(u), &loss);
       loss_sum += loss;
+
+      // Backward, last unit first.
       for (int u = U - 1; u >= 0; --u) {
-        rc.backward(u, unit_params(u), grads.begin_unit(u));  // new: into a temporary full gradient
-        grads.reduce_unit(u);  // new: every micro-step; the full gradient is released
+        rc->backward(u, states.unit_params(u), states.grads.begin_unit(u));  // new: into a temporary full gradient
+        states.grads.reduce_unit(u);  // new: every micro-step; the full gradient is released
       }
-      grads.finish();
+      states.grads.finish();
     }
     const float loss = global_mean_loss(ctx.comm, ctx.dev, loss_sum, K);
 
-    const GradClip clip = opt.clip_scale(ctx.comm, [&](int u) { return grads.piece(u); }, cfg.clip);
+    // Clip with the norm of the whole gradient, summed exactly from the pieces.
+    const GradClip clip = states.opt.clip_scale(ctx.comm, [&](int u) { return states.grads.piece(u); }, cfg.clip);
+    // Each rank updates its piece, then the pieces are all-gathered (in place).
     for (int u = 0; u < U; ++u) {
-      opt.update(u, grads.piece(u), my_param_piece(u), step + 1, clip.scale);
-      pending[u] = ctx.comm.all_gather_async(my_param_piece(u), unit_params(u), shards.units[u].shard, dt);
+      states.opt.update(u, states.grads.piece(u), states.my_param_piece(u), step + 1, clip.scale);
+      pending[u] = ctx.comm.all_gather_async(states.my_param_piece(u), states.unit_params(u),
+                                             shards.units[u].shard, dt);
     }
     for (auto& h : pending) h.wait();
-    grads.zero();
-    record_step(result, reporter, ctx, step, loss, clip.norm, timer.ms());
-    maybe_save(cfg, ctx, layout, step + 1, full_state);
+    states.grads.zero();
+    run.end_step(step, loss, clip.norm, timer.ms());
   }
-
-  record_counters(result, ctx);
-  std::vector<float> full = gather_full_model(ctx.comm, ctx.dev, layout, shards,
-                                              [&](int u) { return opt.fp32_piece(u, my_param_piece(u)); });
-  result.param_hash = hash_params(full.data(), full.size());
-  return result;
+  return run.finish();
 }
 
 }  // namespace zf

@@ -24,8 +24,9 @@ namespace zf {
 
 enum class Precision { fp32, bf16 };
 inline const char* precision_name(Precision p) { return p == Precision::fp32 ? "fp32" : "bf16"; }
-// The dtype of the parameters and gradients used for compute and communication.
-inline DType compute_dtype(Precision p) { return p == Precision::fp32 ? DType::f32 : DType::bf16; }
+// The dtype the recipe stores and communicates parameters and gradients in
+// (what the kernels compute in is the Device's compute dtype, --compute).
+inline DType storage_dtype(Precision p) { return p == Precision::fp32 ? DType::f32 : DType::bf16; }
 
 class UnitCompute {
  public:

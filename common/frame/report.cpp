@@ -53,14 +53,6 @@ void StepReporter::step(int step, float loss, float grad_norm, double ms, size_t
   }
 }
 
-void record_step(RankResult& result, StepReporter& reporter, RankContext& ctx, int step, float loss,
-                 float grad_norm, double ms) {
-  result.losses.push_back(loss);
-  result.grad_norms.push_back(grad_norm);
-  result.step_ms.push_back(ms);
-  if (ctx.rank == 0) reporter.step(step, loss, grad_norm, ms, ctx.mem.counts().model_states(Place::device));
-}
-
 nlohmann::json summary_json(const RunResult& run) {
   using nlohmann::json;
   const auto& cfg = run.cfg;

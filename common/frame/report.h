@@ -10,18 +10,18 @@
 #include <nlohmann/json.hpp>
 
 #include "config.h"
-#include "rank.h"
+#include "step_log.h"
 
 namespace zf {
 
-class StepReporter {
+class StepReporter final : public StepLog {
  public:
   // Opens the JSON log (UsageError if it cannot be written). `params` is P.
   StepReporter(const TrainConfig& cfg, size_t params);
 
   // Called by rank 0 after each step with the global-batch mean loss and the
   // global gradient norm before clipping.
-  void step(int step, float loss, float grad_norm, double ms, size_t model_state_bytes_per_rank);
+  void step(int step, float loss, float grad_norm, double ms, size_t model_state_bytes_per_rank) override;
   // Prints the closing tables and writes the summary object.
   void summary(const RunResult& run);
 
@@ -31,11 +31,6 @@ class StepReporter {
   std::ofstream json_;
   std::mutex mu_;
 };
-
-// Records a finished step (its global-batch mean loss and global gradient
-// norm before clipping) in the result, and reports it (rank 0).
-void record_step(RankResult& result, StepReporter& reporter, RankContext& ctx, int step, float loss,
-                 float grad_norm, double ms);
 
 // The {"summary": ...} object of the run log.
 nlohmann::json summary_json(const RunResult& run);

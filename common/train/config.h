@@ -47,6 +47,7 @@ struct TrainConfig {
   int fault_step = -1;
 
   int64_t global_batch() const { return int64_t(ranks) * batch * grad_accum; }  // G = N*B*K
+  std::string data_name() const { return data.empty() ? "(built-in corpus)" : data; }
 };
 
 // What one rank gives back at the end of a run.

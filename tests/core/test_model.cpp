@@ -10,6 +10,7 @@
 
 #include "checkpoint.h"
 #include "device.h"
+#include "initial_state.h"
 #include "kernels.h"
 #include "launch.h"
 #include "model.h"

@@ -115,7 +115,7 @@ Units units_of(const TrainConfig& cfg) {
     s.S.push_back(S);
     s.padded.push_back(S * cfg.ranks);
   }
-  s.dt = compute_dtype(cfg.precision);
+  s.dt = storage_dtype(cfg.precision);
   s.b = dtype_size(s.dt);
   return s;
 }

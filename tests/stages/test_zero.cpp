@@ -21,6 +21,7 @@
 #include "comm.h"
 #include "memory_model.h"
 #include "test_util.h"
+#include "shard.h"
 #include "zero1.h"
 #include "zero2.h"
 #include "zero3.h"

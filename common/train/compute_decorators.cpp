@@ -1,0 +1,73 @@
+// compute_decorators.cpp: the injected fault and the recorded compute events.
+#include "compute_decorators.h"
+
+#include <string>
+
+#include "check.h"
+#include "comm_recording.h"
+
+namespace zf {
+
+namespace {
+
+class FaultyCompute final : public RankCompute {
+ public:
+  FaultyCompute(std::unique_ptr<RankCompute> inner, int rank, int step, int head_unit)
+      : in_(std::move(inner)), rank_(rank), fault_step_(step), head_(head_unit) {}
+  void load(int step, int micro) override {
+    step_ = step;
+    in_->load(step, micro);
+  }
+  void forward(int u, const void* params, float* loss) override { in_->forward(u, params, loss); }
+  void backward(int u, const void* params, void* grads) override {
+    in_->backward(u, params, grads);
+    if (u == head_ && step_ == fault_step_)
+      throw Error("injected fault (--inject-fault " + std::to_string(rank_) + ":" + std::to_string(step_) +
+                  ") in the middle of step " + std::to_string(step_));
+  }
+
+ private:
+  std::unique_ptr<RankCompute> in_;
+  int rank_, fault_step_, head_;
+  int step_ = -1;
+};
+
+class RecordedCompute final : public RankCompute {
+ public:
+  RecordedCompute(std::unique_ptr<RankCompute> inner, RecordingCommunicator& rec)
+      : in_(std::move(inner)), rec_(rec) {}
+  void load(int step, int micro) override {
+    rec_.loaded(step, micro);
+    in_->load(step, micro);
+  }
+  void forward(int u, const void* params, float* loss) override {
+    rec_.compute(ScheduleEvent::forward_begin, u);
+    in_->forward(u, params, loss);
+    rec_.compute(ScheduleEvent::forward_end, u);
+  }
+  void backward(int u, const void* params, void* grads) override {
+    rec_.compute(ScheduleEvent::backward_begin, u);
+    in_->backward(u, params, grads);
+    rec_.compute(ScheduleEvent::backward_end, u);
+  }
+
+ private:
+  std::unique_ptr<RankCompute> in_;
+  RecordingCommunicator& rec_;
+};
+
+}  // namespace
+
+std::unique_ptr<RankCompute> maybe_faulty(std::unique_ptr<RankCompute> inner, const TrainConfig& cfg,
+                                          const ModelLayout& layout, int rank) {
+  if (rank != cfg.fault_rank || cfg.fault_step < 0) return inner;
+  return std::make_unique<FaultyCompute>(std::move(inner), rank, cfg.fault_step, layout.head_unit());
+}
+
+std::unique_ptr<RankCompute> maybe_recorded(std::unique_ptr<RankCompute> inner, Communicator& comm) {
+  RecordingCommunicator* rec = find_recorder(comm);
+  if (!rec) return inner;
+  return std::make_unique<RecordedCompute>(std::move(inner), *rec);
+}
+
+}  // namespace zf

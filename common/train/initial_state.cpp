@@ -1,0 +1,81 @@
+// initial_state.cpp: the seeded model, --init's file, --resume's checkpoint.
+#include "initial_state.h"
+
+#include <cstdio>
+
+#include "check.h"
+#include "precision.h"
+#include "rng.h"
+
+namespace zf {
+
+namespace {
+
+// Rank 0's note when the checkpoint was trained on other batches.
+void say_resuming(const TrainConfig& cfg, const CheckpointReader& ckpt, int world) {
+  const auto& meta = ckpt.metadata();
+  auto said = [&](const char* key) {
+    auto it = meta.find(key);
+    return it == meta.end() ? std::string("?") : it->second;
+  };
+  std::printf("resuming from %s at step %ld (saved by %s, %s ranks)\n", cfg.resume.c_str(), ckpt.step(),
+              said("stage").c_str(), said("ranks").c_str());
+  const long long G = (long long)world * cfg.batch * cfg.grad_accum;  // docs/SPEC.md's global batch
+  if (said("global_batch") != std::to_string(G) || said("data") != cfg.data_name())
+    std::printf("note: the checkpoint was trained with global batch %s on %s; this run uses %lld on %s, so "
+                "its batches differ from an uninterrupted run's\n",
+                said("global_batch").c_str(), said("data").c_str(), G, cfg.data_name().c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+InitialState::InitialState(const TrainConfig& cfg, const ModelLayout& layout, const RankContext& ctx)
+    : cfg_(cfg), layout_(layout) {
+  if (!cfg.resume.empty()) {
+    checkpoint_ = std::make_unique<CheckpointReader>(cfg.resume, layout);
+    const long step = checkpoint_->step();
+    USAGE_REQUIRE(step < cfg.steps, "--resume " << cfg.resume << ": the checkpoint was saved after " << step
+                                                << " steps and --steps is " << cfg.steps
+                                                << ", so there is nothing left to train. --steps counts from "
+                                                   "step 0: ask for more than "
+                                                << step);
+    first_step_ = int(step);
+    if (ctx.rank == 0 && !cfg.quiet) say_resuming(cfg, *checkpoint_, ctx.world);
+  } else if (!cfg.init.empty()) {
+    file_model_.resize(layout.numel);
+    load_model(cfg.init, layout, file_model_.data());
+  }
+}
+
+void InitialState::read(int u, StateKind kind, size_t begin, size_t end, float* host) const {
+  const UnitLayout& unit = layout_.units[u];
+  REQUIRE(begin <= end && end <= unit.numel, "InitialState::read: [" << begin << ", " << end << ") of unit " << u);
+  if (checkpoint_) {
+    checkpoint_->read_unit(u, kind, begin, end, host);
+    return;
+  }
+  REQUIRE(kind == StateKind::params, "InitialState::read: AdamW's moments come only from --resume");
+  if (!file_model_.empty())
+    std::copy(file_model_.begin() + unit.offset + begin, file_model_.begin() + unit.offset + end, host);
+  else
+    init_unit_range(unit, cfg_.model, cfg_.seed, begin, end, host);
+}
+
+void InitialState::load(int u, StateKind kind, size_t begin, size_t end, Device& dev, void* dst,
+                        DType dtype) const {
+  std::vector<float> values(end - begin);
+  read(u, kind, begin, end, values.data());
+  store_from_f32(dev, dst, dtype, values.data(), values.size());
+}
+
+void initial_model(const TrainConfig& cfg, const ModelLayout& layout, float* flat) {
+  const std::string& file = cfg.resume.empty() ? cfg.init : cfg.resume;
+  if (!file.empty()) {
+    load_model(file, layout, flat);
+    return;
+  }
+  for (const auto& u : layout.units) init_unit_range(u, cfg.model, cfg.seed, 0, u.numel, flat + u.offset);
+}
+
+}  // namespace zf

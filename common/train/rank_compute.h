@@ -1,0 +1,40 @@
+// rank_compute.h: what every stage computes with, whatever it shards: this
+// rank's micro-batches, the model's unit-by-unit arithmetic and activations,
+// and the precision recipe. A stage decides only where each unit's
+// parameters come from and where its gradient goes; it calls
+//
+//   rc->load(step, k)              this rank's micro-batch k of the step
+//   rc->forward(u, params, &loss)  unit u, first to last (the head sets loss)
+//   rc->backward(u, params, grads) unit u, last to first, adding into grads
+//
+// make_rank_compute builds the model's compute and wraps it in what the run
+// asks for around it, as frame/device_profile.h wraps a Device: the fault
+// that --inject-fault injects (compute_decorators.h), and the compute events
+// of a recorded schedule (comm_recording.h). The stage sees one interface.
+#pragma once
+
+#include <memory>
+
+#include "config.h"
+#include "data.h"
+#include "model.h"
+#include "rank.h"
+
+namespace zf {
+
+class RankCompute {
+ public:
+  virtual ~RankCompute() = default;
+  // Loads this rank's micro-batch `micro` of step `step` (docs/SPEC.md's sampler).
+  virtual void load(int step, int micro) = 0;
+  // Forward of unit u on its parameters (the recipe's dtype); the head sets *loss.
+  virtual void forward(int u, const void* params, float* loss) = 0;
+  // Backward of unit u, adding into grads (the recipe's dtype). The objective
+  // is the global-batch mean loss: d/d(micro-batch loss) = 1/(N*K).
+  virtual void backward(int u, const void* params, void* grads) = 0;
+};
+
+std::unique_ptr<RankCompute> make_rank_compute(const TrainConfig& cfg, const ModelLayout& layout,
+                                               RankContext& ctx, const TokenData& data);
+
+}  // namespace zf

@@ -1,0 +1,18 @@
+// step_log.h: where a stage's run reports each step it finishes. The frame
+// (frame/report.h's StepReporter) prints the step line and writes the run
+// log; rank 0 alone calls it.
+#pragma once
+
+#include <cstddef>
+
+namespace zf {
+
+class StepLog {
+ public:
+  virtual ~StepLog() = default;
+  // step counts from 0; loss is the global-batch mean; grad_norm the global
+  // L2 norm of the averaged gradient before clipping; ms the step's wall time.
+  virtual void step(int step, float loss, float grad_norm, double ms, size_t model_state_bytes_per_rank) = 0;
+};
+
+}  // namespace zf

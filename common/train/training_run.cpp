@@ -1,0 +1,62 @@
+// training_run.cpp: loading, saving, recording and hashing for every stage.
+#include "training_run.h"
+
+#include <string>
+
+#include "training.h"
+
+namespace zf {
+
+TrainingRun::TrainingRun(const TrainConfig& cfg, const ModelLayout& layout, RankContext& ctx, StepLog& log,
+                         ModelStates& states)
+    : cfg_(cfg), layout_(layout), ctx_(ctx), log_(log), states_(states) {
+  const InitialState init(cfg, layout, ctx);  // lives only while the states are filled
+  result_.first_step = init.first_step();
+  states.load(init);
+  if (!cfg.save_init.empty()) {
+    if (ctx.rank == 0) {  // the initial model is the same on every rank: rank 0 writes it alone
+      std::vector<float> full(layout.numel);
+      for (size_t u = 0; u < layout.units.size(); ++u)
+        init.read(int(u), StateKind::params, 0, layout.units[u].numel, full.data() + layout.units[u].offset);
+      save_model(cfg.save_init, layout, full.data());
+    }
+    const CommStats training = ctx.comm.stats();
+    ctx.comm.barrier();  // the file is complete before anyone goes on
+    ctx.comm.restore_counts(training);
+  }
+}
+
+void TrainingRun::end_step(int step, float loss, float grad_norm, double ms) {
+  result_.losses.push_back(loss);
+  result_.grad_norms.push_back(grad_norm);
+  result_.step_ms.push_back(ms);
+  if (ctx_.rank == 0) log_.step(step, loss, grad_norm, ms, ctx_.mem.counts().model_states(Place::device));
+  const int done = step + 1;
+  if (!cfg_.save.empty() && (done == cfg_.steps || (cfg_.save_every > 0 && done % cfg_.save_every == 0)))
+    save(done);
+}
+
+void TrainingRun::save(int steps_done) {
+  const CommStats training = ctx_.comm.stats();
+  const std::vector<float> params = states_.full(StateKind::params), m = states_.full(StateKind::m),
+                           v = states_.full(StateKind::v);
+  if (ctx_.rank == 0)
+    save_checkpoint(cfg_.save, layout_, params.data(), m.data(), v.data(), steps_done,
+                    {{"stage", cfg_.stage},
+                     {"ranks", std::to_string(ctx_.world)},
+                     {"precision", precision_name(cfg_.precision)},
+                     {"global_batch", std::to_string((long long)ctx_.world * cfg_.batch * cfg_.grad_accum)},
+                     {"data", cfg_.data_name()},
+                     {"seed", std::to_string(cfg_.seed)}});
+  ctx_.comm.restore_counts(training);
+}
+
+RankResult TrainingRun::finish() {
+  result_.memory = ctx_.mem.counts();
+  result_.comm = ctx_.comm.stats();
+  const std::vector<float> params = states_.full(StateKind::params);
+  result_.param_hash = hash_params(params.data(), params.size());
+  return result_;
+}
+
+}  // namespace zf

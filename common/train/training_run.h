@@ -1,0 +1,70 @@
+// training_run.h: what every stage's run does the same way around its step
+// loop, so that a stage's train_* function is its loop:
+//
+//   Zero1States states(...);                  the stage's model states (a ModelStates)
+//   TrainingRun run(cfg, layout, ctx, log, states);   load them, --save-init
+//   for (int step = run.first_step(); step < cfg.steps; ++step) {
+//     ...                                     the stage's step
+//     run.end_step(step, loss, grad_norm, ms);  record, report, --save when due
+//   }
+//   return run.finish();                      counters, final parameter hash
+//
+// A stage's states differ in what each rank keeps (whole or a piece, which
+// dtype); two things every stage does with them alike are the ModelStates
+// interface: fill them from the initial state (initial_state.h), and give
+// back the whole model for --save and the hash.
+#pragma once
+
+#include <vector>
+
+#include "checkpoint.h"
+#include "config.h"
+#include "initial_state.h"
+#include "model.h"
+#include "rank.h"
+#include "step_log.h"
+
+namespace zf {
+
+class ModelStates {
+ public:
+  virtual ~ModelStates() = default;
+  // Fills this rank's states from `init`: the parameters (the master too,
+  // in the bf16 recipe) and, when init.has_moments(), AdamW's moments.
+  virtual void load(const InitialState& init) = 0;
+  // The whole model's float32 values of `kind` (params: what AdamW updates,
+  // the master in the bf16 recipe) in consolidated order, on every rank.
+  // Every rank calls it: a sharded stage gathers the pieces.
+  virtual std::vector<float> full(StateKind kind) = 0;
+};
+
+class TrainingRun {
+ public:
+  // Loads `states` from InitialState(cfg, ...) and, with --save-init, writes
+  // the initial model (rank 0) before anyone goes on.
+  TrainingRun(const TrainConfig& cfg, const ModelLayout& layout, RankContext& ctx, StepLog& log,
+              ModelStates& states);
+
+  int first_step() const { return result_.first_step; }
+
+  // A step is done: records it, reports it (rank 0), and after every
+  // --save-every steps and the last one writes --save's checkpoint. Saving
+  // gathers the states; its collectives are not counted as training's.
+  void end_step(int step, float loss, float grad_norm, double ms);
+
+  // The end of the run: the memory and communication counters as the
+  // training left them, then the hash of the final parameters.
+  RankResult finish();
+
+ private:
+  void save(int steps_done);
+
+  const TrainConfig& cfg_;
+  const ModelLayout& layout_;
+  RankContext& ctx_;
+  StepLog& log_;
+  ModelStates& states_;
+  RankResult result_;
+};
+
+}  // namespace zf
