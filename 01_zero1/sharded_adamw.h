@@ -10,7 +10,6 @@
 #include <functional>
 
 #include "adamw.h"
-#include "checkpoint.h"
 #include "initial_state.h"
 #include "comm.h"
 #include "config.h"
