@@ -14,7 +14,7 @@
 # the same gpu_check run): tokens/s, ms/step, MFU, peak device memory, and the
 # loss of the first and last step. Both sides are timed by the same rule: the
 # median of the per-step times of the log, leaving out the first --warmup
-# steps; tokens/s = tokens per step / that median. Targets (the issue's):
+# steps; tokens/s = tokens per step / that median. Targets (bench/RESULTS.md):
 # tokens/s at least PyTorch eager's, MFU at least 40%. A missed target is
 # reported, it does not fail gpu_check (that is for correctness). With
 # --ours-flash, table 1 again for our run with --attention flash.

@@ -24,7 +24,7 @@
 #       /usr/bin/python3 bench/torch_ref.py --model tiny --init /tmp/init.safetensors \
 #           --data data.bin --steps 10 --log-json /tmp/torch.jsonl
 #   then compare the "loss" of each step of the two logs.
-#   on a GPU (PyTorch 2.x, as on the H200 machine; scripts/gpu_check.sh runs it):
+#   on a GPU (PyTorch 2.x; scripts/gpu_check.sh runs it):
 #       python3 bench/torch_ref.py --device cuda --model gpt2 --batch 16 --precision bf16 \
 #           --steps 20 --warmup 5 --log-json /tmp/torch_gpu.jsonl
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu_check.sh RESULTS_DIR: on the GPU machine, build the project with CUDA
+# gpu_check.sh RESULTS_DIR: on a GPU host, build the project with CUDA
 # and NCCL in its own build folder (build-gpu/), run the GPU test suites
 # (gpu_kernels: every CUDA kernel against its CPU twin; gpu_comm: every
 # collective of the NCCL communicator against a host computation;
@@ -22,24 +22,26 @@
 # RESULTS_DIR/summary.txt.
 #
 # Time: the whole script stays inside ZF_GPU_CHECK_BUDGET_S (default 465 s,
-# under the 8 minutes a device session can give it): every step's time limit
+# so that a check fits in 8 minutes of GPU time): every step's time limit
 # is cut to what is left, a step with no time left is skipped (and the check
 # fails), and the stage runs leave ZF_BENCH_RESERVE_S (150 s) for the timing
 # against PyTorch. Expected on one H200 with 16 cores: about 5 minutes.
 # Files: RESULTS_DIR gets build.log, tests.log, stages.log, summary.txt and one
-# XML per GPU suite (4: gpu_kernels, gpu_comm, gpu_comm_threads, gpu_stages):
-# the 8 files the GPU machine returns at most. A new file needs an old one merged.
+# XML per GPU suite (4: gpu_kernels, gpu_comm, gpu_comm_threads, gpu_stages),
+# 8 files and no more, so that the results of a remote GPU host are few and
+# small to copy back: a new log goes into one of these.
 #
-# The GPU machine lacks CLI11, GoogleTest, nlohmann-json and OpenBLAS, so
-# prepare them here first, then carry gpu_carry/ (git-ignored) along:
-#   scripts/prepare_gpu_carry.sh                  # here, once
-#   scripts/gpu_check.sh "$OUT/gpu"               # there, gpu_carry/ carried
-# i.e. with the device tool: run(command='scripts/gpu_check.sh $OUT/gpu',
-# carry=['gpu_carry'], timeout_s=540).
+# Dependencies: the GPU host needs the CUDA toolkit (or PyTorch's cuBLAS and
+# NCCL wheels, below), Meson, Ninja, a C++ compiler, Python and PyTorch, and
+# no package access: CLI11, GoogleTest, nlohmann-json and OpenBLAS come from
+# gpu_carry/ (git-ignored), which scripts/prepare_gpu_carry.sh bundles on a
+# Debian 12 machine that has them (scripts/install_deps.sh):
+#   scripts/prepare_gpu_carry.sh      # on the Debian machine, once: writes gpu_carry/
+#   scripts/gpu_check.sh OUTDIR       # on the GPU host, in a copy of the repository with gpu_carry/
 #
 # Exit status 0 only if every step passed and the GPU tests really ran on a
 # GPU (a suite whose tests skipped for want of a device counts as a failure
-# here: on this machine that would be a vacuous pass).
+# here: on a GPU host that would be a vacuous pass).
 #
 # NCCL: from the CUDA toolkit, else from the nvidia-nccl-cu13 (or -cu12)
 # wheel that PyTorch brings (-Dnccl_dir=<wheel>; Meson links its
@@ -162,9 +164,9 @@ two_ranks() {
 }
 
 # ---------------------------------------------------------------------------
-# 1. Preflight: the GPU, the tools, the carried dependencies.
+# 1. Preflight: the GPU, the tools, the bundled dependencies (gpu_carry/).
 
-pre=$res/build.log  # preflight, setup, configure and build: one log (at most 8 files come back)
+pre=$res/build.log  # preflight, setup, configure and build: one log (RESULTS_DIR keeps to 8 files)
 : >"$pre"
 s=$SECONDS
 [[ -d /usr/local/cuda/bin ]] && export PATH=/usr/local/cuda/bin:$PATH
@@ -241,11 +243,11 @@ if ! ls "$cuda_root"/include/nccl.h >/dev/null 2>&1; then
 fi
 
 # ---------------------------------------------------------------------------
-# 2. The carried dependencies: unpack OpenBLAS, compile GoogleTest with this
-# machine's compiler, point pkg-config at gpu_carry/pkgconfig.
+# 2. The bundled dependencies (gpu_carry/): unpack OpenBLAS, compile
+# GoogleTest with this host's compiler, point pkg-config at gpu_carry/pkgconfig.
 
-# One log for setup, configure and build; one for the tests (at most 8 files
-# come back from the GPU machine: keep RESULTS_DIR small).
+# One log for setup, configure and build; one for the tests (RESULTS_DIR
+# keeps to 8 files).
 setup_log=$res/build.log
 setup_carry() {
   set -e

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# prepare_gpu_carry.sh: gather into gpu_carry/ (git-ignored) the build
-# dependencies that the GPU machine lacks, so that scripts/gpu_check.sh can
-# build the project there. Run it here, on a machine where scripts/setup.sh
-# has installed the Debian packages; then carry gpu_carry/ along.
+# prepare_gpu_carry.sh: for a GPU host without internet access, bundles the
+# build dependencies into gpu_carry/ (git-ignored), so that
+# scripts/gpu_check.sh can build the project there (it always builds with
+# gpu_carry/, so the GPU host needs no package access). Run it on a Debian 12
+# machine where scripts/install_deps.sh (or scripts/setup.sh) has installed
+# the packages, then copy the repository with gpu_carry/ to the GPU host.
 #
 #   scripts/prepare_gpu_carry.sh          # writes gpu_carry/ (about 5 MB)
 #
-# The GPU machine has nvcc, cuBLAS, meson, ninja, Python and PyTorch, but no
-# CLI11, GoogleTest, nlohmann-json or OpenBLAS, and may have no pkg-config.
-# What goes in, and why in this form:
+# The GPU host is expected to have nvcc, cuBLAS, meson, ninja, Python and
+# PyTorch; CLI11, GoogleTest, nlohmann-json and OpenBLAS come from
+# gpu_carry/, and pkg-config too if the host has none. What goes in, and why in this form:
 #   include/CLI, include/nlohmann   header-only libraries, copied as they are
 #   include/openblas/               OpenBLAS's cblas.h + openblas_config.h
 #   lib/libopenblas.a.xz            the part of Debian's static OpenBLAS that
@@ -17,10 +19,11 @@
 #                                   compressed). Static, so nothing to find at
 #                                   run time, and it needs no libgfortran.
 #   src/googletest/                 GoogleTest's sources: gpu_check.sh compiles
-#                                   them with that machine's compiler (no C++
-#                                   ABI mismatch with a library built here)
+#                                   them with the GPU host's compiler (no C++
+#                                   ABI mismatch with a library built on
+#                                   another machine)
 #   bin/pkgconf, lib/libpkgconf.so.3, bin/pkg-config
-#                                   Debian's pkgconf, used only if the machine
+#                                   Debian's pkgconf, used only if the GPU host
 #                                   has no pkg-config of its own
 #   pkgconfig/*.pc                  how Meson finds all of the above
 #                                   (paths relative to ${pcfiledir})
@@ -66,12 +69,12 @@ xz -T0 -6 -c "$tmp/libopenblas.a" > "$out/lib/libopenblas.a.xz"
 echo "$symbols" > "$out/lib/openblas_symbols.txt"
 blas_version=$(pkg-config --modversion openblas 2>/dev/null || echo 0.3.21)
 
-# pkgconf, in case the GPU machine has no pkg-config.
+# pkgconf, in case the GPU host has no pkg-config.
 cp /usr/bin/pkgconf "$out/bin/pkgconf"
 cp "$(readlink -f /lib/x86_64-linux-gnu/libpkgconf.so.3)" "$out/lib/libpkgconf.so.3"
 cat > "$out/bin/pkg-config" <<'EOF'
 #!/bin/sh
-# pkg-config for the GPU machine: the carried pkgconf and its library.
+# pkg-config for the GPU host: the bundled pkgconf and its library.
 here=$(cd "$(dirname "$0")" && pwd)
 LD_LIBRARY_PATH="$here/../lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/pkgconf" "$@"
 EOF
@@ -93,7 +96,7 @@ EOF
 pc CLI11 "$(pkg-config --modversion CLI11)" '-I${includedir}'
 pc nlohmann_json "$(pkg-config --modversion nlohmann_json)" '-I${includedir}'
 pc openblas "$blas_version" '-I${includedir}/openblas' '-L${libdir} -lopenblas -lpthread -lm'
-# libgtest.a is built on the GPU machine by gpu_check.sh, into lib/.
+# libgtest.a is built on the GPU host by gpu_check.sh, into lib/.
 pc gtest "$(pkg-config --modversion gtest)" \
   '-I${prefix}/src/googletest/include -DGTEST_HAS_PTHREAD=1' '-L${libdir} -lgtest -lpthread'
 

@@ -1,6 +1,6 @@
 // comm_reduce.cpp: the rank-ordered reduction and the piece partition that
-// every backend shares (comm_reduce.h). Moved here from comm_threads.cpp so
-// that the mpi backend sums with the very same loops.
+// every host backend shares (comm_reduce.h): the threads and the mpi
+// backends sum with the very same loops, so they give the same bits.
 #include "comm_reduce.h"
 
 #include <algorithm>

@@ -1,10 +1,10 @@
 // gradnorm.h: the global gradient norm, the same bits however it is sharded.
 //
 // Clipping needs ||g|| over the whole model. Data parallel has every gradient
-// on every rank; ZeRO-1/2 hold one shard of the flat range; ZeRO-3 one shard
-// of each unit. A float sum depends on the order of its terms, so each
-// sharding would clip by a slightly different norm and the stages would drift
-// apart bit by bit. SumOfSquares avoids that: each square of a float32 is
+// on every rank; in the ZeRO stages a rank has the summed gradient of its
+// own piece of each unit only (shard.h). A float sum depends on the order of
+// its terms, so each sharding would clip by a slightly different norm and
+// the stages would drift apart bit by bit. SumOfSquares avoids that: each square of a float32 is
 // exact in double (24+24 bits < 53), and it is added into an exact
 // fixed-point accumulator (limbs of 32 bits covering every exponent a float32
 // square can have). Integer addition is associative, so the total is the same

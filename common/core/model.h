@@ -5,8 +5,9 @@
 // flat buffer, laid out in docs/SPEC.md's order, with named views (ParamSpec) into
 // it; concatenating the units gives the whole model's flat range in its
 // consolidated order. This is the shape every stage shards: data parallel
-// all-reduces whole unit buffers, ZeRO-1/2 split the model's flat range,
-// ZeRO-3/FSDP split each unit's buffer.
+// all-reduces whole unit buffers, and every ZeRO stage cuts each unit's
+// buffer into N pieces, padded to a multiple of N, rank r owning piece r
+// (shard.h).
 //
 // Gpt does the arithmetic of one rank: forward and backward one unit at a
 // time, on parameters handed to it (so a stage decides where they come from:

@@ -2,7 +2,7 @@
 // one kernel that bins the squares by exponent, one 4 KiB copy of the bins to
 // the host, SumOfSquares::add_bin_halves to finish.
 //
-//   build/tests/test_gpu_gradnorm      (bit for bit against SumOfSquares::add)
+//   build/tests/test_gpu_kernels --gtest_filter='SumSquaresCuda*'   (bit for bit against SumOfSquares::add)
 //
 // Reference: SumOfSquares::add in gradnorm.cpp. A float32 x (a bf16 is the
 // top 16 bits of one) is mant * 2^(e - 150), e its 8-bit exponent field, mant

@@ -2,7 +2,7 @@
 // the GPU: the same bits as SumOfSquares::add on the host, without copying
 // the gradient off the device.
 //
-//   build/tests/test_gpu_gradnorm      (against SumOfSquares::add, bit for bit; skips without a GPU)
+//   build/tests/test_gpu_kernels --gtest_filter='SumSquaresCuda*'   (against SumOfSquares::add, bit for bit; skips without a GPU)
 //   build/tests/test_optim --gtest_filter='SumOfSquares*'   (the host half, on any machine)
 //
 // How: the squares are binned by exponent field on the device exactly as

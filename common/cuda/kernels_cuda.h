@@ -2,7 +2,7 @@
 // and backward), AdamW on device, bf16 <-> float32 casts, and CudaContext, the
 // per-rank handle (device, compute stream, cuBLAS) that the matrix products use.
 // Implemented one op family a file, kernels_cuda_*.cu (kernels_cuda_util.cuh
-// lists them); tested the same way, tests/gpu/test_kernels_cuda_*.cpp.
+// lists them); tested the same way, tests/cuda/test_kernels_cuda_*.cpp.
 //
 //   build/tests/test_gpu_kernels        (each kernel against its CPU twin; skips without a GPU)
 //

@@ -5,7 +5,7 @@
 // FlashAttention-2 does them. API: kernels_cuda.h.
 //
 //   build/tests/test_gpu_kernels --gtest_filter='*FlashTc*'   (against the CPU reference)
-//   build/tests/test_flash_attention_tc                       (the same programs, on the CPU)
+//   build/tests/test_flash_attention --gtest_filter='FlashTc*'  (the same programs, on the CPU)
 //   build/00_data_parallel/dp --attention flash --device cuda --precision bf16 ...
 //
 // Reference: attention_forward, attention_backward (kernels_cpu_softmax.cpp).

@@ -6,7 +6,7 @@
 // of a block and of WMMA, so CI checks every index, mask, tail, barrier and
 // rounding of the real sequence without a GPU.
 //
-//   build/tests/test_flash_attention_tc                        (the CPU harness)
+//   build/tests/test_flash_attention --gtest_filter='FlashTc*' (the CPU harness)
 //   build/tests/test_gpu_kernels --gtest_filter='*FlashTc*'    (the kernels, on a GPU)
 //
 // The math is flash_attention.cuh's (FlashAttention-2; read its header first);

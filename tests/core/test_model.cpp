@@ -137,10 +137,10 @@ TEST(Init, SameForAnyRankCountAndThroughSaveInit) {
 // What a Gpt keeps (category activations), to the byte, in both compute
 // dtypes. The head holds one [B*T, V] tensor, the logits, which the fused
 // cross-entropy overwrites with their own gradient, and one float per
-// position (lse): no probabilities and no V-sized scratch (before the fused
-// classifier it kept three [B*T, V] tensors: logits, probs and a scratch of
-// V + C per position). For gpt2 at B = 8 that is 2 x 8192 x 50304 elements
-// less (1.6 GB in bf16).
+// position (lse): no probabilities and no V-sized scratch (an unfused head
+// keeps three [B*T, V] tensors: logits, probabilities and a scratch of V + C
+// per position). For gpt2 at B = 8 that is 2 x 8192 x 50304 elements less
+// (1.6 GB in bf16).
 TEST(Gpt, ActivationBytesKeepOneVocabSizedTensor) {
   const ModelConfig cfg{"test", 1000, 16, 2, 2, 8};  // V >> 9C: a V-sized scratch would show
   const auto layout = build_layout(cfg);

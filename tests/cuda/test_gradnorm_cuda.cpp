@@ -16,8 +16,8 @@
 // warp in one bin: the pre-aggregation), blocks whose bins come near 2^63
 // (FLT_MAX everywhere: the split into low and high halves), sizes around the
 // 2^15 elements of a block and the 256 of a pass, and unaligned starts.
-// One test runs gpt2's size (124M bf16) and prints its time beside the old
-// way's (copy to the host, sum there).
+// One test runs gpt2's size (124M bf16) and prints its time beside the
+// host path's (copy to the host, sum there).
 #include <gtest/gtest.h>
 
 #include "cuda/gpu_test_util.h"
@@ -257,8 +257,8 @@ TEST_F(SumSquaresCuda, NonFiniteRaisesTheCpuMessage) {
 TEST_F(SumSquaresCuda, Gpt2SizedGradientExactAndTimed) {
   // The size this is for: gpt2's 124M bf16 gradient (about 3800 blocks).
   // Exact as everywhere; the times are printed for the record (no
-  // assertion on them: they depend on the machine), beside what the old way
-  // cost: the whole gradient copied to the host and summed there.
+  // assertion on them: they depend on the machine), beside what the host
+  // path costs: the whole gradient copied to the host and summed there.
   const size_t n = 124'000'000;
   const auto x = gradient_like<bf16>(n, 700, 1e-4f);
   void* d = nullptr;

@@ -132,8 +132,9 @@ TEST_F(CudaKernels, ContextKeepsReductionsInFloat32) {
 
 // ---------------------------------------------------------------------------
 // Zero sizes: an op with an empty dimension does nothing, as its CPU twin
-// does: it neither fails (a grid of 0 blocks is a launch error, which
-// layernorm_backward_cuda with C = 0 used to hit) nor writes anything. Every
+// does: it neither fails (a grid of 0 blocks is a launch error, which a
+// launcher sizing its grid by C, as layernorm_backward_cuda's, meets at
+// C = 0) nor writes anything. Every
 // pointer below points into buffers of random values that must come back
 // unchanged. (matmul with IC = 0 is not a no-op: test_kernels_cuda_matmul.cpp.)
 

@@ -91,10 +91,10 @@ TEST_F(CudaKernels, MatmulTf32WhenAskedFor) { check_matmul<float>(ctx(), 256, 25
 
 // IC = 0, a Linear with no inputs: no model has one, but the op is plain.
 // out = bias (or 0 without one), and the backward still adds dout's column
-// sums to dbias (dinp and dweight have no elements). The matmul launchers
-// used to get both wrong: the forward passed cuBLAS a leading dimension of
-// 0 (CUBLAS_STATUS_INVALID_VALUE), the backward returned before dbias. The
-// CPU twin's sgemm rejects IC = 0 too, so the expected values are written
+// sums to dbias (dinp and dweight have no elements). Both are easy to get
+// wrong: a forward that passes cuBLAS a leading dimension of 0 fails
+// (CUBLAS_STATUS_INVALID_VALUE), a backward that returns early skips dbias.
+// The CPU twin's sgemm rejects IC = 0 too, so the expected values are written
 // out here: out exactly (copies of bias, or zeros), dbias within the
 // column-sum bound of check_matmul (2 (N + 2) u32 of sum |terms|, + u16).
 template <class F>

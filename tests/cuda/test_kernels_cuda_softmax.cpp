@@ -32,7 +32,7 @@ using namespace zf::test;
 //   relative, and so log(sum) within that, absolute (= e below);
 // - lse = max + log(sum) rounds once on each side: 2 u32 |lse| more;
 // - loss = log(sum) - (x_t - max), x_t - max the same float operation on the
-//   same values: e (1 + |loss|) and a few ulps of its terms, as before;
+//   same values: e (1 + |loss|) and a few ulps of its terms;
 // - dlogits from the same lse: x - lse is the same float subtraction on both
 //   sides, exp within 2 ulp each, then the -1 and the product: 8 u32 of
 //   (p + 1) |dloss|; bf16 rounds the stored gradient once more (kStoreU).

@@ -2,7 +2,7 @@
 //
 //   build-dir/tests/test_faults
 //
-// What it promises (DESIGN.md, "Communicator"): when one rank throws, the
+// What it promises (comm.h, launch.h): when one rank throws, the
 // group is aborted, every other rank's pending or later collective raises
 // CommAborted, and run_ranks throws within seconds one error naming the rank
 // that failed and its own message. Collectives that do not match between

@@ -3,7 +3,7 @@
 //
 //   build-dir/tests/test_launch_mpi        (runs mpirun itself; ZF_MPIRUN names it)
 //
-// What it promises (issue: the MPI communicator and launch):
+// What it promises (comm_mpi.h, launch.h):
 //   - `mpirun -np 4 dp ...` and `dp --ranks 4 ...` log the same losses at
 //     every step, bit for bit, and the same summary (parameter hash, memory
 //     and communication of every rank), for stage 00 and stage 03: the mpi

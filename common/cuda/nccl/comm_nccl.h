@@ -41,7 +41,7 @@
 // ever blocking. The host must not read a result before a device sync
 // (Device::to_host). CommHandle::wait_host(), the blocking forms
 // (all_reduce() ...) and barrier() block the host until the watchdog has
-// seen the collective complete, as before. stream_wait_issued(stream) orders
+// seen the collective complete. stream_wait_issued(stream) orders
 // any stream after every collective issued so far.
 //
 // Where a failure raises. A collective that has failed when wait() is

@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""reading_list.py: what a reader of each stage reads, in order, with the
+line count of every file. Standard library only.
+
+    python3 scripts/reading_list.py           # print the tables (markdown)
+    python3 scripts/reading_list.py --write   # refresh them in docs/ARCHITECTURE.md
+    python3 scripts/reading_list.py --check   # write nothing; exit 1 if that copy is stale
+
+READING below is the list: for stage 00 the stage's files and the common/
+files its lesson needs, in the order the loop meets them; for each later
+stage only what is new. Line counts are counted here (as `wc -l` does), so
+after a change to any listed file, --write brings the document up to date.
+A listed file that does not exist is an error naming it: fix READING.
+
+In docs/ARCHITECTURE.md the tables stand between the two marker lines
+BEGIN and END below; --write replaces what is between them and nothing else.
+"""
+import argparse
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOC = os.path.join("docs", "ARCHITECTURE.md")
+BEGIN = "<!-- reading list: begin (written by scripts/reading_list.py --write) -->"
+END = "<!-- reading list: end -->"
+
+# (title, the stage's CHANGES.diff or None, [(file, what to look for)],
+#  [further files, for the details])
+READING = [
+    ("Stage 00: data parallel", None, [
+        ("00_data_parallel/train.cpp", "main(): the executable, flags to run (frame/'s stage_main)"),
+        ("00_data_parallel/data_parallel.h", "the stage's one function"),
+        ("00_data_parallel/data_parallel.cpp", "the step loop: every later stage changes a part of it"),
+        ("common/train/rank.h", "what a rank has: rank, world, communicator, memory tracker, Device"),
+        ("common/core/memory.h", "every byte counted by place and category"),
+        ("common/core/tensor.h", "an owning buffer that pays its tracker"),
+        ("common/core/model.h", "the GPT as units with flat buffers; Gpt computes one unit"),
+        ("common/train/training.h", "RankCompute (a unit's forward and backward), the initial model, the global loss"),
+        ("common/core/precision.h", "the fp32 and bf16 recipes seen from one unit"),
+        ("common/core/device.h", "the Device interface: every op on the device place (the interface only)"),
+        ("common/comm/comm.h", "the Communicator: collectives, async handles, byte counters"),
+        ("common/comm/comm_threads.h", "the threads backend"),
+        ("common/comm/comm_threads.cpp", "its collectives: the algorithm at the top, then the phases"),
+        ("common/comm/comm_reduce.cpp", "the rank-ordered sum every host backend uses"),
+        ("common/core/gradnorm.h", "the exact global gradient norm (the same bits however it is sharded)"),
+        ("common/core/adamw.h", "AdamW's formula"),
+        ("common/core/adamw.cpp", "AdamW on a range"),
+    ], [
+        "common/core/model.cpp", "common/train/training.cpp", "common/core/precision.cpp",
+        "common/core/gradnorm.cpp", "common/cpu/kernels.h", "tests/stages/test_dp.cpp",
+    ]),
+    ("Stage 01: ZeRO-1, the optimizer state sharded (what is new)", "01_zero1/CHANGES.diff", [
+        ("01_zero1/zero1.h", "what changes against stage 00, and the memory per rank"),
+        ("common/core/shard.h", "the cut: each unit padded to a multiple of N, rank r owning piece r"),
+        ("common/core/shard.cpp", "its arithmetic"),
+        ("01_zero1/sharded_adamw.h", "AdamW's state for this rank's pieces; gather_full_model"),
+        ("01_zero1/sharded_adamw.cpp", "the update per piece, the norm over the pieces"),
+        ("common/comm/host_collectives.h", "the norm's sum over ranks (all_reduce of a SumOfSquares)"),
+        ("01_zero1/zero1.cpp", "the loop: reduce_scatter, update my pieces, all_gather"),
+        ("01_zero1/train.cpp", "main()"),
+    ], ["tests/stages/test_zero.cpp"]),
+    ("Stage 02: ZeRO-2, the gradients sharded too (what is new)", "02_zero2/CHANGES.diff", [
+        ("02_zero2/zero2.h", "what changes against stage 01, and the memory per rank"),
+        ("02_zero2/sharded_grads.h", "gradients that never stay whole: a buffer per unit, reduce-scattered"),
+        ("02_zero2/sharded_grads.cpp", "at most two units' buffers alive"),
+        ("02_zero2/zero2.cpp", "the loop: a reduce-scatter per unit on every micro-step"),
+        ("02_zero2/train.cpp", "main()"),
+    ], ["tests/stages/test_schedule.cpp"]),
+    ("Stage 03: ZeRO-3, the parameters sharded too (what is new)", "03_zero3/CHANGES.diff", [
+        ("03_zero3/zero3.h", "what changes against stage 02, the memory and the communication"),
+        ("03_zero3/gathered_params.h", "parameters whole only while a unit computes"),
+        ("03_zero3/gathered_params.cpp", "gather, get, release"),
+        ("03_zero3/zero3.cpp", "the loop: gather the next unit while this one computes"),
+        ("03_zero3/train.cpp", "main()"),
+    ], []),
+]
+
+
+def lines_of(rel):
+    path = os.path.join(ROOT, rel)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(rel)
+    with open(path, "rb") as f:
+        return f.read().count(b"\n")
+
+
+def link(rel):
+    return f"[{rel}](../{rel})"  # relative to docs/
+
+
+def tables():
+    out, missing = [], []
+
+    def count(rel):
+        try:
+            return lines_of(rel)
+        except FileNotFoundError:
+            missing.append(rel)
+            return 0
+
+    for title, diff, files, further in READING:
+        counts = [count(f) for f, _ in files]
+        out.append(f"**{title}**: {len(files)} files, {sum(counts)} lines")
+        out.append("")
+        if diff:
+            out.append(f"In one view: {link(diff)} ({count(diff)} lines), this stage's files against "
+                       "the stage before's, the loop against the loop; or file by file:")
+            out.append("")
+        out.append("| # | file | lines | what to look for |")
+        out.append("|---:|---|---:|---|")
+        for i, ((f, what), n) in enumerate(zip(files, counts), 1):
+            out.append(f"| {i} | {link(f)} | {n} | {what} |")
+        if further:
+            out.append("")
+            out.append("Further, for the details: " +
+                       ", ".join(f"{link(f)} ({count(f)})" for f in further) + ".")
+        out.append("")
+    if missing:
+        sys.exit("reading_list: listed but missing: " + ", ".join(missing) +
+                 " (update READING in scripts/reading_list.py)")
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def with_tables(doc_text, body):
+    try:
+        head, rest = doc_text.split(BEGIN + "\n", 1)
+        _, tail = rest.split(END, 1)
+    except ValueError:
+        sys.exit(f"reading_list: {DOC} lacks the marker lines\n  {BEGIN}\n  {END}")
+    return head + BEGIN + "\n" + body + END + tail
+
+
+def main():
+    ap = argparse.ArgumentParser(description="Print (or --write, --check) each stage's reading list.")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--write", action="store_true", help=f"refresh the tables in {DOC}")
+    g.add_argument("--check", action="store_true", help=f"exit 1 if the tables in {DOC} are stale")
+    args = ap.parse_args()
+    body = tables()
+    if not (args.write or args.check):
+        sys.stdout.write(body)
+        return 0
+    path = os.path.join(ROOT, DOC)
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    new = with_tables(text, body)
+    if args.check:
+        if new != text:
+            print(f"{DOC}: the reading list is stale; run python3 scripts/reading_list.py --write")
+            return 1
+        return 0
+    if new != text:
+        with open(path, "w", encoding="utf-8", newline="\n") as f:
+            f.write(new)
+        print(f"wrote {DOC}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
