@@ -35,7 +35,10 @@ READING = [
         ("common/core/memory.h", "every byte counted by place and category"),
         ("common/core/tensor.h", "an owning buffer that pays its tracker"),
         ("common/core/model.h", "the GPT as units with flat buffers; Gpt computes one unit"),
-        ("common/train/training.h", "RankCompute (a unit's forward and backward), the initial model, the global loss"),
+        ("common/train/training_run.h", "ModelStates (load, full) and TrainingRun: what every run does around its loop"),
+        ("common/train/initial_state.h", "where the first values come from: the seed, --init, --resume"),
+        ("common/train/rank_compute.h", "RankCompute: this rank's micro-batches, a unit's forward and backward"),
+        ("common/train/training.h", "the global loss, the parameter hash, a timer"),
         ("common/core/precision.h", "the fp32 and bf16 recipes seen from one unit"),
         ("common/core/device.h", "the Device interface: every op on the device place (the interface only)"),
         ("common/comm/comm.h", "the Communicator: collectives, async handles, byte counters"),
@@ -46,7 +49,7 @@ READING = [
         ("common/core/adamw.h", "AdamW's formula"),
         ("common/core/adamw.cpp", "AdamW on a range"),
     ], [
-        "common/core/model.cpp", "common/train/training.cpp", "common/core/precision.cpp",
+        "common/core/model.cpp", "common/train/training_run.cpp", "common/train/rank_compute.cpp", "common/core/precision.cpp",
         "common/core/gradnorm.cpp", "common/cpu/kernels.h", "tests/stages/test_dp.cpp",
     ]),
     ("Stage 01: ZeRO-1, the optimizer state sharded (what is new)", "01_zero1/CHANGES.diff", [

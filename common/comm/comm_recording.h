@@ -17,7 +17,8 @@
 //                   the delay below
 //   load            RankCompute::load(step, micro): a micro-step begins
 //   forward_begin, forward_end, backward_begin, backward_end   of unit u, from
-//                   RankCompute::forward/backward (common/train/training.cpp)
+//                   the rank's compute (train/compute_decorators.cpp wraps
+//                   RankCompute when the communicator is a recorder)
 //
 // Every event takes the next number of one per-rank counter (seq), so the
 // list is a total order of what the rank did; tests assert order, never
@@ -36,11 +37,10 @@
 //
 // Off by default, at no cost: only a test builds one. It wraps the rank's
 // communicator for the stage's function (tests/stages/schedule_util.h:
-// RankContext{rank, world, recorder, mem, dev}); RankCompute looks for a
-// recorder once, at construction (find_recorder), and without one its hooks
-// are a null test. The counters (stats()) are the recorder's own, counted
-// as the threads backend counts them, so a stage's results are the same
-// with or without it.
+// RankContext{rank, world, recorder, mem, dev}); make_rank_compute looks
+// for a recorder once (find_recorder), and without one adds nothing. The
+// counters (stats()) are the recorder's own, counted as the threads backend
+// counts them, so a stage's results are the same with or without it.
 #pragma once
 
 #include <chrono>
