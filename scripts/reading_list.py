@@ -61,21 +61,21 @@ READING = [
         ("common/comm/host_collectives.h", "the norm's sum over ranks (all_reduce of a SumOfSquares)"),
         ("01_zero1/zero1.cpp", "the loop: reduce_scatter, update my pieces, all_gather"),
         ("01_zero1/train.cpp", "main()"),
-    ], ["tests/stages/test_zero.cpp"]),
+    ], ["tests/stages/test_zero1.cpp"]),
     ("Stage 02: ZeRO-2, the gradients sharded too (what is new)", "02_zero2/CHANGES.diff", [
         ("02_zero2/zero2.h", "what changes against stage 01, and the memory per rank"),
         ("02_zero2/sharded_grads.h", "gradients that never stay whole: a buffer per unit, reduce-scattered"),
         ("02_zero2/sharded_grads.cpp", "at most two units' buffers alive"),
         ("02_zero2/zero2.cpp", "the loop: a reduce-scatter per unit on every micro-step"),
         ("02_zero2/train.cpp", "main()"),
-    ], ["tests/stages/test_schedule.cpp"]),
+    ], ["tests/stages/test_zero2.cpp"]),
     ("Stage 03: ZeRO-3, the parameters sharded too (what is new)", "03_zero3/CHANGES.diff", [
         ("03_zero3/zero3.h", "what changes against stage 02, the memory and the communication"),
         ("03_zero3/gathered_params.h", "parameters whole only while a unit computes"),
         ("03_zero3/gathered_params.cpp", "gather, get, release"),
         ("03_zero3/zero3.cpp", "the loop: gather the next unit while this one computes"),
         ("03_zero3/train.cpp", "main()"),
-    ], []),
+    ], ["tests/stages/test_zero3.cpp"]),
 ]
 
 

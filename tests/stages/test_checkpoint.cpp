@@ -1,19 +1,18 @@
 // test_checkpoint.cpp: training checkpoints (--save, --save-every, --resume;
-// common/io/checkpoint.h). What a user relies on:
-// - A run stopped and resumed trains exactly as if it had not stopped: the
-//   same losses from the resumed step on and the same final parameters, bit
-//   for bit (the checkpoint holds AdamW's float32 state and the step; the
-//   batches depend on the step alone), in every stage, both recipes, with
-//   padding (N = 3), and with gradient accumulation.
+// common/io/checkpoint.h), what does not belong to one stage. What a user
+// relies on:
+// - A run stopped and resumed trains exactly as if it had not stopped, bit
+//   for bit; --save-every keeps the last due checkpoint when a rank fails
+//   later; saving is not counted as training's communication: checked per
+//   stage, in each stage's file (test_dp.cpp, test_zero1.cpp, ...: the
+//   Checkpoint tests, written once in stage_test_util.h).
 // - The checkpoint is consolidated: saved by one stage at N ranks, it resumes
 //   in any stage at any N (the same bits at the same N, since every stage
 //   matches stage 00's; at another N, stage 00's own tolerance).
-// - --save-every keeps the last due checkpoint when a rank fails later: no
-//   lost work beyond save_every steps.
 // - Mismatched or unusable files are refused up front with a message that
 //   says what to do, and --init accepts a checkpoint as a model.
-// - Saving moves data between ranks but is not counted as training's
-//   communication.
+//
+//   meson test -C build checkpoint
 #include <gtest/gtest.h>
 
 #include <string>
@@ -21,60 +20,18 @@
 
 #include "checkpoint.h"
 #include "safetensors.h"
+#include "stages/stage_test_util.h"
 #include "test_util.h"
 #include "zero1.h"
-#include "zero2.h"
 #include "zero3.h"
 
 namespace zf {
 namespace {
 
 using test::quiet_config;
-
-struct StageCase {
-  const char* name;
-  StageFn fn;
-};
-const StageCase kStages[] = {{"dp", train_data_parallel},
-                             {"zero1", train_zero1},
-                             {"zero2", train_zero2},
-                             {"zero3", train_zero3}};
+using test::tail;
 
 class Checkpoint : public test::TempDirTest {};
-
-// The losses of steps [from, end) of a run that started at step 0.
-std::vector<float> tail(const RunResult& r, int from) {
-  const auto& l = r.ranks[0].losses;
-  return std::vector<float>(l.begin() + from, l.end());
-}
-
-// Stopped after 3 steps and resumed to 7 = 7 steps in one go, bit for bit:
-// every stage, both recipes, N = 2 and 3 (padding), K = 2 once.
-TEST_F(Checkpoint, ResumeContinuesBitForBit) {
-  for (const StageCase& st : kStages)
-    for (Precision prec : {Precision::fp32, Precision::bf16})
-      for (int N : {2, 3}) {
-        SCOPED_TRACE(std::string(st.name) + " " + precision_name(prec) + " N=" + std::to_string(N));
-        TrainConfig cfg = quiet_config("tiny", N, 2, 7);
-        cfg.precision = prec;
-        cfg.grad_accum = N == 3 ? 2 : 1;
-        const RunResult whole = run_training(cfg, st.fn);
-
-        TrainConfig first = cfg;
-        first.steps = 3;
-        first.save = path("ck.safetensors");
-        run_training(first, st.fn);
-        EXPECT_EQ(CheckpointReader(first.save, build_layout(cfg.model)).step(), 3);
-
-        TrainConfig second = cfg;
-        second.resume = first.save;
-        const RunResult resumed = run_training(second, st.fn);
-        ASSERT_EQ(resumed.ranks[0].losses.size(), 4u);
-        EXPECT_EQ(resumed.ranks[0].first_step, 3);
-        EXPECT_EQ(resumed.ranks[0].losses, tail(whole, 3));
-        for (const auto& rank : resumed.ranks) EXPECT_EQ(rank.param_hash, whole.ranks[0].param_hash);
-      }
-}
 
 // One file for every stage and rank count: saved by stage 00 with 2 ranks,
 // resumed by ZeRO-3 with 2 ranks (the same bits: stages agree at the same N)
@@ -101,42 +58,6 @@ TEST_F(Checkpoint, ResumesInAnotherStageAndRankCount) {
   const RunResult z1 = run_training(four, train_zero1);
   ASSERT_EQ(z1.ranks[0].losses.size(), 4u);
   for (size_t s = 0; s < 4; ++s) EXPECT_NEAR(z1.ranks[0].losses[s], whole.ranks[0].losses[s + 2], 1e-5) << s;
-}
-
-// A rank fails in step 4 of 6 with --save-every 2: the file holds step 4
-// (saved after steps 2 and 4 completed, the second replacing the first), and
-// resuming from it finishes the run as if nothing had happened.
-TEST_F(Checkpoint, SaveEveryKeepsWorkWhenARankFails) {
-  for (const StageCase& st : kStages) {
-    SCOPED_TRACE(st.name);
-    TrainConfig cfg = quiet_config("tiny", 2, 2, 6);
-    const RunResult whole = run_training(cfg, st.fn);
-    TrainConfig failing = cfg;
-    failing.save = path(std::string(st.name) + ".safetensors");
-    failing.save_every = 2;
-    failing.fault_rank = 1;
-    failing.fault_step = 4;
-    EXPECT_THROW(run_training(failing, st.fn), Error);
-    EXPECT_EQ(CheckpointReader(failing.save, build_layout(cfg.model)).step(), 4);
-    TrainConfig resume = cfg;
-    resume.resume = failing.save;
-    const RunResult rest = run_training(resume, st.fn);
-    EXPECT_EQ(rest.ranks[0].losses, tail(whole, 4));
-    EXPECT_EQ(rest.ranks[0].param_hash, whole.ranks[0].param_hash);
-  }
-}
-
-// Saving gathers every moment and parameter (ZeRO-3: 3 more all_gathers of
-// the model), but the run's communication is training's alone: the same
-// bytes per step with and without --save.
-TEST_F(Checkpoint, SavingIsNotCountedAsTrainingTraffic) {
-  TrainConfig cfg = quiet_config("tiny", 2, 2, 4);
-  const RunResult plain = run_training(cfg, train_zero3);
-  cfg.save = path("z3.safetensors");
-  cfg.save_every = 1;
-  const RunResult saving = run_training(cfg, train_zero3);
-  EXPECT_EQ(saving.ranks[0].comm.bytes, plain.ranks[0].comm.bytes);
-  EXPECT_EQ(saving.ranks[0].comm.calls, plain.ranks[0].comm.calls);
 }
 
 // The file: the model under docs/SPEC.md's names (so --init reads it as a model),

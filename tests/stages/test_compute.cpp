@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "stages/stage_test_util.h"
 #include "test_util.h"
 #include "zero1.h"
 #include "zero2.h"
@@ -25,9 +26,7 @@ namespace {
 using test::quiet_config;
 
 TrainConfig bf16_config(const ModelConfig& m, int N, int steps, DType compute) {
-  TrainConfig cfg = quiet_config("tiny", N, 1, steps);
-  cfg.model = m;
-  cfg.precision = Precision::bf16;
+  TrainConfig cfg = test::config(m, N, 1, steps, Precision::bf16);
   cfg.compute = compute;
   return cfg;
 }
@@ -38,8 +37,7 @@ TrainConfig bf16_config(const ModelConfig& m, int N, int steps, DType compute) {
 // so with bf16 compute too they must give stage 00's losses and final
 // parameters to the bit. The "odd" model pads every unit at N = 3.
 TEST(Bf16Compute, EveryStageBitIdenticalToDataParallel) {
-  const ModelConfig odd{"odd", 256, 13, 2, 2, 10};
-  for (const auto& [model, N] : {std::pair{model_preset("tiny"), 2}, std::pair{odd, 3}}) {
+  for (const auto& [model, N] : {std::pair{model_preset("tiny"), 2}, std::pair{test::odd_model(), 3}}) {
     const TrainConfig cfg = bf16_config(model, N, 3, DType::bf16);
     SCOPED_TRACE(model.name + ", N=" + std::to_string(N));
     const RunResult ref = run_training(cfg, train_data_parallel);
@@ -60,7 +58,8 @@ TEST(Bf16Compute, EveryStageBitIdenticalToDataParallel) {
 // max |loss(bf16 compute) - loss(f32 compute)| = 3.0e-4 at losses ~5.5;
 // tolerance 3e-3, a margin of 10x. A real error in the plumbing moves
 // it much more: training on other batches changes the loss by ~0.02
-// (test_zero.cpp), a missing gradient term stops the loss from falling.
+// (stage_test_util.h, gradient accumulation), a missing gradient term stops
+// the loss from falling.
 // The losses must also differ (bf16 compute really happened).
 TEST(Bf16Compute, CloseToF32Compute) {
   const TrainConfig f32 = bf16_config(model_preset("tiny"), 2, 10, DType::f32);

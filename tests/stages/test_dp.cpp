@@ -1,6 +1,22 @@
-// test_dp.cpp: stage 00 is right. Data parallelism must give the losses of
-// one rank on the same global batch, hold exactly 16P bytes of model states
-// per rank, move 2(N-1)/N of the gradient per step, and learn.
+// test_dp.cpp: stage 00 (00_data_parallel/, `dp`) is right: everything that
+// tests stage 00 alone. Data parallelism must give the losses of one rank
+// on the same global batch, hold exactly 16P bytes of model states per
+// rank, move 2(N-1)/N of the gradient per step, and learn. Here:
+//   - training: N ranks of B = one rank of N B, accumulation, clipping, the
+//     logged grad_norm, a loss that falls, a device budget, a failing rank;
+//   - memory: the model states against docs/SPEC.md's formula (16P);
+//   - communication: the ring-model bytes and calls of the all-reduces;
+//   - schedule: each unit's all-reduce overlaps the next unit's backward,
+//     the collectives of a step, no comm buffers (DataParallelSchedule);
+//   - the gradient's value against a double-precision reference;
+//   - checkpoints: resume bit for bit, --save-every, saving uncounted.
+// The later stages' files (test_zero1.cpp ...) test each against this one.
+//
+//   meson test -C build dp                                       # every test of stage 00
+//   build/tests/test_dp --gtest_filter='*DataParallelSchedule*'  # one group of them
+//   build/tests/test_dp --gtest_list_tests                       # their names
+//
+// ZF_TEST_PRINT=1 prints the measured numbers the comments quote.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -8,6 +24,8 @@
 #include <fstream>
 
 #include "comm.h"
+#include "stages/schedule_util.h"
+#include "stages/stage_test_util.h"
 #include "test_util.h"
 
 namespace zf {
@@ -66,6 +84,13 @@ TEST(DataParallel, ClippingChangesTheUpdate) {
   EXPECT_NE(ra.ranks[0].param_hash, rb.ranks[0].param_hash);
 }
 
+// The clip norms the later stages' parity tests use (1 and 0.05) really
+// clip, and the logged norm is the one before clipping (stage_test_util.h).
+TEST(DataParallel, ClippingBites) { test::expect_clipping_bites(train_data_parallel); }
+
+// Every step of the run log carries the grad_norm the run recorded.
+TEST(DataParallel, RunLogCarriesTheGradNorm) { test::expect_run_log_carries_the_grad_norm(train_data_parallel); }
+
 TEST(DataParallel, LossFallsOnBuiltInCorpus) {
   auto cfg = quiet_config("tiny", 2, 4, 60);
   cfg.lr = 3e-3f;
@@ -94,6 +119,13 @@ TEST(DataParallel, ModelStatesAreExactly16PPerRank) {
       EXPECT_GT(m.pk(Place::device, Category::activations), 0u);
     }
   }
+}
+
+// The formula of ModelStatesAreExactly16PPerRank, e P + e P + o P, on the
+// cases the ZeRO stages run (with padding there; stage 00 never pads), and
+// memory_model.h's and docs/SPEC.md's tables.
+TEST(DataParallelMemory, ModelStatesMatchSpecFormulas) {
+  test::expect_model_states_match_formulas(Stage::dp, train_data_parallel);
 }
 
 TEST(DataParallel, CommunicatesOneAllReducePerStep) {
@@ -156,6 +188,82 @@ TEST(DataParallel, FailingRankStopsTheRunAndIsNamed) {
   }
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(s, 10.0) << "the other ranks took too long to stop";
+}
+
+// Ring-model bytes (comm.h): one all-reduce of the P gradients (2(N-1)/N of
+// them) and of the loss (1 float) per step, whatever K (only the last
+// micro-step communicates), clipping or not: stage 00 has the whole gradient
+// and reduces no norm. The later stages compare their totals with this one.
+TEST(DataParallelComm, RingBytesFollowTheSizes) {
+  test::for_each_ring_case(train_data_parallel, [](const test::RingCase& c, const CommStats& got) {
+    test::expect_ring_bytes(got, {.all_reduce = c.steps * (c.ar00 + c.loss)});
+    test::expect_bytes(got.total_bytes(), c.t00, "total");
+  });
+}
+
+// ------------------------------------------------------------------ schedule
+
+// Stage 00 under the schedule recorder (schedule_util.h), on the four
+// schedule cases (N, K, recipe, a delay or not, clipping or not).
+class DataParallelSchedule : public test::StageSchedule {
+ protected:
+  DataParallelSchedule() : StageSchedule("dp", train_data_parallel) {}
+};
+
+TEST_P(DataParallelSchedule, LogIsConsistent) { test::expect_consistent_log(run()); }
+
+// No collective on the micro-steps before the last (the gradient accumulates
+// locally); on the last, unit u's all-reduce is issued as soon as its
+// backward ends, before unit u-1's backward starts, and waited for only
+// after unit u-1's backward has ended.
+TEST_P(DataParallelSchedule, AllReduceOverlapsBackward) {
+  const int K = GetParam().K;
+  const test::Units us = units();
+  for_each_rank_step([&](const test::RankSchedule& s, int step) {
+    for (int k = 0; k + 1 < K; ++k) EXPECT_TRUE(s.issued_in(s.micro(step, k)).empty()) << "micro " << k;
+    // Unit u's all-reduce carries its n_u gradients, unpadded.
+    const auto cs = test::expect_unit_gradients(s, s.micro(step, K - 1), us, CollectiveKind::all_reduce, us.n);
+    ASSERT_GE(int(cs.size()), us.U + 1);
+    // The loss is reduced once every gradient is waited for.
+    EXPECT_TRUE(test::is_loss(*cs[us.U]));
+    for (int i = 0; i < us.U; ++i) EXPECT_LT(cs[i]->first_wait(), cs[us.U]->issued);
+  });
+}
+
+// Per step: U all-reduces of the model (on the last micro-step) and the
+// loss; no gradient norm to reduce (every rank has the whole gradient), no
+// final gather (every rank has the whole model).
+TEST_P(DataParallelSchedule, CollectiveCountsPerStep) {
+  const int U = units().U;
+  test::expect_collective_counts(run(), GetParam(), {.model_all_reduce = U, .loss = 1}, /*final_gather=*/false);
+}
+
+// The gradients are all-reduced in their own buffers: no comm bytes at all.
+TEST_P(DataParallelSchedule, CommPeakIsTheReadmeBound) { test::expect_comm_peak(run(), 0); }
+
+INSTANTIATE_TEST_SUITE_P(Cases, DataParallelSchedule, ::testing::ValuesIn(test::schedule_cases()),
+                         test::schedule_case_name);
+
+TEST(DataParallelRecorder, ChangesNoResult) { test::expect_recorder_changes_no_result(train_data_parallel); }
+
+// ------------------------------------------------------------------ gradient, checkpoints
+
+// The gradient of step 0 against gpt_reference.h's, N = 1, 2, 4, K = 1, 2,
+// both recipes (stage_test_util.h says how it is read and the tolerances).
+TEST(DataParallelGradient, MatchesTheReference) { test::expect_gradient_matches_reference("dp", train_data_parallel); }
+
+class DataParallelCheckpoint : public test::TempDirTest {};
+
+TEST_F(DataParallelCheckpoint, ResumeContinuesBitForBit) {
+  test::expect_resume_continues_bit_for_bit(train_data_parallel, dir_);
+}
+
+TEST_F(DataParallelCheckpoint, SaveEveryKeepsWorkWhenARankFails) {
+  test::expect_save_every_keeps_work_when_a_rank_fails(train_data_parallel, dir_);
+}
+
+TEST_F(DataParallelCheckpoint, SavingIsNotCountedAsTrainingTraffic) {
+  test::expect_saving_is_not_counted_as_training_traffic(train_data_parallel, dir_);
 }
 
 }  // namespace
