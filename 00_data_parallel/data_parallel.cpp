@@ -26,6 +26,7 @@ namespace {
 // The model states one rank holds under data parallelism: all of them.
 struct Replica final : ModelStates {
   const ModelLayout& layout;
+  int rank;
   Device& dev;
   DType dt;        // the recipe's dtype of parameters and gradients (fp32 or bf16)
   Tensor params;   // P, dt                                       category params
@@ -34,7 +35,7 @@ struct Replica final : ModelStates {
   Tensor m, v;     // P float32 AdamW moments                     category optimizer
 
   Replica(const ModelLayout& layout, Precision prec, RankContext& ctx)
-      : layout(layout), dev(ctx.dev), dt(storage_dtype(prec)) {
+      : layout(layout), rank(ctx.rank), dev(ctx.dev), dt(storage_dtype(prec)) {
     const size_t P = layout.numel;
     params = Tensor(ctx.mem, Place::device, Category::params, dt, P);
     grads = Tensor(ctx.mem, Place::device, Category::grads, dt, P);
@@ -44,8 +45,8 @@ struct Replica final : ModelStates {
   }
 
   // Unit u's parameters and gradients: its range of the whole buffers.
-  char* unit_params(int u) { return static_cast<char*>(params.data()) + layout.units[u].offset * dtype_size(dt); }
-  char* unit_grads(int u) { return static_cast<char*>(grads.data()) + layout.units[u].offset * dtype_size(dt); }
+  char* unit_params(int u) { return params.at(layout.units[u].offset); }
+  char* unit_grads(int u) { return grads.at(layout.units[u].offset); }
   // The float32 copy AdamW updates: the master in bf16, else the parameters.
   float* fp32_params() { return master.empty() ? params.as<float>() : master.as<float>(); }
   Tensor& moment(StateKind kind) { return kind == StateKind::m ? m : v; }
@@ -61,8 +62,10 @@ struct Replica final : ModelStates {
           init.load(u, kind, 0, n, dev, moment(kind).as<float>() + off, DType::f32);
     }
   }
-  // Every rank holds everything: a copy back to the host.
-  std::vector<float> full(StateKind kind) override {
+  // Every rank holds everything: a copy back to the host (rank 0's alone
+  // when only rank 0 needs it).
+  std::vector<float> full(StateKind kind, bool every_rank) override {
+    if (!every_rank && rank != 0) return {};
     std::vector<float> out(layout.numel);
     dev.to_host(out.data(), kind == StateKind::params ? fp32_params() : moment(kind).data(),
                 out.size() * sizeof(float));

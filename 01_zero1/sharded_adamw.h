@@ -10,10 +10,10 @@
 #include <functional>
 
 #include "adamw.h"
-#include "initial_state.h"
 #include "comm.h"
 #include "config.h"
 #include "device.h"
+#include "initial_state.h"
 #include "shard.h"
 #include "tensor.h"
 

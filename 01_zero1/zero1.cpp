@@ -39,11 +39,12 @@ struct Zero1States final : ModelStates {
         opt(layout, shards, cfg.precision, ctx.mem, ctx.dev, cfg.lr) {}
 
   // Unit u's parameters and gradients: its N slots of the whole buffers.
-  char* unit_params(int u) { return static_cast<char*>(params.data()) + shards.units[u].padded_offset * dtype_size(dt); }
-  char* unit_grads(int u) { return static_cast<char*>(grads.data()) + shards.units[u].padded_offset * dtype_size(dt); }
+  char* unit_params(int u) { return params.at(shards.units[u].padded_offset); }
+  char* unit_grads(int u) { return grads.at(shards.units[u].padded_offset); }
   // My piece of unit u inside them: slot r of the unit's N slots.
-  char* my_param_piece(int u) { return unit_params(u) + size_t(shards.rank) * shards.units[u].shard * dtype_size(dt); }
-  char* my_grad_piece(int u) { return unit_grads(u) + size_t(shards.rank) * shards.units[u].shard * dtype_size(dt); }
+  size_t my_slot(int u) const { return size_t(shards.rank) * shards.units[u].shard; }
+  char* my_param_piece(int u) { return params.at(shards.units[u].padded_offset + my_slot(u)); }
+  char* my_grad_piece(int u) { return grads.at(shards.units[u].padded_offset + my_slot(u)); }
 
   // Every rank loads the whole parameters, and the optimizer its pieces only.
   void load(const InitialState& init) override {
@@ -52,7 +53,7 @@ struct Zero1States final : ModelStates {
     opt.load(init);
   }
   // The pieces of the updated model and of the moments, gathered.
-  std::vector<float> full(StateKind kind) override {
+  std::vector<float> full(StateKind kind, bool) override {
     return opt.gather(kind, comm, [&](int u) { return my_param_piece(u); });
   }
 };
@@ -97,7 +98,8 @@ RankResult train_zero1(const TrainConfig& cfg, RankContext& ctx, const TokenData
     const float loss = global_mean_loss(ctx.comm, ctx.dev, loss_sum, K);
 
     // Clip with the norm of the whole gradient, summed exactly from the pieces.
-    const GradClip clip = states.opt.clip_scale(ctx.comm, [&](int u) { return states.my_grad_piece(u); }, cfg.clip);
+    const GradClip clip =
+        states.opt.clip_scale(ctx.comm, [&](int u) { return states.my_grad_piece(u); }, cfg.clip);
     // New: each rank updates its piece, then the pieces are all-gathered (in place).
     for (int u = 0; u < U; ++u) {
       states.opt.update(u, states.my_grad_piece(u), states.my_param_piece(u), step + 1, clip.scale);

@@ -39,9 +39,10 @@ struct Zero2States final : ModelStates {
         opt(layout, shards, cfg.precision, ctx.mem, ctx.dev, cfg.lr) {}
 
   // Unit u's parameters: its N slots of the whole buffer.
-  char* unit_params(int u) { return static_cast<char*>(params.data()) + shards.units[u].padded_offset * dtype_size(dt); }
+  char* unit_params(int u) { return params.at(shards.units[u].padded_offset); }
   // My piece of unit u inside them: slot r of the unit's N slots.
-  char* my_param_piece(int u) { return unit_params(u) + size_t(shards.rank) * shards.units[u].shard * dtype_size(dt); }
+  size_t my_slot(int u) const { return size_t(shards.rank) * shards.units[u].shard; }
+  char* my_param_piece(int u) { return params.at(shards.units[u].padded_offset + my_slot(u)); }
 
   // Every rank loads the whole parameters, and the optimizer its pieces only.
   void load(const InitialState& init) override {
@@ -50,7 +51,7 @@ struct Zero2States final : ModelStates {
     opt.load(init);
   }
   // The pieces of the updated model and of the moments, gathered.
-  std::vector<float> full(StateKind kind) override {
+  std::vector<float> full(StateKind kind, bool) override {
     return opt.gather(kind, comm, [&](int u) { return my_param_piece(u); });
   }
 };
@@ -83,7 +84,8 @@ RankResult train_zero2(const TrainConfig& cfg, RankContext& ctx, const TokenData
 
       // Backward, last unit first.
       for (int u = U - 1; u >= 0; --u) {
-        rc->backward(u, states.unit_params(u), states.grads.begin_unit(u));  // new: into a temporary full gradient
+        // New: into a temporary full gradient, reduce-scattered at once.
+        rc->backward(u, states.unit_params(u), states.grads.begin_unit(u));
         states.grads.reduce_unit(u);  // new: every micro-step; the full gradient is released
       }
       states.grads.finish();
@@ -91,7 +93,8 @@ RankResult train_zero2(const TrainConfig& cfg, RankContext& ctx, const TokenData
     const float loss = global_mean_loss(ctx.comm, ctx.dev, loss_sum, K);
 
     // Clip with the norm of the whole gradient, summed exactly from the pieces.
-    const GradClip clip = states.opt.clip_scale(ctx.comm, [&](int u) { return states.grads.piece(u); }, cfg.clip);
+    const GradClip clip =
+        states.opt.clip_scale(ctx.comm, [&](int u) { return states.grads.piece(u); }, cfg.clip);
     // Each rank updates its piece, then the pieces are all-gathered (in place).
     for (int u = 0; u < U; ++u) {
       states.opt.update(u, states.grads.piece(u), states.my_param_piece(u), step + 1, clip.scale);

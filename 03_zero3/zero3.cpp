@@ -46,7 +46,7 @@ struct Zero3States final : ModelStates {
     opt.load(init);
   }
   // The pieces of the model and of the moments, gathered.
-  std::vector<float> full(StateKind kind) override {
+  std::vector<float> full(StateKind kind, bool) override {
     return opt.gather(kind, comm, [&](int u) { return params.piece(u); });
   }
 };
@@ -93,7 +93,8 @@ RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData
     const float loss = global_mean_loss(ctx.comm, ctx.dev, loss_sum, K);
 
     // Clip with the norm of the whole gradient, summed exactly from the pieces.
-    const GradClip clip = states.opt.clip_scale(ctx.comm, [&](int u) { return states.grads.piece(u); }, cfg.clip);
+    const GradClip clip =
+        states.opt.clip_scale(ctx.comm, [&](int u) { return states.grads.piece(u); }, cfg.clip);
     // Each rank updates its piece, which is all it keeps of the parameters: no all-gather.
     for (int u = 0; u < U; ++u)
       states.opt.update(u, states.grads.piece(u), states.params.piece(u), step + 1, clip.scale);

@@ -9,8 +9,8 @@
 //
 // Memory per rank: 16P/N in both recipes (plus padding), plus at most two
 // units' gathered parameters and two units' gradient buffers (category comm).
-// Communication: 1.5x data parallel's (two all-gathers and one reduce-scatter
-// of the parameters' size per step, against one all-reduce).
+// Communication: two all-gathers and one reduce-scatter of the parameters'
+// size per micro-step; at K = 1, 1.5x data parallel's one all-reduce.
 #pragma once
 
 #include "runner.h"

@@ -47,6 +47,8 @@ class Tensor {
   template <class T> const T* as() const { return static_cast<const T*>(data_); }
   void* data() { return data_; }
   const void* data() const { return data_; }
+  // Where element i is, whatever the dtype (a unit's range of a flat buffer).
+  char* at(size_t i) { return static_cast<char*>(data_) + i * dtype_size(dtype_); }
   size_t numel() const { return numel_; }
   size_t bytes() const { return numel_ * dtype_size(dtype_); }
   DType dtype() const { return dtype_; }

@@ -11,7 +11,7 @@ namespace zf {
 
 RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   TokenData data = cfg.data.empty() ? builtin_corpus() : load_token_file(cfg.data);
-  Sampler check(data, cfg.model.T, cfg.model.V);  // refuses short files and foreign vocabularies now
+  Sampler check(data, cfg.model.T, cfg.model.V);  // refuses short files and foreign vocabularies up front
   ModelLayout layout = build_layout(cfg.model);
 
   // Threads, or one rank per process under mpirun/srun or RANK/WORLD_SIZE

@@ -1,6 +1,7 @@
 // initial_state.cpp: the seeded model, --init's file, --resume's checkpoint.
 #include "initial_state.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "check.h"

@@ -38,8 +38,8 @@ void TrainingRun::end_step(int step, float loss, float grad_norm, double ms) {
 
 void TrainingRun::save(int steps_done) {
   const CommStats training = ctx_.comm.stats();
-  const std::vector<float> params = states_.full(StateKind::params), m = states_.full(StateKind::m),
-                           v = states_.full(StateKind::v);
+  const std::vector<float> params = states_.full(StateKind::params, false),
+                           m = states_.full(StateKind::m, false), v = states_.full(StateKind::v, false);
   if (ctx_.rank == 0)
     save_checkpoint(cfg_.save, layout_, params.data(), m.data(), v.data(), steps_done,
                     {{"stage", cfg_.stage},
@@ -54,7 +54,7 @@ void TrainingRun::save(int steps_done) {
 RankResult TrainingRun::finish() {
   result_.memory = ctx_.mem.counts();
   result_.comm = ctx_.comm.stats();
-  const std::vector<float> params = states_.full(StateKind::params);
+  const std::vector<float> params = states_.full(StateKind::params, true);
   result_.param_hash = hash_params(params.data(), params.size());
   return result_;
 }

@@ -33,9 +33,11 @@ class ModelStates {
   // in the bf16 recipe) and, when init.has_moments(), AdamW's moments.
   virtual void load(const InitialState& init) = 0;
   // The whole model's float32 values of `kind` (params: what AdamW updates,
-  // the master in the bf16 recipe) in consolidated order, on every rank.
-  // Every rank calls it: a sharded stage gathers the pieces.
-  virtual std::vector<float> full(StateKind kind) = 0;
+  // the master in the bf16 recipe) in consolidated order: on every rank, or
+  // on rank 0 at least when every_rank is false (a checkpoint's write; other
+  // ranks may then return nothing). Every rank calls it: a sharded stage
+  // gathers the pieces.
+  virtual std::vector<float> full(StateKind kind, bool every_rank) = 0;
 };
 
 class TrainingRun {

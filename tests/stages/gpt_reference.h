@@ -2,7 +2,7 @@
 // one sequence at a time, for tests that check the stages' numbers against
 // values computed another way.
 //
-// Written from docs/SPEC.md alone (not from common/model.cpp or the kernels), in
+// Written from docs/SPEC.md alone (not from common/core/model.cpp or the kernels), in
 // the most direct form: loops over positions, no fusion, no blocking, every
 // intermediate kept. Layers, in order:
 //

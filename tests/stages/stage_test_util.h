@@ -348,8 +348,7 @@ inline void expect_model_states_match_formulas(Stage stage, const StageFn& fn) {
 // states are most of the peak; activations are the same in every stage (the
 // same Gpt, the same batch). Measured (fp32): 20.2, 15.0, 14.0, 12.9 MB for
 // stages 00 .. 03; (bf16): 21.8, 14.0, 13.4, 12.9 MB, with 6.2 MB of
-// activations in each (6.4 MB before the fused cross-entropy dropped the
-// [B*T, V] probabilities).
+// activations in each.
 inline void expect_peak_below(const StageFn& before, const char* before_name, const StageFn& fn,
                               const char* stage) {
   for (Precision p : {Precision::fp32, Precision::bf16}) {
@@ -488,9 +487,10 @@ inline void expect_resume_continues_bit_for_bit(const StageFn& fn, const std::st
     }
 }
 
-// A rank fails in step 4 of 6 with --save-every 2: the file holds step 4
-// (saved after steps 2 and 4 completed, the second replacing the first), and
-// resuming from it finishes the run as if nothing had happened.
+// A rank fails in step 5 of 6 with --save-every 2: the file holds step 4
+// (saved after steps 2 and 4 completed, the second replacing the first; a
+// save after every step would have left 5), and resuming from it finishes
+// the run as if nothing had happened.
 inline void expect_save_every_keeps_work_when_a_rank_fails(const StageFn& fn, const std::string& dir) {
   TrainConfig cfg = quiet_config("tiny", 2, 2, 6);
   const RunResult whole = run_training(cfg, fn);
@@ -498,7 +498,7 @@ inline void expect_save_every_keeps_work_when_a_rank_fails(const StageFn& fn, co
   failing.save = dir + "/ck.safetensors";
   failing.save_every = 2;
   failing.fault_rank = 1;
-  failing.fault_step = 4;
+  failing.fault_step = 5;
   EXPECT_THROW(run_training(failing, fn), Error);
   EXPECT_EQ(CheckpointReader(failing.save, build_layout(cfg.model)).step(), 4);
   TrainConfig resume = cfg;
@@ -509,17 +509,42 @@ inline void expect_save_every_keeps_work_when_a_rank_fails(const StageFn& fn, co
 }
 
 // Saving may move data between ranks (the ZeRO stages gather every sharded
-// moment and parameter to write the consolidated file), but the run's
-// communication is training's alone: the same bytes and calls with and
-// without --save, saving after every step.
+// moment and parameter to write the consolidated file; every stage waits at
+// a barrier for --save-init's file), but the run's communication is
+// training's alone: the same bytes and calls with and without --save-init
+// and --save, saving after every step.
 inline void expect_saving_is_not_counted_as_training_traffic(const StageFn& fn, const std::string& dir) {
   TrainConfig cfg = quiet_config("tiny", 2, 2, 4);
   const RunResult plain = run_training(cfg, fn);
   cfg.save = dir + "/ck.safetensors";
   cfg.save_every = 1;
+  cfg.save_init = dir + "/init.safetensors";
   const RunResult saving = run_training(cfg, fn);
   EXPECT_EQ(saving.ranks[0].comm.bytes, plain.ranks[0].comm.bytes);
   EXPECT_EQ(saving.ranks[0].comm.calls, plain.ranks[0].comm.calls);
+}
+
+// --init FILE starts a stage from the model in the file: the same losses and
+// final hash as stage 00 trained from the same initial model without the
+// file (the file is stage 00's --save-init of another seed, at another
+// number of ranks). At N = 3 on the odd model every unit is padded, so a
+// stage that loads its pieces of the file from the wrong place (its master
+// in the bf16 recipe, its parameters in ZeRO-3) is seen.
+inline void expect_init_starts_from_the_file(const StageFn& fn, const std::string& dir) {
+  for (Precision p : {Precision::fp32, Precision::bf16}) {
+    TrainConfig writer = config(odd_model(), 2, 2, 1, p);
+    writer.seed = 7;
+    writer.save_init = dir + "/init.safetensors";
+    run_training(writer, train_data_parallel);
+    TrainConfig seeded = config(odd_model(), 3, 2, 3, p);
+    seeded.seed = 7;
+    const RunResult want = run_training(seeded, train_data_parallel);
+    TrainConfig cfg = config(odd_model(), 3, 2, 3, p);  // the default seed: only the file gives seed 7's model
+    cfg.init = writer.save_init;
+    const RunResult got = run_training(cfg, fn);
+    EXPECT_EQ(got.ranks[0].losses, want.ranks[0].losses) << precision_name(p);
+    for (const auto& rank : got.ranks) EXPECT_EQ(rank.param_hash, want.ranks[0].param_hash) << precision_name(p);
+  }
 }
 
 // ================================================================== gradients against a reference

@@ -258,6 +258,8 @@ TEST_F(DataParallelCheckpoint, ResumeContinuesBitForBit) {
   test::expect_resume_continues_bit_for_bit(train_data_parallel, dir_);
 }
 
+TEST_F(DataParallelCheckpoint, InitStartsFromTheFile) { test::expect_init_starts_from_the_file(train_data_parallel, dir_); }
+
 TEST_F(DataParallelCheckpoint, SaveEveryKeepsWorkWhenARankFails) {
   test::expect_save_every_keeps_work_when_a_rank_fails(train_data_parallel, dir_);
 }

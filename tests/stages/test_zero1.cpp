@@ -134,6 +134,8 @@ class Zero1Checkpoint : public test::TempDirTest {};
 
 TEST_F(Zero1Checkpoint, ResumeContinuesBitForBit) { test::expect_resume_continues_bit_for_bit(train_zero1, dir_); }
 
+TEST_F(Zero1Checkpoint, InitStartsFromTheFile) { test::expect_init_starts_from_the_file(train_zero1, dir_); }
+
 TEST_F(Zero1Checkpoint, SaveEveryKeepsWorkWhenARankFails) {
   test::expect_save_every_keeps_work_when_a_rank_fails(train_zero1, dir_);
 }

@@ -191,6 +191,8 @@ class Zero2Checkpoint : public test::TempDirTest {};
 
 TEST_F(Zero2Checkpoint, ResumeContinuesBitForBit) { test::expect_resume_continues_bit_for_bit(train_zero2, dir_); }
 
+TEST_F(Zero2Checkpoint, InitStartsFromTheFile) { test::expect_init_starts_from_the_file(train_zero2, dir_); }
+
 TEST_F(Zero2Checkpoint, SaveEveryKeepsWorkWhenARankFails) {
   test::expect_save_every_keeps_work_when_a_rank_fails(train_zero2, dir_);
 }

@@ -279,6 +279,8 @@ class Zero3Checkpoint : public test::TempDirTest {};
 
 TEST_F(Zero3Checkpoint, ResumeContinuesBitForBit) { test::expect_resume_continues_bit_for_bit(train_zero3, dir_); }
 
+TEST_F(Zero3Checkpoint, InitStartsFromTheFile) { test::expect_init_starts_from_the_file(train_zero3, dir_); }
+
 TEST_F(Zero3Checkpoint, SaveEveryKeepsWorkWhenARankFails) {
   test::expect_save_every_keeps_work_when_a_rank_fails(train_zero3, dir_);
 }
