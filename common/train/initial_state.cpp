@@ -70,13 +70,4 @@ void InitialState::load(int u, StateKind kind, size_t begin, size_t end, Device&
   store_from_f32(dev, dst, dtype, values.data(), values.size());
 }
 
-void initial_model(const TrainConfig& cfg, const ModelLayout& layout, float* flat) {
-  const std::string& file = cfg.resume.empty() ? cfg.init : cfg.resume;
-  if (!file.empty()) {
-    load_model(file, layout, flat);
-    return;
-  }
-  for (const auto& u : layout.units) init_unit_range(u, cfg.model, cfg.seed, 0, u.numel, flat + u.offset);
-}
-
 }  // namespace zf

@@ -52,8 +52,4 @@ class InitialState {
   int first_step_ = 0;
 };
 
-// The whole initial model (params) as float32 in consolidated order, into
-// flat (layout.numel floats).
-void initial_model(const TrainConfig& cfg, const ModelLayout& layout, float* flat);
-
 }  // namespace zf

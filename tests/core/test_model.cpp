@@ -10,7 +10,6 @@
 
 #include "checkpoint.h"
 #include "device.h"
-#include "initial_state.h"
 #include "kernels.h"
 #include "launch.h"
 #include "model.h"
@@ -58,13 +57,17 @@ TEST(Layout, DecayOnlyOnMatrices) {
     for (const auto& p : u.params) EXPECT_EQ(p.decay, p.shape.size() >= 2) << p.name;
 }
 
+// The whole seeded model, unit by unit (what every stage's load draws in
+// ranges), in consolidated order.
+void seeded_model(const ModelConfig& m, uint64_t seed, const ModelLayout& layout, float* flat) {
+  for (const auto& u : layout.units) init_unit_range(u, m, seed, 0, u.numel, flat + u.offset);
+}
+
 TEST(Init, StatisticsFollowSpec) {
   auto cfg = model_preset("small");
   auto layout = build_layout(cfg);
   std::vector<float> flat(layout.numel);
-  TrainConfig tc;
-  tc.model = cfg;
-  initial_model(tc, layout, flat.data());
+  seeded_model(cfg, TrainConfig{}.seed, layout, flat.data());
   for (const auto& u : layout.units)
     for (const auto& p : u.params) {
       const float* x = flat.data() + u.offset + p.offset;
@@ -121,7 +124,7 @@ TEST(Init, SameForAnyRankCountAndThroughSaveInit) {
   // The file holds exactly the seeded values, as F32 under docs/SPEC.md's names.
   auto layout = build_layout(cfg.model);
   std::vector<float> direct(layout.numel), loaded(layout.numel);
-  initial_model(cfg, layout, direct.data());
+  seeded_model(cfg.model, cfg.seed, layout, direct.data());
   SafetensorsReader reader(cfg.save_init);
   EXPECT_EQ(reader.tensors().size(), size_t(3 + 12 * cfg.model.L + 2));
   load_model(cfg.save_init, layout, loaded.data());
