@@ -25,6 +25,7 @@
 
 #include "comm.h"
 #include "stages/schedule_util.h"
+#include "stages/gradient_check.h"
 #include "stages/stage_test_util.h"
 #include "test_util.h"
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "data.h"
+#include "stages/gradient_check.h"
 #include "stages/stage_test_util.h"
 
 namespace zf {

@@ -29,6 +29,7 @@
 
 #include "comm.h"
 #include "stages/schedule_util.h"
+#include "stages/gradient_check.h"
 #include "stages/stage_test_util.h"
 #include "test_util.h"
 #include "zero2.h"

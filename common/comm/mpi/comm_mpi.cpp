@@ -56,11 +56,6 @@
 // naming it, at the same collective, and exchanges nothing more.
 #include "comm_mpi.h"
 
-// The C API only: OpenMPI's deprecated C++ bindings are not used here.
-#define OMPI_SKIP_MPICXX 1
-#define MPICH_SKIP_MPICXX 1
-#include <mpi.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -78,26 +73,11 @@
 
 #include "comm_reduce.h"
 #include "comm_state.h"
-
-// MPI_CHECK(call): throw zf::Error("file:line [rank r] call failed: <MPI's message>").
-#define MPI_CHECK(call)                                                                   \
-  do {                                                                                    \
-    const int zf_mpi_rc_ = (call);                                                        \
-    if (zf_mpi_rc_ != MPI_SUCCESS)                                                        \
-      ::zf::fail_at(__FILE__, __LINE__,                                                   \
-                    std::string(#call) + " failed: " + ::zf::mpi_error_text(zf_mpi_rc_)); \
-  } while (0)
+#include "mpi_check.h"
 
 namespace zf {
 
 namespace {
-
-std::string mpi_error_text(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
-  return std::string(text, size_t(len));
-}
 
 using Clock = std::chrono::steady_clock;
 
@@ -541,80 +521,11 @@ class MpiCommunicator : public Communicator {
   int64_t gone_issued_ = 0;           // ... after issuing this many
 };
 
-void finalize_at_exit() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
-}
-
 }  // namespace
-
-// ------------------------------------------------------------------ process-wide
-
-void mpi_init_once() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (initialized) return;  // the embedding program owns MPI's lifetime
-    int provided = 0;
-    MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
-    // Every MPI call of normal operation comes from one communication thread
-    // at a time, so SERIALIZED suffices; MULTIPLE makes MPI_Abort from the
-    // rank's thread legal while that thread is inside MPI_Test.
-    REQUIRE(provided >= MPI_THREAD_SERIALIZED,
-            "this MPI library offers only thread level " << provided
-                << "; the mpi backend needs MPI_THREAD_SERIALIZED or better");
-    std::atexit(finalize_at_exit);
-  });
-}
-
-int mpi_world_rank() {
-  int r = 0;
-  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &r));
-  return r;
-}
-
-int mpi_world_size() {
-  int n = 1;
-  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &n));
-  return n;
-}
-
-int mpi_local_size() {
-  MPI_Comm local;
-  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local));
-  int n = 1;
-  MPI_Comm_size(local, &n);
-  MPI_Comm_free(&local);
-  return n;
-}
-
-int mpi_local_rank() {
-  MPI_Comm local;
-  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local));
-  int r = 0;
-  MPI_Comm_rank(local, &r);
-  MPI_Comm_free(&local);
-  return r;
-}
 
 std::unique_ptr<Communicator> make_mpi_communicator() {
   mpi_init_once();
   return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
-}
-
-void mpi_abort_job(int exit_code) {
-  std::fflush(stdout);
-  std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, exit_code);
-  std::_Exit(exit_code);  // MPI_Abort does not return; should it, leave anyway
-}
-
-std::vector<int> mpi_gather_ints(int value) {
-  std::vector<int> all(static_cast<size_t>(mpi_world_size()));
-  MPI_CHECK(MPI_Allgather(&value, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD));
-  return all;
 }
 
 }  // namespace zf
