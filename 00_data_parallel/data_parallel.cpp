@@ -53,10 +53,13 @@ struct Replica final : ModelStates {
 
   // The same initial model on every rank: each loads all of it.
   void load(const InitialState& init) override {
+    std::vector<float> values;
     for (int u = 0; u < int(layout.units.size()); ++u) {
       const size_t n = layout.units[u].numel, off = layout.units[u].offset;
-      init.load(u, StateKind::params, 0, n, dev, unit_params(u), dt);
-      if (!master.empty()) init.load(u, StateKind::params, 0, n, dev, master.as<float>() + off, DType::f32);
+      values.resize(n);
+      init.read(u, StateKind::params, 0, n, values.data());  // once, for the parameters and the master
+      store_from_f32(dev, unit_params(u), dt, values.data(), n);
+      if (!master.empty()) store_from_f32(dev, master.as<float>() + off, DType::f32, values.data(), n);
       if (init.has_moments())
         for (StateKind kind : {StateKind::m, StateKind::v})
           init.load(u, kind, 0, n, dev, moment(kind).as<float>() + off, DType::f32);
