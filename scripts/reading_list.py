@@ -76,6 +76,17 @@ READING = [
         ("03_zero3/zero3.cpp", "the loop: gather the next unit while this one computes"),
         ("03_zero3/train.cpp", "main()"),
     ], ["tests/stages/test_zero3.cpp"]),
+    ("Stage 04: FSDP, ZeRO-3 with FSDP's units and knobs (what is new)", "04_fsdp/CHANGES.diff", [
+        ("04_fsdp/fsdp.h", "what changes against stage 03, and the memory per rank"),
+        ("04_fsdp/flat_units.h", "the wrap policy: K blocks per flat parameter"),
+        ("04_fsdp/flat_units.cpp", "the FSDP units as a layout of their own"),
+        ("04_fsdp/flat_params.h", "float32 shards, cast and gathered; prefetch, the limit, the kept head"),
+        ("04_fsdp/flat_params.cpp", "unshard, prefetch, get, reshard"),
+        ("04_fsdp/flat_grads.h", "reduce-scatter in the reduce dtype into float32 shards; --no-sync"),
+        ("04_fsdp/flat_grads.cpp", "one reduce-scatter in flight, float32 accumulation"),
+        ("04_fsdp/fsdp.cpp", "the loop: unshard, prefetch, compute, reshard, reduce-scatter"),
+        ("04_fsdp/train.cpp", "main()"),
+    ], ["tests/stages/test_fsdp.cpp"]),
 ]
 
 

@@ -50,7 +50,7 @@ STAGES = [
     ("01_zero1", "zero1"),
     ("02_zero2", "zero2"),
     ("03_zero3", "zero3"),
-    # ("04_fsdp", "fsdp"),
+    ("04_fsdp", "fsdp"),
     # ("05_offload", "offload"),
 ]
 

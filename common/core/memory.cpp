@@ -35,6 +35,7 @@ const char* category_name(Category c) {
     case Category::activations: return "activations";
     case Category::comm: return "comm";
     case Category::workspace: return "workspace";
+    case Category::gathered: return "gathered";
   }
   return "?";
 }

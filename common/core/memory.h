@@ -4,7 +4,7 @@
 // rank, so bytes are counted where they are allocated, not estimated. Each
 // rank owns one MemoryTracker. An allocation names its Place (host memory or
 // the device) and its Category (params, grads, optimizer, activations, comm,
-// workspace); the tracker keeps the current and peak bytes of each pair and,
+// workspace, gathered); the tracker keeps the current and peak bytes of each pair and,
 // optionally, a budget for the device place. On a CPU-only run the "device" is
 // simulated: its buffers live in host RAM but are counted apart, so a budget
 // such as --device-mem 64MiB fails exactly like a GPU running out of memory.
@@ -24,10 +24,13 @@ namespace zf {
 class Device;
 
 enum class Place { host, device };
-enum class Category { params, grads, optimizer, activations, comm, workspace };
+// gathered: a unit's parameters all-gathered whole for its forward or
+// backward (stage 04 on; stage 03 counts them in comm beside its gradient
+// buckets), apart so that FSDP's limit on them can be read from the counts.
+enum class Category { params, grads, optimizer, activations, comm, workspace, gathered };
 
 constexpr int kNumPlaces = 2;
-constexpr int kNumCategories = 6;
+constexpr int kNumCategories = 7;
 const char* place_name(Place p);
 const char* category_name(Category c);
 

@@ -10,6 +10,39 @@
 
 namespace zf {
 
+namespace {
+
+// Stage 04's flags, each checked against the run's other values up front.
+void validate_fsdp_flags(TrainConfig& cfg, const std::string& reshard, const std::string& reduce_dtype) {
+  FsdpOptions& f = cfg.fsdp;
+  const int L = cfg.model.L;
+  USAGE_REQUIRE(f.wrap_blocks >= 1 && f.wrap_blocks <= L,
+                "--wrap-blocks must be between 1 and the model's " << L << " blocks (got " << f.wrap_blocks
+                                                                   << ")");
+  if (reshard == "true") f.reshard_after_forward = true;
+  else if (reshard == "false") f.reshard_after_forward = false;
+  else throw UsageError("--reshard-after-forward must be true or false (got '" + reshard + "')");
+  USAGE_REQUIRE(f.prefetch >= 0, "--prefetch must be 0 (none) or more units (got " << f.prefetch << ")");
+  USAGE_REQUIRE(f.max_gathered >= 0,
+                "--max-gathered must be 0 (no limit) or more units (got " << f.max_gathered << ")");
+  if (reduce_dtype == "bf16") {
+    USAGE_REQUIRE(cfg.precision == Precision::bf16,
+                  "--reduce-dtype bf16 needs --precision bf16: the fp32 recipe's gradients are float32, "
+                  "and it promises float32 sums");
+    f.reduce_dtype = DType::bf16;
+  } else if (reduce_dtype == "fp32" || reduce_dtype == "f32") {
+    f.reduce_dtype = DType::f32;
+  } else if (!reduce_dtype.empty()) {
+    throw UsageError("--reduce-dtype must be bf16 or fp32 (got '" + reduce_dtype + "')");
+  }
+  USAGE_REQUIRE(f.shard_group >= 0, "--shard-group must be a number of ranks (got " << f.shard_group << ")");
+  USAGE_REQUIRE(!f.no_sync || cfg.grad_accum > 1,
+                "--no-sync keeps the unsharded gradients across the --grad-accum micro-steps, and --grad-accum "
+                "is " << cfg.grad_accum << ": add --grad-accum K with K > 1, or drop --no-sync");
+}
+
+}  // namespace
+
 std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& stage) {
   TrainConfig cfg;
   cfg.stage = stage.exe;
@@ -62,6 +95,38 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   app.add_option("--inject-fault", fault, "RANK:STEP: that rank throws during that step (tests, demos)")
       ->group("");
 
+  // Stage 04's flags: in its --help; every other stage parses them hidden,
+  // only to refuse them below by name.
+  const bool fsdp = stage.flags == StageFlags::fsdp;
+  auto group = [&](CLI::Option* o) { o->group(fsdp ? "FSDP (stage 04)" : ""); };
+  std::string reshard = "true", reduce_dtype;
+  group(app.add_option("--wrap-blocks", cfg.fsdp.wrap_blocks,
+                       "K consecutive blocks per FSDP unit (one flat parameter each); the embeddings, "
+                       "and the final LayerNorm with the head, are units of their own")
+            ->capture_default_str());
+  group(app.add_option("--reshard-after-forward", reshard,
+                       "true: free each unit's gathered parameters after its forward, gather them again for "
+                       "its backward; false: keep them to the backward (no backward all-gather, the whole "
+                       "model gathered at once)")
+            ->capture_default_str());
+  group(app.add_option("--prefetch", cfg.fsdp.prefetch,
+                       "D: issue the all-gathers of the next D units (the previous D in backward) before this "
+                       "unit computes (0: none)")
+            ->capture_default_str());
+  group(app.add_option("--max-gathered", cfg.fsdp.max_gathered,
+                       "M: at most M units gathered or being gathered at once, the units kept for the "
+                       "backward not counted (0: no limit)")
+            ->capture_default_str());
+  group(app.add_option("--reduce-dtype", reduce_dtype,
+                       "dtype of the gradients' reduce-scatter: bf16 or fp32 (default: the --precision "
+                       "recipe's; fp32 under bf16 moves twice the bytes and rounds once less)"));
+  group(app.add_option("--shard-group", cfg.fsdp.shard_group,
+                       "S: shard within groups of S consecutive ranks and replicate across the N/S groups "
+                       "(hybrid sharding); default: all N ranks"));
+  group(app.add_flag("--no-sync", cfg.fsdp.no_sync,
+                     "with --grad-accum K > 1: keep every unit's unsharded gradient across the micro-steps "
+                     "and reduce-scatter once, on the last"));
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -69,6 +134,13 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
     return std::nullopt;
   } catch (const CLI::ParseError& e) {
     throw UsageError(std::string(e.what()) + " (run " + stage.exe + " --help for the flags)");
+  }
+
+  if (!fsdp) {
+    for (const char* name : {"--wrap-blocks", "--reshard-after-forward", "--prefetch", "--max-gathered",
+                             "--reduce-dtype", "--shard-group", "--no-sync"})
+      USAGE_REQUIRE(app.count(name) == 0, name << " is a flag of stage 04 (FSDP), not of " << stage.exe
+                                               << ": run build/04_fsdp/fsdp " << name << " ...");
   }
 
   cfg.model = model_preset(model);
@@ -118,6 +190,7 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   } else {
     throw UsageError("--attention must be simple or flash (got '" + attention + "')");
   }
+  if (fsdp) validate_fsdp_flags(cfg, reshard, reduce_dtype);
   if (!device_mem.empty()) {
     try {
       cfg.device_mem = parse_size(device_mem);

@@ -12,9 +12,14 @@
 
 namespace zf {
 
+// The groups of stage-specific flags (docs/SPEC.md): a stage registers the
+// ones it has; every other stage refuses them, naming the stage that has them.
+enum class StageFlags { none, fsdp };
+
 struct StageInfo {
   std::string exe;          // "dp"
   std::string title;        // "stage 00: data parallel"
+  StageFlags flags = StageFlags::none;
 };
 
 // Returns the configuration, or nullopt when --help was printed.

@@ -65,8 +65,10 @@ ModelStateBytes model_state_bytes(Stage stage, Precision precision, const ModelS
       b.device = {e * z.padded, e * z.shard, o * z.shard};
       break;
     case Stage::zero3:
-    case Stage::fsdp:
       b.device = {e * z.shard, e * z.shard, o * z.shard};
+      break;
+    case Stage::fsdp:  // float32 shards of both, in both recipes: the shard is its own master
+      b.device = {4 * z.shard, 4 * z.shard, 8 * z.shard};
       break;
     case Stage::offload:
       if (offload_params) b.host = {e * z.shard, e * z.shard, o * z.shard};

@@ -9,7 +9,8 @@
 //   00 dp            e * P         e * P         o * P
 //   01 ZeRO-1        e * Pp        e * Pp        o * S
 //   02 ZeRO-2        e * Pp        e * S         o * S
-//   03 ZeRO-3/04     e * S         e * S         o * S
+//   03 ZeRO-3        e * S         e * S         o * S
+//   04 FSDP          4 * S         4 * S         8 * S     (float32 shards, no master)
 //   05 offload       device: e * S params (0 with --offload-params);
 //                    host: the rest (grads e * S, optimizer o * S, and the
 //                    params too with --offload-params)
@@ -17,7 +18,7 @@
 // where P is the model's size, Pp the full model in the padded layout and S
 // one rank's shard. Unpadded (only P known): Pp = P, S = P / N. Padded per
 // unit (shard.h): Pp = sum N * ceil(n_u / N), S = sum ceil(n_u / N). Stage
-// 00 never pads.
+// 00 never pads. Stage 04 pads its FSDP units: pass its wrapped layout.
 //
 // With bf16 this gives 16P, 4P + 12P/N, 2P + 14P/N, 16P/N (the ZeRO paper's
 // table with bf16 for fp16); with fp32 16P, 8P + 8P/N, 4P + 12P/N, 16P/N.

@@ -15,6 +15,18 @@
 namespace zf {
 
 
+// The flags of stage 04 (FSDP) and after (docs/SPEC.md, "Stage-specific
+// flags"): parsed for every stage, refused by the stages that lack them.
+struct FsdpOptions {
+  int wrap_blocks = 1;                // K consecutive blocks per FSDP unit
+  bool reshard_after_forward = true;  // free a unit's gathered parameters after its forward
+  int prefetch = 1;                   // D: units whose all-gathers are issued ahead (0: none)
+  int max_gathered = 2;               // M: gathered units alive or in flight (0: no limit)
+  std::optional<DType> reduce_dtype;  // the gradients' reduce-scatter dtype (default: the recipe's)
+  int shard_group = 0;                // S: shard within groups of S ranks (0: all N)
+  bool no_sync = false;               // accumulate unsharded gradients, reduce-scatter once per step
+};
+
 struct TrainConfig {
   std::string stage = "dp";       // executable name: dp, zero1, ...
   ModelConfig model = model_preset("small");
@@ -45,6 +57,7 @@ struct TrainConfig {
   // middle of step `fault_step` (after its first unit's backward).
   int fault_rank = -1;
   int fault_step = -1;
+  FsdpOptions fsdp;               // stage 04's flags (defaults elsewhere)
 
   int64_t global_batch() const { return int64_t(ranks) * batch * grad_accum; }  // G = N*B*K
   std::string data_name() const { return data.empty() ? "(built-in corpus)" : data; }

@@ -1,0 +1,80 @@
+// flat_grads.cpp: reduce-scatter in the reduce dtype, accumulate in float32.
+#include "flat_grads.h"
+
+#include "check.h"
+
+namespace zf {
+
+FlatGrads::FlatGrads(const ShardLayout& shards, DType grad_dtype, DType reduce_dtype, bool no_sync,
+                     MemoryTracker& mem, Device& dev, Communicator& comm, Communicator* replicate)
+    : layout_(shards), grad_dtype_(grad_dtype), reduce_dtype_(reduce_dtype), no_sync_(no_sync), mem_(mem),
+      dev_(dev), comm_(comm), replicate_(replicate),
+      shards_(mem, Place::device, Category::grads, DType::f32, shards.shard_total) {
+  if (no_sync_)
+    for (const auto& us : shards.units) kept_.emplace_back(mem, Place::device, Category::grads, grad_dtype_, us.padded());
+}
+
+float* FlatGrads::shard(int g) { return shards_.as<float>() + layout_.units[g].shard_offset; }
+
+void* FlatGrads::slot_of_mine(void* full, DType dt, int g) const {
+  return static_cast<char*>(full) + size_t(layout_.rank) * layout_.units[g].shard * dtype_size(dt);
+}
+
+void* FlatGrads::begin_unit(int g) {
+  if (no_sync_) return kept_[g].data();
+  REQUIRE(computing_unit_ < 0, "begin_unit(" << g << ") while unit " << computing_unit_ << " is not reduced");
+  computing_ = Tensor(mem_, Place::device, Category::comm, grad_dtype_, layout_.units[g].padded());  // zeroed
+  computing_unit_ = g;
+  return computing_.data();
+}
+
+void FlatGrads::reduce_unit(int g, bool sync) {
+  InFlight f{g, {}, {}, nullptr, {}};
+  if (no_sync_) {
+    if (!sync) return;  // keep adding into it
+    f.reduced = kept_[g].data();
+  } else {
+    REQUIRE(computing_unit_ == g, "reduce_unit(" << g << ") but the unit computed is " << computing_unit_);
+    f.owned = std::move(computing_);
+    f.reduced = f.owned.data();
+    computing_unit_ = -1;
+  }
+  const UnitShard& us = layout_.units[g];
+  if (reduce_dtype_ != grad_dtype_) {  // bf16 gradients reduced in float32
+    f.widened = Tensor(mem_, Place::device, Category::comm, DType::f32, us.padded());
+    dev_.widen(static_cast<const bf16*>(f.reduced), f.widened.as<float>(), us.padded());
+    f.owned = Tensor();  // the bf16 buffer is read: free it before the next unit's is made
+    f.reduced = f.widened.data();
+  }
+  f.handle = comm_.reduce_scatter_async(f.reduced, slot_of_mine(f.reduced, reduce_dtype_, g), us.shard,
+                                        reduce_dtype_, ReduceOp::sum);
+  ++reduce_scatters_;
+  inflight_.push_back(std::move(f));
+  while (inflight_.size() > 1) complete_oldest();
+}
+
+void FlatGrads::complete_oldest() {
+  InFlight& f = inflight_.front();
+  f.handle.wait();
+  const UnitShard& us = layout_.units[f.unit];
+  void* mine = slot_of_mine(f.reduced, reduce_dtype_, f.unit);
+  // Hybrid sharding: my piece is summed over my group; sum it across the groups.
+  if (replicate_) replicate_->all_reduce_async(mine, us.shard, reduce_dtype_, ReduceOp::sum).wait();
+  if (reduce_dtype_ == DType::f32) {
+    dev_.add(shard(f.unit), mine, DType::f32, us.shard);
+  } else {  // widening is exact, and x + 0 = x: at K = 1 the shard holds the reduced bf16 values exactly
+    Tensor piece(mem_, Place::device, Category::comm, DType::f32, us.shard);
+    dev_.widen(static_cast<const bf16*>(mine), piece.as<float>(), us.shard);
+    dev_.add(shard(f.unit), piece.data(), DType::f32, us.shard);
+  }
+  if (no_sync_) dev_.zero(kept_[f.unit].data(), kept_[f.unit].bytes());
+  inflight_.pop_front();  // frees the full gradient (a kept one is zeroed above): the tracker's comm bytes drop here
+}
+
+void FlatGrads::finish() {
+  while (!inflight_.empty()) complete_oldest();
+}
+
+void FlatGrads::zero() { dev_.zero(shards_.data(), shards_.bytes()); }
+
+}  // namespace zf

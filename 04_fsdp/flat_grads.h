@@ -1,0 +1,75 @@
+// flat_grads.h: FSDP's gradient path: a unit's unsharded gradient,
+// reduce-scattered in the reduce dtype into a float32 gradient shard.
+//
+// A unit's backward adds its gradient into a full buffer of the recipe's
+// dtype (begin_unit: N * S_g elements, zeroed, category comm). When the
+// unit's backward is done (reduce_unit), the buffer is reduce-scattered
+// asynchronously in the reduce dtype (--reduce-dtype: the recipe's by
+// default; fp32 under bf16 widens it first, moving twice the bytes and
+// rounding once less), and my piece of the sum is added into my float32
+// gradient shard (category grads), which AdamW reads. As in stage 02, one
+// reduce-scatter stays in flight behind the next unit's backward.
+//
+// Hybrid sharding (a `replicate` communicator): the piece, summed over my
+// shard group, is then all-reduced across the groups before it is added.
+//
+// --no-sync: every unit's full buffer is kept across the micro-steps
+// (category grads: one full gradient in the recipe's dtype, for the whole
+// step), the backward adds into it as stage 00 does, and only the last
+// micro-step reduce-scatters it: stage 00's order of summation, so its bits.
+#pragma once
+
+#include <deque>
+#include <vector>
+
+#include "comm.h"
+#include "device.h"
+#include "shard.h"
+#include "tensor.h"
+
+namespace zf {
+
+class FlatGrads {
+ public:
+  FlatGrads(const ShardLayout& shards, DType grad_dtype, DType reduce_dtype, bool no_sync, MemoryTracker& mem,
+            Device& dev, Communicator& comm, Communicator* replicate);
+
+  // Where unit g's backward adds its full gradient (N * S_g elements; the first n_g are the unit's).
+  void* begin_unit(int g);
+  // Unit g's backward is done. sync: reduce-scatter it now (always without
+  // --no-sync; on the last micro-step with it).
+  void reduce_unit(int g, bool sync);
+  // Waits for every reduce-scatter still in flight (end of a backward).
+  void finish();
+
+  float* shard(int g);  // my accumulated float32 gradient piece of unit g (S_g elements)
+  void zero();          // after the optimizer step
+  uint64_t reduce_scatters() const { return reduce_scatters_; }
+
+ private:
+  struct InFlight {
+    int unit;
+    Tensor owned;     // the full buffer, when it is not one kept by --no-sync
+    Tensor widened;   // --reduce-dtype fp32 under bf16: the float32 copy that is reduced
+    void* reduced;    // the buffer reduce-scattered in place
+    CommHandle handle;
+  };
+  void complete_oldest();
+  void* slot_of_mine(void* full, DType dt, int g) const;
+
+  const ShardLayout& layout_;
+  DType grad_dtype_, reduce_dtype_;
+  bool no_sync_;
+  MemoryTracker& mem_;
+  Device& dev_;
+  Communicator& comm_;
+  Communicator* replicate_;
+  Tensor shards_;              // shard_total float32 elements (category grads)
+  std::vector<Tensor> kept_;   // --no-sync: every unit's full gradient (category grads)
+  Tensor computing_;           // the unit whose backward is running (without --no-sync)
+  int computing_unit_ = -1;
+  std::deque<InFlight> inflight_;
+  uint64_t reduce_scatters_ = 0;
+};
+
+}  // namespace zf

@@ -1,0 +1,65 @@
+// flat_params.cpp: cast, all-gather, release; and the limit on what is gathered.
+#include "flat_params.h"
+
+#include "check.h"
+
+namespace zf {
+
+FlatParams::FlatParams(const ShardLayout& shards, DType gather_dtype, const FsdpOptions& opt, int last,
+                       MemoryTracker& mem, Device& dev, Communicator& comm)
+    : layout_(shards), dtype_(gather_dtype), reshard_after_forward_(opt.reshard_after_forward),
+      max_gathered_(opt.max_gathered), last_(last), mem_(mem), dev_(dev), comm_(comm),
+      shards_(mem, Place::device, Category::params, DType::f32, shards.shard_total) {}
+
+float* FlatParams::shard(int g) { return shards_.as<float>() + layout_.units[g].shard_offset; }
+
+int FlatParams::counted() const {
+  int n = 0;
+  for (const auto& [g, b] : buffers_) n += kept(g) ? 0 : 1;
+  return n;
+}
+
+void FlatParams::issue(int g) {
+  const UnitShard& us = layout_.units[g];
+  Gathered b{Tensor(mem_, Place::device, Category::gathered, dtype_, us.padded()), {}, {}};
+  const void* send = shard(g);
+  if (dtype_ != DType::f32) {  // FSDP2's cast before the all-gather: half the bytes on the wire
+    b.cast = Tensor(mem_, Place::device, Category::comm, dtype_, us.shard);
+    dev_.narrow(shard(g), b.cast.as<bf16>(), us.shard);
+    send = b.cast.data();
+  }
+  b.handle = comm_.all_gather_async(send, b.full.data(), us.shard, dtype_);
+  ++all_gathers_;
+  buffers_.emplace(g, std::move(b));
+}
+
+void FlatParams::unshard(int g) {
+  if (gathered(g)) return;
+  REQUIRE(max_gathered_ == 0 || kept(g) || counted() < max_gathered_,
+          "unshard(" << g << ") with " << counted() << " units gathered, the limit " << max_gathered_);
+  issue(g);
+}
+
+bool FlatParams::prefetch(int g) {
+  if (g < 0 || g >= int(layout_.units.size()) || gathered(g)) return true;
+  if (max_gathered_ > 0 && !kept(g) && counted() >= max_gathered_) return false;
+  issue(g);
+  return true;
+}
+
+const void* FlatParams::get(int g) {
+  auto it = buffers_.find(g);
+  REQUIRE(it != buffers_.end(), "unit " << g << " was not unsharded");
+  it->second.handle.wait();
+  it->second.cast = Tensor();  // the all-gather has read it
+  return it->second.full.data();
+}
+
+void FlatParams::reshard(int g) {
+  auto it = buffers_.find(g);
+  REQUIRE(it != buffers_.end(), "unit " << g << " was not unsharded");
+  it->second.handle.wait();  // never free a buffer a collective may still write
+  buffers_.erase(it);        // the tracker's gathered bytes drop here
+}
+
+}  // namespace zf

@@ -1,0 +1,119 @@
+// fsdp.cpp: stage 04. Stage 03's loop over FSDP units, with FSDP's knobs:
+//
+//   for each micro-step k:
+//     forward, g = 0 .. G-1:   unshard(g); prefetch g+1 .. g+D (within --max-gathered);
+//                              forward of g's blocks; reshard(g) unless kept
+//                              (the head; every unit with --reshard-after-forward false)
+//     backward, g = G-1 .. 0:  unshard(g) (kept units: nothing to do); prefetch g-1 .. g-D;
+//                              backward of g's blocks into g's full gradient; reshard(g);
+//                              reduce-scatter it into my float32 shard
+//                              (--no-sync: only on the last micro-step)
+//   clip, AdamW on my float32 shard    (no master copy: the shard is float32)
+#include "fsdp.h"
+
+#include "check.h"
+#include "flat_grads.h"
+#include "flat_params.h"
+#include "flat_units.h"
+#include "precision.h"
+#include "rank_compute.h"
+#include "shard.h"
+#include "sharded_adamw.h"
+#include "training.h"
+#include "training_run.h"
+
+namespace zf {
+
+namespace {
+
+// The model states one rank holds under FSDP: float32 shards of parameters
+// and gradients, and AdamW's moments, 1/N of each.
+struct FsdpStates final : ModelStates {
+  const FsdpUnits& units;
+  const ShardLayout& shards;
+  Communicator& comm;
+  Device& dev;
+  FlatParams params;  // new: float32 shards, gathered in the parameter dtype   category params (gathered)
+  FlatGrads grads;    // new: float32 shards, reduced in the reduce dtype       category grads (comm)
+  ShardedAdamW opt;   // stage 01's, on float32 pieces in both recipes          category optimizer
+
+  FsdpStates(const FsdpUnits& units, const ShardLayout& shards, const TrainConfig& cfg, RankContext& ctx)
+      : units(units), shards(shards), comm(ctx.comm), dev(ctx.dev),
+        params(shards, storage_dtype(cfg.precision), cfg.fsdp, units.last(), ctx.mem, ctx.dev, ctx.comm),
+        grads(shards, storage_dtype(cfg.precision), cfg.fsdp.reduce_dtype.value_or(storage_dtype(cfg.precision)),
+              cfg.fsdp.no_sync, ctx.mem, ctx.dev, ctx.comm, nullptr),
+        // The float32 shard is its own master: AdamW as in the fp32 recipe.
+        opt(units.flat, shards, Precision::fp32, ctx.mem, ctx.dev, cfg.lr) {}
+
+  void load(const InitialState& init) override {
+    for (int g = 0; g < units.size(); ++g)
+      init.load(g, StateKind::params, shards.units[g].begin, shards.units[g].end, dev, params.shard(g),
+                DType::f32);
+    opt.load(init);
+  }
+  std::vector<float> full(StateKind kind, bool) override {
+    return opt.gather(kind, comm, [&](int g) { return params.shard(g); });
+  }
+};
+
+}  // namespace
+
+RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepReporter& reporter) {
+  const FsdpOptions& opt = cfg.fsdp;
+  const ModelLayout layout = build_layout(cfg.model);
+  const FsdpUnits units = wrap_blocks(layout, opt.wrap_blocks);
+  const ShardLayout shards = make_shard_layout(units.flat, ctx.world, ctx.rank);
+  const int K = cfg.grad_accum, G = units.size(), D = opt.prefetch;
+
+  FsdpStates states(units, shards, cfg, ctx);
+  RankFailureGuard guard(ctx.comm);  // a failing rank stops the group before freeing the states
+  auto rc = make_rank_compute(cfg, layout, ctx, data);
+  TrainingRun run(cfg, units.flat, ctx, reporter, states);  // the initial model, or --resume's checkpoint
+  const size_t esize = dtype_size(storage_dtype(cfg.precision));
+  // Model unit u's parameters (or gradient) inside its FSDP unit's full buffer.
+  auto member_params = [&](const void* full, int u) {
+    return static_cast<const char*>(full) + units.member_offset[u] * esize;
+  };
+  auto member_grads = [&](void* full, int u) { return static_cast<char*>(full) + units.member_offset[u] * esize; };
+
+  for (int step = run.first_step(); step < cfg.steps; ++step) {
+    Timer timer;
+    float loss_sum = 0.0f;
+    for (int k = 0; k < K; ++k) {
+      rc->load(step, k);
+      float loss = 0.0f;
+      for (int g = 0; g < G; ++g) {
+        states.params.unshard(g);
+        for (int d = 1; d <= D; ++d) states.params.prefetch(g + d);  // before this unit computes
+        const void* full = states.params.get(g);
+        for (int u : units.members[g]) rc->forward(u, member_params(full, u), &loss);
+        if (!states.params.kept(g)) states.params.reshard(g);
+      }
+      loss_sum += loss;
+
+      // Backward, last unit first; the head (and, without resharding, every unit) is still gathered.
+      const bool sync = !opt.no_sync || k == K - 1;
+      for (int g = G - 1; g >= 0; --g) {
+        states.params.unshard(g);
+        for (int d = 1; d <= D; ++d) states.params.prefetch(g - d);  // FSDP's BACKWARD_PRE, reverse order
+        const void* full = states.params.get(g);
+        void* grad = states.grads.begin_unit(g);
+        const auto& m = units.members[g];
+        for (auto it = m.rbegin(); it != m.rend(); ++it) rc->backward(*it, member_params(full, *it), member_grads(grad, *it));
+        states.params.reshard(g);
+        states.grads.reduce_unit(g, sync);
+      }
+      states.grads.finish();
+    }
+    const float loss = global_mean_loss(ctx.comm, ctx.dev, loss_sum, K);
+
+    const GradClip clip = states.opt.clip_scale(ctx.comm, [&](int g) { return states.grads.shard(g); }, cfg.clip);
+    for (int g = 0; g < G; ++g)
+      states.opt.update(g, states.grads.shard(g), states.params.shard(g), step + 1, clip.scale);
+    states.grads.zero();
+    run.end_step(step, loss, clip.norm, timer.ms());
+  }
+  return run.finish();
+}
+
+}  // namespace zf

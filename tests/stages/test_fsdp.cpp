@@ -1,0 +1,438 @@
+// test_fsdp.cpp: stage 04 (FSDP) against stage 00 and against the formulas
+// of 04_fsdp/README.md, computed here from the unit sizes.
+//
+//   parity         bit for bit with stage 00 at K = 1 for every knob
+//                  (--wrap-blocks, --reshard-after-forward, --prefetch,
+//                  --max-gathered), N = 1 .. 8, both recipes; --no-sync at
+//                  K = 2 and 4; within the accumulation tolerance without it;
+//                  --reduce-dtype fp32 within a bf16 rounding
+//   memory         model states 4S + 4S + 8S in both recipes (S: the shard
+//                  of the FSDP units); the gathered-parameter peak for each
+//                  limit; without resharding, the whole model; --no-sync's
+//                  one full gradient
+//   communication  bytes per collective and all-gathers per step, for each mode
+//   flags          stage 04's flags refused by the other stages, validated here
+//   gradient, checkpoints   as every stage (stage_test_util.h, gradient_check.h)
+//
+//   meson test -C build fsdp                                # all of them
+//   build/tests/test_fsdp --gtest_filter='FsdpMemory.*'    # one group
+//
+// ZF_TEST_PRINT=1 prints the measured numbers the comments quote.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "checkpoint.h"
+#include "cli.h"
+#include "data_parallel.h"
+#include "fsdp.h"
+#include "stages/gradient_check.h"
+#include "stages/stage_test_util.h"
+#include "test_util.h"
+
+namespace zf {
+namespace {
+
+// A model of four blocks, no unit a multiple of 2, 3, 4 or 8 (as odd_model),
+// so that --wrap-blocks 2 and 3 make units of two sizes.
+ModelConfig odd4() { return ModelConfig{"odd4", 256, 13, 4, 2, 10}; }
+
+// The FSDP units' sizes, from the model units' sizes alone: the embedding,
+// groups of K blocks, the head; each group's elements summed, then padded
+// to a multiple of N as one buffer.
+struct FlatSizes {
+  std::vector<size_t> padded;  // N * ceil(n_g / N) per FSDP unit, forward order
+  size_t shard = 0;            // sum of ceil(n_g / N)
+  size_t total_padded() const {
+    size_t t = 0;
+    for (size_t p : padded) t += p;
+    return t;
+  }
+  size_t head() const { return padded.back(); }
+};
+
+FlatSizes flat_sizes(const ModelConfig& m, int N, int K) {
+  const ModelLayout layout = build_layout(m);
+  std::vector<size_t> n{layout.units.front().numel};
+  for (int l0 = 0; l0 < m.L; l0 += K) {
+    size_t g = 0;
+    for (int l = l0; l < std::min(m.L, l0 + K); ++l) g += layout.units[layout.block_unit(l)].numel;
+    n.push_back(g);
+  }
+  n.push_back(layout.units.back().numel);
+  FlatSizes f;
+  for (size_t x : n) {
+    const size_t S = (x + N - 1) / N;
+    f.padded.push_back(N * S);
+    f.shard += S;
+  }
+  return f;
+}
+
+TrainConfig fsdp_config(const ModelConfig& m, int N, Precision p, int steps = 3) {
+  return test::config(m, N, 1, steps, p);
+}
+
+std::string describe(const TrainConfig& c) {
+  const FsdpOptions& f = c.fsdp;
+  return test::describe(c) + ", wrap " + std::to_string(f.wrap_blocks) + ", reshard " +
+         (f.reshard_after_forward ? "true" : "false") + ", prefetch " + std::to_string(f.prefetch) +
+         ", max-gathered " + std::to_string(f.max_gathered) + (f.no_sync ? ", no-sync" : "") +
+         (f.reduce_dtype ? std::string(", reduce ") + dtype_name(*f.reduce_dtype) : "");
+}
+
+// ------------------------------------------------------------------ parity with stage 00
+
+class FsdpBitParity : public ::testing::TestWithParam<test::ParityCase> {};
+
+// K = 1, default knobs, both recipes, clip norms 1 and 0.05. The bf16
+// recipe too: stage 00 rounds its float32 master to bf16 parameters; FSDP
+// rounds its float32 shard to bf16 before the all-gather, the same rounding
+// of the same values; its gradient shard holds the bf16 sums widened
+// (exactly), and AdamW widens stage 00's bf16 gradients the same way.
+TEST_P(FsdpBitParity, BitIdenticalToDataParallel) {
+  test::expect_bit_identical_to_dp(GetParam(), train_fsdp, "04 fsdp");
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, FsdpBitParity, ::testing::ValuesIn(test::parity_cases()), test::parity_case_name);
+
+TEST(FsdpParity, ClippingBites) { test::expect_clipping_bites(train_fsdp); }
+
+// Each knob changes when parameters are gathered and freed, never what is
+// summed: stage 00's bits for every value, at N = 3 and 4 (odd4 pads at
+// both), both recipes.
+TEST(FsdpParity, EveryKnobIsBitIdentical) {
+  struct Knob {
+    const char* what;
+    void (*set)(FsdpOptions&);
+  };
+  const Knob knobs[] = {
+      {"reshard false", [](FsdpOptions& f) { f.reshard_after_forward = false; }},
+      {"prefetch 0", [](FsdpOptions& f) { f.prefetch = 0; }},
+      {"prefetch 2", [](FsdpOptions& f) { f.prefetch = 2; }},
+      {"max-gathered 1", [](FsdpOptions& f) { f.max_gathered = 1; }},
+      {"max-gathered 0", [](FsdpOptions& f) { f.max_gathered = 0; }},
+      {"prefetch 2, max-gathered 0", [](FsdpOptions& f) { f.prefetch = 2, f.max_gathered = 0; }},
+      {"wrap 2", [](FsdpOptions& f) { f.wrap_blocks = 2; }},
+      {"wrap 3", [](FsdpOptions& f) { f.wrap_blocks = 3; }},
+      {"wrap 2, reshard false, prefetch 2", [](FsdpOptions& f) {
+         f.wrap_blocks = 2, f.reshard_after_forward = false, f.prefetch = 2;
+       }},
+  };
+  for (int N : {3, 4})
+    for (Precision p : {Precision::fp32, Precision::bf16}) {
+      const TrainConfig base = fsdp_config(odd4(), N, p);
+      const RunResult ref = run_training(base, train_data_parallel);
+      for (const Knob& k : knobs) {
+        TrainConfig cfg = base;
+        k.set(cfg.fsdp);
+        SCOPED_TRACE(describe(cfg));
+        test::expect_bit_identical(ref, run_training(cfg, train_fsdp), k.what);
+      }
+    }
+}
+
+// --no-sync: every rank adds each micro-step's gradient into its unsharded
+// buffer and the sum over ranks comes once, at the end: stage 00's sum over
+// ranks of (sum over micro-steps), so its bits at K = 2 and 4, which a
+// per-micro-step reduce-scatter cannot give (below).
+TEST(FsdpParity, NoSyncIsBitIdenticalAtAnyK) {
+  for (int K : {2, 4})
+    for (int N : {2, 3})
+      for (Precision p : {Precision::fp32, Precision::bf16}) {
+        TrainConfig cfg = fsdp_config(test::odd_model(), N, p);
+        cfg.grad_accum = K;
+        const RunResult ref = run_training(cfg, train_data_parallel);
+        cfg.fsdp.no_sync = true;
+        SCOPED_TRACE(describe(cfg));
+        test::expect_bit_identical(ref, run_training(cfg, train_fsdp), "04 fsdp --no-sync");
+      }
+}
+
+// Without --no-sync, K = 2: reduce-scatter every micro-step, as stages 02
+// and 03, so close to stage 00, not equal (stage_test_util.h's tolerances).
+TEST(FsdpParity, GradAccumulationWithoutNoSyncIsClose) {
+  test::expect_accumulation_close_to_dp(train_fsdp, "04 fsdp");
+}
+
+// --reduce-dtype fp32 under the bf16 recipe: the bf16 gradients are widened
+// and summed in float32 without the final rounding to bf16 (comm.h sums bf16
+// in float32 and rounds once): each reduced element differs from the bf16
+// reduction by at most that one rounding, 2^-9 relative, so the first step's
+// gradient norm by at most 2^-9 = 2e-3 relative (it is not equal: the
+// rounding really is skipped), and the losses after by AdamW's amplification
+// of such differences (measured max 3e-4 over 3 steps at N = 8; tolerance 5e-3).
+TEST(FsdpParity, ReduceDtypeFp32IsWithinOneBf16Rounding) {
+  for (int N : {2, 8}) {
+    TrainConfig cfg = fsdp_config(test::odd_model(), N, Precision::bf16);
+    const RunResult bf = run_training(cfg, train_fsdp);
+    cfg.fsdp.reduce_dtype = DType::f32;
+    SCOPED_TRACE(describe(cfg));
+    const RunResult f32 = run_training(cfg, train_fsdp);
+    const double n0 = bf.ranks[0].grad_norms[0], rel = std::fabs(f32.ranks[0].grad_norms[0] - n0) / n0;
+    EXPECT_LE(rel, 1.0 / 512);
+    EXPECT_NE(f32.ranks[0].param_hash, bf.ranks[0].param_hash) << "fp32 reduction changed nothing";
+    EXPECT_EQ(f32.ranks[0].losses[0], bf.ranks[0].losses[0]);  // the initial model's loss
+    double worst = 0;
+    for (size_t s = 0; s < bf.ranks[0].losses.size(); ++s) {
+      worst = std::max(worst, std::fabs(double(f32.ranks[0].losses[s]) - bf.ranks[0].losses[s]));
+      EXPECT_NEAR(f32.ranks[0].losses[s], bf.ranks[0].losses[s], 5e-3) << "step " << s;
+    }
+    for (const auto& r : f32.ranks) EXPECT_EQ(r.param_hash, f32.ranks[0].param_hash);
+    if (test::print_measures())
+      std::printf("reduce fp32 vs bf16, N=%d: step-0 norm rel diff %.3g, max loss diff %.3g\n", N, rel, worst);
+  }
+}
+
+// ------------------------------------------------------------------ memory
+
+// Model states: float32 parameter and gradient shards and AdamW's two
+// moments, 4 + 4 + 8 bytes per element of the shard in both recipes (ZeRO-3
+// splits the same 16 as 2 + 2 + 12 in bf16), padded per FSDP unit; what
+// memory_model.h says for stage 04 with the wrapped units.
+TEST(FsdpMemory, ModelStatesAreFloat32Shards) {
+  for (int K : {1, 2})
+    for (int N : {1, 3, 4, 8})
+      for (Precision p : {Precision::fp32, Precision::bf16}) {
+        const ModelConfig m = odd4();
+        TrainConfig cfg = fsdp_config(m, N, p, 1);
+        cfg.fsdp.wrap_blocks = K;
+        SCOPED_TRACE(describe(cfg));
+        const FlatSizes f = flat_sizes(m, N, K);
+        const RunResult run = run_training(cfg, train_fsdp);
+        if (K == 1) {
+          const ModelStateBytes mm = model_state_bytes(Stage::fsdp, p, padded_sizes(build_layout(m), N));
+          EXPECT_EQ(mm.device.total(), double(16 * f.shard));
+        }
+        for (size_t r = 0; r < run.ranks.size(); ++r) {
+          const MemoryCounts& mem = run.ranks[r].memory;
+          EXPECT_EQ(mem.cur(Place::device, Category::params), 4 * f.shard) << "rank " << r;
+          EXPECT_EQ(mem.cur(Place::device, Category::grads), 4 * f.shard) << "rank " << r;
+          EXPECT_EQ(mem.cur(Place::device, Category::optimizer), 8 * f.shard) << "rank " << r;
+          EXPECT_EQ(mem.cur(Place::device, Category::comm), 0u) << "rank " << r;
+          EXPECT_EQ(mem.cur(Place::device, Category::gathered), 0u) << "rank " << r;
+        }
+      }
+}
+
+// The peak of category gathered (unsharded parameters, e bytes each), from
+// the README's schedule, with a_g the padded FSDP units, h the head's:
+//   default (D = 1, M = 2): a unit and the one prefetched beside it, the
+//     head kept from its forward to its backward: max over g of a_g + a_{g+1}
+//   M = 1: no prefetch but the head's (kept, not counted):
+//     max(max_g a_g, a_{G-2} + h)
+//   M = 0, D = 2: three consecutive units: max over g of a_g + a_{g+1} + a_{g+2}
+//   --reshard-after-forward false: every unit, the whole padded model
+// and in every case at most M units plus the head.
+TEST(FsdpMemory, GatheredPeakFollowsTheLimit) {
+  for (int N : {2, 3})
+    for (int K : {1, 2})
+      for (Precision p : {Precision::fp32, Precision::bf16}) {
+        const ModelConfig m = odd4();
+        const FlatSizes f = flat_sizes(m, N, K);
+        const std::vector<size_t>& a = f.padded;
+        const size_t G = a.size(), e = test::esize(p);
+        size_t pair = 0, triple = 0, single = 0, largest2 = 0;
+        for (size_t g = 0; g + 1 < G; ++g) pair = std::max(pair, a[g] + a[g + 1]);
+        for (size_t g = 0; g + 2 < G; ++g) triple = std::max(triple, a[g] + a[g + 1] + a[g + 2]);
+        for (size_t g = 0; g < G; ++g) single = std::max(single, a[g]);
+        std::vector<size_t> body(a.begin(), a.end() - 1);
+        std::sort(body.rbegin(), body.rend());
+        largest2 = body[0] + (body.size() > 1 ? body[1] : 0);
+        struct Case {
+          int D, M;
+          bool reshard;
+          size_t want;
+        };
+        for (const Case& c : {Case{1, 2, true, pair}, Case{1, 1, true, std::max(single, a[G - 2] + f.head())},
+                              Case{2, 0, true, triple}, Case{1, 2, false, f.total_padded()}}) {
+          TrainConfig cfg = fsdp_config(m, N, p, 1);
+          cfg.fsdp.wrap_blocks = K, cfg.fsdp.prefetch = c.D, cfg.fsdp.max_gathered = c.M;
+          cfg.fsdp.reshard_after_forward = c.reshard;
+          SCOPED_TRACE(describe(cfg));
+          const RunResult run = run_training(cfg, train_fsdp);
+          for (const auto& r : run.ranks) EXPECT_EQ(r.memory.pk(Place::device, Category::gathered), e * c.want);
+          if (c.M > 0 && c.reshard) {
+            EXPECT_LE(run.ranks[0].memory.pk(Place::device, Category::gathered),
+                      e * (c.M == 1 ? single : largest2) + e * f.head());
+          }
+        }
+      }
+}
+
+// --no-sync keeps one full gradient in the recipe's dtype, padded, for the
+// whole step: exactly e * sum(a_g) more grads bytes, at its peak.
+TEST(FsdpMemory, NoSyncAddsOneFullGradient) {
+  for (Precision p : {Precision::fp32, Precision::bf16}) {
+    const ModelConfig m = odd4();
+    const int N = 3;
+    TrainConfig cfg = fsdp_config(m, N, p, 1);
+    cfg.grad_accum = 2;
+    const MemoryCounts plain = run_training(cfg, train_fsdp).ranks[0].memory;
+    cfg.fsdp.no_sync = true;
+    SCOPED_TRACE(describe(cfg));
+    const MemoryCounts ns = run_training(cfg, train_fsdp).ranks[0].memory;
+    const size_t full = test::esize(p) * flat_sizes(m, N, 1).total_padded();
+    EXPECT_EQ(ns.pk(Place::device, Category::grads), plain.pk(Place::device, Category::grads) + full);
+  }
+}
+
+// ------------------------------------------------------------------ communication
+
+// Per micro-step, with a_g the padded units, e the parameter dtype's bytes,
+// r the reduce dtype's, f = (N - 1) / N (ring model, comm.h):
+//   all_gather      e f (sum a_g + sum over g != head of a_g)   (reshard: the head is kept)
+//                   e f sum a_g                                  (no reshard)
+//   reduce_scatter  r f sum a_g                                  (--no-sync: the last micro-step only)
+// and per step the loss and the norm's all-reduces, as every stage.
+// The number of all-gathers: 2G - 1 per micro-step, or G without resharding.
+TEST(FsdpComm, BytesAndCallsFollowTheUnits) {
+  const int steps = 2;
+  for (int N : {2, 4})
+    for (int K : {1, 2})
+      for (Precision p : {Precision::fp32, Precision::bf16})
+        for (bool reshard : {true, false})
+          for (bool fp32_reduce : {false, true}) {
+            if (fp32_reduce && p == Precision::fp32) continue;
+            const ModelConfig m = odd4();
+            TrainConfig cfg = fsdp_config(m, N, p, steps);
+            cfg.grad_accum = K;
+            cfg.fsdp.reshard_after_forward = reshard;
+            if (fp32_reduce) cfg.fsdp.reduce_dtype = DType::f32;
+            SCOPED_TRACE(describe(cfg));
+            const FlatSizes fs = flat_sizes(m, N, 1);
+            const double e = double(test::esize(p)), r = fp32_reduce ? 4.0 : e, f = double(N - 1) / N;
+            const double sum = double(fs.total_padded()), G = double(fs.padded.size());
+            const double ag_per_micro = e * f * (reshard ? 2 * sum - double(fs.head()) : sum);
+            const CommStats c = run_training(cfg, train_fsdp).ranks[0].comm;
+            test::expect_bytes(c.bytes[int(CollectiveKind::all_gather)], steps * K * ag_per_micro, "all_gather");
+            test::expect_bytes(c.bytes[int(CollectiveKind::reduce_scatter)], steps * K * r * f * sum,
+                               "reduce_scatter");
+            EXPECT_EQ(c.calls[int(CollectiveKind::all_gather)], uint64_t(steps * K * (reshard ? 2 * G - 1 : G)));
+            EXPECT_EQ(c.calls[int(CollectiveKind::reduce_scatter)], uint64_t(steps * K * G));
+            test::expect_bytes(c.bytes[int(CollectiveKind::all_reduce)], steps * 2 * f * (4 + 8 * 20), "loss, norm");
+          }
+}
+
+// --no-sync: one reduce-scatter of every unit per step, whatever K.
+TEST(FsdpComm, NoSyncReducesOncePerStep) {
+  const ModelConfig m = odd4();
+  const int N = 3, steps = 2;
+  for (int K : {2, 4}) {
+    TrainConfig cfg = fsdp_config(m, N, Precision::bf16, steps);
+    cfg.grad_accum = K;
+    cfg.fsdp.no_sync = true;
+    SCOPED_TRACE(describe(cfg));
+    const FlatSizes fs = flat_sizes(m, N, 1);
+    const CommStats c = run_training(cfg, train_fsdp).ranks[0].comm;
+    EXPECT_EQ(c.calls[int(CollectiveKind::reduce_scatter)], uint64_t(steps * fs.padded.size()));
+    test::expect_bytes(c.bytes[int(CollectiveKind::reduce_scatter)],
+                       steps * 2.0 * double(N - 1) / N * double(fs.total_padded()), "reduce_scatter");
+  }
+}
+
+// ------------------------------------------------------------------ flags
+
+TrainConfig parse(std::vector<std::string> args, StageFlags flags = StageFlags::fsdp) {
+  args.insert(args.begin(), "fsdp");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  return *parse_flags(int(argv.size()), argv.data(), {"fsdp", "stage 04: FSDP", flags});
+}
+
+std::string usage_error(std::vector<std::string> args, StageFlags flags = StageFlags::fsdp) {
+  try {
+    parse(std::move(args), flags);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(FsdpFlags, ParsedWithTheirDefaults) {
+  const TrainConfig d = parse({});
+  EXPECT_EQ(d.fsdp.wrap_blocks, 1);
+  EXPECT_TRUE(d.fsdp.reshard_after_forward);
+  EXPECT_EQ(d.fsdp.prefetch, 1);
+  EXPECT_EQ(d.fsdp.max_gathered, 2);
+  EXPECT_FALSE(d.fsdp.reduce_dtype.has_value());
+  EXPECT_FALSE(d.fsdp.no_sync);
+  const TrainConfig c = parse({"--model", "tiny", "--wrap-blocks", "2", "--reshard-after-forward", "false",
+                               "--prefetch", "0", "--max-gathered", "0", "--precision", "bf16", "--reduce-dtype",
+                               "fp32", "--grad-accum", "2", "--no-sync", "--shard-group", "2"});
+  EXPECT_EQ(c.fsdp.wrap_blocks, 2);
+  EXPECT_FALSE(c.fsdp.reshard_after_forward);
+  EXPECT_EQ(c.fsdp.prefetch, 0);
+  EXPECT_EQ(c.fsdp.max_gathered, 0);
+  EXPECT_EQ(c.fsdp.reduce_dtype, DType::f32);
+  EXPECT_TRUE(c.fsdp.no_sync);
+  EXPECT_EQ(c.fsdp.shard_group, 2);
+}
+
+TEST(FsdpFlags, OtherStagesRefuseThemNamingStage04) {
+  for (std::vector<std::string> a : {std::vector<std::string>{"--wrap-blocks", "2"}, {"--no-sync"},
+                                     {"--reshard-after-forward", "false"}, {"--prefetch", "0"},
+                                     {"--max-gathered", "1"}, {"--reduce-dtype", "fp32"}, {"--shard-group", "2"}}) {
+    const std::string msg = usage_error(a, StageFlags::none);
+    EXPECT_NE(msg.find(a[0] + " is a flag of stage 04"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("build/04_fsdp/fsdp"), std::string::npos) << msg;
+  }
+}
+
+TEST(FsdpFlags, BadValuesSayWhatIsAccepted) {
+  auto has = [](const std::string& msg, const char* what) { return msg.find(what) != std::string::npos; };
+  EXPECT_TRUE(has(usage_error({"--model", "tiny", "--wrap-blocks", "3"}), "between 1 and the model's 2 blocks"));
+  EXPECT_TRUE(has(usage_error({"--wrap-blocks", "0"}), "--wrap-blocks must be between 1"));
+  EXPECT_TRUE(has(usage_error({"--reshard-after-forward", "yes"}), "must be true or false (got 'yes')"));
+  EXPECT_TRUE(has(usage_error({"--prefetch", "-1"}), "--prefetch must be 0"));
+  EXPECT_TRUE(has(usage_error({"--max-gathered", "-2"}), "--max-gathered must be 0"));
+  EXPECT_TRUE(has(usage_error({"--reduce-dtype", "fp16"}), "bf16 or fp32 (got 'fp16')"));
+  EXPECT_TRUE(has(usage_error({"--reduce-dtype", "bf16"}), "needs --precision bf16"));
+  EXPECT_TRUE(has(usage_error({"--no-sync"}), "--grad-accum is 1"));
+}
+
+// ------------------------------------------------------------------ gradient, checkpoints
+
+TEST(FsdpGradient, MatchesTheReference) { test::expect_gradient_matches_reference("fsdp", train_fsdp); }
+
+class FsdpCheckpoint : public test::TempDirTest {};
+
+TEST_F(FsdpCheckpoint, ResumeContinuesBitForBit) { test::expect_resume_continues_bit_for_bit(train_fsdp, dir_); }
+
+TEST_F(FsdpCheckpoint, InitStartsFromTheFile) { test::expect_init_starts_from_the_file(train_fsdp, dir_); }
+
+TEST_F(FsdpCheckpoint, SaveEveryKeepsWorkWhenARankFails) {
+  test::expect_save_every_keeps_work_when_a_rank_fails(train_fsdp, dir_);
+}
+
+TEST_F(FsdpCheckpoint, SavingIsNotCountedAsTrainingTraffic) {
+  test::expect_saving_is_not_counted_as_training_traffic(train_fsdp, dir_);
+}
+
+// A checkpoint written with three blocks per unit holds stage 00's values
+// under stage 00's names: the flat units are written by their parameters.
+TEST_F(FsdpCheckpoint, WrappedUnitsSaveWhatDataParallelSaves) {
+  const ModelLayout layout = build_layout(odd4());
+  for (Precision p : {Precision::fp32, Precision::bf16}) {
+    TrainConfig cfg = fsdp_config(odd4(), 3, p, 2);
+    cfg.save = dir_ + "/dp.safetensors";
+    run_training(cfg, train_data_parallel);
+    cfg.save = dir_ + "/fsdp.safetensors";
+    cfg.fsdp.wrap_blocks = 3;
+    run_training(cfg, train_fsdp);
+    const CheckpointReader dp(dir_ + "/dp.safetensors", layout), fsdp(dir_ + "/fsdp.safetensors", layout);
+    EXPECT_EQ(fsdp.step(), 2);
+    for (StateKind kind : {StateKind::params, StateKind::m, StateKind::v}) {
+      std::vector<float> a(layout.numel), b(layout.numel);
+      dp.read_all(kind, a.data());
+      fsdp.read_all(kind, b.data());
+      EXPECT_EQ(a, b) << precision_name(p) << ", state " << int(kind);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zf
