@@ -120,33 +120,34 @@ class GeneratorTest(unittest.TestCase):
             self.assertEqual(self.read(s, "CHANGES.diff"), text)
 
     def test_a_new_stage_is_one_line_in_the_table(self):
-        # 04_fsdp made from 03_zero3 with its own files renamed and one line changed.
-        shutil.copytree(self.path("03_zero3"), self.path("04_fsdp"))
-        os.remove(self.path("04_fsdp", "CHANGES.diff"))
+        # 05_offload made from 04_fsdp with its own files renamed and one line changed.
+        shutil.copytree(self.path("04_fsdp"), self.path("05_offload"))
+        os.remove(self.path("05_offload", "CHANGES.diff"))
         for ext in (".cpp", ".h"):
-            os.rename(self.path("04_fsdp", "zero3" + ext), self.path("04_fsdp", "fsdp" + ext))
-        with open(self.path("04_fsdp", "flat_params.h"), "w", encoding="utf-8") as f:
+            os.rename(self.path("05_offload", "fsdp" + ext), self.path("05_offload", "offload" + ext))
+        with open(self.path("05_offload", "host_optimizer.h"), "w", encoding="utf-8") as f:
             f.write("// new\n#pragma once")  # no newline at the end
-        with open(self.path("04_fsdp", "fsdp.cpp"), "a", encoding="utf-8") as f:
-            f.write("// prefetch\n")
+        with open(self.path("05_offload", "offload.cpp"), "a", encoding="utf-8") as f:
+            f.write("// offload\n")
         # Not in the table yet: a note, no diff, and the check still passes.
         rc, out, err = self.check()
         self.assertEqual(rc, 0, out)
-        self.assertIn("04_fsdp: not in STAGES", err)
-        self.assertFalse(os.path.exists(self.path("04_fsdp", "CHANGES.diff")))
+        self.assertIn("05_offload: not in STAGES", err)
+        self.assertFalse(os.path.exists(self.path("05_offload", "CHANGES.diff")))
         # One line in the table.
-        with mock.patch.object(stage_diffs, "STAGES", stage_diffs.STAGES + [("04_fsdp", "fsdp")]):
+        with mock.patch.object(stage_diffs, "STAGES", stage_diffs.STAGES + [("05_offload", "offload")]):
             rc, out, _ = self.check()
             self.assertEqual(rc, 1)
-            self.assertIn("04_fsdp/CHANGES.diff: missing", out)
+            self.assertIn("05_offload/CHANGES.diff: missing", out)
             quiet(stage_diffs.write, self.root)
             self.assertEqual(self.check()[0], 0)
-        text = self.read("04_fsdp", "CHANGES.diff")
-        self.assertIn("--- a/03_zero3/zero3.cpp\n+++ b/04_fsdp/fsdp.cpp\n", text)
-        self.assertIn("+// prefetch\n", text)
-        self.assertIn("#   flat_params.h  2 lines\n", text)
-        self.assertIn("# unchanged: zero3.h -> fsdp.h, gathered_params.cpp, gathered_params.h, meson.build, train.cpp\n", text)
-        self.assertNotIn("+++ b/04_fsdp/train.cpp", text)
+        text = self.read("05_offload", "CHANGES.diff")
+        self.assertIn("--- a/04_fsdp/fsdp.cpp\n+++ b/05_offload/offload.cpp\n", text)
+        self.assertIn("+// offload\n", text)
+        self.assertIn("#   host_optimizer.h  2 lines\n", text)
+        self.assertIn("# unchanged: fsdp.h -> offload.h, flat_grads.cpp, flat_grads.h, flat_params.cpp, "
+                      "flat_params.h, flat_units.cpp, flat_units.h, meson.build, train.cpp\n", text)
+        self.assertNotIn("+++ b/05_offload/train.cpp", text)
 
     def test_a_stage_without_its_predecessor(self):
         shutil.rmtree(self.path("02_zero2"))
