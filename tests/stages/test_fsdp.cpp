@@ -30,6 +30,7 @@
 #include "data_parallel.h"
 #include "fsdp.h"
 #include "stages/gradient_check.h"
+#include "stages/schedule_util.h"
 #include "stages/stage_test_util.h"
 #include "test_util.h"
 
@@ -333,6 +334,78 @@ TEST(FsdpComm, NoSyncReducesOncePerStep) {
                        steps * 2.0 * double(N - 1) / N * double(fs.total_padded()), "reduce_scatter");
   }
 }
+
+// ------------------------------------------------------------------ schedule
+
+using Ev = ScheduleEvent;
+
+// FSDP under the schedule recorder (schedule_util.h), default knobs, on the
+// four schedule cases; with --wrap-blocks 1 its units are the model's.
+class FsdpSchedule : public test::StageSchedule {
+ protected:
+  FsdpSchedule() : StageSchedule("fsdp", train_fsdp) {}
+};
+
+TEST_P(FsdpSchedule, LogIsConsistent) { test::expect_consistent_log(run()); }
+
+// Overlap by order, not by clock: on every micro-step, unit u+1's all-gather
+// is issued before unit u's forward begins and waited for only after it has
+// ended (with the delay cases, it is really in flight then); in backward,
+// unit u-1's before unit u's backward begins, likewise, in reverse order;
+// the head is gathered once, in forward, and its backward uses it as it is.
+TEST_P(FsdpSchedule, PrefetchesAheadAndKeepsTheHead) {
+  const int K = GetParam().K;
+  const test::Units us = units();
+  const int U = us.U, G = 2 * U - 1;
+  for_each_rank_step([&](const test::RankSchedule& s, int step) {
+    for (int k = 0; k < K; ++k) {
+      const test::Window w = s.micro(step, k);
+      std::vector<const test::Collective*> gathers, grads;
+      for (const test::Collective* x : s.issued_in(w)) {
+        if (x->kind == CollectiveKind::all_gather && int(gathers.size()) < G) gathers.push_back(x);
+        if (x->kind == CollectiveKind::reduce_scatter) grads.push_back(x);
+      }
+      ASSERT_EQ(int(gathers.size()), G) << "2U - 1 all-gathers: the head's backward needs none";
+      ASSERT_EQ(int(grads.size()), U);
+      auto fwd = [&](int u) -> const test::Collective& { return *gathers[u]; };
+      auto bwd = [&](int u) -> const test::Collective& { return *gathers[U + (U - 2 - u)]; };  // u < U - 1
+      for (int u = 0; u < U; ++u) {
+        EXPECT_TRUE(fwd(u).is(CollectiveKind::all_gather, us.dt, us.S[u])) << describe(fwd(u));
+        if (u < U - 1) EXPECT_TRUE(bwd(u).is(CollectiveKind::all_gather, us.dt, us.S[u])) << describe(bwd(u));
+        EXPECT_TRUE(grads[U - 1 - u]->is(CollectiveKind::reduce_scatter, us.dt, us.S[u]));
+      }
+      for (int u = 0; u + 1 < U; ++u) {
+        const uint64_t fb = s.at(Ev::forward_begin, u, w), fe = s.at(Ev::forward_end, u, w);
+        EXPECT_LT(fwd(u + 1).issued, fb) << "unit " << u + 1 << " not issued before unit " << u << "'s forward";
+        EXPECT_GT(fwd(u + 1).first_wait(), fe) << "unit " << u + 1 << " waited for during unit " << u
+                                               << "'s forward";
+      }
+      // The head's backward begins with nothing gathered for it.
+      const uint64_t hb = s.at(Ev::backward_begin, U - 1, w);
+      EXPECT_LT(bwd(U - 2).issued, hb) << "unit " << U - 2 << " not prefetched before the head's backward";
+      for (int u = U - 1; u >= 1; --u) {
+        const uint64_t bb = s.at(Ev::backward_begin, u, w), be = s.at(Ev::backward_end, u, w);
+        EXPECT_LT(bwd(u - 1).issued, bb) << "unit " << u - 1 << " not issued before unit " << u << "'s backward";
+        EXPECT_GT(bwd(u - 1).first_wait(), be) << "unit " << u - 1 << " waited for during unit " << u
+                                               << "'s backward";
+        if (u < U - 1) EXPECT_GT(bwd(u - 1).issued, bwd(u).issued) << "backward prefetch in reverse order";
+      }
+      test::expect_overlaps_backward(s, w, grads, us);
+    }
+  });
+}
+
+// Per step: U·K reduce-scatters, (2U - 1)·K all-gathers, the loss and the norm.
+TEST_P(FsdpSchedule, CollectiveCountsPerStep) {
+  const int U = units().U, K = GetParam().K;
+  test::expect_collective_counts(run(), GetParam(),
+                                 {.reduce_scatter = U * K, .all_gather = (2 * U - 1) * K, .loss = 1, .norm = 1},
+                                 /*final_gather=*/true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, FsdpSchedule, ::testing::ValuesIn(test::schedule_cases()), test::schedule_case_name);
+
+TEST(FsdpRecorder, ChangesNoResult) { test::expect_recorder_changes_no_result(train_fsdp); }
 
 // ------------------------------------------------------------------ flags
 
