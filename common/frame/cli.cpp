@@ -43,6 +43,17 @@ void validate_fsdp_flags(TrainConfig& cfg, const std::string& reshard, const std
 
 }  // namespace
 
+void validate_for_world(const TrainConfig& cfg, int world) {
+  const int S = cfg.fsdp.shard_group;
+  if (S == 0) return;
+  std::string divisors;
+  for (int d = 1; d <= world; ++d)
+    if (world % d == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(d);
+  USAGE_REQUIRE(S >= 1 && world % S == 0, "--shard-group " << S << " must divide the " << world
+                                              << " ranks into groups of S consecutive ranks: use one of "
+                                              << divisors);
+}
+
 std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& stage) {
   TrainConfig cfg;
   cfg.stage = stage.exe;

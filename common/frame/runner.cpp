@@ -17,6 +17,7 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   // Threads, or one rank per process under mpirun/srun or RANK/WORLD_SIZE
   // (launch.h). Only the process of rank 0 prints and writes the run log.
   const World world = resolve_world(cfg.ranks, cfg.device);
+  validate_for_world(cfg, world.size);
   RunResult run;
   run.cfg = cfg;
   run.cfg.ranks = world.size;
