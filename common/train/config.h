@@ -69,7 +69,8 @@ struct RankResult {
   std::vector<float> grad_norms;  // global gradient norm per step, before clipping (same on every rank)
   std::vector<double> step_ms;    // wall time per step
   MemoryCounts memory;            // at the end of the run
-  CommStats comm;                 // over the whole run
+  CommStats comm;                 // over the whole run, every communicator of the rank
+  CommStats comm_cross_group;     // hybrid sharding: the part of comm across the shard groups
   uint64_t param_hash = 0;        // final float32 parameters in consolidated order
   int first_step = 0;             // the step this run started at (> 0 after --resume)
 };
