@@ -47,6 +47,8 @@ const char* schedule_event_name(ScheduleEvent::Kind kind) {
     case ScheduleEvent::forward_end: return "forward_end";
     case ScheduleEvent::backward_begin: return "backward_begin";
     case ScheduleEvent::backward_end: return "backward_end";
+    case ScheduleEvent::recompute_begin: return "recompute_begin";
+    case ScheduleEvent::recompute_end: return "recompute_end";
   }
   return "?";
 }

@@ -59,7 +59,12 @@
 namespace zf {
 
 struct ScheduleEvent {
-  enum Kind { issued, completed, waited, load, forward_begin, forward_end, backward_begin, backward_end };
+  // recompute_begin, recompute_end: inside backward_begin .. backward_end of
+  // the unit, when --recompute refills its activations (model.h).
+  enum Kind {
+    issued, completed, waited, load, forward_begin, forward_end, backward_begin, backward_end,
+    recompute_begin, recompute_end
+  };
   uint64_t seq = 0;  // position in the rank's log
   Kind kind = issued;
   // issued, completed, waited

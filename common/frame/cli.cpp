@@ -59,7 +59,8 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   cfg.stage = stage.exe;
   CLI::App app{"zero-to-fsdp " + stage.title + ": train the GPT of docs/SPEC.md", stage.exe};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // last one wins
-  std::string model = "small", precision = "fp32", compute = "auto", attention = "simple", device_mem, fault;
+  std::string model = "small", precision = "fp32", compute = "auto", attention = "simple", recompute = "none",
+              device_mem, fault;
   app.add_option("--ranks", cfg.ranks, "ranks, as threads of this process (ignored under mpirun/srun or RANK/WORLD_SIZE, which say how many)")->capture_default_str();
   app.add_option("--model", model, "model preset: tiny, small or gpt2")->capture_default_str();
   app.add_option("--steps", cfg.steps, "optimizer steps")->capture_default_str();
@@ -78,6 +79,11 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
                  "simple (keeps the [B,H,T,T] probabilities for the backward) or flash (keeps one number "
                  "per row, recomputes the rest: tensor cores with bf16 compute on a GPU; on the CPU the GPU "
                  "kernels' code one thread at a time, slow)")
+      ->capture_default_str();
+  app.add_option("--recompute", recompute,
+                 "activation recomputation: none (keep every block's activations), full (keep each block's "
+                 "input, re-run its forward in the backward), attn (keep all but the attention "
+                 "probabilities, recompute those; with --attention flash there are none to drop)")
       ->capture_default_str();
   app.add_option("--data", cfg.data, "token file (raw bytes or llm.c .bin); default: built-in corpus");
   app.add_option("--device", cfg.device, "cpu or cuda")->capture_default_str();
@@ -202,6 +208,14 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
     throw UsageError("--attention must be simple or flash (got '" + attention + "')");
   }
   if (fsdp) validate_fsdp_flags(cfg, reshard, reduce_dtype);
+  // --recompute attn with --attention flash is accepted and keeps what none
+  // keeps, as Megatron-LM's selective recomputation and PyTorch's selective
+  // checkpointing of a flash attention do: the flag names a policy (drop
+  // what is quadratic in T), and flash has nothing quadratic to drop.
+  if (recompute == "none") cfg.recompute = Recompute::none;
+  else if (recompute == "full") cfg.recompute = Recompute::full;
+  else if (recompute == "attn") cfg.recompute = Recompute::attn;
+  else throw UsageError("--recompute must be none, full or attn (got '" + recompute + "')");
   if (!device_mem.empty()) {
     try {
       cfg.device_mem = parse_size(device_mem);

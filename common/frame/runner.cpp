@@ -32,12 +32,13 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   StepReporter reporter(report_cfg, layout.numel);
   if (!report_cfg.quiet) {
     std::printf("zero-to-fsdp %s | model %s (P = %zu, V=%d T=%d L=%d H=%d C=%d) | %s | "
-                "B=%d K=%d, %lld tokens/step | %s (compute %s%s) | data: %s (%zu tokens)\n",
+                "B=%d K=%d, %lld tokens/step | %s (compute %s%s%s%s) | data: %s (%zu tokens)\n",
                 cfg.stage.c_str(), cfg.model.name.c_str(), layout.numel, cfg.model.V, cfg.model.T,
                 cfg.model.L, cfg.model.H, cfg.model.C, world.describe().c_str(), cfg.batch,
                 cfg.grad_accum, (long long)(run.cfg.global_batch() * cfg.model.T), precision_name(cfg.precision),
                 dtype_name(cfg.compute), cfg.attention == AttentionForm::flash ? ", flash attention" : "",
-                data.source.c_str(), data.tokens.size());
+                cfg.recompute == Recompute::none ? "" : ", recompute ",
+                cfg.recompute == Recompute::none ? "" : recompute_name(cfg.recompute), data.source.c_str(), data.tokens.size());
     std::printf("BLAS: %s\n", run.blas.c_str());
     std::fflush(stdout);
   }

@@ -42,6 +42,7 @@ struct TrainConfig {
   // recipe only). --compute auto picks bf16 for the bf16 recipe on a GPU.
   DType compute = DType::f32;
   AttentionForm attention = AttentionForm::simple;  // --attention (device.h)
+  Recompute recompute = Recompute::none;            // --recompute (model.h)
   std::string data;               // empty: the built-in corpus
   std::string device = "cpu";
   std::optional<size_t> device_mem;
