@@ -2,11 +2,13 @@
 // run: a real run's file read back with nlohmann/json and checked against
 // what the run itself reports (its counters, its model's units), the results
 // unchanged by tracing, the gather that carries every rank's events to the
-// process that writes, and the paths refused up front.
+// process that writes, a hand-made log's events to the nanosecond, and the
+// paths refused up front.
 //
 //   meson test -C build trace
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
@@ -183,6 +185,83 @@ TEST_F(TraceTest, MemoryCounterEndsAtTheRunsModelStates) {
       EXPECT_LE(most[r][name], run.ranks[r].memory.pk(Place::device, cat)) << name;  // a sample is below the peak
       EXPECT_GT(most[r][name], 0u) << name;
     }
+}
+
+// A rank's log made by hand, with round times, and the events it must become.
+TEST(TraceEvents, TracksSpansAndQueueOrderFromAHandMadeLog) {
+  using Ev = ScheduleEvent;
+  std::vector<Ev> log;
+  std::array<size_t, kNumCategories> bytes{};
+  bytes[int(Category::params)] = 100;
+  auto add = [&](Ev::Kind kind, double t) -> Ev& {
+    Ev e;
+    e.seq = log.size();
+    e.kind = kind;
+    e.t_us = t;
+    e.device_bytes = bytes;
+    log.push_back(e);
+    return log.back();
+  };
+  auto coll = [&](Ev::Kind kind, double t, uint64_t id, CollectiveKind c, size_t n, DType dt, int queue) {
+    Ev& e = add(kind, t);
+    e.id = id, e.collective = c, e.count = n, e.dtype = dt, e.queue = queue;
+  };
+  add(Ev::load, 10).step = 0;
+  log.back().micro = 0;
+  coll(Ev::issued, 11, 0, CollectiveKind::all_gather, 4, DType::f32, 0);
+  coll(Ev::issued, 12, 1, CollectiveKind::reduce_scatter, 2, DType::bf16, 0);
+  coll(Ev::issued, 13, 2, CollectiveKind::all_reduce, 1, DType::i64, 2);
+  add(Ev::forward_begin, 14).unit = 0;
+  coll(Ev::completed, 15, 2, CollectiveKind::all_reduce, 1, DType::i64, 2);
+  bytes[int(Category::comm)] = 7;  // the one change of the memory counter
+  add(Ev::forward_end, 20).unit = 0;
+  coll(Ev::completed, 30, 0, CollectiveKind::all_gather, 4, DType::f32, 0);
+  coll(Ev::waited, 31, 1, CollectiveKind::reduce_scatter, 2, DType::bf16, 0);
+  coll(Ev::completed, 40, 1, CollectiveKind::reduce_scatter, 2, DType::bf16, 0);
+  add(Ev::backward_begin, 41).unit = 3;
+  add(Ev::backward_end, 50).unit = 3;
+  add(Ev::step_end, 70).step = 0;
+  coll(Ev::issued, 80, 3, CollectiveKind::all_gather, 4, DType::f32, 0);
+  coll(Ev::completed, 90, 3, CollectiveKind::all_gather, 4, DType::f32, 0);
+
+  const json events = json::parse(trace_rank_events(5, log, build_layout(model_preset("tiny"))));
+  std::map<int, std::string> tracks;
+  std::map<std::string, json> spans;  // by name, or by "collective id"
+  std::vector<json> memory;
+  for (const json& e : events) {
+    EXPECT_EQ(e["pid"], 5);
+    if (e["ph"] == "M" && e["name"] == "thread_name") tracks[e["tid"]] = e["args"]["name"];
+    if (e["ph"] == "C") memory.push_back(e);
+    if (e["ph"] == "X") spans[e["cat"] == "comm" ? "id " + std::to_string(e["args"]["id"].get<int>()) : e["name"].get<std::string>()] = e;
+  }
+  EXPECT_EQ(tracks, (std::map<int, std::string>{{0, "compute"}, {1, "comm"}, {3, "comm q2"}}));
+  auto expect_span = [&](const std::string& key, int tid, int64_t ts, int64_t dur) {
+    ASSERT_TRUE(spans.count(key)) << key;
+    EXPECT_EQ(spans[key]["tid"], tid) << key;
+    EXPECT_EQ(ns(spans[key]["ts"]), ts * 1000) << key;
+    EXPECT_EQ(ns(spans[key]["dur"]), dur * 1000) << key;
+  };
+  expect_span("fwd embedding", 0, 14, 6);
+  expect_span("bwd head", 0, 41, 9);
+  expect_span("clip + optimizer", 0, 50, 20);  // from the last backward to step_end
+  expect_span("id 0", 1, 11, 19);
+  expect_span("id 1", 1, 30, 10);  // issued at 12, behind id 0 on queue 0 until 30
+  expect_span("id 2", 3, 13, 2);   // queue 2 waits for no one
+  expect_span("id 3", 1, 80, 10);
+  EXPECT_EQ(spans["id 1"]["name"], "reduce_scatter");
+  EXPECT_EQ(spans["id 1"]["args"]["bytes"], 4);  // 2 bf16
+  EXPECT_EQ(spans["id 1"]["args"]["dtype"], "bf16");
+  EXPECT_EQ(ns(spans["id 1"]["args"]["issued_us"]), 12000);
+  EXPECT_EQ(ns(spans["id 1"]["args"]["queued_us"]), 18000);
+  EXPECT_EQ(ns(spans["id 1"]["args"]["waited_us"]), 31000);
+  EXPECT_EQ(spans["id 2"]["args"]["bytes"], 8);  // 1 i64
+  EXPECT_EQ(spans["id 0"]["args"]["step"], 0);
+  EXPECT_EQ(spans["id 3"]["args"]["step"], -1);  // after the step's end
+  ASSERT_EQ(memory.size(), 2u);                  // the first sample, then the change
+  EXPECT_EQ(ns(memory[1]["ts"]), 20000);
+  EXPECT_EQ(memory[0]["args"]["params"], 100);
+  EXPECT_EQ(memory[0]["args"]["comm"], 0);
+  EXPECT_EQ(memory[1]["args"]["comm"], 7);
 }
 
 TEST(TraceGather, EveryRankGetsEveryRanksBytes) {
