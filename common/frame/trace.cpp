@@ -14,6 +14,7 @@
 #include <map>
 #include <set>
 #include <system_error>
+#include <utility>
 
 #include "check.h"
 #include "host_collectives.h"
@@ -41,10 +42,7 @@ bool same_file(const std::string& a, const std::string& b) {
   return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
 }
 
-const char* queue_track_name(int q, std::string& buf) {
-  buf = q == 0 ? "comm" : "comm q" + std::to_string(q);
-  return buf.c_str();
-}
+std::string queue_track_name(int q) { return q == 0 ? "comm" : "comm q" + std::to_string(q); }
 
 json meta(const char* what, int pid, int tid, json args) {
   return json{{"ph", "M"}, {"name", what}, {"pid", pid}, {"tid", tid}, {"args", std::move(args)}};
@@ -70,9 +68,9 @@ void check_trace_path(const TrainConfig& cfg, bool writes) {
     USAGE_REQUIRE(!same_file(t, *path), "--trace " << t << " is also the run's " << flag << " file (" << *path
                                                    << "): the timeline would overwrite it; give --trace a "
                                                       "file of its own");
-  USAGE_REQUIRE(!fs::is_directory(t), "--trace " << t << " is a directory: give the path of a file to write");
-  if (!writes) return;
   std::error_code ec;
+  USAGE_REQUIRE(!fs::is_directory(t, ec), "--trace " << t << " is a directory: give the path of a file to write");
+  if (!writes) return;
   const bool existed = fs::exists(t, ec);
   {
     std::ofstream probe(t, std::ios::out | std::ios::app);
@@ -90,9 +88,8 @@ std::string trace_rank_events(int rank, const std::vector<ScheduleEvent>& events
   std::set<int> queues{0};  // the rank's own communicator always has its track
   for (const ScheduleEvent& e : events)
     if (e.is_collective()) queues.insert(e.queue);
-  std::string buf;
   for (int q : queues) {
-    out.push_back(meta("thread_name", rank, 1 + q, {{"name", queue_track_name(q, buf)}}));
+    out.push_back(meta("thread_name", rank, 1 + q, {{"name", queue_track_name(q)}}));
     out.push_back(meta("thread_sort_index", rank, 1 + q, {{"sort_index", 1 + q}}));
   }
 
