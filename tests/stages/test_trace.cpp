@@ -28,6 +28,8 @@
 #include "runner.h"
 #include "test_util.h"
 #include "trace.h"
+#include "zero1.h"
+#include "zero2.h"
 #include "zero3.h"
 
 namespace zf {
@@ -52,7 +54,12 @@ class TraceTest : public test::TempDirTest {
     c.stage = stage;
     return c;
   }
-  static StageFn fn(const std::string& stage) { return stage == "dp" ? StageFn(train_data_parallel) : StageFn(train_zero3); }
+  static StageFn fn(const std::string& stage) {
+    if (stage == "dp") return train_data_parallel;
+    if (stage == "zero1") return train_zero1;
+    if (stage == "zero2") return train_zero2;
+    return train_zero3;
+  }
 
   // Everything the file must hold for `run`, checked against the run's own
   // counters and its model's units.
@@ -159,6 +166,17 @@ TEST_F(TraceTest, DataParallelFileHoldsEveryRankTrackAndCollective) {
   expect_complete_trace(read_json(c.trace), traced);
   c.trace.clear();
   expect_same_results(traced, run_training(c, fn("dp")));
+}
+
+TEST_F(TraceTest, ZeroOneAndTwoFilesHoldEveryCollective) {
+  for (const char* stage : {"zero1", "zero2"}) {
+    SCOPED_TRACE(stage);
+    TrainConfig c = cfg(stage);
+    c.grad_accum = 2;  // two micro-steps: a step's spans are not only its first micro-step's
+    c.trace = path(std::string(stage) + ".json");
+    const RunResult run = run_training(c, fn(stage));
+    expect_complete_trace(read_json(c.trace), run);
+  }
 }
 
 TEST_F(TraceTest, MemoryCounterEndsAtTheRunsModelStates) {
