@@ -213,7 +213,7 @@ std::string trace_document(const std::vector<std::string>& rank_events, const Tr
              {"steps", cfg.steps},
              {"precision", precision_name(cfg.precision)},
              {"device", cfg.device},
-             {"clock", "microseconds since the run started (steady clock)"}}}};
+             {"clock", "microseconds since the ranks were started (steady clock)"}}}};
   return doc.dump();
 }
 
