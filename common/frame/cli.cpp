@@ -99,6 +99,9 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
                  "continue a run from a --save checkpoint: its model, AdamW state and step; the run "
                  "trains the steps from there up to --steps");
   app.add_option("--log-json", cfg.log_json, "write the run log (JSON lines) to this file");
+  app.add_option("--trace", cfg.trace,
+                 "write a timeline of every rank (compute, collectives, device memory) to this file, as "
+                 "Chrome trace-event JSON: open it in ui.perfetto.dev, draw it with tools/trace_gantt.py");
   app.add_option("--log-every", cfg.log_every, "print a log line every this many steps")->capture_default_str();
   app.add_flag("--quiet", cfg.quiet, "print only errors and the summary");
   app.footer(

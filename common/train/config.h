@@ -52,6 +52,7 @@ struct TrainConfig {
   int save_every = 0;             // ...and after every this many steps (0: only at the end)
   std::string resume;             // training checkpoint to continue from (its step, model, AdamW state)
   std::string log_json;
+  std::string trace;              // --trace: the run's timeline, Chrome trace-event JSON (frame/trace.h)
   int log_every = 10;             // human log: one line every this many steps
   bool quiet = false;             // no human log (tests)
   // Fault injection for tests and demos: rank `fault_rank` throws in the

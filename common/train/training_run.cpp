@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "comm_recording.h"
 #include "training.h"
 
 namespace zf {
@@ -27,6 +28,8 @@ TrainingRun::TrainingRun(const TrainConfig& cfg, const ModelLayout& layout, Rank
 }
 
 void TrainingRun::end_step(int step, float loss, float grad_norm, double ms) {
+  // The schedule's mark that the optimizer is done (a recorded run only).
+  if (RecordingCommunicator* rec = find_recorder(ctx_.comm)) rec->step_ended(step);
   result_.losses.push_back(loss);
   result_.grad_norms.push_back(grad_norm);
   result_.step_ms.push_back(ms);

@@ -54,7 +54,8 @@ class TrainingRun {
   // on it either.
   void also_count(Communicator& comm) { extra_.push_back(&comm); }
 
-  // A step is done: records it, reports it (rank 0), and after every
+  // A step is done: records it (and marks step_end in a recorded run's
+  // schedule, comm_recording.h), reports it (rank 0), and after every
   // --save-every steps and the last one writes --save's checkpoint. Saving
   // gathers the states; its collectives are not counted as training's.
   void end_step(int step, float loss, float grad_norm, double ms);
