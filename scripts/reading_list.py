@@ -44,6 +44,7 @@ READING = [
         ("common/comm/comm.h", "the Communicator: collectives, async handles, byte counters"),
         ("common/comm/comm_threads.h", "the threads backend"),
         ("common/comm/comm_threads.cpp", "its collectives: the algorithm at the top, then the phases"),
+        ("common/comm/internal/comm_thread_group.h", "what the ranks of a group share: the posts, the barrier, abort"),
         ("common/comm/comm_reduce.cpp", "the rank-ordered sum every host backend uses"),
         ("common/core/gradnorm.h", "the exact global gradient norm (the same bits however it is sharded)"),
         ("common/core/adamw.h", "AdamW's formula"),

@@ -51,6 +51,10 @@ double CommStats::total_bytes() const {
   return sum;
 }
 
+std::unique_ptr<Communicator> Communicator::split(int /*color*/, int /*key*/) {
+  throw Error(std::string("split is not supported by ") + backend());
+}
+
 namespace {
 
 // Blocks until the collective is done; rethrows its error.

@@ -19,6 +19,24 @@
 // once at the end), so reduce_scatter followed by all_gather equals
 // all_reduce bit for bit.
 //
+// Sub-communicators (split): every backend cuts its ranks into groups by
+// color, each group a communicator with its own queue and counters: HSDP's
+// intra-group (color rank / S) and inter-group (color rank % S)
+// communicators, or a duplicate (split(0, rank())) as a second queue, so an
+// all_gather never waits behind a reduce_scatter issued on the other.
+//   threads  a new group of the member ranks, one more communication thread
+//            per rank (on GPU buffers also one more CUDA stream: compiled,
+//            not yet run on a GPU);
+//   mpi      MPI_Comm_split on the communication thread; the child has its
+//            own MPI communicator and communication thread (needs
+//            MPI_THREAD_MULTIPLE);
+//   nccl     ncclCommSplit; the child has its own NCCL communicator, stream
+//            and watchdog (compiled, not yet run on GPUs).
+// The split is checked like a collective (threads, mpi): a rank that issues
+// something else, or a color < 0 on any rank, is an error on every rank. The
+// sums stay in rank order within the child (the child's ranks), so a child
+// of all ranks, a duplicate, gives the parent's bits.
+//
 // Byte counters follow the ring model of nccl-tests' bus bandwidth: per rank,
 // all_reduce moves 2(N-1)/N of the buffer, reduce_scatter and all_gather
 // (N-1)/N of the full (N*n) buffer, broadcast the buffer once.
@@ -130,6 +148,17 @@ class Communicator {
   // its memory. Call it from a rank's thread or from outside, never from a
   // backend's own communication thread.
   virtual void abort(const std::string& reason) = 0;
+
+  // Collective over this communicator (every rank calls it, in the same order as its other
+  // collectives): returns the communicator of the ranks that passed the same color (>= 0),
+  // ranked by (key, this rank), like MPI_Comm_split and ncclCommSplit. The child has its own
+  // queue (its collectives are ordered only among themselves), and its own stats().
+  // Aborting any communicator of a family (this one, or one split from it, at any depth)
+  // aborts them all, so a failing rank stops peers waiting on any queue.
+  // A color < 0 on any rank is an Error (on the threads and mpi backends on
+  // every rank). split(0, rank()) is a duplicate: the same ranks, a second
+  // queue. The default raises Error("split is not supported by <backend>").
+  virtual std::unique_ptr<Communicator> split(int color, int key);
 
   // Counters since construction (or reset_stats). Bytes and calls are counted
   // when a collective is issued; seconds when it completes.

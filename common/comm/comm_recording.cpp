@@ -22,7 +22,17 @@ struct RecordingCommunicator::Log {
   std::vector<ScheduleEvent> events;
   const MemoryTracker* mem = nullptr;
   Clock::time_point origin;
+  uint64_t next_id = 0;  // the collectives of every queue, one count
+  int next_queue = 1;    // the next split's queue
 
+  uint64_t take_id() {
+    std::lock_guard<std::mutex> lock(mu);
+    return next_id++;
+  }
+  int take_queue() {
+    std::lock_guard<std::mutex> lock(mu);
+    return next_queue++;
+  }
   void add(ScheduleEvent e) {
     std::lock_guard<std::mutex> lock(mu);
     e.seq = events.size();
@@ -65,6 +75,7 @@ std::string describe(const ScheduleEvent& e) {
   if (e.is_collective()) {
     s << " " << collective_name(e.collective) << "(count " << e.count << ", " << dtype_name(e.dtype) << ") id "
       << e.id << (e.failed ? " (failed)" : "");
+    if (e.queue != 0) s << " queue " << e.queue;
   } else if (e.kind == ScheduleEvent::load) {
     s << " step " << e.step << " micro " << e.micro;
   } else if (e.kind == ScheduleEvent::step_end) {
@@ -81,6 +92,18 @@ RecordingCommunicator::RecordingCommunicator(Communicator& inner, RecordOptions 
   log_->mem = opt.mem;
   log_->origin = opt.origin == Clock::time_point{} ? Clock::now() : opt.origin;
   worker_ = std::thread([this] { completion_loop(); });
+}
+
+RecordingCommunicator::RecordingCommunicator(std::unique_ptr<Communicator> inner,
+                                             std::shared_ptr<Log> log, RecordOptions opt, int queue)
+    : owned_(std::move(inner)), in_(*owned_), opt_(opt), log_(std::move(log)), queue_no_(queue) {
+  worker_ = std::thread([this] { completion_loop(); });
+}
+
+std::unique_ptr<Communicator> RecordingCommunicator::split(int color, int key) {
+  std::unique_ptr<Communicator> inner = in_.split(color, key);
+  return std::unique_ptr<Communicator>(
+      new RecordingCommunicator(std::move(inner), log_, opt_, log_->take_queue()));
 }
 
 RecordingCommunicator::~RecordingCommunicator() {
@@ -100,7 +123,8 @@ CommHandle RecordingCommunicator::issue(CollectiveKind kind, size_t count, DType
   }
   auto p = std::make_unique<Pending>();
   p->call.kind = ScheduleEvent::issued;
-  p->call.id = next_id_++;
+  p->call.id = log_->take_id();
+  p->call.queue = queue_no_;
   p->call.collective = kind;
   p->call.count = count;
   p->call.dtype = dt;
@@ -184,7 +208,8 @@ void RecordingCommunicator::barrier() {
     stats_.add(CollectiveKind::barrier, 0.0);
   }
   ScheduleEvent e;
-  e.id = next_id_++;
+  e.id = log_->take_id();
+  e.queue = queue_no_;
   e.collective = CollectiveKind::barrier;
   e.kind = ScheduleEvent::issued;
   log_->add(e);

@@ -26,7 +26,14 @@
 // Every event takes the next number of one per-rank counter (seq), so the
 // list is a total order of what the rank did; tests assert order, never
 // clock. The three events of one collective share its id (0 for the first
-// the rank issued, then 1, ...). Compute events are the host's order of
+// the rank issued, then 1, ...).
+//
+// Queues: split() returns a recorder around the inner communicator's split
+// that logs into the same list (the same seq and id counters, one total
+// order), with its own completion thread and the same delay. Its events
+// carry queue 1 (the next split 2, ...: in creation order, at any depth);
+// the recorder the stage was given is queue 0. So a test sees a
+// reduce_scatter on queue 1 in flight while an all_gather on queue 0 is. Compute events are the host's order of
 // issuing work: on a GPU device the kernels run later, on the stream.
 // Every event also carries its time (t_us: microseconds since
 // RecordOptions::origin on the steady clock, taken with its seq, so times
@@ -81,7 +88,7 @@ struct ScheduleEvent {
   CollectiveKind collective = CollectiveKind::barrier;
   size_t count = 0;  // elements, as the call's count (reduce_scatter: recv, all_gather: send)
   DType dtype = DType::f32;
-  int queue = 0;  // the communication queue it went through (0: the rank's communicator)
+  int queue = 0;  // the recorder's: 0 the stage's communicator, 1, 2, ... those split from it
   bool failed = false;  // completed with an error
   // forward_*, backward_*: the unit; load: the step and micro-step; step_end: the step
   int unit = -1, step = -1, micro = -1;
@@ -121,30 +128,37 @@ class RecordingCommunicator final : public Communicator {
   CommHandle broadcast_async(void* buf, size_t count, DType dt, int root) override;
   void barrier() override;
   void abort(const std::string& reason) override { in_.abort(reason); }
+  // A recorder (queue 1, 2, ...) around in_.split(color, key), logging here.
+  std::unique_ptr<Communicator> split(int color, int key) override;
+  int queue() const { return queue_no_; }
 
   // Compute events (RankCompute): kind is one of forward_begin ... backward_end.
   void compute(ScheduleEvent::Kind kind, int unit);
   void loaded(int step, int micro);
   void step_ended(int step);
 
-  // The log, once every collective issued so far has completed.
+  // The log, once every collective issued so far through this recorder has
+  // completed (those of other queues: once their recorders' have).
   std::vector<ScheduleEvent> events();
 
   struct Log;  // the events, shared with the handles' wait hooks
 
  private:
   struct Pending;
+  RecordingCommunicator(std::unique_ptr<Communicator> inner, std::shared_ptr<Log> log,
+                        RecordOptions opt, int queue);
   CommHandle issue(CollectiveKind kind, size_t count, DType dt, size_t full_bytes, CommHandle inner);
   void completion_loop();
 
+  std::unique_ptr<Communicator> owned_;  // a split's inner communicator; null for queue 0
   Communicator& in_;
   RecordOptions opt_;
   std::shared_ptr<Log> log_;
+  int queue_no_ = 0;
   std::mutex q_mu_;
   std::condition_variable q_cv_;
   std::deque<std::unique_ptr<Pending>> queue_;
   bool busy_ = false, stopping_ = false;
-  uint64_t next_id_ = 0;  // the rank's thread only
   std::thread worker_;
 };
 

@@ -66,6 +66,7 @@
 
 #include "comm_reduce.h"
 #include "comm_state.h"
+#include "comm_thread_group.h"
 #include "comm_threads_impl.h"
 
 namespace zf {
@@ -73,190 +74,12 @@ namespace zf {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// ------------------------------------------------------------------ what a rank posts
-
-// One rank's call of one collective: what the others check it against, and
-// the pointers they read from. `count` is in elements, as in the API:
-// all_reduce/broadcast the buffer, reduce_scatter the recv count, all_gather
-// the send count.
-struct Post {
-  uint64_t seq = 0;  // 0 for the first collective of this rank, 1 for the next...
-  CollectiveKind kind = CollectiveKind::barrier;
-  size_t count = 0;
-  DType dtype = DType::f32;
-  ReduceOp op = ReduceOp::sum;
-  int root = 0;
-  const void* send = nullptr;  // all_reduce and broadcast: the buffer (send == recv)
-  void* recv = nullptr;
-};
-
-// The message of a collective's error.
-std::string describe_error(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& ex) {
-    return ex.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
-
-std::string describe(const Post& p) {
-  std::ostringstream s;
-  s << collective_name(p.kind);
-  if (p.kind != CollectiveKind::barrier) {
-    s << "(count " << p.count << ", " << dtype_name(p.dtype);
-    if (p.kind == CollectiveKind::all_reduce || p.kind == CollectiveKind::reduce_scatter)
-      s << ", " << (p.op == ReduceOp::sum ? "sum" : "avg");
-    if (p.kind == CollectiveKind::broadcast) s << ", root " << p.root;
-    s << ")";
-  }
-  return s.str();
-}
-
-bool same_call(const Post& a, const Post& b) {
-  if (a.kind != b.kind) return false;
-  if (a.kind == CollectiveKind::barrier) return true;
-  if (a.count != b.count || a.dtype != b.dtype) return false;
-  if ((a.kind == CollectiveKind::all_reduce || a.kind == CollectiveKind::reduce_scatter) &&
-      a.op != b.op)
-    return false;
-  if (a.kind == CollectiveKind::broadcast && a.root != b.root) return false;
-  return true;
-}
-
-// ------------------------------------------------------------------ the group
-
-// State shared by the N communicators of one group. Everything is guarded by
-// mu_; buffers are read by other ranks only between two barriers, and the
-// barrier's lock/unlock orders those reads after the owner's writes.
-class ThreadGroup {
- public:
-  explicit ThreadGroup(int n) : n_(n) {
-    for (auto& slot : posts_) slot.resize(n);
-  }
-  int size() const { return n_; }
-
-  // Phase 1. Posts are double-buffered by the parity of seq: a rank can be at
-  // most one collective ahead of the slowest (it cannot pass the next
-  // collective's first barrier alone), so its next post never overwrites one
-  // that a slower rank is still reading.
-  void post(int rank, const Post& p) {
-    std::lock_guard<std::mutex> lock(mu_);
-    posts_[p.seq % 2][rank] = p;
-  }
-  // Valid after the phase-1 barrier of collective `seq`, until its last barrier.
-  const Post& posted(int rank, uint64_t seq) const { return posts_[seq % 2][rank]; }
-
-  // Waits until all N ranks have arrived. Raises CommAborted if the group is
-  // (or becomes) aborted, Error if a rank that can never arrive has left.
-  void barrier(int rank, const Post& me) {
-    std::unique_lock<std::mutex> lock(mu_);
-    throw_if_broken(rank, me);
-    const uint64_t gen = generation_;
-    if (++arrived_ == n_) {  // the last to arrive opens the barrier
-      arrived_ = 0;
-      ++generation_;
-      cv_.notify_all();
-      return;
-    }
-    cv_.wait(lock, [&] { return generation_ != gen || aborted_ || any_departed_; });
-    if (generation_ != gen) return;  // opened: later failures are for later barriers
-    throw_if_broken(rank, me);
-  }
-
-  // Marks the group failed and wakes every waiting rank (the first reason
-  // wins), then waits until no communication thread is inside a collective:
-  // after abort() returns nobody reads or writes any rank's buffers, so a
-  // failing rank may free its memory. Never called by a communication thread.
-  void abort(const std::string& reason) {
-    std::unique_lock<std::mutex> lock(mu_);
-    mark_aborted_locked(reason);
-    cv_.wait(lock, [&] { return active_ == 0; });
-  }
-
-  // Waits until no communication thread is inside a collective. A rank whose
-  // collective failed calls it before it raises: other ranks' threads may
-  // still be moving bytes into its buffers (a peer reduces its piece into
-  // every rank's output), and the caller frees them once it has the error.
-  void wait_idle() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return active_ == 0; });
-  }
-
-  // The first half of abort(), for a communication thread whose own data
-  // movement failed: marks the group failed and wakes every rank, without
-  // waiting (the caller is itself inside a collective).
-  void fail(const std::string& reason) {
-    std::lock_guard<std::mutex> lock(mu_);
-    mark_aborted_locked(reason);
-  }
-
-  // A communication thread starts / ends running one collective. After an
-  // abort no collective starts, so the count only falls.
-  void enter(int rank, const Post& me) {
-    std::lock_guard<std::mutex> lock(mu_);
-    throw_if_broken(rank, me);
-    ++active_;
-  }
-  void leave() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (--active_ == 0) cv_.notify_all();
-  }
-
-  // Rank `rank` will issue no more collectives (it issued `issued` in all).
-  // A rank leaves only after its last barrier has opened, so any barrier that
-  // still waits for it can never open.
-  void depart(int rank, uint64_t issued) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      any_departed_ = true;
-      if (first_departed_ < 0) {
-        first_departed_ = rank;
-        first_departed_issued_ = issued;
-      }
-    }
-    cv_.notify_all();
-  }
-
- private:
-  // Called with mu_ held. The first reason wins.
-  void mark_aborted_locked(const std::string& reason) {
-    if (aborted_) return;
-    aborted_ = true;
-    reason_ = reason;
-    cv_.notify_all();
-  }
-
-  // Called with mu_ held.
-  void throw_if_broken(int rank, const Post& me) const {
-    if (aborted_)
-      throw CommAborted("[rank " + std::to_string(rank) + "] " + describe(me) +
-                        " (collective #" + std::to_string(me.seq) + " of this rank) aborted: " +
-                        reason_);
-    if (any_departed_)
-      throw Error("[rank " + std::to_string(rank) + "] " + describe(me) + " (collective #" +
-                  std::to_string(me.seq) + " of this rank) cannot complete: rank " +
-                  std::to_string(first_departed_) + " finished after issuing only " +
-                  std::to_string(first_departed_issued_) +
-                  " collectives. Every rank must issue the same collectives in the same "
-                  "order.");
-  }
-
-  const int n_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Post> posts_[2];
-  int arrived_ = 0;
-  uint64_t generation_ = 0;
-  bool aborted_ = false;
-  int active_ = 0;  // communication threads inside a collective
-  std::string reason_;
-  bool any_departed_ = false;
-  int first_departed_ = -1;
-  uint64_t first_departed_issued_ = 0;
-};
+using threads_detail::Post;
+using threads_detail::ThreadGroup;
+using threads_detail::describe;
+using threads_detail::describe_error;
+using threads_detail::same_call;
+using threads_detail::SplitOut;
 
 // ------------------------------------------------------------------ the arithmetic
 //
@@ -275,6 +98,10 @@ class HostTransport final : public ThreadTransport {
   }
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes > 0 && dst != src) std::memcpy(dst, src, bytes);
+  }
+  bool splits() const override { return true; }
+  std::unique_ptr<ThreadTransport> split_transport(int, const std::vector<int>&) override {
+    return std::make_unique<HostTransport>();
   }
 };
 
@@ -350,6 +177,25 @@ class ThreadCommunicator : public Communicator {
 
   void abort(const std::string& reason) override { group_->abort(reason); }
 
+  // A collective of this group like the others (queued, run on the
+  // communication thread in issue order, so a split issued where a peer
+  // issued something else is the usual mismatch error); not counted. The
+  // child is a group of its own in this group's family, with one more
+  // communication thread per rank, and a transport split from this one.
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    if (!io_->splits()) return Communicator::split(color, key);
+    Post p;
+    p.kind = CollectiveKind::barrier;
+    p.split = true;
+    p.color = color;
+    p.key = key;
+    SplitOut out;
+    p.out = &out;
+    issue(p, 0).wait_host();
+    return std::make_unique<ThreadCommunicator>(out.group, out.rank,
+                                                io_->split_transport(out.rank, out.members));
+  }
+
  private:
   struct Op {
     Post post;
@@ -364,7 +210,7 @@ class ThreadCommunicator : public Communicator {
   CommHandle issue(Post p, size_t full_bytes) {
     void* ticket = io_->issued(p.kind, p.send, p.recv);
     auto state = std::make_shared<CommHandle::State>();
-    {
+    if (!p.split) {
       std::lock_guard<std::mutex> lock(stats_mu_);
       stats_.add(p.kind, ring_bytes(p.kind, full_bytes, size()));
     }
@@ -412,7 +258,7 @@ class ThreadCommunicator : public Communicator {
         group_->wait_idle();
       }
       const double seconds = std::chrono::duration<double>(Clock::now() - op.issued_at).count();
-      {
+      if (!op.post.split) {
         std::lock_guard<std::mutex> lock(stats_mu_);
         stats_.seconds[int(op.post.kind)] += seconds;
       }
@@ -524,8 +370,42 @@ class ThreadCommunicator : public Communicator {
         break;
       }
       case CollectiveKind::barrier:
-        break;  // phase 1 was the whole collective
+        if (me.split) run_split(me);
+        break;  // else phase 1 was the whole collective
     }
+  }
+
+  // split, after phase 1: every rank reads every rank's color and key, so a
+  // bad color is the same error on every rank. The members of my color,
+  // ordered by (key, rank), are the child's ranks; its rank 0 (the leader)
+  // makes the child's group and offers it, the others take it after the
+  // next barrier, and the leader withdraws it after a third (no rank keeps
+  // its parent's reference).
+  void run_split(const Post& me) {
+    ThreadGroup& g = *group_;
+    const int N = g.size();
+    for (int q = 0; q < N; q++) {
+      const Post& other = g.posted(q, me.seq);
+      if (other.color < 0)
+        throw Error("split (collective #" + std::to_string(me.seq) + "): rank " +
+                    std::to_string(q) + " passed color " + std::to_string(other.color) +
+                    "; every rank must pass a color >= 0 (the ranks of one color form one "
+                    "communicator)");
+    }
+    std::vector<int> members;
+    for (int q = 0; q < N; q++)
+      if (g.posted(q, me.seq).color == me.color) members.push_back(q);
+    std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
+      return g.posted(a, me.seq).key < g.posted(b, me.seq).key;  // ties: parent rank order
+    });
+    const int leader = members[0];
+    if (rank_ == leader) g.offer_child(leader, ThreadGroup::create(int(members.size()), g.family()));
+    g.barrier(rank_, me);
+    me.out->group = g.child_of(leader);
+    me.out->rank = int(std::find(members.begin(), members.end(), rank_) - members.begin());
+    me.out->members = members;
+    g.barrier(rank_, me);
+    if (rank_ == leader) g.offer_child(leader, nullptr);
   }
 
   std::shared_ptr<ThreadGroup> group_;
@@ -545,7 +425,7 @@ std::vector<std::unique_ptr<Communicator>> make_thread_communicators_with(
     std::vector<std::unique_ptr<ThreadTransport>> transports) {
   const int nranks = int(transports.size());
   REQUIRE(nranks >= 1, "make_thread_communicators: need at least one rank, got " << nranks);
-  auto group = std::make_shared<ThreadGroup>(nranks);
+  auto group = ThreadGroup::create(nranks);
   std::vector<std::unique_ptr<Communicator>> comms;
   comms.reserve(nranks);
   for (int r = 0; r < nranks; r++)

@@ -236,6 +236,18 @@ class CudaTransport final : public ThreadTransport {
 
   const char* backend() const override { return "threads"; }
 
+  // A child group's transport (Communicator::split): the same GPU and compute
+  // stream, a communication stream of its own, the members' GPUs (peer
+  // access among them is already on). Compiled, not yet run on a GPU.
+  bool splits() const override { return true; }
+  std::unique_ptr<ThreadTransport> split_transport(int rank,
+                                                   const std::vector<int>& members) override {
+    std::vector<int> devices;
+    for (int q : members) devices.push_back(group_devices_[size_t(q)]);
+    return std::make_unique<CudaTransport>(rank, int(members.size()), device_, compute_,
+                                           std::move(devices));
+  }
+
   int device() const { return device_; }
   cudaStream_t compute_stream() const { return compute_; }
   void set_compute_stream(cudaStream_t s) { compute_ = s; }

@@ -58,6 +58,16 @@ class ThreadTransport {
   // After a failure in the data movement: waits, as well as it can and
   // without raising, until nothing this rank started touches a buffer.
   virtual void drain() noexcept {}
+
+  // Communicator::split: whether this transport can make one for a child
+  // group, and the child rank's own transport (its own streams, where it
+  // has any), on the rank's thread. `members` are the child's ranks as
+  // ranks of this transport's group, in the child's order.
+  virtual bool splits() const { return false; }
+  virtual std::unique_ptr<ThreadTransport> split_transport(int /*rank*/,
+                                                           const std::vector<int>& /*members*/) {
+    return nullptr;
+  }
 };
 
 // The N communicators of one threads group, rank r moving its data with

@@ -72,6 +72,7 @@
 #include <vector>
 
 #include "comm_reduce.h"
+#include "comm_mpi_header.h"
 #include "comm_state.h"
 #include "mpi_check.h"
 
@@ -80,103 +81,47 @@ namespace zf {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// ------------------------------------------------------------------ the header
-
-// What a rank called, exchanged before every collective. kind is a
-// CollectiveKind, or kDepart: this rank issues nothing more (count then holds
-// how many collectives it issued).
-constexpr int64_t kDepart = 100;
-struct Header {
-  int64_t seq = 0, kind = 0, count = 0, dtype = 0, op = 0, root = 0;
-};
-constexpr int kHeaderInts = 6;
-static_assert(sizeof(Header) == kHeaderInts * sizeof(int64_t));
-
-std::string describe(const Header& h) {
-  if (h.kind == kDepart) return "leaving the group";
-  const auto kind = CollectiveKind(h.kind);
-  std::ostringstream s;
-  s << collective_name(kind);
-  if (kind != CollectiveKind::barrier) {
-    s << "(count " << h.count << ", " << dtype_name(DType(h.dtype));
-    if (kind == CollectiveKind::all_reduce || kind == CollectiveKind::reduce_scatter)
-      s << ", " << (ReduceOp(h.op) == ReduceOp::sum ? "sum" : "avg");
-    if (kind == CollectiveKind::broadcast) s << ", root " << h.root;
-    s << ")";
-  }
-  return s.str();
-}
-
-// The same test as the threads backend's: fields a collective ignores do not count.
-bool same_call(const Header& a, const Header& b) {
-  if (a.kind != b.kind) return false;
-  const auto kind = CollectiveKind(a.kind);
-  if (a.kind == kDepart || kind == CollectiveKind::barrier) return true;
-  if (a.count != b.count || a.dtype != b.dtype) return false;
-  if ((kind == CollectiveKind::all_reduce || kind == CollectiveKind::reduce_scatter) && a.op != b.op)
-    return false;
-  if (kind == CollectiveKind::broadcast && a.root != b.root) return false;
-  return true;
-}
-
-MPI_Datatype mpi_type(DType dt) {
-  switch (dt) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::bf16: return MPI_UINT16_T;  // moved, never summed by MPI
-    case DType::i64: return MPI_INT64_T;
-    case DType::i32: return MPI_INT32_T;
-  }
-  return MPI_BYTE;
-}
-
-// ------------------------------------------------------------------ staging
-
-// Everything a pending MPI operation may still read or write: the payload
-// buffers, the headers, and the count/displacement arrays (MPI-3 requires
-// those of a non-blocking collective to stay valid until it completes).
-struct Staging {
-  std::vector<char> a, b;
-  Header mine;
-  std::vector<Header> headers;
-  std::vector<int> counts, displs, rcounts, rdispls;
-
-  char* a_bytes(size_t bytes) {
-    if (a.size() < bytes) a.resize(bytes);
-    return a.data();
-  }
-  char* b_bytes(size_t bytes) {
-    if (b.size() < bytes) b.resize(bytes);
-    return b.data();
-  }
-};
-
-// A collective given up after abort() is still pending inside MPI: its
-// staging is kept here, never freed, so MPI can never write into freed
-// memory. The process ends soon after (MPI_Abort).
-void bury(std::unique_ptr<Staging> s) {
-  static std::mutex mu;
-  static auto* graveyard = new std::vector<std::unique_ptr<Staging>>();  // leaked on purpose
-  std::lock_guard<std::mutex> lock(mu);
-  graveyard->push_back(std::move(s));
-}
-
-void copy_bytes(void* dst, const void* src, size_t bytes) {
-  if (bytes > 0 && dst != src) std::memcpy(dst, src, bytes);
-}
+using mpi_detail::bury;
+using mpi_detail::copy_bytes;
+using mpi_detail::describe;
+using mpi_detail::Header;
+using mpi_detail::kDepart;
+using mpi_detail::kHeaderInts;
+using mpi_detail::kSplit;
+using mpi_detail::mpi_type;
+using mpi_detail::same_call;
+using mpi_detail::Staging;
 
 // ------------------------------------------------------------------ the communicator
 
+class MpiCommunicator;
+
+// This process's communicators split from one another (from one
+// make_mpi_communicator down): abort() of any aborts them all. Members join
+// and leave on the rank's thread (constructor, destructor), never on a
+// communication thread, so abort_all may hold the mutex while each member's
+// communication thread leaves its collective.
+struct MpiFamily {
+  std::mutex mu;
+  std::vector<MpiCommunicator*> members;
+  bool aborted = false;
+  std::string reason;
+  void abort_all(const std::string& why);
+};
+
 class MpiCommunicator : public Communicator {
  public:
-  explicit MpiCommunicator(MPI_Comm world) : staging_(std::make_unique<Staging>()) {
+  explicit MpiCommunicator(MPI_Comm world)
+      : staging_(std::make_unique<Staging>()), family_(std::make_shared<MpiFamily>()) {
     // Our own communicator: collectives of this one never meet anybody else's
     // MPI traffic, and errors return codes (MPI_CHECK) instead of aborting.
     MPI_CHECK(MPI_Comm_dup(world, &comm_));
-    MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
-    MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
-    MPI_CHECK(MPI_Comm_size(comm_, &size_));
-    worker_ = std::thread([this] { worker_loop(); });
+    start();
+  }
+  // A communicator split from one of `family`'s: takes over `comm`.
+  MpiCommunicator(MPI_Comm comm, std::shared_ptr<MpiFamily> family)
+      : comm_(comm), staging_(std::make_unique<Staging>()), family_(std::move(family)) {
+    start();
   }
 
   // Lets the communication thread finish what was issued (the other ranks
@@ -213,6 +158,11 @@ class MpiCommunicator : public Communicator {
     }
     q_cv_.notify_all();
     worker_.join();
+    {
+      std::lock_guard<std::mutex> lock(family_->mu);
+      auto& m = family_->members;
+      m.erase(std::remove(m.begin(), m.end(), this), m.end());
+    }
     // After a failure an operation may still be pending on comm_: leave it.
     if (clean && !abandoned_) MPI_Comm_free(&comm_);
   }
@@ -257,9 +207,35 @@ class MpiCommunicator : public Communicator {
     issue(h, nullptr, nullptr, 0, 0).wait();
   }
 
+  // The whole family: every communicator of this process split from the same
+  // one (abort_one on each).
+  void abort(const std::string& reason) override { family_->abort_all(reason); }
+
+  // A collective of this communicator like the others (queued; the header
+  // exchange compares the calls, then every rank checks every color), not
+  // counted. The communication thread then calls MPI_Comm_split, which
+  // blocks, but only briefly: every rank has passed the header exchange
+  // into it. The child has its own MPI communicator and communication thread.
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    // Two communicators mean two communication threads calling MPI at once.
+    int level = 0;
+    MPI_CHECK(MPI_Query_thread(&level));
+    REQUIRE(level >= MPI_THREAD_MULTIPLE,
+            "split on the mpi backend needs MPI_THREAD_MULTIPLE (two communication threads call "
+            "MPI at once); this MPI library offers only thread level "
+                << level);
+    Header h;
+    h.kind = kSplit;
+    h.count = color;
+    h.root = key;
+    MPI_Comm child = MPI_COMM_NULL;
+    issue(h, nullptr, nullptr, 0, 0, &child).wait_host();
+    return std::make_unique<MpiCommunicator>(child, family_);
+  }
+
   // Fails what is queued, makes the running collective give up at its next
   // poll, and returns once the communication thread has left it.
-  void abort(const std::string& reason) override {
+  void abort_one(const std::string& reason) {
     std::vector<Op> dropped;
     {
       std::unique_lock<std::mutex> lock(q_mu_);
@@ -281,19 +257,38 @@ class MpiCommunicator : public Communicator {
     void* recv;
     std::shared_ptr<CommHandle::State> state;
     Clock::time_point issued_at;
-    bool internal;  // the departure: not a collective of the API, not counted
+    bool internal;  // the departure and split: not a collective of the API, not counted
+    MPI_Comm* split_out = nullptr;  // split: the child's communicator
   };
+
+  // Both constructors: this rank's place, the family, the communication thread.
+  void start() {
+    MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    {
+      std::lock_guard<std::mutex> lock(family_->mu);
+      family_->members.push_back(this);
+      if (family_->aborted) {  // the family failed while this one was being made
+        reason_ = family_->reason;
+        aborted_ = true;
+      }
+    }
+    worker_ = std::thread([this] { worker_loop(); });
+  }
 
   // Called by the rank's own thread: count the collective (bytes and calls
   // at issue time, as the threads backend does) and queue it.
-  CommHandle issue(Header h, const void* send, void* recv, size_t full_count, size_t full_bytes) {
+  CommHandle issue(Header h, const void* send, void* recv, size_t full_count, size_t full_bytes,
+                   MPI_Comm* split_out = nullptr) {
     // MPI counts and displacements are ints (in elements).
     REQUIRE(full_count <= size_t(INT_MAX),
             "mpi backend: " << collective_name(CollectiveKind(h.kind)) << " of " << full_count
                             << " elements is over MPI's limit of " << INT_MAX
                             << " elements per call; split the buffer");
     auto state = std::make_shared<CommHandle::State>();
-    {
+    const bool internal = split_out != nullptr;
+    if (!internal) {
       std::lock_guard<std::mutex> lock(stats_mu_);
       stats_.add(CollectiveKind(h.kind), ring_bytes(CollectiveKind(h.kind), full_bytes, size_));
     }
@@ -304,7 +299,7 @@ class MpiCommunicator : public Communicator {
         state->finish(broken_error(h));
         return CommHandle(state);
       }
-      queue_.push_back(Op{h, send, recv, state, Clock::now(), false});
+      queue_.push_back(Op{h, send, recv, state, Clock::now(), internal, split_out});
     }
     q_cv_.notify_all();
     return CommHandle(state);
@@ -423,6 +418,7 @@ class MpiCommunicator : public Communicator {
   void run(const Op& op) {
     const Header& h = op.header;
     exchange_headers(h);  // also the barrier
+    if (h.kind == kSplit) return run_split(op);
     if (h.kind == kDepart || CollectiveKind(h.kind) == CollectiveKind::barrier) return;
 
     Staging& s = *staging_;
@@ -502,6 +498,21 @@ class MpiCommunicator : public Communicator {
     }
   }
 
+  // split, after the header exchange: the same error on every rank for a
+  // bad color (every rank has every header), else MPI_Comm_split, which
+  // ranks the child by (key, rank) as Communicator::split promises.
+  void run_split(const Op& op) {
+    const Staging& s = *staging_;
+    for (int q = 0; q < size_; q++)
+      if (s.headers[size_t(q)].count < 0)
+        throw Error("split (collective #" + std::to_string(op.header.seq) + "): rank " +
+                    std::to_string(q) + " passed color " +
+                    std::to_string(s.headers[size_t(q)].count) +
+                    "; every rank must pass a color >= 0 (the ranks of one color form one "
+                    "communicator)");
+    MPI_CHECK(MPI_Comm_split(comm_, int(op.header.count), int(op.header.root), op.split_out));
+  }
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   std::unique_ptr<Staging> staging_;  // used only by the communication thread
@@ -516,10 +527,20 @@ class MpiCommunicator : public Communicator {
   bool in_op_ = false;
   uint64_t issued_ = 0;
   std::string reason_;
+  std::shared_ptr<MpiFamily> family_;
   std::atomic<bool> aborted_{false};  // written under q_mu_, polled without it
   int gone_rank_ = -1;                // a rank that left while this one still issued collectives
   int64_t gone_issued_ = 0;           // ... after issuing this many
 };
+
+void MpiFamily::abort_all(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (!aborted) {
+    aborted = true;
+    reason = why;
+  }
+  for (MpiCommunicator* c : members) c->abort_one(reason);
+}
 
 }  // namespace
 

@@ -265,6 +265,63 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create_from_file(const std::
 
 namespace nccl_detail {
 
+// ncclCommSplit on this rank's NCCL communicator, from the rank's thread, in
+// the order of its collectives (NCCL orders it with them on the parent).
+// Non-blocking like the creation: the child is polled until ready within
+// the creation timeout. A rank passing a color < 0 takes part as
+// NCCL_SPLIT_NOCOLOR (so the others do not wait for it) and raises an
+// Error; the others get a child without it (NCCL does not compare the
+// ranks' calls). Compiled but not yet run on GPUs: tests/cuda/nccl has no
+// split test so far.
+std::unique_ptr<Communicator> NcclRank::split(int color, int key) {
+  const uint64_t no = splits_++;
+  ncclConfig_t config = nonblocking_config();
+  ncclComm_t child = nullptr;
+  {
+    DeviceGuard g(device_);
+    std::lock_guard<std::mutex> lock(nccl_mu_);
+    if (!comm_)
+      throw CommAborted("[rank " + std::to_string(rank_) + "] split: the communicator has failed" +
+                        (group_->aborted() ? ": " + group_->reason() : std::string()));
+    const ncclResult_t res =
+        ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
+    if (res != ncclSuccess && res != ncclInProgress)
+      throw Error("[rank " + std::to_string(rank_) + "] ncclCommSplit failed: " +
+                  nccl_error_text(res));
+    // Non-blocking: the parent takes no other call until its part is done.
+    const auto t0 = Clock::now();
+    for (;;) {
+      ncclResult_t state = ncclInProgress;
+      const ncclResult_t q = ncclCommGetAsyncError(comm_, &state);
+      if (q != ncclSuccess) state = q;
+      if (state == ncclSuccess) break;
+      if (state != ncclInProgress || seconds_since(t0) > timeout_s_) {
+        if (child) ncclCommAbort(child);
+        throw Error("[rank " + std::to_string(rank_) + "] ncclCommSplit did not complete: " +
+                    (state == ncclInProgress ? std::string("timeout (ZF_NCCL_TIMEOUT_S)")
+                                             : nccl_error_text(state)));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  if (color < 0) {
+    if (child) ncclCommAbort(child);
+    throw Error("[rank " + std::to_string(rank_) + "] split: color " + std::to_string(color) +
+                " is not a color; every rank must pass a color >= 0 (the ranks of one color form "
+                "one communicator)");
+  }
+  REQUIRE(child, "[rank " << rank_ << "] ncclCommSplit returned no communicator");
+  int n = 0, r = 0;
+  {
+    DeviceGuard g(device_);
+    wait_until_ready(child, rank_, size_, resolve_init_timeout(NcclOptions{timeout_s_, 0}),
+                     "did every rank of the parent call split, in the same order?");
+    NCCL_CHECK(ncclCommCount(child, &n));
+    NCCL_CHECK(ncclCommUserRank(child, &r));
+  }
+  return std::make_unique<NcclRank>(group_->child(no, color, n), child, r, n, device_, timeout_s_);
+}
+
 // Takes over `comm` (ready: created and polled until ncclSuccess).
 NcclRank::NcclRank(std::shared_ptr<NcclGroup> group, ncclComm_t comm, int rank, int size,
                    int device, double timeout_s)

@@ -269,6 +269,11 @@ void NcclRank::abort_comm_locked() {
 }
 
 void NcclGroup::abort_all(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(family_->mu);
+  for (NcclGroup* g : family_->groups) g->abort_members(reason);
+}
+
+void NcclGroup::abort_members(const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!aborted_.load()) {
     reason_ = reason;
@@ -278,9 +283,14 @@ void NcclGroup::abort_all(const std::string& reason) {
 }
 
 void NcclGroup::drain_all(double limit_s) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(family_->mu);
   const auto deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(limit_s));
+  for (NcclGroup* g : family_->groups) g->drain_members(deadline, limit_s);
+}
+
+void NcclGroup::drain_members(Clock::time_point deadline, double limit_s) {
+  std::lock_guard<std::mutex> lock(mu_);
   for (NcclRank* m : members_)
     if (!m->drain_stream(deadline))
       std::fprintf(stderr,

@@ -23,6 +23,7 @@
 #include "blas.h"
 #include "comm.h"
 #include "comm/comm_checks.h"
+#include "comm/split_checks.h"
 #include "comm_mpi.h"
 #include "comm_threads.h"
 #include "launch.h"
@@ -190,6 +191,68 @@ TEST_F(Mpi, AbortFailsPendingCollectivesWithoutWaitingForPeers) {
     EXPECT_TRUE(contains(msg, "aborted: test abort")) << msg;
     mpi_gather_ints(0);
   });
+}
+
+// ------------------------------------------------------------------ split
+
+// HSDP's splits in groups of 2 (np 2: one group and singletons; np 4: two of
+// each), each child's collectives against sums over its member ranks.
+TEST_F(Mpi, SplitChildrenSumOverTheirMembers) {
+  run([](RankContext& ctx) { test::scenario_split_hsdp(ctx, 2, false); });
+  run([](RankContext& ctx) { test::scenario_split_hsdp(ctx, 2, true); });
+  run([](RankContext& ctx) { test::scenario_split_hsdp(ctx, 1, false); });
+}
+TEST_F(Mpi, SplitStatsAreCountedApart) { run(test::scenario_split_stats_apart); }
+TEST_F(Mpi, SplitTwoQueuesAreIndependent) { run(test::scenario_two_queues_are_independent); }
+TEST_F(Mpi, SplitNegativeColorIsAnErrorOnEveryRank) {
+  run([](RankContext& ctx) {
+    test::scenario_split_negative_color_is_an_error_on_every_rank(ctx);
+    test::check_parent_all_reduce(ctx.comm, ctx.rank, 700);  // the communicator still works
+  });
+}
+TEST_F(Mpi, SplitMismatchOnAChildIsAnError) { run(test::scenario_split_child_mismatch_is_an_error); }
+TEST_F(Mpi, SplitAgainstACollectiveIsAnError) {
+  run(test::scenario_split_against_a_collective_is_an_error);
+}
+
+// Within a process, aborting the parent fails a child's pending collective
+// and aborting a child the parent's (peer processes are the launcher's to
+// end: comm_mpi.h). The other ranks never join rank 0's collectives.
+TEST_F(Mpi, SplitAbortReachesTheWholeFamily) {
+  for (bool by_child : {false, true}) {
+    SCOPED_TRACE(by_child ? "abort the child" : "abort the parent");
+    run([&](RankContext& ctx) {
+      std::unique_ptr<Communicator> child = ctx.comm.split(0, ctx.rank);
+      if (ctx.rank != 0) {
+        mpi_gather_ints(0);
+        return;
+      }
+      std::vector<float> a(1000, 1.0f), b(1000, 1.0f);
+      CommHandle hp = ctx.comm.all_reduce_async(a.data(), a.size(), DType::f32, ReduceOp::sum);
+      CommHandle hc = child->all_reduce_async(b.data(), b.size(), DType::f32, ReduceOp::sum);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      EXPECT_FALSE(hp.done());
+      EXPECT_FALSE(hc.done());
+      (by_child ? *child : ctx.comm).abort("rank 0 failed");
+      // Polled, not waited: without the family's abort one would never end.
+      auto done_soon = [](const CommHandle& h) {
+        for (int i = 0; i < 500 && !h.done(); i++)
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        return h.done();
+      };
+      const bool both = done_soon(hp) && done_soon(hc);
+      EXPECT_TRUE(both) << "the abort did not reach the other communicator";
+      if (!both) {
+        ctx.comm.abort("cleanup");
+        child->abort("cleanup");
+      }
+      EXPECT_THROW(hp.wait(), CommAborted);
+      EXPECT_THROW(hc.wait(), CommAborted);
+      EXPECT_TRUE(contains(message_of([&] { child->barrier(); }), "aborted: rank 0 failed"));
+      EXPECT_TRUE(contains(message_of([&] { ctx.comm.barrier(); }), "aborted: rank 0 failed"));
+      mpi_gather_ints(0);
+    });
+  }
 }
 
 // ------------------------------------------------------------------ one rank per process

@@ -47,7 +47,13 @@
 //     collectives than this one waits for: the rank that sees it aborts its
 //     communicator, raises an Error saying what it saw (the cause), and
 //     aborts the group, so the other ranks raise CommAborted (echoes).
-// Locks, to stay clear of deadlocks: the group's mutex may be held while
+// Splits (NcclRank::split, comm_nccl.cpp: ncclCommSplit, untested on a GPU
+// so far): the child is an NcclRank of its own, with its own NCCL
+// communicator, stream and watchdog, in a child NcclGroup of the ranks of
+// its color; the groups split from one another form an NcclFamily, and
+// abort_all and drain_all act on every group of the family.
+// Locks, to stay clear of deadlocks: the family's mutex may be held while
+// taking a group's, the group's mutex while
 // taking a rank's nccl_mu_ or q_mu_ (abort_all), never the other way round,
 // and no thread holds a rank's nccl_mu_ and q_mu_ together. Nothing waits
 // long on a lock a poller holds: every NCCL call returns at once
@@ -88,17 +94,55 @@ inline std::string nccl_error_text(ncclResult_t r) {
 }
 
 class NcclRank;
+class NcclGroup;
 
 // ------------------------------------------------------------------ the group
 
+// The groups split from one another (from one create* down): each joins in
+// its constructor and leaves in its destructor.
+struct NcclFamily {
+  std::mutex mu;
+  std::vector<NcclGroup*> groups;
+};
+
 class NcclGroup {
  public:
-  // Marks the group aborted (the first reason wins) and aborts every
-  // member's NCCL communicator. Callers hold no lock of any member.
+  explicit NcclGroup(std::shared_ptr<NcclFamily> family = nullptr)
+      : family_(family ? std::move(family) : std::make_shared<NcclFamily>()) {
+    std::lock_guard<std::mutex> lock(family_->mu);
+    family_->groups.push_back(this);
+  }
+  ~NcclGroup() {
+    std::lock_guard<std::mutex> lock(family_->mu);
+    auto& g = family_->groups;
+    g.erase(std::remove(g.begin(), g.end(), this), g.end());
+  }
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+
+  // Marks every group of the family aborted (the first reason wins in each)
+  // and aborts every member's NCCL communicator. Callers hold no lock of
+  // any member.
   void abort_all(const std::string& reason);
-  // Waits (at most `limit_s`) until no member's communication stream has work
-  // left, so no collective touches any rank's buffers any more.
+  // Waits (at most `limit_s`) until no communication stream of any member of
+  // the family has work left, so no collective touches any buffer any more.
   void drain_all(double limit_s);
+
+  // The child group of the ranks of this group that passed `color` to their
+  // `split_no`-th split (counted per rank from 0): the first to ask makes
+  // it, the last of its `size` members to ask lets the registry forget it.
+  std::shared_ptr<NcclGroup> child(uint64_t split_no, int color, int size) {
+    std::lock_guard<std::mutex> lock(split_mu_);
+    for (auto it = children_.begin(); it != children_.end(); ++it)
+      if (it->split_no == split_no && it->color == color) {
+        std::shared_ptr<NcclGroup> g = it->group;
+        if (++it->taken == size) children_.erase(it);
+        return g;
+      }
+    auto g = std::make_shared<NcclGroup>(family_);
+    if (size > 1) children_.push_back(Child{split_no, color, 1, g});
+    return g;
+  }
 
   void join(NcclRank* m) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -127,6 +171,18 @@ class NcclGroup {
   uint64_t departed_issued() const { return departed_issued_; }
 
  private:
+  // One group's part of abort_all / drain_all (family's mutex held).
+  void abort_members(const std::string& reason);
+  void drain_members(Clock::time_point deadline, double limit_s);
+
+  struct Child {
+    uint64_t split_no;
+    int color, taken;
+    std::shared_ptr<NcclGroup> group;
+  };
+  std::shared_ptr<NcclFamily> family_;
+  std::mutex split_mu_;  // children_; taken before the family's mutex, never after
+  std::vector<Child> children_;
   std::mutex mu_;
   std::vector<NcclRank*> members_;
   std::atomic<bool> aborted_{false};
@@ -165,6 +221,9 @@ class NcclRank final : public NcclCommunicator {
 
   // Failures: comm_nccl_watchdog.cpp.
   void abort(const std::string& reason) override;
+
+  // ncclCommSplit (comm_nccl.cpp). Compiled, not yet run on GPUs.
+  std::unique_ptr<Communicator> split(int color, int key) override;
 
   // How long to wait for the communication stream to drain after an abort
   // (it may first wait for compute it depends on): the timeout, but at least
@@ -223,6 +282,7 @@ class NcclRank final : public NcclCommunicator {
   std::deque<Op> pending_;              // issued, not completed; oldest first
   std::vector<cudaEvent_t> free_events_;
   uint64_t issued_ = 0;                 // collectives issued (the next seq)
+  uint64_t splits_ = 0;                 // split() calls so far (the rank's thread only)
   bool stopping_ = false;
   std::string broken_;                  // why this communicator failed ("" while fine)
   bool broken_is_abort_ = false;
