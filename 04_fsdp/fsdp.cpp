@@ -9,7 +9,14 @@
 //                              reduce-scatter it into my float32 shard
 //                              (--no-sync: only on the last micro-step)
 //   clip, AdamW on my float32 shard    (no master copy: the shard is float32)
+//
+// All-gathers and reduce-scatters go through two queues (FSDP2's two
+// streams), so a prefetch never waits behind a reduce-scatter. With
+// --shard-group S < N (hybrid sharding) both queues are within my group of
+// S ranks, and each reduced piece is then all-reduced across the N/S groups.
 #include "fsdp.h"
+
+#include <memory>
 
 #include "check.h"
 #include "flat_grads.h"
@@ -26,22 +33,41 @@ namespace zf {
 
 namespace {
 
+// The communicators of one rank: its shard group (all N ranks, or the S of
+// its group under hybrid sharding), the group's second queue for the
+// reduce-scatters, and the replicas of its shard in the other groups.
+struct FsdpComms {
+  std::unique_ptr<Communicator> group_owned, across, reduce_queue;
+  Communicator* group = nullptr;
+
+  FsdpComms(Communicator& world, int S) {
+    group = &world;
+    if (S < world.size()) {  // groups of S consecutive ranks; my shard's replicas: one per group
+      group_owned = world.split(world.rank() / S, world.rank());
+      across = world.split(world.rank() % S, world.rank());
+      group = group_owned.get();
+    }
+    reduce_queue = group->split(0, group->rank());
+  }
+};
+
 // The model states one rank holds under FSDP: float32 shards of parameters
-// and gradients, and AdamW's moments, 1/N of each.
+// and gradients, and AdamW's moments, 1/N of each (1/S with hybrid sharding).
 struct FsdpStates final : ModelStates {
   const FsdpUnits& units;
   const ShardLayout& shards;
-  Communicator& comm;
+  Communicator& comm;  // the shard group
   Device& dev;
   FlatParams params;  // new: float32 shards, gathered in the parameter dtype   category params (gathered)
   FlatGrads grads;    // new: float32 shards, reduced in the reduce dtype       category grads (comm)
   ShardedAdamW opt;   // stage 01's, on float32 pieces in both recipes          category optimizer
 
-  FsdpStates(const FsdpUnits& units, const ShardLayout& shards, const TrainConfig& cfg, RankContext& ctx)
-      : units(units), shards(shards), comm(ctx.comm), dev(ctx.dev),
-        params(shards, storage_dtype(cfg.precision), cfg.fsdp, units.last(), ctx.mem, ctx.dev, ctx.comm),
+  FsdpStates(const FsdpUnits& units, const ShardLayout& shards, const TrainConfig& cfg, RankContext& ctx,
+             FsdpComms& comms)
+      : units(units), shards(shards), comm(*comms.group), dev(ctx.dev),
+        params(shards, storage_dtype(cfg.precision), cfg.fsdp, units.last(), ctx.mem, ctx.dev, *comms.group),
         grads(shards, storage_dtype(cfg.precision), cfg.fsdp.reduce_dtype.value_or(storage_dtype(cfg.precision)),
-              cfg.fsdp.no_sync, ctx.mem, ctx.dev, ctx.comm, nullptr),
+              cfg.fsdp.no_sync, ctx.mem, ctx.dev, *comms.reduce_queue, comms.across.get()),
         // The float32 shard is its own master: AdamW as in the fp32 recipe.
         opt(units.flat, shards, Precision::fp32, ctx.mem, ctx.dev, cfg.lr) {}
 
@@ -62,13 +88,16 @@ RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData&
   const FsdpOptions& opt = cfg.fsdp;
   const ModelLayout layout = build_layout(cfg.model);
   const FsdpUnits units = wrap_blocks(layout, opt.wrap_blocks);
-  const ShardLayout shards = make_shard_layout(units.flat, ctx.world, ctx.rank);
+  FsdpComms comms(ctx.comm, opt.shard_group > 0 ? opt.shard_group : ctx.world);
+  const ShardLayout shards = make_shard_layout(units.flat, comms.group->size(), comms.group->rank());
   const int K = cfg.grad_accum, G = units.size(), D = opt.prefetch;
 
-  FsdpStates states(units, shards, cfg, ctx);
-  RankFailureGuard guard(ctx.comm);  // a failing rank stops the group before freeing the states
+  FsdpStates states(units, shards, cfg, ctx, comms);
+  RankFailureGuard guard(ctx.comm);  // a failing rank stops the family of communicators before freeing the states
   auto rc = make_rank_compute(cfg, layout, ctx, data);
   TrainingRun run(cfg, units.flat, ctx, reporter, states);  // the initial model, or --resume's checkpoint
+  for (Communicator* c : {comms.group_owned.get(), comms.across.get(), comms.reduce_queue.get()})
+    if (c) run.also_count(*c);
   const size_t esize = dtype_size(storage_dtype(cfg.precision));
   // Model unit u's parameters (or gradient) inside its FSDP unit's full buffer.
   auto member_params = [&](const void* full, int u) {
@@ -107,13 +136,17 @@ RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData&
     }
     const float loss = global_mean_loss(ctx.comm, ctx.dev, loss_sum, K);
 
-    const GradClip clip = states.opt.clip_scale(ctx.comm, [&](int g) { return states.grads.shard(g); }, cfg.clip);
+    // The norm over my group's pieces: every group holds the whole (summed) gradient.
+    const GradClip clip =
+        states.opt.clip_scale(*comms.group, [&](int g) { return states.grads.shard(g); }, cfg.clip);
     for (int g = 0; g < G; ++g)
       states.opt.update(g, states.grads.shard(g), states.params.shard(g), step + 1, clip.scale);
     states.grads.zero();
     run.end_step(step, loss, clip.norm, timer.ms());
   }
-  return run.finish();
+  RankResult result = run.finish();
+  if (comms.across) result.comm_cross_group = comms.across->stats();
+  return result;
 }
 
 }  // namespace zf
