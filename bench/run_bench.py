@@ -519,13 +519,18 @@ def summary(args, train, debian, kc, cross, runner, elapsed, fsdp=None):
     if cross and cross.get("max") is not None:
         add("loss cross-check tiny 2 ranks B=4, max |diff|", "%.2e" % cross["max"], "over %d steps" % cross["steps"],
             "", "<= %.0e" % CROSSCHECK_TOL, cross["max"] <= CROSSCHECK_TOL)
+    whys = []  # section D's reading of each miss: a line under the table, too long for a cell
     for name, ours, peer, ratio, target, ok in fsdp or []:
         if target:
             add(name, ours, peer, ratio, target, ok)
         else:
-            rows.append([name, ours, peer, ratio, target, ""])
+            whys.append("- %s: %s" % (rows[-1][0] if rows else "?", name.strip().replace("why: ", "", 1)))
     R.table(["measure", "zero-to-fsdp", "peer", "ratio", "target", "verdict"], rows,
             ["<", ">", ">", ">", "<", "<"])
+    if whys:
+        R.note("What stands in the way of each miss, from the logs:")
+        for w in whys:
+            R.line(w)
     if met:
         R.note("%d of %d checks met. Load average now %s. Total time %.0f s."
                % (sum(met), len(met), " / ".join("%.2f" % x for x in os.getloadavg()), elapsed))

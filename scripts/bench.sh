@@ -12,7 +12,8 @@
 # (run_bench.py --only fsdp). FSDP2 needs PyTorch 2.4 or newer, which Debian 12
 # does not ship: the first such run makes .venv-bench/ (git-ignored) with
 # python3 -m venv and pip install torch numpy from PyPI (about 5 GB), later
-# runs reuse it. ZF_BENCH_VENV names another folder for it.
+# runs reuse it. ZF_BENCH_VENV names another folder for it. About 4 minutes
+# per repeat on the 2-core machine, most of it PyTorch's runs.
 #
 #   scripts/bench.sh --fsdp --repeats 3
 set -euo pipefail

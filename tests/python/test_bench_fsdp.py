@@ -9,6 +9,8 @@
 #   meson test -C build bench_fsdp_py
 #   ZF_FSDP_BIN=build/04_fsdp/fsdp python3 tests/python/test_bench_fsdp.py [--xml FILE]
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -19,6 +21,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_fsdp  # noqa: E402
 import gtest_xml  # noqa: E402
+import run_bench  # noqa: E402
 
 
 class Args:
@@ -101,6 +104,23 @@ class VerdictTest(unittest.TestCase):
         rows = bench_fsdp.verdicts(Args(), res, {"fsdp --recompute attn": "unknown"})
         attn = [(name, ours, ok) for name, ours, _, _, _, ok in rows if "attn" in name]
         self.assertEqual(attn, [("fsdp --recompute attn, 4 ranks, ms/step vs dp", "skipped", None)])
+
+
+class SummaryTest(unittest.TestCase):
+    def test_a_why_row_becomes_a_line_under_the_table_not_a_verdict(self):
+        class NoRuns:
+            models, ranks, problems = [], [], []
+        rows = [("fsdp, 4 ranks, ms/step vs dp", "110 ms", "100 ms", "1.10x", "<= 1.05x", False),
+                ("  why: moves 1.48x dp's bytes", "", "", "", "", None)]
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            run_bench.summary(NoRuns, None, None, None, None, NoRuns, 1.0, rows)
+        text = out.getvalue()
+        table = text[:text.index("What stands in the way")]
+        self.assertIn("MISSED", table)
+        self.assertNotIn("why", table)
+        self.assertIn("- fsdp, 4 ranks, ms/step vs dp: moves 1.48x dp's bytes\n", text)
+        self.assertIn("0 of 1 checks met", text)   # the why row is no check of its own
 
 
 class UnknownFlagTest(unittest.TestCase):
