@@ -21,11 +21,16 @@ struct RecordingCommunicator::Log {
   std::mutex mu;
   std::vector<ScheduleEvent> events;
   const MemoryTracker* mem = nullptr;
+  Clock::time_point origin;
 
   void add(ScheduleEvent e) {
     std::lock_guard<std::mutex> lock(mu);
     e.seq = events.size();
-    if (mem) e.comm_bytes = mem->counts().cur(Place::device, Category::comm);
+    e.t_us = std::chrono::duration<double, std::micro>(Clock::now() - origin).count();
+    if (mem) {
+      const MemoryCounts c = mem->counts();
+      for (int k = 0; k < kNumCategories; k++) e.device_bytes[k] = c.cur(Place::device, Category(k));
+    }
     events.push_back(e);
   }
 };
@@ -47,6 +52,9 @@ const char* schedule_event_name(ScheduleEvent::Kind kind) {
     case ScheduleEvent::forward_end: return "forward_end";
     case ScheduleEvent::backward_begin: return "backward_begin";
     case ScheduleEvent::backward_end: return "backward_end";
+    case ScheduleEvent::recompute_begin: return "recompute_begin";
+    case ScheduleEvent::recompute_end: return "recompute_end";
+    case ScheduleEvent::step_end: return "step_end";
   }
   return "?";
 }
@@ -59,16 +67,19 @@ std::string describe(const ScheduleEvent& e) {
       << e.id << (e.failed ? " (failed)" : "");
   } else if (e.kind == ScheduleEvent::load) {
     s << " step " << e.step << " micro " << e.micro;
+  } else if (e.kind == ScheduleEvent::step_end) {
+    s << " step " << e.step;
   } else {
     s << " unit " << e.unit;
   }
-  s << ", comm " << e.comm_bytes << " B";
+  s << ", comm " << e.comm_bytes() << " B";
   return s.str();
 }
 
 RecordingCommunicator::RecordingCommunicator(Communicator& inner, RecordOptions opt)
     : in_(inner), opt_(opt), log_(std::make_shared<Log>()) {
   log_->mem = opt.mem;
+  log_->origin = opt.origin == Clock::time_point{} ? Clock::now() : opt.origin;
   worker_ = std::thread([this] { completion_loop(); });
 }
 
@@ -204,6 +215,13 @@ void RecordingCommunicator::loaded(int step, int micro) {
   e.kind = ScheduleEvent::load;
   e.step = step;
   e.micro = micro;
+  log_->add(e);
+}
+
+void RecordingCommunicator::step_ended(int step) {
+  ScheduleEvent e;
+  e.kind = ScheduleEvent::step_end;
+  e.step = step;
   log_->add(e);
 }
 

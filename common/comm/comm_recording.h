@@ -19,15 +19,21 @@
 //   forward_begin, forward_end, backward_begin, backward_end   of unit u, from
 //                   the rank's compute (train/compute_decorators.cpp wraps
 //                   RankCompute when the communicator is a recorder)
+//   step_end        TrainingRun::end_step(step): the step's optimizer is done
+//                   (from the last backward_end to here: the gradients'
+//                   last reductions, the norm, clipping and AdamW)
 //
 // Every event takes the next number of one per-rank counter (seq), so the
 // list is a total order of what the rank did; tests assert order, never
 // clock. The three events of one collective share its id (0 for the first
 // the rank issued, then 1, ...). Compute events are the host's order of
 // issuing work: on a GPU device the kernels run later, on the stream.
-// With a MemoryTracker (RecordOptions::mem) each event also samples the
-// rank's device bytes of category comm at that moment (the gathered
-// parameters and gradient buckets of ZeRO-2/3).
+// Every event also carries its time (t_us: microseconds since
+// RecordOptions::origin on the steady clock, taken with its seq, so times
+// never go back within a rank), which the timeline of --trace draws
+// (frame/trace.h). With a MemoryTracker (RecordOptions::mem) each event
+// also samples the rank's device bytes of every category at that moment
+// (comm_bytes(): the gathered parameters and gradient buckets of ZeRO-2/3).
 //
 // delay: each collective's completion is held back by this long after the
 // backend finished it, one collective after the other like a slow link, so
@@ -35,14 +41,16 @@
 // next compute, and a stage that waits too early blocks there. Handles stay
 // valid: the stage's wait() returns only once the inner collective is done.
 //
-// Off by default, at no cost: only a test builds one. It wraps the rank's
-// communicator for the stage's function (tests/stages/schedule_util.h:
+// Off by default, at no cost: only a test or --trace FILE builds one. It
+// wraps the rank's communicator for the stage's function
+// (tests/stages/schedule_util.h, frame/trace.cpp:
 // RankContext{rank, world, recorder, mem, dev}); make_rank_compute looks
 // for a recorder once (find_recorder), and without one adds nothing. The
 // counters (stats()) are the recorder's own, counted as the threads backend
 // counts them, so a stage's results are the same with or without it.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -59,18 +67,27 @@
 namespace zf {
 
 struct ScheduleEvent {
-  enum Kind { issued, completed, waited, load, forward_begin, forward_end, backward_begin, backward_end };
+  // recompute_begin, recompute_end: inside backward_begin .. backward_end of
+  // the unit, when --recompute refills its activations (model.h).
+  enum Kind {
+    issued, completed, waited, load, forward_begin, forward_end, backward_begin, backward_end,
+    recompute_begin, recompute_end, step_end
+  };
   uint64_t seq = 0;  // position in the rank's log
   Kind kind = issued;
+  double t_us = 0;   // microseconds since RecordOptions::origin
   // issued, completed, waited
   uint64_t id = 0;  // the collective's number on this rank
   CollectiveKind collective = CollectiveKind::barrier;
   size_t count = 0;  // elements, as the call's count (reduce_scatter: recv, all_gather: send)
   DType dtype = DType::f32;
+  int queue = 0;  // the communication queue it went through (0: the rank's communicator)
   bool failed = false;  // completed with an error
-  // forward_*, backward_*: the unit; load: the step and micro-step
+  // forward_*, backward_*: the unit; load: the step and micro-step; step_end: the step
   int unit = -1, step = -1, micro = -1;
-  size_t comm_bytes = 0;  // device bytes of category comm at the event (0 without a tracker)
+  // Device bytes of each Category at the event (all 0 without a tracker).
+  std::array<size_t, kNumCategories> device_bytes{};
+  size_t comm_bytes() const { return device_bytes[int(Category::comm)]; }
 
   bool is_collective() const { return kind == issued || kind == completed || kind == waited; }
 };
@@ -80,7 +97,10 @@ std::string describe(const ScheduleEvent& e);
 
 struct RecordOptions {
   std::chrono::microseconds delay{0};  // added before each collective completes
-  const MemoryTracker* mem = nullptr;  // sample its device comm bytes at every event
+  const MemoryTracker* mem = nullptr;  // sample its device bytes at every event
+  // Where t_us counts from; the default (the clock's epoch) means the
+  // recorder's construction. --trace gives every rank of a process one origin.
+  std::chrono::steady_clock::time_point origin{};
 };
 
 class RecordingCommunicator final : public Communicator {
@@ -105,6 +125,7 @@ class RecordingCommunicator final : public Communicator {
   // Compute events (RankCompute): kind is one of forward_begin ... backward_end.
   void compute(ScheduleEvent::Kind kind, int unit);
   void loaded(int step, int micro);
+  void step_ended(int step);
 
   // The log, once every collective issued so far has completed.
   std::vector<ScheduleEvent> events();

@@ -1,6 +1,7 @@
 // model.cpp: the GPT's layout, its seeded initialisation, and the unit-by-unit
 // forward and backward of one rank (llm.c's order of operations, with the
-// activations of each block kept in that block's own buffers).
+// activations of each block kept in that block's own buffers, or in one
+// shared set that the backward refills: --recompute, model.h).
 #include "model.h"
 
 #include <algorithm>
@@ -126,12 +127,24 @@ double flops_per_token(const ModelLayout& layout) {
 
 // ---------------------------------------------------------------- activations
 
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::none: return "none";
+    case Recompute::full: return "full";
+    case Recompute::attn: return "attn";
+  }
+  return "?";
+}
+
 struct Gpt::BlockActs {
   Tensor ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
 };
 
-Gpt::Gpt(const ModelLayout& layout, MemoryTracker& mem, Device& dev, int B, AttentionForm attention)
-    : layout_(layout), mem_(mem), dev_(dev), B_(B), act_(dev.compute_dtype()), esize_(dtype_size(act_)) {
+Gpt::Gpt(const ModelLayout& layout, MemoryTracker& mem, Device& dev, int B, AttentionForm attention,
+         Recompute recompute)
+    : layout_(layout), mem_(mem), dev_(dev), B_(B), act_(dev.compute_dtype()), esize_(dtype_size(act_)),
+      recompute_(recompute),
+      shared_probs_(recompute == Recompute::attn && attention == AttentionForm::simple) {
   dev.set_attention(attention);
   const auto& c = layout.cfg;
   const size_t BT = size_t(B) * c.T, C = c.C;
@@ -139,7 +152,10 @@ Gpt::Gpt(const ModelLayout& layout, MemoryTracker& mem, Device& dev, int B, Atte
   auto act = [&](size_t n) { return Tensor(mem, Place::device, Category::activations, act_, n); };
   auto f32 = [&](size_t n) { return Tensor(mem, Place::device, Category::activations, DType::f32, n); };
   for (int l = 0; l <= c.L; ++l) residual_.push_back(act(BT * C));
-  for (int l = 0; l < c.L; ++l) {
+  // full: one set for every block; attn: the probabilities only in block 0's
+  // set, which every block then uses (saved_attention).
+  const int sets = recompute == Recompute::full ? 1 : c.L;
+  for (int l = 0; l < sets; ++l) {
     auto a = std::make_unique<BlockActs>();
     a->ln1 = act(BT * C);
     a->ln1_mean = f32(BT);
@@ -147,7 +163,7 @@ Gpt::Gpt(const ModelLayout& layout, MemoryTracker& mem, Device& dev, int B, Atte
     a->qkv = act(BT * 3 * C);
     // What attention keeps for its backward: the probabilities, or the flash
     // form's row statistics (device.h); bytes, counted as activations.
-    a->att = f32((dev.attention_saved_bytes(B, c.T, c.H) + 3) / 4);
+    if (l == 0 || !shared_probs_) a->att = f32((dev.attention_saved_bytes(B, c.T, c.H) + 3) / 4);
     a->atty = act(BT * C);
     a->res2 = act(BT * C);
     a->ln2 = act(BT * C);
@@ -187,24 +203,32 @@ void Gpt::embedding_forward(const void* params, const int32_t* tokens) {
                        at(params, u.params[1].offset), B_, c.T, c.C);
 }
 
-void Gpt::block_forward(int layer, const void* params) {
+Gpt::BlockActs& Gpt::acts(int layer) { return *blocks_[recompute_ == Recompute::full ? 0 : layer]; }
+
+void* Gpt::saved_attention(int layer) { return (shared_probs_ ? *blocks_[0] : acts(layer)).att.data(); }
+
+void Gpt::block_forward(int layer, const void* params) { block_forward_into(layer, params, false); }
+
+void Gpt::block_forward_into(int layer, const void* params, bool recomputing) {
   const auto& c = layout_.cfg;
   const auto& P = layout_.units[layout_.block_unit(layer)].params;
   const int N = B_ * c.T, C = c.C;
   auto w = [&](int i) { return at(params, P[i].offset); };
-  BlockActs& a = *blocks_[layer];
+  BlockActs& a = acts(layer);
   const void* x = residual_[layer].data();
   void* out = residual_[layer + 1].data();
 
   dev_.layernorm_forward(a.ln1.data(), a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(), x, w(0), w(1), N, C);
   dev_.matmul_forward(a.qkv.data(), a.ln1.data(), w(2), w(3), N, C, 3 * C);
-  dev_.attention_forward(a.atty.data(), a.att.data(), att_scratch_.as<float>(), a.qkv.data(), B_, c.T, C, c.H);
+  dev_.attention_forward(a.atty.data(), saved_attention(layer), att_scratch_.as<float>(), a.qkv.data(), B_, c.T,
+                         C, c.H);
   dev_.matmul_forward(a.res2.data(), a.atty.data(), w(4), w(5), N, C, C);
   dev_.residual_forward(a.res2.data(), a.res2.data(), x, size_t(N) * C);
   dev_.layernorm_forward(a.ln2.data(), a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(), a.res2.data(), w(6),
                          w(7), N, C);
   dev_.matmul_forward(a.fch.data(), a.ln2.data(), w(8), w(9), N, C, 4 * C);
   dev_.gelu_forward(a.fch_gelu.data(), a.fch.data(), size_t(N) * 4 * C);
+  if (recomputing) return;
   dev_.matmul_forward(out, a.fch_gelu.data(), w(10), w(11), N, 4 * C, C);
   dev_.residual_forward(out, out, a.res2.data(), size_t(N) * C);
 }
@@ -255,11 +279,28 @@ void Gpt::block_backward(int layer, const void* params, void* grads) {
   const size_t NC = size_t(N) * C;
   auto w = [&](int i) { return at(params, P[i].offset); };
   auto g = [&](int i) { return at(grads, P[i].offset); };
-  BlockActs& a = *blocks_[layer];
+  BlockActs& a = acts(layer);
   void* dx = dresid_.data();  // d(out) on entry; d(res2), then d(x) in place
   void* s4a = dscratch_.data();
   void* s4b = at(s4a, 4 * NC);
   void* s1 = at(s4b, 4 * NC);
+
+  // Recomputation first: the shared buffers hold the last block forwarded
+  // (or recomputed), not this one. The same kernels on the same inputs
+  // (x_l, this block's parameters; its kept qkv) give the forward's bits.
+  if (recompute_ == Recompute::full || shared_probs_) {
+    const int unit = layout_.block_unit(layer);
+    if (on_recompute_) on_recompute_(unit, true);
+    if (recompute_ == Recompute::full) {
+      block_forward_into(layer, params, true);
+    } else {
+      // Only the probabilities: attention's output goes to scratch (free
+      // until the zeroing below), leaving the kept atty untouched.
+      dev_.attention_forward(s4a, saved_attention(layer), att_scratch_.as<float>(), a.qkv.data(), B_, c.T, C,
+                             c.H);
+    }
+    if (on_recompute_) on_recompute_(unit, false);
+  }
 
   // MLP: out = res2 + c_proj(gelu(c_fc(ln_2(res2))))
   void* dfch_gelu = s4a;
@@ -280,8 +321,8 @@ void Gpt::block_backward(int layer, const void* params, void* grads) {
   dev_.zero(dqkv, esize_ * 3 * NC);
   dev_.zero(dln1, esize_ * NC);
   dev_.matmul_backward(datty, g(4), g(5), dx, a.atty.data(), w(4), N, C, C);
-  dev_.attention_backward(dqkv, att_scratch_.as<float>(), datty, a.atty.data(), a.qkv.data(), a.att.data(), B_,
-                          c.T, C, c.H);
+  dev_.attention_backward(dqkv, att_scratch_.as<float>(), datty, a.atty.data(), a.qkv.data(),
+                          saved_attention(layer), B_, c.T, C, c.H);
   dev_.matmul_backward(dln1, g(2), g(3), dqkv, a.ln1.data(), w(2), N, C, 3 * C);
   dev_.layernorm_backward(dx, g(0), g(1), dln1, residual_[layer].data(), w(0), a.ln1_mean.as<float>(),
                           a.ln1_rstd.as<float>(), N, C);

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -80,6 +81,10 @@ void init_unit_range(const UnitLayout& unit, const ModelConfig& cfg, uint64_t se
 // two embedding tables) plus 12 * L * T * C for attention's q.k and att.v.
 double flops_per_token(const ModelLayout& layout);
 
+// What the backward recomputes instead of keeping (the header comment above).
+enum class Recompute { none, full, attn };
+const char* recompute_name(Recompute r);
+
 // One rank's forward and backward arithmetic, unit by unit, in the device's
 // compute dtype (device.h: float32, or bf16 on a GPU), read when the Gpt is
 // built. `params` of a unit is its flat buffer of that dtype; grads are
@@ -88,9 +93,9 @@ class Gpt {
  public:
   // Activations live on the rank's device (dev), counted by mem. attention:
   // the form the device runs (set on it here), which decides what attention
-  // keeps for its backward.
+  // keeps for its backward. recompute: what the backward recomputes instead.
   Gpt(const ModelLayout& layout, MemoryTracker& mem, Device& dev, int B,
-      AttentionForm attention = AttentionForm::simple);
+      AttentionForm attention = AttentionForm::simple, Recompute recompute = Recompute::none);
   ~Gpt();
 
   // Forward. The residual stream flows embedding -> h.0 -> ... -> head;
@@ -112,9 +117,21 @@ class Gpt {
   const ModelLayout& layout() const { return layout_; }
   int batch() const { return B_; }
   DType compute_dtype() const { return act_; }
+  Recompute recompute() const { return recompute_; }
+
+  // Called around the recomputation inside block_backward (true before,
+  // false after) with the block's unit: a recorded schedule's events.
+  void on_recompute(std::function<void(int unit, bool begin)> hook) { on_recompute_ = std::move(hook); }
 
  private:
   struct BlockActs;
+  // Where block `layer`'s activations are (the shared set under full), and
+  // its attention's saved bytes (the shared buffer under attn).
+  BlockActs& acts(int layer);
+  void* saved_attention(int layer);
+  // Block `layer`'s forward into acts(layer): all of it, or (recomputing)
+  // up to the GELU, the last matmul's output being x_{layer+1}, kept.
+  void block_forward_into(int layer, const void* params, bool recomputing);
   // Element i of a buffer of the compute dtype.
   const void* at(const void* base, size_t i) const { return static_cast<const char*>(base) + i * esize_; }
   void* at(void* base, size_t i) const { return static_cast<char*>(base) + i * esize_; }
@@ -125,6 +142,9 @@ class Gpt {
   int B_;
   DType act_;                        // the compute dtype of every activation and parameter
   size_t esize_;                     // its bytes per element
+  Recompute recompute_;
+  bool shared_probs_;                // attn with the simple form: one probability buffer
+  std::function<void(int, bool)> on_recompute_;
   const int32_t* tokens_ = nullptr;  // of the current micro-batch
   const int32_t* targets_ = nullptr;
   std::vector<Tensor> residual_;     // x_0 .. x_L, each [B,T,C]

@@ -43,12 +43,24 @@ void validate_fsdp_flags(TrainConfig& cfg, const std::string& reshard, const std
 
 }  // namespace
 
+void validate_for_world(const TrainConfig& cfg, int world) {
+  const int S = cfg.fsdp.shard_group;
+  if (S == 0) return;
+  std::string divisors;
+  for (int d = 1; d <= world; ++d)
+    if (world % d == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(d);
+  USAGE_REQUIRE(S >= 1 && world % S == 0, "--shard-group " << S << " must divide the " << world
+                                              << " ranks into groups of S consecutive ranks: use one of "
+                                              << divisors);
+}
+
 std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& stage) {
   TrainConfig cfg;
   cfg.stage = stage.exe;
   CLI::App app{"zero-to-fsdp " + stage.title + ": train the GPT of docs/SPEC.md", stage.exe};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // last one wins
-  std::string model = "small", precision = "fp32", compute = "auto", attention = "simple", device_mem, fault;
+  std::string model = "small", precision = "fp32", compute = "auto", attention = "simple", recompute = "none",
+              device_mem, fault;
   app.add_option("--ranks", cfg.ranks, "ranks, as threads of this process (ignored under mpirun/srun or RANK/WORLD_SIZE, which say how many)")->capture_default_str();
   app.add_option("--model", model, "model preset: tiny, small or gpt2")->capture_default_str();
   app.add_option("--steps", cfg.steps, "optimizer steps")->capture_default_str();
@@ -68,6 +80,11 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
                  "per row, recomputes the rest: tensor cores with bf16 compute on a GPU; on the CPU the GPU "
                  "kernels' code one thread at a time, slow)")
       ->capture_default_str();
+  app.add_option("--recompute", recompute,
+                 "activation recomputation: none (keep every block's activations), full (keep each block's "
+                 "input, re-run its forward in the backward), attn (keep all but the attention "
+                 "probabilities, recompute those; with --attention flash there are none to drop)")
+      ->capture_default_str();
   app.add_option("--data", cfg.data, "token file (raw bytes or llm.c .bin); default: built-in corpus");
   app.add_option("--device", cfg.device, "cpu or cuda")->capture_default_str();
   app.add_option("--device-mem", device_mem, "device memory budget per rank, e.g. 512KiB, 64MiB, 2GiB");
@@ -82,6 +99,9 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
                  "continue a run from a --save checkpoint: its model, AdamW state and step; the run "
                  "trains the steps from there up to --steps");
   app.add_option("--log-json", cfg.log_json, "write the run log (JSON lines) to this file");
+  app.add_option("--trace", cfg.trace,
+                 "write a timeline of every rank (compute, collectives, device memory) to this file, as "
+                 "Chrome trace-event JSON: open it in ui.perfetto.dev, draw it with tools/trace_gantt.py");
   app.add_option("--log-every", cfg.log_every, "print a log line every this many steps")->capture_default_str();
   app.add_flag("--quiet", cfg.quiet, "print only errors and the summary");
   app.footer(
@@ -191,6 +211,14 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
     throw UsageError("--attention must be simple or flash (got '" + attention + "')");
   }
   if (fsdp) validate_fsdp_flags(cfg, reshard, reduce_dtype);
+  // --recompute attn with --attention flash is accepted and keeps what none
+  // keeps, as Megatron-LM's selective recomputation and PyTorch's selective
+  // checkpointing of a flash attention do: the flag names a policy (drop
+  // what is quadratic in T), and flash has nothing quadratic to drop.
+  if (recompute == "none") cfg.recompute = Recompute::none;
+  else if (recompute == "full") cfg.recompute = Recompute::full;
+  else if (recompute == "attn") cfg.recompute = Recompute::attn;
+  else throw UsageError("--recompute must be none, full or attn (got '" + recompute + "')");
   if (!device_mem.empty()) {
     try {
       cfg.device_mem = parse_size(device_mem);

@@ -26,4 +26,9 @@ struct StageInfo {
 // Throws UsageError for anything invalid.
 std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& stage);
 
+// The checks that need the number of ranks, which a launcher may decide
+// (mpirun's count replaces --ranks): called once it is known, before any
+// rank starts. Throws UsageError.
+void validate_for_world(const TrainConfig& cfg, int world);
+
 }  // namespace zf

@@ -84,6 +84,7 @@ nlohmann::json summary_json(const RunResult& run) {
             {"precision", precision_name(cfg.precision)},
             {"compute", dtype_name(cfg.compute)},
             {"attention", attention_form_name(cfg.attention)},
+            {"recompute", recompute_name(cfg.recompute)},
             {"params", run.params},
             {"batch", cfg.batch},
             {"grad_accum", cfg.grad_accum},

@@ -1,22 +1,30 @@
 // runner.cpp: the shared frame around every stage's training function.
 #include "runner.h"
 
+#include <chrono>
 #include <cstdio>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "blas.h"
 #include "check.h"
+#include "trace.h"
 
 namespace zf {
 
 RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
+  // Threads, or one rank per process under mpirun/srun or RANK/WORLD_SIZE
+  // (launch.h). Only the process of rank 0 prints and writes the run log
+  // and --trace's file, so only that one tries to create it, before
+  // anything is read.
+  const World world = resolve_world(cfg.ranks, cfg.device);
+  validate_for_world(cfg, world.size);
+  check_trace_path(cfg, world.prints());
   TokenData data = cfg.data.empty() ? builtin_corpus() : load_token_file(cfg.data);
   Sampler check(data, cfg.model.T, cfg.model.V);  // refuses short files and foreign vocabularies up front
   ModelLayout layout = build_layout(cfg.model);
 
-  // Threads, or one rank per process under mpirun/srun or RANK/WORLD_SIZE
-  // (launch.h). Only the process of rank 0 prints and writes the run log.
-  const World world = resolve_world(cfg.ranks, cfg.device);
   RunResult run;
   run.cfg = cfg;
   run.cfg.ranks = world.size;
@@ -31,12 +39,13 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   StepReporter reporter(report_cfg, layout.numel);
   if (!report_cfg.quiet) {
     std::printf("zero-to-fsdp %s | model %s (P = %zu, V=%d T=%d L=%d H=%d C=%d) | %s | "
-                "B=%d K=%d, %lld tokens/step | %s (compute %s%s) | data: %s (%zu tokens)\n",
+                "B=%d K=%d, %lld tokens/step | %s (compute %s%s%s%s) | data: %s (%zu tokens)\n",
                 cfg.stage.c_str(), cfg.model.name.c_str(), layout.numel, cfg.model.V, cfg.model.T,
                 cfg.model.L, cfg.model.H, cfg.model.C, world.describe().c_str(), cfg.batch,
                 cfg.grad_accum, (long long)(run.cfg.global_batch() * cfg.model.T), precision_name(cfg.precision),
                 dtype_name(cfg.compute), cfg.attention == AttentionForm::flash ? ", flash attention" : "",
-                data.source.c_str(), data.tokens.size());
+                cfg.recompute == Recompute::none ? "" : ", recompute ",
+                cfg.recompute == Recompute::none ? "" : recompute_name(cfg.recompute), data.source.c_str(), data.tokens.size());
     std::printf("BLAS: %s\n", run.blas.c_str());
     std::fflush(stdout);
   }
@@ -45,10 +54,18 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   opt.ranks = world.size;
   opt.device_budget = cfg.device_mem;
   opt.device = cfg.device;
+  // --trace: every rank's schedule, against one clock for the process (trace.h).
+  const auto origin = std::chrono::steady_clock::now();
+  std::vector<std::string> trace_events(size_t(world.size));
   run_ranks(opt, [&](RankContext& ctx) {
-    run.ranks[ctx.rank] = stage(run.cfg, ctx, data, reporter);
+    auto body = [&](RankContext& c) { return stage(run.cfg, c, data, reporter); };
+    run.ranks[ctx.rank] = cfg.trace.empty() ? body(ctx)
+                                            : run_traced_rank(ctx, origin, layout, body, &trace_events[ctx.rank]);
     if (world.multi_process()) share_rank_results(ctx, run.ranks);  // rank 0's tables list all
+    if (world.multi_process() && !cfg.trace.empty())
+      trace_events = gather_trace_events(ctx.comm, ctx.dev, trace_events[ctx.rank]);
   });
+  if (!cfg.trace.empty() && world.prints()) write_trace(trace_events, cfg);
   reporter.summary(run);
   return run;
 }

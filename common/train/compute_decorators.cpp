@@ -35,7 +35,11 @@ class FaultyCompute final : public RankCompute {
 class RecordedCompute final : public RankCompute {
  public:
   RecordedCompute(std::unique_ptr<RankCompute> inner, RecordingCommunicator& rec)
-      : in_(std::move(inner)), rec_(rec) {}
+      : in_(std::move(inner)), rec_(rec) {
+    in_->on_recompute([this](int u, bool begin) {
+      rec_.compute(begin ? ScheduleEvent::recompute_begin : ScheduleEvent::recompute_end, u);
+    });
+  }
   void load(int step, int micro) override {
     rec_.loaded(step, micro);
     in_->load(step, micro);

@@ -9,7 +9,8 @@
 //   maybe_recorded  a schedule test's recorder (comm_recording.h) as the
 //                   rank's communicator: each load, and each unit's forward
 //                   and backward, begin and end, go into its log beside the
-//                   collectives
+//                   collectives, and so does the recomputation inside a
+//                   block's backward under --recompute
 //
 // Each returns `inner` itself when the run does not ask for it.
 #pragma once

@@ -42,6 +42,7 @@ struct TrainConfig {
   // recipe only). --compute auto picks bf16 for the bf16 recipe on a GPU.
   DType compute = DType::f32;
   AttentionForm attention = AttentionForm::simple;  // --attention (device.h)
+  Recompute recompute = Recompute::none;            // --recompute (model.h)
   std::string data;               // empty: the built-in corpus
   std::string device = "cpu";
   std::optional<size_t> device_mem;
@@ -51,6 +52,7 @@ struct TrainConfig {
   int save_every = 0;             // ...and after every this many steps (0: only at the end)
   std::string resume;             // training checkpoint to continue from (its step, model, AdamW state)
   std::string log_json;
+  std::string trace;              // --trace: the run's timeline, Chrome trace-event JSON (frame/trace.h)
   int log_every = 10;             // human log: one line every this many steps
   bool quiet = false;             // no human log (tests)
   // Fault injection for tests and demos: rank `fault_rank` throws in the
@@ -69,7 +71,8 @@ struct RankResult {
   std::vector<float> grad_norms;  // global gradient norm per step, before clipping (same on every rank)
   std::vector<double> step_ms;    // wall time per step
   MemoryCounts memory;            // at the end of the run
-  CommStats comm;                 // over the whole run
+  CommStats comm;                 // over the whole run, every communicator of the rank
+  CommStats comm_cross_group;     // hybrid sharding: the part of comm across the shard groups
   uint64_t param_hash = 0;        // final float32 parameters in consolidated order
   int first_step = 0;             // the step this run started at (> 0 after --resume)
 };

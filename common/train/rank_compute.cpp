@@ -18,7 +18,7 @@ class ModelCompute final : public RankCompute {
   ModelCompute(const TrainConfig& cfg, const ModelLayout& layout, RankContext& ctx, const TokenData& data)
       : cfg_(cfg), layout_(layout), ctx_(ctx), sampler_(data, cfg.model.T, cfg.model.V),
         unit_(cfg.precision, cfg.compute, ctx.mem, ctx.dev, largest_unit(layout)),
-        gpt_(layout, ctx.mem, ctx.dev, cfg.batch, cfg.attention),
+        gpt_(layout, ctx.mem, ctx.dev, cfg.batch, cfg.attention, cfg.recompute),
         inputs_(ctx.mem, Place::device, Category::activations, DType::i32, size_t(cfg.batch) * cfg.model.T),
         targets_(ctx.mem, Place::device, Category::activations, DType::i32, size_t(cfg.batch) * cfg.model.T),
         host_inputs_(size_t(cfg.batch) * cfg.model.T), host_targets_(size_t(cfg.batch) * cfg.model.T) {}
@@ -35,6 +35,8 @@ class ModelCompute final : public RankCompute {
     gpt_.forward_unit(u, unit_.params(params, layout_.units[u].numel), inputs_.as<int32_t>(),
                       targets_.as<int32_t>(), loss);
   }
+
+  void on_recompute(std::function<void(int unit, bool begin)> hook) override { gpt_.on_recompute(std::move(hook)); }
 
   void backward(int u, const void* params, void* grads) override {
     const size_t n = layout_.units[u].numel;

@@ -13,6 +13,7 @@
 // of a recorded schedule (comm_recording.h). The stage sees one interface.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "config.h"
@@ -32,6 +33,9 @@ class RankCompute {
   // Backward of unit u, adding into grads (the recipe's dtype). The objective
   // is the global-batch mean loss: d/d(micro-batch loss) = 1/(N*K).
   virtual void backward(int u, const void* params, void* grads) = 0;
+  // What a decorator can watch inside backward (not for the stages): the
+  // recomputation of unit u's activations under --recompute, begin and end.
+  virtual void on_recompute(std::function<void(int unit, bool begin)> hook) { (void)hook; }
 };
 
 std::unique_ptr<RankCompute> make_rank_compute(const TrainConfig& cfg, const ModelLayout& layout,

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "comm_recording.h"
 #include "training.h"
 
 namespace zf {
@@ -27,6 +28,8 @@ TrainingRun::TrainingRun(const TrainConfig& cfg, const ModelLayout& layout, Rank
 }
 
 void TrainingRun::end_step(int step, float loss, float grad_norm, double ms) {
+  // The schedule's mark that the optimizer is done (a recorded run only).
+  if (RecordingCommunicator* rec = find_recorder(ctx_.comm)) rec->step_ended(step);
   result_.losses.push_back(loss);
   result_.grad_norms.push_back(grad_norm);
   result_.step_ms.push_back(ms);
@@ -38,6 +41,8 @@ void TrainingRun::end_step(int step, float loss, float grad_norm, double ms) {
 
 void TrainingRun::save(int steps_done) {
   const CommStats training = ctx_.comm.stats();
+  std::vector<CommStats> extra_training;
+  for (Communicator* c : extra_) extra_training.push_back(c->stats());
   const std::vector<float> params = states_.full(StateKind::params, false),
                            m = states_.full(StateKind::m, false), v = states_.full(StateKind::v, false);
   if (ctx_.rank == 0)
@@ -49,11 +54,20 @@ void TrainingRun::save(int steps_done) {
                      {"data", cfg_.data_name()},
                      {"seed", std::to_string(cfg_.seed)}});
   ctx_.comm.restore_counts(training);
+  for (size_t i = 0; i < extra_.size(); ++i) extra_[i]->restore_counts(extra_training[i]);
 }
 
 RankResult TrainingRun::finish() {
   result_.memory = ctx_.mem.counts();
   result_.comm = ctx_.comm.stats();
+  for (Communicator* c : extra_) {
+    const CommStats s = c->stats();
+    for (int k = 0; k < kNumCollectives; ++k) {
+      result_.comm.bytes[k] += s.bytes[k];
+      result_.comm.calls[k] += s.calls[k];
+      result_.comm.seconds[k] += s.seconds[k];
+    }
+  }
   const std::vector<float> params = states_.full(StateKind::params, true);
   result_.param_hash = hash_params(params.data(), params.size());
   return result_;

@@ -49,7 +49,13 @@ class TrainingRun {
 
   int first_step() const { return result_.first_step; }
 
-  // A step is done: records it, reports it (rank 0), and after every
+  // A communicator the stage split from ctx.comm (a sub-group, a second
+  // queue): its counters are added to the run's, and saving is not counted
+  // on it either.
+  void also_count(Communicator& comm) { extra_.push_back(&comm); }
+
+  // A step is done: records it (and marks step_end in a recorded run's
+  // schedule, comm_recording.h), reports it (rank 0), and after every
   // --save-every steps and the last one writes --save's checkpoint. Saving
   // gathers the states; its collectives are not counted as training's.
   void end_step(int step, float loss, float grad_norm, double ms);
@@ -66,6 +72,7 @@ class TrainingRun {
   RankContext& ctx_;
   StepLog& log_;
   ModelStates& states_;
+  std::vector<Communicator*> extra_;
   RankResult result_;
 };
 

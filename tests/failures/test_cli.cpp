@@ -120,6 +120,19 @@ TEST(Cli, FlashAttentionRunsOnTheCpuAndIsLogged) {
   EXPECT_NE(text.find("\"attention\":\"flash\""), std::string::npos) << text;
 }
 
+TEST(Cli, BadRecompute) {
+  expect_usage_error("--recompute selective", {"--recompute", "selective", "none, full or attn"});
+}
+// The run log says which recomputation ran.
+TEST(Cli, RecomputeIsLogged) {
+  const std::string log = test::temp_dir() + "/run.jsonl";
+  auto r = run_command(dp() + " --recompute attn --log-json " + log);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"recompute\":\"attn\""), std::string::npos) << text;
+}
+
 TEST(Cli, SaveEveryNeedsSave) { expect_usage_error("--save-every 5", {"--save-every", "--save FILE"}); }
 TEST(Cli, SaveWithNoStepsSaysToUseSaveInit) {
   expect_usage_error("--steps 0 --save ck.safetensors", {"--steps 0", "--save-init"});

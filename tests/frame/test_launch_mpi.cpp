@@ -10,12 +10,15 @@
 //     backend sums in the threads backend's order;
 //   - only rank 0's process prints and logs; --ranks that disagrees with the
 //     launcher is ignored with a note; a launcher of one process keeps threads;
+//   - --trace writes one file with every process's rank, the same spans as
+//     with threads;
 //   - a failing rank ends the whole job within seconds, non-zero, named.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -119,6 +122,34 @@ TEST(MpiLaunch, OneProcessLauncherKeepsThreads) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(read_log(dir + "/log.jsonl").summary["ranks"], 2);
   EXPECT_EQ(count_of(r.output, "2 ranks (threads)"), 1) << r.output;
+}
+
+// --trace under mpirun: each process's rank gathered into rank 0's one
+// file, with the same spans (names, collectives, steps; times aside) as the
+// file of the same run with ranks as threads.
+TEST(MpiLaunch, TraceHoldsEveryProcessRankAsWithThreads) {
+  const std::string zero3 = binary("ZF_ZERO3_BIN", "build/03_zero3/zero3");
+  const std::string dir = test::temp_dir(), flags = " --model tiny --steps 2 --batch 1 --quiet --trace ";
+  const auto m = test::run_command(mpirun(2) + zero3 + flags + dir + "/mpi.json");
+  ASSERT_EQ(m.exit_code, 0) << m.output;
+  const auto t = test::run_command(zero3 + " --ranks 2" + flags + dir + "/threads.json");
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  auto spans = [](const std::string& path) {
+    std::ifstream in(path);
+    std::multiset<std::string> out;
+    json doc = json::parse(in);
+    for (json& e : doc["traceEvents"]) {
+      if (e["ph"] != "X" && e["ph"] != "M") continue;
+      json& a = e["args"];
+      for (const char* timing : {"issued_us", "queued_us", "waited_us"}) a.erase(timing);
+      out.insert(std::to_string(e["pid"].get<int>()) + " " + e["name"].get<std::string>() + " " + a.dump());
+    }
+    return out;
+  };
+  const std::multiset<std::string> a = spans(dir + "/mpi.json"), b = spans(dir + "/threads.json");
+  EXPECT_EQ(a.count("1 process_name {\"name\":\"rank 1\"}"), 1u);  // rank 1's process sent its events
+  EXPECT_GT(a.size(), 100u);
+  EXPECT_EQ(a, b);
 }
 
 // A rank that fails ends every process within seconds, non-zero, and the

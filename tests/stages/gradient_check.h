@@ -189,7 +189,10 @@ constexpr double kNormVsMomentTol = 1e-6;
 //   - the logged grad_norm of step 0 against the reference's full norm, and
 //     against the norm of the gradient read back from m;
 //   - the logged loss of step 0 against the reference's loss.
-inline void expect_gradient_matches_reference(const char* stage, const StageFn& fn) {
+// recompute: the --recompute the stage runs with (test_recompute.cpp); the
+// reference and the tolerances are the same, the arithmetic being the same.
+inline void expect_gradient_matches_reference(const char* stage, const StageFn& fn,
+                                              Recompute recompute = Recompute::none) {
   const GradientShared& shared = gradient_shared();
   const GradientReferences& refs = gradient_references();
   const ref::Shape s = tiny_shape();
@@ -206,6 +209,7 @@ inline void expect_gradient_matches_reference(const char* stage, const StageFn& 
         cfg.grad_accum = K;
         cfg.clip = 0.0f;  // m = (1 - beta1) g exactly, unscaled
         cfg.precision = prec;
+        cfg.recompute = recompute;
         cfg.save = shared.dir + "/" + stage + ".safetensors";
         const RunResult run = run_training(cfg, fn);
         const ref::Params m = read_params(cfg.save, "optim.m.");

@@ -465,6 +465,24 @@ TEST(FsdpFlags, BadValuesSayWhatIsAccepted) {
   EXPECT_TRUE(has(usage_error({"--reduce-dtype", "fp16"}), "bf16 or fp32 (got 'fp16')"));
   EXPECT_TRUE(has(usage_error({"--reduce-dtype", "bf16"}), "needs --precision bf16"));
   EXPECT_TRUE(has(usage_error({"--no-sync"}), "--grad-accum is 1"));
+  EXPECT_TRUE(has(usage_error({"--shard-group", "-1"}), "--shard-group must be a number of ranks"));
+}
+
+// S must divide N, which is known only once the launcher has said how many
+// ranks there are: checked before any rank starts, naming the divisors.
+TEST(FsdpFlags, ShardGroupMustDivideTheRanks) {
+  TrainConfig cfg = parse({"--shard-group", "3"});
+  try {
+    validate_for_world(cfg, 4);
+    ADD_FAILURE() << "--shard-group 3 at N = 4 accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("must divide the 4 ranks"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("use one of 1, 2, 4"), std::string::npos) << e.what();
+  }
+  cfg.fsdp.shard_group = 2;
+  EXPECT_NO_THROW(validate_for_world(cfg, 4));
+  cfg.fsdp.shard_group = 0;
+  EXPECT_NO_THROW(validate_for_world(cfg, 3));
 }
 
 // ------------------------------------------------------------------ gradient, checkpoints

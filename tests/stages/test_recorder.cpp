@@ -2,9 +2,10 @@
 // read through tests/stages/schedule_util.h), on bare communicators, with no
 // stage: every wait is logged, a blocking collective too, the counters are
 // the backend's, and a collective held back by the delay cannot be waited
-// for sooner. Each stage's Schedule tests (test_dp.cpp, test_zero1.cpp, ...)
-// rely on it, and each checks that it changes none of its stage's results
-// (the Recorder tests there).
+// for sooner; every event's time counts from the origin and follows the
+// log, with the device bytes of each category. Each stage's Schedule tests
+// (test_dp.cpp, test_zero1.cpp, ...) rely on it, and each checks that it
+// changes none of its stage's results (the Recorder tests there).
 //
 //   meson test -C build recorder
 #include <gtest/gtest.h>
@@ -72,6 +73,34 @@ TEST(ScheduleRecorder, LogsEveryWaitAndHoldsCompletionBack) {
     EXPECT_GT(b.first_wait(), b.issued);
     EXPECT_GT(b.completed, a.waits[1]);
   }
+}
+
+TEST(ScheduleRecorder, TimesFollowTheLogFromTheOriginAndMemoryIsSampled) {
+  // An origin 1 s back: every time is at least 1e6 us, and the 20 ms held
+  // back by the delay lie between the issue and the completion.
+  constexpr auto kDelay = std::chrono::milliseconds(20);
+  auto comms = make_thread_communicators(1);
+  MemoryTracker mem;
+  RecordOptions opt;
+  opt.delay = kDelay;
+  opt.mem = &mem;
+  opt.origin = std::chrono::steady_clock::now() - std::chrono::seconds(1);
+  RecordingCommunicator rec(*comms[0], opt);
+  void* p = mem.allocate(Place::device, Category::grads, 4096);
+  float x = 1;
+  rec.all_reduce(&x, 1, DType::f32);
+  mem.release(Place::device, Category::grads, p, 4096);
+  rec.step_ended(3);
+  const std::vector<Ev> log = rec.events();
+  ASSERT_EQ(log.size(), 4u);  // issued, waited, completed, step_end
+  EXPECT_GE(log[0].t_us, 1e6);
+  for (size_t i = 1; i < log.size(); ++i) EXPECT_GE(log[i].t_us, log[i - 1].t_us) << describe(log[i]);
+  EXPECT_GE(log[2].t_us - log[0].t_us, 20e3);
+  EXPECT_EQ(log[0].device_bytes[int(Category::grads)], 4096u);
+  EXPECT_EQ(log[3].device_bytes[int(Category::grads)], 0u);
+  EXPECT_EQ(log[3].kind, Ev::step_end);
+  EXPECT_EQ(log[3].step, 3);
+  EXPECT_EQ(log[0].queue, 0);
 }
 
 }  // namespace

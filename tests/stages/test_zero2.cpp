@@ -125,8 +125,8 @@ TEST_P(Zero2Schedule, ReduceScatterInFlightEveryMicroStep) {
       for (int u = us.U - 1; u >= 0; --u) {
         const uint64_t begin = s.at(Ev::backward_begin, u, w);
         EXPECT_EQ(s.in_flight_at(begin), u == us.U - 1 ? 0 : 1) << "at unit " << u << "'s backward";
-        EXPECT_EQ(s.events()[begin].comm_bytes, us.b * (us.pad(u) + us.pad(u + 1))) << "unit " << u;
-        EXPECT_EQ(s.events()[s.at(Ev::forward_begin, u, w)].comm_bytes, 0u) << "unit " << u;
+        EXPECT_EQ(s.events()[begin].comm_bytes(), us.b * (us.pad(u) + us.pad(u + 1))) << "unit " << u;
+        EXPECT_EQ(s.events()[s.at(Ev::forward_begin, u, w)].comm_bytes(), 0u) << "unit " << u;
       }
       if (k + 1 == K) {
         ASSERT_GT(int(cs.size()), us.U);

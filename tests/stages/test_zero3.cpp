@@ -211,7 +211,7 @@ TEST_P(Zero3Schedule, PrefetchesOneUnitAhead) {
           EXPECT_GT(fwd(u + 1).first_wait(), fe) << "unit " << u + 1 << "'s gather is waited for during unit "
                                                  << u << "'s forward";
         }
-        EXPECT_EQ(s.events()[fb].comm_bytes, us.b * (us.pad(u) + us.pad(u + 1))) << "forward of unit " << u;
+        EXPECT_EQ(s.events()[fb].comm_bytes(), us.b * (us.pad(u) + us.pad(u + 1))) << "forward of unit " << u;
       }
       for (int u = U - 1; u >= 0; --u) {
         const uint64_t bb = s.at(Ev::backward_begin, u, w), be = s.at(Ev::backward_end, u, w);
@@ -222,12 +222,12 @@ TEST_P(Zero3Schedule, PrefetchesOneUnitAhead) {
           EXPECT_GT(bwd(u - 1).first_wait(), be) << "unit " << u - 1 << "'s gather is waited for during unit "
                                                  << u << "'s backward";
         }
-        EXPECT_EQ(s.events()[bb].comm_bytes, us.b * (us.pad(u - 1) + 2 * us.pad(u) + us.pad(u + 1)))
+        EXPECT_EQ(s.events()[bb].comm_bytes(), us.b * (us.pad(u - 1) + 2 * us.pad(u) + us.pad(u + 1)))
             << "backward of unit " << u;
       }
       test::expect_overlaps_backward(s, w, grads, us);
       // Nothing is left gathered or being reduced between micro-steps.
-      EXPECT_EQ(s.events()[w.begin].comm_bytes, 0u);
+      EXPECT_EQ(s.events()[w.begin].comm_bytes(), 0u);
       // No all-gather after the update: the loss and the norm only (and,
       // after the last step, the final gather of the model for its hash).
       if (k + 1 == K) {

@@ -1,0 +1,85 @@
+// trace.h: --trace FILE, a timeline of every rank of a run in Chrome's
+// trace-event JSON (the {"traceEvents": [...]} form), which
+// ui.perfetto.dev and chrome://tracing open and tools/trace_gantt.py draws.
+//
+// The timeline is the schedule recorder's log (comm/comm_recording.h) with
+// its clock: when --trace is set, run_training wraps each rank's
+// communicator in a RecordingCommunicator (no delay) for the stage's
+// function, so no stage knows, and renders each rank's log once the stage
+// returns. Without --trace no recorder exists and nothing is recorded. The
+// recorder counts collectives as the backends do, so the results and the
+// counters are the same with or without it (test_trace.cpp checks).
+//
+// What the file holds, per rank r (pid r, named "rank r"):
+//   tid 0 "compute"     "X" spans: "fwd <unit>" and "bwd <unit>" from the
+//                       host's begin to end of each unit's forward and
+//                       backward, "clip + optimizer" from the step's last
+//                       compute to TrainingRun::end_step (the gradients'
+//                       last reductions, the norm, clipping, AdamW); "i"
+//                       marks "load" where a micro-step begins
+//   tid 1+q "comm", "comm q<q>"   one track per communication queue q: an
+//                       "X" span per collective, named by its kind, args
+//                       {count, dtype, bytes, id, step, issued_us, queued_us,
+//                       waited_us}. A queue runs its collectives in issue
+//                       order, so a collective issued while the one before is
+//                       in flight waits behind it: its span starts when that
+//                       one completed (issued_us is when it was issued,
+//                       queued_us how long it waited), so the spans of a
+//                       track never overlap, which the format requires
+//   "device memory"     "C" counter, one series per category (params, grads,
+//                       optimizer, activations, comm, workspace): the device
+//                       bytes, sampled at every event, written when they change
+// Times are microseconds since the ranks were started, on the steady clock,
+// one clock for every rank of the process. On a GPU the compute spans are
+// the host's issuing of the kernels, which run later on the stream, and the
+// recorder waits for each collective on the host: a stage's wait, a stream
+// wait on NCCL, becomes a host wait, so a traced GPU run shows the order of
+// the work, not an untraced run's overlap.
+//
+// Ranks as processes (MPI, the env launch): each process records its own
+// rank against its own start, then the ranks' events are gathered to every
+// process over the communicator (as bytes, after the stage is done, not
+// counted) and the printing process writes the one file.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm.h"
+#include "comm_recording.h"
+#include "config.h"
+#include "device.h"
+#include "model.h"
+#include "rank.h"
+
+namespace zf {
+
+// Refuses --trace FILE up front (UsageError naming the flag and the file):
+// a file that is an input of the run (--data, --init, --resume) or another
+// of its outputs (--log-json, --save, --save-init), and, when `writes`, a
+// file that cannot be created. Nothing to do without --trace.
+void check_trace_path(const TrainConfig& cfg, bool writes);
+
+// One rank's log as trace events: a JSON array (the elements of
+// "traceEvents" for pid `rank`), as text.
+std::string trace_rank_events(int rank, const std::vector<ScheduleEvent>& events, const ModelLayout& layout);
+
+// Every rank's trace_rank_events on every rank: an all-gather of the texts'
+// bytes over `comm` (lengths first). A collective: every rank calls it.
+std::vector<std::string> gather_trace_events(Communicator& comm, Device& dev, const std::string& mine);
+
+// The whole file's text from every rank's events, in rank order.
+std::string trace_document(const std::vector<std::string>& rank_events, const TrainConfig& cfg);
+// Writes it to cfg.trace (UsageError if it cannot).
+void write_trace(const std::vector<std::string>& rank_events, const TrainConfig& cfg);
+
+// Runs body(ctx') where ctx' is ctx with its communicator wrapped in a
+// recorder whose clock starts at `origin`, and returns body's result and,
+// in *events, the rank's trace_rank_events.
+RankResult run_traced_rank(RankContext& ctx, std::chrono::steady_clock::time_point origin,
+                           const ModelLayout& layout, const std::function<RankResult(RankContext&)>& body,
+                           std::string* events);
+
+}  // namespace zf

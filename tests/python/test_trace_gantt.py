@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+# test_trace_gantt.py: tests of tools/trace_gantt.py, the Gantt chart of a
+# `--trace FILE` timeline, on the trace of a real short run of zero3: the rows
+# it draws (one per rank and track, with the run's spans), --step, the PNG,
+# and a clear error for a missing, non-JSON or non-trace file. The drawing
+# needs matplotlib; without it those tests skip, saying so.
+#
+#   meson test -C build trace_gantt_py
+#   ZF_ZERO3_BIN=build/03_zero3/zero3 python3 tests/python/test_trace_gantt.py [--xml FILE]
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOOL = os.path.join(ROOT, "tools", "trace_gantt.py")
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gtest_xml  # noqa: E402
+import trace_gantt  # noqa: E402
+
+try:
+    import matplotlib  # noqa: F401
+    NO_MATPLOTLIB = None
+except ImportError:
+    NO_MATPLOTLIB = "matplotlib is missing (apt-get install python3-matplotlib)"
+
+# tiny has embedding, h.0, h.1, head (docs/SPEC.md, section 1).
+UNITS = 4
+STEPS = 2
+
+
+def run_tool(*args):
+    return subprocess.run([sys.executable, TOOL, *args], capture_output=True, text=True)
+
+
+class TraceOfARun(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.trace = os.path.join(cls.tmp.name, "zero3.json")
+        exe = os.environ.get("ZF_ZERO3_BIN")
+        cls.why_not = None
+        if not exe or not os.access(exe, os.X_OK):
+            cls.why_not = "ZF_ZERO3_BIN is not set to the built zero3 (meson test sets it)"
+            return
+        subprocess.run([exe, "--ranks", "2", "--model", "tiny", "--steps", str(STEPS), "--batch", "1", "--quiet",
+                        "--trace", cls.trace], check=True, stdout=subprocess.DEVNULL)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def setUp(self):
+        if self.why_not:
+            self.skipTest(self.why_not)
+
+    def test_rows(self):
+        events = trace_gantt.load_trace(self.trace)
+        rows = trace_gantt.rows_of(events)
+        self.assertEqual([name for _, name, _ in rows],
+                         ["rank 0 compute", "rank 0 comm", "rank 1 compute", "rank 1 comm"])
+        for (rank, tid), name, spans in rows:
+            kinds = [k for _, _, k, _ in spans]
+            if tid == 0:
+                # Each step: every unit's forward and backward, then the optimizer.
+                self.assertEqual(kinds.count("forward"), UNITS * STEPS, name)
+                self.assertEqual(kinds.count("backward"), UNITS * STEPS, name)
+                self.assertEqual(kinds.count("optimizer"), STEPS, name)
+            else:
+                # ZeRO-3 gathers every unit before its forward and before its backward.
+                self.assertGreaterEqual(kinds.count("all_gather"), 2 * UNITS * STEPS, name)
+                self.assertGreaterEqual(kinds.count("reduce_scatter"), UNITS * STEPS, name)
+                self.assertTrue(all(label for _, _, _, label in spans), name)
+        one = trace_gantt.rows_of(events, step=1)
+        for (_, _, all_spans), (_, _, step_spans) in zip(rows, one):
+            self.assertLess(len(step_spans), len(all_spans))
+        self.assertEqual(sum(k == "optimizer" for _, _, sp in one for _, _, k, _ in sp), 2)  # one per rank
+        self.assertEqual(sorted(trace_gantt.memory_of(events)), [0, 1])
+
+    def test_png(self):
+        if NO_MATPLOTLIB:
+            self.skipTest(NO_MATPLOTLIB)
+        for extra in ([], ["--step", "1"]):
+            out = os.path.join(self.tmp.name, "gantt%s.png" % "".join(extra))
+            r = run_tool(self.trace, out, *extra)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(out, "rb") as f:
+                self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+            self.assertIn("rank 1 comm:", r.stdout)
+
+    def test_step_not_in_the_trace(self):
+        r = run_tool(self.trace, os.path.join(self.tmp.name, "x.png"), "--step", "7")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--step 7 is not in the trace (it holds steps 0..1)", r.stderr)
+
+
+class BadFiles(unittest.TestCase):
+    def test_missing_invalid_or_not_a_trace(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            bad_json = os.path.join(tmp, "bad.json")
+            with open(bad_json, "w") as f:
+                f.write("{\"traceEvents\": [")
+            not_trace = os.path.join(tmp, "log.json")
+            with open(not_trace, "w") as f:
+                json.dump({"step": 0, "loss": 1.0}, f)
+            cases = [(os.path.join(tmp, "none.json"), "no such file"), (bad_json, "not JSON"),
+                     (not_trace, "not a trace")]
+            for path, why in cases:
+                r = run_tool(path, os.path.join(tmp, "out.png"))
+                self.assertEqual(r.returncode, 2, path)
+                self.assertIn(path, r.stderr)
+                self.assertIn(why, r.stderr)
+                self.assertFalse(os.path.exists(os.path.join(tmp, "out.png")))
+
+
+if __name__ == "__main__":
+    sys.exit(gtest_xml.main(__name__, "trace_gantt_py", "test_trace_gantt.py [--xml FILE]"))

@@ -1,0 +1,341 @@
+// test_trace.cpp: --trace FILE (common/frame/trace.h), the timeline of a
+// run: a real run's file read back with nlohmann/json and checked against
+// what the run itself reports (its counters, its model's units), the results
+// unchanged by tracing, the gather that carries every rank's events to the
+// process that writes, a hand-made log's events to the nanosecond, and the
+// paths refused up front.
+//
+//   meson test -C build trace
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comm_threads.h"
+#include "data_parallel.h"
+#include "device.h"
+#include "model.h"
+#include "runner.h"
+#include "test_util.h"
+#include "trace.h"
+#include "zero1.h"
+#include "zero2.h"
+#include "zero3.h"
+
+namespace zf {
+namespace {
+
+using json = nlohmann::json;
+
+json read_json(const std::string& path) {
+  std::ifstream f(path);
+  EXPECT_TRUE(f.good()) << path;
+  return json::parse(f);  // throws, failing the test, on anything that is not JSON
+}
+
+// The file's times are microseconds on a grid of one nanosecond: read back
+// as whole nanoseconds they compare exactly.
+int64_t ns(const json& us) { return std::llround(us.get<double>() * 1000.0); }
+
+class TraceTest : public test::TempDirTest {
+ protected:
+  TrainConfig cfg(const std::string& stage) const {
+    TrainConfig c = test::quiet_config("tiny", 2, 2, 2);
+    c.stage = stage;
+    return c;
+  }
+  static StageFn fn(const std::string& stage) {
+    if (stage == "dp") return train_data_parallel;
+    if (stage == "zero1") return train_zero1;
+    if (stage == "zero2") return train_zero2;
+    return train_zero3;
+  }
+
+  // Everything the file must hold for `run`, checked against the run's own
+  // counters and its model's units.
+  void expect_complete_trace(const json& doc, const RunResult& run) {
+    ASSERT_TRUE(doc.contains("traceEvents"));
+    const json& events = doc["traceEvents"];
+    ASSERT_TRUE(events.is_array());
+    const int N = run.cfg.ranks, S = run.cfg.steps, K = run.cfg.grad_accum;
+    const ModelLayout layout = build_layout(run.cfg.model);
+    const int U = int(layout.units.size());
+
+    std::map<std::pair<int, int>, std::string> track;                   // (pid, tid) -> name
+    std::map<int, std::string> process;                                 // pid -> name
+    std::map<std::pair<int, int>, std::vector<const json*>> spans;      // (pid, tid) -> its X events
+    std::map<int, std::map<std::string, uint64_t>> step_calls;          // pid -> kind -> X events in steps
+    std::map<int, std::set<int64_t>> ids;                               // pid -> collective ids
+    std::map<int, int> counters, optimizer;
+    std::map<int, std::map<std::string, int>> compute;                  // pid -> "fwd h.0" -> count
+    for (const json& e : events) {
+      const std::string ph = e.at("ph");
+      const int pid = e.at("pid"), tid = e.value("tid", 0);
+      if (ph == "M" && e["name"] == "process_name") process[pid] = e["args"]["name"];
+      if (ph == "M" && e["name"] == "thread_name") track[{pid, tid}] = e["args"]["name"];
+      if (ph == "C") {
+        EXPECT_EQ(e["name"], "device memory");
+        for (int c = 0; c < kNumCategories; c++) EXPECT_TRUE(e["args"].contains(category_name(Category(c))));
+        counters[pid]++;
+      }
+      if (ph != "X") continue;
+      EXPECT_GE(ns(e["dur"]), 0) << e.dump();
+      spans[{pid, tid}].push_back(&e);
+      const std::string cat = e["cat"];
+      if (cat == "comm") {
+        EXPECT_TRUE(ids[pid].insert(e["args"]["id"].get<int64_t>()).second) << "id twice: " << e.dump();
+        if (e["args"]["step"].get<int>() >= 0) step_calls[pid][e["name"]]++;
+        EXPECT_EQ(e["args"]["bytes"].get<size_t>(),
+                  e["args"]["count"].get<size_t>() * (e["args"]["dtype"] == "f32" ? 4 : e["args"]["dtype"] == "i64" ? 8 : 2))
+            << e.dump();
+      } else if (cat == "optimizer") {
+        EXPECT_EQ(e["name"], "clip + optimizer");
+        optimizer[pid]++;
+      } else {
+        compute[pid][e["name"]]++;
+      }
+    }
+
+    for (int r = 0; r < N; r++) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      EXPECT_EQ(process[r], "rank " + std::to_string(r));
+      EXPECT_EQ((track[{r, 0}]), "compute");
+      EXPECT_EQ((track[{r, 1}]), "comm");
+      EXPECT_GT(counters[r], 0) << "no device memory counter";
+      // Every collective the run counted, once, by kind: its own counters are the reference.
+      for (int k = 0; k < kNumCollectives; k++) {
+        const char* kind = collective_name(CollectiveKind(k));
+        EXPECT_EQ(step_calls[r][kind], run.ranks[r].comm.calls[k]) << kind;
+      }
+      // One forward and one backward of every unit per micro-step, one optimizer per step.
+      for (int u = 0; u < U; u++) {
+        EXPECT_EQ(compute[r]["fwd " + layout.units[u].name], S * K) << layout.units[u].name;
+        EXPECT_EQ(compute[r]["bwd " + layout.units[u].name], S * K) << layout.units[u].name;
+      }
+      EXPECT_EQ(optimizer[r], S);
+    }
+    // No track's spans overlap: the compute track is the host's one thread,
+    // a queue's collectives run one after the other.
+    for (auto& [key, list] : spans) {
+      std::vector<const json*> v = list;
+      std::stable_sort(v.begin(), v.end(), [](const json* a, const json* b) { return ns((*a)["ts"]) < ns((*b)["ts"]); });
+      for (size_t i = 1; i < v.size(); i++)
+        EXPECT_LE(ns((*v[i - 1])["ts"]) + ns((*v[i - 1])["dur"]), ns((*v[i])["ts"]))
+            << "pid " << key.first << " tid " << key.second << ": " << v[i - 1]->dump() << " overlaps " << v[i]->dump();
+    }
+  }
+};
+
+void expect_same_results(const RunResult& a, const RunResult& b) {
+  ASSERT_EQ(a.ranks.size(), b.ranks.size());
+  for (size_t r = 0; r < a.ranks.size(); r++) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(a.ranks[r].param_hash, b.ranks[r].param_hash);
+    EXPECT_EQ(a.ranks[r].losses, b.ranks[r].losses);
+    EXPECT_EQ(a.ranks[r].grad_norms, b.ranks[r].grad_norms);
+    EXPECT_EQ(a.ranks[r].comm.calls, b.ranks[r].comm.calls);
+    EXPECT_EQ(a.ranks[r].comm.bytes, b.ranks[r].comm.bytes);
+    EXPECT_EQ(a.ranks[r].memory.current, b.ranks[r].memory.current);
+    EXPECT_EQ(a.ranks[r].memory.peak, b.ranks[r].memory.peak);
+  }
+}
+
+TEST_F(TraceTest, Zero3FileHoldsEveryRankTrackAndCollective) {
+  TrainConfig c = cfg("zero3");
+  c.trace = path("zero3.json");
+  const RunResult traced = run_training(c, fn("zero3"));
+  expect_complete_trace(read_json(c.trace), traced);
+  c.trace.clear();
+  expect_same_results(traced, run_training(c, fn("zero3")));
+}
+
+TEST_F(TraceTest, DataParallelFileHoldsEveryRankTrackAndCollective) {
+  TrainConfig c = cfg("dp");
+  c.trace = path("dp.json");
+  const RunResult traced = run_training(c, fn("dp"));
+  expect_complete_trace(read_json(c.trace), traced);
+  c.trace.clear();
+  expect_same_results(traced, run_training(c, fn("dp")));
+}
+
+TEST_F(TraceTest, ZeroOneAndTwoFilesHoldEveryCollective) {
+  for (const char* stage : {"zero1", "zero2"}) {
+    SCOPED_TRACE(stage);
+    TrainConfig c = cfg(stage);
+    c.grad_accum = 2;  // two micro-steps: a step's spans are not only its first micro-step's
+    c.trace = path(std::string(stage) + ".json");
+    const RunResult run = run_training(c, fn(stage));
+    expect_complete_trace(read_json(c.trace), run);
+  }
+}
+
+TEST_F(TraceTest, MemoryCounterEndsAtTheRunsModelStates) {
+  // The last sample is taken after finish() read the counters: the model
+  // states (params, grads, optimizer) are still allocated then, so its
+  // series for them must equal the run's current bytes of each.
+  TrainConfig c = cfg("zero3");
+  c.trace = path("mem.json");
+  const RunResult run = run_training(c, fn("zero3"));
+  const json doc = read_json(c.trace);
+  std::map<int, json> last;
+  std::map<int, std::map<std::string, size_t>> most;
+  for (const json& e : doc["traceEvents"]) {
+    if (e["ph"] != "C") continue;
+    last[e["pid"]] = e["args"];
+    for (auto& [k, v] : e["args"].items()) most[e["pid"]][k] = std::max(most[e["pid"]][k], v.get<size_t>());
+  }
+  for (int r = 0; r < c.ranks; r++)
+    for (Category cat : {Category::params, Category::grads, Category::optimizer, Category::comm}) {
+      const char* name = category_name(cat);
+      if (cat != Category::comm) {
+        EXPECT_EQ(last[r][name].get<size_t>(), run.ranks[r].memory.cur(Place::device, cat)) << name;
+      }
+      EXPECT_LE(most[r][name], run.ranks[r].memory.pk(Place::device, cat)) << name;  // a sample is below the peak
+      EXPECT_GT(most[r][name], 0u) << name;
+    }
+}
+
+// A rank's log made by hand, with round times, and the events it must become.
+TEST(TraceEvents, TracksSpansAndQueueOrderFromAHandMadeLog) {
+  using Ev = ScheduleEvent;
+  std::vector<Ev> log;
+  std::array<size_t, kNumCategories> bytes{};
+  bytes[int(Category::params)] = 100;
+  auto add = [&](Ev::Kind kind, double t) -> Ev& {
+    Ev e;
+    e.seq = log.size();
+    e.kind = kind;
+    e.t_us = t;
+    e.device_bytes = bytes;
+    log.push_back(e);
+    return log.back();
+  };
+  auto coll = [&](Ev::Kind kind, double t, uint64_t id, CollectiveKind c, size_t n, DType dt, int queue) {
+    Ev& e = add(kind, t);
+    e.id = id, e.collective = c, e.count = n, e.dtype = dt, e.queue = queue;
+  };
+  add(Ev::load, 10).step = 0;
+  log.back().micro = 0;
+  coll(Ev::issued, 11, 0, CollectiveKind::all_gather, 4, DType::f32, 0);
+  coll(Ev::issued, 12, 1, CollectiveKind::reduce_scatter, 2, DType::bf16, 0);
+  coll(Ev::issued, 13, 2, CollectiveKind::all_reduce, 1, DType::i64, 2);
+  add(Ev::forward_begin, 14).unit = 0;
+  coll(Ev::completed, 15, 2, CollectiveKind::all_reduce, 1, DType::i64, 2);
+  bytes[int(Category::comm)] = 7;  // the one change of the memory counter
+  add(Ev::forward_end, 20).unit = 0;
+  coll(Ev::completed, 30, 0, CollectiveKind::all_gather, 4, DType::f32, 0);
+  coll(Ev::waited, 31, 1, CollectiveKind::reduce_scatter, 2, DType::bf16, 0);
+  coll(Ev::completed, 40, 1, CollectiveKind::reduce_scatter, 2, DType::bf16, 0);
+  add(Ev::backward_begin, 41).unit = 3;
+  add(Ev::backward_end, 50).unit = 3;
+  add(Ev::step_end, 70).step = 0;
+  coll(Ev::issued, 80, 3, CollectiveKind::all_gather, 4, DType::f32, 0);
+  coll(Ev::completed, 90, 3, CollectiveKind::all_gather, 4, DType::f32, 0);
+
+  const json events = json::parse(trace_rank_events(5, log, build_layout(model_preset("tiny"))));
+  std::map<int, std::string> tracks;
+  std::map<std::string, json> spans;  // by name, or by "collective id"
+  std::vector<json> memory;
+  for (const json& e : events) {
+    EXPECT_EQ(e["pid"], 5);
+    if (e["ph"] == "M" && e["name"] == "thread_name") tracks[e["tid"]] = e["args"]["name"];
+    if (e["ph"] == "C") memory.push_back(e);
+    if (e["ph"] == "X") spans[e["cat"] == "comm" ? "id " + std::to_string(e["args"]["id"].get<int>()) : e["name"].get<std::string>()] = e;
+  }
+  EXPECT_EQ(tracks, (std::map<int, std::string>{{0, "compute"}, {1, "comm"}, {3, "comm q2"}}));
+  auto expect_span = [&](const std::string& key, int tid, int64_t ts, int64_t dur) {
+    ASSERT_TRUE(spans.count(key)) << key;
+    EXPECT_EQ(spans[key]["tid"], tid) << key;
+    EXPECT_EQ(ns(spans[key]["ts"]), ts * 1000) << key;
+    EXPECT_EQ(ns(spans[key]["dur"]), dur * 1000) << key;
+  };
+  expect_span("fwd embedding", 0, 14, 6);
+  expect_span("bwd head", 0, 41, 9);
+  expect_span("clip + optimizer", 0, 50, 20);  // from the last backward to step_end
+  expect_span("id 0", 1, 11, 19);
+  expect_span("id 1", 1, 30, 10);  // issued at 12, behind id 0 on queue 0 until 30
+  expect_span("id 2", 3, 13, 2);   // queue 2 waits for no one
+  expect_span("id 3", 1, 80, 10);
+  EXPECT_EQ(spans["id 1"]["name"], "reduce_scatter");
+  EXPECT_EQ(spans["id 1"]["args"]["bytes"], 4);  // 2 bf16
+  EXPECT_EQ(spans["id 1"]["args"]["dtype"], "bf16");
+  EXPECT_EQ(ns(spans["id 1"]["args"]["issued_us"]), 12000);
+  EXPECT_EQ(ns(spans["id 1"]["args"]["queued_us"]), 18000);
+  EXPECT_EQ(ns(spans["id 1"]["args"]["waited_us"]), 31000);
+  EXPECT_EQ(spans["id 2"]["args"]["bytes"], 8);  // 1 i64
+  EXPECT_EQ(spans["id 0"]["args"]["step"], 0);
+  EXPECT_EQ(spans["id 3"]["args"]["step"], -1);  // after the step's end
+  ASSERT_EQ(memory.size(), 2u);                  // the first sample, then the change
+  EXPECT_EQ(ns(memory[1]["ts"]), 20000);
+  EXPECT_EQ(memory[0]["args"]["params"], 100);
+  EXPECT_EQ(memory[0]["args"]["comm"], 0);
+  EXPECT_EQ(memory[1]["args"]["comm"], 7);
+}
+
+TEST(TraceGather, EveryRankGetsEveryRanksBytes) {
+  // The path ranks as processes take, run here on the threads backend:
+  // texts of different lengths (one empty, one not a multiple of 8 bytes).
+  const std::vector<std::string> mine = {"[{\"a\":1}]", "", std::string(1001, 'x') + "\"\\"};
+  const int N = int(mine.size());
+  auto comms = make_thread_communicators(N);
+  std::vector<std::vector<std::string>> got(N);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < N; r++)
+    threads.emplace_back([&, r] {
+      auto dev = make_cpu_device();
+      got[r] = gather_trace_events(*comms[r], *dev, mine[r]);
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < N; r++) EXPECT_EQ(got[r], mine) << "rank " << r;
+}
+
+TEST_F(TraceTest, RefusesAnInputOrAnUncreatableFile) {
+  TrainConfig c = cfg("dp");
+  const std::string data = path("tokens.bin");
+  std::ofstream(data) << std::string(4096, 'a');
+  for (auto [flag, field] : {std::pair{"--data", &TrainConfig::data}, std::pair{"--init", &TrainConfig::init},
+                             std::pair{"--resume", &TrainConfig::resume}}) {
+    TrainConfig bad = c;
+    bad.*field = data;
+    bad.trace = dir_ + "/./tokens.bin";  // another name for the same file
+    try {
+      run_training(bad, fn("dp"));
+      ADD_FAILURE() << flag << ": not refused";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("--trace"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
+    }
+  }
+  TrainConfig bad = c;
+  bad.trace = path("no/such/dir/t.json");
+  EXPECT_THROW(run_training(bad, fn("dp")), UsageError);
+  bad.trace = dir_;
+  EXPECT_THROW(run_training(bad, fn("dp")), UsageError);
+  // A good path is checked without leaving a file behind when the check alone runs.
+  bad.trace = path("fresh.json");
+  EXPECT_NO_THROW(check_trace_path(bad, true));
+  EXPECT_FALSE(std::filesystem::exists(bad.trace));
+}
+
+TEST_F(TraceTest, CommandLineWritesTheFile) {
+  const std::string out = path("cli.json");
+  auto r = test::run_command(test::dp_binary() + " --ranks 2 --model tiny --steps 1 --batch 1 --quiet --trace " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(read_json(out)["traceEvents"].empty());
+  r = test::run_command(test::dp_binary() + " --model tiny --steps 1 --quiet --trace " + path("none/x.json"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--trace"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace zf
