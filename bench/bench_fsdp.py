@@ -145,7 +145,8 @@ def section_fsdp(args, runner, core):
     R.note("Each run: %d steps, median of steps %d..%d; best of %d run(s); the order of the runs reverses on "
            "every other repeat. Same token file (generated sentences) and the same initial model for all "
            "(fsdp --save-init -> torch_ref.py --init). PyTorch: %s, FSDP2 fully_shard per block and on the root "
-           "over gloo on the CPU, OPENBLAS_CORETYPE=%s (read only by an OpenBLAS build). Memory per rank: ours, the tracker's peak of all "
+           "over gloo on the CPU, OPENBLAS_CORETYPE=%s (read only by an OpenBLAS build). "
+           "Memory per rank: ours, the tracker's peak of all "
            "categories on the (simulated) device, the largest over the ranks; PyTorch, the growth of the "
            "resident set from before the model to its peak, the largest over the ranks (states, activations, "
            "the allocator's cache, gloo's buffers, and the library code and buffers the first step loads: read it "
@@ -191,7 +192,8 @@ def table(ranks, results, skipped):
         ls = r.get("losses", {})
         last = max(ls) if ls else None
         d = max_diff(r, ref)
-        rows.append([("PyTorch " if is_peer else "") + label, rb.fmt_ms(r.get("median_ms")), rb.fmt_tps(r.get("tokens_per_s")),
+        rows.append([("PyTorch " if is_peer else "") + label, rb.fmt_ms(r.get("median_ms")),
+                     rb.fmt_tps(r.get("tokens_per_s")),
                      rb.fmt_ratio(vs_dp), fmt_bytes(peak),
                      "-" if is_peer else fmt_bytes(comm_ours(r.get("summary"))),
                      "%.6f" % ls[0] if 0 in ls else "-", "%.6f" % ls[last] if last is not None else "-",
@@ -217,7 +219,8 @@ def verdicts(args, results, skipped):
             rows.append((name, rb.fmt_ms(r["median_ms"]) + " ms", rb.fmt_ms(dp["median_ms"]) + " ms",
                          rb.fmt_ratio(x), "<= %.2fx" % target, x <= target))
             if x > target:
-                rows.append(("  why: " + why_slower(label, r, dp, results.get((n, "fsdp"), {})), "", "", "", "", None))
+                rows.append(("  why: %s: %s" % (name, why_slower(label, r, dp, results.get((n, "fsdp"), {}))),
+                             "", "", "", "", None))
     for ranks in args.fsdp_ranks:
         missed = False
         for label, _, _, peer in OURS:
@@ -231,8 +234,9 @@ def verdicts(args, results, skipped):
                              x >= TARGET_VS_FSDP2))
                 missed = missed or x < TARGET_VS_FSDP2
         if missed:
-            rows.append(("  why: " + why_behind(results.get((ranks, "dp"), {}), results.get((ranks, "fsdp"), {}),
-                                                results.get((ranks, "FSDP2"), {})), "", "", "", "", None))
+            why = why_behind(results.get((ranks, "dp"), {}), results.get((ranks, "fsdp"), {}),
+                             results.get((ranks, "FSDP2"), {}))
+            rows.append(("  why: %d ranks, tok/s vs PyTorch: %s" % (ranks, why), "", "", "", "", None))
     diffs = [(ranks, d) for ranks in args.fsdp_ranks
              for d in [max_diff(results.get((ranks, "fsdp"), {}), results.get((ranks, "FSDP2"), {}))] if d is not None]
     if diffs:

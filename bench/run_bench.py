@@ -519,12 +519,12 @@ def summary(args, train, debian, kc, cross, runner, elapsed, fsdp=None):
     if cross and cross.get("max") is not None:
         add("loss cross-check tiny 2 ranks B=4, max |diff|", "%.2e" % cross["max"], "over %d steps" % cross["steps"],
             "", "<= %.0e" % CROSSCHECK_TOL, cross["max"] <= CROSSCHECK_TOL)
-    whys = []  # section D's reading of each miss: a line under the table, too long for a cell
+    whys = []  # section D's reading of each miss ("  why: <check>: <text>"): too long for a cell
     for name, ours, peer, ratio, target, ok in fsdp or []:
         if target:
             add(name, ours, peer, ratio, target, ok)
         else:
-            whys.append("- %s: %s" % (rows[-1][0] if rows else "?", name.strip().replace("why: ", "", 1)))
+            whys.append("- " + name.strip().replace("why: ", "", 1))
     R.table(["measure", "zero-to-fsdp", "peer", "ratio", "target", "verdict"], rows,
             ["<", ">", ">", ">", "<", "<"])
     if whys:

@@ -87,15 +87,17 @@ class VerdictTest(unittest.TestCase):
         # what the logs show for each miss: recomputation over fsdp default (111/105), and, as dp is
         # 1000/100 = 10x FSDP2, the sharding: fsdp's step 105/100 of dp's; once per rank count
         why = [name for name, _, _, _, target, _ in rows if not target]
-        self.assertEqual(why, ["  why: recomputation alone: 1.06x fsdp default's step"]
-                         + ["  why: dp is 10.00x PyTorch FSDP2; sharding costs the rest (fsdp's step is 1.05x dp's)"] * 2)
+        self.assertEqual(why, ["  why: fsdp --recompute attn, 4 ranks, ms/step vs dp: "
+                               "recomputation alone: 1.06x fsdp default's step"]
+                         + ["  why: %d ranks, tok/s vs PyTorch: dp is 10.00x PyTorch FSDP2; sharding costs the rest "
+                            "(fsdp's step is 1.05x dp's)" % n for n in (2, 4)])
 
     def test_a_slow_step_without_sharding_is_named(self):
         res = self.results()
         res[(2, "dp")] = run_result(100.0, 490.0)   # 4.9x FSDP2 without any sharding
         why = [name for name, _, _, _, target, _ in bench_fsdp.verdicts(Args(), res, {}) if not target]
-        self.assertIn("  why: dp, with no sharding at all, is itself 4.90x PyTorch FSDP2: the gap is in the step's "
-                      "compute, not in FSDP's communication", why)
+        self.assertIn("  why: 2 ranks, tok/s vs PyTorch: dp, with no sharding at all, is itself 4.90x "
+                      "PyTorch FSDP2: the gap is in the step's compute, not in FSDP's communication", why)
 
     def test_skipped_mode_has_no_verdict(self):
         res = self.results()
@@ -111,7 +113,7 @@ class SummaryTest(unittest.TestCase):
         class NoRuns:
             models, ranks, problems = [], [], []
         rows = [("fsdp, 4 ranks, ms/step vs dp", "110 ms", "100 ms", "1.10x", "<= 1.05x", False),
-                ("  why: moves 1.48x dp's bytes", "", "", "", "", None)]
+                ("  why: fsdp, 4 ranks, ms/step vs dp: moves 1.48x dp's bytes", "", "", "", "", None)]
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             run_bench.summary(NoRuns, None, None, None, None, NoRuns, 1.0, rows)
