@@ -16,6 +16,11 @@
 #      all-reduce bandwidth measured by bench/torch_allreduce.py.
 #   C. a loss cross-check: dp and torch_ref from the same initial model
 #      (dp --save-init) on the same token file, step by step.
+#   D. (with --fsdp or --only fsdp) stage 04 (FSDP) in its modes beside dp,
+#      zero3 and PyTorch FSDP2 (torch_ref.py --fsdp): step time, memory per
+#      rank, losses; bench/bench_fsdp.py says what is run and measured. It
+#      needs PyTorch 2.4 or newer: scripts/bench.sh --fsdp runs it under
+#      .venv-bench/'s interpreter, which it makes once.
 # It ends with a summary table, and writes everything as markdown to
 # --markdown (default bench/last_run.md, git-ignored) for bench/RESULTS.md.
 #
@@ -34,160 +39,20 @@ import os
 import platform
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# bench/bench_util.py: the report, commands, run logs and formats every section shares.
+from bench_util import (CONTEXT, CROSSCHECK_TOL, ROOT, R, base_env, best, core_from_blas, fmt_ms,  # noqa: F401
+                        fmt_ratio, fmt_tps, loadavg, plural, read_log, run, tail, timed_median, torch_env,
+                        verdict, write_corpus)
 
 # The targets of the project (README / bench/RESULTS.md).
 TARGET_SMALL_SPEEDUP = 1.5      # dp 1 rank small B=8 fp32 tokens/s >= 1.5x PyTorch 1 process
 TARGET_BUSBW_VS_MEMCPY = 0.5    # threads all-reduce busbw at 16 MiB, 4 ranks >= 0.5x memcpy
 TARGET_BUSBW_VS_GLOO = 10.0     # ... and >= 10x gloo's all-reduce busbw
-CONTEXT = {"tiny": 64, "small": 128, "gpt2": 1024}  # T of each preset (docs/SPEC.md): tokens per sequence
-CROSSCHECK_TOL = 1e-4           # fp32 loss agreement expected per step (|dp - torch|)
-
-
-# ---------------------------------------------------------------------------
-# Output: everything printed also goes to the markdown report
-
-class Report:
-    def __init__(self):
-        self.md = []
-
-    def title(self, text):
-        print("\n" + "=" * 78 + "\n" + text + "\n" + "=" * 78)
-        self.md.append("\n## %s\n" % text)
-
-    def line(self, text=""):
-        print(text)
-        self.md.append(text + "  " if text else "")
-
-    def note(self, text):
-        print(text)
-        self.md.append("\n" + text + "\n")
-
-    def pre(self, text):
-        print(text.rstrip("\n"))
-        self.md.append("\n```\n" + text.rstrip("\n") + "\n```\n")
-
-    def table(self, headers, rows, aligns=None):
-        """A table printed with padded columns, and as a markdown table."""
-        cells = [[str(c) for c in r] for r in rows]
-        widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-        aligns = aligns or ["<"] + [">"] * (len(headers) - 1)
-
-        def fmt(r):
-            return "  ".join(("%-*s" if a == "<" else "%*s") % (w, c) for c, w, a in zip(r, widths, aligns))
-        print(fmt(headers))
-        print("  ".join("-" * w for w in widths))
-        for r in cells:
-            print(fmt(r))
-        self.md.append("")
-        self.md.append("| " + " | ".join(headers) + " |")
-        self.md.append("|" + "|".join(":---" if a == "<" else "---:" for a in aligns) + "|")
-        for r in cells:
-            self.md.append("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |")
-        self.md.append("")
-
-    def write(self, path):
-        with open(path, "w") as f:
-            f.write("\n".join(self.md).lstrip("\n") + "\n")
-
-
-R = Report()
-
-
-def loadavg():
-    try:
-        return "%.2f" % os.getloadavg()[0]
-    except OSError:
-        return "?"
-
-
-def run(cmd, env=None, timeout=300, cwd=ROOT):
-    """Runs cmd; returns (rc, stdout, stderr, seconds). rc None on timeout."""
-    t0 = time.time()
-    try:
-        p = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, timeout=timeout)
-        return p.returncode, p.stdout, p.stderr, time.time() - t0
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-        return None, out, err + "\n(timed out after %d s)" % timeout, time.time() - t0
-
-
-def tail(text, n=6):
-    lines = [l for l in (text or "").strip().splitlines() if l.strip()]
-    return "\n".join(lines[-n:])
-
-
-def read_log(path):
-    """(per-step records, summary) of a JSON-lines run log."""
-    steps, summary = [], None
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            obj = json.loads(line)
-            if "summary" in obj:
-                summary = obj["summary"]
-            else:
-                steps.append(obj)
-    return steps, summary
-
-
-def timed_median(steps, warmup):
-    ms = [s["ms"] for s in steps if s["step"] >= warmup]
-    return statistics.median(ms) if ms else None
-
-
-def plural(n, word):
-    return "%d %s%s" % (n, word, "" if n == 1 else "s")
-
-
-def fmt_ms(x):
-    return "-" if x is None else ("%.1f" % x if x >= 10 else "%.2f" % x)
-
-
-def fmt_tps(x):
-    return "-" if x is None else "%.0f" % x
-
-
-def fmt_ratio(x):
-    return "-" if x is None else "%.2fx" % x
-
-
-def verdict(ok):
-    return "n/a" if ok is None else ("MET" if ok else "MISSED")
-
-
-# ---------------------------------------------------------------------------
-# Environments: dp selects its own OpenBLAS kernels; PyTorch gets the same set
-# through OPENBLAS_CORETYPE, or none ("as Debian ships it").
-
-def base_env():
-    env = dict(os.environ)
-    for k in ("OPENBLAS_CORETYPE", "ZF_BLAS_REEXECED", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
-        env.pop(k, None)
-    return env
-
-
-def torch_env(coretype):
-    env = base_env()
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # torch_ref's default too; explicit for the record
-    if coretype:
-        env["OPENBLAS_CORETYPE"] = coretype
-    return env
-
-
-def core_from_blas(blas):
-    m = re.search(r"\((\w+) kernels", blas or "")
-    return m.group(1) if m else None
 
 
 # ---------------------------------------------------------------------------
@@ -244,12 +109,6 @@ class Runner:
             sys.stdout.flush()
         return res
 
-
-def best(results):
-    ok = [r for r in results if r.get("median_ms")]
-    if not ok:
-        return results[-1] if results else {"error": "not run"}
-    return min(ok, key=lambda r: r["median_ms"])
 
 
 def section_training(args, runner):
@@ -415,30 +274,6 @@ def section_kernels_comm(args, runner):
 # ---------------------------------------------------------------------------
 # C. loss cross-check
 
-WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly mix bright potions "
-         "under an old stone bridge near the river where children sing songs about distant mountains "
-         "and ships carry spices silver and stories across the cold green sea").split()
-
-
-def write_corpus(path, size=300 * 1024):
-    """A deterministic text file of generated sentences (an LCG picks the words)."""
-    state, parts, n = 12345, [], 0
-    while n < size:
-        state = (state * 1103515245 + 12345) & 0x7FFFFFFF
-        length = 5 + state % 9
-        words = []
-        for _ in range(length):
-            state = (state * 1103515245 + 12345) & 0x7FFFFFFF
-            words.append(WORDS[(state >> 8) % len(WORDS)])
-        s = " ".join(words).capitalize() + (". " if state % 5 else ".\n")
-        parts.append(s)
-        n += len(s)
-    data = "".join(parts).encode("ascii")[:size]
-    with open(path, "wb") as f:
-        f.write(data)
-    return len(data)
-
-
 def section_crosscheck(args, runner, core):
     R.title("C. Loss cross-check: dp vs torch_ref.py, same initial model and data")
     data = os.path.join(runner.tmp, "corpus.txt")
@@ -541,15 +376,32 @@ def main():
     ap.add_argument("--models", default="tiny,small", help="comma list of presets for part A")
     ap.add_argument("--ranks", default="1,2,4", help="comma list of rank counts for part A")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: train,kernels,crosscheck")
+    ap.add_argument("--fsdp", action="store_true", help="add part D (stage 04 vs PyTorch FSDP2; PyTorch >= 2.4)")
+    ap.add_argument("--only", default="", help="comma list of the parts to run, e.g. fsdp (train,kernels,crosscheck,fsdp)")
+    ap.add_argument("--fsdp-ranks", default="2,4", help="comma list of rank counts for part D")
+    ap.add_argument("--fsdp-steps", type=int, default=0, help="steps per run of part D (default: --steps)")
     ap.add_argument("--timeout", type=int, default=240, help="seconds before one command is given up")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder of logs")
     args = ap.parse_args()
     args.models = [m for m in args.models.split(",") if m]
     args.ranks = [int(x) for x in args.ranks.split(",") if x]
-    skip = set(x for x in args.skip.split(",") if x)
-    if args.steps <= args.warmup:
-        ap.error("--steps must exceed --warmup")
-    for exe in ("00_data_parallel/dp", "bench/bench_kernels", "bench/bench_comm"):
+    parts = {"train", "kernels", "crosscheck", "fsdp"}
+    only = set(x for x in args.only.split(",") if x)
+    if only - parts:
+        ap.error("--only %s: unknown part(s) %s; the parts are %s"
+                 % (args.only, ",".join(sorted(only - parts)), ",".join(sorted(parts))))
+    run_parts = only or ({"train", "kernels", "crosscheck"} | ({"fsdp"} if args.fsdp else set()))
+    skip = set(x for x in args.skip.split(",") if x) | (parts - run_parts)
+    args.fsdp_ranks = [int(x) for x in args.fsdp_ranks.split(",") if x]
+    args.fsdp_steps = args.fsdp_steps or args.steps
+    if args.steps <= args.warmup or args.fsdp_steps <= args.warmup:
+        ap.error("--steps and --fsdp-steps must exceed --warmup")
+    needed = ["00_data_parallel/dp"]
+    if "kernels" not in skip:
+        needed += ["bench/bench_kernels", "bench/bench_comm"]
+    if "fsdp" not in skip:
+        needed += ["03_zero3/zero3", "04_fsdp/fsdp"]
+    for exe in needed:
         if not os.access(os.path.join(args.build, exe), os.X_OK):
             sys.exit("run_bench.py: %s/%s is missing: build first (scripts/build.sh)" % (args.build, exe))
 
@@ -561,7 +413,7 @@ def main():
     for k, v in info:
         R.line("%-13s %s" % (k + ":", v))
 
-    train = debian = kc = cross = None
+    train = debian = kc = cross = fsdp = None
     core = dp_blas = None
     try:
         if "train" not in skip:
@@ -574,8 +426,15 @@ def main():
                 dp_blas = probe.get("summary", {}).get("blas")
                 core = core_from_blas(dp_blas)
             cross = section_crosscheck(args, runner, core)
+        if "fsdp" not in skip:
+            if core is None:
+                probe = runner.dp_run("tiny", 1, 1, 1, quiet=True)
+                dp_blas = probe.get("summary", {}).get("blas")
+                core = core_from_blas(dp_blas)
+            import bench_fsdp  # bench/, beside this file: section D
+            fsdp = bench_fsdp.section_fsdp(args, runner, core)
     finally:
-        summary(args, train, debian, kc, cross, runner, time.time() - t_start)
+        summary(args, train, debian, kc, cross, runner, time.time() - t_start, fsdp)
         os.makedirs(os.path.dirname(os.path.abspath(args.markdown)), exist_ok=True)
         R.write(args.markdown)
         print("\nmarkdown report: %s" % args.markdown)
@@ -585,7 +444,7 @@ def main():
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def summary(args, train, debian, kc, cross, runner, elapsed):
+def summary(args, train, debian, kc, cross, runner, elapsed, fsdp=None):
     R.title("Summary")
     rows = []
     met = []
@@ -660,8 +519,18 @@ def summary(args, train, debian, kc, cross, runner, elapsed):
     if cross and cross.get("max") is not None:
         add("loss cross-check tiny 2 ranks B=4, max |diff|", "%.2e" % cross["max"], "over %d steps" % cross["steps"],
             "", "<= %.0e" % CROSSCHECK_TOL, cross["max"] <= CROSSCHECK_TOL)
+    whys = []  # section D's reading of each miss ("  why: <check>: <text>"): too long for a cell
+    for name, ours, peer, ratio, target, ok in fsdp or []:
+        if target:
+            add(name, ours, peer, ratio, target, ok)
+        else:
+            whys.append("- " + name.strip().replace("why: ", "", 1))
     R.table(["measure", "zero-to-fsdp", "peer", "ratio", "target", "verdict"], rows,
             ["<", ">", ">", ">", "<", "<"])
+    if whys:
+        R.note("What stands in the way of each miss, from the logs:")
+        for w in whys:
+            R.line(w)
     if met:
         R.note("%d of %d checks met. Load average now %s. Total time %.0f s."
                % (sum(met), len(met), " / ".join("%.2f" % x for x in os.getloadavg()), elapsed))

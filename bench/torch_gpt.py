@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint  # noqa: F401  (torch.utils.checkpoint is not loaded by import torch)
 
 
 class UsageError(Exception):
@@ -111,6 +112,9 @@ class GPT(nn.Module):
         self.h = nn.ModuleList([Block(T, H, C, sdpa) for _ in range(L)])
         self.ln_f = nn.LayerNorm(C, eps=1e-5)
         self.lm_head = nn.Linear(C, V, bias=False)  # untied from wte
+        # "full": each block's forward runs under torch.utils.checkpoint (non-reentrant),
+        # so backward recomputes its activations instead of keeping them.
+        self.recompute = "none"
 
     def init_normal(self):
         """torch's RNG with docs/SPEC.md's stds (same distribution as the C++ init, not the same values)."""
@@ -131,7 +135,10 @@ class GPT(nn.Module):
         pos = torch.arange(T, dtype=torch.long, device=idx.device)
         x = self.wte(idx) + self.wpe(pos)
         for block in self.h:
-            x = block(x)
+            if self.recompute == "full" and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
         logits = self.lm_head(self.ln_f(x))
         # mean over all B*T positions; computed in fp32 even under autocast
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))

@@ -3,10 +3,12 @@
 #
 # The model, optimizer and data sampler of docs/SPEC.md, written
 # with plain PyTorch: one process (--ranks 1) or DistributedDataParallel over
-# gloo on N local processes (--ranks N, loopback only).
+# gloo on N local processes (--ranks N, loopback only); with --fsdp, FSDP2
+# (fully_shard) over gloo instead of DDP.
 #
 # Files: this one is the program (flags, their checks, starting the ranks);
 # bench/torch_gpt.py holds the model, AdamW, safetensors I/O and the sampler;
+# bench/torch_fsdp.py the FSDP2 wrapping and the process-memory readings;
 # bench/torch_train.py one rank's run (the timed steps, the summary, the CPU's
 # threads and BLAS, the GPU's synchronisation, peak memory and MFU).
 #
@@ -48,6 +50,18 @@
 #                  uniform random tokens (1 MiB): for timing only, NOT the C++
 #                  built-in corpus.
 #   --save FILE    write the final parameters as safetensors (docs/SPEC.md names, F32).
+#   --fsdp         FSDP2 instead of DDP (PyTorch 2.4 or newer, e.g. the .venv-bench/
+#                  that scripts/bench.sh --fsdp makes; Debian's 1.13 has none):
+#                  fully_shard on every block, then on the root, over a CPU
+#                  DeviceMesh of the --ranks processes (gloo). Gradients are
+#                  averaged over the ranks as DDP's are, so the losses are DDP's
+#                  up to the order of the float sums.
+#   --recompute    none (default) or full: every block's forward under
+#                  torch.utils.checkpoint(use_reentrant=False), recomputed in
+#                  backward (activation checkpointing; with or without --fsdp).
+#   memory         every summary carries the resident-set readings of torch_fsdp.py
+#                  (the largest over the ranks): peak_rss_bytes,
+#                  rss_before_model_bytes and rss_growth_bytes (peak minus before).
 #   --precision    fp32; or bf16 = torch.autocast(<device>, bfloat16) around the
 #                  forward and the loss (fp32 parameters, gradients and AdamW
 #                  moments): mixed precision as PyTorch users write it. That is not
@@ -154,6 +168,10 @@ def main():
                     help="cpu (default), or cuda: one process on the current GPU (--ranks 1)")
     ap.add_argument("--threads", type=int, default=0,
                     help="threads per rank (default: all cores for 1 rank, max(1, cores // N) for N ranks)")
+    ap.add_argument("--fsdp", action="store_true",
+                    help="FSDP2 (fully_shard per block, then the root) over gloo instead of DDP; PyTorch >= 2.4")
+    ap.add_argument("--recompute", choices=["none", "full"], default="none",
+                    help="full: every block under torch.utils.checkpoint (non-reentrant)")
     ap.add_argument("--log-json", help="JSON lines run log")
     args = ap.parse_args()
 
@@ -161,6 +179,14 @@ def main():
                         ("--ranks", args.ranks, 1), ("--steps", args.steps, 0), ("--warmup", args.warmup, 0)):
         if v < lo:
             ap.error("%s must be >= %d, got %d" % (flag, lo, v))
+    if args.fsdp:
+        if args.device != "cpu":
+            ap.error("--fsdp runs over gloo on the CPU: use --device cpu")
+        try:
+            from torch_fsdp import fully_shard_api
+            fully_shard_api()
+        except RuntimeError as e:
+            sys.exit("torch_ref.py: %s" % e)
     if args.lr <= 0 or args.clip < 0:
         ap.error("--lr must be > 0 and --clip >= 0")
     if args.device == "cuda":
@@ -199,13 +225,14 @@ def main():
         sys.exit("torch_ref.py: %s" % e)
     del toks
 
-    if args.ranks == 1:
+    if args.ranks == 1 and not args.fsdp:
         _worker(0, args)
         return
     import torch.distributed as dist
     import torch.multiprocessing as mp
     if not dist.is_available() or not dist.is_gloo_available():
-        sys.exit("torch_ref.py: --ranks %d needs torch.distributed with gloo, absent from this torch build" % args.ranks)
+        sys.exit("torch_ref.py: --ranks %d%s needs torch.distributed with gloo, absent from this torch build"
+                 % (args.ranks, " --fsdp" if args.fsdp else ""))
     args.port = free_port()
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(args.port)

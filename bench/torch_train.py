@@ -10,6 +10,8 @@
 # the summary follows: median ms/step and tokens/s after the warmup steps. On
 # --device cuda: autocast bf16 (--precision bf16), the card's name, which AdamW
 # kernels PyTorch picked, peak memory allocated and MFU (bench/mfu.py).
+# With args.fsdp the model is sharded by torch_fsdp.py (FSDP2) instead of
+# wrapped in DDP; every run's summary carries the resident-set readings.
 # The BLAS helpers below say which BLAS kernels the CPU side runs (the
 # summary's "blas").
 #
@@ -29,6 +31,7 @@ import torch
 
 import mfu
 from torch_gpt import GPT, PRESETS, Sampler, build_tokens, load_init, make_adamw, write_safetensors
+from torch_fsdp import full_parameters, peak_rss_bytes, rss_bytes, shard_model
 
 
 # ---------------------------------------------------------------------------
@@ -106,10 +109,14 @@ def train(rank, args):
     nranks = args.ranks
     cores = os.cpu_count() or 1
     set_threads(args.threads or (cores if nranks == 1 else max(1, cores // nranks)))
-    if nranks > 1:
+    fsdp = getattr(args, "fsdp", False)
+    distributed = nranks > 1 or fsdp  # FSDP2 needs a process group even for one rank
+    if distributed:
         import torch.distributed as dist
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port,
                                 rank=rank, world_size=nranks)
+    blas = blas_line()  # its GEMM maps the BLAS library before the first reading
+    rss_before_model = rss_bytes()
     V, T, L, H, C = PRESETS[args.model]
     B, K = args.batch, args.grad_accum
 
@@ -120,6 +127,7 @@ def train(rank, args):
 
     torch.manual_seed(args.seed)
     model = GPT(V, T, L, H, C, sdpa=args.sdpa)
+    model.recompute = getattr(args, "recompute", "none")
     if args.init:
         load_init(model, args.init)
     else:
@@ -128,11 +136,13 @@ def train(rank, args):
     if cuda:
         model.to(dev)  # initialised on the CPU, so the same seed gives the same model as there
 
+    if fsdp:  # before the optimizer: AdamW must hold the sharded DTensors
+        shard_model(model, nranks)
     opt = make_adamw(model, args.lr)
     adamw_impl = adamw_implementation(opt)
 
     ddp = model
-    if nranks > 1:
+    if nranks > 1 and not fsdp:
         from torch.nn.parallel import DistributedDataParallel as DDP
         ddp = DDP(model)
 
@@ -149,13 +159,14 @@ def train(rank, args):
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     if cuda:
         torch.cuda.reset_peak_memory_stats(dev)
-    blas = blas_line()
     if rank == 0:
         print("torch_ref: torch %s, model %s (P=%d), ranks %d x %d threads, B=%d K=%d T=%d, data %s (%s, %d tokens), "
-              "init %s, precision %s, attention %s"
+              "init %s, precision %s, attention %s, %s, recompute %s"
               % (torch.__version__, args.model, nparams, nranks, torch.get_num_threads(), B, K, T, source, fmt,
                  len(toks), args.init or "torch normal (seed %d)" % args.seed, args.precision,
-                 "sdpa" if args.sdpa else "explicit"))
+                 "sdpa" if args.sdpa else "explicit",
+                 "FSDP2 fully_shard per block + root" if fsdp else ("DDP" if nranks > 1 else "1 process"),
+                 model.recompute))
         print("torch_ref: blas: %s" % blas)
         if cuda:
             print("torch_ref: cuda: %s, AdamW %s, eager (no torch.compile)" % (gpu_name, adamw_impl))
@@ -171,7 +182,11 @@ def train(rank, args):
         loss_sum = torch.zeros((), device=dev)
         for k in range(K):
             x, y = sampler.micro_batch(step, k, rank, nranks, B, K)
-            grad_sync = contextlib.nullcontext() if (nranks == 1 or k == K - 1) else ddp.no_sync()
+            if fsdp:  # FSDP2's no_sync: reduce-scatter on the last micro-step only
+                model.set_requires_gradient_sync(k == K - 1)
+                grad_sync = contextlib.nullcontext()
+            else:
+                grad_sync = contextlib.nullcontext() if (nranks == 1 or k == K - 1) else ddp.no_sync()
             with grad_sync:
                 with autocast():
                     loss = ddp(x, y)
@@ -182,7 +197,7 @@ def train(rank, args):
         opt.step()
         opt.zero_grad(set_to_none=True)
         mean_loss = loss_sum / K
-        if nranks > 1:
+        if distributed:
             dist.all_reduce(mean_loss)
             mean_loss /= nranks
         sync()
@@ -201,6 +216,12 @@ def train(rank, args):
                 log.write(json.dumps({"step": step, "loss": lv, "ms": ms, "tokens_per_s": tps}) + "\n")
                 log.flush()
 
+    # The largest of each rank's resident-set readings (torch_fsdp.py says what they hold).
+    rss = torch.tensor([peak_rss_bytes(), peak_rss_bytes() - rss_before_model, rss_before_model], dtype=torch.float64)
+    if distributed:
+        dist.all_reduce(rss, op=dist.ReduceOp.MAX)
+    final = full_parameters(model) if (args.save and fsdp) else None  # a collective: every rank
+
     if rank == 0:
         med = statistics.median(times) if times else None   # None, not NaN: the log stays valid JSON
         tps = tokens_per_step / (med / 1e3) if times else None
@@ -210,7 +231,11 @@ def train(rank, args):
                    "timed_steps": len(times), "median_ms": med, "tokens_per_s": tps,
                    "final_loss": lv, "blas": blas, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                    "device": args.device, "attention": "sdpa" if args.sdpa else "explicit",
-                   "flops_per_token": mfu.flops_per_token(nparams, V, T, L, C)}
+                   "flops_per_token": mfu.flops_per_token(nparams, V, T, L, C),
+                   "parallel": "fsdp2" if fsdp else ("ddp" if nranks > 1 else "none"),
+                   "recompute": model.recompute,
+                   "peak_rss_bytes": int(rss[0]), "rss_growth_bytes": int(rss[1]),
+                   "rss_before_model_bytes": int(rss[2])}
         print("summary: pytorch %s, %s, %d rank(s), B=%d K=%d: median %s ms/step over %d steps, %s tok/s"
               % (torch.__version__, args.model, nranks, B, K, "%.2f" % med if times else "-", len(times),
                  "%.0f" % tps if times else "-"))
@@ -227,8 +252,8 @@ def train(rank, args):
             log.write(json.dumps({"summary": summary}) + "\n")
             log.close()
         if args.save:
-            write_safetensors(args.save, model.named_parameters())
+            write_safetensors(args.save, final if fsdp else model.named_parameters())
             print("torch_ref: final parameters written to %s" % args.save)
-    if nranks > 1:
+    if distributed:
         dist.barrier()
         dist.destroy_process_group()

@@ -7,8 +7,40 @@
 #
 #   scripts/bench.sh --markdown /tmp/run.md --repeats 2
 #   scripts/bench.sh --help
+#
+# --fsdp (first argument): section D only, stage 04 against PyTorch FSDP2
+# (run_bench.py --only fsdp). FSDP2 needs PyTorch 2.4 or newer, which Debian 12
+# does not ship: the first such run makes .venv-bench/ (git-ignored) with
+# python3 -m venv and pip install torch numpy from PyPI (about 5 GB), later
+# runs reuse it. ZF_BENCH_VENV names another folder for it. About 4 minutes
+# per repeat on the 2-core machine, most of it PyTorch's runs.
+#
+#   scripts/bench.sh --fsdp --repeats 3
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [[ "${1:-}" == "--fsdp" ]]; then
+  shift
+  scripts/install_deps.sh --bench
+  venv="${ZF_BENCH_VENV:-.venv-bench}"
+  py="$venv/bin/python"
+  # A PyTorch that has fully_shard (2.4 or newer), or the venv is (re)made.
+  has_fsdp2() {
+    "$py" -c 'import sys, torch, numpy
+v = tuple(int("".join(c for c in x if c.isdigit()) or 0) for x in torch.__version__.split("+")[0].split(".")[:2])
+sys.exit(0 if v >= (2, 4) else 1)' 2>/dev/null
+  }
+  if [[ ! -x "$py" ]] || ! has_fsdp2; then
+    echo "making $venv: python3 -m venv, then pip install torch numpy (PyPI, about 5 GB)"
+    /usr/bin/python3 -m venv "$venv"
+    "$py" -m pip install --quiet --upgrade pip
+    "$py" -m pip install --quiet torch numpy
+    has_fsdp2 || { echo "error: $py has no PyTorch >= 2.4 after pip install torch" >&2; exit 1; }
+  fi
+  scripts/build.sh
+  exec "$py" bench/run_bench.py --only fsdp "$@"
+fi
+
 scripts/install_deps.sh --bench
 scripts/build.sh
 # Debian's interpreter: python3-torch is installed for it, not for a pyenv/venv python3.
