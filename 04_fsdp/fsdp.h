@@ -12,10 +12,14 @@
 //   to its backward: no backward all-gathers;
 // - --prefetch D units ahead, at most --max-gathered M units gathered;
 // - --no-sync: gradients accumulated unsharded over the micro-steps and
-//   reduce-scattered once.
+//   reduce-scattered once;
+// - two queues: reduce-scatters on a communicator split from the rank's, so
+//   an all-gather never waits behind one;
+// - --shard-group S: shard within groups of S ranks, all-reduce the reduced
+//   pieces across the N/S groups (hybrid sharding).
 //
 // Memory per rank: 16P/N in both recipes (4 + 4 + 8 bytes per element of
-// the shard), plus padding; gathered parameters (category gathered) at most
+// the shard; 16P/S with --shard-group S), plus padding; gathered parameters (category gathered) at most
 // M units plus the head, or the whole model without resharding.
 #pragma once
 

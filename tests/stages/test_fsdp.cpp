@@ -397,6 +397,32 @@ TEST(FsdpComm, HybridShardingSplitsIntraAndInterGroupBytes) {
     }
 }
 
+// Recomputation needs no parameters but those the backward already has:
+// --recompute full and attn issue exactly the all-gathers (and bytes) of
+// none (a known FSDP pitfall is a checkpointed block whose recomputed
+// forward unshards its parameters again), keep stage 00's bits, and hold
+// the activations stage 00 holds in the same mode (test_recompute.cpp checks
+// those against the formula).
+TEST(FsdpComm, RecomputationAddsNoAllGather) {
+  for (bool reshard : {true, false}) {
+    TrainConfig cfg = fsdp_config(odd4(), 3, Precision::bf16, 2);
+    cfg.fsdp.reshard_after_forward = reshard;
+    const RunResult none = run_training(cfg, train_fsdp);
+    for (Recompute mode : {Recompute::full, Recompute::attn}) {
+      cfg.recompute = mode;
+      SCOPED_TRACE(describe(cfg) + ", recompute " + recompute_name(mode));
+      const RunResult got = run_training(cfg, train_fsdp), dp = run_training(cfg, train_data_parallel);
+      EXPECT_EQ(got.ranks[0].comm.calls, none.ranks[0].comm.calls);
+      EXPECT_EQ(got.ranks[0].comm.bytes, none.ranks[0].comm.bytes);
+      test::expect_bit_identical(none, got, "recompute");
+      EXPECT_EQ(got.ranks[0].memory.pk(Place::device, Category::activations),
+                dp.ranks[0].memory.pk(Place::device, Category::activations));
+      EXPECT_LT(got.ranks[0].memory.pk(Place::device, Category::activations),
+                none.ranks[0].memory.pk(Place::device, Category::activations));
+    }
+  }
+}
+
 // --no-sync: one reduce-scatter of every unit per step, whatever K.
 TEST(FsdpComm, NoSyncReducesOncePerStep) {
   const ModelConfig m = odd4();
