@@ -29,6 +29,7 @@
 #include "test_util.h"
 #include "trace.h"
 #include "zero1.h"
+#include "fsdp.h"
 #include "zero2.h"
 #include "zero3.h"
 
@@ -56,6 +57,7 @@ class TraceTest : public test::TempDirTest {
   }
   static StageFn fn(const std::string& stage) {
     if (stage == "dp") return train_data_parallel;
+    if (stage == "fsdp") return train_fsdp;
     if (stage == "zero1") return train_zero1;
     if (stage == "zero2") return train_zero2;
     return train_zero3;
@@ -177,6 +179,29 @@ TEST_F(TraceTest, ZeroOneAndTwoFilesHoldEveryCollective) {
     const RunResult run = run_training(c, fn(stage));
     expect_complete_trace(read_json(c.trace), run);
   }
+}
+
+// Stage 04's two queues are two tracks: the all-gathers on "comm", the
+// reduce-scatters on "comm q1", every collective of the run once.
+TEST_F(TraceTest, FsdpFileHasATrackPerQueue) {
+  TrainConfig c = cfg("fsdp");
+  c.grad_accum = 2;
+  c.trace = path("fsdp.json");
+  const RunResult run = run_training(c, fn("fsdp"));
+  const json doc = read_json(c.trace);
+  expect_complete_trace(doc, run);
+  std::map<std::pair<int, int>, std::string> track;  // (pid, tid) -> name
+  for (const json& e : doc["traceEvents"])
+    if (e["ph"] == "M" && e["name"] == "thread_name") track[{e["pid"], e["tid"]}] = e["args"]["name"];
+  std::map<std::string, std::set<std::string>> kinds;  // track name -> collective names on it
+  for (const json& e : doc["traceEvents"])
+    if (e["ph"] == "X") {
+      const std::string t = track[{e["pid"], e["tid"]}];
+      if (t.rfind("comm", 0) == 0) kinds[t].insert(e["name"].get<std::string>());
+    }
+  EXPECT_EQ(kinds["comm q1"], std::set<std::string>{"reduce_scatter"});
+  EXPECT_EQ(kinds["comm"].count("reduce_scatter"), 0u);
+  EXPECT_EQ(kinds["comm"].count("all_gather"), 1u);
 }
 
 TEST_F(TraceTest, MemoryCounterEndsAtTheRunsModelStates) {
