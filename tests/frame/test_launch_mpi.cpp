@@ -101,6 +101,15 @@ TEST(MpiLaunch, Stage03SameLossesUnderMpirunAsWithThreads) {
   expect_same_as_threads(zero3, "--model tiny --steps 2 --batch 1 --grad-accum 2 --precision bf16 --quiet");
 }
 
+// Stage 04 splits its communicator (a second queue; with --shard-group, the
+// groups and their replicas): MPI_Comm_split under mpirun, the threads
+// backend's split with threads, the same bits.
+TEST(MpiLaunch, Stage04SameLossesUnderMpirunAsWithThreads) {
+  const std::string fsdp = binary("ZF_FSDP_BIN", "build/04_fsdp/fsdp");
+  expect_same_as_threads(fsdp, "--model tiny --steps 3 --batch 2 --quiet");
+  expect_same_as_threads(fsdp, "--model tiny --steps 2 --batch 1 --precision bf16 --shard-group 2 --quiet");
+}
+
 // The log and the tables come once, from rank 0; --ranks gives way to the
 // launcher, with a note.
 TEST(MpiLaunch, OnlyRankZeroPrintsAndRanksFlagGivesWay) {
