@@ -154,6 +154,16 @@ void print_comm_table(const RunResult& run, std::FILE* out) {
       std::fprintf(out, " %14s", format_bytes(size_t(s.bytes[k] / steps)).c_str());
     std::fprintf(out, "\n");
   }
+  // Hybrid sharding: the part of the above that crosses the shard groups
+  // (the slow links between nodes), apart from what stays inside a group.
+  for (size_t r = 0; r < run.ranks.size(); ++r) {
+    const double across = run.ranks[r].comm_cross_group.total_bytes();
+    if (across == 0) continue;
+    const double steps = std::max<size_t>(1, run.ranks[r].losses.size());
+    std::fprintf(out, "rank %zu: %s of it across the shard groups, %s within its group\n", r,
+                 format_bytes(size_t(across / steps)).c_str(),
+                 format_bytes(size_t((run.ranks[r].comm.total_bytes() - across) / steps)).c_str());
+  }
 }
 
 }  // namespace zf
