@@ -12,11 +12,14 @@
 //
 // Hybrid sharding (a `replicate` communicator): the piece, summed over my
 // shard group, is then all-reduced across the groups before it is added.
+// That all-reduce is waited for at once, on the compute thread: it does not
+// overlap the next unit's backward as the reduce-scatter does.
 //
 // --no-sync: every unit's full buffer is kept across the micro-steps
 // (category grads: one full gradient in the recipe's dtype, for the whole
 // step), the backward adds into it as stage 00 does, and only the last
-// micro-step reduce-scatters it: stage 00's order of summation, so its bits.
+// micro-step reduce-scatters it: stage 00's order of summation, so its bits
+// (with the recipe's reduce dtype; fp32 under bf16 sums without rounding).
 #pragma once
 
 #include <deque>

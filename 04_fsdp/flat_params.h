@@ -9,15 +9,18 @@
 // gathered); reshard(g) frees it.
 //
 //   unshard(g)   unit g is needed now: issue its all-gather if it is not
-//                gathered or in flight (never refused by the limit: the
-//                stage calls it only after releasing what it computed)
+//                gathered or in flight (it cannot exceed the limit: a
+//                refused prefetch of g holds back every unit after g, and
+//                the stage calls it after releasing what it computed;
+//                checked)
 //   prefetch(g)  unit g will be needed soon: issue its all-gather if the
 //                limit allows (--max-gathered M: at most M units gathered or
 //                in flight, those kept for the backward not counted; 0: no
 //                limit). A refused prefetch is simply asked again before the
 //                next unit computes, so it goes out as soon as a unit is
 //                released (FSDP1's limit_all_gathers, without blocking: one
-//                thread issues and computes here)
+//                thread issues and computes here). So --prefetch D reaches
+//                at most M - 1 units ahead: raise M (or 0) for a deeper one
 //   get(g)       waits for unit g's all-gather; its full parameters
 //   reshard(g)   frees unit g's gathered buffer
 //

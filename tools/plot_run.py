@@ -31,7 +31,7 @@ import json
 import os
 import sys
 
-CATEGORIES = ["params", "grads", "optimizer", "activations", "comm", "workspace"]
+CATEGORIES = ["params", "grads", "optimizer", "activations", "comm", "workspace", "gathered"]
 COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier"]
 STAGE_NUMBERS = {"dp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 4, "offload": 5}
 SUMMARY_KEYS = ["stage", "ranks", "precision", "params", "memory", "comm"]

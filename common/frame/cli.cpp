@@ -30,7 +30,7 @@ void validate_fsdp_flags(TrainConfig& cfg, const std::string& reshard, const std
                   "--reduce-dtype bf16 needs --precision bf16: the fp32 recipe's gradients are float32, "
                   "and it promises float32 sums");
     f.reduce_dtype = DType::bf16;
-  } else if (reduce_dtype == "fp32" || reduce_dtype == "f32") {
+  } else if (reduce_dtype == "fp32") {
     f.reduce_dtype = DType::f32;
   } else if (!reduce_dtype.empty()) {
     throw UsageError("--reduce-dtype must be bf16 or fp32 (got '" + reduce_dtype + "')");
@@ -135,7 +135,8 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
             ->capture_default_str());
   group(app.add_option("--max-gathered", cfg.fsdp.max_gathered,
                        "M: at most M units gathered or being gathered at once, the units kept for the "
-                       "backward not counted (0: no limit)")
+                       "backward not counted, so --prefetch reaches at most M-1 units ahead and the limit "
+                       "never binds with --reshard-after-forward false (0: no limit)")
             ->capture_default_str());
   group(app.add_option("--reduce-dtype", reduce_dtype,
                        "dtype of the gradients' reduce-scatter: bf16 or fp32 (default: the --precision "

@@ -160,7 +160,7 @@ void print_comm_table(const RunResult& run, std::FILE* out) {
     const double across = run.ranks[r].comm_cross_group.total_bytes();
     if (across == 0) continue;
     const double steps = std::max<size_t>(1, run.ranks[r].losses.size());
-    std::fprintf(out, "rank %zu: %s of it across the shard groups, %s within its group\n", r,
+    std::fprintf(out, "rank %zu: %s of it across the shard groups, %s within its group (and the loss over all)\n", r,
                  format_bytes(size_t(across / steps)).c_str(),
                  format_bytes(size_t((run.ranks[r].comm.total_bytes() - across) / steps)).c_str());
   }

@@ -27,7 +27,7 @@
 //                       queued_us how long it waited), so the spans of a
 //                       track never overlap, which the format requires
 //   "device memory"     "C" counter, one series per category (params, grads,
-//                       optimizer, activations, comm, workspace): the device
+//                       optimizer, activations, comm, workspace, gathered): the device
 //                       bytes, sampled at every event, written when they change
 // Times are microseconds since the ranks were started, on the steady clock,
 // one clock for every rank of the process. On a GPU the compute spans are

@@ -193,7 +193,8 @@ TEST(FsdpParity, ReduceDtypeFp32IsWithinOneBf16Rounding) {
   }
 }
 
-// Hybrid sharding, S = 2 at N = 4: each gradient element is summed within
+// Hybrid sharding at N = 4. S = 1 and S = 4 sum in stage 00's order: its
+// bits. S = 2: each gradient element is summed within
 // the group, then across the two groups: (r0 + r1) + (r2 + r3) where stage
 // 00 sums ((r0 + r1) + r2) + r3. Float addition is not associative, so
 // elements can differ in their last bit (one bf16 rounding more in bf16):
@@ -202,13 +203,19 @@ TEST(FsdpParity, ReduceDtypeFp32IsWithinOneBf16Rounding) {
 // fp32, 2.4e-6 in bf16; tolerances 1e-5 and 5e-4).
 // The first step's loss is the initial model's: identical.
 TEST(FsdpParity, HybridShardingIsClose) {
-  for (int S : {1, 2})
+  for (int S : {1, 2, 4})
     for (Precision p : {Precision::fp32, Precision::bf16}) {
       TrainConfig cfg = fsdp_config(odd4(), 4, p, 4);
       const RunResult ref = run_training(cfg, train_data_parallel);
       cfg.fsdp.shard_group = S;
       SCOPED_TRACE(describe(cfg) + ", shard-group " + std::to_string(S));
       const RunResult got = run_training(cfg, train_fsdp);
+      // One group of N (full sharding) or N groups of one (every rank a full
+      // replica, all-reduced across): the sum is stage 00's, to the bit.
+      if (S == 1 || S == 4) {
+        test::expect_bit_identical(ref, got, "fsdp --shard-group 1 or N");
+        continue;
+      }
       const double tol = p == Precision::fp32 ? test::kAccumTolFp32 : test::kAccumTolBf16;
       double worst = 0;
       for (size_t s = 0; s < ref.ranks[0].losses.size(); ++s) {
@@ -338,6 +345,7 @@ TEST(FsdpMemory, HybridShardingHolds16POverS) {
 //   reduce_scatter  r f sum a_g                                  (--no-sync: the last micro-step only)
 // and per step the loss and the norm's all-reduces, as every stage.
 // The number of all-gathers: 2G - 1 per micro-step, or G without resharding.
+// The FSDP units: one block each at K = 1, two at K = 2 (--wrap-blocks).
 TEST(FsdpComm, BytesAndCallsFollowTheUnits) {
   const int steps = 2;
   for (int N : {2, 4})
@@ -347,12 +355,14 @@ TEST(FsdpComm, BytesAndCallsFollowTheUnits) {
           for (bool fp32_reduce : {false, true}) {
             if (fp32_reduce && p == Precision::fp32) continue;
             const ModelConfig m = odd4();
+            const int wrap = K;  // one and two blocks per unit, with K = 1 and 2
             TrainConfig cfg = fsdp_config(m, N, p, steps);
+            cfg.fsdp.wrap_blocks = wrap;
             cfg.grad_accum = K;
             cfg.fsdp.reshard_after_forward = reshard;
             if (fp32_reduce) cfg.fsdp.reduce_dtype = DType::f32;
             SCOPED_TRACE(describe(cfg));
-            const FlatSizes fs = flat_sizes(m, N, 1);
+            const FlatSizes fs = flat_sizes(m, N, wrap);
             const double e = double(test::esize(p)), r = fp32_reduce ? 4.0 : e, f = double(N - 1) / N;
             const double sum = double(fs.total_padded()), G = double(fs.padded.size());
             const double ag_per_micro = e * f * (reshard ? 2 * sum - double(fs.head()) : sum);
