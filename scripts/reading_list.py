@@ -87,7 +87,7 @@ READING = [
         ("04_fsdp/flat_grads.cpp", "one reduce-scatter in flight, float32 accumulation"),
         ("04_fsdp/fsdp.cpp", "the loop: unshard, prefetch, compute, reshard, reduce-scatter"),
         ("04_fsdp/train.cpp", "main()"),
-    ], ["tests/stages/test_fsdp.cpp"]),
+    ], ["tests/stages/test_fsdp.cpp", "tests/stages/test_fsdp_schedule.cpp"]),
 ]
 
 
