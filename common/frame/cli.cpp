@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <iostream>
+#include <vector>
 
 #include "check.h"
 #include "device.h"
@@ -118,7 +119,11 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   // Stage 04's flags: in its --help; every other stage parses them hidden,
   // only to refuse them below by name.
   const bool fsdp = stage.flags == StageFlags::fsdp;
-  auto group = [&](CLI::Option* o) { o->group(fsdp ? "FSDP (stage 04)" : ""); };
+  std::vector<CLI::Option*> fsdp_options;
+  auto group = [&](CLI::Option* o) {
+    o->group(fsdp ? "FSDP (stage 04)" : "");
+    fsdp_options.push_back(o);
+  };
   std::string reshard = "true", reduce_dtype;
   group(app.add_option("--wrap-blocks", cfg.fsdp.wrap_blocks,
                        "K consecutive blocks per FSDP unit (one flat parameter each); the embeddings, "
@@ -158,10 +163,11 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   }
 
   if (!fsdp) {
-    for (const char* name : {"--wrap-blocks", "--reshard-after-forward", "--prefetch", "--max-gathered",
-                             "--reduce-dtype", "--shard-group", "--no-sync"})
-      USAGE_REQUIRE(app.count(name) == 0, name << " is a flag of stage 04 (FSDP), not of " << stage.exe
-                                               << ": run build/04_fsdp/fsdp " << name << " ...");
+    for (const CLI::Option* o : fsdp_options) {
+      const std::string name = "--" + o->get_single_name();
+      USAGE_REQUIRE(o->count() == 0, name << " is a flag of stage 04 (FSDP), not of " << stage.exe
+                                          << ": run build/04_fsdp/fsdp " << name << " ...");
+    }
   }
 
   cfg.model = model_preset(model);
