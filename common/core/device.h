@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -35,6 +36,32 @@ enum class AttentionForm { simple, flash };
 inline const char* attention_form_name(AttentionForm f) { return f == AttentionForm::flash ? "flash" : "simple"; }
 
 
+// An asynchronous copy between host and device memory (Device::to_host_async,
+// to_device_async). wait() returns once the bytes have arrived (and raises
+// what the copy raised); a Transfer destroyed while pending waits first, so
+// no copy ever writes into, or reads from, memory already freed.
+class Transfer {
+ public:
+  Transfer() = default;  // nothing in flight
+  explicit Transfer(std::function<void()> wait) : wait_(std::move(wait)) {}
+  Transfer(Transfer&& o) noexcept : wait_(std::move(o.wait_)) { o.wait_ = nullptr; }
+  Transfer& operator=(Transfer&& o) noexcept;
+  Transfer(const Transfer&) = delete;
+  Transfer& operator=(const Transfer&) = delete;
+  ~Transfer();
+  void wait();
+  bool pending() const { return bool(wait_); }
+
+ private:
+  std::function<void()> wait_;
+};
+
+// The bytes a rank moved between host and device memory, per direction.
+struct TransferStats {
+  uint64_t to_device_bytes = 0, to_host_bytes = 0;
+  uint64_t to_device_copies = 0, to_host_copies = 0;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -54,6 +81,23 @@ class Device {
   virtual void to_device(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void to_host(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void synchronize() = 0;
+
+  // ---- offload (stage 05): copies that overlap compute, and pinned host memory.
+  // The async copies run on the device's copy queue (on a GPU a copy stream,
+  // so the copy engine works while kernels run; on the CPU device a copy
+  // thread), in issue order. A copy to the host starts after everything
+  // issued before it on the compute queue (it copies what the ops wrote); a
+  // copy to the device must be waited for before an op reads its bytes.
+  // Neither buffer may be touched until wait() returns. Counted per direction.
+  Transfer to_host_async(void* host_dst, const void* src, size_t bytes);
+  Transfer to_device_async(void* dst, const void* host_src, size_t bytes);
+  const TransferStats& transfers() const { return transfers_; }
+  // Page-locked host memory (cudaHostAlloc on a GPU, which the copy engine
+  // reads without a staging copy; mlock on the CPU device, whose limit is
+  // the same one a host's locked memory has). nullptr when refused, with the
+  // system's reason in *why. Zero-filled.
+  virtual void* allocate_pinned(size_t bytes, std::string* why) = 0;
+  virtual void release_pinned(void* p, size_t bytes) = 0;
 
   // ---- timing, for the op profile (device_profile.h): mark() is a point on
   // this device's timeline after everything issued so far (a CUDA event
@@ -135,7 +179,11 @@ class Device {
                                               const int32_t* targets, float dloss, int N, int V) = 0;
 
  protected:
+  // The copy itself, after to_host_async / to_device_async counted it.
+  virtual Transfer copy_async(void* dst, const void* src, size_t bytes, bool to_device) = 0;
+
   DType compute_ = DType::f32;
+  TransferStats transfers_;
   AttentionForm attention_ = AttentionForm::simple;
 };
 

@@ -147,8 +147,10 @@ void MemoryTracker::reserve_check(Place place, Category cat, size_t bytes) const
     throw OutOfMemory(over_budget_message(rank_, cat, bytes, in_use, *budget_));
 }
 
-void* MemoryTracker::allocate(Place place, Category cat, size_t bytes) {
+void* MemoryTracker::allocate(Place place, Category cat, size_t bytes, bool pinned) {
   const int p = int(place), c = int(cat);
+  REQUIRE(!pinned || (place == Place::host && device_ != nullptr),
+          "pinned memory is host memory allocated through the rank's device");
   // Count first (and refuse before touching memory if over budget), so that
   // two threads of one rank cannot both squeeze under the budget.
   {
@@ -166,6 +168,22 @@ void* MemoryTracker::allocate(Place place, Category cat, size_t bytes) {
   constexpr size_t kAlign = 64;
   const size_t padded = bytes == 0 ? kAlign : (bytes + kAlign - 1) / kAlign * kAlign;
   const bool on_device = place == Place::device && device_ != nullptr;
+  if (pinned) {
+    std::string why;
+    void* ptr = device_->allocate_pinned(padded, &why);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ptr) {
+      counts_.current[p][c] -= bytes;
+      throw OutOfMemory("cannot pin " + format_bytes(bytes) + " of host memory for " + category_name(cat) +
+                        " on rank " + std::to_string(rank_) + " (" + why + ", with " +
+                        format_bytes(counts_.pinned) + " pinned already). Page-locked memory counts "
+                        "against the host's locked-memory limit: raise it (ulimit -l), or run with "
+                        "--no-pin (pageable buffers: slower copies on a GPU, the same results)");
+    }
+    counts_.pinned += bytes;
+    counts_.pinned_peak = std::max(counts_.pinned_peak, counts_.pinned);
+    return ptr;
+  }
   void* ptr = padded < bytes ? nullptr
               : on_device    ? device_->allocate(padded)
                              : std::aligned_alloc(kAlign, padded);
@@ -181,7 +199,7 @@ void* MemoryTracker::allocate(Place place, Category cat, size_t bytes) {
   return ptr;
 }
 
-void MemoryTracker::release(Place place, Category cat, void* ptr, size_t bytes) {
+void MemoryTracker::release(Place place, Category cat, void* ptr, size_t bytes, bool pinned) {
   const int p = int(place), c = int(cat);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -190,8 +208,10 @@ void MemoryTracker::release(Place place, Category cat, void* ptr, size_t bytes) 
                          << place_name(place) << " but only " << counts_.current[p][c]
                          << " are counted (released twice, or with the wrong category?)");
     counts_.current[p][c] -= bytes;
+    if (pinned) counts_.pinned -= bytes;
   }
-  if (place == Place::device && device_ != nullptr) device_->release(ptr);
+  if (pinned) device_->release_pinned(ptr, (bytes + 63) / 64 * 64);
+  else if (place == Place::device && device_ != nullptr) device_->release(ptr);
   else std::free(ptr);
 }
 

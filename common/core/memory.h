@@ -48,6 +48,7 @@ struct MemoryCounts {
   std::array<std::array<size_t, kNumCategories>, kNumPlaces> current{};
   std::array<std::array<size_t, kNumCategories>, kNumPlaces> peak{};
   std::array<size_t, kNumPlaces> peak_total{};  // peak of the sum over categories
+  size_t pinned = 0, pinned_peak = 0;            // of the host's bytes, those page-locked
   size_t cur(Place p, Category c) const { return current[int(p)][int(c)]; }
   size_t pk(Place p, Category c) const { return peak[int(p)][int(c)]; }
   size_t total(Place p) const;
@@ -63,8 +64,11 @@ class MemoryTracker {
 
   // Allocates `bytes` (64-byte aligned, zero-filled). Throws OutOfMemory
   // naming the category, the bytes asked for, the bytes in use and the budget.
-  void* allocate(Place place, Category cat, size_t bytes);
-  void release(Place place, Category cat, void* ptr, size_t bytes);
+  // pinned (host only): page-locked through the rank's Device, for the
+  // buffers its copies read and write (stage 05); a refusal is an error that
+  // names the locked-memory limit and --no-pin. release() takes the same flag.
+  void* allocate(Place place, Category cat, size_t bytes, bool pinned = false);
+  void release(Place place, Category cat, void* ptr, size_t bytes, bool pinned = false);
 
   // Asks whether `bytes` more would fit on `place`, without allocating; used
   // to refuse a run up front, before any step.

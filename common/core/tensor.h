@@ -18,9 +18,10 @@ namespace zf {
 class Tensor {
  public:
   Tensor() = default;
-  Tensor(MemoryTracker& tracker, Place place, Category cat, DType dtype, size_t numel)
-      : tracker_(&tracker), place_(place), cat_(cat), dtype_(dtype), numel_(numel) {
-    if (numel_ > 0) data_ = tracker.allocate(place, cat, bytes());
+  // pinned: page-locked host memory (MemoryTracker::allocate).
+  Tensor(MemoryTracker& tracker, Place place, Category cat, DType dtype, size_t numel, bool pinned = false)
+      : tracker_(&tracker), place_(place), cat_(cat), dtype_(dtype), numel_(numel), pinned_(pinned) {
+    if (numel_ > 0) data_ = tracker.allocate(place, cat, bytes(), pinned);
   }
   ~Tensor() { reset(); }
   Tensor(const Tensor&) = delete;
@@ -30,7 +31,7 @@ class Tensor {
     if (this != &o) {
       reset();
       tracker_ = o.tracker_; place_ = o.place_; cat_ = o.cat_;
-      dtype_ = o.dtype_; numel_ = o.numel_; data_ = o.data_;
+      dtype_ = o.dtype_; numel_ = o.numel_; data_ = o.data_; pinned_ = o.pinned_;
       o.data_ = nullptr; o.numel_ = 0;
     }
     return *this;
@@ -38,7 +39,7 @@ class Tensor {
 
   // Frees the memory now (the tracker's current bytes drop).
   void reset() {
-    if (data_) tracker_->release(place_, cat_, data_, bytes());
+    if (data_) tracker_->release(place_, cat_, data_, bytes(), pinned_);
     data_ = nullptr;
     numel_ = 0;
   }
@@ -62,6 +63,7 @@ class Tensor {
   Category cat_ = Category::workspace;
   DType dtype_ = DType::f32;
   size_t numel_ = 0;
+  bool pinned_ = false;
   void* data_ = nullptr;
 };
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "check.h"
+#include "copy_queue.h"
 #include "device.h"
 #include "kernels.h"
 
@@ -64,6 +65,12 @@ class CpuDevice final : public Device {
   void to_device(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void synchronize() override {}
+  void* allocate_pinned(size_t bytes, std::string* why) override { return allocate_locked(bytes, why); }
+  void release_pinned(void* p, size_t bytes) override { release_locked(p, bytes); }
+  // Every op has finished when it returns: a copy to the host reads what they wrote.
+  Transfer copy_async(void* dst, const void* src, size_t bytes, bool) override {
+    return copies_.copy(dst, src, bytes);
+  }
 
   size_t mark() override {
     marks_.push_back(std::chrono::steady_clock::now());
@@ -223,6 +230,8 @@ class CpuDevice final : public Device {
     for (size_t i = 0; i < n; ++i) mx = std::max(mx, tokens[i]);
     return size_t(mx + 1);
   }
+
+  CopyQueue copies_;  // declared last: destroyed first, after its copies finish
 };
 
 }  // namespace

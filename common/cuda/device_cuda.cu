@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <type_traits>
@@ -128,6 +129,43 @@ class CudaDevice final : public Device {
   }
   void synchronize() override { ctx_.synchronize(); }
 
+  void* allocate_pinned(size_t bytes, std::string* why) override {
+    void* p = nullptr;
+    const cudaError_t err = cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocPortable);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      if (why) *why = std::string("cudaHostAlloc failed: ") + cudaGetErrorString(err);
+      return nullptr;
+    }
+    std::memset(p, 0, bytes);
+    return p;
+  }
+  void release_pinned(void* p, size_t) override {
+    if (p) cudaFreeHost(p);  // unchecked: called from destructors
+  }
+  // On the copy stream: it waits for an event recorded on the compute stream
+  // (a copy to the host reads what the ops issued before it wrote), and the
+  // handle waits for the copy's own event.
+  Transfer copy_async(void* dst, const void* src, size_t bytes, bool to_device) override {
+    if (!copy_stream_) CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    cudaEvent_t issued, done;
+    CUDA_CHECK(cudaEventCreateWithFlags(&issued, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(issued, s()));
+    CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, issued, 0));
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
+                               copy_stream_));
+    CUDA_CHECK(cudaEventRecord(done, copy_stream_));
+    CUDA_CHECK(cudaEventDestroy(issued));  // released once the stream has passed it
+    const int device = ctx_.device();
+    return Transfer([done, device] {
+      CUDA_CHECK(cudaSetDevice(device));
+      const cudaError_t err = cudaEventSynchronize(done);
+      cudaEventDestroy(done);
+      CUDA_CHECK(err);
+    });
+  }
+
   // Marks are events from a pool that grows to the most marks held at once.
   size_t mark() override {
     if (next_mark_ == marks_.size()) {
@@ -149,6 +187,7 @@ class CudaDevice final : public Device {
   ~CudaDevice() override {
     cudaSetDevice(ctx_.device());  // unchecked: a destructor must not throw
     for (cudaEvent_t e : marks_) cudaEventDestroy(e);
+    if (copy_stream_) cudaStreamDestroy(copy_stream_);
   }
 
   void widen(const bf16* in, float* out, size_t n) override { bf16_to_float_cuda(as_cuda(in), out, n, s()); }
@@ -350,6 +389,7 @@ class CudaDevice final : public Device {
   SumSquaresScratch norm_scratch_;
   cudaMemPool_t pool_ = nullptr;  // the GPU's default pool (not ours to destroy)
   std::vector<cudaEvent_t> marks_;  // the op profile's marks (mark())
+  cudaStream_t copy_stream_ = nullptr;  // offload's copies (copy_async), made by the first
   size_t next_mark_ = 0;  // after ctx_: 8 KiB for sum_squares, not tracked (gradnorm_cuda.h)
   std::string name_;
   size_t total_bytes_ = 0;  // the GPU's memory: no allocation can be larger
