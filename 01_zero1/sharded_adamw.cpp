@@ -11,13 +11,13 @@
 namespace zf {
 
 ShardedAdamW::ShardedAdamW(const ModelLayout& layout, const ShardLayout& shards, Precision precision,
-                           MemoryTracker& mem, Device& dev, float lr)
-    : layout_(layout), shards_(shards), precision_(precision), dev_(dev) {
+                           MemoryTracker& mem, Device& dev, float lr, Place place, Device* comm_dev)
+    : layout_(layout), shards_(shards), precision_(precision), dev_(dev), comm_dev_(comm_dev ? *comm_dev : dev) {
   adam_.lr = lr;
   const size_t S = shards.shard_total;
-  if (precision == Precision::bf16) master_ = Tensor(mem, Place::device, Category::optimizer, DType::f32, S);
-  m_ = Tensor(mem, Place::device, Category::optimizer, DType::f32, S);
-  v_ = Tensor(mem, Place::device, Category::optimizer, DType::f32, S);
+  if (precision == Precision::bf16) master_ = Tensor(mem, place, Category::optimizer, DType::f32, S);
+  m_ = Tensor(mem, place, Category::optimizer, DType::f32, S);
+  v_ = Tensor(mem, place, Category::optimizer, DType::f32, S);
 }
 
 void ShardedAdamW::load(const InitialState& init) {
@@ -39,7 +39,7 @@ GradClip ShardedAdamW::clip_scale(Communicator& comm, const std::function<const 
     const size_t n = shards_.units[u].end - shards_.units[u].begin;  // padding is zero anyway
     dev_.sum_squares(grad_piece(int(u)), storage_dtype(precision_), n, sq);
   }
-  all_reduce(sq, comm, dev_);
+  all_reduce(sq, comm, comm_dev_);
   return grad_clip(std::sqrt(sq.value()), clip);
 }
 
@@ -68,14 +68,14 @@ const float* ShardedAdamW::fp32_piece(int u, const void* param_piece) const {
 
 std::vector<float> gather_full_model(Communicator& comm, Device& dev, const ModelLayout& layout,
                                      const ShardLayout& shards,
-                                     const std::function<const float*(int)>& fp32_piece) {
+                                     const std::function<const float*(int)>& fp32_piece, Device* piece_dev) {
   std::vector<float> full(layout.numel);
   for (size_t u = 0; u < layout.units.size(); ++u) {
     const UnitShard& us = shards.units[u];
     // Host buffers: the threads and MPI communicators move host memory here
     // (at the end of a run, outside the tracked device memory).
     std::vector<float> piece(us.shard, 0.0f), gathered(us.padded());
-    dev.to_host(piece.data(), fp32_piece(int(u)), (us.end - us.begin) * sizeof(float));
+    (piece_dev ? *piece_dev : dev).to_host(piece.data(), fp32_piece(int(u)), (us.end - us.begin) * sizeof(float));
     all_gather_host(comm, dev, piece.data(), gathered.data(), us.shard, DType::f32);
     std::memcpy(full.data() + layout.units[u].offset, gathered.data(), us.numel * sizeof(float));
   }
@@ -84,10 +84,10 @@ std::vector<float> gather_full_model(Communicator& comm, Device& dev, const Mode
 
 std::vector<float> ShardedAdamW::gather(StateKind kind, Communicator& comm,
                                         const std::function<const void*(int)>& param_piece) const {
-  return gather_full_model(comm, dev_, layout_, shards_, [&](int u) -> const float* {
+  return gather_full_model(comm, comm_dev_, layout_, shards_, [&](int u) -> const float* {
     if (kind == StateKind::params) return fp32_piece(u, param_piece(u));
     return (kind == StateKind::m ? m_ : v_).as<float>() + shards_.units[u].shard_offset;
-  });
+  }, &dev_);
 }
 
 }  // namespace zf

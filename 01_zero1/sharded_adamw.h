@@ -21,8 +21,11 @@ namespace zf {
 
 class ShardedAdamW {
  public:
+  // place: where its state lives; dev computes on it there (stage 05: the
+  // host, with a CPU device); comm_dev: the rank's device, which the
+  // communicator's host collectives stage through (default: dev).
   ShardedAdamW(const ModelLayout& layout, const ShardLayout& shards, Precision precision,
-               MemoryTracker& mem, Device& dev, float lr);
+               MemoryTracker& mem, Device& dev, float lr, Place place = Place::device, Device* comm_dev = nullptr);
 
   // Fills this rank's pieces from the initial state: the float32 master (bf16
   // recipe; in fp32 the parameters are their own master) and, on --resume,
@@ -57,6 +60,7 @@ class ShardedAdamW {
   const ShardLayout& shards_;
   Precision precision_;
   Device& dev_;
+  Device& comm_dev_;
   AdamWConfig adam_;
   Tensor m_, v_, master_;  // shard_total float32 each; master only in bf16
 };
@@ -64,9 +68,11 @@ class ShardedAdamW {
 // The whole model as float32 in consolidated order, gathered from every
 // rank's float32 pieces (one all_gather per unit). For the final parameter
 // hash and consolidated checkpoints; uses untracked host memory, so call it
-// after the memory counts are taken. fp32_piece(u) is device memory.
+// after the memory counts are taken. fp32_piece(u) is memory of piece_dev
+// (default: dev, the rank's device, which the collectives stage through).
 std::vector<float> gather_full_model(Communicator& comm, Device& dev, const ModelLayout& layout,
                                      const ShardLayout& shards,
-                                     const std::function<const float*(int)>& fp32_piece);
+                                     const std::function<const float*(int)>& fp32_piece,
+                                     Device* piece_dev = nullptr);
 
 }  // namespace zf

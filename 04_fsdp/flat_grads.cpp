@@ -6,15 +6,18 @@
 namespace zf {
 
 FlatGrads::FlatGrads(const ShardLayout& shards, DType grad_dtype, DType reduce_dtype, bool no_sync,
-                     MemoryTracker& mem, Device& dev, Communicator& comm, Communicator* replicate)
+                     MemoryTracker& mem, Device& dev, Communicator& comm, Communicator* replicate, GradSink* sink)
     : layout_(shards), grad_dtype_(grad_dtype), reduce_dtype_(reduce_dtype), no_sync_(no_sync), mem_(mem),
-      dev_(dev), comm_(comm), replicate_(replicate),
-      shards_(mem, Place::device, Category::grads, DType::f32, shards.shard_total) {
+      dev_(dev), comm_(comm), replicate_(replicate), sink_(sink) {
+  if (!sink_) shards_ = Tensor(mem, Place::device, Category::grads, DType::f32, shards.shard_total);
   if (no_sync_)
     for (const auto& us : shards.units) kept_.emplace_back(mem, Place::device, Category::grads, grad_dtype_, us.padded());
 }
 
-float* FlatGrads::shard(int g) { return shards_.as<float>() + layout_.units[g].shard_offset; }
+float* FlatGrads::shard(int g) {
+  REQUIRE(!sink_, "the gradient shards went to the sink");
+  return shards_.as<float>() + layout_.units[g].shard_offset;
+}
 
 void* FlatGrads::slot_of_mine(void* full, DType dt, int g) const {
   return static_cast<char*>(full) + size_t(layout_.rank) * layout_.units[g].shard * dtype_size(dt);
@@ -29,7 +32,7 @@ void* FlatGrads::begin_unit(int g) {
 }
 
 void FlatGrads::reduce_unit(int g, bool sync) {
-  InFlight f{g, {}, {}, nullptr, {}};
+  InFlight f{g, {}, {}, nullptr, {}, {}};
   if (no_sync_) {
     if (!sync) return;  // keep adding into it
     f.reduced = kept_[g].data();
@@ -60,6 +63,13 @@ void FlatGrads::complete_oldest() {
   void* mine = slot_of_mine(f.reduced, reduce_dtype_, f.unit);
   // Hybrid sharding: my piece is summed over my group; sum it across the groups.
   if (replicate_) replicate_->all_reduce_async(mine, us.shard, reduce_dtype_, ReduceOp::sum).wait();
+  if (sink_) {  // off to the sink; the buffer is kept until the piece has left it
+    f.copy = sink_->send(f.unit, mine, reduce_dtype_, us.shard);
+    landing_.push_back(std::move(f));
+    inflight_.pop_front();
+    while (landing_.size() > 1) land_oldest();
+    return;
+  }
   if (reduce_dtype_ == DType::f32) {
     dev_.add(shard(f.unit), mine, DType::f32, us.shard);
   } else {  // widening is exact, and x + 0 = x: at K = 1 the shard holds the reduced bf16 values exactly
@@ -71,10 +81,21 @@ void FlatGrads::complete_oldest() {
   inflight_.pop_front();  // frees the full gradient (a kept one is zeroed above): the tracker's comm bytes drop here
 }
 
-void FlatGrads::finish() {
-  while (!inflight_.empty()) complete_oldest();
+void FlatGrads::land_oldest() {
+  InFlight& f = landing_.front();
+  f.copy.wait();
+  sink_->landed(f.unit);
+  if (no_sync_) dev_.zero(kept_[f.unit].data(), kept_[f.unit].bytes());
+  landing_.pop_front();
 }
 
-void FlatGrads::zero() { dev_.zero(shards_.data(), shards_.bytes()); }
+void FlatGrads::finish() {
+  while (!inflight_.empty()) complete_oldest();
+  while (!landing_.empty()) land_oldest();
+}
+
+void FlatGrads::zero() {
+  if (!sink_) dev_.zero(shards_.data(), shards_.bytes());
+}
 
 }  // namespace zf

@@ -32,10 +32,24 @@
 
 namespace zf {
 
+// Where the reduced pieces go instead of this class's float32 device shards
+// (stage 05: to the host, whose shards AdamW reads there).
+class GradSink {
+ public:
+  virtual ~GradSink() = default;
+  // Unit g's reduced piece: n elements of dtype in device memory, kept
+  // until the Transfer returned has completed. Start moving it.
+  virtual Transfer send(int g, const void* piece, DType dtype, size_t n) = 0;
+  // The transfer of send(g) has completed: take the piece in.
+  virtual void landed(int g) = 0;
+};
+
 class FlatGrads {
  public:
+  // sink: nullptr (the float32 shards are on the device, here), or where
+  // the pieces go; then shard() has nothing to give.
   FlatGrads(const ShardLayout& shards, DType grad_dtype, DType reduce_dtype, bool no_sync, MemoryTracker& mem,
-            Device& dev, Communicator& comm, Communicator* replicate);
+            Device& dev, Communicator& comm, Communicator* replicate, GradSink* sink = nullptr);
 
   // Where unit g's backward adds its full gradient (N * S_g elements; the first n_g are the unit's).
   void* begin_unit(int g);
@@ -56,8 +70,10 @@ class FlatGrads {
     Tensor widened;   // --reduce-dtype fp32 under bf16: the float32 copy that is reduced
     void* reduced;    // the buffer reduce-scattered in place
     CommHandle handle;
+    Transfer copy;    // with a sink: my piece on its way
   };
   void complete_oldest();
+  void land_oldest();
   void* slot_of_mine(void* full, DType dt, int g) const;
 
   const ShardLayout& layout_;
@@ -67,11 +83,13 @@ class FlatGrads {
   Device& dev_;
   Communicator& comm_;
   Communicator* replicate_;
-  Tensor shards_;              // shard_total float32 elements (category grads)
+  GradSink* sink_;
+  Tensor shards_;              // shard_total float32 elements (category grads), without a sink
   std::vector<Tensor> kept_;   // --no-sync: every unit's full gradient (category grads)
   Tensor computing_;           // the unit whose backward is running (without --no-sync)
   int computing_unit_ = -1;
   std::deque<InFlight> inflight_;
+  std::deque<InFlight> landing_;  // with a sink: reduced, my piece being sent (at most one waits here)
   uint64_t reduce_scatters_ = 0;
 };
 

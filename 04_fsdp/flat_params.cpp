@@ -6,10 +6,10 @@
 namespace zf {
 
 FlatParams::FlatParams(const ShardLayout& shards, DType gather_dtype, const FsdpOptions& opt, int last,
-                       MemoryTracker& mem, Device& dev, Communicator& comm)
+                       MemoryTracker& mem, Device& dev, Communicator& comm, Place shard_place, bool pin_shards)
     : layout_(shards), dtype_(gather_dtype), reshard_after_forward_(opt.reshard_after_forward),
       max_gathered_(opt.max_gathered), last_(last), mem_(mem), dev_(dev), comm_(comm),
-      shards_(mem, Place::device, Category::params, DType::f32, shards.shard_total) {}
+      shards_(mem, shard_place, Category::params, DType::f32, shards.shard_total, pin_shards) {}
 
 float* FlatParams::shard(int g) { return shards_.as<float>() + layout_.units[g].shard_offset; }
 
@@ -19,15 +19,19 @@ int FlatParams::counted() const {
   return n;
 }
 
+const void* FlatParams::send_buffer(int g, Gathered& b) {
+  if (dtype_ == DType::f32) return shard(g);
+  // FSDP2's cast before the all-gather: half the bytes on the wire.
+  const size_t n = layout_.units[g].shard;
+  b.cast = Tensor(mem_, Place::device, Category::comm, dtype_, n);
+  dev_.narrow(shard(g), b.cast.as<bf16>(), n);
+  return b.cast.data();
+}
+
 void FlatParams::issue(int g) {
   const UnitShard& us = layout_.units[g];
   Gathered b{Tensor(mem_, Place::device, Category::gathered, dtype_, us.padded()), {}, {}};
-  const void* send = shard(g);
-  if (dtype_ != DType::f32) {  // FSDP2's cast before the all-gather: half the bytes on the wire
-    b.cast = Tensor(mem_, Place::device, Category::comm, dtype_, us.shard);
-    dev_.narrow(shard(g), b.cast.as<bf16>(), us.shard);
-    send = b.cast.data();
-  }
+  const void* send = send_buffer(g, b);
   b.handle = comm_.all_gather_async(send, b.full.data(), us.shard, dtype_);
   ++all_gathers_;
   buffers_.emplace(g, std::move(b));

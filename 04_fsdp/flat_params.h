@@ -42,8 +42,13 @@ namespace zf {
 class FlatParams {
  public:
   // gather_dtype: the recipe's parameter dtype. last: the head's unit.
+  // shard_place: where the float32 shards live (the device; stage 05 keeps
+  // them on the host, pinned when its copies read them, and overrides
+  // send_buffer).
   FlatParams(const ShardLayout& shards, DType gather_dtype, const FsdpOptions& opt, int last,
-             MemoryTracker& mem, Device& dev, Communicator& comm);
+             MemoryTracker& mem, Device& dev, Communicator& comm, Place shard_place = Place::device,
+             bool pin_shards = false);
+  virtual ~FlatParams() = default;
 
   void unshard(int g);
   bool prefetch(int g);
@@ -58,13 +63,15 @@ class FlatParams {
   float* shard(int g);                  // my float32 piece of unit g (S_g elements)
   Tensor& shards() { return shards_; }
 
- private:
+ protected:
   struct Gathered {
     Tensor full;    // N * S_g elements of the gather dtype
     Tensor cast;    // bf16: my piece cast, the all-gather's input, freed once it is done
     CommHandle handle;
   };
-  void issue(int g);
+  // My piece of unit g in the gather dtype, on the device: the all-gather's
+  // input (here: the float32 shard itself, or its cast into b.cast).
+  virtual const void* send_buffer(int g, Gathered& b);
 
   const ShardLayout& layout_;
   DType dtype_;
@@ -73,6 +80,10 @@ class FlatParams {
   MemoryTracker& mem_;
   Device& dev_;
   Communicator& comm_;
+
+ private:
+  void issue(int g);
+
   Tensor shards_;  // shard_total float32 elements: the only persistent parameters
   std::map<int, Gathered> buffers_;
   uint64_t all_gathers_ = 0;

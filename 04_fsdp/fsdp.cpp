@@ -33,24 +33,6 @@ namespace zf {
 
 namespace {
 
-// The communicators of one rank: its shard group (all N ranks, or the S of
-// its group under hybrid sharding), the group's second queue for the
-// reduce-scatters, and the replicas of its shard in the other groups.
-struct FsdpComms {
-  std::unique_ptr<Communicator> group_owned, across, reduce_queue;
-  Communicator* group = nullptr;
-
-  FsdpComms(Communicator& world, int S) {
-    group = &world;
-    if (S < world.size()) {  // groups of S consecutive ranks; my shard's replicas: one per group
-      group_owned = world.split(world.rank() / S, world.rank());
-      across = world.split(world.rank() % S, world.rank());
-      group = group_owned.get();
-    }
-    reduce_queue = group->split(0, group->rank());
-  }
-};
-
 // The model states one rank holds under FSDP: float32 shards of parameters
 // and gradients, and AdamW's moments, 1/N of each (1/S with hybrid sharding).
 struct FsdpStates final : ModelStates {
@@ -84,6 +66,56 @@ struct FsdpStates final : ModelStates {
 
 }  // namespace
 
+FsdpComms::FsdpComms(Communicator& world, int S) {
+  group = &world;
+  if (S < world.size()) {  // groups of S consecutive ranks; my shard's replicas: one per group
+    group_owned = world.split(world.rank() / S, world.rank());
+    across = world.split(world.rank() % S, world.rank());
+    group = group_owned.get();
+  }
+  reduce_queue = group->split(0, group->rank());
+}
+
+void FsdpComms::count_in(TrainingRun& run) {
+  for (Communicator* c : {group_owned.get(), across.get(), reduce_queue.get()})
+    if (c) run.also_count(*c);
+}
+
+namespace {
+const char* member(const void* full, const FsdpUnits& units, int u, size_t esize) {
+  return static_cast<const char*>(full) + units.member_offset[u] * esize;
+}
+}  // namespace
+
+float fsdp_forward(FlatParams& params, const FsdpUnits& units, RankCompute& rc, size_t esize, int D) {
+  float loss = 0.0f;
+  for (int g = 0; g < units.size(); ++g) {
+    params.unshard(g);
+    for (int d = 1; d <= D; ++d) params.prefetch(g + d);  // before this unit computes
+    const void* full = params.get(g);
+    for (int u : units.members[g]) rc.forward(u, member(full, units, u, esize), &loss);
+    if (!params.kept(g)) params.reshard(g);
+  }
+  return loss;
+}
+
+void fsdp_backward(FlatParams& params, FlatGrads& grads, const FsdpUnits& units, RankCompute& rc, size_t esize,
+                   int D, bool sync) {
+  // Last unit first; the head (and, without resharding, every unit) is still gathered.
+  for (int g = units.size() - 1; g >= 0; --g) {
+    params.unshard(g);
+    for (int d = 1; d <= D; ++d) params.prefetch(g - d);  // FSDP's BACKWARD_PRE, reverse order
+    const void* full = params.get(g);
+    char* grad = static_cast<char*>(grads.begin_unit(g));
+    const auto& m = units.members[g];
+    for (auto it = m.rbegin(); it != m.rend(); ++it)
+      rc.backward(*it, member(full, units, *it, esize), grad + units.member_offset[*it] * esize);
+    params.reshard(g);
+    grads.reduce_unit(g, sync);
+  }
+  grads.finish();
+}
+
 RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepReporter& reporter) {
   const FsdpOptions& opt = cfg.fsdp;
   const ModelLayout layout = build_layout(cfg.model);
@@ -96,43 +128,16 @@ RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData&
   RankFailureGuard guard(ctx.comm);  // a failing rank stops the family of communicators before freeing the states
   auto rc = make_rank_compute(cfg, layout, ctx, data);
   TrainingRun run(cfg, units.flat, ctx, reporter, states);  // the initial model, or --resume's checkpoint
-  for (Communicator* c : {comms.group_owned.get(), comms.across.get(), comms.reduce_queue.get()})
-    if (c) run.also_count(*c);
+  comms.count_in(run);
   const size_t esize = dtype_size(storage_dtype(cfg.precision));
-  // Model unit u's parameters (or gradient) inside its FSDP unit's full buffer.
-  auto member_params = [&](const void* full, int u) {
-    return static_cast<const char*>(full) + units.member_offset[u] * esize;
-  };
-  auto member_grads = [&](void* full, int u) { return static_cast<char*>(full) + units.member_offset[u] * esize; };
 
   for (int step = run.first_step(); step < cfg.steps; ++step) {
     Timer timer;
     float loss_sum = 0.0f;
     for (int k = 0; k < K; ++k) {
       rc->load(step, k);
-      float loss = 0.0f;
-      for (int g = 0; g < G; ++g) {
-        states.params.unshard(g);
-        for (int d = 1; d <= D; ++d) states.params.prefetch(g + d);  // before this unit computes
-        const void* full = states.params.get(g);
-        for (int u : units.members[g]) rc->forward(u, member_params(full, u), &loss);
-        if (!states.params.kept(g)) states.params.reshard(g);
-      }
-      loss_sum += loss;
-
-      // Backward, last unit first; the head (and, without resharding, every unit) is still gathered.
-      const bool sync = !opt.no_sync || k == K - 1;
-      for (int g = G - 1; g >= 0; --g) {
-        states.params.unshard(g);
-        for (int d = 1; d <= D; ++d) states.params.prefetch(g - d);  // FSDP's BACKWARD_PRE, reverse order
-        const void* full = states.params.get(g);
-        void* grad = states.grads.begin_unit(g);
-        const auto& m = units.members[g];
-        for (auto it = m.rbegin(); it != m.rend(); ++it) rc->backward(*it, member_params(full, *it), member_grads(grad, *it));
-        states.params.reshard(g);
-        states.grads.reduce_unit(g, sync);
-      }
-      states.grads.finish();
+      loss_sum += fsdp_forward(states.params, units, *rc, esize, D);
+      fsdp_backward(states.params, states.grads, units, *rc, esize, D, !opt.no_sync || k == K - 1);
     }
     const float loss = global_mean_loss(ctx.comm, ctx.dev, loss_sum, K);
 

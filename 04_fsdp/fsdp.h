@@ -23,9 +23,37 @@
 // M units plus the head, or the whole model without resharding.
 #pragma once
 
+#include <memory>
+
+#include "flat_grads.h"
+#include "flat_params.h"
+#include "flat_units.h"
+#include "rank_compute.h"
 #include "runner.h"
+#include "training_run.h"
 
 namespace zf {
+
+// The communicators of one rank: its shard group (all N ranks, or the S of
+// its group under hybrid sharding), the group's second queue for the
+// reduce-scatters, and the replicas of its shard in the other groups.
+struct FsdpComms {
+  std::unique_ptr<Communicator> group_owned, across, reduce_queue;
+  Communicator* group = nullptr;
+
+  FsdpComms(Communicator& world, int S);
+  void count_in(TrainingRun& run);  // the split communicators' counters are the run's too
+};
+
+// One micro-step's forward over the FSDP units, first to last: unshard,
+// prefetch D ahead, compute, reshard unless kept. Returns the loss summed.
+// esize: bytes per element of the gathered parameters and full gradients.
+float fsdp_forward(FlatParams& params, const FsdpUnits& units, RankCompute& rc, size_t esize, int D);
+// Its backward, last unit first: unshard, prefetch D behind, compute into
+// the unit's full gradient, reshard, reduce-scatter (when sync) and, at the
+// end, wait for every reduction still in flight.
+void fsdp_backward(FlatParams& params, FlatGrads& grads, const FsdpUnits& units, RankCompute& rc, size_t esize,
+                   int D, bool sync);
 
 RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepReporter& reporter);
 

@@ -37,11 +37,17 @@ StepReporter::StepReporter(const TrainConfig& cfg, size_t params) : cfg_(cfg), p
   }
 }
 
-void StepReporter::step(int step, float loss, float grad_norm, double ms, size_t model_state_bytes) {
+void StepReporter::step(int step, float loss, float grad_norm, double ms, size_t model_state_bytes,
+                        const StepPhases& phases) {
   std::lock_guard<std::mutex> lock(mu_);
   double tps = ms > 0 ? tokens_per_step(cfg_) / (ms / 1000.0) : 0.0;
   if (json_.is_open()) {
     nlohmann::json j = {{"step", step}, {"loss", loss}, {"grad_norm", grad_norm}, {"ms", ms}, {"tokens_per_s", tps}};
+    if (!phases.empty()) {
+      nlohmann::json split = nlohmann::json::object();
+      for (const auto& [name, t] : phases) split[name] = t;
+      j["phases_ms"] = split;
+    }
     json_ << j.dump() << "\n";
     json_.flush();
   }
@@ -49,6 +55,11 @@ void StepReporter::step(int step, float loss, float grad_norm, double ms, size_t
   if (!cfg_.quiet && (step % cfg_.log_every == 0 || last)) {
     std::printf("step %5d/%d | loss %.4f | grad norm %.4f | %8.2f ms | %9.0f tok/s | model states %s per rank\n",
                 step, cfg_.steps, loss, grad_norm, ms, tps, format_bytes(model_state_bytes).c_str());
+    if (!phases.empty()) {
+      std::printf("           ");
+      for (const auto& [name, t] : phases) std::printf(" | %s %.2f ms", name.c_str(), t);
+      std::printf("\n");
+    }
     std::fflush(stdout);
   }
 }

@@ -21,7 +21,8 @@ class StepReporter final : public StepLog {
 
   // Called by rank 0 after each step with the global-batch mean loss and the
   // global gradient norm before clipping.
-  void step(int step, float loss, float grad_norm, double ms, size_t model_state_bytes_per_rank) override;
+  void step(int step, float loss, float grad_norm, double ms, size_t model_state_bytes_per_rank,
+            const StepPhases& phases) override;
   // Prints the closing tables and writes the summary object.
   void summary(const RunResult& run);
 

@@ -4,15 +4,24 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace zf {
+
+// Where a step's wall time went, phase by phase, in milliseconds (stage 05:
+// forward, backward, device->host, the CPU optimizer, host->device,
+// waiting); empty for the stages that do not split their steps.
+using StepPhases = std::vector<std::pair<std::string, double>>;
 
 class StepLog {
  public:
   virtual ~StepLog() = default;
   // step counts from 0; loss is the global-batch mean; grad_norm the global
   // L2 norm of the averaged gradient before clipping; ms the step's wall time.
-  virtual void step(int step, float loss, float grad_norm, double ms, size_t model_state_bytes_per_rank) = 0;
+  virtual void step(int step, float loss, float grad_norm, double ms, size_t model_state_bytes_per_rank,
+                    const StepPhases& phases) = 0;
 };
 
 }  // namespace zf

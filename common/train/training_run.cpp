@@ -27,13 +27,13 @@ TrainingRun::TrainingRun(const TrainConfig& cfg, const ModelLayout& layout, Rank
   }
 }
 
-void TrainingRun::end_step(int step, float loss, float grad_norm, double ms) {
+void TrainingRun::end_step(int step, float loss, float grad_norm, double ms, const StepPhases& phases) {
   // The schedule's mark that the optimizer is done (a recorded run only).
   if (RecordingCommunicator* rec = find_recorder(ctx_.comm)) rec->step_ended(step);
   result_.losses.push_back(loss);
   result_.grad_norms.push_back(grad_norm);
   result_.step_ms.push_back(ms);
-  if (ctx_.rank == 0) log_.step(step, loss, grad_norm, ms, ctx_.mem.counts().model_states(Place::device));
+  if (ctx_.rank == 0) log_.step(step, loss, grad_norm, ms, ctx_.mem.counts().model_states(Place::device), phases);
   const int done = step + 1;
   if (!cfg_.save.empty() && (done == cfg_.steps || (cfg_.save_every > 0 && done % cfg_.save_every == 0)))
     save(done);

@@ -58,7 +58,8 @@ class TrainingRun {
   // schedule, comm_recording.h), reports it (rank 0), and after every
   // --save-every steps and the last one writes --save's checkpoint. Saving
   // gathers the states; its collectives are not counted as training's.
-  void end_step(int step, float loss, float grad_norm, double ms);
+  // phases: where the step's time went (stage 05), for the step line and the run log.
+  void end_step(int step, float loss, float grad_norm, double ms, const StepPhases& phases = {});
 
   // The end of the run: the memory and communication counters as the
   // training left them, then the hash of the final parameters.
