@@ -88,6 +88,18 @@ READING = [
         ("04_fsdp/fsdp.cpp", "the loop: unshard, prefetch, compute, reshard, reduce-scatter"),
         ("04_fsdp/train.cpp", "main()"),
     ], ["tests/stages/test_fsdp.cpp", "tests/stages/test_fsdp_schedule.cpp"]),
+    ("Stage 05: offload, the model states on the host and AdamW on the CPU (what is new)",
+     "05_offload/CHANGES.diff", [
+        ("05_offload/offload.h", "what changes against stage 04, and the memory on each place"),
+        ("common/core/device.h", "asynchronous host/device copies (Transfer) and pinned host memory"),
+        ("common/cpu/copy_queue.h", "the CPU device's copy thread and mlock'ed buffers"),
+        ("05_offload/offload_params.h", "float32 shards on the host, the device's copy, --offload-params"),
+        ("05_offload/offload_params.cpp", "the host copy, its upload, the all-gather's input"),
+        ("05_offload/host_grads.h", "reduced pieces copied device->host into float32 shards"),
+        ("05_offload/host_grads.cpp", "two landing buffers, the float32 accumulation"),
+        ("05_offload/offload.cpp", "the loop: stage 04's step, the update on the host, the uploads"),
+        ("05_offload/train.cpp", "main()"),
+    ], ["tests/stages/test_offload.cpp"]),
 ]
 
 

@@ -51,7 +51,7 @@ STAGES = [
     ("02_zero2", "zero2"),
     ("03_zero3", "zero3"),
     ("04_fsdp", "fsdp"),
-    # ("05_offload", "offload"),
+    ("05_offload", "offload"),
 ]
 
 OUTPUT = "CHANGES.diff"

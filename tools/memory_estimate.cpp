@@ -77,7 +77,7 @@ const char* formula(Stage s, Precision p) {
     case Stage::zero2: return bf ? "2P + 14P/N" : "4P + 12P/N";
     case Stage::zero3:
     case Stage::fsdp: return "16P/N";
-    case Stage::offload: return bf ? "device 2P/N, host 14P/N" : "device 4P/N, host 12P/N";
+    case Stage::offload: return bf ? "device 2P/N, host 18P/N" : "device 4P/N, host 16P/N";
   }
   return "";
 }
@@ -140,7 +140,7 @@ int run(int argc, char** argv) {
     const StateBytes& part = s == Stage::offload && offload_params ? b.host : b.device;
     std::string label = s == Stage::zero3 ? "03 ZeRO-3 / 04 FSDP" : stage_label(s);
     std::string f = formula(s, prec);
-    if (s == Stage::offload && offload_params) f = "device 0, host 16P/N";
+    if (s == Stage::offload && offload_params) f = prec == Precision::bf16 ? "device 0, host 18P/N" : "device 0, host 16P/N";
     // The offload row's split: what stays on the device, what goes to the host.
     const StateBytes shown = s == Stage::offload ? StateBytes{b.device.params + b.host.params, b.host.grads,
                                                               b.host.optimizer}

@@ -42,6 +42,15 @@ void validate_fsdp_flags(TrainConfig& cfg, const std::string& reshard, const std
                 "is " << cfg.grad_accum << ": add --grad-accum K with K > 1, or drop --no-sync");
 }
 
+// Stage 05's flags. The folder of --offload-dir is checked where the files
+// are made, before step 0 (05_offload/disk_tier.h).
+void validate_offload_flags(const TrainConfig& cfg) {
+  const OffloadOptions& o = cfg.offload;
+  USAGE_REQUIRE(o.optimizer_threads >= 0 && o.optimizer_threads <= 1024,
+                "--optimizer-threads must be 0 (the cores left to each rank) or a number of threads up to 1024 (got "
+                    << o.optimizer_threads << ")");
+}
+
 }  // namespace
 
 void validate_for_world(const TrainConfig& cfg, int world) {
@@ -118,11 +127,16 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
 
   // Stage 04's flags: in its --help; every other stage parses them hidden,
   // only to refuse them below by name.
-  const bool fsdp = stage.flags == StageFlags::fsdp;
-  std::vector<CLI::Option*> fsdp_options;
+  const bool fsdp = stage.flags == StageFlags::fsdp || stage.flags == StageFlags::offload;
+  const bool offload = stage.flags == StageFlags::offload;
+  std::vector<CLI::Option*> fsdp_options, offload_options;
   auto group = [&](CLI::Option* o) {
     o->group(fsdp ? "FSDP (stage 04)" : "");
     fsdp_options.push_back(o);
+  };
+  auto offload_group = [&](CLI::Option* o) {
+    o->group(offload ? "Offload (stage 05)" : "");
+    offload_options.push_back(o);
   };
   std::string reshard = "true", reduce_dtype;
   group(app.add_option("--wrap-blocks", cfg.fsdp.wrap_blocks,
@@ -152,6 +166,21 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   group(app.add_flag("--no-sync", cfg.fsdp.no_sync,
                      "with --grad-accum K > 1: keep every unit's unsharded gradient across the micro-steps "
                      "and reduce-scatter once, on the last"));
+  OffloadOptions& off = cfg.offload;
+  offload_group(app.add_flag("--offload-params", off.offload_params,
+                             "keep the parameter shards on the host too, copied to the device just before "
+                             "their all-gather (device model states ~0)"));
+  offload_group(app.add_option("--offload-dir", off.offload_dir,
+                               "keep the optimizer state (and with --offload-params the parameter shards) in "
+                               "files under DIR, streamed through the host in chunks"));
+  offload_group(app.add_option("--optimizer-threads", off.optimizer_threads,
+                               "threads of the CPU AdamW per rank (default: the cores left to each rank)"));
+  offload_group(app.add_flag("--delay-update", off.delay_update,
+                             "from step 2 on, run the CPU update of step s while the device computes step "
+                             "s+1 with the parameters of step s-1 (ZeRO-Offload's delayed update)"));
+  offload_group(app.add_flag("--no-pin", off.no_pin,
+                             "pageable host buffers instead of page-locked ones (pinned memory counts "
+                             "against the host's locked-memory limit, ulimit -l)"));
 
   try {
     app.parse(argc, argv);
@@ -162,13 +191,15 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
     throw UsageError(std::string(e.what()) + " (run " + stage.exe + " --help for the flags)");
   }
 
-  if (!fsdp) {
-    for (const CLI::Option* o : fsdp_options) {
+  auto refuse = [&](const std::vector<CLI::Option*>& options, const char* owner, const char* exe) {
+    for (const CLI::Option* o : options) {
       const std::string name = "--" + o->get_single_name();
-      USAGE_REQUIRE(o->count() == 0, name << " is a flag of stage 04 (FSDP), not of " << stage.exe
-                                          << ": run build/04_fsdp/fsdp " << name << " ...");
+      USAGE_REQUIRE(o->count() == 0, name << " is a flag of " << owner << ", not of " << stage.exe << ": run build/"
+                                          << exe << " " << name << " ...");
     }
-  }
+  };
+  if (!fsdp) refuse(fsdp_options, "stage 04 (FSDP) and 05 (offload)", "04_fsdp/fsdp");
+  if (!offload) refuse(offload_options, "stage 05 (offload)", "05_offload/offload");
 
   cfg.model = model_preset(model);
   USAGE_REQUIRE(cfg.ranks >= 1 && cfg.ranks <= 1024, "--ranks must be between 1 and 1024 (got " << cfg.ranks << ")");
@@ -218,6 +249,7 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
     throw UsageError("--attention must be simple or flash (got '" + attention + "')");
   }
   if (fsdp) validate_fsdp_flags(cfg, reshard, reduce_dtype);
+  if (offload) validate_offload_flags(cfg);
   // --recompute attn with --attention flash is accepted and keeps what none
   // keeps, as Megatron-LM's selective recomputation and PyTorch's selective
   // checkpointing of a flash attention do: the flag names a policy (drop

@@ -14,7 +14,8 @@ namespace zf {
 
 // The groups of stage-specific flags (docs/SPEC.md): a stage registers the
 // ones it has; every other stage refuses them, naming the stage that has them.
-enum class StageFlags { none, fsdp };
+// Stage 05 has stage 04's flags and its own.
+enum class StageFlags { none, fsdp, offload };
 
 struct StageInfo {
   std::string exe;          // "dp"

@@ -71,11 +71,11 @@ ModelStateBytes model_state_bytes(Stage stage, Precision precision, const ModelS
       b.device = {4 * z.shard, 4 * z.shard, 8 * z.shard};
       break;
     case Stage::offload:
-      if (offload_params) b.host = {e * z.shard, e * z.shard, o * z.shard};
-      else {
-        b.device = {e * z.shard, 0, 0};
-        b.host = {0, e * z.shard, o * z.shard};
-      }
+      // Stage 04's float32 shards on the host, plus the gather dtype's copy
+      // of the parameters: on the device, and in bf16 on the host as well
+      // (in fp32 the float32 shard is that copy).
+      b.host = {4 * z.shard + (e == 4 ? 0 : e * z.shard), 4 * z.shard, 8 * z.shard};
+      if (!offload_params) b.device = {e * z.shard, 0, 0};
       break;
   }
   return b;

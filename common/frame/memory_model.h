@@ -12,8 +12,8 @@
 //   03 ZeRO-3        e * S         e * S         o * S
 //   04 FSDP          4 * S         4 * S         8 * S     (float32 shards, no master)
 //   05 offload       device: e * S params (0 with --offload-params);
-//                    host: the rest (grads e * S, optimizer o * S, and the
-//                    params too with --offload-params)
+//                    host: stage 04's 4S + 4S + 8S, and in bf16 2S more
+//                    params (the bf16 copy the device receives)
 //
 // where P is the model's size, Pp the full model in the padded layout and S
 // one rank's shard. Unpadded (only P known): Pp = P, S = P / N. Padded per

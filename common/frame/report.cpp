@@ -85,7 +85,14 @@ nlohmann::json summary_json(const RunResult& run) {
     json by;
     for (int k = 0; k < kNumCollectives; ++k)
       if (s.calls[k]) by[collective_name(CollectiveKind(k))] = s.bytes[k] / steps;
-    comm.push_back({{"rank", r}, {"bytes_per_step", s.total_bytes() / steps}, {"by_collective", by}});
+    json entry_comm = {{"rank", r}, {"bytes_per_step", s.total_bytes() / steps}, {"by_collective", by}};
+    const TransferStats& t = run.ranks[r].transfers;
+    if (t.to_device_copies + t.to_host_copies > 0)  // stage 05: the host<->device copies
+      entry_comm["transfers_per_step"] = {{"to_device_bytes", t.to_device_bytes / steps},
+                                          {"to_host_bytes", t.to_host_bytes / steps},
+                                          {"to_device_copies", t.to_device_copies / steps},
+                                          {"to_host_copies", t.to_host_copies / steps}};
+    comm.push_back(entry_comm);
   }
   std::vector<double> ms = run.ranks.empty() ? std::vector<double>{} : run.ranks[0].step_ms;
   double med = median(ms);
@@ -164,6 +171,16 @@ void print_comm_table(const RunResult& run, std::FILE* out) {
     for (int k = 0; k < kNumCollectives; ++k)
       std::fprintf(out, " %14s", format_bytes(size_t(s.bytes[k] / steps)).c_str());
     std::fprintf(out, "\n");
+  }
+  // Offload: what crossed the host<->device link (PCIe on a GPU).
+  for (size_t r = 0; r < run.ranks.size(); ++r) {
+    const TransferStats& t = run.ranks[r].transfers;
+    if (t.to_device_copies + t.to_host_copies == 0) continue;
+    const double steps = std::max<size_t>(1, run.ranks[r].losses.size());
+    std::fprintf(out, "rank %zu: host->device %s, device->host %s per step (%.0f and %.0f copies)\n", r,
+                 format_bytes(size_t(t.to_device_bytes / steps)).c_str(),
+                 format_bytes(size_t(t.to_host_bytes / steps)).c_str(), t.to_device_copies / steps,
+                 t.to_host_copies / steps);
   }
   // Hybrid sharding: the part of the above that crosses the shard groups
   // (the slow links between nodes), apart from what stays inside a group.

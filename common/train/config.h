@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm.h"
+#include "device.h"
 #include "memory.h"
 #include "model.h"
 #include "precision.h"
@@ -25,6 +26,16 @@ struct FsdpOptions {
   std::optional<DType> reduce_dtype;  // the gradients' reduce-scatter dtype (default: the recipe's)
   int shard_group = 0;                // S: shard within groups of S ranks (0: all N)
   bool no_sync = false;               // accumulate unsharded gradients, reduce-scatter once per step
+};
+
+// The flags of stage 05 (offload; docs/SPEC.md, "Stage-specific flags"):
+// parsed for every stage, refused by the stages that lack them.
+struct OffloadOptions {
+  bool offload_params = false;  // the parameter shards live on the host too (ZeRO-Infinity's CPU tier)
+  std::string offload_dir;      // the optimizer state in files under this folder (its disk tier)
+  int optimizer_threads = 0;    // threads of the CPU AdamW (0: the cores left to this rank)
+  bool delay_update = false;    // ZeRO-Offload's delayed parameter update (one step stale)
+  bool no_pin = false;          // pageable host buffers instead of page-locked ones
 };
 
 struct TrainConfig {
@@ -60,6 +71,7 @@ struct TrainConfig {
   int fault_rank = -1;
   int fault_step = -1;
   FsdpOptions fsdp;               // stage 04's flags (defaults elsewhere)
+  OffloadOptions offload;         // stage 05's
 
   int64_t global_batch() const { return int64_t(ranks) * batch * grad_accum; }  // G = N*B*K
   std::string data_name() const { return data.empty() ? "(built-in corpus)" : data; }
@@ -73,6 +85,7 @@ struct RankResult {
   MemoryCounts memory;            // at the end of the run
   CommStats comm;                 // over the whole run, every communicator of the rank
   CommStats comm_cross_group;     // hybrid sharding: the part of comm across the shard groups
+  TransferStats transfers;        // host<->device copies of the steps trained (stage 05; not the initial load)
   uint64_t param_hash = 0;        // final float32 parameters in consolidated order
   int first_step = 0;             // the step this run started at (> 0 after --resume)
 };

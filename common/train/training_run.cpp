@@ -14,6 +14,7 @@ TrainingRun::TrainingRun(const TrainConfig& cfg, const ModelLayout& layout, Rank
   const InitialState init(cfg, layout, ctx);  // lives only while the states are filled
   result_.first_step = init.first_step();
   states.load(init);
+  loaded_ = ctx.dev.transfers();
   if (!cfg.save_init.empty()) {
     if (ctx.rank == 0) {  // the initial model is the same on every rank: rank 0 writes it alone
       std::vector<float> full(layout.numel);
@@ -68,6 +69,9 @@ RankResult TrainingRun::finish() {
       result_.comm.seconds[k] += s.seconds[k];
     }
   }
+  const TransferStats& t = ctx_.dev.transfers();
+  result_.transfers = {t.to_device_bytes - loaded_.to_device_bytes, t.to_host_bytes - loaded_.to_host_bytes,
+                       t.to_device_copies - loaded_.to_device_copies, t.to_host_copies - loaded_.to_host_copies};
   const std::vector<float> params = states_.full(StateKind::params, true);
   result_.param_hash = hash_params(params.data(), params.size());
   return result_;

@@ -74,6 +74,7 @@ class TrainingRun {
   StepLog& log_;
   ModelStates& states_;
   std::vector<Communicator*> extra_;
+  TransferStats loaded_;  // the device's copies once the states were loaded
   RankResult result_;
 };
 

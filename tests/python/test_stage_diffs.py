@@ -120,34 +120,37 @@ class GeneratorTest(unittest.TestCase):
             self.assertEqual(self.read(s, "CHANGES.diff"), text)
 
     def test_a_new_stage_is_one_line_in_the_table(self):
-        # 05_offload made from 04_fsdp with its own files renamed and one line changed.
-        shutil.copytree(self.path("04_fsdp"), self.path("05_offload"))
-        os.remove(self.path("05_offload", "CHANGES.diff"))
+        # A stage 06 made from 05_offload with its own files renamed and one line changed.
+        last, name = stage_diffs.STAGES[-1]
+        shutil.copytree(self.path(last), self.path("06_next"))
+        os.remove(self.path("06_next", "CHANGES.diff"))
         for ext in (".cpp", ".h"):
-            os.rename(self.path("05_offload", "fsdp" + ext), self.path("05_offload", "offload" + ext))
-        with open(self.path("05_offload", "host_optimizer.h"), "w", encoding="utf-8") as f:
+            os.rename(self.path("06_next", name + ext), self.path("06_next", "next" + ext))
+        with open(self.path("06_next", "new_part.h"), "w", encoding="utf-8") as f:
             f.write("// new\n#pragma once")  # no newline at the end
-        with open(self.path("05_offload", "offload.cpp"), "a", encoding="utf-8") as f:
-            f.write("// offload\n")
+        with open(self.path("06_next", "next.cpp"), "a", encoding="utf-8") as f:
+            f.write("// next\n")
         # Not in the table yet: a note, no diff, and the check still passes.
         rc, out, err = self.check()
         self.assertEqual(rc, 0, out)
-        self.assertIn("05_offload: not in STAGES", err)
-        self.assertFalse(os.path.exists(self.path("05_offload", "CHANGES.diff")))
+        self.assertIn("06_next: not in STAGES", err)
+        self.assertFalse(os.path.exists(self.path("06_next", "CHANGES.diff")))
         # One line in the table.
-        with mock.patch.object(stage_diffs, "STAGES", stage_diffs.STAGES + [("05_offload", "offload")]):
+        with mock.patch.object(stage_diffs, "STAGES", stage_diffs.STAGES + [("06_next", "next")]):
             rc, out, _ = self.check()
             self.assertEqual(rc, 1)
-            self.assertIn("05_offload/CHANGES.diff: missing", out)
+            self.assertIn("06_next/CHANGES.diff: missing", out)
             quiet(stage_diffs.write, self.root)
             self.assertEqual(self.check()[0], 0)
-        text = self.read("05_offload", "CHANGES.diff")
-        self.assertIn("--- a/04_fsdp/fsdp.cpp\n+++ b/05_offload/offload.cpp\n", text)
-        self.assertIn("+// offload\n", text)
-        self.assertIn("#   host_optimizer.h  2 lines\n", text)
-        self.assertIn("# unchanged: fsdp.h -> offload.h, flat_grads.cpp, flat_grads.h, flat_params.cpp, "
-                      "flat_params.h, flat_units.cpp, flat_units.h, meson.build, train.cpp\n", text)
-        self.assertNotIn("+++ b/05_offload/train.cpp", text)
+        text = self.read("06_next", "CHANGES.diff")
+        self.assertIn(f"--- a/{last}/{name}.cpp\n+++ b/06_next/next.cpp\n", text)
+        self.assertIn("+// next\n", text)
+        self.assertIn("#   new_part.h  2 lines\n", text)
+        same = sorted(f for f in os.listdir(self.path(last))
+                      if f not in (name + ".cpp", name + ".h", "CHANGES.diff", "README.md")
+                      and os.path.isfile(self.path(last, f)) and not f.endswith(".png"))
+        self.assertIn(f"# unchanged: {name}.h -> next.h, " + ", ".join(same) + "\n", text)
+        self.assertNotIn("+++ b/06_next/train.cpp", text)
 
     def test_a_stage_without_its_predecessor(self):
         shutil.rmtree(self.path("02_zero2"))

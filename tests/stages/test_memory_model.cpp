@@ -60,15 +60,17 @@ TEST(MemoryModel, SpecTableUnpadded) {
   EXPECT_EQ(dev(Stage::zero1, Precision::fp32), 10e9);   // 8P + 8P/N
   EXPECT_EQ(dev(Stage::zero2, Precision::fp32), 7e9);    // 4P + 12P/N
   EXPECT_EQ(dev(Stage::zero3, Precision::fp32), 4e9);
-  // 05 offload: 2P/N on the device, the rest on the host; nothing on the
-  // device with parameter offload.
+  // 05 offload: the bf16 copy, 2P/N, on the device; stage 04's 16P/N and
+  // the bf16 copy on the host (18P/N); nothing on the device with parameter
+  // offload. fp32: the float32 shard is the copy (device 4P/N, host 16P/N).
   const ModelStateBytes off = model_state_bytes(Stage::offload, Precision::bf16, z);
   EXPECT_EQ(off.device.total(), 0.5e9);
-  EXPECT_EQ(off.host.total(), 3.5e9);
+  EXPECT_EQ(off.host.total(), 4.5e9);
   const ModelStateBytes offp = model_state_bytes(Stage::offload, Precision::bf16, z, true);
   EXPECT_EQ(offp.device.total(), 0.0);
-  EXPECT_EQ(offp.host.total(), 4e9);
+  EXPECT_EQ(offp.host.total(), 4.5e9);
   EXPECT_EQ(model_state_bytes(Stage::offload, Precision::fp32, z).device.total(), 1e9);  // 4P/N
+  EXPECT_EQ(model_state_bytes(Stage::offload, Precision::fp32, z).host.total(), 4e9);    // 16P/N
 }
 
 std::string estimator_binary() {

@@ -1,0 +1,132 @@
+// offload.cpp: stage 05. Stage 04's step with the optimizer on the host:
+//
+//   for each micro-step k:
+//     forward, backward as in stage 04 (fsdp.h), but each unit's reduced
+//     piece goes device->host into my float32 gradient shard on the host
+//   clip: the norm over the host's shards
+//   for each unit g: CPU AdamW on its float32 shard; round it into the bf16
+//     copy; copy that host->device (overlapping the next unit's update)
+//   wait for the copies: the next step's all-gathers send what they wrote
+#include "offload.h"
+
+#include <memory>
+
+#include "check.h"
+#include "fsdp.h"
+#include "host_grads.h"
+#include "offload_params.h"
+#include "precision.h"
+#include "shard.h"
+#include "sharded_adamw.h"
+#include "training.h"
+#include "training_run.h"
+
+namespace zf {
+
+namespace {
+
+// The model states of one rank: stage 04's, on the host, and the device's copy of the parameters.
+struct OffloadStates final : ModelStates {
+  const FsdpUnits& units;
+  const ShardLayout& shards;
+  Communicator& comm;  // the shard group
+  std::unique_ptr<Device> host;  // the CPU, computing on host memory
+  OffloadParams params;  // new: float32 shards on the host; the device's copy    category params (host, device)
+  HostGrads host_grads;  // new: float32 gradient shards on the host              category grads (host)
+  FlatGrads grads;       // stage 04's reduce-scatters, into host_grads           category comm
+  ShardedAdamW opt;      // stage 01's, on the host                               category optimizer (host)
+
+  OffloadStates(const FsdpUnits& units, const ShardLayout& shards, const TrainConfig& cfg, RankContext& ctx,
+                FsdpComms& comms)
+      : units(units), shards(shards), comm(*comms.group), host(make_cpu_device()),
+        params(shards, storage_dtype(cfg.precision), cfg.fsdp, units.last(), ctx.mem, ctx.dev, *host, *comms.group,
+               cfg.offload.offload_params, !cfg.offload.no_pin),
+        host_grads(shards, reduce_dtype(cfg), ctx.mem, ctx.dev, !cfg.offload.no_pin),
+        grads(shards, storage_dtype(cfg.precision), reduce_dtype(cfg), cfg.fsdp.no_sync, ctx.mem, ctx.dev,
+              *comms.reduce_queue, comms.across.get(), &host_grads),
+        opt(units.flat, shards, Precision::fp32, ctx.mem, *host, cfg.lr, Place::host, &ctx.dev) {}
+
+  static DType reduce_dtype(const TrainConfig& cfg) {
+    return cfg.fsdp.reduce_dtype.value_or(storage_dtype(cfg.precision));
+  }
+
+  void load(const InitialState& init) override {
+    for (int g = 0; g < units.size(); ++g)
+      init.load(g, StateKind::params, shards.units[g].begin, shards.units[g].end, *host, params.shard(g),
+                DType::f32);
+    opt.load(init);
+    for (int g = 0; g < units.size(); ++g) {
+      params.narrow_host_copy(g);
+      params.upload(g).wait();
+    }
+  }
+  std::vector<float> full(StateKind kind, bool) override {
+    return opt.gather(kind, comm, [&](int g) { return params.shard(g); });
+  }
+};
+
+// Wall-clock phases of a step, accumulated as it runs.
+struct Phases {
+  double forward = 0, backward = 0, to_host = 0, optimizer = 0, to_device = 0;
+  StepPhases finish(double step_ms) const {
+    const double rest = step_ms - (forward + backward + to_host + optimizer + to_device);
+    return {{"fwd", forward}, {"bwd", backward}, {"d2h", to_host},
+            {"cpu adamw", optimizer}, {"h2d", to_device}, {"wait", rest > 0 ? rest : 0.0}};
+  }
+};
+
+}  // namespace
+
+RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepReporter& reporter) {
+  const FsdpOptions& opt = cfg.fsdp;
+  const ModelLayout layout = build_layout(cfg.model);
+  const FsdpUnits units = wrap_blocks(layout, opt.wrap_blocks);
+  FsdpComms comms(ctx.comm, opt.shard_group > 0 ? opt.shard_group : ctx.world);
+  const ShardLayout shards = make_shard_layout(units.flat, comms.group->size(), comms.group->rank());
+  const int K = cfg.grad_accum, G = units.size(), D = opt.prefetch;
+
+  OffloadStates states(units, shards, cfg, ctx, comms);
+  RankFailureGuard guard(ctx.comm);  // a failing rank stops the family of communicators before freeing the states
+  auto rc = make_rank_compute(cfg, layout, ctx, data);
+  TrainingRun run(cfg, units.flat, ctx, reporter, states);  // the initial model, or --resume's checkpoint
+  comms.count_in(run);
+  const size_t esize = dtype_size(storage_dtype(cfg.precision));
+
+  for (int step = run.first_step(); step < cfg.steps; ++step) {
+    Timer timer;
+    Phases t;
+    float loss_sum = 0.0f;
+    for (int k = 0; k < K; ++k) {
+      rc->load(step, k);
+      Timer fwd;
+      loss_sum += fsdp_forward(states.params, units, *rc, esize, D);
+      t.forward += fwd.ms();
+      Timer bwd;
+      // Its last copies to the host are waited for at its end (grads.finish()).
+      fsdp_backward(states.params, states.grads, units, *rc, esize, D, !opt.no_sync || k == K - 1);
+      t.backward += bwd.ms();
+    }
+    const float loss = global_mean_loss(ctx.comm, ctx.dev, loss_sum, K);
+
+    // The norm over my group's pieces, on the host.
+    const GradClip clip =
+        states.opt.clip_scale(*comms.group, [&](int g) { return states.host_grads.shard(g); }, cfg.clip);
+    std::vector<Transfer> uploads(G);
+    for (int g = 0; g < G; ++g) {
+      Timer cpu;
+      states.opt.update(g, states.host_grads.shard(g), states.params.shard(g), step + 1, clip.scale);
+      states.params.narrow_host_copy(g);
+      t.optimizer += cpu.ms();
+      uploads[g] = states.params.upload(g);  // overlaps the next unit's update
+    }
+    Timer h2d;
+    for (Transfer& u : uploads) u.wait();
+    t.to_device += h2d.ms();
+    states.host_grads.zero();
+    const double ms = timer.ms();
+    run.end_step(step, loss, clip.norm, ms, t.finish(ms));
+  }
+  return run.finish();
+}
+
+}  // namespace zf

@@ -1,0 +1,33 @@
+// offload.h: stage 05, offload: stage 04's FSDP with the model states moved
+// to the host and the optimizer run by the CPU (ZeRO-Offload; with
+// --offload-params, ZeRO-Infinity's CPU tier and FSDP's CPUOffload; with
+// --offload-dir, its disk tier).
+//
+// Against stage 04:
+// - the float32 parameter and gradient shards and AdamW's moments live on
+//   the host (offload_params.h, host_grads.h; the optimizer is stage 01's on
+//   host memory), and the CPU runs AdamW on them;
+// - the device keeps only the parameter shard in the gather dtype (2 bytes
+//   per shard element in bf16, 4 in fp32), or nothing with --offload-params;
+// - each unit's reduced gradient piece is copied device->host as soon as its
+//   reduce-scatter is done, while the backward goes on; each unit's updated
+//   parameters are copied host->device as soon as its update is done, while
+//   the CPU updates the next;
+// - the step line and the run log split the step into phases: forward,
+//   backward, device->host, the CPU optimizer, host->device, waiting.
+//
+// Model states per rank (S: my shard of the padded FSDP units):
+//   device   e * S params (e = 2 in bf16, 4 in fp32; 0 with --offload-params)
+//   host     4S params (the float32 shards) + 2S in bf16 (the copy the
+//            device receives) + 4S grads + 8S optimizer
+// Every stage-04 flag works the same here, and the results are stage 04's
+// (and so stage 00's) to the bit.
+#pragma once
+
+#include "runner.h"
+
+namespace zf {
+
+RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepReporter& reporter);
+
+}  // namespace zf

@@ -1,0 +1,50 @@
+// offload_params.h: FSDP's flat parameters with their float32 shards on the
+// host (ZeRO-Offload), and optionally nothing on the device (--offload-params).
+//
+// The float32 shard of every unit is the host's (category params, place
+// host): it is what the CPU AdamW updates, as the device's float32 shard is
+// in stage 04. What the device needs is the shard in the gather dtype (bf16
+// in the bf16 recipe: FSDP2's cast before the all-gather, done here by the
+// optimizer's pass on the host):
+//
+//   host_copy(g)   unit g's shard in the gather dtype on the host: a bf16
+//                  copy (pinned: the copy engine reads it), or, in fp32, the
+//                  float32 shard itself
+//   default        the device keeps that copy (category params, 2 or 4
+//                  bytes per shard element); upload(g) copies unit g's piece
+//                  host->device after its update, and the all-gathers send it
+//   --offload-params  the device keeps nothing: each all-gather's input is
+//                  copied host->device just before it (category comm, freed
+//                  with the gathered buffer), so device model states are 0
+//                  besides what is gathered
+#pragma once
+
+#include "flat_params.h"
+
+namespace zf {
+
+class OffloadParams final : public FlatParams {
+ public:
+  // host: the CPU device that computes on host memory. pin: page-locked host copy.
+  OffloadParams(const ShardLayout& shards, DType gather_dtype, const FsdpOptions& opt, int last, MemoryTracker& mem,
+                Device& dev, Device& host, Communicator& comm, bool offload_params, bool pin);
+
+  // Unit g's shard in the gather dtype, on the host (see above).
+  void* host_copy(int g);
+  // Rounds unit g's float32 shard into its bf16 host copy (nothing in fp32).
+  void narrow_host_copy(int g);
+  // Copies unit g's host copy to the device's (nothing with --offload-params).
+  Transfer upload(int g);
+  bool offload_params() const { return offload_params_; }
+
+ protected:
+  const void* send_buffer(int g, Gathered& b) override;
+
+ private:
+  Device& host_;
+  bool offload_params_;
+  Tensor host_copy_;    // bf16 recipe: shard_total bf16 on the host (params)
+  Tensor device_copy_;  // without --offload-params: shard_total of the gather dtype on the device (params)
+};
+
+}  // namespace zf

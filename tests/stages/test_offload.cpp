@@ -1,0 +1,228 @@
+// test_offload.cpp: stage 05 (offload) against stages 00 and 04, and
+// against the formulas of 05_offload/README.md, computed here from the unit
+// sizes.
+//
+//   parity      bit for bit with stage 00 (tiny N = 1 .. 4, odd N = 3, 8;
+//               both recipes; two clip norms), with and without
+//               --offload-params; with stage 04 for its knobs (--no-sync
+//               at K = 2, --reduce-dtype fp32, hybrid sharding, wrap 2)
+//   memory      device: e * S params and nothing else of the model states
+//               (0 with --offload-params); host: 4S (+ 2S in bf16) params,
+//               4S grads, 8S optimizer; nothing left in comm
+//   transfers   bytes per step per direction: the README's formula for
+//               each mode
+//   budget      the README's --device-mem: stages 00-04 stop with the
+//               out-of-memory error, stage 05 trains
+//   checkpoint  a resumed run continues bit for bit
+//
+//   meson test -C build offload
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "data_parallel.h"
+#include "fsdp.h"
+#include "memory_model.h"
+#include "offload.h"
+#include "stages/fsdp_test_util.h"
+#include "stages/stage_test_util.h"
+#include "test_util.h"
+#include "zero1.h"
+#include "zero2.h"
+#include "zero3.h"
+
+namespace zf {
+namespace {
+
+using namespace fsdp_test;
+
+RunResult with_params_offloaded(TrainConfig cfg) {
+  cfg.offload.offload_params = true;
+  return run_training(cfg, train_offload);
+}
+
+// ------------------------------------------------------------------ parity
+
+class OffloadBitParity : public ::testing::TestWithParam<test::ParityCase> {};
+
+// The same arithmetic as stage 04, on the host: the reduced pieces land
+// widened (exactly) in float32 shards, the same AdamW updates them, and the
+// bf16 copy the device receives is the rounding stage 04 does before its
+// all-gather. So stage 00's bits (stage 04's are).
+TEST_P(OffloadBitParity, BitIdenticalToDataParallel) {
+  test::expect_bit_identical_to_dp(GetParam(), train_offload, "05 offload");
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, OffloadBitParity, ::testing::ValuesIn(test::parity_cases()),
+                         test::parity_case_name);
+
+// --offload-params changes where the all-gather's input comes from, not what it holds.
+TEST(OffloadParity, OffloadParamsIsBitIdentical) {
+  for (int N : {1, 2, 4})
+    for (Precision p : {Precision::fp32, Precision::bf16}) {
+      const TrainConfig cfg = fsdp_config(odd4(), N, p);
+      SCOPED_TRACE(describe(cfg));
+      test::expect_bit_identical(run_training(cfg, train_data_parallel), with_params_offloaded(cfg),
+                                 "05 offload --offload-params");
+    }
+}
+
+TEST(OffloadParity, ClippingBites) { test::expect_clipping_bites(train_offload); }
+
+// Stage 04's knobs, which change the numerics against stage 00 (K = 2
+// without --no-sync, --reduce-dtype fp32, hybrid sharding) or only the
+// schedule: stage 04's bits in each case, both recipes.
+TEST(OffloadParity, EveryStage04KnobIsStage04sBits) {
+  struct Knob {
+    const char* what;
+    int N;
+    void (*set)(TrainConfig&);
+  };
+  const Knob knobs[] = {
+      {"K 2", 2, [](TrainConfig& c) { c.grad_accum = 2; }},
+      {"K 2, no-sync", 3, [](TrainConfig& c) { c.grad_accum = 2, c.fsdp.no_sync = true; }},
+      {"reduce fp32", 2, [](TrainConfig& c) { c.fsdp.reduce_dtype = DType::f32; }},
+      {"hybrid S 2", 4, [](TrainConfig& c) { c.fsdp.shard_group = 2; }},
+      {"wrap 2, reshard false, prefetch 2", 3, [](TrainConfig& c) {
+         c.fsdp.wrap_blocks = 2, c.fsdp.reshard_after_forward = false, c.fsdp.prefetch = 2;
+       }},
+      {"max-gathered 1, prefetch 0", 3, [](TrainConfig& c) { c.fsdp.max_gathered = 1, c.fsdp.prefetch = 0; }},
+  };
+  for (const Knob& k : knobs)
+    for (Precision p : {Precision::fp32, Precision::bf16})
+      for (bool offload_params : {false, true}) {
+        TrainConfig cfg = fsdp_config(odd4(), k.N, p);
+        k.set(cfg);
+        if (p == Precision::fp32 && cfg.fsdp.reduce_dtype) continue;  // fp32 already reduces in fp32
+        SCOPED_TRACE(describe(cfg) + (offload_params ? ", offload-params" : ""));
+        const RunResult ref = run_training(cfg, train_fsdp);
+        cfg.offload.offload_params = offload_params;
+        test::expect_bit_identical(ref, run_training(cfg, train_offload), k.what);
+      }
+}
+
+// ------------------------------------------------------------------ memory
+
+// Model states per rank, from the FSDP units' sizes: on the device the
+// gather dtype's copy of the shard (e * S, 0 with --offload-params); on the
+// host stage 04's float32 shards and moments, and in bf16 the bf16 copy.
+TEST(OffloadMemory, ModelStatesAreWhereTheFormulaSays) {
+  for (int N : {1, 2, 3, 4})
+    for (Precision p : {Precision::fp32, Precision::bf16})
+      for (bool offload_params : {false, true}) {
+        TrainConfig cfg = fsdp_config(odd4(), N, p, 1);
+        cfg.offload.offload_params = offload_params;
+        SCOPED_TRACE(describe(cfg) + (offload_params ? ", offload-params" : ""));
+        const RunResult run = run_training(cfg, train_offload);
+        const size_t S = flat_sizes(odd4(), N, 1).shard, e = test::esize(p);
+        const size_t device_params = offload_params ? 0 : e * S;
+        const size_t host_params = 4 * S + (p == Precision::bf16 ? 2 * S : 0);
+        // memory_model.h says the same.
+        const ModelStateBytes mm = model_state_bytes(Stage::offload, p,
+                                                     padded_sizes(wrap_blocks(build_layout(odd4()), 1).flat, N),
+                                                     offload_params);
+        EXPECT_EQ(mm.device.total(), double(device_params));
+        EXPECT_EQ(mm.host.params, double(host_params));
+        EXPECT_EQ(mm.host.grads, double(4 * S));
+        EXPECT_EQ(mm.host.optimizer, double(8 * S));
+        for (size_t r = 0; r < run.ranks.size(); ++r) {
+          const MemoryCounts& m = run.ranks[r].memory;
+          EXPECT_EQ(m.cur(Place::device, Category::params), device_params) << "rank " << r;
+          EXPECT_EQ(m.cur(Place::device, Category::grads), 0u) << "rank " << r;
+          EXPECT_EQ(m.cur(Place::device, Category::optimizer), 0u) << "rank " << r;
+          EXPECT_EQ(m.cur(Place::host, Category::params), host_params) << "rank " << r;
+          EXPECT_EQ(m.cur(Place::host, Category::grads), 4 * S) << "rank " << r;
+          EXPECT_EQ(m.cur(Place::host, Category::optimizer), 8 * S) << "rank " << r;
+          EXPECT_EQ(m.cur(Place::device, Category::comm), 0u) << "rank " << r;
+          EXPECT_EQ(m.cur(Place::device, Category::gathered), 0u) << "rank " << r;
+        }
+      }
+}
+
+// ------------------------------------------------------------------ transfers
+
+// Per step: device->host, my reduced piece of every unit once per
+// reduce-scatter (K per step, 1 with --no-sync), S elements of the reduce
+// dtype in all; host->device, the updated copy of my shard, e * S, or with
+// --offload-params each all-gather's input: every unit in the forward, the
+// units resharded after it again in the backward (all but the head).
+TEST(OffloadTransfers, BytesPerStepAreTheFormula) {
+  for (Precision p : {Precision::fp32, Precision::bf16})
+    for (bool offload_params : {false, true})
+      for (int K : {1, 2}) {
+        const int N = 3, steps = 2;
+        TrainConfig cfg = fsdp_config(odd4(), N, p, steps);
+        cfg.grad_accum = K;
+        cfg.offload.offload_params = offload_params;
+        SCOPED_TRACE(describe(cfg) + (offload_params ? ", offload-params" : ""));
+        const RunResult run = run_training(cfg, train_offload);
+        const FlatSizes f = flat_sizes(odd4(), N, 1);
+        const size_t e = test::esize(p), G = f.padded.size();
+        const size_t head_shard = f.head() / N;
+        const uint64_t to_host = uint64_t(K) * f.shard * e;
+        const uint64_t to_device = offload_params ? uint64_t(K) * (2 * f.shard - head_shard) * e : f.shard * e;
+        for (const RankResult& r : run.ranks) {
+          EXPECT_EQ(r.transfers.to_host_bytes, steps * to_host);
+          EXPECT_EQ(r.transfers.to_device_bytes, steps * to_device);
+          EXPECT_EQ(r.transfers.to_host_copies, uint64_t(steps) * K * G);
+          EXPECT_EQ(r.transfers.to_device_copies, uint64_t(steps) * (offload_params ? K * (2 * G - 1) : G));
+        }
+      }
+}
+
+// ------------------------------------------------------------------ the README's budget
+
+// 05_offload/README.md's lesson on the simulated device: small, 2 ranks,
+// one sequence each, bf16, full recomputation (so that the model states,
+// not the activations, decide). At 8 MiB per rank every stage 00-04 runs
+// out of device memory (their peaks: 18.1, 12.8, 12.8, 12.7, 12.9 MB) and
+// stage 05 trains (6.9 MB); at 6.5 MiB it needs --offload-params (6.3 MB).
+TrainConfig readme_config(size_t budget) {
+  TrainConfig cfg = test::quiet_config("small", 2, 1, 1);
+  cfg.precision = Precision::bf16;
+  cfg.recompute = Recompute::full;
+  cfg.device_mem = budget;
+  return cfg;
+}
+
+void expect_out_of_memory(const TrainConfig& cfg, const StageFn& fn, const char* stage) {
+  try {
+    run_training(cfg, fn);
+    ADD_FAILURE() << stage << " trained within " << format_bytes(*cfg.device_mem);
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("out of memory"), std::string::npos) << e.what();
+  }
+}
+
+TEST(OffloadBudget, TheReadmeConfigurationFitsOnlyWithOffload) {
+  const TrainConfig at8 = readme_config(8u << 20);
+  const std::pair<const char*, StageFn> stages[] = {{"00 dp", train_data_parallel}, {"01 zero1", train_zero1},
+                                                    {"02 zero2", train_zero2},      {"03 zero3", train_zero3},
+                                                    {"04 fsdp", train_fsdp}};
+  for (const auto& [name, fn] : stages) expect_out_of_memory(at8, fn, name);
+  EXPECT_EQ(run_training(at8, train_offload).ranks[0].losses.size(), 1u);
+
+  const TrainConfig at6 = readme_config(size_t(6.5 * (1 << 20)));
+  expect_out_of_memory(at6, train_offload, "05 offload");
+  EXPECT_EQ(with_params_offloaded(at6).ranks[0].losses.size(), 1u);
+}
+
+// ------------------------------------------------------------------ checkpoints
+
+class OffloadCheckpoint : public test::TempDirTest {};
+
+TEST_F(OffloadCheckpoint, ResumeContinuesBitForBit) { test::expect_resume_continues_bit_for_bit(train_offload, dir_); }
+
+TEST_F(OffloadCheckpoint, ResumeWithOffloadParamsContinuesBitForBit) {
+  test::expect_resume_continues_bit_for_bit(
+      [](const TrainConfig& c, RankContext& ctx, const TokenData& d, StepReporter& r) {
+        TrainConfig cfg = c;
+        cfg.offload.offload_params = true;
+        return train_offload(cfg, ctx, d, r);
+      },
+      dir_);
+}
+
+}  // namespace
+}  // namespace zf
