@@ -127,6 +127,7 @@ DiskTier::DiskTier(const std::string& dir, int rank, std::vector<std::string> na
   const off_t bytes = off_t(elems * sizeof(float));
   for (const std::string& name : names) {
     REQUIRE(plain_name(name), "DiskTier array name '" << name << "': use letters, digits and _ only");
+    REQUIRE(std::count(names.begin(), names.end(), name) == 1, "DiskTier array name '" << name << "' is given twice");
     auto f = std::make_unique<File>();
     f->path = dir + "/" + kPrefix + run + "-r" + std::to_string(rank) + "-" + name + ".bin";
     f->fd = ::open(f->path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -183,8 +184,9 @@ void DiskTier::transfer(bool is_read, int array, size_t begin, size_t n, float* 
           << " of " << total << " bytes at offset " << offset;
     if (r < 0) {
       const int err = errno;
-      throw Error(where.str() + " failed after " + std::to_string(done) + " bytes at offset " +
-                  std::to_string(offset + off_t(done)) + " (" + reason(err) + "); " + kWhatToDo);
+      if (done > 0) where << " failed after " << done << " bytes, at offset " << offset + off_t(done);
+      else where << " failed";
+      throw Error(where.str() + " (" + reason(err) + "); " + kWhatToDo);
     }
     if (r == 0) {
       throw Error(where.str() + " reached the end of the file at offset " +
