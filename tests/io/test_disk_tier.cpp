@@ -17,6 +17,7 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -181,6 +182,11 @@ TEST_F(DiskTierTest, FilesExistWhileTheTierDoesAndAreGoneAfter) {
       paths.push_back(t.path(k));
       EXPECT_TRUE(fs::is_regular_file(t.path(k))) << t.path(k);
       EXPECT_NE(t.path(k).find("-r3-" + kNames[size_t(k)] + ".bin"), std::string::npos) << t.path(k);
+      // The space is reserved, not only the size set (a sparse file could
+      // still meet a full disk in the middle of a step).
+      struct stat st {};
+      ASSERT_EQ(stat(t.path(k).c_str(), &st), 0);
+      EXPECT_GE(size_t(st.st_blocks) * 512, 5000 * sizeof(float)) << t.path(k);
     }
     // A second tier of the same rank in the same directory gets its own files.
     DiskTier other(dir_, 3, kNames, 10, 1024, mem_);
@@ -307,12 +313,27 @@ TEST_F(DiskTierTest, AFullDiskIsAnErrorAtOpenNamingTheFileAndTheBytes) {
 }
 
 TEST_F(DiskTierTest, AWriteBackThatFailsOnTheIoThreadIsRethrown) {
-  DiskTier t(dir_, 0, kNames, 3 * 1024, 1024, mem_);
+  DiskTier t(dir_, 0, kNames, 5 * 1024, 1024, mem_);
   fill(t);
-  FileSizeLimit limit(4096);  // the first chunk of each file still fits
-  ASSERT_TRUE(limit.ok_);
-  expect_error<zf::Error>([&] { t.for_each_chunk([](size_t, size_t, float* const*) {}); },
-                          {t.path(0), "write of 4096 bytes at offset 4096", "File too large"});
+  size_t calls = 0;
+  auto count_calls = [&](size_t, size_t, float* const*) { calls++; };
+  {
+    FileSizeLimit limit(4096);  // the first chunk of each file still fits
+    ASSERT_TRUE(limit.ok_);
+    expect_error<zf::Error>([&] { t.for_each_chunk(count_calls); },
+                            {t.path(0), "write of 4096 bytes at offset 4096", "File too large"});
+    // Chunk 1's write-back is queued before chunk 3's read, so its error is
+    // seen before the step runs on chunk 3, not only at the end of the shard.
+    EXPECT_EQ(calls, 3u);
+  }
+  {
+    FileSizeLimit limit(4 * 4096);  // only the last chunk's write-back fails
+    ASSERT_TRUE(limit.ok_);
+    calls = 0;
+    expect_error<zf::Error>([&] { t.for_each_chunk(count_calls); },
+                            {t.path(0), "write of 4096 bytes at offset 16384", "File too large"});
+    EXPECT_EQ(calls, 5u);
+  }
 }
 
 TEST_F(DiskTierTest, AFileUnlinkedByAnotherStaysReadable) {
@@ -337,7 +358,9 @@ TEST_F(DiskTierTest, RemoveStaleTakesOnlyTheFilesOfDeadRuns) {
   const std::string stale = path("zf-offload-" + dead + "-0123456789abcdef-r0-m.bin");
   const std::string locked = path("zf-offload-" + dead + "-fedcba9876543210-r0-m.bin");
   const std::string other = path("zf-offload-notes.txt");
-  for (const std::string& p : {stale, locked, other}) std::ofstream(p) << "x";
+  // A live pid's file not locked yet: a run between creating a file and locking it.
+  const std::string young = path("zf-offload-" + std::to_string(getpid()) + "-00000000000000ff-r1-v.bin");
+  for (const std::string& p : {stale, locked, other, young}) std::ofstream(p) << "x";
   // The dead pid's file still locked: a live run on another host sharing the directory.
   const int fd = open(locked.c_str(), O_RDONLY);
   ASSERT_EQ(flock(fd, LOCK_EX), 0);
@@ -348,6 +371,7 @@ TEST_F(DiskTierTest, RemoveStaleTakesOnlyTheFilesOfDeadRuns) {
   EXPECT_FALSE(fs::exists(stale));
   EXPECT_TRUE(fs::exists(locked));
   EXPECT_TRUE(fs::exists(other));
+  EXPECT_TRUE(fs::exists(young));
   for (int k = 0; k < 3; k++) EXPECT_TRUE(fs::exists(live.path(k))) << "a live run's file was taken";
   close(fd);
 }
