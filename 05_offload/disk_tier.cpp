@@ -127,7 +127,8 @@ DiskTier::DiskTier(const std::string& dir, int rank, std::vector<std::string> na
   const off_t bytes = off_t(elems * sizeof(float));
   for (const std::string& name : names) {
     REQUIRE(plain_name(name), "DiskTier array name '" << name << "': use letters, digits and _ only");
-    REQUIRE(std::count(names.begin(), names.end(), name) == 1, "DiskTier array name '" << name << "' is given twice");
+    REQUIRE(std::count(names.begin(), names.end(), name) == 1,
+            "DiskTier array name '" << name << "' is given twice");
     auto f = std::make_unique<File>();
     f->path = dir + "/" + kPrefix + run + "-r" + std::to_string(rank) + "-" + name + ".bin";
     f->fd = ::open(f->path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
