@@ -1,0 +1,386 @@
+// test_disk_tier.cpp: stage 05's disk tier (the optimizer state in files).
+//
+// What is promised: K arrays come back exactly through read/write, whatever
+// their size against the chunk; for_each_chunk shows every element once, in
+// order, with its data, and writes back what the step left there; the host
+// holds exactly 2 x K x chunk floats, tracked, and nothing after; the files
+// exist while the tier does and are gone after, also when an exception
+// unwinds; a missing, unwritable, full or non-directory --offload-dir and a
+// truncated or unwritable file fail with a message naming the path; the
+// files of dead runs, and only those, are removed by remove_stale.
+//
+// All values are small integers stored as float: exact, so every comparison
+// is ==.
+//
+// Run: build/tests/test_offload --gtest_filter='DiskTier*'
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "disk_tier.h"
+#include "memory.h"
+#include "test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using zf::Category;
+using zf::DiskTier;
+using zf::Place;
+
+const std::vector<std::string> kNames = {"master", "m", "v"};
+
+float value(size_t k, size_t i) { return float(k * 1000000 + i); }  // < 2^24: exact
+
+template <class E>
+std::string expect_error(const std::function<void()>& fn, std::initializer_list<std::string> fragments) {
+  try {
+    fn();
+  } catch (const E& e) {
+    const std::string msg = e.what();
+    for (const std::string& f : fragments)
+      EXPECT_NE(msg.find(f), std::string::npos) << "message lacks '" << f << "': " << msg;
+    return msg;
+  }
+  ADD_FAILURE() << "expected an error containing '" << *fragments.begin() << "'";
+  return "";
+}
+
+size_t files_in(const std::string& dir) {
+  return size_t(std::distance(fs::directory_iterator(dir), fs::directory_iterator()));
+}
+
+// A per-process file size limit, as a full disk: writes past it fail with
+// EFBIG (SIGXFSZ ignored, else it would kill the test). Restored on scope exit.
+struct FileSizeLimit {
+  explicit FileSizeLimit(rlim_t bytes) {
+    getrlimit(RLIMIT_FSIZE, &old_);
+    old_handler_ = signal(SIGXFSZ, SIG_IGN);
+    struct rlimit lim = old_;
+    lim.rlim_cur = bytes;
+    ok_ = setrlimit(RLIMIT_FSIZE, &lim) == 0;
+  }
+  ~FileSizeLimit() {
+    setrlimit(RLIMIT_FSIZE, &old_);
+    signal(SIGXFSZ, old_handler_);
+  }
+  bool ok_;
+  struct rlimit old_ {};
+  sighandler_t old_handler_;
+};
+
+class DiskTierTest : public zf::test::TempDirTest {
+ protected:
+  // Array k filled with value(k, i) through the synchronous write, in pieces
+  // of an odd size so that no write lines up with a chunk.
+  void fill(DiskTier& t) {
+    for (int k = 0; k < t.num_arrays(); k++)
+      for (size_t b = 0; b < t.elems(); b += 777) {
+        const size_t n = std::min<size_t>(777, t.elems() - b);
+        std::vector<float> piece(n);
+        for (size_t j = 0; j < n; j++) piece[j] = value(size_t(k), b + j);
+        t.write(k, b, n, piece.data());
+      }
+  }
+  std::vector<float> whole(DiskTier& t, int k) {
+    std::vector<float> out(t.elems());
+    t.read(k, 0, t.elems(), out.data());
+    return out;
+  }
+  zf::MemoryTracker mem_;
+};
+
+TEST_F(DiskTierTest, RoundTripOfKArrays) {
+  // Sizes below, at, just past and far from a multiple of the chunk.
+  for (size_t elems : {size_t(1), size_t(1000), size_t(2048), size_t(2049), size_t(5 * 2048 + 517)}) {
+    DiskTier t(dir_, 0, kNames, elems, 2048, mem_);
+    fill(t);
+    for (int k = 0; k < 3; k++) {
+      const std::vector<float> got = whole(t, k);
+      for (size_t i = 0; i < elems; i++) ASSERT_EQ(got[i], value(size_t(k), i)) << "elems " << elems;
+      EXPECT_EQ(fs::file_size(t.path(k)), elems * sizeof(float));
+    }
+    EXPECT_EQ(t.file_bytes(), 3 * elems * sizeof(float));
+    // An unaligned middle range reads back on its own too.
+    if (elems > 10) {
+      float mid[7];
+      t.read(2, 3, 7, mid);
+      for (size_t j = 0; j < 7; j++) EXPECT_EQ(mid[j], value(2, 3 + j));
+    }
+  }
+}
+
+TEST_F(DiskTierTest, ForEachChunkVisitsEveryElementOnceInOrderAndWritesBack) {
+  const size_t elems = 3 * 2048 + 517, chunk = 2048;  // 4 chunks, the last partial
+  DiskTier t(dir_, 1, kNames, elems, chunk, mem_);
+  fill(t);
+  for (int pass = 0; pass < 2; pass++) {
+    size_t next = 0, calls = 0;
+    t.for_each_chunk([&](size_t begin, size_t n, float* const* a) {
+      ASSERT_EQ(begin, next) << "chunks must come in order, back to back";
+      ASSERT_EQ(n, std::min(chunk, elems - begin));
+      for (size_t k = 0; k < 3; k++)
+        for (size_t j = 0; j < n; j++) {
+          // Pass 1 sees what pass 0 wrote back.
+          ASSERT_EQ(a[k][j], value(k, begin + j) + float(pass)) << "k " << k << " at " << begin + j;
+          a[k][j] += 1.0f;
+        }
+      next = begin + n;
+      calls++;
+    });
+    EXPECT_EQ(next, elems);
+    EXPECT_EQ(calls, 4u);
+  }
+  for (int k = 0; k < 3; k++) {
+    const std::vector<float> got = whole(t, k);
+    for (size_t i = 0; i < elems; i++) ASSERT_EQ(got[i], value(size_t(k), i) + 2.0f);
+  }
+  // fill wrote each array once; each pass read and wrote each once; whole() read once more.
+  const uint64_t array_bytes = elems * sizeof(float);
+  EXPECT_EQ(t.bytes_written(), 3 * 3 * array_bytes);
+  EXPECT_EQ(t.bytes_read(), 3 * 3 * array_bytes);
+}
+
+TEST_F(DiskTierTest, HostHoldsTwoSlotsOfKChunksTracked) {
+  {
+    DiskTier t(dir_, 0, kNames, 100000, 4096, mem_);
+    const size_t expect = 2 * 3 * 4096 * sizeof(float);
+    EXPECT_EQ(t.host_bytes(), expect);
+    EXPECT_EQ(mem_.counts().cur(Place::host, Category::optimizer), expect);
+    EXPECT_EQ(mem_.counts().total(Place::device), 0u);
+    t.for_each_chunk([](size_t, size_t, float* const*) {});
+    EXPECT_EQ(mem_.counts().pk(Place::host, Category::optimizer), expect) << "the stream allocates nothing";
+  }
+  EXPECT_EQ(mem_.counts().cur(Place::host, Category::optimizer), 0u);
+  // A shard smaller than the chunk needs only its size, rounded up to 4 KiB.
+  DiskTier small(dir_, 0, {"m"}, 1500, 1 << 20, mem_);
+  EXPECT_EQ(small.chunk_elems(), 2048u);
+  EXPECT_EQ(mem_.counts().cur(Place::host, Category::optimizer), 2 * 2048 * sizeof(float));
+}
+
+TEST_F(DiskTierTest, FilesExistWhileTheTierDoesAndAreGoneAfter) {
+  std::vector<std::string> paths;
+  {
+    DiskTier t(dir_, 3, kNames, 5000, 1024, mem_);
+    for (int k = 0; k < 3; k++) {
+      paths.push_back(t.path(k));
+      EXPECT_TRUE(fs::is_regular_file(t.path(k))) << t.path(k);
+      EXPECT_NE(t.path(k).find("-r3-" + kNames[size_t(k)] + ".bin"), std::string::npos) << t.path(k);
+      // The space is reserved, not only the size set (a sparse file could
+      // still meet a full disk in the middle of a step).
+      struct stat st {};
+      ASSERT_EQ(stat(t.path(k).c_str(), &st), 0);
+      EXPECT_GE(size_t(st.st_blocks) * 512, 5000 * sizeof(float)) << t.path(k);
+    }
+    // A second tier of the same rank in the same directory gets its own files.
+    DiskTier other(dir_, 3, kNames, 10, 1024, mem_);
+    EXPECT_NE(other.path(0), t.path(0));
+    EXPECT_EQ(files_in(dir_), 6u);
+  }
+  for (const std::string& p : paths) EXPECT_FALSE(fs::exists(p)) << p;
+  EXPECT_EQ(files_in(dir_), 0u);
+}
+
+TEST_F(DiskTierTest, AnExceptionFromTheStepStopsTheStreamAndUnwindsCleanly) {
+  const size_t elems = 4 * 1024;
+  std::vector<std::string> paths;
+  try {
+    DiskTier t(dir_, 0, kNames, elems, 1024, mem_);
+    fill(t);
+    for (int k = 0; k < 3; k++) paths.push_back(t.path(k));
+    size_t seen = 0;
+    EXPECT_THROW(t.for_each_chunk([&](size_t begin, size_t n, float* const* a) {
+      if (begin == 2048) throw std::runtime_error("step failed");
+      for (size_t j = 0; j < n; j++) a[0][j] = -1.0f;
+      seen += n;
+    }), std::runtime_error);
+    EXPECT_EQ(seen, 2048u);
+    // Chunks 0 and 1 were written back before the throw returned; 2 and 3 were not.
+    const std::vector<float> got = whole(t, 0);
+    for (size_t i = 0; i < elems; i++) ASSERT_EQ(got[i], i < 2048 ? -1.0f : value(0, i)) << i;
+    // The tier is still usable.
+    size_t visited = 0;
+    t.for_each_chunk([&](size_t, size_t n, float* const*) { visited += n; });
+    EXPECT_EQ(visited, elems);
+    for (const std::string& p : paths) EXPECT_TRUE(fs::exists(p));
+    throw std::runtime_error("the run ends");
+  } catch (const std::runtime_error&) {
+  }
+  ASSERT_EQ(paths.size(), 3u);
+  for (const std::string& p : paths) EXPECT_FALSE(fs::exists(p)) << p;
+  EXPECT_EQ(mem_.counts().cur(Place::host, Category::optimizer), 0u);
+}
+
+TEST_F(DiskTierTest, CheckDirRefusesMissingFileAndFullDirectories) {
+  EXPECT_NO_THROW(DiskTier::check_dir(dir_, 4096));
+  EXPECT_EQ(files_in(dir_), 0u) << "the probe file must be removed";
+  const std::string missing = path("no/such/dir");
+  expect_error<zf::UsageError>([&] { DiskTier::check_dir(missing, 0); },
+                               {"--offload-dir", missing, "No such file or directory", "create"});
+  const std::string file = path("plain.txt");
+  { std::ofstream(file) << "x"; }
+  expect_error<zf::UsageError>([&] { DiskTier::check_dir(file, 0); },
+                               {"--offload-dir", file, "not a directory"});
+  // 1 EiB free is more than any test machine has.
+  expect_error<zf::UsageError>([&] { DiskTier::check_dir(dir_, size_t(1) << 60); },
+                               {"--offload-dir", dir_, "needs", "are free", "without it"});
+  // The constructor says it too, naming the file (the directory is gone).
+  expect_error<zf::UsageError>([&] { DiskTier(missing, 0, kNames, 10, 1024, mem_); },
+                               {"--offload-dir", missing + "/zf-offload-", "No such file or directory"});
+}
+
+TEST_F(DiskTierTest, CheckDirRefusesAnUnwritableDirectory) {
+  const std::string ro = path("ro");
+  fs::create_directory(ro);
+  fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec | fs::perms::group_read |
+                          fs::perms::group_exec | fs::perms::others_read | fs::perms::others_exec);
+  if (geteuid() != 0) {
+    expect_error<zf::UsageError>([&] { DiskTier::check_dir(ro, 0); },
+                                 {"--offload-dir", ro, "cannot create a file", "Permission denied"});
+    return;
+  }
+  // Root writes anywhere: check as an unprivileged user, in a child process.
+  fs::permissions(dir_, fs::perms::others_exec, fs::perm_options::add);
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(pipe_fds[0]);
+    std::string msg = "no error";
+    if (setgid(65534) != 0 || setuid(65534) != 0) msg = "cannot drop to uid 65534";
+    else try {
+      DiskTier::check_dir(ro, 0);
+    } catch (const zf::UsageError& e) {
+      msg = e.what();
+    }
+    (void)!write(pipe_fds[1], msg.data(), msg.size());
+    _exit(0);
+  }
+  close(pipe_fds[1]);
+  std::string msg;
+  char buf[512];
+  for (ssize_t r; (r = read(pipe_fds[0], buf, sizeof buf)) > 0;) msg.append(buf, size_t(r));
+  close(pipe_fds[0]);
+  waitpid(pid, nullptr, 0);
+  if (msg == "cannot drop to uid 65534") GTEST_SKIP() << "running as root and cannot drop privileges";
+  for (const std::string& f : {std::string("--offload-dir"), ro, std::string("cannot create a file"),
+                               std::string("Permission denied")})
+    EXPECT_NE(msg.find(f), std::string::npos) << "message lacks '" << f << "': " << msg;
+}
+
+TEST_F(DiskTierTest, ATruncatedFileFailsTheNextReadNamingIt) {
+  DiskTier t(dir_, 0, kNames, 4 * 1024, 1024, mem_);
+  fill(t);
+  ASSERT_EQ(truncate(t.path(1).c_str(), 6000), 0);  // chunk 1 becomes short, 2 and 3 empty
+  std::vector<float> buf(1024);
+  t.read(1, 0, 1024, buf.data());  // chunk 0 is whole still
+  expect_error<zf::Error>([&] { t.read(1, 1024, 1024, buf.data()); },
+                          {t.path(1), "offset 4096", "end of the file at offset 6000", "truncated"});
+  // The same error, raised on the I/O thread, comes back out of the stream.
+  size_t seen = 0;
+  expect_error<zf::Error>([&] { t.for_each_chunk([&](size_t, size_t n, float* const*) { seen += n; }); },
+                          {t.path(1), "offset 4096", "truncated"});
+  EXPECT_EQ(seen, 1024u) << "the step must not run on a chunk that was not read";
+}
+
+TEST_F(DiskTierTest, AFullDiskIsAnErrorAtOpenNamingTheFileAndTheBytes) {
+  {
+    FileSizeLimit limit(64 * 1024);
+    ASSERT_TRUE(limit.ok_);
+    expect_error<zf::UsageError>([&] { DiskTier(dir_, 2, kNames, 1 << 16, 4096, mem_); },
+                                 {"--offload-dir", dir_ + "/zf-offload-", "-r2-master.bin",
+                                  "262144 bytes", "File too large"});
+  }
+  EXPECT_EQ(files_in(dir_), 0u) << "the files created before the failure must be removed";
+  EXPECT_EQ(mem_.counts().cur(Place::host, Category::optimizer), 0u);
+}
+
+TEST_F(DiskTierTest, AWriteBackThatFailsOnTheIoThreadIsRethrown) {
+  DiskTier t(dir_, 0, kNames, 5 * 1024, 1024, mem_);
+  fill(t);
+  size_t calls = 0;
+  auto count_calls = [&](size_t, size_t, float* const*) { calls++; };
+  {
+    FileSizeLimit limit(4096);  // the first chunk of each file still fits
+    ASSERT_TRUE(limit.ok_);
+    expect_error<zf::Error>([&] { t.for_each_chunk(count_calls); },
+                            {t.path(0), "write of 4096 bytes at offset 4096", "File too large"});
+    // Chunk 1's write-back is queued before chunk 3's read, so its error is
+    // seen before the step runs on chunk 3, not only at the end of the shard.
+    EXPECT_EQ(calls, 3u);
+  }
+  {
+    FileSizeLimit limit(4 * 4096);  // only the last chunk's write-back fails
+    ASSERT_TRUE(limit.ok_);
+    calls = 0;
+    expect_error<zf::Error>([&] { t.for_each_chunk(count_calls); },
+                            {t.path(0), "write of 4096 bytes at offset 16384", "File too large"});
+    EXPECT_EQ(calls, 5u);
+  }
+}
+
+TEST_F(DiskTierTest, AFileUnlinkedByAnotherStaysReadable) {
+  DiskTier t(dir_, 0, kNames, 3000, 1024, mem_);
+  fill(t);
+  ASSERT_TRUE(fs::remove(t.path(0)));
+  size_t seen = 0;
+  t.for_each_chunk([&](size_t begin, size_t n, float* const* a) {
+    for (size_t j = 0; j < n; j++) ASSERT_EQ(a[0][j], value(0, begin + j));
+    seen += n;
+  });
+  EXPECT_EQ(seen, 3000u);
+}
+
+TEST_F(DiskTierTest, RemoveStaleTakesOnlyTheFilesOfDeadRuns) {
+  // A pid that is certainly dead: a child that has exited and been reaped.
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+  const std::string dead = std::to_string(child);
+  const std::string stale = path("zf-offload-" + dead + "-0123456789abcdef-r0-m.bin");
+  const std::string locked = path("zf-offload-" + dead + "-fedcba9876543210-r0-m.bin");
+  const std::string other = path("zf-offload-notes.txt");
+  // A live pid's file not locked yet: a run between creating a file and locking it.
+  const std::string young = path("zf-offload-" + std::to_string(getpid()) + "-00000000000000ff-r1-v.bin");
+  for (const std::string& p : {stale, locked, other, young}) std::ofstream(p) << "x";
+  // The dead pid's file still locked: a live run on another host sharing the directory.
+  const int fd = open(locked.c_str(), O_RDONLY);
+  ASSERT_EQ(flock(fd, LOCK_EX), 0);
+  DiskTier live(dir_, 0, kNames, 10, 1024, mem_);
+
+  const std::vector<std::string> removed = DiskTier::remove_stale(dir_);
+  EXPECT_EQ(removed, std::vector<std::string>{stale});
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(locked));
+  EXPECT_TRUE(fs::exists(other));
+  EXPECT_TRUE(fs::exists(young));
+  for (int k = 0; k < 3; k++) EXPECT_TRUE(fs::exists(live.path(k))) << "a live run's file was taken";
+  close(fd);
+}
+
+TEST_F(DiskTierTest, RefusesAnUnalignedChunkAndBadNames) {
+  expect_error<zf::Error>([&] { DiskTier(dir_, 0, kNames, 10, 1000, mem_); }, {"multiple of 1024"});
+  expect_error<zf::Error>([&] { DiskTier(dir_, 0, {"m/../x"}, 10, 1024, mem_); }, {"m/../x"});
+  expect_error<zf::Error>([&] { DiskTier(dir_, 0, {"m", "m"}, 10, 1024, mem_); }, {"twice"});
+  EXPECT_EQ(files_in(dir_), 0u);
+}
+
+}  // namespace
