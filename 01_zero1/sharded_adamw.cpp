@@ -32,15 +32,20 @@ void ShardedAdamW::load(const InitialState& init) {
   }
 }
 
+GradClip clip_scale(const ShardLayout& shards, Device& dev, Device& comm_dev, Communicator& comm,
+                    const std::function<const void*(int)>& grad_piece, DType dtype, float clip) {
+  SumOfSquares sq;
+  for (size_t u = 0; u < shards.units.size(); ++u) {
+    const size_t n = shards.units[u].end - shards.units[u].begin;  // padding is zero anyway
+    dev.sum_squares(grad_piece(int(u)), dtype, n, sq);
+  }
+  all_reduce(sq, comm, comm_dev);
+  return grad_clip(std::sqrt(sq.value()), clip);
+}
+
 GradClip ShardedAdamW::clip_scale(Communicator& comm, const std::function<const void*(int)>& grad_piece,
                                   float clip) const {
-  SumOfSquares sq;
-  for (size_t u = 0; u < layout_.units.size(); ++u) {
-    const size_t n = shards_.units[u].end - shards_.units[u].begin;  // padding is zero anyway
-    dev_.sum_squares(grad_piece(int(u)), storage_dtype(precision_), n, sq);
-  }
-  all_reduce(sq, comm, comm_dev_);
-  return grad_clip(std::sqrt(sq.value()), clip);
+  return zf::clip_scale(shards_, dev_, comm_dev_, comm, grad_piece, storage_dtype(precision_), clip);
 }
 
 void ShardedAdamW::update(int u, const void* grad_piece, void* param_piece, long step, float scale) {

@@ -65,6 +65,12 @@ class ShardedAdamW {
   Tensor m_, v_, master_;  // shard_total float32 each; master only in bf16
 };
 
+// The global gradient norm and clipping coefficient from every rank's
+// pieces (grad_piece(u): S_u elements of dtype, memory of dev), with the
+// exact sum (ShardedAdamW::clip_scale; comm_dev: what the all_reduce stages through).
+GradClip clip_scale(const ShardLayout& shards, Device& dev, Device& comm_dev, Communicator& comm,
+                    const std::function<const void*(int)>& grad_piece, DType dtype, float clip);
+
 // The whole model as float32 in consolidated order, gathered from every
 // rank's float32 pieces (one all_gather per unit). For the final parameter
 // hash and consolidated checkpoints; uses untracked host memory, so call it

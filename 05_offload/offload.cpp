@@ -9,9 +9,12 @@
 //   wait for the copies: the next step's all-gathers send what they wrote
 #include "offload.h"
 
+#include <cstdio>
 #include <memory>
+#include <optional>
 
 #include "check.h"
+#include "disk_adamw.h"
 #include "fsdp.h"
 #include "host_grads.h"
 #include "offload_params.h"
@@ -34,7 +37,11 @@ struct OffloadStates final : ModelStates {
   OffloadParams params;  // new: float32 shards on the host; the device's copy    category params (host, device)
   HostGrads host_grads;  // new: float32 gradient shards on the host              category grads (host)
   FlatGrads grads;       // stage 04's reduce-scatters, into host_grads           category comm
-  ShardedAdamW opt;      // stage 01's, on the host                               category optimizer (host)
+  // AdamW on the host: stage 01's with its moments in host memory, or with
+  // them in files under --offload-dir.                                         category optimizer (host)
+  std::optional<ShardedAdamW> opt;
+  std::optional<DiskAdamW> disk;
+  Device& comm_dev;
 
   OffloadStates(const FsdpUnits& units, const ShardLayout& shards, const TrainConfig& cfg, RankContext& ctx,
                 FsdpComms& comms)
@@ -44,7 +51,24 @@ struct OffloadStates final : ModelStates {
         host_grads(shards, reduce_dtype(cfg), ctx.mem, ctx.dev, !cfg.offload.no_pin),
         grads(shards, storage_dtype(cfg.precision), reduce_dtype(cfg), cfg.fsdp.no_sync, ctx.mem, ctx.dev,
               *comms.reduce_queue, comms.across.get(), &host_grads),
-        opt(units.flat, shards, Precision::fp32, ctx.mem, *host, cfg.lr, Place::host, &ctx.dev) {}
+        comm_dev(ctx.dev) {
+    // The float32 shard is its own master: AdamW as in the fp32 recipe.
+    if (cfg.offload.offload_dir.empty())
+      opt.emplace(units.flat, shards, Precision::fp32, ctx.mem, *host, cfg.lr, Place::host, &ctx.dev);
+    else
+      disk.emplace(units.flat, shards, cfg.offload.offload_dir, ctx.rank, ctx.mem, *host, cfg.lr);
+  }
+
+  // Before any file is made: the files of killed runs go (their space
+  // counts), and the folder must hold every rank's moments.
+  static void prepare_dir(const TrainConfig& cfg, const ShardLayout& shards, RankContext& ctx) {
+    if (cfg.offload.offload_dir.empty()) return;
+    if (ctx.rank == 0)
+      for (const std::string& f : DiskTier::remove_stale(cfg.offload.offload_dir))
+        std::fprintf(stderr, "note: removed %s, left by a run that was killed\n", f.c_str());
+    ctx.comm.barrier();
+    DiskTier::check_dir(cfg.offload.offload_dir, size_t(ctx.world) * 2 * shards.shard_total * sizeof(float));
+  }
 
   static DType reduce_dtype(const TrainConfig& cfg) {
     return cfg.fsdp.reduce_dtype.value_or(storage_dtype(cfg.precision));
@@ -54,14 +78,28 @@ struct OffloadStates final : ModelStates {
     for (int g = 0; g < units.size(); ++g)
       init.load(g, StateKind::params, shards.units[g].begin, shards.units[g].end, *host, params.shard(g),
                 DType::f32);
-    opt.load(init);
+    if (opt) opt->load(init);
+    else disk->load(init);
     for (int g = 0; g < units.size(); ++g) {
       params.narrow_host_copy(g);
       params.upload(g).wait();
     }
   }
   std::vector<float> full(StateKind kind, bool) override {
-    return opt.gather(kind, comm, [&](int g) { return params.shard(g); });
+    if (opt) return opt->gather(kind, comm, [&](int g) { return params.shard(g); });
+    if (kind != StateKind::params) return disk->gather(kind, comm, comm_dev);
+    return gather_full_model(comm, comm_dev, units.flat, shards, [&](int g) { return params.shard(g); }, host.get());
+  }
+
+  // The norm of the step's gradient over my group's pieces, on the host.
+  GradClip clip(float max_norm) {
+    return clip_scale(shards, *host, comm_dev, comm, [&](int g) { return host_grads.shard(g); }, DType::f32,
+                      max_norm);
+  }
+  // AdamW on unit g's float32 shard (in memory), or on the whole shard (on disk, g = -1).
+  void update(int g, long step, float scale) {
+    if (opt) opt->update(g, host_grads.shard(g), params.shard(g), step, scale);
+    else disk->update(params.shard(0), host_grads.shard(0), step, scale);
   }
 };
 
@@ -85,6 +123,7 @@ RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenDa
   const ShardLayout shards = make_shard_layout(units.flat, comms.group->size(), comms.group->rank());
   const int K = cfg.grad_accum, G = units.size(), D = opt.prefetch;
 
+  OffloadStates::prepare_dir(cfg, shards, ctx);
   OffloadStates states(units, shards, cfg, ctx, comms);
   RankFailureGuard guard(ctx.comm);  // a failing rank stops the family of communicators before freeing the states
   auto rc = make_rank_compute(cfg, layout, ctx, data);
@@ -108,13 +147,16 @@ RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenDa
     }
     const float loss = global_mean_loss(ctx.comm, ctx.dev, loss_sum, K);
 
-    // The norm over my group's pieces, on the host.
-    const GradClip clip =
-        states.opt.clip_scale(*comms.group, [&](int g) { return states.host_grads.shard(g); }, cfg.clip);
+    const GradClip clip = states.clip(cfg.clip);
     std::vector<Transfer> uploads(G);
+    if (states.disk) {  // one stream over the shard, then the copies
+      Timer cpu;
+      states.update(-1, step + 1, clip.scale);
+      t.optimizer += cpu.ms();
+    }
     for (int g = 0; g < G; ++g) {
       Timer cpu;
-      states.opt.update(g, states.host_grads.shard(g), states.params.shard(g), step + 1, clip.scale);
+      if (!states.disk) states.update(g, step + 1, clip.scale);
       states.params.narrow_host_copy(g);
       t.optimizer += cpu.ms();
       uploads[g] = states.params.upload(g);  // overlaps the next unit's update

@@ -21,10 +21,15 @@
 #include <string>
 #include <vector>
 
+#include <filesystem>
+
 #include "data_parallel.h"
+#include "disk_adamw.h"
 #include "fsdp.h"
 #include "memory_model.h"
 #include "offload.h"
+#include "comm_threads.h"
+#include "sharded_adamw.h"
 #include "stages/fsdp_test_util.h"
 #include "stages/stage_test_util.h"
 #include "test_util.h"
@@ -208,9 +213,107 @@ TEST(OffloadBudget, TheReadmeConfigurationFitsOnlyWithOffload) {
   EXPECT_EQ(with_params_offloaded(at6).ranks[0].losses.size(), 1u);
 }
 
+// ------------------------------------------------------------------ the disk tier
+
+class OffloadDisk : public test::TempDirTest {};
+
+// --offload-dir moves the moments to files and streams them through the
+// host: the same AdamW on each element, so stage 00's bits; the host holds
+// a window of two chunks of each moment instead of 8S; the files are gone
+// when the run ends.
+TEST_F(OffloadDisk, MomentsInFilesAreBitIdenticalAndTheHostHoldsAWindow) {
+  for (int N : {1, 2, 4})
+    for (Precision p : {Precision::fp32, Precision::bf16})
+      for (bool offload_params : {false, true}) {
+        TrainConfig cfg = fsdp_config(odd4(), N, p);
+        cfg.offload.offload_dir = dir_;
+        cfg.offload.offload_params = offload_params;
+        SCOPED_TRACE(describe(cfg) + (offload_params ? ", offload-params" : ""));
+        const RunResult run = run_training(cfg, train_offload);
+        cfg.offload = {};
+        test::expect_bit_identical(run_training(cfg, train_data_parallel), run, "05 offload --offload-dir");
+        const size_t S = flat_sizes(odd4(), N, 1).shard;
+        const size_t window = std::min(DiskAdamW::kChunkElems, (S + 1023) / 1024 * 1024);
+        for (const RankResult& r : run.ranks) {
+          EXPECT_EQ(r.memory.cur(Place::host, Category::optimizer), 2 * 2 * window * sizeof(float));
+          EXPECT_EQ(r.memory.cur(Place::host, Category::grads), 4 * S);
+        }
+        EXPECT_TRUE(std::filesystem::is_empty(dir_)) << "the offload files are removed at the end";
+      }
+}
+
+TEST_F(OffloadDisk, NoSyncAndClippingAreBitIdentical) {
+  TrainConfig cfg = fsdp_config(odd4(), 3, Precision::bf16);
+  cfg.grad_accum = 2;
+  cfg.fsdp.no_sync = true;
+  cfg.clip = 0.05f;
+  const RunResult ref = run_training(cfg, train_data_parallel);
+  cfg.offload.offload_dir = dir_;
+  test::expect_bit_identical(ref, run_training(cfg, train_offload), "05 offload --offload-dir --no-sync");
+}
+
+// The stream cuts the shard into chunks that do not fall on unit or
+// parameter boundaries: with chunks of 1024 elements (odd4's shard at N = 1
+// is about 9 of them), three steps of DiskAdamW equal three of stage 01's
+// optimizer on host memory, bit for bit, master and moments.
+TEST_F(OffloadDisk, ChunkedUpdateEqualsTheInMemoryOptimizer) {
+  const ModelLayout flat = wrap_blocks(build_layout(odd4()), 1).flat;
+  for (int N : {1, 3}) {
+    const ShardLayout shards = make_shard_layout(flat, N, N - 1);
+    MemoryTracker mem;
+    auto host = make_cpu_device();
+    mem.set_device(host.get());
+    ShardedAdamW ref(flat, shards, Precision::fp32, mem, *host, 1e-3f, Place::host);
+    DiskAdamW disk(flat, shards, dir_, 0, mem, *host, 1e-3f, 1024);
+    ASSERT_GT(shards.shard_total, 3 * 1024u) << "several chunks";
+    std::vector<float> p0(shards.shard_total), p1, g(shards.shard_total);
+    uint64_t x = 88172645463325252ull;
+    auto next = [&] { x ^= x << 13, x ^= x >> 7, x ^= x << 17; return float(int64_t(x % 2001) - 1000) / 997.0f; };
+    for (float& v : p0) v = next();
+    p1 = p0;
+    for (long step = 1; step <= 3; ++step) {
+      for (float& v : g) v = next();
+      for (size_t u = 0; u < shards.units.size(); ++u)
+        ref.update(int(u), g.data() + shards.units[u].shard_offset, p0.data() + shards.units[u].shard_offset, step,
+                   0.5f);
+      disk.update(p1.data(), g.data(), step, 0.5f);
+    }
+    EXPECT_EQ(p0, p1) << "N = " << N;
+    auto one = make_thread_communicators(1);  // the gathers of a one-rank run
+    auto ps = [&](int u) -> const void* { return p0.data() + shards.units[u].shard_offset; };
+    if (N == 1)
+      for (StateKind k : {StateKind::m, StateKind::v})
+        EXPECT_EQ(ref.gather(k, *one[0], ps), disk.gather(k, *one[0], *host)) << "moment " << int(k);
+  }
+}
+
+TEST_F(OffloadDisk, AMissingFolderIsRefusedBeforeStepZero) {
+  TrainConfig cfg = fsdp_config(odd4(), 2, Precision::fp32);
+  cfg.offload.offload_dir = dir_ + "/no-such-folder";
+  try {
+    run_training(cfg, train_offload);
+    FAIL() << "trained with a missing --offload-dir";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--offload-dir"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no-such-folder"), std::string::npos) << e.what();
+  }
+}
+
 // ------------------------------------------------------------------ checkpoints
 
 class OffloadCheckpoint : public test::TempDirTest {};
+
+TEST_F(OffloadCheckpoint, ResumeWithTheMomentsOnDiskContinuesBitForBit) {
+  const std::string folder = dir_ + "/offload";
+  std::filesystem::create_directory(folder);
+  test::expect_resume_continues_bit_for_bit(
+      [folder](const TrainConfig& c, RankContext& ctx, const TokenData& d, StepReporter& r) {
+        TrainConfig cfg = c;
+        cfg.offload.offload_dir = folder;
+        return train_offload(cfg, ctx, d, r);
+      },
+      dir_);
+}
 
 TEST_F(OffloadCheckpoint, ResumeContinuesBitForBit) { test::expect_resume_continues_bit_for_bit(train_offload, dir_); }
 

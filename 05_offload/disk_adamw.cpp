@@ -1,0 +1,70 @@
+// disk_adamw.cpp: the optimizer step as a stream over chunks of the moments.
+#include "disk_adamw.h"
+
+#include <algorithm>
+
+#include "sharded_adamw.h"
+
+namespace zf {
+
+namespace {
+
+// Calls fn(i, n, decay) for every parameter piece of my shard that falls in
+// shard elements [lo, hi): i is a shard index, the piece one ParamSpec's
+// (padding skipped), as ShardedAdamW::update cuts a unit.
+template <class Fn>
+void for_each_piece(const ModelLayout& flat, const ShardLayout& shards, size_t lo, size_t hi, Fn&& fn) {
+  for (size_t u = 0; u < shards.units.size(); ++u) {
+    const UnitShard& us = shards.units[u];
+    const size_t a = std::max(lo, us.shard_offset), z = std::min(hi, us.shard_offset + us.shard);
+    if (a >= z) continue;
+    // [a, z) in the unit's own numbering, clipped to its real elements.
+    const size_t from = us.begin + (a - us.shard_offset), to = std::min(us.end, us.begin + (z - us.shard_offset));
+    for (const auto& p : flat.units[u].params) {
+      const size_t b = std::max(from, p.offset), e = std::min(to, p.offset + p.numel);
+      if (b < e) fn(us.shard_offset + (b - us.begin), e - b, p.decay);
+    }
+  }
+}
+
+}  // namespace
+
+DiskAdamW::DiskAdamW(const ModelLayout& flat, const ShardLayout& shards, const std::string& dir, int rank,
+                     MemoryTracker& mem, Device& host, float lr, size_t chunk_elems)
+    : flat_(flat), shards_(shards), host_(host),
+      tier_(dir, rank, {"m", "v"}, shards.shard_total, chunk_elems, mem) {
+  adam_.lr = lr;
+}
+
+void DiskAdamW::load(const InitialState& init) {
+  if (!init.has_moments()) return;
+  for (size_t u = 0; u < shards_.units.size(); ++u) {
+    const UnitShard& us = shards_.units[u];
+    std::vector<float> piece(us.end - us.begin);
+    for (int k = 0; k < 2; ++k) {
+      init.read(int(u), k == 0 ? StateKind::m : StateKind::v, us.begin, us.end, piece.data());
+      tier_.write(k, us.shard_offset, piece.size(), piece.data());
+    }
+  }
+}
+
+void DiskAdamW::update(float* master, const float* grads, long step, float scale) {
+  tier_.for_each_chunk([&](size_t begin, size_t n, float* const* mv) {
+    for_each_piece(flat_, shards_, begin, begin + n, [&](size_t i, size_t len, bool decay) {
+      host_.adamw(master + i, grads + i, DType::f32, mv[0] + (i - begin), mv[1] + (i - begin), len, adam_, step,
+                  scale, decay);
+    });
+  });
+}
+
+std::vector<float> DiskAdamW::gather(StateKind kind, Communicator& comm, Device& comm_dev) {
+  std::vector<float> piece;
+  return gather_full_model(comm, comm_dev, flat_, shards_, [&](int u) -> const float* {
+    const UnitShard& us = shards_.units[u];
+    piece.assign(us.shard, 0.0f);
+    tier_.read(kind == StateKind::m ? 0 : 1, us.shard_offset, us.end - us.begin, piece.data());
+    return piece.data();
+  }, &host_);
+}
+
+}  // namespace zf

@@ -1,0 +1,60 @@
+// disk_adamw.h: AdamW over one rank's shard with its moments in files
+// (--offload-dir; ZeRO-Infinity's NVMe tier for the optimizer state).
+//
+// The moments m and v (8 of the host's 16-18 bytes per shard element) live
+// in two files under DIR (disk_tier.h); the float32 shards, the gradient
+// shards and the bf16 copy stay in host memory, since every step reads them
+// outside the optimizer too (the norm, the all-gathers). An optimizer step
+// streams the shard through a window of two chunks of each moment: the I/O
+// thread reads chunk c+1 and writes chunk c-1 back while the CPU updates
+// chunk c. The host then holds 2 x 2 x kChunkElems floats of moments (less
+// for a shard smaller than a chunk) whatever the model's size.
+//
+// Each element takes the same AdamW as in host memory (the same function,
+// one ParamSpec piece at a time for the decay mask), so the results are the
+// in-memory optimizer's to the bit, whatever the chunk boundaries.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "adamw.h"
+#include "comm.h"
+#include "device.h"
+#include "disk_tier.h"
+#include "initial_state.h"
+#include "model.h"
+#include "shard.h"
+
+namespace zf {
+
+class DiskAdamW {
+ public:
+  // 1 Mi floats (4 MiB) per moment per chunk: large sequential transfers,
+  // and a 16 MiB window.
+  static constexpr size_t kChunkElems = size_t(1) << 20;
+
+  // flat: the FSDP units' layout (its ParamSpecs give the decay mask).
+  // host: the CPU device that computes on host memory.
+  DiskAdamW(const ModelLayout& flat, const ShardLayout& shards, const std::string& dir, int rank, MemoryTracker& mem,
+            Device& host, float lr, size_t chunk_elems = kChunkElems);
+
+  // On --resume, the moments from the checkpoint into the files (a fresh run's files are zeros).
+  void load(const InitialState& init);
+  // AdamW on every element of my shard: master (shard_total float32, host)
+  // updated in place with grads (the same layout), the moments streamed.
+  void update(float* master, const float* grads, long step, float scale);
+  // The whole model's moment `kind` (m or v), from every rank's files (ModelStates::full).
+  std::vector<float> gather(StateKind kind, Communicator& comm, Device& comm_dev);
+
+  const DiskTier& tier() const { return tier_; }
+
+ private:
+  const ModelLayout& flat_;
+  const ShardLayout& shards_;
+  Device& host_;
+  AdamWConfig adam_;
+  DiskTier tier_;  // arrays 0: m, 1: v
+};
+
+}  // namespace zf
