@@ -1,6 +1,8 @@
 // test_device_cuda.cpp: the GPU Device's memory (common/cuda/device_cuda.cu): the
-// stream-ordered allocator, and its out-of-memory path into the
-// MemoryTracker's error. Part of the gpu_kernels suite; skips without a GPU.
+// stream-ordered allocator, its out-of-memory path into the MemoryTracker's
+// error, and offload's asynchronous copies and pinned memory (the checks of
+// tests/core/transfer_checks.h, which the CPU device passes too). Part of
+// the gpu_kernels suite; skips without a GPU.
 //
 //   build/tests/test_gpu_kernels --gtest_filter='CudaDeviceMemory*'
 //
@@ -13,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "cuda/gpu_test_util.h"
+#include "core/transfer_checks.h"
 
 #include <cuda_runtime.h>
 
@@ -192,3 +195,18 @@ TEST(CudaDeviceMemory, PoolMemoryIsDeviceMemoryToPointerAttributes) {
 }
 
 }  // namespace
+
+// Offload's copies on the copy stream and pinned memory (cudaHostAlloc):
+// the checks the CPU device passes (tests/core/transfer_checks.h).
+TEST(CudaDeviceTransfers, CopiesRoundTripAndAreCounted) {
+  SKIP_WITHOUT_GPU();
+  zf::test::expect_copies_round_trip(*gpu0());
+}
+TEST(CudaDeviceTransfers, CopiesAreOrderedAfterTheComputeStream) {
+  SKIP_WITHOUT_GPU();
+  zf::test::expect_copies_ordered(*gpu0());
+}
+TEST(CudaDeviceTransfers, ADroppedTransferWaits) {
+  SKIP_WITHOUT_GPU();
+  zf::test::expect_a_dropped_transfer_waits(*gpu0());
+}

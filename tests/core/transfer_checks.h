@@ -1,0 +1,99 @@
+// transfer_checks.h: what every Device's asynchronous copies and pinned
+// memory must do (device.h), checked through the interface alone, so the
+// CPU device (tests/core/test_transfer.cpp) and the GPU's
+// (tests/cuda/test_device_cuda.cpp) pass the same checks.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "device.h"
+#include "memory.h"
+#include "tensor.h"
+
+namespace zf::test {
+
+// 4 MiB: long enough that a copy is still in flight when the host goes on.
+constexpr size_t kTransferFloats = size_t(1) << 20;
+
+inline void fill_pattern(float* p, size_t n, uint32_t seed) {
+  for (size_t i = 0; i < n; ++i) p[i] = float((i * 2654435761u + seed) % 100003u);
+}
+
+// Host -> device -> host through pinned and pageable buffers: the bytes come
+// back, each direction is counted once, and the pinned bytes are counted
+// while they live.
+inline void expect_copies_round_trip(Device& dev) {
+  MemoryTracker mem;
+  mem.set_device(&dev);
+  const size_t n = kTransferFloats, bytes = n * sizeof(float);
+  {
+    Tensor pinned(mem, Place::host, Category::comm, DType::f32, n, true);
+    Tensor pageable(mem, Place::host, Category::comm, DType::f32, n);
+    Tensor on_device(mem, Place::device, Category::comm, DType::f32, n);
+    EXPECT_EQ(mem.counts().pinned, bytes);
+    fill_pattern(pinned.as<float>(), n, 7);
+    const TransferStats before = dev.transfers();
+    Transfer up = dev.to_device_async(on_device.data(), pinned.data(), bytes);
+    EXPECT_TRUE(up.pending());
+    up.wait();
+    EXPECT_FALSE(up.pending());
+    dev.to_host_async(pageable.data(), on_device.data(), bytes).wait();
+    EXPECT_EQ(std::memcmp(pinned.data(), pageable.data(), bytes), 0);
+    const TransferStats& after = dev.transfers();
+    EXPECT_EQ(after.to_device_bytes - before.to_device_bytes, bytes);
+    EXPECT_EQ(after.to_host_bytes - before.to_host_bytes, bytes);
+    EXPECT_EQ(after.to_device_copies - before.to_device_copies, 1u);
+    EXPECT_EQ(after.to_host_copies - before.to_host_copies, 1u);
+  }
+  EXPECT_EQ(mem.counts().pinned, 0u) << "the pinned buffer was released";
+  EXPECT_EQ(mem.counts().pinned_peak, bytes);
+}
+
+// A copy to the host reads what the device's ops issued before it wrote
+// (on a GPU: the copy stream waits for the compute stream), and copies run
+// in issue order: of two into one buffer, the later one's bytes stay.
+inline void expect_copies_ordered(Device& dev) {
+  MemoryTracker mem;
+  mem.set_device(&dev);
+  const size_t n = kTransferFloats, bytes = n * sizeof(float);
+  Tensor a(mem, Place::host, Category::comm, DType::f32, n, true), b(mem, Place::host, Category::comm, DType::f32, n, true);
+  Tensor d(mem, Place::device, Category::comm, DType::f32, n), e(mem, Place::device, Category::comm, DType::f32, n);
+  fill_pattern(a.as<float>(), n, 1);
+  dev.to_device(d.data(), a.data(), bytes);
+  dev.zero(d.data(), bytes);  // an op on the compute queue
+  Transfer t = dev.to_host_async(b.data(), d.data(), bytes);
+  t.wait();
+  const std::vector<float> zeros(n, 0.0f);
+  EXPECT_EQ(std::memcmp(b.data(), zeros.data(), bytes), 0) << "the copy overtook the op before it";
+
+  fill_pattern(a.as<float>(), n, 2);
+  fill_pattern(b.as<float>(), n, 3);
+  dev.to_device(d.data(), a.data(), bytes);
+  dev.to_device(e.data(), b.data(), bytes);
+  Tensor out(mem, Place::host, Category::comm, DType::f32, n, true);
+  Transfer first = dev.to_host_async(out.data(), d.data(), bytes);
+  Transfer second = dev.to_host_async(out.data(), e.data(), bytes);
+  second.wait();
+  first.wait();
+  EXPECT_EQ(std::memcmp(out.data(), b.data(), bytes), 0) << "the copies ran out of issue order";
+}
+
+// A Transfer dropped while in flight waits for its copy: the bytes have
+// arrived once the handle is gone, and nothing writes after.
+inline void expect_a_dropped_transfer_waits(Device& dev) {
+  MemoryTracker mem;
+  mem.set_device(&dev);
+  const size_t n = kTransferFloats, bytes = n * sizeof(float);
+  Tensor src(mem, Place::host, Category::comm, DType::f32, n, true), dst(mem, Place::host, Category::comm, DType::f32, n, true);
+  Tensor d(mem, Place::device, Category::comm, DType::f32, n);
+  fill_pattern(src.as<float>(), n, 9);
+  dev.to_device(d.data(), src.data(), bytes);
+  { Transfer dropped = dev.to_host_async(dst.data(), d.data(), bytes); }
+  EXPECT_EQ(std::memcmp(src.data(), dst.data(), bytes), 0);
+}
+
+}  // namespace zf::test
