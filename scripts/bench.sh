@@ -16,8 +16,20 @@
 # per repeat on the 2-core machine, most of it PyTorch's runs.
 #
 #   scripts/bench.sh --fsdp --repeats 3
+#
+# --offload (first argument): section E only, stage 05's step against stage
+# 04's with the phases (bench/bench_offload.py; no PyTorch), about 3 minutes.
+#
+#   scripts/bench.sh --offload --repeats 3 --markdown /tmp/offload.md
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [[ "${1:-}" == "--offload" ]]; then
+  shift
+  scripts/install_deps.sh
+  scripts/build.sh
+  exec /usr/bin/python3 bench/bench_offload.py "$@"
+fi
 
 if [[ "${1:-}" == "--fsdp" ]]; then
   shift
