@@ -335,11 +335,17 @@ std::vector<int64_t> pack(const RankResult& r) {
     for (int c = 0; c < kNumCategories; c++) w.push_back(word(r.memory.peak[p][c]));
     w.push_back(word(r.memory.peak_total[p]));
   }
-  for (int k = 0; k < kNumCollectives; k++) {
-    w.push_back(word(r.comm.bytes[k]));
-    w.push_back(word(r.comm.calls[k]));
-    w.push_back(word(r.comm.seconds[k]));
-  }
+  w.push_back(word(r.memory.pinned));
+  w.push_back(word(r.memory.pinned_peak));
+  for (const CommStats* s : {&r.comm, &r.comm_cross_group})
+    for (int k = 0; k < kNumCollectives; k++) {
+      w.push_back(word(s->bytes[k]));
+      w.push_back(word(s->calls[k]));
+      w.push_back(word(s->seconds[k]));
+    }
+  for (uint64_t x : {r.transfers.to_device_bytes, r.transfers.to_host_bytes, r.transfers.to_device_copies,
+                     r.transfers.to_host_copies})
+    w.push_back(word(x));
   w.push_back(word(r.param_hash));
   w.push_back(int64_t(r.losses.size()));
   for (float x : r.losses) w.push_back(word(x));
@@ -358,11 +364,17 @@ RankResult unpack(const int64_t* w) {
     for (int c = 0; c < kNumCategories; c++) r.memory.peak[p][c] = unword<size_t>(w[i++]);
     r.memory.peak_total[p] = unword<size_t>(w[i++]);
   }
-  for (int k = 0; k < kNumCollectives; k++) {
-    r.comm.bytes[k] = unword<double>(w[i++]);
-    r.comm.calls[k] = unword<uint64_t>(w[i++]);
-    r.comm.seconds[k] = unword<double>(w[i++]);
-  }
+  r.memory.pinned = unword<size_t>(w[i++]);
+  r.memory.pinned_peak = unword<size_t>(w[i++]);
+  for (CommStats* s : {&r.comm, &r.comm_cross_group})
+    for (int k = 0; k < kNumCollectives; k++) {
+      s->bytes[k] = unword<double>(w[i++]);
+      s->calls[k] = unword<uint64_t>(w[i++]);
+      s->seconds[k] = unword<double>(w[i++]);
+    }
+  for (uint64_t* x : {&r.transfers.to_device_bytes, &r.transfers.to_host_bytes, &r.transfers.to_device_copies,
+                      &r.transfers.to_host_copies})
+    *x = unword<uint64_t>(w[i++]);
   r.param_hash = unword<uint64_t>(w[i++]);
   r.losses.resize(size_t(w[i++]));
   for (float& x : r.losses) x = unword<float>(w[i++]);

@@ -70,7 +70,7 @@ nlohmann::json summary_json(const RunResult& run) {
   json memory = json::array(), comm = json::array();
   for (size_t r = 0; r < run.ranks.size(); ++r) {
     const auto& m = run.ranks[r].memory;
-    json entry = {{"rank", r}};
+    json entry = {{"rank", r}, {"pinned_peak", m.pinned_peak}};
     for (int p = 0; p < kNumPlaces; ++p) {
       json place;
       for (int c = 0; c < kNumCategories; ++c)

@@ -110,6 +110,16 @@ TEST(MpiLaunch, Stage04SameLossesUnderMpirunAsWithThreads) {
   expect_same_as_threads(fsdp, "--model tiny --steps 2 --batch 1 --precision bf16 --shard-group 2 --quiet");
 }
 
+// Stage 05 under mpirun: each process's copy thread, its host states and
+// its files under --offload-dir (named for its own process), the same bits
+// as with ranks as threads.
+TEST(MpiLaunch, Stage05SameLossesUnderMpirunAsWithThreads) {
+  const std::string offload = binary("ZF_OFFLOAD_BIN", "build/05_offload/offload");
+  const std::string dir = test::temp_dir();
+  expect_same_as_threads(offload, "--model tiny --steps 3 --batch 2 --precision bf16 --quiet");
+  expect_same_as_threads(offload, "--model tiny --steps 2 --batch 1 --offload-params --offload-dir " + dir + " --quiet");
+}
+
 // The log and the tables come once, from rank 0; --ranks gives way to the
 // launcher, with a note.
 TEST(MpiLaunch, OnlyRankZeroPrintsAndRanksFlagGivesWay) {
