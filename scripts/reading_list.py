@@ -97,9 +97,11 @@ READING = [
         ("05_offload/offload_params.cpp", "the host copy, its upload, the all-gather's input"),
         ("05_offload/host_grads.h", "reduced pieces copied device->host into float32 shards"),
         ("05_offload/host_grads.cpp", "two landing buffers, the float32 accumulation"),
+        ("05_offload/delayed_update.h", "--delay-update: the CPU update on a worker thread, one step late"),
+        ("05_offload/delayed_update.cpp", "the worker, its join and its errors"),
         ("05_offload/offload.cpp", "the loop: stage 04's step, the update on the host, the uploads"),
         ("05_offload/train.cpp", "main()"),
-    ], ["tests/stages/test_offload.cpp"]),
+    ], ["tests/stages/test_offload.cpp", "tests/stages/test_offload_delay.cpp"]),
 ]
 
 
