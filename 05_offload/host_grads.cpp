@@ -15,14 +15,24 @@ size_t largest_shard(const ShardLayout& shards) {
 }
 }  // namespace
 
-HostGrads::HostGrads(const ShardLayout& shards, DType reduce_dtype, MemoryTracker& mem, Device& dev, bool pin)
-    : layout_(shards), dtype_(reduce_dtype), dev_(dev),
-      shards_(mem, Place::host, Category::grads, DType::f32, shards.shard_total),
-      slot_of_(shards.units.size(), -1) {
+HostGrads::HostGrads(const ShardLayout& shards, DType reduce_dtype, MemoryTracker& mem, Device& dev, bool pin,
+                     int buffers)
+    : layout_(shards), dtype_(reduce_dtype), dev_(dev), slot_of_(shards.units.size(), -1) {
+  REQUIRE(buffers == 1 || buffers == 2, "HostGrads keeps 1 or 2 gradient buffers, not " << buffers);
+  for (int b = 0; b < buffers; ++b)
+    shards_.emplace_back(mem, Place::host, Category::grads, DType::f32, shards.shard_total);
   for (Tensor& t : landing_) t = Tensor(mem, Place::host, Category::comm, reduce_dtype, largest_shard(shards), pin);
 }
 
-float* HostGrads::shard(int g) { return shards_.as<float>() + layout_.units[g].shard_offset; }
+float* HostGrads::shard(int g, int buffer) {
+  return shards_.at(buffer).as<float>() + layout_.units[g].shard_offset;
+}
+
+int HostGrads::flip() {
+  const int filled = current_;
+  current_ = (current_ + 1) % int(shards_.size());
+  return filled;
+}
 
 Transfer HostGrads::send(int g, const void* piece, DType dtype, size_t n) {
   REQUIRE(dtype == dtype_ && n == layout_.units[g].shard, "unit " << g << "'s piece is not what HostGrads expects");
@@ -49,6 +59,9 @@ void HostGrads::landed(int g) {
   }
 }
 
-void HostGrads::zero() { std::fill_n(shards_.as<float>(), shards_.numel(), 0.0f); }
+void HostGrads::zero(int buffer) {
+  Tensor& t = shards_.at(buffer);
+  std::fill_n(t.as<float>(), t.numel(), 0.0f);
+}
 
 }  // namespace zf

@@ -7,6 +7,11 @@
 //   for each unit g: CPU AdamW on its float32 shard; round it into the bf16
 //     copy; copy that host->device (overlapping the next unit's update)
 //   wait for the copies: the next step's all-gathers send what they wrote
+//
+// With --delay-update (offload.h), from the second step on, the last three
+// lines become: wait for the previous step's update (on the worker thread,
+// delayed_update.h), copy its result host->device, and give this step's
+// update to the worker; the next step computes meanwhile.
 #include "offload.h"
 
 #include <cstdio>
@@ -14,6 +19,7 @@
 #include <optional>
 
 #include "check.h"
+#include "delayed_update.h"
 #include "disk_adamw.h"
 #include "fsdp.h"
 #include "host_grads.h"
@@ -35,20 +41,22 @@ struct OffloadStates final : ModelStates {
   Communicator& comm;  // the shard group
   std::unique_ptr<Device> host;  // the CPU, computing on host memory
   OffloadParams params;  // new: float32 shards on the host; the device's copy    category params (host, device)
-  HostGrads host_grads;  // new: float32 gradient shards on the host              category grads (host)
+  HostGrads host_grads;  // new: float32 gradient shards on the host (2: delay)  category grads (host)
   FlatGrads grads;       // stage 04's reduce-scatters, into host_grads           category comm
   // AdamW on the host: stage 01's with its moments in host memory, or with
   // them in files under --offload-dir.                                         category optimizer (host)
   std::optional<ShardedAdamW> opt;
   std::optional<DiskAdamW> disk;
   Device& comm_dev;
+  DelayedUpdate pending;  // --delay-update: the update in flight (last: it is joined before the rest goes)
 
   OffloadStates(const FsdpUnits& units, const ShardLayout& shards, const TrainConfig& cfg, RankContext& ctx,
                 FsdpComms& comms)
       : units(units), shards(shards), comm(*comms.group), host(make_cpu_device()),
         params(shards, storage_dtype(cfg.precision), cfg.fsdp, units.last(), ctx.mem, ctx.dev, *host, *comms.group,
-               cfg.offload.offload_params, !cfg.offload.no_pin),
-        host_grads(shards, reduce_dtype(cfg), ctx.mem, ctx.dev, !cfg.offload.no_pin),
+               cfg.offload.offload_params, !cfg.offload.no_pin, cfg.offload.delay_update),
+        host_grads(shards, reduce_dtype(cfg), ctx.mem, ctx.dev, !cfg.offload.no_pin,
+                   cfg.offload.delay_update ? 2 : 1),
         grads(shards, storage_dtype(cfg.precision), reduce_dtype(cfg), cfg.fsdp.no_sync, ctx.mem, ctx.dev,
               *comms.reduce_queue, comms.across.get(), &host_grads),
         comm_dev(ctx.dev) {
@@ -86,6 +94,7 @@ struct OffloadStates final : ModelStates {
     }
   }
   std::vector<float> full(StateKind kind, bool) override {
+    pending.finish();  // a checkpoint and the final hash hold every step's update
     if (opt) return opt->gather(kind, comm, [&](int g) { return params.shard(g); });
     if (kind != StateKind::params) return disk->gather(kind, comm, comm_dev);
     return gather_full_model(comm, comm_dev, units.flat, shards, [&](int g) { return params.shard(g); }, host.get());
@@ -96,20 +105,47 @@ struct OffloadStates final : ModelStates {
     return clip_scale(shards, *host, comm_dev, comm, [&](int g) { return host_grads.shard(g); }, DType::f32,
                       max_norm);
   }
-  // AdamW on unit g's float32 shard (in memory), or on the whole shard (on disk, g = -1).
-  void update(int g, long step, float scale) {
-    if (opt) opt->update(g, host_grads.shard(g), params.shard(g), step, scale);
-    else disk->update(params.shard(0), host_grads.shard(0), step, scale);
+  // CPU AdamW on unit g's float32 shard with the gradients of `buffer`, and
+  // its rounding into the bf16 copy the device receives (moments in memory).
+  void update(int g, int buffer, long t, float scale) {
+    opt->update(g, host_grads.shard(g, buffer), params.shard(g), t, scale);
+    params.narrow_host_copy(g);
+  }
+  // Every unit: unit by unit, or one stream over the shard when the
+  // moments are on disk. With --delay-update this runs on the worker: it
+  // touches only the host's float32 shards, moments, bf16 copy and that
+  // buffer; the rank's thread meanwhile reads the device's copy (or the
+  // all-gathers' second host copy) and fills the other buffer.
+  void update_all(int buffer, long t, float scale) {
+    if (opt) {
+      for (int g = 0; g < units.size(); ++g) update(g, buffer, t, scale);
+      return;
+    }
+    disk->update(params.shard(0), host_grads.shard(0, buffer), t, scale);
+    for (int g = 0; g < units.size(); ++g) params.narrow_host_copy(g);
+  }
+
+  void upload_all() {
+    std::vector<Transfer> uploads(units.size());
+    for (int g = 0; g < units.size(); ++g) uploads[g] = params.upload(g);
+    for (Transfer& u : uploads) u.wait();
   }
 };
 
-// Wall-clock phases of a step, accumulated as it runs.
+// Wall-clock phases of a step, accumulated as it runs. A delayed step's
+// "cpu adamw" is the worker's time for the update that ran during the step,
+// off the rank's path; "adamw wait" the rank's wait for it.
 struct Phases {
-  double forward = 0, backward = 0, to_host = 0, optimizer = 0, to_device = 0;
+  double forward = 0, backward = 0, to_host = 0, optimizer = 0, to_device = 0, update_wait = 0;
+  bool delayed = false;
   StepPhases finish(double step_ms) const {
-    const double rest = step_ms - (forward + backward + to_host + optimizer + to_device);
-    return {{"fwd", forward}, {"bwd", backward}, {"d2h", to_host},
-            {"cpu adamw", optimizer}, {"h2d", to_device}, {"wait", rest > 0 ? rest : 0.0}};
+    const double path = forward + backward + to_host + (delayed ? update_wait : optimizer) + to_device;
+    const double rest = step_ms - path;
+    StepPhases p = {{"fwd", forward}, {"bwd", backward}, {"d2h", to_host}, {"cpu adamw", optimizer}};
+    if (delayed) p.emplace_back("adamw wait", update_wait);
+    p.emplace_back("h2d", to_device);
+    p.emplace_back("wait", rest > 0 ? rest : 0.0);
+    return p;
   }
 };
 
@@ -148,26 +184,45 @@ RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenDa
     const float loss = global_mean_loss(ctx.comm, ctx.dev, loss_sum, K);
 
     const GradClip clip = states.clip(cfg.clip);
-    std::vector<Transfer> uploads(G);
-    if (states.disk) {  // one stream over the shard, then the copies
-      Timer cpu;
-      states.update(-1, step + 1, clip.scale);
-      t.optimizer += cpu.ms();
+    if (!cfg.offload.delay_update || step == run.first_step()) {
+      std::vector<Transfer> uploads(G);
+      const int b = states.host_grads.current();
+      if (states.disk) {  // one stream over the shard, then the copies
+        Timer cpu;
+        states.update_all(b, step + 1, clip.scale);
+        t.optimizer += cpu.ms();
+      }
+      for (int g = 0; g < G; ++g) {
+        Timer cpu;
+        if (!states.disk) states.update(g, b, step + 1, clip.scale);
+        t.optimizer += cpu.ms();
+        uploads[g] = states.params.upload(g);  // overlaps the next unit's update
+      }
+      Timer h2d;
+      for (Transfer& u : uploads) u.wait();
+      t.to_device += h2d.ms();
+      states.host_grads.zero();
+    } else {
+      // The previous step's update is the next step's parameters; this one's runs meanwhile.
+      t.delayed = true;
+      Timer wait;
+      states.pending.finish();
+      t.update_wait = wait.ms();
+      if (states.pending.take(&t.optimizer)) {
+        Timer h2d;
+        states.upload_all();
+        t.to_device = h2d.ms();
+      }
+      const int filled = states.host_grads.flip();
+      states.pending.launch([&states, filled, adam_step = step + 1L, scale = clip.scale] {
+        states.update_all(filled, adam_step, scale);
+        states.host_grads.zero(filled);  // for the step after next
+      });
     }
-    for (int g = 0; g < G; ++g) {
-      Timer cpu;
-      if (!states.disk) states.update(g, step + 1, clip.scale);
-      states.params.narrow_host_copy(g);
-      t.optimizer += cpu.ms();
-      uploads[g] = states.params.upload(g);  // overlaps the next unit's update
-    }
-    Timer h2d;
-    for (Transfer& u : uploads) u.wait();
-    t.to_device += h2d.ms();
-    states.host_grads.zero();
     const double ms = timer.ms();
-    run.end_step(step, loss, clip.norm, ms, t.finish(ms));
+    run.end_step(step, loss, clip.norm, ms, t.finish(ms));  // a checkpoint waits for the update
   }
+  if (states.pending.take(nullptr)) states.upload_all();  // the last step's update is the device's too
   return run.finish();
 }
 

@@ -1,17 +1,21 @@
 // offload_params.cpp: the host copy, its upload, and the all-gather's input.
 #include "offload_params.h"
 
+#include <cstring>
+
 namespace zf {
 
 OffloadParams::OffloadParams(const ShardLayout& shards, DType gather_dtype, const FsdpOptions& opt, int last,
                              MemoryTracker& mem, Device& dev, Device& host, Communicator& comm, bool offload_params,
-                             bool pin)
+                             bool pin, bool delay_update)
     : FlatParams(shards, gather_dtype, opt, last, mem, dev, comm, Place::host, pin && gather_dtype == DType::f32),
       host_(host), offload_params_(offload_params) {
   if (gather_dtype != DType::f32)
     host_copy_ = Tensor(mem, Place::host, Category::params, gather_dtype, shards.shard_total, pin);
   if (!offload_params)
     device_copy_ = Tensor(mem, Place::device, Category::params, gather_dtype, shards.shard_total);
+  else if (delay_update)
+    published_ = Tensor(mem, Place::host, Category::params, gather_dtype, shards.shard_total, pin);
 }
 
 void* OffloadParams::host_copy(int g) {
@@ -24,8 +28,12 @@ void OffloadParams::narrow_host_copy(int g) {
 }
 
 Transfer OffloadParams::upload(int g) {
-  if (offload_params_) return {};
   const UnitShard& us = layout_.units[g];
+  if (offload_params_) {
+    // Host to host: the link is crossed by each all-gather's input (send_buffer).
+    if (!published_.empty()) std::memcpy(published_.at(us.shard_offset), host_copy(g), us.shard * dtype_size(dtype_));
+    return {};
+  }
   return dev_.to_device_async(device_copy_.at(us.shard_offset), host_copy(g), us.shard * dtype_size(dtype_));
 }
 
@@ -34,7 +42,8 @@ const void* OffloadParams::send_buffer(int g, Gathered& b) {
   if (!offload_params_) return device_copy_.at(us.shard_offset);
   // The all-gather's input comes from the host now, and is freed with b's cast once it is read.
   b.cast = Tensor(mem_, Place::device, Category::comm, dtype_, us.shard);
-  dev_.to_device_async(b.cast.data(), host_copy(g), us.shard * dtype_size(dtype_)).wait();
+  const void* src = published_.empty() ? host_copy(g) : published_.at(us.shard_offset);
+  dev_.to_device_async(b.cast.data(), src, us.shard * dtype_size(dtype_)).wait();
   return b.cast.data();
 }
 

@@ -17,6 +17,11 @@
 //                  copied host->device just before it (category comm, freed
 //                  with the gathered buffer), so device model states are 0
 //                  besides what is gathered
+//   --delay-update with --offload-params: the CPU update of one step writes
+//                  the host copy while the next step's all-gathers read
+//                  theirs, so they read a second host copy (eS more on the
+//                  host, category params), which upload(g) fills from the
+//                  first: the stale parameters stay put until then
 #pragma once
 
 #include "flat_params.h"
@@ -27,13 +32,15 @@ class OffloadParams final : public FlatParams {
  public:
   // host: the CPU device that computes on host memory. pin: page-locked host copy.
   OffloadParams(const ShardLayout& shards, DType gather_dtype, const FsdpOptions& opt, int last, MemoryTracker& mem,
-                Device& dev, Device& host, Communicator& comm, bool offload_params, bool pin);
+                Device& dev, Device& host, Communicator& comm, bool offload_params, bool pin,
+                bool delay_update = false);
 
   // Unit g's shard in the gather dtype, on the host (see above).
   void* host_copy(int g);
   // Rounds unit g's float32 shard into its bf16 host copy (nothing in fp32).
   void narrow_host_copy(int g);
-  // Copies unit g's host copy to the device's (nothing with --offload-params).
+  // Copies unit g's host copy to the device's (with --offload-params: to the
+  // all-gathers' second host copy under --delay-update, else nothing).
   Transfer upload(int g);
   bool offload_params() const { return offload_params_; }
 
@@ -45,6 +52,7 @@ class OffloadParams final : public FlatParams {
   bool offload_params_;
   Tensor host_copy_;    // bf16 recipe: shard_total bf16 on the host (params)
   Tensor device_copy_;  // without --offload-params: shard_total of the gather dtype on the device (params)
+  Tensor published_;    // --offload-params --delay-update: what the all-gathers read, on the host (params)
 };
 
 }  // namespace zf

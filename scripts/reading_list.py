@@ -101,9 +101,11 @@ READING = [
         ("05_offload/disk_tier.cpp", "the I/O thread, the files, stale files of killed runs"),
         ("05_offload/disk_adamw.h", "AdamW with its moments on disk"),
         ("05_offload/disk_adamw.cpp", "the optimizer step as a stream over chunks"),
+        ("05_offload/delayed_update.h", "--delay-update: the CPU update on a worker thread, one step late"),
+        ("05_offload/delayed_update.cpp", "the worker, its join and its errors"),
         ("05_offload/offload.cpp", "the loop: stage 04's step, the update on the host, the uploads"),
         ("05_offload/train.cpp", "main()"),
-    ], ["tests/stages/test_offload.cpp"]),
+    ], ["tests/stages/test_offload.cpp", "tests/stages/test_offload_delay.cpp"]),
 ]
 
 

@@ -50,7 +50,7 @@ ModelSizes padded_sizes(const ModelLayout& layout, int ranks) {
 }
 
 ModelStateBytes model_state_bytes(Stage stage, Precision precision, const ModelSizes& z,
-                                  bool offload_params) {
+                                  bool offload_params, bool delay_update) {
   const double e = precision == Precision::fp32 ? 4 : 2;   // params and grads, compute dtype
   const double o = precision == Precision::fp32 ? 8 : 12;  // float32 moments (+ master in bf16)
   ModelStateBytes b;
@@ -76,6 +76,13 @@ ModelStateBytes model_state_bytes(Stage stage, Precision precision, const ModelS
       // (in fp32 the float32 shard is that copy).
       b.host = {4 * z.shard + (e == 4 ? 0 : e * z.shard), 4 * z.shard, 8 * z.shard};
       if (!offload_params) b.device = {e * z.shard, 0, 0};
+      // The delayed update reads one gradient buffer while the next step
+      // fills the other; with the parameters on the host, the all-gathers
+      // read a copy of their own while it writes the first.
+      if (delay_update) {
+        b.host.grads += 4 * z.shard;
+        if (offload_params) b.host.params += e * z.shard;
+      }
       break;
   }
   return b;

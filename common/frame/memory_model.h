@@ -13,7 +13,9 @@
 //   04 FSDP          4 * S         4 * S         8 * S     (float32 shards, no master)
 //   05 offload       device: e * S params (0 with --offload-params);
 //                    host: stage 04's 4S + 4S + 8S, and in bf16 2S more
-//                    params (the bf16 copy the device receives)
+//                    params (the bf16 copy the device receives);
+//                    --delay-update: 4S more host grads (two buffers), and
+//                    with --offload-params e * S more host params
 //
 // where P is the model's size, Pp the full model in the padded layout and S
 // one rank's shard. Unpadded (only P known): Pp = P, S = P / N. Padded per
@@ -63,8 +65,8 @@ struct ModelStateBytes {
 };
 
 // Bytes per rank of params, grads and optimizer state on each place.
-// offload_params matters for Stage::offload only.
+// offload_params and delay_update matter for Stage::offload only.
 ModelStateBytes model_state_bytes(Stage stage, Precision precision, const ModelSizes& sizes,
-                                  bool offload_params = false);
+                                  bool offload_params = false, bool delay_update = false);
 
 }  // namespace zf

@@ -242,6 +242,19 @@ TEST_F(OffloadDisk, MomentsInFilesAreBitIdenticalAndTheHostHoldsAWindow) {
       }
 }
 
+// The delayed update streams the moments on the worker thread: the same
+// bits as the delayed update with the moments in memory.
+TEST_F(OffloadDisk, DelayedUpdateOnDiskIsTheDelayedUpdatesBits) {
+  for (Precision p : {Precision::fp32, Precision::bf16}) {
+    TrainConfig cfg = fsdp_config(odd4(), 2, p, 5);
+    cfg.offload.delay_update = true;
+    const RunResult in_memory = run_training(cfg, train_offload);
+    cfg.offload.offload_dir = dir_;
+    SCOPED_TRACE(describe(cfg));
+    test::expect_bit_identical(in_memory, run_training(cfg, train_offload), "05 offload --delay-update --offload-dir");
+  }
+}
+
 TEST_F(OffloadDisk, NoSyncAndClippingAreBitIdentical) {
   TrainConfig cfg = fsdp_config(odd4(), 3, Precision::bf16);
   cfg.grad_accum = 2;
