@@ -6,12 +6,17 @@
 namespace zf {
 
 FlatParams::FlatParams(const ShardLayout& shards, DType gather_dtype, const FsdpOptions& opt, int last,
-                       MemoryTracker& mem, Device& dev, Communicator& comm, Place shard_place, bool pin_shards)
+                       MemoryTracker& mem, Device& dev, Communicator& comm, std::optional<Place> shard_place,
+                       bool pin_shards)
     : layout_(shards), dtype_(gather_dtype), reshard_after_forward_(opt.reshard_after_forward),
-      max_gathered_(opt.max_gathered), last_(last), mem_(mem), dev_(dev), comm_(comm),
-      shards_(mem, shard_place, Category::params, DType::f32, shards.shard_total, pin_shards) {}
+      max_gathered_(opt.max_gathered), last_(last), mem_(mem), dev_(dev), comm_(comm) {
+  if (shard_place) shards_ = Tensor(mem, *shard_place, Category::params, DType::f32, shards.shard_total, pin_shards);
+}
 
-float* FlatParams::shard(int g) { return shards_.as<float>() + layout_.units[g].shard_offset; }
+float* FlatParams::shard(int g) {
+  REQUIRE(!shards_.empty() || layout_.shard_total == 0, "the float32 shards are not kept here");
+  return shards_.as<float>() + layout_.units[g].shard_offset;
+}
 
 int FlatParams::counted() const {
   int n = 0;

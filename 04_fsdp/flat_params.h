@@ -30,6 +30,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 
 #include "comm.h"
 #include "config.h"
@@ -43,11 +44,11 @@ class FlatParams {
  public:
   // gather_dtype: the recipe's parameter dtype. last: the head's unit.
   // shard_place: where the float32 shards live (the device; stage 05 keeps
-  // them on the host, pinned when its copies read them, and overrides
-  // send_buffer).
+  // them on the host, pinned when its copies read them, or in files, when
+  // this class holds none: nullopt), and overrides send_buffer.
   FlatParams(const ShardLayout& shards, DType gather_dtype, const FsdpOptions& opt, int last,
-             MemoryTracker& mem, Device& dev, Communicator& comm, Place shard_place = Place::device,
-             bool pin_shards = false);
+             MemoryTracker& mem, Device& dev, Communicator& comm,
+             std::optional<Place> shard_place = Place::device, bool pin_shards = false);
   virtual ~FlatParams() = default;
 
   void unshard(int g);

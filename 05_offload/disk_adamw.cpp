@@ -30,29 +30,36 @@ void for_each_piece(const ModelLayout& flat, const ShardLayout& shards, size_t l
 }  // namespace
 
 DiskAdamW::DiskAdamW(const ModelLayout& flat, const ShardLayout& shards, const std::string& dir, int rank,
-                     MemoryTracker& mem, Device& host, float lr, size_t chunk_elems)
-    : flat_(flat), shards_(shards), host_(host),
-      tier_(dir, rank, {"m", "v"}, shards.shard_total, chunk_elems, mem) {
+                     MemoryTracker& mem, Device& host, float lr, bool master_on_disk, size_t chunk_elems)
+    : flat_(flat), shards_(shards), host_(host), master_on_disk_(master_on_disk),
+      tier_(dir, rank, master_on_disk ? std::vector<std::string>{"m", "v", "master"} : std::vector<std::string>{"m", "v"},
+            shards.shard_total, chunk_elems, mem) {
   adam_.lr = lr;
 }
 
-void DiskAdamW::load(const InitialState& init) {
-  if (!init.has_moments()) return;
+void DiskAdamW::load(const InitialState& init, bf16* copy) {
   for (size_t u = 0; u < shards_.units.size(); ++u) {
     const UnitShard& us = shards_.units[u];
     std::vector<float> piece(us.end - us.begin);
-    for (int k = 0; k < 2; ++k) {
-      init.read(int(u), k == 0 ? StateKind::m : StateKind::v, us.begin, us.end, piece.data());
-      tier_.write(k, us.shard_offset, piece.size(), piece.data());
+    if (master_on_disk_) {
+      init.read(int(u), StateKind::params, us.begin, us.end, piece.data());
+      tier_.write(2, us.shard_offset, piece.size(), piece.data());
+      host_.narrow(piece.data(), copy + us.shard_offset, piece.size());
     }
+    if (init.has_moments())
+      for (int k = 0; k < 2; ++k) {
+        init.read(int(u), k == 0 ? StateKind::m : StateKind::v, us.begin, us.end, piece.data());
+        tier_.write(k, us.shard_offset, piece.size(), piece.data());
+      }
   }
 }
 
-void DiskAdamW::update(float* master, const float* grads, long step, float scale) {
-  tier_.for_each_chunk([&](size_t begin, size_t n, float* const* mv) {
+void DiskAdamW::update(float* master, const float* grads, bf16* copy, long step, float scale) {
+  tier_.for_each_chunk([&](size_t begin, size_t n, float* const* a) {
     for_each_piece(flat_, shards_, begin, begin + n, [&](size_t i, size_t len, bool decay) {
-      host_.adamw(master + i, grads + i, DType::f32, mv[0] + (i - begin), mv[1] + (i - begin), len, adam_, step,
-                  scale, decay);
+      float* p = master_on_disk_ ? a[2] + (i - begin) : master + i;
+      host_.adamw(p, grads + i, DType::f32, a[0] + (i - begin), a[1] + (i - begin), len, adam_, step, scale, decay);
+      if (master_on_disk_) host_.narrow(p, copy + i, len);
     });
   });
 }
@@ -62,7 +69,8 @@ std::vector<float> DiskAdamW::gather(StateKind kind, Communicator& comm, Device&
   return gather_full_model(comm, comm_dev, flat_, shards_, [&](int u) -> const float* {
     const UnitShard& us = shards_.units[u];
     piece.assign(us.shard, 0.0f);
-    tier_.read(kind == StateKind::m ? 0 : 1, us.shard_offset, us.end - us.begin, piece.data());
+    REQUIRE(kind != StateKind::params || master_on_disk_, "the parameters are not on disk");
+    tier_.read(kind == StateKind::m ? 0 : kind == StateKind::v ? 1 : 2, us.shard_offset, us.end - us.begin, piece.data());
     return piece.data();
   }, &host_);
 }

@@ -10,6 +10,11 @@
 // chunk c. The host then holds 2 x 2 x kChunkElems floats of moments (less
 // for a shard smaller than a chunk) whatever the model's size.
 //
+// With --offload-params in the bf16 recipe the float32 shards go to a third
+// file too (ZeRO-Infinity's parameter tier): the host keeps only the bf16
+// copy the device receives, which the stream writes as it updates each
+// chunk, and the window grows to three arrays.
+//
 // Each element takes the same AdamW as in host memory (the same function,
 // one ParamSpec piece at a time for the decay mask), so the results are the
 // in-memory optimizer's to the bit, whatever the chunk boundaries.
@@ -36,25 +41,32 @@ class DiskAdamW {
 
   // flat: the FSDP units' layout (its ParamSpecs give the decay mask).
   // host: the CPU device that computes on host memory.
+  // master_on_disk: the float32 shards in a file too (see above).
   DiskAdamW(const ModelLayout& flat, const ShardLayout& shards, const std::string& dir, int rank, MemoryTracker& mem,
-            Device& host, float lr, size_t chunk_elems = kChunkElems);
+            Device& host, float lr, bool master_on_disk = false, size_t chunk_elems = kChunkElems);
 
-  // On --resume, the moments from the checkpoint into the files (a fresh run's files are zeros).
-  void load(const InitialState& init);
-  // AdamW on every element of my shard: master (shard_total float32, host)
-  // updated in place with grads (the same layout), the moments streamed.
-  void update(float* master, const float* grads, long step, float scale);
-  // The whole model's moment `kind` (m or v), from every rank's files (ModelStates::full).
+  // On --resume, the moments from the checkpoint into the files (a fresh
+  // run's files are zeros); with the master on disk, the parameters too,
+  // and their rounding into `copy` (shard_total bf16, host).
+  void load(const InitialState& init, bf16* copy = nullptr);
+  // AdamW on every element of my shard with grads (shard_total float32,
+  // host): master (the same layout, host) updated in place, or the file's
+  // streamed and rounded into `copy` as it goes (master_on_disk).
+  void update(float* master, const float* grads, bf16* copy, long step, float scale);
+  // The whole model's float32 values of `kind` (m, v; params with the
+  // master on disk), from every rank's files (ModelStates::full).
   std::vector<float> gather(StateKind kind, Communicator& comm, Device& comm_dev);
+  bool master_on_disk() const { return master_on_disk_; }
 
-  const DiskTier& tier() const { return tier_; }
+  DiskTier& tier() { return tier_; }
 
  private:
   const ModelLayout& flat_;
   const ShardLayout& shards_;
   Device& host_;
   AdamWConfig adam_;
-  DiskTier tier_;  // arrays 0: m, 1: v
+  bool master_on_disk_;
+  DiskTier tier_;  // arrays 0: m, 1: v, 2: the master (master_on_disk)
 };
 
 }  // namespace zf

@@ -54,7 +54,7 @@ struct OffloadStates final : ModelStates {
                 FsdpComms& comms)
       : units(units), shards(shards), comm(*comms.group), host(make_cpu_device()),
         params(shards, storage_dtype(cfg.precision), cfg.fsdp, units.last(), ctx.mem, ctx.dev, *host, *comms.group,
-               cfg.offload.offload_params, !cfg.offload.no_pin, cfg.offload.delay_update),
+               cfg.offload.offload_params, !cfg.offload.no_pin, cfg.offload.delay_update, master_on_disk(cfg)),
         host_grads(shards, reduce_dtype(cfg), ctx.mem, ctx.dev, !cfg.offload.no_pin,
                    cfg.offload.delay_update ? 2 : 1),
         grads(shards, storage_dtype(cfg.precision), reduce_dtype(cfg), cfg.fsdp.no_sync, ctx.mem, ctx.dev,
@@ -64,18 +64,26 @@ struct OffloadStates final : ModelStates {
     if (cfg.offload.offload_dir.empty())
       opt.emplace(units.flat, shards, Precision::fp32, ctx.mem, *host, cfg.lr, Place::host, &ctx.dev);
     else
-      disk.emplace(units.flat, shards, cfg.offload.offload_dir, ctx.rank, ctx.mem, *host, cfg.lr);
+      disk.emplace(units.flat, shards, cfg.offload.offload_dir, ctx.rank, ctx.mem, *host, cfg.lr, master_on_disk(cfg));
+  }
+
+  // --offload-dir with --offload-params in bf16: the float32 shards go to
+  // disk too, as only the bf16 copy is read outside the optimizer (in fp32
+  // the shards are that copy, and stay).
+  static bool master_on_disk(const TrainConfig& cfg) {
+    return !cfg.offload.offload_dir.empty() && cfg.offload.offload_params && cfg.precision == Precision::bf16;
   }
 
   // Before any file is made: the files of killed runs go (their space
-  // counts), and the folder must hold every rank's moments.
+  // counts), and the folder must hold every rank's moments (and master).
   static void prepare_dir(const TrainConfig& cfg, const ShardLayout& shards, RankContext& ctx) {
     if (cfg.offload.offload_dir.empty()) return;
     if (ctx.rank == 0)
       for (const std::string& f : DiskTier::remove_stale(cfg.offload.offload_dir))
         std::fprintf(stderr, "note: removed %s, left by a run that was killed\n", f.c_str());
     ctx.comm.barrier();
-    DiskTier::check_dir(cfg.offload.offload_dir, size_t(ctx.world) * 2 * shards.shard_total * sizeof(float));
+    const size_t arrays = master_on_disk(cfg) ? 3 : 2;
+    DiskTier::check_dir(cfg.offload.offload_dir, size_t(ctx.world) * arrays * shards.shard_total * sizeof(float));
   }
 
   static DType reduce_dtype(const TrainConfig& cfg) {
@@ -83,11 +91,12 @@ struct OffloadStates final : ModelStates {
   }
 
   void load(const InitialState& init) override {
-    for (int g = 0; g < units.size(); ++g)
-      init.load(g, StateKind::params, shards.units[g].begin, shards.units[g].end, *host, params.shard(g),
-                DType::f32);
+    if (!params.shards_on_disk())
+      for (int g = 0; g < units.size(); ++g)
+        init.load(g, StateKind::params, shards.units[g].begin, shards.units[g].end, *host, params.shard(g),
+                  DType::f32);
     if (opt) opt->load(init);
-    else disk->load(init);
+    else disk->load(init, bf16_copy());
     for (int g = 0; g < units.size(); ++g) {
       params.narrow_host_copy(g);
       params.upload(g).wait();
@@ -96,7 +105,7 @@ struct OffloadStates final : ModelStates {
   std::vector<float> full(StateKind kind, bool) override {
     pending.finish();  // a checkpoint and the final hash hold every step's update
     if (opt) return opt->gather(kind, comm, [&](int g) { return params.shard(g); });
-    if (kind != StateKind::params) return disk->gather(kind, comm, comm_dev);
+    if (kind != StateKind::params || params.shards_on_disk()) return disk->gather(kind, comm, comm_dev);
     return gather_full_model(comm, comm_dev, units.flat, shards, [&](int g) { return params.shard(g); }, host.get());
   }
 
@@ -121,9 +130,14 @@ struct OffloadStates final : ModelStates {
       for (int g = 0; g < units.size(); ++g) update(g, buffer, t, scale);
       return;
     }
-    disk->update(params.shard(0), host_grads.shard(0, buffer), t, scale);
+    if (params.shards_on_disk()) {
+      disk->update(nullptr, host_grads.shard(0, buffer), bf16_copy(), t, scale);
+      return;
+    }
+    disk->update(params.shard(0), host_grads.shard(0, buffer), nullptr, t, scale);
     for (int g = 0; g < units.size(); ++g) params.narrow_host_copy(g);
   }
+  bf16* bf16_copy() { return params.shards_on_disk() ? static_cast<bf16*>(params.host_copy(0)) : nullptr; }
 
   void upload_all() {
     std::vector<Transfer> uploads(units.size());

@@ -3,13 +3,17 @@
 
 #include <cstring>
 
+#include "check.h"
+
 namespace zf {
 
 OffloadParams::OffloadParams(const ShardLayout& shards, DType gather_dtype, const FsdpOptions& opt, int last,
                              MemoryTracker& mem, Device& dev, Device& host, Communicator& comm, bool offload_params,
-                             bool pin, bool delay_update)
-    : FlatParams(shards, gather_dtype, opt, last, mem, dev, comm, Place::host, pin && gather_dtype == DType::f32),
-      host_(host), offload_params_(offload_params) {
+                             bool pin, bool delay_update, bool shards_on_disk)
+    : FlatParams(shards, gather_dtype, opt, last, mem, dev, comm,
+                 shards_on_disk ? std::nullopt : std::optional<Place>(Place::host), pin && gather_dtype == DType::f32),
+      host_(host), offload_params_(offload_params), shards_on_disk_(shards_on_disk) {
+  REQUIRE(!shards_on_disk || gather_dtype != DType::f32, "the float32 shards go to disk only when a bf16 copy stays");
   if (gather_dtype != DType::f32)
     host_copy_ = Tensor(mem, Place::host, Category::params, gather_dtype, shards.shard_total, pin);
   if (!offload_params)
@@ -24,7 +28,7 @@ void* OffloadParams::host_copy(int g) {
 }
 
 void OffloadParams::narrow_host_copy(int g) {
-  if (dtype_ != DType::f32) host_.narrow(shard(g), static_cast<bf16*>(host_copy(g)), layout_.units[g].shard);
+  if (dtype_ != DType::f32 && !shards_on_disk_) host_.narrow(shard(g), static_cast<bf16*>(host_copy(g)), layout_.units[g].shard);
 }
 
 Transfer OffloadParams::upload(int g) {

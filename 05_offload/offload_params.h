@@ -17,6 +17,9 @@
 //                  copied host->device just before it (category comm, freed
 //                  with the gathered buffer), so device model states are 0
 //                  besides what is gathered
+//   --offload-dir with --offload-params, bf16: the float32 shards are in
+//                  files too (disk_adamw.h), and the host keeps only the bf16
+//                  copy, which the optimizer's stream writes
 //   --delay-update with --offload-params: the CPU update of one step writes
 //                  the host copy while the next step's all-gathers read
 //                  theirs, so they read a second host copy (eS more on the
@@ -33,12 +36,14 @@ class OffloadParams final : public FlatParams {
   // host: the CPU device that computes on host memory. pin: page-locked host copy.
   OffloadParams(const ShardLayout& shards, DType gather_dtype, const FsdpOptions& opt, int last, MemoryTracker& mem,
                 Device& dev, Device& host, Communicator& comm, bool offload_params, bool pin,
-                bool delay_update = false);
+                bool delay_update = false, bool shards_on_disk = false);
 
   // Unit g's shard in the gather dtype, on the host (see above).
   void* host_copy(int g);
-  // Rounds unit g's float32 shard into its bf16 host copy (nothing in fp32).
+  // Rounds unit g's float32 shard into its bf16 host copy (nothing in fp32,
+  // or with the shards on disk, where the optimizer's stream does it).
   void narrow_host_copy(int g);
+  bool shards_on_disk() const { return shards_on_disk_; }
   // Copies unit g's host copy to the device's (with --offload-params: to the
   // all-gathers' second host copy under --delay-update, else nothing).
   Transfer upload(int g);
@@ -49,7 +54,7 @@ class OffloadParams final : public FlatParams {
 
  private:
   Device& host_;
-  bool offload_params_;
+  bool offload_params_, shards_on_disk_;
   Tensor host_copy_;    // bf16 recipe: shard_total bf16 on the host (params)
   Tensor device_copy_;  // without --offload-params: shard_total of the gather dtype on the device (params)
   Tensor published_;    // --offload-params --delay-update: what the all-gathers read, on the host (params)

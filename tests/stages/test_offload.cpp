@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include <cstring>
 #include <filesystem>
 
 #include "data_parallel.h"
@@ -232,11 +233,16 @@ TEST_F(OffloadDisk, MomentsInFilesAreBitIdenticalAndTheHostHoldsAWindow) {
         const RunResult run = run_training(cfg, train_offload);
         cfg.offload = {};
         test::expect_bit_identical(run_training(cfg, train_data_parallel), run, "05 offload --offload-dir");
-        const size_t S = flat_sizes(odd4(), N, 1).shard;
+        // With --offload-params in bf16 the float32 shards go to a third
+        // file, and the host keeps the bf16 copy alone.
+        const bool master_on_disk = offload_params && p == Precision::bf16;
+        const size_t S = flat_sizes(odd4(), N, 1).shard, arrays = master_on_disk ? 3 : 2;
         const size_t window = std::min(DiskAdamW::kChunkElems, (S + 1023) / 1024 * 1024);
+        const size_t host_params = master_on_disk ? 2 * S : 4 * S + (p == Precision::bf16 ? 2 * S : 0);
         for (const RankResult& r : run.ranks) {
-          EXPECT_EQ(r.memory.cur(Place::host, Category::optimizer), 2 * 2 * window * sizeof(float));
+          EXPECT_EQ(r.memory.cur(Place::host, Category::optimizer), 2 * arrays * window * sizeof(float));
           EXPECT_EQ(r.memory.cur(Place::host, Category::grads), 4 * S);
+          EXPECT_EQ(r.memory.cur(Place::host, Category::params), host_params);
         }
         EXPECT_TRUE(std::filesystem::is_empty(dir_)) << "the offload files are removed at the end";
       }
@@ -277,7 +283,7 @@ TEST_F(OffloadDisk, ChunkedUpdateEqualsTheInMemoryOptimizer) {
     auto host = make_cpu_device();
     mem.set_device(host.get());
     ShardedAdamW ref(flat, shards, Precision::fp32, mem, *host, 1e-3f, Place::host);
-    DiskAdamW disk(flat, shards, dir_, 0, mem, *host, 1e-3f, 1024);
+    DiskAdamW disk(flat, shards, dir_, 0, mem, *host, 1e-3f, /*master_on_disk=*/false, 1024);
     ASSERT_GT(shards.shard_total, 3 * 1024u) << "several chunks";
     std::vector<float> p0(shards.shard_total), p1, g(shards.shard_total);
     uint64_t x = 88172645463325252ull;
@@ -289,7 +295,7 @@ TEST_F(OffloadDisk, ChunkedUpdateEqualsTheInMemoryOptimizer) {
       for (size_t u = 0; u < shards.units.size(); ++u)
         ref.update(int(u), g.data() + shards.units[u].shard_offset, p0.data() + shards.units[u].shard_offset, step,
                    0.5f);
-      disk.update(p1.data(), g.data(), step, 0.5f);
+      disk.update(p1.data(), g.data(), nullptr, step, 0.5f);
     }
     EXPECT_EQ(p0, p1) << "N = " << N;
     auto one = make_thread_communicators(1);  // the gathers of a one-rank run
@@ -298,6 +304,37 @@ TEST_F(OffloadDisk, ChunkedUpdateEqualsTheInMemoryOptimizer) {
       for (StateKind k : {StateKind::m, StateKind::v})
         EXPECT_EQ(ref.gather(k, *one[0], ps), disk.gather(k, *one[0], *host)) << "moment " << int(k);
   }
+}
+
+// The master on disk too (--offload-params, bf16): the stream updates the
+// file's float32 values and rounds each piece into the bf16 copy; the same
+// bits as the in-memory optimizer and its rounding, with chunks of 1024.
+TEST_F(OffloadDisk, ChunkedUpdateWithTheMasterOnDiskWritesTheBf16Copy) {
+  const ModelLayout flat = wrap_blocks(build_layout(odd4()), 1).flat;
+  const ShardLayout shards = make_shard_layout(flat, 1, 0);
+  MemoryTracker mem;
+  auto host = make_cpu_device();
+  mem.set_device(host.get());
+  ShardedAdamW ref(flat, shards, Precision::fp32, mem, *host, 1e-3f, Place::host);
+  DiskAdamW disk(flat, shards, dir_, 0, mem, *host, 1e-3f, /*master_on_disk=*/true, 1024);
+  std::vector<float> p(shards.shard_total), g(shards.shard_total);
+  for (size_t i = 0; i < p.size(); ++i) p[i] = float(int(i % 97) - 48) / 50.0f;
+  auto one = make_thread_communicators(1);
+  std::vector<bf16> copy(shards.shard_total), want(shards.shard_total);
+  disk.tier().write(2, 0, p.size(), p.data());  // the initial master, into its file
+  for (long step = 1; step <= 2; ++step) {
+    for (size_t i = 0; i < g.size(); ++i) g[i] = float(int((i * 7 + step) % 101) - 50) / 40.0f;
+    for (size_t u = 0; u < shards.units.size(); ++u)
+      ref.update(int(u), g.data() + shards.units[u].shard_offset, p.data() + shards.units[u].shard_offset, step, 1.0f);
+    disk.update(nullptr, g.data(), copy.data(), step, 1.0f);
+  }
+  float_to_bf16(p.data(), want.data(), p.size());
+  EXPECT_EQ(std::memcmp(copy.data(), want.data(), copy.size() * sizeof(bf16)), 0) << "the bf16 copy";
+  std::vector<float> full = disk.gather(StateKind::params, *one[0], *host);
+  std::vector<float> expect = ref.gather(StateKind::params, *one[0], [&](int u) -> const void* {
+    return p.data() + shards.units[u].shard_offset;
+  });
+  EXPECT_EQ(full, expect) << "the master in the file";
 }
 
 TEST_F(OffloadDisk, AMissingFolderIsRefusedBeforeStepZero) {
