@@ -21,6 +21,14 @@
 # 04's with the phases (bench/bench_offload.py; no PyTorch), about 3 minutes.
 #
 #   scripts/bench.sh --offload --repeats 3 --markdown /tmp/offload.md
+#
+# --adamw (first argument): the host AdamW (CpuAdamW) against torch.optim.AdamW
+# (fused, foreach) and DeepSpeedCPUAdam (bench/bench_adamw.py), in the venv
+# above (ZF_BENCH_VENV); deepspeed is pip-installed there when missing
+# (DS_BUILD_OPS=0: its CPU kernel compiles on first use, a few minutes).
+# About a minute after that; arguments go to bench_adamw.py.
+#
+#   scripts/bench.sh --adamw --reps 20
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +37,18 @@ if [[ "${1:-}" == "--offload" ]]; then
   scripts/install_deps.sh
   scripts/build.sh
   exec /usr/bin/python3 bench/bench_offload.py "$@"
+fi
+
+if [[ "${1:-}" == "--adamw" ]]; then
+  shift
+  venv="${ZF_BENCH_VENV:-.venv-bench}"
+  py="$venv/bin/python"
+  [[ -x "$py" ]] && "$py" -c 'import torch' 2>/dev/null ||
+    { echo "error: $py has no PyTorch: make the venv with scripts/bench.sh --fsdp first" >&2; exit 1; }
+  "$py" -c 'import deepspeed' 2>/dev/null || DS_BUILD_OPS=0 "$py" -m pip install --quiet deepspeed
+  [[ -f build/build.ninja ]] || meson setup build --buildtype=release >/dev/null
+  ninja -C build bench/bench_adamw >/dev/null
+  exec "$py" bench/bench_adamw.py "$@"
 fi
 
 if [[ "${1:-}" == "--fsdp" ]]; then
