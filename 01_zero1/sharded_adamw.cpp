@@ -48,7 +48,8 @@ GradClip ShardedAdamW::clip_scale(Communicator& comm, const std::function<const 
   return zf::clip_scale(shards_, dev_, comm_dev_, comm, grad_piece, storage_dtype(precision_), clip);
 }
 
-void ShardedAdamW::update(int u, const void* grad_piece, void* param_piece, long step, float scale) {
+void ShardedAdamW::update(int u, const void* grad_piece, void* param_piece, long step, float scale,
+                          bf16* copy_piece) {
   const UnitShard& us = shards_.units[u];
   float* m = m_.as<float>() + us.shard_offset;
   float* v = v_.as<float>() + us.shard_offset;
@@ -60,8 +61,8 @@ void ShardedAdamW::update(int u, const void* grad_piece, void* param_piece, long
     if (lo >= hi) continue;
     size_t i = lo - us.begin;  // index within the piece
     const DType gdt = storage_dtype(precision_);
-    dev_.adamw(w + i, static_cast<const char*>(grad_piece) + i * dtype_size(gdt), gdt, m + i, v + i, hi - lo, adam_,
-               step, scale, p.decay);
+    dev_.adamw_copy(w + i, static_cast<const char*>(grad_piece) + i * dtype_size(gdt), gdt, m + i, v + i,
+                    copy_piece ? copy_piece + i : nullptr, DType::bf16, hi - lo, adam_, step, scale, p.decay);
   }
   if (precision_ == Precision::bf16) dev_.narrow(w, static_cast<bf16*>(param_piece), us.end - us.begin);
 }

@@ -42,7 +42,9 @@ class ShardedAdamW {
   // AdamW on this rank's piece of unit u (padding skipped). fp32: param_piece
   // (float) is updated in place. bf16: the master is updated and param_piece
   // (bf16) receives it rounded.
-  void update(int u, const void* grad_piece, void* param_piece, long step, float scale);
+  // copy_piece (fp32 recipe only; stage 05): also the updated values
+  // rounded to bf16 there, in the same pass (Device::adamw_copy).
+  void update(int u, const void* grad_piece, void* param_piece, long step, float scale, bf16* copy_piece = nullptr);
 
   // The float32 values of this rank's piece of unit u (device memory): the
   // master (bf16), or param_piece itself (fp32).

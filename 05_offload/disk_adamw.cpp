@@ -58,8 +58,8 @@ void DiskAdamW::update(float* master, const float* grads, bf16* copy, long step,
   tier_.for_each_chunk([&](size_t begin, size_t n, float* const* a) {
     for_each_piece(flat_, shards_, begin, begin + n, [&](size_t i, size_t len, bool decay) {
       float* p = master_on_disk_ ? a[2] + (i - begin) : master + i;
-      host_.adamw(p, grads + i, DType::f32, a[0] + (i - begin), a[1] + (i - begin), len, adam_, step, scale, decay);
-      if (master_on_disk_) host_.narrow(p, copy + i, len);
+      host_.adamw_copy(p, grads + i, DType::f32, a[0] + (i - begin), a[1] + (i - begin), copy ? copy + i : nullptr,
+                       DType::bf16, len, adam_, step, scale, decay);
     });
   });
 }

@@ -51,7 +51,8 @@ class DiskAdamW {
   void load(const InitialState& init, bf16* copy = nullptr);
   // AdamW on every element of my shard with grads (shard_total float32,
   // host): master (the same layout, host) updated in place, or the file's
-  // streamed and rounded into `copy` as it goes (master_on_disk).
+  // streamed (master_on_disk); each updated piece rounded into `copy` (the
+  // bf16 recipe's host copy; nullptr in fp32) in the same pass.
   void update(float* master, const float* grads, bf16* copy, long step, float scale);
   // The whole model's float32 values of `kind` (m, v; params with the
   // master on disk), from every rank's files (ModelStates::full).

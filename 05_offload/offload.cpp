@@ -14,7 +14,9 @@
 // update to the worker; the next step computes meanwhile.
 #include "offload.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 
@@ -39,7 +41,8 @@ struct OffloadStates final : ModelStates {
   const FsdpUnits& units;
   const ShardLayout& shards;
   Communicator& comm;  // the shard group
-  std::unique_ptr<Device> host;  // the CPU, computing on host memory
+  Precision precision;
+  std::unique_ptr<Device> host;  // the CPU, computing on host memory (AdamW on --optimizer-threads)
   OffloadParams params;  // new: float32 shards on the host; the device's copy    category params (host, device)
   HostGrads host_grads;  // new: float32 gradient shards on the host (2: delay)  category grads (host)
   FlatGrads grads;       // stage 04's reduce-scatters, into host_grads           category comm
@@ -52,7 +55,8 @@ struct OffloadStates final : ModelStates {
 
   OffloadStates(const FsdpUnits& units, const ShardLayout& shards, const TrainConfig& cfg, RankContext& ctx,
                 FsdpComms& comms)
-      : units(units), shards(shards), comm(*comms.group), host(make_cpu_device()),
+      : units(units), shards(shards), comm(*comms.group), precision(cfg.precision),
+        host(make_cpu_device(optimizer_threads(cfg, ctx))),
         params(shards, storage_dtype(cfg.precision), cfg.fsdp, units.last(), ctx.mem, ctx.dev, *host, *comms.group,
                cfg.offload.offload_params, !cfg.offload.no_pin, cfg.offload.delay_update, master_on_disk(cfg)),
         host_grads(shards, reduce_dtype(cfg), ctx.mem, ctx.dev, !cfg.offload.no_pin,
@@ -86,6 +90,17 @@ struct OffloadStates final : ModelStates {
     DiskTier::check_dir(cfg.offload.offload_dir, size_t(ctx.world) * arrays * shards.shard_total * sizeof(float));
   }
 
+  // --optimizer-threads, or the cores left to each rank of this host: the
+  // ranks of this process (threads), or under a launcher the ranks it says
+  // share this host.
+  static int optimizer_threads(const TrainConfig& cfg, const RankContext& ctx) {
+    if (cfg.offload.optimizer_threads > 0) return cfg.offload.optimizer_threads;
+    int local = ctx.world;
+    for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS"})
+      if (const char* e = std::getenv(v)) local = std::max(1, std::atoi(e));
+    return default_optimizer_threads(local);
+  }
+
   static DType reduce_dtype(const TrainConfig& cfg) {
     return cfg.fsdp.reduce_dtype.value_or(storage_dtype(cfg.precision));
   }
@@ -96,7 +111,7 @@ struct OffloadStates final : ModelStates {
         init.load(g, StateKind::params, shards.units[g].begin, shards.units[g].end, *host, params.shard(g),
                   DType::f32);
     if (opt) opt->load(init);
-    else disk->load(init, bf16_copy());
+    else disk->load(init, params.shards_on_disk() ? bf16_copy(0) : nullptr);
     for (int g = 0; g < units.size(); ++g) {
       params.narrow_host_copy(g);
       params.upload(g).wait();
@@ -117,8 +132,7 @@ struct OffloadStates final : ModelStates {
   // CPU AdamW on unit g's float32 shard with the gradients of `buffer`, and
   // its rounding into the bf16 copy the device receives (moments in memory).
   void update(int g, int buffer, long t, float scale) {
-    opt->update(g, host_grads.shard(g, buffer), params.shard(g), t, scale);
-    params.narrow_host_copy(g);
+    opt->update(g, host_grads.shard(g, buffer), params.shard(g), t, scale, bf16_copy(g));
   }
   // Every unit: unit by unit, or one stream over the shard when the
   // moments are on disk. With --delay-update this runs on the worker: it
@@ -130,14 +144,11 @@ struct OffloadStates final : ModelStates {
       for (int g = 0; g < units.size(); ++g) update(g, buffer, t, scale);
       return;
     }
-    if (params.shards_on_disk()) {
-      disk->update(nullptr, host_grads.shard(0, buffer), bf16_copy(), t, scale);
-      return;
-    }
-    disk->update(params.shard(0), host_grads.shard(0, buffer), nullptr, t, scale);
-    for (int g = 0; g < units.size(); ++g) params.narrow_host_copy(g);
+    disk->update(params.shards_on_disk() ? nullptr : params.shard(0), host_grads.shard(0, buffer), bf16_copy(0), t,
+                 scale);
   }
-  bf16* bf16_copy() { return params.shards_on_disk() ? static_cast<bf16*>(params.host_copy(0)) : nullptr; }
+  // Where unit g's update is rounded to: the bf16 copy (nullptr in fp32, where the float32 shard is the copy).
+  bf16* bf16_copy(int g) { return precision == Precision::bf16 ? static_cast<bf16*>(params.host_copy(g)) : nullptr; }
 
   void upload_all() {
     std::vector<Transfer> uploads(units.size());
@@ -175,6 +186,9 @@ RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenDa
 
   OffloadStates::prepare_dir(cfg, shards, ctx);
   OffloadStates states(units, shards, cfg, ctx, comms);
+  if (ctx.rank == 0 && !cfg.quiet)
+    std::printf("CPU AdamW: %s per rank%s\n", states.host->optimizer_description().c_str(),
+                cfg.offload.delay_update ? ", one step delayed from the second step on" : "");
   RankFailureGuard guard(ctx.comm);  // a failing rank stops the family of communicators before freeing the states
   auto rc = make_rank_compute(cfg, layout, ctx, data);
   TrainingRun run(cfg, units.flat, ctx, reporter, states);  // the initial model, or --resume's checkpoint
@@ -237,7 +251,9 @@ RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenDa
     run.end_step(step, loss, clip.norm, ms, t.finish(ms));  // a checkpoint waits for the update
   }
   if (states.pending.take(nullptr)) states.upload_all();  // the last step's update is the device's too
-  return run.finish();
+  RankResult result = run.finish();
+  result.host_optimizer = states.host->optimizer_description();
+  return result;
 }
 
 }  // namespace zf

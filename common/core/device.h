@@ -117,6 +117,18 @@ class Device {
   // ---- the optimizer
   virtual void adamw(float* param, const void* grad, DType grad_dtype, float* m, float* v, size_t n,
                      const AdamWConfig& cfg, long step, float grad_scale, bool decay) = 0;
+  // adamw, and out[i] = the updated param[i] in out_dtype (bf16, rounded to
+  // nearest even; or f32): the copy a device receives from a host optimizer
+  // (stage 05). out == nullptr: adamw alone. One pass on the CPU device.
+  virtual void adamw_copy(float* param, const void* grad, DType grad_dtype, float* m, float* v, void* out,
+                          DType out_dtype, size_t n, const AdamWConfig& cfg, long step, float grad_scale,
+                          bool decay) {
+    adamw(param, grad, grad_dtype, m, v, n, cfg, step, grad_scale, decay);
+    if (out && out_dtype == DType::bf16) narrow(param, static_cast<bf16*>(out), n);
+    else if (out) copy(out, param, n * sizeof(float));
+  }
+  // What runs adamw, for the run log ("avx2, 2 threads"); "" when nothing to say.
+  virtual std::string optimizer_description() const { return ""; }
   // acc += sum of x[i]^2, exactly (gradnorm.h); x has n elements of dtype.
   virtual void sum_squares(const void* x, DType dtype, size_t n, SumOfSquares& acc) = 0;
 
@@ -187,8 +199,10 @@ class Device {
   AttentionForm attention_ = AttentionForm::simple;
 };
 
-// The simulated device of a CPU run: host memory, the CPU kernels.
-std::unique_ptr<Device> make_cpu_device();
+// The simulated device of a CPU run: host memory, the CPU kernels. Its
+// AdamW runs on optimizer_threads threads (CpuAdamW, adamw.h): 1 for a
+// rank's own device, more for a host optimizer (stage 05).
+std::unique_ptr<Device> make_cpu_device(int optimizer_threads = 1);
 
 // "" when `--device cuda` can run in this build on this machine, else why not.
 std::string cuda_device_unavailable_reason();

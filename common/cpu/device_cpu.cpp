@@ -50,6 +50,7 @@ class Arg {
 
 class CpuDevice final : public Device {
  public:
+  explicit CpuDevice(int optimizer_threads) : optimizer_(optimizer_threads) {}
   std::string name() const override { return "cpu (simulated device)"; }
   bool is_cuda() const override { return false; }
 
@@ -101,11 +102,14 @@ class CpuDevice final : public Device {
 
   void adamw(float* param, const void* grad, DType gdt, float* m, float* v, size_t n, const AdamWConfig& cfg,
              long step, float scale, bool decay) override {
-    if (gdt == DType::f32)
-      adamw_update(param, static_cast<const float*>(grad), m, v, n, cfg, step, scale, decay);
-    else
-      adamw_update(param, static_cast<const bf16*>(grad), m, v, n, cfg, step, scale, decay);
+    optimizer_.update(param, grad, gdt, m, v, nullptr, DType::f32, n, cfg, step, scale, decay);
   }
+  void adamw_copy(float* param, const void* grad, DType gdt, float* m, float* v, void* out, DType out_dtype, size_t n,
+                  const AdamWConfig& cfg, long step, float scale, bool decay) override {
+    optimizer_.update(param, grad, gdt, m, v, out, out_dtype, n, cfg, step, scale, decay);
+  }
+  std::string optimizer_description() const override { return optimizer_.describe(); }
+
   void sum_squares(const void* x, DType dtype, size_t n, SumOfSquares& acc) override {
     if (dtype == DType::f32) acc.add(static_cast<const float*>(x), n);
     else acc.add(static_cast<const bf16*>(x), n);
@@ -231,12 +235,15 @@ class CpuDevice final : public Device {
     return size_t(mx + 1);
   }
 
+  CpuAdamW optimizer_;  // one fused pass per element, on the calling thread and optimizer_threads - 1 more
   CopyQueue copies_;  // declared last: destroyed first, after its copies finish
 };
 
 }  // namespace
 
-std::unique_ptr<Device> make_cpu_device() { return std::make_unique<CpuDevice>(); }
+std::unique_ptr<Device> make_cpu_device(int optimizer_threads) {
+  return std::make_unique<CpuDevice>(optimizer_threads);
+}
 
 #ifndef ZF_HAVE_CUDA
 std::string cuda_device_unavailable_reason() {

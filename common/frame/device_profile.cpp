@@ -87,6 +87,12 @@ class ProfilingDevice final : public Device {
              long step, float scale, bool decay) override {
     timed("adamw", [&] { in_->adamw(param, grad, gdt, m, v, n, cfg, step, scale, decay); });
   }
+  void adamw_copy(float* param, const void* grad, DType gdt, float* m, float* v, void* out, DType out_dtype, size_t n,
+                  const AdamWConfig& cfg, long step, float scale, bool decay) override {
+    timed("adamw", [&] { in_->adamw_copy(param, grad, gdt, m, v, out, out_dtype, n, cfg, step, scale, decay); });
+  }
+  std::string optimizer_description() const override { return in_->optimizer_description(); }
+
   void sum_squares(const void* x, DType dtype, size_t n, SumOfSquares& acc) override {
     timed("sum_squares", [&] { in_->sum_squares(x, dtype, n, acc); });
   }

@@ -118,6 +118,7 @@ nlohmann::json summary_json(const RunResult& run) {
             {"memory", memory},
             {"comm", comm},
             {"param_hash", run.ranks.empty() ? std::string() : hash_hex(run.ranks[0].param_hash)}};
+  if (!run.ranks.empty() && !run.ranks[0].host_optimizer.empty()) s["host_optimizer"] = run.ranks[0].host_optimizer;
   return {{"summary", s}};
 }
 

@@ -86,6 +86,7 @@ struct RankResult {
   CommStats comm;                 // over the whole run, every communicator of the rank
   CommStats comm_cross_group;     // hybrid sharding: the part of comm across the shard groups
   TransferStats transfers;        // host<->device copies of the steps trained (stage 05; not the initial load)
+  std::string host_optimizer;     // what ran AdamW on the host (stage 05): "avx2, 2 threads"
   uint64_t param_hash = 0;        // final float32 parameters in consolidated order
   int first_step = 0;             // the step this run started at (> 0 after --resume)
 };

@@ -74,6 +74,27 @@ TEST(OffloadParity, OffloadParamsIsBitIdentical) {
     }
 }
 
+// The CPU AdamW split over threads (the small model's shards are large
+// enough for the pool to split them: chunks of whole vectors, the same
+// arithmetic on each element): stage 00's bits for 1, 2 and 3 threads, both
+// recipes, the bf16 copy rounded in the same pass; the run says what ran.
+TEST(OffloadParity, OptimizerThreadsAreBitIdentical) {
+  for (Precision p : {Precision::fp32, Precision::bf16}) {
+    TrainConfig cfg = test::quiet_config("small", 1, 1, 2);
+    cfg.precision = p;
+    const RunResult ref = run_training(cfg, train_data_parallel);
+    for (int threads : {1, 2, 3}) {
+      cfg.offload.optimizer_threads = threads;
+      SCOPED_TRACE(test::describe(cfg) + ", " + std::to_string(threads) + " optimizer threads");
+      const RunResult run = run_training(cfg, train_offload);
+      test::expect_bit_identical(ref, run, "05 offload --optimizer-threads");
+      EXPECT_NE(run.ranks[0].host_optimizer.find(std::to_string(threads) + (threads == 1 ? " thread" : " threads")),
+                std::string::npos)
+          << run.ranks[0].host_optimizer;
+    }
+  }
+}
+
 TEST(OffloadParity, ClippingBites) { test::expect_clipping_bites(train_offload); }
 
 // Stage 04's knobs, which change the numerics against stage 00 (K = 2
