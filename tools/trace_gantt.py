@@ -3,11 +3,12 @@
 
 The trainers' `--trace FILE` writes Chrome trace-event JSON (docs/SPEC.md,
 "Timeline"): per rank a "compute" track (each unit's forward and backward,
-the optimizer), one track per communication queue ("comm", "comm q1", ...)
-and a "device memory" counter. This draws one row per rank and track, the
-spans colored by kind (forward, backward, optimizer, each collective), each
-collective labelled with its kind, and below them each rank's total device
-bytes over time:
+the optimizer), one track per communication queue ("comm", "comm q1", ...),
+a "copy" track where the device copied between host and device (stage 05:
+"h2d" and "d2h" spans) and a "device memory" counter. This draws one row per
+rank and track, the spans colored by kind (forward, backward, optimizer,
+each collective, each copy direction), each collective and copy labelled
+with its kind, and below them each rank's total device bytes over time:
 
     build/03_zero3/zero3 --ranks 2 --model tiny --steps 2 --trace /tmp/t.json
     /usr/bin/python3 tools/trace_gantt.py /tmp/t.json gantt.png --step 1
@@ -31,8 +32,12 @@ COLORS = {
     "all_gather": "#eeca3b",
     "broadcast": "#b279a2",
     "barrier": "#9d755d",
+    "h2d": "#72b7b2",
+    "d2h": "#ff9da6",
 }
-LABELS = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "broadcast": "BC", "barrier": "BAR"}
+LABELS = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "broadcast": "BC", "barrier": "BAR",
+          "h2d": "H2D", "d2h": "D2H"}
+NAMED_BY_KIND = ("comm", "copy")  # categories whose spans are named by their kind
 
 
 class TraceError(Exception):
@@ -60,8 +65,8 @@ def load_trace(path):
 
 
 def kind_of(e):
-    """forward, backward, optimizer, or the collective's name."""
-    return e["name"] if e.get("cat") == "comm" else e.get("cat", "")
+    """forward, backward, optimizer, the collective's name, or h2d / d2h."""
+    return e["name"] if e.get("cat") in NAMED_BY_KIND else e.get("cat", "")
 
 
 def rows_of(events, step=None):
@@ -81,7 +86,7 @@ def rows_of(events, step=None):
         if step is not None and e.get("args", {}).get("step") != step:
             continue
         kind = kind_of(e)
-        label = LABELS.get(kind, "") if e.get("cat") == "comm" else ""
+        label = LABELS.get(kind, "") if e.get("cat") in NAMED_BY_KIND else ""
         spans.setdefault((e["pid"], e.get("tid", 0)), []).append((e["ts"], e["dur"], kind, label))
     keys = sorted(spans, key=lambda k: (k[0], order.get(k, k[1]), k[1]))
     return [(k, f"rank {k[0]} {names.get(k, 'tid %d' % k[1])}", sorted(spans[k])) for k in keys]

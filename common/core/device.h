@@ -13,6 +13,7 @@
 // wait for everything issued before them.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -62,6 +63,26 @@ struct TransferStats {
   uint64_t to_device_copies = 0, to_host_copies = 0;
 };
 
+// One asynchronous copy as its device saw it, for a copy observer
+// (Device::set_copy_observer; --trace draws them, frame/trace.h). Times on
+// the steady clock. issued, wait_begin, wait_end are the host's: the call
+// of to_*_async, the call of wait() (or the Transfer's destruction) and its
+// return. started, completed: when the copy itself ran, where the device
+// can time it (the CPU device's copy thread); the clock's epoch where it
+// cannot (a GPU's copy stream: the host sees only the issue and the wait).
+struct CopyRecord {
+  using Time = std::chrono::steady_clock::time_point;
+  uint64_t id = 0;  // the copy's number on its device, in issue order
+  bool to_device = false;
+  size_t bytes = 0;
+  Time issued{}, wait_begin{}, wait_end{};
+  Time started{}, completed{};
+  bool timed() const { return started != Time{} && completed != Time{}; }
+};
+// Called once per copy, on the thread that waits for it, when wait()
+// returns (a copy that failed is not reported).
+using CopyObserver = std::function<void(const CopyRecord&)>;
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -92,6 +113,11 @@ class Device {
   Transfer to_host_async(void* host_dst, const void* src, size_t bytes);
   Transfer to_device_async(void* dst, const void* host_src, size_t bytes);
   const TransferStats& transfers() const { return transfers_; }
+  // Reports every async copy issued from now on to `observer` (none: an
+  // empty function). Only --trace sets one; without it a copy costs one
+  // test of the empty function more. A wrapping device hands it on to the
+  // device that runs the copies.
+  virtual void set_copy_observer(CopyObserver observer) { copy_observer_ = std::move(observer); }
   // Page-locked host memory (cudaHostAlloc on a GPU, which the copy engine
   // reads without a staging copy; mlock on the CPU device, whose limit is
   // the same one a host's locked memory has). nullptr when refused, with the
@@ -192,11 +218,18 @@ class Device {
 
  protected:
   // The copy itself, after to_host_async / to_device_async counted it.
-  virtual Transfer copy_async(void* dst, const void* src, size_t bytes, bool to_device) = 0;
+  // `record`, when not null (an observer is set), takes the copy's started
+  // and completed times if the device can measure them; it stays valid
+  // until the returned Transfer's wait() has returned.
+  virtual Transfer copy_async(void* dst, const void* src, size_t bytes, bool to_device, CopyRecord* record) = 0;
 
   DType compute_ = DType::f32;
   TransferStats transfers_;
+  CopyObserver copy_observer_;
   AttentionForm attention_ = AttentionForm::simple;
+
+ private:
+  Transfer observed_copy(uint64_t id, void* dst, const void* src, size_t bytes, bool to_device);
 };
 
 // The simulated device of a CPU run: host memory, the CPU kernels. Its

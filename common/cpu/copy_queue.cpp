@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -21,8 +22,12 @@ CopyQueue::~CopyQueue() {
   if (thread_.joinable()) thread_.join();
 }
 
-Transfer CopyQueue::copy(void* dst, const void* src, size_t bytes) {
-  std::packaged_task<void()> task([=] { std::memcpy(dst, src, bytes); });
+Transfer CopyQueue::copy(void* dst, const void* src, size_t bytes, CopyRecord* record) {
+  std::packaged_task<void()> task([=] {
+    if (record) record->started = std::chrono::steady_clock::now();
+    std::memcpy(dst, src, bytes);
+    if (record) record->completed = std::chrono::steady_clock::now();
+  });
   std::shared_future<void> done = task.get_future().share();
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -33,8 +33,10 @@ class CopyQueue {
   CopyQueue(const CopyQueue&) = delete;
   CopyQueue& operator=(const CopyQueue&) = delete;
 
-  // memcpy(dst, src, bytes) on the copy thread, after every copy issued before it.
-  Transfer copy(void* dst, const void* src, size_t bytes);
+  // memcpy(dst, src, bytes) on the copy thread, after every copy issued
+  // before it. With a record, the thread writes the memcpy's start and end
+  // into it before the Transfer's wait can return.
+  Transfer copy(void* dst, const void* src, size_t bytes, CopyRecord* record = nullptr);
 
  private:
   void run();

@@ -69,8 +69,8 @@ class CpuDevice final : public Device {
   void* allocate_pinned(size_t bytes, std::string* why) override { return allocate_locked(bytes, why); }
   void release_pinned(void* p, size_t bytes) override { release_locked(p, bytes); }
   // Every op has finished when it returns: a copy to the host reads what they wrote.
-  Transfer copy_async(void* dst, const void* src, size_t bytes, bool) override {
-    return copies_.copy(dst, src, bytes);
+  Transfer copy_async(void* dst, const void* src, size_t bytes, bool, CopyRecord* record) override {
+    return copies_.copy(dst, src, bytes, record);
   }
 
   size_t mark() override {

@@ -145,8 +145,10 @@ class CudaDevice final : public Device {
   }
   // On the copy stream: it waits for an event recorded on the compute stream
   // (a copy to the host reads what the ops issued before it wrote), and the
-  // handle waits for the copy's own event.
-  Transfer copy_async(void* dst, const void* src, size_t bytes, bool to_device) override {
+  // handle waits for the copy's own event. The copy is not timed (`record`
+  // keeps the host's issue and wait only): --trace draws it from its issue
+  // to the host's wait.
+  Transfer copy_async(void* dst, const void* src, size_t bytes, bool to_device, CopyRecord*) override {
     if (!copy_stream_) CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     cudaEvent_t issued, done;
     CUDA_CHECK(cudaEventCreateWithFlags(&issued, cudaEventDisableTiming));

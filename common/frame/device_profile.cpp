@@ -60,7 +60,9 @@ class ProfilingDevice final : public Device {
     collect();
   }
   // The copy queue is not profiled: its copies overlap the ops timed here.
-  Transfer copy_async(void* dst, const void* src, size_t bytes, bool to_device) override {
+  // An observer goes to the device that runs the copies, which times them.
+  void set_copy_observer(CopyObserver observer) override { in_->set_copy_observer(std::move(observer)); }
+  Transfer copy_async(void* dst, const void* src, size_t bytes, bool to_device, CopyRecord*) override {
     return to_device ? in_->to_device_async(dst, src, bytes) : in_->to_host_async(dst, src, bytes);
   }
   void to_host(void* dst, const void* src, size_t bytes) override {

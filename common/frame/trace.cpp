@@ -11,7 +11,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <set>
 #include <system_error>
 #include <utility>
@@ -79,7 +82,24 @@ void check_trace_path(const TrainConfig& cfg, bool writes) {
   if (!existed) fs::remove(t, ec);  // created by the run's end, not left empty if it fails
 }
 
-std::string trace_rank_events(int rank, const std::vector<ScheduleEvent>& events, const ModelLayout& layout) {
+CopyEvent copy_event(const CopyRecord& r, std::chrono::steady_clock::time_point origin) {
+  auto us = [&](CopyRecord::Time t) { return std::chrono::duration<double, std::micro>(t - origin).count(); };
+  CopyEvent e;
+  e.id = r.id;
+  e.to_device = r.to_device;
+  e.bytes = r.bytes;
+  e.issued_us = us(r.issued);
+  e.wait_begin_us = us(r.wait_begin);
+  e.wait_end_us = us(r.wait_end);
+  if (r.timed()) {
+    e.started_us = us(r.started);
+    e.completed_us = us(r.completed);
+  }
+  return e;
+}
+
+std::string trace_rank_events(int rank, const std::vector<ScheduleEvent>& events, const ModelLayout& layout,
+                              const std::vector<CopyEvent>& copies) {
   json out = json::array();
   out.push_back(meta("process_name", rank, 0, {{"name", "rank " + std::to_string(rank)}}));
   out.push_back(meta("process_sort_index", rank, 0, {{"sort_index", rank}}));
@@ -91,6 +111,11 @@ std::string trace_rank_events(int rank, const std::vector<ScheduleEvent>& events
   for (int q : queues) {
     out.push_back(meta("thread_name", rank, 1 + q, {{"name", queue_track_name(q)}}));
     out.push_back(meta("thread_sort_index", rank, 1 + q, {{"sort_index", 1 + q}}));
+  }
+  const int copy_tid = 2 + *queues.rbegin();  // after the last queue's track
+  if (!copies.empty()) {
+    out.push_back(meta("thread_name", rank, copy_tid, {{"name", "copy"}}));
+    out.push_back(meta("thread_sort_index", rank, copy_tid, {{"sort_index", copy_tid}}));
   }
 
   auto unit_name = [&](int u) {
@@ -107,6 +132,7 @@ std::string trace_rank_events(int rank, const std::vector<ScheduleEvent>& events
   std::map<uint64_t, Call> calls;       // by id: issue order
   std::array<size_t, kNumCategories> memory{};
   bool sampled = false;
+  std::vector<std::pair<double, int>> steps;  // (time, the step from then on; -1: none)
   for (const ScheduleEvent& e : events) {
     if (!sampled || e.device_bytes != memory) {
       memory = e.device_bytes;
@@ -121,6 +147,7 @@ std::string trace_rank_events(int rank, const std::vector<ScheduleEvent>& events
         step = e.step;
         micro = e.micro;
         last_end = e.t_us;
+        steps.emplace_back(e.t_us, step);
         out.push_back(json{{"ph", "i"}, {"s", "t"}, {"name", "load"}, {"cat", "load"}, {"pid", rank}, {"tid", 0},
                            {"ts", on_grid(e.t_us)}, {"args", {{"step", step}, {"micro", micro}}}});
         break;
@@ -141,6 +168,7 @@ std::string trace_rank_events(int rank, const std::vector<ScheduleEvent>& events
         step = -1;  // what follows until the next load (a checkpoint, the final hash) is no step's
         micro = -1;
         last_end = -1;
+        steps.emplace_back(e.t_us, -1);
         break;
       case ScheduleEvent::issued: {
         Call& c = calls[e.id];
@@ -179,6 +207,40 @@ std::string trace_rank_events(int rank, const std::vector<ScheduleEvent>& events
     if (c.waited >= 0) args["waited_us"] = on_grid(c.waited);
     if (c.failed) args["failed"] = true;
     span(collective_name(e.collective), "comm", 1 + e.queue, begin, c.completed, std::move(args));
+  }
+
+  // The copy queue runs its copies in issue order, one at a time. A timed
+  // copy is drawn as it ran. An untimed one (a GPU's) ends when the host's
+  // wait returned, or when a later copy's did if that was sooner (it was
+  // done by then), and starts when it was issued or when the copy before it
+  // ended: so the track's spans never overlap either way.
+  std::vector<CopyEvent> order = copies;
+  std::sort(order.begin(), order.end(), [](const CopyEvent& a, const CopyEvent& b) { return a.id < b.id; });
+  std::vector<double> ends(order.size());
+  for (size_t i = order.size(); i-- > 0;) {
+    const CopyEvent& c = order[i];
+    ends[i] = c.completed_us >= 0 ? c.completed_us : c.wait_end_us;
+    if (i + 1 < order.size()) ends[i] = std::min(ends[i], ends[i + 1]);
+  }
+  auto step_at = [&](double t) {
+    auto it = std::upper_bound(steps.begin(), steps.end(), t,
+                               [](double x, const std::pair<double, int>& s) { return x < s.first; });
+    return it == steps.begin() ? -1 : std::prev(it)->second;
+  };
+  for (size_t i = 0; i < order.size(); i++) {
+    const CopyEvent& c = order[i];
+    const bool timed = c.started_us >= 0 && c.completed_us >= 0;
+    double begin = timed ? c.started_us : c.issued_us;
+    if (i > 0) begin = std::max(begin, ends[i - 1]);
+    begin = std::min(begin, ends[i]);
+    json args{{"bytes", c.bytes},
+              {"id", c.id},
+              {"step", step_at(c.issued_us)},
+              {"issued_us", on_grid(c.issued_us)},
+              {"queued_us", grid_span(c.issued_us, std::max(begin, c.issued_us))},
+              {"waited_us", on_grid(c.wait_begin_us)},
+              {"timed", timed}};
+    span(c.to_device ? "h2d" : "d2h", "copy", copy_tid, begin, ends[i], std::move(args));
   }
   return out.dump();
 }
@@ -229,15 +291,38 @@ RankResult run_traced_rank(RankContext& ctx, std::chrono::steady_clock::time_poi
                            std::string* events) {
   RecordOptions opt;
   opt.mem = &ctx.mem;
+  // One clock for the recorder and the copies (the default: from now).
+  if (origin == std::chrono::steady_clock::time_point{}) origin = std::chrono::steady_clock::now();
   opt.origin = origin;
   RecordingCommunicator rec(ctx.comm, opt);
   RankContext traced{ctx.rank, ctx.world, rec, ctx.mem, ctx.dev};
+  // The device's copies, reported on whichever thread waits for them.
+  struct Copies {
+    std::mutex mu;
+    std::vector<CopyEvent> list;
+  };
+  auto copies = std::make_shared<Copies>();
+  struct ObserverGuard {
+    Device& dev;
+    ~ObserverGuard() { dev.set_copy_observer({}); }
+  };
   RankResult result;
   {
+    ctx.dev.set_copy_observer([copies, origin](const CopyRecord& r) {
+      const CopyEvent e = copy_event(r, origin);
+      std::lock_guard<std::mutex> lock(copies->mu);
+      copies->list.push_back(e);
+    });
+    ObserverGuard unobserve{ctx.dev};
     RankFailureGuard guard(rec);  // a failing rank stops the group before the recorder goes
     result = body(traced);
   }
-  *events = trace_rank_events(ctx.rank, rec.events(), layout);
+  std::vector<CopyEvent> copied;
+  {
+    std::lock_guard<std::mutex> lock(copies->mu);
+    copied = copies->list;
+  }
+  *events = trace_rank_events(ctx.rank, rec.events(), layout, copied);
   return result;
 }
 

@@ -6,9 +6,10 @@
 // its clock: when --trace is set, run_training wraps each rank's
 // communicator in a RecordingCommunicator (no delay) for the stage's
 // function, so no stage knows, and renders each rank's log once the stage
-// returns. Without --trace no recorder exists and nothing is recorded. The
-// recorder counts collectives as the backends do, so the results and the
-// counters are the same with or without it (test_trace.cpp checks).
+// returns. Without --trace no recorder (and no copy observer) exists and
+// nothing is recorded. The recorder counts collectives as the backends do,
+// so the results and the counters are the same with or without it
+// (test_trace.cpp checks).
 //
 // What the file holds, per rank r (pid r, named "rank r"):
 //   tid 0 "compute"     "X" spans: "fwd <unit>" and "bwd <unit>" from the
@@ -26,6 +27,19 @@
 //                       one completed (issued_us is when it was issued,
 //                       queued_us how long it waited), so the spans of a
 //                       track never overlap, which the format requires
+//   tid after the last queue's, "copy"   only where the device copied
+//                       asynchronously (stage 05): an "X" span per copy, "h2d"
+//                       or "d2h", args {bytes, id, step, issued_us,
+//                       queued_us, waited_us, timed}. Tracing sets an observer
+//                       on the rank's device (Device::set_copy_observer),
+//                       which reports each copy when it is waited for. The
+//                       queue runs its copies in issue order: on the CPU
+//                       device its thread times each memcpy (timed: the span
+//                       is the copy); a GPU's copy stream is not timed, and
+//                       the span runs from the issue (or the copy before) to
+//                       the host's wait's return (or a later copy's, if that
+//                       came sooner). Copies with step >= 0 are the run's
+//                       transfer counters; the load's upload has step -1
 //   "device memory"     "C" counter, one series per category (params, grads,
 //                       optimizer, activations, comm, workspace, gathered): the device
 //                       bytes, sampled at every event, written when they change
@@ -62,9 +76,21 @@ namespace zf {
 // file that cannot be created. Nothing to do without --trace.
 void check_trace_path(const TrainConfig& cfg, bool writes);
 
-// One rank's log as trace events: a JSON array (the elements of
-// "traceEvents" for pid `rank`), as text.
-std::string trace_rank_events(int rank, const std::vector<ScheduleEvent>& events, const ModelLayout& layout);
+// One host<->device copy of a rank (a Device's CopyRecord), in
+// microseconds since the trace's origin; started_us and completed_us are
+// negative where the device did not time the copy (a GPU's).
+struct CopyEvent {
+  uint64_t id = 0;  // issue order on the rank's device
+  bool to_device = false;
+  size_t bytes = 0;
+  double issued_us = 0, started_us = -1, completed_us = -1, wait_begin_us = 0, wait_end_us = 0;
+};
+CopyEvent copy_event(const CopyRecord& r, std::chrono::steady_clock::time_point origin);
+
+// One rank's log, and its device's copies, as trace events: a JSON array
+// (the elements of "traceEvents" for pid `rank`), as text.
+std::string trace_rank_events(int rank, const std::vector<ScheduleEvent>& events, const ModelLayout& layout,
+                              const std::vector<CopyEvent>& copies = {});
 
 // Every rank's trace_rank_events on every rank: an all-gather of the texts'
 // bytes over `comm` (lengths first). A collective: every rank calls it.
@@ -76,8 +102,9 @@ std::string trace_document(const std::vector<std::string>& rank_events, const Tr
 void write_trace(const std::vector<std::string>& rank_events, const TrainConfig& cfg);
 
 // Runs body(ctx') where ctx' is ctx with its communicator wrapped in a
-// recorder whose clock starts at `origin`, and returns body's result and,
-// in *events, the rank's trace_rank_events.
+// recorder whose clock starts at `origin`, and a copy observer on its
+// device (removed when body returns), and returns body's result and, in
+// *events, the rank's trace_rank_events.
 RankResult run_traced_rank(RankContext& ctx, std::chrono::steady_clock::time_point origin,
                            const ModelLayout& layout, const std::function<RankResult(RankContext&)>& body,
                            std::string* events);

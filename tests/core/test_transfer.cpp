@@ -66,7 +66,7 @@ class RefusingDevice final : public Device {
   void softmax_cross_entropy_backward(void*, const void*, const float*, const int32_t*, float, int, int) override {}
 
  protected:
-  Transfer copy_async(void*, const void*, size_t, bool) override { return {}; }
+  Transfer copy_async(void*, const void*, size_t, bool, CopyRecord*) override { return {}; }
 
  private:
   std::unique_ptr<Device> in_;

@@ -2,11 +2,13 @@
 # test_trace_gantt.py: tests of tools/trace_gantt.py, the Gantt chart of a
 # `--trace FILE` timeline, on the trace of a real short run of zero3: the rows
 # it draws (one per rank and track, with the run's spans), --step, the PNG,
-# and a clear error for a missing, non-JSON or non-trace file. The drawing
-# needs matplotlib; without it those tests skip, saying so.
+# and a clear error for a missing, non-JSON or non-trace file; on one of
+# offload (stage 05), the copy track's row. The drawing needs matplotlib;
+# without it those tests skip, saying so.
 #
 #   meson test -C build trace_gantt_py
-#   ZF_ZERO3_BIN=build/03_zero3/zero3 python3 tests/python/test_trace_gantt.py [--xml FILE]
+#   ZF_ZERO3_BIN=build/03_zero3/zero3 ZF_OFFLOAD_BIN=build/05_offload/offload \
+#     python3 tests/python/test_trace_gantt.py [--xml FILE]
 
 import json
 import os
@@ -37,15 +39,18 @@ def run_tool(*args):
     return subprocess.run([sys.executable, TOOL, *args], capture_output=True, text=True)
 
 
-class TraceOfARun(unittest.TestCase):
+class TracedRun(unittest.TestCase):
+    """The trace of a short run of STAGE (its binary in ENV), in a temporary folder."""
+    STAGE, ENV = "zero3", "ZF_ZERO3_BIN"
+
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
-        cls.trace = os.path.join(cls.tmp.name, "zero3.json")
-        exe = os.environ.get("ZF_ZERO3_BIN")
+        cls.trace = os.path.join(cls.tmp.name, cls.STAGE + ".json")
+        exe = os.environ.get(cls.ENV)
         cls.why_not = None
         if not exe or not os.access(exe, os.X_OK):
-            cls.why_not = "ZF_ZERO3_BIN is not set to the built zero3 (meson test sets it)"
+            cls.why_not = f"{cls.ENV} is not set to the built {cls.STAGE} (meson test sets it)"
             return
         subprocess.run([exe, "--ranks", "2", "--model", "tiny", "--steps", str(STEPS), "--batch", "1", "--quiet",
                         "--trace", cls.trace], check=True, stdout=subprocess.DEVNULL)
@@ -57,6 +62,9 @@ class TraceOfARun(unittest.TestCase):
     def setUp(self):
         if self.why_not:
             self.skipTest(self.why_not)
+
+
+class TraceOfARun(TracedRun):
 
     def test_rows(self):
         events = trace_gantt.load_trace(self.trace)
@@ -96,6 +104,36 @@ class TraceOfARun(unittest.TestCase):
         r = run_tool(self.trace, os.path.join(self.tmp.name, "x.png"), "--step", "7")
         self.assertEqual(r.returncode, 2)
         self.assertIn("--step 7 is not in the trace (it holds steps 0..1)", r.stderr)
+
+
+class CopyTrackOfAnOffloadRun(TracedRun):
+    STAGE, ENV = "offload", "ZF_OFFLOAD_BIN"
+
+    def test_copy_row_after_the_queues(self):
+        rows = trace_gantt.rows_of(trace_gantt.load_trace(self.trace))
+        # Stage 05 has stage 04's two queues, then the copies.
+        self.assertEqual([name for _, name, _ in rows],
+                         ["rank 0 compute", "rank 0 comm", "rank 0 comm q1", "rank 0 copy",
+                          "rank 1 compute", "rank 1 comm", "rank 1 comm q1", "rank 1 copy"])
+        for _, name, spans in rows:
+            if not name.endswith("copy"):
+                continue
+            kinds = [k for _, _, k, _ in spans]
+            # Every step copies each unit's gradient piece down and its parameters up.
+            self.assertGreaterEqual(kinds.count("d2h"), UNITS * STEPS, name)
+            self.assertGreaterEqual(kinds.count("h2d"), UNITS * STEPS, name)
+            self.assertEqual(set(kinds), {"h2d", "d2h"}, name)
+            self.assertEqual({label for _, _, _, label in spans}, {"H2D", "D2H"}, name)
+
+    def test_png(self):
+        if NO_MATPLOTLIB:
+            self.skipTest(NO_MATPLOTLIB)
+        out = os.path.join(self.tmp.name, "offload.png")
+        r = run_tool(self.trace, out, "--step", "1")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(out, "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+        self.assertIn("rank 1 copy:", r.stdout)
 
 
 class BadFiles(unittest.TestCase):

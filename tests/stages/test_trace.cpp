@@ -3,7 +3,8 @@
 // what the run itself reports (its counters, its model's units), the results
 // unchanged by tracing, the gather that carries every rank's events to the
 // process that writes, a hand-made log's events to the nanosecond, and the
-// paths refused up front.
+// paths refused up front. The copy track: stage 05's host<->device copies,
+// against the run's transfer counters, and the device's copy observer.
 //
 //   meson test -C build trace
 #include <gtest/gtest.h>
@@ -30,6 +31,7 @@
 #include "trace.h"
 #include "zero1.h"
 #include "fsdp.h"
+#include "offload.h"
 #include "zero2.h"
 #include "zero3.h"
 
@@ -60,6 +62,7 @@ class TraceTest : public test::TempDirTest {
     if (stage == "fsdp") return train_fsdp;
     if (stage == "zero1") return train_zero1;
     if (stage == "zero2") return train_zero2;
+    if (stage == "offload") return train_offload;
     return train_zero3;
   }
 
@@ -79,6 +82,8 @@ class TraceTest : public test::TempDirTest {
     std::map<int, std::map<std::string, uint64_t>> step_calls;          // pid -> kind -> X events in steps
     std::map<int, std::set<int64_t>> ids;                               // pid -> collective ids
     std::map<int, int> counters, optimizer;
+    std::map<int, TransferStats> copied;                                // pid -> the copy spans in steps
+    std::map<int, std::set<int>> copy_tids;                             // pid -> the tids copy spans are on
     std::map<int, std::map<std::string, int>> compute;                  // pid -> "fwd h.0" -> count
     for (const json& e : events) {
       const std::string ph = e.at("ph");
@@ -100,6 +105,14 @@ class TraceTest : public test::TempDirTest {
         EXPECT_EQ(e["args"]["bytes"].get<size_t>(),
                   e["args"]["count"].get<size_t>() * (e["args"]["dtype"] == "f32" ? 4 : e["args"]["dtype"] == "i64" ? 8 : 2))
             << e.dump();
+      } else if (cat == "copy") {
+        copy_tids[pid].insert(tid);
+        const std::string name = e["name"];
+        EXPECT_TRUE(name == "h2d" || name == "d2h") << e.dump();
+        if (e["args"]["step"].get<int>() < 0) continue;  // the load's upload, before the steps counted
+        TransferStats& t = copied[pid];
+        (name == "h2d" ? t.to_device_copies : t.to_host_copies)++;
+        (name == "h2d" ? t.to_device_bytes : t.to_host_bytes) += e["args"]["bytes"].get<uint64_t>();
       } else if (cat == "optimizer") {
         EXPECT_EQ(e["name"], "clip + optimizer");
         optimizer[pid]++;
@@ -125,6 +138,25 @@ class TraceTest : public test::TempDirTest {
         EXPECT_EQ(compute[r]["bwd " + layout.units[u].name], S * K) << layout.units[u].name;
       }
       EXPECT_EQ(optimizer[r], S);
+      // The copies of the steps, by direction: the run's transfer counters
+      // (every stage's; zero, and no copy track, but stage 05's).
+      const TransferStats& want = run.ranks[r].transfers;
+      EXPECT_EQ(copied[r].to_device_copies, want.to_device_copies);
+      EXPECT_EQ(copied[r].to_device_bytes, want.to_device_bytes);
+      EXPECT_EQ(copied[r].to_host_copies, want.to_host_copies);
+      EXPECT_EQ(copied[r].to_host_bytes, want.to_host_bytes);
+      int copy_track = -1, last_comm = -1;
+      for (const auto& [key, name] : track) {
+        if (key.first != r) continue;
+        if (name == "copy") copy_track = key.second;
+        if (name.rfind("comm", 0) == 0) last_comm = std::max(last_comm, key.second);
+      }
+      if (copy_tids[r].empty()) {
+        EXPECT_EQ(copy_track, -1) << "a copy track without copies";
+      } else {
+        EXPECT_EQ(copy_tids[r], std::set<int>{copy_track}) << "copies off the copy track";
+        EXPECT_EQ(copy_track, last_comm + 1) << "the copy track follows the comm queues'";
+      }
     }
     // No track's spans overlap: the compute track is the host's one thread,
     // a queue's collectives run one after the other.
@@ -178,6 +210,48 @@ TEST_F(TraceTest, ZeroOneAndTwoFilesHoldEveryCollective) {
     c.trace = path(std::string(stage) + ".json");
     const RunResult run = run_training(c, fn(stage));
     expect_complete_trace(read_json(c.trace), run);
+  }
+}
+
+// Stage 05: a copy track whose spans in the steps are the run's transfer
+// counters (expect_complete_trace), and before them the load's upload of
+// the device's parameter copy, one copy per unit. The CPU device's copy
+// thread times each memcpy, so every span is the copy as it ran.
+TEST_F(TraceTest, OffloadFileHasACopyTrackOfEveryTransfer) {
+  for (bool offload_params : {false, true}) {
+    SCOPED_TRACE(offload_params ? "--offload-params" : "the default");
+    TrainConfig c = cfg("offload");
+    c.offload.offload_params = offload_params;
+    c.trace = path("offload.json");
+    const RunResult run = run_training(c, fn("offload"));
+    const json doc = read_json(c.trace);
+    expect_complete_trace(doc, run);
+    std::map<int, uint64_t> load_bytes, load_copies, in_steps;
+    for (const json& e : doc["traceEvents"]) {
+      if (e["ph"] != "X" || e["cat"] != "copy") continue;
+      EXPECT_TRUE(e["args"]["timed"].get<bool>()) << e.dump();
+      EXPECT_LE(ns(e["args"]["issued_us"]), ns(e["ts"])) << e.dump();  // it ran after it was issued
+      EXPECT_EQ(ns(e["args"]["issued_us"]) + ns(e["args"]["queued_us"]), ns(e["ts"])) << e.dump();
+      const int pid = e["pid"];
+      if (e["args"]["step"].get<int>() >= 0) {
+        in_steps[pid]++;
+        continue;
+      }
+      EXPECT_EQ(e["name"], "h2d") << e.dump();
+      load_copies[pid]++;
+      load_bytes[pid] += e["args"]["bytes"].get<uint64_t>();
+    }
+    const uint64_t units = uint64_t(build_layout(c.model).units.size());  // tiny: one FSDP unit per layout unit
+    for (int r = 0; r < c.ranks; r++) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      EXPECT_GT(in_steps[r], 0u);
+      // The upload fills the device's copy of the parameter shard, which is
+      // all the device's params (none with --offload-params: no upload).
+      EXPECT_EQ(load_copies[r], offload_params ? 0u : units);
+      EXPECT_EQ(load_bytes[r], run.ranks[r].memory.cur(Place::device, Category::params));
+    }
+    c.trace.clear();
+    expect_same_results(run, run_training(c, fn("offload")));
   }
 }
 
@@ -305,6 +379,101 @@ TEST(TraceEvents, TracksSpansAndQueueOrderFromAHandMadeLog) {
   EXPECT_EQ(memory[0]["args"]["params"], 100);
   EXPECT_EQ(memory[0]["args"]["comm"], 0);
   EXPECT_EQ(memory[1]["args"]["comm"], 7);
+}
+
+// Copies made by hand: the track after the last queue's, the step each was
+// issued in, and the spans of untimed copies (a GPU's) kept in issue order.
+TEST(TraceEvents, CopyTrackFromHandMadeCopies) {
+  using Ev = ScheduleEvent;
+  std::vector<Ev> log(3);
+  log[0].kind = Ev::load, log[0].t_us = 10, log[0].step = 4, log[0].micro = 0;
+  log[1].kind = Ev::issued, log[1].t_us = 11, log[1].collective = CollectiveKind::all_gather, log[1].queue = 1;
+  log[2].kind = Ev::step_end, log[2].t_us = 70, log[2].step = 4;
+  for (size_t i = 0; i < log.size(); i++) log[i].seq = i;
+  auto copy = [](uint64_t id, bool to_device, size_t bytes, double issued, double wait_begin, double wait_end) {
+    CopyEvent c;
+    c.id = id, c.to_device = to_device, c.bytes = bytes;
+    c.issued_us = issued, c.wait_begin_us = wait_begin, c.wait_end_us = wait_end;
+    return c;
+  };
+  // Reported in wait order, not issue order. Copy 1's wait returned at 30,
+  // so copy 0, before it on the queue, was done by then though its own wait
+  // returned at 60; copy 2 waits behind copy 1, which waited behind copy 0.
+  std::vector<CopyEvent> copies = {copy(1, false, 8, 12, 25, 30), copy(0, true, 100, 5, 50, 60),
+                                   copy(2, true, 4, 20, 45, 48), copy(3, false, 2, 80, 85, 90)};
+  const json events = json::parse(trace_rank_events(1, log, build_layout(model_preset("tiny")), copies));
+  std::map<int, std::string> tracks;
+  std::map<int64_t, json> spans;  // by copy id
+  for (const json& e : events) {
+    if (e["ph"] == "M" && e["name"] == "thread_name") tracks[e["tid"]] = e["args"]["name"];
+    if (e["ph"] == "X" && e["cat"] == "copy") spans[e["args"]["id"].get<int64_t>()] = e;
+  }
+  EXPECT_EQ(tracks, (std::map<int, std::string>{{0, "compute"}, {1, "comm"}, {2, "comm q1"}, {3, "copy"}}));
+  ASSERT_EQ(spans.size(), 4u);
+  auto expect_span = [&](int64_t id, const char* name, int64_t ts, int64_t dur, int step, int64_t queued) {
+    SCOPED_TRACE("copy " + std::to_string(id));
+    EXPECT_EQ(spans[id]["name"], name);
+    EXPECT_EQ(spans[id]["tid"], 3);
+    EXPECT_EQ(ns(spans[id]["ts"]), ts * 1000);
+    EXPECT_EQ(ns(spans[id]["dur"]), dur * 1000);
+    EXPECT_EQ(spans[id]["args"]["step"], step);
+    EXPECT_EQ(ns(spans[id]["args"]["queued_us"]), queued * 1000);
+    EXPECT_FALSE(spans[id]["args"]["timed"].get<bool>());
+  };
+  expect_span(0, "h2d", 5, 25, -1, 0);   // issued before the step's load
+  expect_span(1, "d2h", 30, 0, 4, 18);   // done when its wait returned, after copy 0
+  expect_span(2, "h2d", 30, 18, 4, 10);  // behind copy 1
+  expect_span(3, "d2h", 80, 10, -1, 0);  // after the step's end
+  EXPECT_EQ(spans[0]["args"]["bytes"], 100);
+  EXPECT_EQ(ns(spans[1]["args"]["waited_us"]), 25000);
+
+  // Timed copies are drawn as they ran.
+  copies = {copy(0, true, 16, 2, 9, 10)};
+  copies[0].started_us = 5, copies[0].completed_us = 8;
+  const json timed = json::parse(trace_rank_events(1, log, build_layout(model_preset("tiny")), copies));
+  int found = 0;
+  for (const json& e : timed)
+    if (e["ph"] == "X" && e["cat"] == "copy") {
+      found++;
+      EXPECT_EQ(ns(e["ts"]), 5000);
+      EXPECT_EQ(ns(e["dur"]), 3000);
+      EXPECT_EQ(ns(e["args"]["queued_us"]), 3000);
+      EXPECT_TRUE(e["args"]["timed"].get<bool>());
+    }
+  EXPECT_EQ(found, 1);
+  // No copies, no copy track.
+  for (const json& e : json::parse(trace_rank_events(1, log, build_layout(model_preset("tiny")))))
+    EXPECT_FALSE(e["ph"] == "M" && e["name"] == "thread_name" && e["args"]["name"] == "copy") << e.dump();
+}
+
+// The CPU device reports each async copy to its observer once, when it is
+// waited for (or dropped), with the memcpy's times from the copy thread;
+// without an observer it reports nothing.
+TEST(TraceCopies, CpuDeviceReportsEveryCopyTimed) {
+  auto dev = make_cpu_device();
+  std::vector<CopyRecord> seen;  // the observer runs on the thread that waits: this one
+  dev->set_copy_observer([&](const CopyRecord& r) { seen.push_back(r); });
+  std::vector<float> host(1000, 1.0f), back(1000, 0.0f), device(1000, 0.0f);
+  dev->to_device_async(device.data(), host.data(), 4000).wait();
+  { Transfer dropped = dev->to_host_async(back.data(), device.data(), 4000); }
+  EXPECT_EQ(back[999], 1.0f);
+  dev->set_copy_observer({});
+  dev->to_device_async(device.data(), host.data(), 4000).wait();
+  ASSERT_EQ(seen.size(), 2u);
+  for (size_t i = 0; i < seen.size(); i++) {
+    const CopyRecord& r = seen[i];
+    SCOPED_TRACE("copy " + std::to_string(i));
+    EXPECT_EQ(r.id, i);
+    EXPECT_EQ(r.to_device, i == 0);
+    EXPECT_EQ(r.bytes, 4000u);
+    ASSERT_TRUE(r.timed());
+    EXPECT_LE(r.issued, r.started);
+    EXPECT_LE(r.started, r.completed);
+    EXPECT_LE(r.completed, r.wait_end);
+    EXPECT_LE(r.wait_begin, r.wait_end);
+  }
+  EXPECT_LE(seen[0].completed, seen[1].started);  // one queue, in issue order
+  EXPECT_EQ(dev->transfers().to_device_copies, 2u);  // counted with or without an observer
 }
 
 TEST(TraceGather, EveryRankGetsEveryRanksBytes) {
