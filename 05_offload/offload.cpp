@@ -246,11 +246,14 @@ RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenDa
         states.update_all(filled, adam_step, scale);
         states.host_grads.zero(filled);  // for the step after next
       });
+      if (step + 1 == cfg.steps) {  // the last update is the device's too, within the step that made it
+        states.pending.finish();
+        if (states.pending.take(nullptr)) states.upload_all();
+      }
     }
     const double ms = timer.ms();
     run.end_step(step, loss, clip.norm, ms, t.finish(ms));  // a checkpoint waits for the update
   }
-  if (states.pending.take(nullptr)) states.upload_all();  // the last step's update is the device's too
   RankResult result = run.finish();
   result.host_optimizer = states.host->optimizer_description();
   return result;

@@ -218,10 +218,13 @@ TEST_F(TraceTest, ZeroOneAndTwoFilesHoldEveryCollective) {
 // the device's parameter copy, one copy per unit. The CPU device's copy
 // thread times each memcpy, so every span is the copy as it ran.
 TEST_F(TraceTest, OffloadFileHasACopyTrackOfEveryTransfer) {
-  for (bool offload_params : {false, true}) {
-    SCOPED_TRACE(offload_params ? "--offload-params" : "the default");
+  // --delay-update too: its last update is uploaded within the last step.
+  for (int mode : {0, 1, 2}) {
+    const bool offload_params = mode == 1;
+    SCOPED_TRACE(mode == 0 ? "the default" : mode == 1 ? "--offload-params" : "--delay-update");
     TrainConfig c = cfg("offload");
     c.offload.offload_params = offload_params;
+    c.offload.delay_update = mode == 2;
     c.trace = path("offload.json");
     const RunResult run = run_training(c, fn("offload"));
     const json doc = read_json(c.trace);
