@@ -4,8 +4,10 @@
 //     forward, backward as in stage 04 (fsdp.h), but each unit's reduced
 //     piece goes device->host into my float32 gradient shard on the host
 //   clip: the norm over the host's shards
-//   for each unit g: CPU AdamW on its float32 shard; round it into the bf16
-//     copy; copy that host->device (overlapping the next unit's update)
+//   for each unit g: CPU AdamW on its float32 shard, rounding it into the
+//     bf16 copy in the same pass; copy that host->device (overlapping the
+//     next unit's update). Moments on disk: one stream over the whole
+//     shard first, then the copies
 //   wait for the copies: the next step's all-gathers send what they wrote
 //
 // With --delay-update (offload.h), from the second step on, the last three

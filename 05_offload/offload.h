@@ -13,6 +13,11 @@
 //   reduce-scatter is done, while the backward goes on; each unit's updated
 //   parameters are copied host->device as soon as its update is done, while
 //   the CPU updates the next;
+// - the CPU AdamW is CpuAdamW (adamw.h) on --optimizer-threads threads, and
+//   rounds each updated piece into the bf16 copy in the same pass;
+// - --offload-dir: the moments (and, with --offload-params in bf16, the
+//   float32 shards) in files, streamed through a window of two chunks
+//   (disk_tier.h, disk_adamw.h);
 // - the step line and the run log split the step into phases: forward,
 //   backward, device->host, the CPU optimizer, host->device, waiting.
 //
