@@ -14,7 +14,6 @@
 #include <fcntl.h>
 #include <future>
 #include <mutex>
-#include <random>
 #include <signal.h>
 #include <sstream>
 #include <sys/file.h>
@@ -22,6 +21,8 @@
 #include <sys/statvfs.h>
 #include <thread>
 #include <unistd.h>
+
+#include "output_file.h"
 
 namespace zf {
 
@@ -34,14 +35,6 @@ const char* const kWhatToDo =
     "--offload-dir to keep the optimizer state in host memory";
 
 std::string reason(int err) { return std::strerror(err); }
-
-std::string random_hex() {
-  std::random_device rd;
-  const uint64_t r = (uint64_t(rd()) << 32) ^ rd();
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(r));
-  return buf;
-}
 
 // Array names become part of file names: keep them plain.
 bool plain_name(const std::string& s) {

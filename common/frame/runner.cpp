@@ -9,18 +9,20 @@
 
 #include "blas.h"
 #include "check.h"
+#include "output_paths.h"
 #include "trace.h"
 
 namespace zf {
 
 RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   // Threads, or one rank per process under mpirun/srun or RANK/WORLD_SIZE
-  // (launch.h). Only the process of rank 0 prints and writes the run log
-  // and --trace's file, so only that one tries to create it, before
-  // anything is read.
+  // (launch.h). No output may be an input or another output; only the
+  // process of rank 0 prints and writes the outputs (the run log, --trace's
+  // file, the checkpoints), so only that one checks they can be created:
+  // before anything is read or opened for writing, not after the last step.
   const World world = resolve_world(cfg.ranks, cfg.device);
   validate_for_world(cfg, world.size);
-  check_trace_path(cfg, world.prints());
+  check_output_paths(cfg, world.prints());
   TokenData data = cfg.data.empty() ? builtin_corpus() : load_token_file(cfg.data);
   Sampler check(data, cfg.model.T, cfg.model.V);  // refuses short files and foreign vocabularies up front
   ModelLayout layout = build_layout(cfg.model);

@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -26,7 +25,6 @@
 namespace zf {
 
 using json = nlohmann::json;
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -36,14 +34,6 @@ namespace {
 int64_t grid_ns(double t_us) { return std::llround(t_us * 1000.0); }
 double on_grid(double t_us) { return double(grid_ns(t_us)) / 1000.0; }
 double grid_span(double begin_us, double end_us) { return double(grid_ns(end_us) - grid_ns(begin_us)) / 1000.0; }
-
-// Two names for one file, whether or not it exists yet.
-bool same_file(const std::string& a, const std::string& b) {
-  if (a.empty() || b.empty()) return false;
-  std::error_code ec;
-  if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec);
-  return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
-}
 
 std::string queue_track_name(int q) { return q == 0 ? "comm" : "comm q" + std::to_string(q); }
 
@@ -60,27 +50,6 @@ struct Call {
 };
 
 }  // namespace
-
-void check_trace_path(const TrainConfig& cfg, bool writes) {
-  const std::string& t = cfg.trace;
-  if (t.empty()) return;
-  const std::pair<const char*, const std::string*> others[] = {
-      {"--data", &cfg.data},         {"--init", &cfg.init},    {"--resume", &cfg.resume},
-      {"--log-json", &cfg.log_json}, {"--save", &cfg.save},   {"--save-init", &cfg.save_init}};
-  for (const auto& [flag, path] : others)
-    USAGE_REQUIRE(!same_file(t, *path), "--trace " << t << " is also the run's " << flag << " file (" << *path
-                                                   << "): the timeline would overwrite it; give --trace a "
-                                                      "file of its own");
-  std::error_code ec;
-  USAGE_REQUIRE(!fs::is_directory(t, ec), "--trace " << t << " is a directory: give the path of a file to write");
-  if (!writes) return;
-  const bool existed = fs::exists(t, ec);
-  {
-    std::ofstream probe(t, std::ios::out | std::ios::app);
-    USAGE_REQUIRE(probe.good(), "cannot create the trace --trace " << t << ": " << std::strerror(errno));
-  }
-  if (!existed) fs::remove(t, ec);  // created by the run's end, not left empty if it fails
-}
 
 CopyEvent copy_event(const CopyRecord& r, std::chrono::steady_clock::time_point origin) {
   auto us = [&](CopyRecord::Time t) { return std::chrono::duration<double, std::micro>(t - origin).count(); };

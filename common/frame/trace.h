@@ -70,12 +70,6 @@
 
 namespace zf {
 
-// Refuses --trace FILE up front (UsageError naming the flag and the file):
-// a file that is an input of the run (--data, --init, --resume) or another
-// of its outputs (--log-json, --save, --save-init), and, when `writes`, a
-// file that cannot be created. Nothing to do without --trace.
-void check_trace_path(const TrainConfig& cfg, bool writes);
-
 // One host<->device copy of a rank (a Device's CopyRecord), in
 // microseconds since the trace's origin; started_us and completed_us are
 // negative where the device did not time the copy (a GPU's).

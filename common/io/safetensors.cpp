@@ -11,14 +11,19 @@
 //   [rest]     the tensors' bytes, little-endian, back to back; offsets are
 //              relative to the start of this section
 //
-// Writing goes to PATH.tmp, is flushed and fsync'ed, then renamed over PATH:
-// a crash or a full disk leaves either the old checkpoint or the new one,
-// never half of one. Reading trusts nothing in the file: sizes, offsets,
+// Writing goes to a temporary beside PATH (PATH.tmp.<pid>.<host>.<random>,
+// output_file.h), is fsync'ed, renamed over PATH and the folder fsync'ed: a
+// crash or a full disk leaves either the old checkpoint or the new one, never
+// half of one. A symlink at PATH is written through, to its target; a
+// directory, FIFO or device at PATH is refused. A temporary is never read as a
+// checkpoint (the reader refuses its name) and one whose process died is
+// removed by the next save to the same PATH on that host. Reading trusts nothing in the file: sizes, offsets,
 // dtypes and overlaps are all checked before a byte of data is used, and
 // every error names the file.
 #include "safetensors.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -33,6 +38,7 @@
 #include <sstream>
 
 #include "check.h"
+#include "output_file.h"
 
 namespace zf {
 
@@ -79,6 +85,10 @@ using File = std::unique_ptr<FILE, FileCloser>;
 // Throws UsageError if `path` cannot be opened for reading, saying why.
 File open_for_reading(const std::string& path) {
   const std::string what = "checkpoint '" + path + "'";
+  // A save's temporary may be half written: it is never a checkpoint.
+  USAGE_REQUIRE(!is_save_temp_name(path), what << " is the temporary file of a save that did not finish "
+                                                  "(NAME.tmp.<pid>.<host>.<random>), not a checkpoint; give "
+                                                  "the checkpoint's own name");
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
     int e = errno;
@@ -149,45 +159,70 @@ void write_safetensors(const std::string& path, const std::vector<TensorRef>& te
   uint64_t n = json.size();
   std::memcpy(len_bytes, &n, 8);
 
-  const std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) {
+  // A symlink is saved through, to the file it names; a directory, a FIFO
+  // or a device is never replaced by a regular file.
+  const std::string target = write_target(path);
+  const std::string via = target == path ? "" : " (through the symlink, to '" + target + "')";
+  struct stat tst;
+  if (::stat(target.c_str(), &tst) == 0 && !S_ISREG(tst.st_mode))
+    throw UsageError("cannot write checkpoint '" + path + "'" + via + ": it is a " + file_kind(tst.st_mode) +
+                     ", not a regular file; give the path of a regular file");
+  std::vector<std::string> others;
+  for (const std::string& stale : remove_stale_save_temps(target, &others))
+    std::fprintf(stderr, "note: removed %s, the temporary of a save whose process died before finishing it\n",
+                 stale.c_str());
+  for (const std::string& other : others)
+    std::fprintf(stderr, "note: %s is not a checkpoint (the temporary of another save, running or "
+                         "interrupted); it is never read, remove it once no run saves to '%s'\n",
+                 other.c_str(), target.c_str());
+
+  // Unique to this process and call: concurrent saves to one path never
+  // share a temporary, and the lock tells a cleaner this one is alive.
+  const std::string tmp = save_temp_name(target);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) {
     int e = errno;
     bool user = e == EACCES || e == ENOENT || e == ENOTDIR || e == EROFS || e == EISDIR || e == EPERM;
     std::ostringstream m;
-    m << "cannot write checkpoint '" << path << "': creating '" << tmp << "' failed (" << std::strerror(e)
-      << ")";
+    m << "cannot write checkpoint '" << path << "'" << via << ": creating '" << tmp << "' failed ("
+      << std::strerror(e) << ")";
     if (user) {
       m << "; choose a path in an existing, writable directory";
       throw UsageError(m.str());
     }
     throw Error(m.str());
   }
+  ::flock(fd, LOCK_EX | LOCK_NB);  // best effort: not every file system locks
   // From here on, any failure removes the temporary file and leaves PATH as it was.
   auto fail = [&](const char* doing, int e) {
-    if (f) std::fclose(f);
-    std::remove(tmp.c_str());
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
     std::ostringstream m;
-    m << "writing checkpoint '" << path << "' failed while " << doing << " (" << std::strerror(e)
+    m << "writing checkpoint '" << path << "'" << via << " failed while " << doing << " (" << std::strerror(e)
       << "); the previous file, if any, is unchanged";
     throw Error(m.str());
   };
-  if (std::fwrite(len_bytes, 1, 8, f) != 8 || std::fwrite(json.data(), 1, json.size(), f) != json.size())
-    fail("writing the header", errno);
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (sizes[i] == 0) continue;
-    if (std::fwrite(tensors[i].data, 1, sizes[i], f) != sizes[i]) fail("writing tensor data", errno);
-  }
-  if (std::fflush(f) != 0) fail("flushing", errno);
-  if (::fsync(::fileno(f)) != 0) fail("syncing to disk", errno);
-  int rc = std::fclose(f);
-  f = nullptr;
+  auto put = [&](const void* data, size_t n, const char* doing) {
+    const char* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const ssize_t w = ::write(fd, p, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) fail(doing, w < 0 ? errno : EIO);
+      p += w;
+      n -= size_t(w);
+    }
+  };
+  put(len_bytes, 8, "writing the header");
+  put(json.data(), json.size(), "writing the header");
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (sizes[i] > 0) put(tensors[i].data, sizes[i], "writing tensor data");
+  if (::fsync(fd) != 0) fail("syncing to disk", errno);
+  const int rc = ::close(fd);
+  fd = -1;
   if (rc != 0) fail("closing", errno);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("renaming the temporary file into place", errno);
+  if (std::rename(tmp.c_str(), target.c_str()) != 0) fail("renaming the temporary file into place", errno);
   // Make the rename itself durable (best effort: not every file system allows it).
-  const size_t slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int dfd = ::open(parent_dir(target).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);

@@ -33,15 +33,17 @@ struct TensorRef {
   const void* data;
 };
 
-// Writes atomically (path.tmp, fsync, rename). Throws UsageError if the
-// directory is not writable, Error on I/O failure.
+// Writes atomically (a temporary unique to the call, fsync, rename, fsync of
+// the folder; output_file.h), through a symlink to its target. Throws
+// UsageError if the directory is not writable or PATH is a directory, FIFO or
+// device, Error on I/O failure; the temporary is removed on every failure.
 void write_safetensors(const std::string& path, const std::vector<TensorRef>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
 class SafetensorsReader {
  public:
   // Parses the header and checks it against the file size. Throws UsageError
-  // naming the path and the problem (missing file, truncated, header not
+  // naming the path and the problem (missing file, a save's temporary, truncated, header not
   // JSON, offsets out of range or overlapping, unknown dtype).
   explicit SafetensorsReader(const std::string& path);
 

@@ -4,16 +4,22 @@
 // a file composed byte by byte from the format's description (as Python's
 // `safetensors` writes it) is read correctly; every corrupt file is refused
 // with a message naming it; a shape mismatch names both shapes; writes are
-// atomic: no .tmp is left behind and an existing file is replaced only when
-// the new one is complete.
+// atomic: no temporary is left behind and an existing file is replaced only
+// when the new one is complete; a symlink is written through, a FIFO refused,
+// concurrent saves to one path never share a temporary, and a dead save's
+// temporary is never read and is cleaned by the next save.
 //
 // Run: build/tests/test_data --gtest_filter='Safetensors*'
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -22,6 +28,7 @@
 #include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "check.h"
@@ -47,6 +54,15 @@ class Safetensors : public zf::test::TempDirTest {
   static std::string read_bytes(const std::string& p) {
     std::ifstream f(p, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(f), {});
+  }
+  // The names in the test's folder that start with `p`'s name + ".tmp": a
+  // save's temporaries, whatever their suffix.
+  std::vector<std::string> temporaries(const std::string& p) const {
+    std::vector<std::string> out;
+    const std::string prefix = fs::path(p).filename().string() + ".tmp";
+    for (const auto& e : fs::directory_iterator(dir_))
+      if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path().filename().string());
+    return out;
   }
 };
 
@@ -338,14 +354,16 @@ TEST_F(Safetensors, WriteReplacesAtomicallyAndLeavesNoTmp) {
   EXPECT_EQ(read_bytes(p), first);
   EXPECT_FALSE(fs::exists(p + ".tmp"));
 
-  // The temporary cannot be created (a directory sits at its name): the old
-  // file stays and the directory is left alone.
+  // Whatever sits at PATH.tmp (here a directory) is not the save's: the
+  // temporary has a name of its own, and the directory is left alone.
   fs::create_directory(p + ".tmp");
-  expect_usage_error([&] { zf::write_safetensors(p, {TensorRef{"x", DType::f32, {2}, two.data()}}); },
-                     {p, ".tmp"});
-  EXPECT_EQ(read_bytes(p), first);
+  zf::write_safetensors(p, {TensorRef{"x", DType::f32, {2}, two.data()}});
+  SafetensorsReader(p).read("x", {2}, DType::f32, got);
+  EXPECT_EQ(got[1], 2.0f);
   EXPECT_TRUE(fs::is_directory(p + ".tmp"));
   fs::remove(p + ".tmp");
+  EXPECT_EQ(temporaries(p), std::vector<std::string>{});
+  zf::write_safetensors(p, {TensorRef{"x", DType::f32, {1}, one.data()}});
 
   // No such directory: a usage error, nothing created.
   std::string nodir = path("missing/dir/ck.safetensors");
@@ -382,8 +400,97 @@ TEST_F(Safetensors, FailedWriteMidwayKeepsTheOldFile) {
 
   EXPECT_TRUE(threw);
   EXPECT_NE(msg.find(p), std::string::npos) << msg;
-  EXPECT_FALSE(fs::exists(p + ".tmp")) << "the partial temporary must be removed";
+  EXPECT_EQ(temporaries(p), std::vector<std::string>{}) << "the partial temporary must be removed";
   EXPECT_EQ(read_bytes(p), before) << "the old checkpoint must survive a failed write";
+}
+
+// ---------------------------------------------------------------------------
+// What is at the path: a symlink, a special file, other saves' temporaries
+
+// A symlink is written through: the link stays, its target gets the data.
+TEST_F(Safetensors, SavesThroughASymlinkToItsTarget) {
+  const std::string real = path("real.safetensors"), link = path("link.safetensors");
+  std::vector<float> one = {1.0f}, two = {2.0f, 2.0f};
+  zf::write_safetensors(real, {TensorRef{"x", DType::f32, {1}, one.data()}});
+  fs::create_symlink("real.safetensors", link);  // relative, as `ln -s` makes it
+  zf::write_safetensors(link, {TensorRef{"x", DType::f32, {2}, two.data()}});
+  EXPECT_TRUE(fs::is_symlink(link)) << "the link was replaced by a file";
+  float got[2] = {};
+  SafetensorsReader(real).read("x", {2}, DType::f32, got);
+  EXPECT_EQ(got[1], 2.0f) << "the target was not written";
+  EXPECT_EQ(temporaries(link), std::vector<std::string>{});
+  EXPECT_EQ(temporaries(real), std::vector<std::string>{});
+  // A dangling link: the save creates its target.
+  const std::string dangling = path("dangling.safetensors");
+  fs::create_symlink(path("later.safetensors"), dangling);
+  zf::write_safetensors(dangling, {TensorRef{"x", DType::f32, {1}, one.data()}});
+  EXPECT_TRUE(fs::is_symlink(dangling));
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(path("later.safetensors"))));
+}
+
+// A FIFO (or a device) at the path is refused, and left as it was: renaming
+// a regular file over it would replace the node (a root run once turned
+// /dev/full into a checkpoint).
+TEST_F(Safetensors, RefusesASpecialFileAndLeavesIt) {
+  const std::string fifo = path("pipe.safetensors");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  std::vector<float> one = {1.0f};
+  expect_usage_error([&] { zf::write_safetensors(fifo, {TensorRef{"x", DType::f32, {1}, one.data()}}); },
+                     {fifo, "FIFO", "regular file"});
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  EXPECT_EQ(temporaries(fifo), std::vector<std::string>{});
+}
+
+// Saves running at once to one path each write their own temporary: every
+// one succeeds and the file ends as one of them, whole.
+TEST_F(Safetensors, ConcurrentSavesToOnePathShareNoTemporary) {
+  const std::string p = path("shared.safetensors");
+  std::vector<std::vector<float>> data(6);
+  for (size_t i = 0; i < data.size(); i++) data[i].assign(64 * 1024, float(i));
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(data.size());
+  for (size_t i = 0; i < data.size(); i++)
+    threads.emplace_back([&, i] {
+      try {
+        for (int k = 0; k < 10; k++)
+          zf::write_safetensors(p, {TensorRef{"x", DType::f32, {int64_t(data[i].size())}, data[i].data()}});
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < errors.size(); i++) EXPECT_EQ(errors[i], "") << "save " << i;
+  std::vector<float> got(64 * 1024);
+  SafetensorsReader(p).read("x", {int64_t(got.size())}, DType::f32, got.data());
+  EXPECT_EQ(std::count(got.begin(), got.end(), got[0]), int64_t(got.size())) << "a mix of two saves";
+  EXPECT_EQ(temporaries(p), std::vector<std::string>{});
+}
+
+// A temporary left by a process that died mid-save is never taken for a
+// checkpoint, and the next save to the same path on this host removes it;
+// a foreign one (another host's) is left alone and named in a note.
+TEST_F(Safetensors, StaleTemporaryIsNeverReadAndIsCleanedWhenOurs) {
+  const std::string p = path("ck.safetensors");
+  std::vector<float> one = {1.0f};
+  zf::write_safetensors(p, {TensorRef{"x", DType::f32, {1}, one.data()}});
+  const pid_t child = ::fork();  // a pid that no longer runs
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ::waitpid(child, nullptr, 0);
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::string h = host;
+  std::replace(h.begin(), h.end(), '.', '_');
+  const std::string stale = p + ".tmp." + std::to_string(child) + "." + h + ".00112233445566aa";
+  const std::string foreign = p + ".tmp." + std::to_string(child) + ".elsewhere.00112233445566bb";
+  fs::copy_file(p, stale);  // a complete file even: still not a checkpoint
+  fs::copy_file(p, foreign);
+  expect_usage_error([&] { SafetensorsReader{stale}; }, {stale, "temporary"});
+  std::vector<float> two = {2.0f, 2.0f};
+  zf::write_safetensors(p, {TensorRef{"x", DType::f32, {2}, two.data()}});
+  EXPECT_FALSE(fs::exists(stale)) << "our dead process's temporary was not removed";
+  EXPECT_TRUE(fs::exists(foreign)) << "another host's temporary is not ours to remove";
+  EXPECT_EQ(temporaries(p), std::vector<std::string>{fs::path(foreign).filename().string()});
 }
 
 TEST(SafetensorsShape, ShapeStr) {

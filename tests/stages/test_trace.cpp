@@ -26,6 +26,7 @@
 #include "data_parallel.h"
 #include "device.h"
 #include "model.h"
+#include "output_paths.h"
 #include "runner.h"
 #include "test_util.h"
 #include "trace.h"
@@ -520,7 +521,7 @@ TEST_F(TraceTest, RefusesAnInputOrAnUncreatableFile) {
   EXPECT_THROW(run_training(bad, fn("dp")), UsageError);
   // A good path is checked without leaving a file behind when the check alone runs.
   bad.trace = path("fresh.json");
-  EXPECT_NO_THROW(check_trace_path(bad, true));
+  EXPECT_NO_THROW(check_output_paths(bad, true));
   EXPECT_FALSE(std::filesystem::exists(bad.trace));
 }
 

@@ -1,0 +1,25 @@
+// output_paths.h: the files a run writes, checked before anything is read
+// or written: no output is also an input or another output, and each can be
+// created where it is to be written.
+#pragma once
+
+#include <string>
+
+#include "config.h"
+
+namespace zf {
+
+// Two names for one file, by identity rather than spelling (symlinks, "./",
+// hard links): the same device and inode when both exist; otherwise the
+// same canonical folder and name of what a write would replace.
+bool same_file(const std::string& a, const std::string& b);
+
+// Throws UsageError, naming both flags, if an output (--save, --save-init,
+// --log-json, --trace) is the same file as an input (--data, --init,
+// --resume), as stage 05's --offload-dir, or as another output. When
+// `writes` (the process that writes the outputs), also refuses, one message
+// naming the flag, an output whose folder is missing or not writable, or
+// that is a directory, a FIFO or a device; the check leaves no file behind.
+void check_output_paths(const TrainConfig& cfg, bool writes);
+
+}  // namespace zf

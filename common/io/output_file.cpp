@@ -1,0 +1,190 @@
+// output_file.cpp: output targets, their checks and the atomic save's
+// temporary names (output_file.h).
+#include "output_file.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+#include "check.h"
+
+namespace zf {
+
+namespace {
+
+std::string base_name(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return "host";
+  std::string h = buf;
+  for (char& c : h)
+    if (c == '/' || c == '.') c = '_';  // one field of a file name
+  return h;
+}
+
+// The fields of a temporary's name after "TARGET.tmp.": pid, host, hex.
+struct TempFields {
+  long pid = 0;
+  std::string host;
+};
+
+bool parse_temp_suffix(const std::string& suffix, TempFields* out) {
+  const size_t a = suffix.find('.');
+  const size_t b = suffix.rfind('.');
+  if (a == std::string::npos || a == 0 || b == a) return false;
+  for (size_t i = 0; i < a; i++)
+    if (suffix[i] < '0' || suffix[i] > '9') return false;
+  const std::string hex = suffix.substr(b + 1);
+  if (hex.size() != 16) return false;
+  for (char c : hex)
+    if (!std::isxdigit(static_cast<unsigned char>(c))) return false;
+  out->pid = std::strtol(suffix.c_str(), nullptr, 10);
+  out->host = suffix.substr(a + 1, b - a - 1);
+  return out->pid > 0 && !out->host.empty();
+}
+
+// Creates `path` exclusively and removes it again: whether a file can be made there.
+int try_create(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return errno;
+  ::close(fd);
+  ::unlink(path.c_str());
+  return 0;
+}
+
+}  // namespace
+
+std::string random_hex() {
+  std::random_device rd;
+  const uint64_t r = (uint64_t(rd()) << 32) ^ rd();
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(r));
+  return buf;
+}
+
+std::string parent_dir(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+std::string write_target(const std::string& path) {
+  std::string p = path;
+  for (int hops = 0; hops <= 40; hops++) {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return p;
+    std::string link(PATH_MAX, '\0');
+    const ssize_t n = ::readlink(p.c_str(), link.data(), link.size());
+    if (n < 0) return p;
+    link.resize(size_t(n));
+    p = (link.empty() || link[0] == '/' || parent_dir(p) == ".") ? link : parent_dir(p) + "/" + link;
+  }
+  throw UsageError("'" + path + "' is a loop of symbolic links: give the path of a file to write");
+}
+
+std::string file_kind(unsigned mode) {
+  if (S_ISDIR(mode)) return "directory";
+  if (S_ISFIFO(mode)) return "FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "character device";
+  if (S_ISBLK(mode)) return "block device";
+  if (S_ISSOCK(mode)) return "socket";
+  if (S_ISREG(mode)) return "regular file";
+  return "special file";
+}
+
+std::string output_problem(const std::string& path, WriteMode mode) {
+  if (path.empty()) return "";
+  const std::string target = write_target(path);
+  const std::string via = target == path ? "" : " (the symlink's target " + target + ")";
+  struct stat st {};
+  const bool exists = ::stat(target.c_str(), &st) == 0;
+  if (exists && S_ISDIR(st.st_mode)) return path + via + " is a directory: give the path of a file to write";
+  if (exists && !S_ISREG(st.st_mode))
+    return path + via + " is a " + file_kind(st.st_mode) +
+           ", not a regular file: the run writes a regular file there and would replace or block on it; "
+           "give the path of a regular file";
+  const std::string dir = parent_dir(target);
+  struct stat ds {};
+  if (::stat(dir.c_str(), &ds) != 0) {
+    const int e = errno;
+    return path + via + ": its directory " + dir + " " +
+           (e == ENOENT ? std::string("does not exist; create it first or choose another path")
+                        : "cannot be reached (" + std::string(std::strerror(e)) + ")");
+  }
+  if (!S_ISDIR(ds.st_mode)) return path + via + ": " + dir + " is not a directory";
+  int e = 0;
+  if (mode == WriteMode::by_rename) {
+    e = try_create(save_temp_name(target));  // what the save itself will create
+  } else if (exists) {
+    const int fd = ::open(target.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY);  // no O_TRUNC: changes nothing
+    if (fd < 0) e = errno;
+    else ::close(fd);
+  } else {
+    e = try_create(target);
+  }
+  if (e != 0)
+    return path + via + ": cannot " + (mode == WriteMode::in_place && exists ? "write the file" : "create a file in " + dir) +
+           " (" + std::strerror(e) + "); choose a path in a directory this user can write to";
+  return "";
+}
+
+std::string save_temp_name(const std::string& target) {
+  return target + ".tmp." + std::to_string(::getpid()) + "." + host_name() + "." + random_hex();
+}
+
+bool is_save_temp_name(const std::string& path) {
+  const std::string name = base_name(path);
+  // The target's own name may hold ".tmp.": try every occurrence.
+  for (size_t p = name.find(".tmp."); p != std::string::npos; p = name.find(".tmp.", p + 1)) {
+    TempFields f;
+    if (p > 0 && parse_temp_suffix(name.substr(p + 5), &f)) return true;
+  }
+  return false;
+}
+
+std::vector<std::string> remove_stale_save_temps(const std::string& target, std::vector<std::string>* others) {
+  std::vector<std::string> removed;
+  const std::string dir = parent_dir(target), prefix = base_name(target) + ".tmp.", host = host_name();
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return removed;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string path = dir + "/" + name;
+    TempFields f;
+    const bool ours = parse_temp_suffix(name.substr(prefix.size()), &f) && f.host == host &&
+                      f.pid != long(::getpid()) && ::kill(pid_t(f.pid), 0) != 0 && errno == ESRCH;
+    bool gone = false;
+    if (ours) {
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+      if (fd >= 0) {
+        // A save holds its temporary's lock while writing it: a pid reused
+        // by a live save on another mount namespace still keeps it.
+        gone = ::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::unlink(path.c_str()) == 0;
+        ::close(fd);
+      }
+    }
+    if (gone) removed.push_back(path);
+    else if (others) others->push_back(path);
+  }
+  ::closedir(d);
+  return removed;
+}
+
+}  // namespace zf

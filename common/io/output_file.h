@@ -1,0 +1,55 @@
+// output_file.h: where a write to a path lands, whether it can land there,
+// and the names of the temporary files an atomic save writes first.
+//
+// Every file a run writes goes through these: the frame checks each output
+// before step 0 (frame/output_paths.h) and the safetensors save checks again
+// where it writes, so that neither a late failure nor a symlink, a FIFO or a
+// device node costs the run its work or the machine its files.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace zf {
+
+// The path a write to `path` replaces: `path` itself, or, when it is a
+// symlink, the file it names (a chain followed to its end, relative targets
+// taken from the link's folder). The target need not exist. Throws
+// UsageError for a loop of links.
+std::string write_target(const std::string& path);
+
+// The folder holding `path` ("." for a bare name).
+std::string parent_dir(const std::string& path);
+
+// How an output is written: truncated in place (the run log, the trace), or
+// as a temporary in its folder renamed over it (a checkpoint), which needs
+// the folder writable even when the file exists.
+enum class WriteMode { in_place, by_rename };
+
+// Why `path` cannot take an output written by `mode`, or "" when it can: its
+// folder is missing, not a folder or not writable, or what is there is a
+// directory, a FIFO, a device or a socket rather than a regular file. Checks
+// by trying (creating a file and removing it again), so read-only mounts and
+// ACLs count; leaves nothing behind.
+std::string output_problem(const std::string& path, WriteMode mode);
+
+// 16 random hex digits, for names no other process or call picks.
+std::string random_hex();
+
+// "FIFO", "character device", ... for a file's st_mode.
+std::string file_kind(unsigned mode);
+
+// A fresh temporary name beside `target` for an atomic save, unique to this
+// process and call: TARGET.tmp.<pid>.<host>.<random hex>.
+std::string save_temp_name(const std::string& target);
+
+// Whether `path`'s name has the shape save_temp_name gives (of any target).
+bool is_save_temp_name(const std::string& path);
+
+// The temporaries of saves to `target` that a process of this host left
+// behind when it died before renaming them (its pid no longer runs, and no
+// one holds the file's lock): removed, and their names returned. Other
+// temporaries of `target` are left as they are, and returned in `others`.
+std::vector<std::string> remove_stale_save_temps(const std::string& target, std::vector<std::string>* others);
+
+}  // namespace zf
