@@ -83,9 +83,20 @@ size_t parse_size(const std::string& text) {
     if (unit == u.name) scale = u.scale;
   if (scale < 0) bad_size(text);
 
+  // A bare number, or one in B, counts bytes: a fraction of one is a typo
+  // (a unit left out), not a size to round.
+  if (scale == 1.0L && frac_digits > 0 && number.find_first_not_of('0', int_digits + 1) != std::string::npos)
+    throw UsageError("invalid size '" + text + "': a size without a unit (or in B) must be a whole number of "
+                     "bytes; did you mean " + number + "MiB or " + number + "GiB?");
+  // The largest size is the largest signed 64-bit count, 2^63-1 bytes
+  // (8 EiB): byte counts are summed and subtracted as int64 elsewhere, and
+  // a size past it would wrap instead of being refused.
+  constexpr long double kLargest = 9223372036854775807.0L;
   const long double bytes = std::strtold(number.c_str(), nullptr) * scale;
-  if (!(bytes < (long double)std::numeric_limits<size_t>::max())) bad_size(text);
-  return size_t(std::llroundl(bytes));
+  if (!(bytes <= kLargest))
+    throw UsageError("invalid size '" + text + "': more than the largest size, 2^63-1 bytes (8 EiB)");
+  const long double rounded = std::floor(bytes + 0.5L);
+  return rounded > kLargest ? size_t(std::numeric_limits<int64_t>::max()) : size_t(rounded);
 }
 
 std::string format_bytes(size_t bytes) {

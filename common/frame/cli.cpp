@@ -3,10 +3,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
 #include <iostream>
 #include <vector>
 
+#include "blas.h"
 #include "check.h"
+#include "data.h"
 #include "device.h"
 
 namespace zf {
@@ -51,9 +54,44 @@ void validate_offload_flags(const TrainConfig& cfg) {
                     << o.optimizer_threads << ")");
 }
 
+// A whole decimal number 0 .. 2^64-1, or throws UsageError naming the flag.
+// CLI11 would read "-1" as 2^64-1 and clamp anything longer to it.
+uint64_t parse_u64(const char* flag, const std::string& text) {
+  bool ok = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+  uint64_t v = 0;
+  for (size_t i = 0; ok && i < text.size(); ++i) {
+    const uint64_t d = uint64_t(text[i] - '0');
+    ok = v <= (UINT64_MAX - d) / 10;
+    v = v * 10 + d;
+  }
+  USAGE_REQUIRE(ok, flag << " must be a whole number from 0 to " << UINT64_MAX << " (got '" << text << "')");
+  return v;
+}
+
+// Input files must be regular files, checked by stat before anything opens
+// them: opening a FIFO with no writer blocks forever, and a device such as
+// /dev/zero never ends. A path that does not exist is left to its reader,
+// whose message says so.
+void require_regular_file(const char* flag, const std::string& path) {
+  if (path.empty()) return;
+  const std::string kind = special_file_kind(path);
+  USAGE_REQUIRE(kind.empty(),
+                flag << " " << path << " is " << kind << ", not a regular file: give the path of a file");
+}
+
+// The most rank threads a run starts without ZF_OVERSUBSCRIBE=1: past 4 per
+// core every rank (a thread with its own model, gradients and optimizer)
+// mostly waits for a core, and a typo such as --ranks 1000 would try to
+// start a thousand threads.
+constexpr int kRanksPerCore = 4;
+
 }  // namespace
 
 void validate_for_world(const TrainConfig& cfg, int world) {
+  USAGE_REQUIRE(cfg.fault_rank < world,
+                "--inject-fault " << cfg.fault_rank << ":" << cfg.fault_step << " names rank " << cfg.fault_rank
+                                  << ", but this run has " << world << (world == 1 ? " rank" : " ranks")
+                                  << " (0 .. " << world - 1 << "): the fault would never happen");
   const int S = cfg.fsdp.shard_group;
   if (S == 0) return;
   std::string divisors;
@@ -69,16 +107,23 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   cfg.stage = stage.exe;
   CLI::App app{"zero-to-fsdp " + stage.title + ": train the GPT of docs/SPEC.md", stage.exe};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // last one wins
+  // Options whose empty value would read as "not given": given empty, they
+  // are refused (an unset shell variable, say), never silently dropped.
+  std::vector<CLI::Option*> path_options;
   std::string model = "small", precision = "fp32", compute = "auto", attention = "simple", recompute = "none",
-              device_mem, fault;
-  app.add_option("--ranks", cfg.ranks, "ranks, as threads of this process (ignored under mpirun/srun or RANK/WORLD_SIZE, which say how many)")->capture_default_str();
+              device_mem, fault, seed = std::to_string(cfg.seed);
+  app.add_option("--ranks", cfg.ranks,
+                 "ranks, as threads of this process, 1 to 1024; more than 4 per core only with "
+                 "ZF_OVERSUBSCRIBE=1 in the environment (ignored under mpirun/srun or RANK/WORLD_SIZE, "
+                 "which say how many)")
+      ->capture_default_str();
   app.add_option("--model", model, "model preset: tiny, small or gpt2")->capture_default_str();
   app.add_option("--steps", cfg.steps, "optimizer steps")->capture_default_str();
   app.add_option("--batch", cfg.batch, "micro-batch per rank (sequences)")->capture_default_str();
   app.add_option("--grad-accum", cfg.grad_accum, "micro-steps per optimizer step")->capture_default_str();
   app.add_option("--lr", cfg.lr, "AdamW learning rate")->capture_default_str();
   app.add_option("--clip", cfg.clip, "clip the global gradient L2 norm to this (0: off)")->capture_default_str();
-  app.add_option("--seed", cfg.seed, "seed of the initial model")->capture_default_str();
+  app.add_option("--seed", seed, "seed of the initial model, 0 to 2^64-1")->capture_default_str();
   app.add_option("--precision", precision, "fp32, or bf16 (bf16 params/grads, fp32 master and moments)")
       ->capture_default_str();
   app.add_option("--compute", compute,
@@ -95,23 +140,26 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
                  "input, re-run its forward in the backward), attn (keep all but the attention "
                  "probabilities, recompute those; with --attention flash there are none to drop)")
       ->capture_default_str();
-  app.add_option("--data", cfg.data, "token file (raw bytes or llm.c .bin); default: built-in corpus");
+  path_options.push_back(
+      app.add_option("--data", cfg.data, "token file (raw bytes or llm.c .bin); default: built-in corpus"));
   app.add_option("--device", cfg.device, "cpu or cuda")->capture_default_str();
-  app.add_option("--device-mem", device_mem, "device memory budget per rank, e.g. 512KiB, 64MiB, 2GiB");
-  app.add_option("--init", cfg.init, "start from this consolidated safetensors model");
-  app.add_option("--save-init", cfg.save_init, "write the initial model to this safetensors file");
-  app.add_option("--save", cfg.save,
+  path_options.push_back(
+      app.add_option("--device-mem", device_mem, "device memory budget per rank, e.g. 512KiB, 64MiB, 2GiB"));
+  path_options.push_back(app.add_option("--init", cfg.init, "start from this consolidated safetensors model"));
+  path_options.push_back(
+      app.add_option("--save-init", cfg.save_init, "write the initial model to this safetensors file"));
+  path_options.push_back(app.add_option("--save", cfg.save,
                  "write a training checkpoint here (model, AdamW state, step) at the end, and every "
-                 "--save-every steps; --resume continues from it");
+                 "--save-every steps; --resume continues from it"));
   app.add_option("--save-every", cfg.save_every, "with --save: also write it after every this many steps")
       ->capture_default_str();
-  app.add_option("--resume", cfg.resume,
+  path_options.push_back(app.add_option("--resume", cfg.resume,
                  "continue a run from a --save checkpoint: its model, AdamW state and step; the run "
-                 "trains the steps from there up to --steps");
-  app.add_option("--log-json", cfg.log_json, "write the run log (JSON lines) to this file");
-  app.add_option("--trace", cfg.trace,
+                 "trains the steps from there up to --steps"));
+  path_options.push_back(app.add_option("--log-json", cfg.log_json, "write the run log (JSON lines) to this file"));
+  path_options.push_back(app.add_option("--trace", cfg.trace,
                  "write a timeline of every rank (compute, collectives, device memory) to this file, as "
-                 "Chrome trace-event JSON: open it in ui.perfetto.dev, draw it with tools/trace_gantt.py");
+                 "Chrome trace-event JSON: open it in ui.perfetto.dev, draw it with tools/trace_gantt.py"));
   app.add_option("--log-every", cfg.log_every, "print a log line every this many steps")->capture_default_str();
   app.add_flag("--quiet", cfg.quiet, "print only errors and the summary");
   app.footer(
@@ -170,9 +218,9 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   offload_group(app.add_flag("--offload-params", off.offload_params,
                              "keep the parameter shards on the host too, copied to the device just before "
                              "their all-gather (device model states ~0)"));
-  offload_group(app.add_option("--offload-dir", off.offload_dir,
+  offload_group(path_options.emplace_back(app.add_option("--offload-dir", off.offload_dir,
                                "keep the optimizer state (and with --offload-params the parameter shards) in "
-                               "files under DIR, streamed through the host in chunks"));
+                               "files under DIR, streamed through the host in chunks")));
   offload_group(app.add_option("--optimizer-threads", off.optimizer_threads,
                                "threads of the CPU AdamW per rank (default: the cores left to each rank)"));
   offload_group(app.add_flag("--delay-update", off.delay_update,
@@ -200,9 +248,27 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   };
   if (!fsdp) refuse(fsdp_options, "stage 04 (FSDP) and 05 (offload)", "04_fsdp/fsdp");
   if (!offload) refuse(offload_options, "stage 05 (offload)", "05_offload/offload");
+  for (const CLI::Option* o : path_options)
+    USAGE_REQUIRE(o->count() == 0 || !o->as<std::string>().empty(),
+                  "--" << o->get_single_name() << " was given an empty value: give a "
+                       << (o->get_single_name() == "device-mem" ? "size" : "path")
+                       << ", or leave the flag out (is a shell variable unset?)");
 
   cfg.model = model_preset(model);
   USAGE_REQUIRE(cfg.ranks >= 1 && cfg.ranks <= 1024, "--ranks must be between 1 and 1024 (got " << cfg.ranks << ")");
+  {
+    const int cores = hardware_cores(), most = kRanksPerCore * cores;
+    const char* over = std::getenv("ZF_OVERSUBSCRIBE");
+    USAGE_REQUIRE(cfg.ranks <= most || (over && std::string(over) == "1"),
+                  "--ranks " << cfg.ranks << " is more than " << kRanksPerCore << " rank threads per core ("
+                             << cores << (cores == 1 ? " core" : " cores") << " here: at most " << most
+                             << "); each rank is a thread with its own model and optimizer, so most would wait "
+                                "for a core. Set ZF_OVERSUBSCRIBE=1 to start them anyway");
+  }
+  cfg.seed = parse_u64("--seed", seed);
+  require_regular_file("--data", cfg.data);
+  require_regular_file("--init", cfg.init);
+  require_regular_file("--resume", cfg.resume);
   USAGE_REQUIRE(cfg.steps >= 0, "--steps must be 0 or more (got " << cfg.steps << ")");
   USAGE_REQUIRE(cfg.batch >= 1, "--batch must be at least 1 sequence per rank (got " << cfg.batch << ")");
   USAGE_REQUIRE(cfg.grad_accum >= 1, "--grad-accum must be at least 1 (got " << cfg.grad_accum << ")");
@@ -269,11 +335,16 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
     auto colon = fault.find(':');
     USAGE_REQUIRE(colon != std::string::npos, "--inject-fault wants RANK:STEP (got '" << fault << "')");
     try {
-      cfg.fault_rank = std::stoi(fault.substr(0, colon));
-      cfg.fault_step = std::stoi(fault.substr(colon + 1));
+      size_t used_rank = 0, used_step = 0;
+      const std::string rank = fault.substr(0, colon), step = fault.substr(colon + 1);
+      cfg.fault_rank = std::stoi(rank, &used_rank);
+      cfg.fault_step = std::stoi(step, &used_step);
+      if (used_rank != rank.size() || used_step != step.size()) throw std::invalid_argument(fault);
     } catch (const std::exception&) {
       throw UsageError("--inject-fault wants RANK:STEP with two integers (got '" + fault + "')");
     }
+    USAGE_REQUIRE(cfg.fault_rank >= 0 && cfg.fault_step >= 0,
+                  "--inject-fault wants a rank and a step of 0 or more (got '" << fault << "')");
   }
   return cfg;
 }

@@ -38,6 +38,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <unistd.h>
 #include <vector>
@@ -416,7 +417,16 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
   std::vector<std::unique_ptr<Device>> gpu_devices;
   if (opt.device == "cuda")
     for (int r = 0; r < N; r++) gpu_devices.push_back(make_cuda_device(r));
-  auto comms = opt.device == "cuda" ? make_gpu_thread_communicators(gpu_devices) : make_thread_communicators(N);
+  // Each communicator of the threads backend has a thread of its own: past
+  // the process's limits the system refuses one, and says only why.
+  std::vector<std::unique_ptr<Communicator>> comms;
+  try {
+    comms = opt.device == "cuda" ? make_gpu_thread_communicators(gpu_devices) : make_thread_communicators(N);
+  } catch (const std::system_error& e) {
+    throw Error("could not make the communicators of the " + std::to_string(N) +
+                " ranks (each has a thread; the system could not make another: " + e.what() +
+                "); ask for fewer --ranks, or raise the limits on threads and memory (ulimit -u, ulimit -v)");
+  }
 
   std::mutex failures_mu;
   std::vector<Failure> failures;  // in the order they happened
@@ -451,10 +461,25 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
     set_current_rank(-1);
   };
 
+  // Starting the threads can fail part-way (the process's thread or memory
+  // limits). The ranks already started may be waiting in a collective for
+  // the ones that never will be: abort the group through a rank that did
+  // not start, as a failing rank does, then join them, and say how many
+  // started and why the next could not.
   std::vector<std::thread> threads;
-  threads.reserve(N);
-  for (int r = 0; r < N; r++) threads.emplace_back(rank_main, r);
+  std::string start_failure;
+  try {
+    threads.reserve(N);
+    for (int r = 0; r < N; r++) threads.emplace_back(rank_main, r);
+  } catch (const std::exception& e) {
+    const int started = int(threads.size());
+    start_failure = "only " + std::to_string(started) + " of the " + std::to_string(N) +
+                    " rank threads started: the system could not make another (" + e.what() +
+                    "); ask for fewer --ranks, or raise the limits on threads and memory (ulimit -u, ulimit -v)";
+    comms[started]->abort(start_failure);
+  }
   for (auto& t : threads) t.join();
+  if (!start_failure.empty()) throw Error(start_failure);
 
   if (failures.empty()) return;
   // The first failure that is not an echo of another rank's; if every one is

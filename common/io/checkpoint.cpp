@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <map>
 #include <set>
 #include <vector>
 
@@ -59,6 +60,39 @@ void check_tensors(const SafetensorsReader& reader, const ModelLayout& layout,
                                 << " model does not have: was it saved for another model (--model)?");
 }
 
+// The metadata numbers a training checkpoint is written with
+// (training_run.cpp) and read back to tell the user (initial_state.cpp):
+// each, when present, must be a whole decimal number in its range, else
+// the file is damaged or was written by another program. Absent keys are
+// fine: a file from another program may not have them.
+void check_metadata_numbers(const std::string& path, const std::map<std::string, std::string>& meta) {
+  struct Range {
+    const char* key;
+    uint64_t lo, hi;
+  };
+  static const Range ranges[] = {
+      {"ranks", 1, uint64_t(INT32_MAX)},         // threads, or a launcher's processes
+      {"global_batch", 1, uint64_t(INT64_MAX)},  // N x B x K sequences
+      {"seed", 0, UINT64_MAX},                   // --seed
+  };
+  for (const Range& r : ranges) {
+    auto it = meta.find(r.key);
+    if (it == meta.end()) continue;
+    const std::string& text = it->second;
+    bool ok = !text.empty() && text.size() <= 20 && text.find_first_not_of("0123456789") == std::string::npos;
+    uint64_t v = 0;
+    for (size_t i = 0; ok && i < text.size(); ++i) {
+      const uint64_t d = uint64_t(text[i] - '0');
+      ok = v <= (UINT64_MAX - d) / 10;
+      v = v * 10 + d;
+    }
+    USAGE_REQUIRE(ok && v >= r.lo && v <= r.hi,
+                  "checkpoint " << path << " has the metadata '" << r.key << "' = '" << text
+                                << "', not a whole number from " << r.lo << " to " << r.hi
+                                << ": the file is damaged or was not written by --save; save it again");
+  }
+}
+
 }  // namespace
 
 void save_model(const std::string& path, const ModelLayout& layout, const float* flat,
@@ -100,6 +134,7 @@ CheckpointReader::CheckpointReader(const std::string& path, const ModelLayout& l
                                  "--init (a fresh AdamW), or resume from a file written by --save");
   check_tensors(reader_, layout, {StateKind::params, StateKind::m, StateKind::v}, {kStepName},
                 /*optim_ok=*/false);
+  check_metadata_numbers(path, reader_.metadata());
   int64_t steps = 0;
   reader_.read(kStepName, {1}, DType::i64, &steps);
   USAGE_REQUIRE(steps >= 0, "checkpoint " << path << " says it was saved after " << steps

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <bit>
+#include <cstdlib>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -32,6 +33,27 @@ namespace zf {
 
 static_assert(std::endian::native == std::endian::little,
               "llm.c token files are little-endian; this reader assumes a little-endian host");
+
+namespace {
+
+// What kind of file st describes, for messages; "" for a regular file.
+std::string kind_of(const struct stat& st) {
+  if (S_ISREG(st.st_mode)) return "";
+  if (S_ISDIR(st.st_mode)) return "a directory";
+  if (S_ISFIFO(st.st_mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(st.st_mode)) return "a character device";
+  if (S_ISBLK(st.st_mode)) return "a block device";
+  if (S_ISSOCK(st.st_mode)) return "a socket";
+  return "a file of an unknown kind";
+}
+
+}  // namespace
+
+std::string special_file_kind(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return "";  // its reader says why it cannot be opened
+  return kind_of(st);
+}
 
 namespace {
 
@@ -55,7 +77,10 @@ std::vector<uint8_t> read_whole_file(const std::string& path) {
                                     << hint);
     USAGE_REQUIRE(false, what << " cannot be opened (" << std::strerror(e) << ")" << hint);
   }
-  USAGE_REQUIRE(!S_ISDIR(st.st_mode), what << " is a directory, not a token file" << hint);
+  // Before any open: opening a FIFO with no writer blocks, and a device
+  // such as /dev/zero never ends.
+  const std::string kind = kind_of(st);
+  USAGE_REQUIRE(kind.empty(), what << " is " << kind << ", not a regular file" << hint);
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     int e = errno;
@@ -64,7 +89,7 @@ std::vector<uint8_t> read_whole_file(const std::string& path) {
     USAGE_REQUIRE(false, what << " cannot be opened (" << std::strerror(e) << ")" << hint);
   }
   std::vector<uint8_t> bytes;
-  if (S_ISREG(st.st_mode)) bytes.reserve(size_t(st.st_size));
+  bytes.reserve(size_t(st.st_size));
   uint8_t chunk[1 << 16];
   for (;;) {
     ssize_t got = ::read(fd, chunk, sizeof chunk);
@@ -87,6 +112,31 @@ int32_t read_i32(const uint8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
   return v;
+}
+
+// Whether a file without the llm.c magic looks like a damaged llm.c token
+// file, and if so why: a first int32 a few counts from the magic (a flipped
+// low bit, an off-by-one edit), or a header shaped like llm.c's behind any
+// first int32 (version 1 or 2 and a token count that gives exactly the
+// file's size). Raw text cannot do either: its first 4 bytes are printable,
+// far from 20240520, and the chance that bytes 4..11 of raw data agree with
+// its size to the byte is negligible.
+std::string damaged_llmc_reason(const std::vector<uint8_t>& bytes) {
+  if (bytes.size() < 4) return "";
+  const int32_t magic = read_i32(bytes.data());
+  constexpr int64_t kNear = 256;
+  if (magic != kLlmcMagic && std::abs(int64_t(magic) - kLlmcMagic) <= kNear)
+    return "its first 4 bytes read " + std::to_string(magic) + ", " +
+           std::to_string(std::abs(int64_t(magic) - kLlmcMagic)) + " from llm.c's magic number " +
+           std::to_string(kLlmcMagic);
+  if (bytes.size() < kLlmcHeaderBytes) return "";
+  const int32_t version = read_i32(bytes.data() + 4), count = read_i32(bytes.data() + 8);
+  if ((version != 1 && version != 2) || count <= 0) return "";
+  const size_t token_bytes = version == 1 ? 2 : 4;
+  if (bytes.size() != kLlmcHeaderBytes + token_bytes * size_t(count)) return "";
+  return "its header reads version " + std::to_string(version) + " and " + std::to_string(count) +
+         " tokens, which is exactly the file's size, but its first 4 bytes read " + std::to_string(magic) +
+         ", not llm.c's magic number " + std::to_string(kLlmcMagic);
 }
 
 void parse_llmc(const std::string& path, const std::vector<uint8_t>& bytes, TokenData& out) {
@@ -346,6 +396,10 @@ TokenData load_token_file(const std::string& path) {
   if (bytes.size() >= 4 && read_i32(bytes.data()) == kLlmcMagic) {
     parse_llmc(path, bytes, out);
   } else {
+    const std::string damaged = damaged_llmc_reason(bytes);
+    USAGE_REQUIRE(damaged.empty(), "token file '" << path << "' looks like a damaged llm.c token file ("
+                                                  << damaged
+                                                  << "), not raw bytes: download or tokenize it again");
     out.format = "raw bytes";
     out.tokens.assign(bytes.begin(), bytes.end());  // each byte 0..255 is a token
     uint8_t mx = 0;

@@ -29,6 +29,13 @@ struct TokenData {
 // (missing, unreadable, bad llm.c header, truncated, empty).
 TokenData load_token_file(const std::string& path);
 
+// What kind of special file `path` is, for a message ("a directory", "a FIFO
+// (named pipe)", "a character device", ...), found by stat: "" for a regular
+// file, or when stat fails (the reader then says why it cannot open it).
+// Input files are refused unless regular before they are opened: opening a
+// FIFO with no writer blocks forever, and /dev/zero never ends.
+std::string special_file_kind(const std::string& path);
+
 // The built-in corpus: deterministic generated English-like text as bytes
 // (vocabulary 256), large enough (about 1 MiB) that the demo does not overfit
 // in a few hundred steps.

@@ -203,6 +203,31 @@ TEST(ParseSize, AcceptedForms) {
   EXPECT_EQ(parse_size("2TB"), 2000000000000u);
 }
 
+// Sizes are int64 byte counts: the largest is 2^63-1 bytes, and one past it
+// is refused instead of wrapping (llroundl of 1e19 gave 2^63). A bare
+// number, or one in B, counts whole bytes: "1.5" is a typo, not 2 bytes.
+TEST(ParseSize, OutOfRangeAndFractionalBytesAreRefused) {
+  EXPECT_EQ(parse_size("9223372036854775807"), size_t(9223372036854775807ull));
+  EXPECT_EQ(parse_size("8388607TiB"), size_t(8388607) << 40);
+  EXPECT_EQ(parse_size("2.0"), 2u);  // a whole number written with a fraction
+  for (const char* big : {"10000000000000000000", "9223372036854775808", "8388608TiB", "99999999999999999999999GB"})
+    try {
+      parse_size(big);
+      ADD_FAILURE() << "'" << big << "' was accepted as " << parse_size(big);
+    } catch (const UsageError& e) {
+      EXPECT_TRUE(contains(e.what(), std::string("'") + big + "'")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "largest")) << e.what();
+    }
+  for (const char* frac : {"1.5", "1.5B", "0.25"})
+    try {
+      parse_size(frac);
+      ADD_FAILURE() << "'" << frac << "' was accepted as " << parse_size(frac);
+    } catch (const UsageError& e) {
+      EXPECT_TRUE(contains(e.what(), std::string("'") + frac + "'")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "whole number of bytes")) << e.what();
+    }
+}
+
 TEST(ParseSize, RejectedFormsAreUsageErrorsThatShowTheAcceptedForms) {
   for (const char* bad : {"12XB", "", "-5MiB", "MiB", "1e3", "64 MiB", "64mib", "64Mib",
                           "1.", ".5MiB", "0x10", "12MiBs", "+3", "1,5GB", "64M", "64k"}) {

@@ -3,8 +3,13 @@
 // the real binary and checks both the exit code and the words of the message.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "test_util.h"
 
@@ -166,6 +171,73 @@ TEST(Cli, InjectedFaultNamesTheRank) {
   auto r = run_command("timeout 60 " + dp() + " --ranks 3 --steps 3 --inject-fault 1:1");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("rank 1"), std::string::npos) << r.output;
+}
+
+// Input files must be regular files, refused before they are opened: a
+// FIFO with no writer would block the open forever, and /dev/zero never
+// ends. The memory limit and `timeout 20` turn a regression into a
+// failure, not a hung or swapping suite.
+TEST(Cli, SpecialFilesAsInputAreRefused) {
+  const std::string dir = test::temp_dir(), fifo = dir + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  auto refused = [&](const std::string& args, const std::vector<std::string>& words) {
+    auto r = run_command("ulimit -v 4000000; timeout 20 " + dp() + " " + args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+    for (const auto& w : words)
+      EXPECT_NE(r.output.find(w), std::string::npos) << "'" << w << "' missing for " << args << ":\n" << r.output;
+  };
+  refused("--data /dev/zero", {"--data", "/dev/zero", "character device", "regular file"});
+  refused("--data " + fifo, {"--data", fifo, "FIFO"});
+  refused("--data " + dir, {"--data", dir, "directory"});
+  refused("--steps 3 --resume " + fifo, {"--resume", fifo, "FIFO"});
+  refused("--init " + fifo, {"--init", fifo, "FIFO"});
+  refused("--init /dev/zero", {"--init", "/dev/zero", "character device"});
+}
+
+// A rank that the run does not have cannot fail: the fault would never fire.
+TEST(Cli, InjectFaultOnARankOutsideTheWorld) {
+  expect_usage_error("--ranks 1 --inject-fault 9:1", {"--inject-fault", "rank 9", "1 rank"});
+  expect_usage_error("--ranks 2 --inject-fault -1:1", {"--inject-fault", "-1"});
+}
+
+// Seeds are 0 .. 2^64-1: a negative one or one past the range is refused,
+// not wrapped or clamped to 2^64-1.
+TEST(Cli, SeedOutOfRange) {
+  expect_usage_error("--seed -1", {"--seed", "-1", "18446744073709551615"});
+  expect_usage_error("--seed 99999999999999999999", {"--seed", "99999999999999999999", "18446744073709551615"});
+  EXPECT_EQ(run_command(dp() + " --steps 0 --seed 18446744073709551615").exit_code, 0);
+}
+
+// An explicitly empty value is a mistake (an unset shell variable), not
+// "flag not given".
+TEST(Cli, EmptyValuesAreRefused) {
+  for (const char* flag : {"--device-mem", "--data", "--log-json", "--resume", "--init", "--save-init", "--save",
+                           "--trace"})
+    expect_usage_error(std::string(flag) + " ''", {flag, "empty"});
+  const char* offload = std::getenv("ZF_OFFLOAD_BIN");
+  const std::string bin = offload ? offload : "build/05_offload/offload";
+  auto r = run_command(bin + " --model tiny --steps 1 --batch 1 --quiet --offload-dir ''");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--offload-dir"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("empty"), std::string::npos) << r.output;
+}
+
+// Sizes that do not fit in 64-bit byte counts, and fractions of a byte.
+TEST(Cli, DeviceMemOutOfRangeOrFractional) {
+  expect_usage_error("--device-mem 10000000000000000000", {"--device-mem", "10000000000000000000", "largest"});
+  expect_usage_error("--device-mem 99999999999999999999999TiB", {"--device-mem", "largest"});
+  expect_usage_error("--device-mem 1.5", {"--device-mem", "1.5", "whole number of bytes"});
+  expect_usage_error("--device-mem 1.5B", {"--device-mem", "1.5B", "whole number of bytes"});
+}
+
+// More rank threads than 4 per core is refused unless asked for: the cap
+// says how to lift it.
+TEST(Cli, ManyRanksNeedTheOverride) {
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int n = 4 * cores + 1;
+  if (n > 1024) GTEST_SKIP() << cores << " cores: 4 per core is above the hard limit of 1024 ranks";
+  expect_usage_error("--ranks " + std::to_string(n), {"--ranks", std::to_string(n), "ZF_OVERSUBSCRIBE=1"});
+  expect_usage_error("--ranks 1025", {"--ranks", "1024"});
 }
 
 }  // namespace

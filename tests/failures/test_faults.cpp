@@ -28,6 +28,7 @@
 #include "launch.h"
 #include "memory.h"
 #include "tensor.h"
+#include "test_util.h"
 
 using namespace zf;
 using Clock = std::chrono::steady_clock;
@@ -304,4 +305,31 @@ TEST(Faults, AbortFromAnotherThreadWakesAWaitingRank) {
   EXPECT_THROW(comms[1]->all_reduce(a.data(), a.size(), DType::f32), CommAborted);
   // Communicators of an aborted group are destroyed without hanging.
   comms.clear();
+}
+
+// Rank threads that cannot all be made are a clear error naming how many
+// were asked for and how many started, with the system's reason, and the
+// started ones, waiting in their first collective for ranks that never came,
+// are released and joined: exit 1 within seconds, never std::terminate's
+// abort (134) or a hang. The limits make the address space, not memory for
+// the model, run out: 128 MiB stacks (2 malloc arenas) in 24 GB hold the 128
+// communicator threads (16 GiB of stacks, made first) and a few dozen rank
+// threads, each with room to reach its first collective and wait there.
+// Without the release that wait never ends: `timeout 60` turns it into exit
+// 124. ZF_OVERSUBSCRIBE=1 lifts the cap of 4 ranks per core.
+TEST(Faults, RankThreadsThatCannotStartAreAnErrorNotAnAbort) {
+  const auto r = test::run_command("ulimit -s 131072; ulimit -v 24000000; MALLOC_ARENA_MAX=2 ZF_OVERSUBSCRIBE=1 "
+                                   "timeout 60 " + test::dp_binary() +
+                                   " --model tiny --steps 2 --batch 1 --ranks 128");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const size_t at = r.output.find(" of the 128 rank threads started");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  // Some started (so some had to be released from their collective), not all.
+  const size_t only = r.output.rfind("only ", at);
+  ASSERT_NE(only, std::string::npos) << r.output;
+  const int started = std::atoi(r.output.c_str() + only + 5);
+  EXPECT_GT(started, 0) << r.output;
+  EXPECT_LT(started, 128) << r.output;
+  EXPECT_TRUE(contains(r.output, "Resource temporarily unavailable")) << r.output;
+  EXPECT_FALSE(contains(r.output, "terminate called")) << r.output;
 }

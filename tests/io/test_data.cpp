@@ -10,13 +10,16 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -189,6 +192,60 @@ TEST_F(DataTest, LlmcExtraBytes) {
 TEST_F(DataTest, LlmcZeroTokens) {
   std::string p = write_bytes("zero.bin", llmc_bytes(20240520, 1, 0, {}));
   expect_usage_error([&] { zf::load_token_file(p); }, {p, "empty"});
+}
+
+// A damaged llm.c file must not train silently as raw bytes: a magic number
+// a few counts off, or a header shaped like llm.c's (version 1, a count that
+// matches the file's size) behind a wrong magic, is refused as damaged.
+TEST_F(DataTest, LlmcDamagedMagicIsNotRawBytes) {
+  std::string p = write_bytes("off.bin", llmc_bytes(20240521, 1, 3, {1, 2, 3}));
+  expect_usage_error([&] { zf::load_token_file(p); }, {p, "damaged llm.c", "20240521", "20240520"});
+  p = write_bytes("below.bin", llmc_bytes(20240519, 1, 3, {1, 2, 3}));
+  expect_usage_error([&] { zf::load_token_file(p); }, {p, "damaged llm.c", "20240519"});
+  // A zeroed magic, the rest of the header intact: version 1, 3 tokens, 1030 bytes.
+  p = write_bytes("zeroed.bin", llmc_bytes(0, 1, 3, {1, 2, 3}));
+  expect_usage_error([&] { zf::load_token_file(p); }, {p, "damaged llm.c", "version 1", "3 tokens"});
+}
+
+// Raw bytes that merely start with small integers are still raw bytes.
+TEST_F(DataTest, RawBytesLikeAHeaderButNotSizedLikeOneStayRaw) {
+  std::vector<uint8_t> b = llmc_bytes(0, 1, 3, {1, 2, 3});
+  b.push_back(7);  // 1031 bytes: 3 tokens would be 1030
+  const zf::TokenData d = zf::load_token_file(write_bytes("raw.bin", b));
+  EXPECT_EQ(d.format, "raw bytes");
+  EXPECT_EQ(d.tokens.size(), b.size());
+}
+
+// Through the binary: a character device or a FIFO given as --data is
+// refused before it is opened (an open of a FIFO with no writer blocks, and
+// /dev/zero never ends). The memory limit and `timeout 20` turn a
+// regression into a failure, not a hung or swapping suite.
+TEST_F(DataTest, SpecialFilesAreRefusedBeforeOpening) {
+  const std::string fifo = path("fifo");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  for (const auto& [file, kind] : {std::pair<std::string, std::string>{"/dev/zero", "character device"},
+                                   std::pair<std::string, std::string>{fifo, "FIFO"}}) {
+    auto r = zf::test::run_command("ulimit -v 4000000; timeout 20 " + zf::test::dp_binary() +
+                                   " --model tiny --steps 1 --batch 1 --quiet --data " + file);
+    EXPECT_EQ(r.exit_code, 2) << file << "\n" << r.output;
+    EXPECT_NE(r.output.find("--data"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(file), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(kind), std::string::npos) << r.output;
+  }
+  // The library's reader refuses them too (stat, before any open). /dev/null,
+  // not /dev/zero: a regression here would read /dev/zero until memory ran out.
+  expect_usage_error([&] { zf::load_token_file("/dev/null"); }, {"/dev/null", "character device"});
+  // Should the reader open the FIFO, it blocks there until a writer comes:
+  // after 20 s the test opens it for writing itself, so the reader returns
+  // and the test fails instead of hanging.
+  auto done = std::async(std::launch::async,
+                         [&] { expect_usage_error([&] { zf::load_token_file(fifo); }, {fifo, "FIFO"}); });
+  if (done.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    ADD_FAILURE() << "load_token_file blocked on the FIFO " << fifo;
+    const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (fd >= 0) ::close(fd);
+  }
+  done.wait();
 }
 
 // ---------------------------------------------------------------------------

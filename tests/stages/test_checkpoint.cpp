@@ -15,7 +15,9 @@
 //   meson test -C build checkpoint
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checkpoint.h"
@@ -116,6 +118,42 @@ TEST_F(Checkpoint, UnusableFilesAreRefusedWithTheReason) {
   TrainConfig missing = quiet_config("tiny", 1, 2, 4);
   missing.resume = path("absent.safetensors");
   EXPECT_NE(refusal(missing).find("absent.safetensors"), std::string::npos) << refusal(missing);
+}
+
+// The numbers in a checkpoint's metadata are checked where they are read:
+// a damaged one (ranks "-7", a batch that is not a number) is refused up
+// front naming the file and the key, not printed back as if it were fine.
+TEST_F(Checkpoint, DamagedMetadataNumbersAreRefused) {
+  const ModelLayout layout = build_layout(model_preset("tiny"));
+  const std::vector<float> zeros(layout.numel, 0.0f);
+  auto write = [&](const std::string& name, const std::map<std::string, std::string>& meta) {
+    const std::string file = path(name);
+    save_checkpoint(file, layout, zeros.data(), zeros.data(), zeros.data(), 1, meta);
+    return file;
+  };
+  const std::string good = write("good.safetensors", {{"stage", "dp"}, {"ranks", "2"}, {"global_batch", "4"},
+                                                      {"seed", "18446744073709551615"}});
+  EXPECT_NO_THROW(CheckpointReader(good, layout));
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"ranks", "-7"}, {"ranks", "0"}, {"ranks", "two"}, {"ranks", "99999999999999999999"},
+           {"global_batch", "4x"}, {"global_batch", ""}, {"seed", "-1"}}) {
+    const std::string file = write(key + ".safetensors", {{key, value}});
+    try {
+      CheckpointReader reader(file, layout);
+      ADD_FAILURE() << key << "=" << value << " accepted";
+    } catch (const UsageError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(file), std::string::npos) << what;
+      EXPECT_NE(what.find("'" + key + "'"), std::string::npos) << what;
+      EXPECT_NE(what.find("'" + value + "'"), std::string::npos) << what;
+    }
+  }
+  // Through the binary: exit 2 with the message, before any step.
+  const std::string bad = write("bad.safetensors", {{"ranks", "-7"}});
+  const auto r = test::run_command(test::dp_binary() + " --model tiny --batch 1 --steps 3 --resume " + bad);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("'ranks'"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("-7 ranks"), std::string::npos) << r.output;
 }
 
 }  // namespace
