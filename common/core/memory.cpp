@@ -131,12 +131,15 @@ namespace {
 
 // The message of every device out-of-memory, whether found by an allocation
 // or by an up-front reserve_check.
+// "3.86 MiB (4047010 bytes)": the rounded figure and the exact one, so that
+// figures that round alike (in use, would use, the budget) still differ.
+std::string exact(size_t bytes) { return format_bytes(bytes) + " (" + std::to_string(bytes) + " bytes)"; }
+
 std::string over_budget_message(int rank, Category cat, size_t bytes, size_t in_use,
                                 size_t budget) {
   return "out of memory on the device of rank " + std::to_string(rank) + ": allocating " +
-         format_bytes(bytes) + " for " + category_name(cat) + " would use " +
-         format_bytes(in_use + bytes) + " (" + format_bytes(in_use) +
-         " in use), over the budget of " + format_bytes(budget) +
+         exact(bytes) + " for " + category_name(cat) + " would use " + exact(in_use + bytes) + " with " +
+         exact(in_use) + " in use, over the budget of " + exact(budget) +
          " (--device-mem). Use a smaller model or batch, more ranks with a later ZeRO "
          "stage, or a larger --device-mem.";
 }

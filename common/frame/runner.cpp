@@ -82,7 +82,7 @@ int stage_main(int argc, char** argv, const StageInfo& info, const StageFn& stag
     std::fprintf(stderr, "%s: error: %s\n", info.exe.c_str(), e.what());
     return 2;
   } catch (const OutOfMemory& e) {
-    std::fprintf(stderr, "%s: %s\n", info.exe.c_str(), e.what());
+    std::fprintf(stderr, "%s: error: %s\n", info.exe.c_str(), e.what());
     return 3;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: error: %s\n", info.exe.c_str(), e.what());

@@ -133,6 +133,22 @@ TEST(Memory, DeviceBudgetRefusesBeforeAllocating) {
     EXPECT_TRUE(contains(msg, "64.00 MiB")) << msg;      // the budget
     EXPECT_TRUE(contains(msg, "--device-mem")) << msg;   // what to change
   }
+  // Figures that round to the same text are told apart by their exact bytes:
+  // 4,047,000 in use, 10 more asked, a budget of 4,047,005 all print as 3.86 MiB.
+  {
+    MemoryTracker small(0, size_t(4047005));
+    void* b = small.allocate(Place::device, Category::params, 4047000);
+    try {
+      small.allocate(Place::device, Category::grads, 10);
+      ADD_FAILURE() << "expected OutOfMemory";
+    } catch (const OutOfMemory& e) {
+      const std::string msg = e.what();
+      EXPECT_TRUE(contains(msg, "4047010 bytes")) << msg;  // what it would use
+      EXPECT_TRUE(contains(msg, "4047000 bytes")) << msg;  // in use
+      EXPECT_TRUE(contains(msg, "4047005 bytes")) << msg;  // the budget
+    }
+    small.release(Place::device, Category::params, b, 4047000);
+  }
   // Nothing was counted for the refused allocation.
   MemoryCounts m = mem.counts();
   EXPECT_EQ(m.cur(Place::device, Category::grads), 0u);

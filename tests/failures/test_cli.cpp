@@ -165,6 +165,8 @@ TEST(Cli, OutOfMemoryExitsWithItsOwnCode) {
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_NE(r.output.find("out of memory"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("512.00 KiB"), std::string::npos) << r.output;
+  // Every error starts the same way: "dp: error: ..."
+  EXPECT_NE(r.output.find("dp: error: rank 0 failed: out of memory"), std::string::npos) << r.output;
 }
 
 TEST(Cli, InjectedFaultNamesTheRank) {
