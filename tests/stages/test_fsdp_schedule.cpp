@@ -20,6 +20,7 @@
 #include "cli.h"
 #include "data_parallel.h"
 #include "fsdp.h"
+#include "stages/flag_test_util.h"
 #include "stages/fsdp_test_util.h"
 #include "stages/gradient_check.h"
 #include "stages/schedule_util.h"
@@ -141,19 +142,11 @@ TEST(FsdpRecorder, ChangesNoResult) { test::expect_recorder_changes_no_result(tr
 // ------------------------------------------------------------------ flags
 
 TrainConfig parse(std::vector<std::string> args, StageFlags flags = StageFlags::fsdp) {
-  args.insert(args.begin(), "fsdp");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  return *parse_flags(int(argv.size()), argv.data(), {"fsdp", "stage 04: FSDP", flags});
+  return test::parse_as({"fsdp", "stage 04: FSDP", flags}, std::move(args));
 }
 
 std::string usage_error(std::vector<std::string> args, StageFlags flags = StageFlags::fsdp) {
-  try {
-    parse(std::move(args), flags);
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "(no error)";
+  return test::usage_error_as({"fsdp", "stage 04: FSDP", flags}, std::move(args));
 }
 
 TEST(FsdpFlags, ParsedWithTheirDefaults) {

@@ -10,25 +10,18 @@
 
 #include "check.h"
 #include "cli.h"
+#include "stages/flag_test_util.h"
 #include "test_util.h"
 
 namespace zf {
 namespace {
 
 TrainConfig parse(std::vector<std::string> args, StageFlags flags = StageFlags::offload) {
-  args.insert(args.begin(), "offload");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  return *parse_flags(int(argv.size()), argv.data(), {"offload", "stage 05: offload", flags});
+  return test::parse_as({"offload", "stage 05: offload", flags}, std::move(args));
 }
 
 std::string usage_error(std::vector<std::string> args, StageFlags flags = StageFlags::offload) {
-  try {
-    parse(std::move(args), flags);
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "(no error)";
+  return test::usage_error_as({"offload", "stage 05: offload", flags}, std::move(args));
 }
 
 TEST(OffloadFlags, ParsedWithTheirDefaults) {
