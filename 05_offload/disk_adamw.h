@@ -57,7 +57,6 @@ class DiskAdamW {
   // The whole model's float32 values of `kind` (m, v; params with the
   // master on disk), from every rank's files (ModelStates::full).
   std::vector<float> gather(StateKind kind, Communicator& comm, Device& comm_dev);
-  bool master_on_disk() const { return master_on_disk_; }
 
   DiskTier& tier() { return tier_; }
 

@@ -47,7 +47,6 @@ class OffloadParams final : public FlatParams {
   // Copies unit g's host copy to the device's (with --offload-params: to the
   // all-gathers' second host copy under --delay-update, else nothing).
   Transfer upload(int g);
-  bool offload_params() const { return offload_params_; }
 
  protected:
   const void* send_buffer(int g, Gathered& b) override;
