@@ -94,7 +94,7 @@ RankResult train_data_parallel(const TrainConfig& cfg, RankContext& ctx, const T
   AdamWConfig adam;
   adam.lr = cfg.lr;
   std::vector<CommHandle> pending(U);
-  for (int step = run.first_step(); step < cfg.steps; ++step) {
+  for (int step = run.first_step(); run.keep_going(step); ++step) {
     Timer timer;
     float loss_sum = 0.0f;
     for (int k = 0; k < K; ++k) {

@@ -73,7 +73,7 @@ RankResult train_zero2(const TrainConfig& cfg, RankContext& ctx, const TokenData
   TrainingRun run(cfg, layout, ctx, reporter, states);  // the initial model, or --resume's checkpoint
 
   std::vector<CommHandle> pending(U);
-  for (int step = run.first_step(); step < cfg.steps; ++step) {
+  for (int step = run.first_step(); run.keep_going(step); ++step) {
     Timer timer;
     float loss_sum = 0.0f;
     for (int k = 0; k < K; ++k) {

@@ -66,7 +66,7 @@ RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData
   auto rc = make_rank_compute(cfg, layout, ctx, data);
   TrainingRun run(cfg, layout, ctx, reporter, states);  // the initial model, or --resume's checkpoint
 
-  for (int step = run.first_step(); step < cfg.steps; ++step) {
+  for (int step = run.first_step(); run.keep_going(step); ++step) {
     Timer timer;
     float loss_sum = 0.0f;
     for (int k = 0; k < K; ++k) {

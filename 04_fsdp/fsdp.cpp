@@ -131,7 +131,7 @@ RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData&
   comms.count_in(run);
   const size_t esize = dtype_size(storage_dtype(cfg.precision));
 
-  for (int step = run.first_step(); step < cfg.steps; ++step) {
+  for (int step = run.first_step(); run.keep_going(step); ++step) {
     Timer timer;
     float loss_sum = 0.0f;
     for (int k = 0; k < K; ++k) {

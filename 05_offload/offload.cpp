@@ -197,7 +197,7 @@ RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenDa
   comms.count_in(run);
   const size_t esize = dtype_size(storage_dtype(cfg.precision));
 
-  for (int step = run.first_step(); step < cfg.steps; ++step) {
+  for (int step = run.first_step(); run.keep_going(step); ++step) {
     Timer timer;
     Phases t;
     float loss_sum = 0.0f;

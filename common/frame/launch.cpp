@@ -231,7 +231,7 @@ void run_mpi_process_rank(const LaunchOptions& opt, const World& world,
   // wait for the other ranks (newer NCCL versions do), who are stuck in a
   // collective waiting for this one.
   std::unique_ptr<Device> dev;
-  std::unique_ptr<Communicator> nccl;
+  std::unique_ptr<Communicator> nccl, control;
   try {
     dev = maybe_profiled(make_rank_device(opt, local_rank), r);
     MemoryTracker mem(r, opt.device_budget);
@@ -242,7 +242,11 @@ void run_mpi_process_rank(const LaunchOptions& opt, const World& world,
     if (dev->is_cuda()) share_gpu_if_needed(r, local_rank, mpi_local_size());  // before any NCCL call
 #endif
     nccl = dev->is_cuda() ? make_nccl_over_mpi(*comm, *dev) : nullptr;
-    RankContext ctx{r, N, nccl ? *nccl : *comm, mem, *dev};
+    // The stop vote's channel (rank.h): a communicator of its own. None on
+    // a GPU: signals stop at a step boundary on the CPU device only, until
+    // the GPU path has been run (docs/GPU.md).
+    if (!dev->is_cuda()) control = make_mpi_communicator();
+    RankContext ctx{r, N, nccl ? *nccl : *comm, mem, *dev, control.get()};
     fn(ctx);
   } catch (...) {
     const std::exception_ptr e = std::current_exception();
@@ -261,6 +265,7 @@ void run_mpi_process_rank(const LaunchOptions& opt, const World& world,
   // gets an error naming it, not a hang. NCCL first (it waits for this rank's
   // collectives, then closes), then the device its streams belong to.
   nccl.reset();
+  control.reset();
   dev.reset();
   comm.reset();
   set_current_rank(-1);
@@ -419,9 +424,13 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
     for (int r = 0; r < N; r++) gpu_devices.push_back(make_cuda_device(r));
   // Each communicator of the threads backend has a thread of its own: past
   // the process's limits the system refuses one, and says only why.
-  std::vector<std::unique_ptr<Communicator>> comms;
+  // And, on the CPU device, a second group for the stop vote at the end of
+  // each step (rank.h; none on a GPU until the GPU path has been run,
+  // docs/GPU.md).
+  std::vector<std::unique_ptr<Communicator>> comms, controls;
   try {
     comms = opt.device == "cuda" ? make_gpu_thread_communicators(gpu_devices) : make_thread_communicators(N);
+    if (opt.device != "cuda") controls = make_thread_communicators(N);
   } catch (const std::system_error& e) {
     throw Error("could not make the communicators of the " + std::to_string(N) +
                 " ranks (each has a thread; the system could not make another: " + e.what() +
@@ -436,13 +445,14 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
     // Every rank calls BLAS at the same time: share the cores between them.
     blas_set_threads(std::max(1, hardware_cores() / N));
     std::unique_ptr<Communicator> comm = std::move(comms[r]);
+    std::unique_ptr<Communicator> control = controls.empty() ? nullptr : std::move(controls[r]);
     try {
       std::unique_ptr<Device> dev =
           maybe_profiled(gpu_devices.empty() ? make_cpu_device() : std::move(gpu_devices[r]), r);
       dev->make_current();
       MemoryTracker mem(r, opt.device_budget);
       mem.set_device(dev.get());
-      RankContext ctx{r, N, *comm, mem, *dev};
+      RankContext ctx{r, N, *comm, mem, *dev, control.get()};
       fn(ctx);
     } catch (...) {
       Failure f{r, std::current_exception(), "", false};
@@ -454,9 +464,11 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
       // Wake every rank still waiting in a collective (a no-op if the group
       // was already aborted by the rank that really failed).
       comm->abort("rank " + std::to_string(r) + " failed: " + f.what);
+      if (control) control->abort("rank " + std::to_string(r) + " failed: " + f.what);
     }
     // Finishes this rank's queued collectives, then leaves the group: a rank
     // still waiting for this one to join a collective gets an error, not a hang.
+    control.reset();
     comm.reset();
     set_current_rank(-1);
   };
@@ -477,6 +489,7 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
                     " rank threads started: the system could not make another (" + e.what() +
                     "); ask for fewer --ranks, or raise the limits on threads and memory (ulimit -u, ulimit -v)";
     comms[started]->abort(start_failure);
+    if (!controls.empty()) controls[started]->abort(start_failure);
   }
   for (auto& t : threads) t.join();
   if (!start_failure.empty()) throw Error(start_failure);

@@ -29,12 +29,16 @@ std::string hash_hex(uint64_t h) {
   return buf;
 }
 
-StepReporter::StepReporter(const TrainConfig& cfg, size_t params) : cfg_(cfg), params_(params) {
-  if (!cfg.log_json.empty()) {
-    json_.open(cfg.log_json, std::ios::out | std::ios::trunc);
-    USAGE_REQUIRE(json_.good(), "cannot write the run log --log-json " << cfg.log_json
-                                    << ": check that its folder exists and is writable");
-  }
+StepReporter::StepReporter(const TrainConfig& cfg, size_t params)
+    : cfg_(cfg), params_(params), program_(cfg.stage) {
+  if (!cfg.log_json.empty()) json_.open(cfg.log_json, "the run log --log-json");
+}
+
+void StepReporter::write_json(const std::string& line) {
+  if (!json_.is_open() || !json_.error().empty()) return;
+  if (json_.write(line + "\n")) return;
+  std::fprintf(stderr, "%s: error: %s; training goes on (and --save's checkpoint is still written), and "
+               "the run will end with exit status 4\n", program_.c_str(), json_.error().c_str());
 }
 
 void StepReporter::step(int step, float loss, float grad_norm, double ms, size_t model_state_bytes,
@@ -48,8 +52,7 @@ void StepReporter::step(int step, float loss, float grad_norm, double ms, size_t
       for (const auto& [name, t] : phases) split[name] = t;
       j["phases_ms"] = split;
     }
-    json_ << j.dump() << "\n";
-    json_.flush();
+    write_json(j.dump());
   }
   bool last = step + 1 == cfg_.steps;
   if (!cfg_.quiet && (step % cfg_.log_every == 0 || last)) {
@@ -125,8 +128,10 @@ nlohmann::json summary_json(const RunResult& run) {
 void StepReporter::summary(const RunResult& run) {
   std::lock_guard<std::mutex> lock(mu_);
   if (json_.is_open()) {
-    json_ << summary_json(run).dump() << "\n";
-    json_.flush();
+    write_json(summary_json(run).dump());
+    const bool ok_before = json_.error().empty();
+    if (!json_.close() && ok_before)  // the close found what the writes did not
+      std::fprintf(stderr, "%s: error: %s\n", program_.c_str(), json_.error().c_str());
   }
   if (cfg_.quiet) return;
   print_memory_table(run, stdout);

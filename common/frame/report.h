@@ -3,13 +3,13 @@
 #pragma once
 
 #include <cstdio>
-#include <fstream>
 #include <mutex>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "config.h"
+#include "log_file.h"
 #include "step_log.h"
 
 namespace zf {
@@ -23,13 +23,20 @@ class StepReporter final : public StepLog {
   // global gradient norm before clipping.
   void step(int step, float loss, float grad_norm, double ms, size_t model_state_bytes_per_rank,
             const StepPhases& phases) override;
-  // Prints the closing tables and writes the summary object.
+  // Prints the closing tables, writes the summary object and closes the
+  // run log.
   void summary(const RunResult& run);
+  // Why the run log is incomplete, or "" (log_file.h). A failed write is
+  // also said on stderr when it happens, once.
+  const std::string& log_error() const { return json_.error(); }
 
  private:
+  void write_json(const std::string& line);
+
   const TrainConfig& cfg_;
   size_t params_;
-  std::ofstream json_;
+  LogFile json_;
+  std::string program_;  // the message prefix ("dp")
   std::mutex mu_;
 };
 

@@ -10,9 +10,28 @@
 #include "blas.h"
 #include "check.h"
 #include "output_paths.h"
+#include "stop_request.h"
 #include "trace.h"
 
 namespace zf {
+
+namespace {
+
+// After a stop on a signal: where the run stopped, what was saved, how to go on.
+void report_stop(const RunResult& run) {
+  const RankResult& r0 = run.ranks[0];
+  if (r0.stop_signal == 0) return;
+  const TrainConfig& cfg = run.cfg;
+  std::fprintf(stderr, "%s: stopped by %s after step %d of %d (%d steps done)", cfg.stage.c_str(),
+               signal_name(r0.stop_signal).c_str(), r0.stopped_after - 1, cfg.steps, r0.stopped_after);
+  if (cfg.save.empty())
+    std::fprintf(stderr, "; nothing was saved (no --save)\n");
+  else
+    std::fprintf(stderr, "; saved %s: to go on, run the same command with --resume %s and another --save "
+                 "(a run never writes the file it reads)\n", cfg.save.c_str(), cfg.save.c_str());
+}
+
+}  // namespace
 
 RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   // Threads, or one rank per process under mpirun/srun or RANK/WORLD_SIZE
@@ -67,17 +86,33 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
     if (world.multi_process() && !cfg.trace.empty())
       trace_events = gather_trace_events(ctx.comm, ctx.dev, trace_events[ctx.rank]);
   });
-  if (!cfg.trace.empty() && world.prints()) write_trace(trace_events, cfg);
+  if (!cfg.trace.empty() && world.prints()) {
+    const std::string problem = write_trace(trace_events, cfg);
+    if (!problem.empty()) run.not_written.push_back(problem);
+  }
   reporter.summary(run);
+  if (!reporter.log_error().empty()) run.not_written.push_back(reporter.log_error());
+  if (world.prints()) report_stop(run);
   return run;
+}
+
+int exit_status(const RunResult& run) {
+  const int signal = run.ranks.empty() ? 0 : run.ranks[0].stop_signal;
+  if (signal != 0) return 128 + signal;
+  return run.not_written.empty() ? 0 : 4;
 }
 
 int stage_main(int argc, char** argv, const StageInfo& info, const StageFn& stage) {
   try {
     auto cfg = parse_flags(argc, argv, info);
     if (!cfg) return 0;
-    run_training(*cfg, stage);
-    return 0;
+    // Signals stop at a step boundary on the CPU device; a GPU run keeps the
+    // default (stop at once) until the GPU path has been run (docs/GPU.md).
+    if (cfg->device == "cpu") install_stop_handlers(info.exe, cfg->save);
+    const RunResult run = run_training(*cfg, stage);
+    for (const std::string& what : run.not_written)
+      std::fprintf(stderr, "%s: error: not written: %s\n", info.exe.c_str(), what.c_str());
+    return exit_status(run);
   } catch (const UsageError& e) {
     std::fprintf(stderr, "%s: error: %s\n", info.exe.c_str(), e.what());
     return 2;

@@ -20,11 +20,19 @@ using StageFn =
     std::function<RankResult(const TrainConfig&, RankContext&, const TokenData&, StepReporter&)>;
 
 // Runs a stage with cfg.ranks ranks. Throws UsageError (bad data file),
-// OutOfMemory (over --device-mem) or Error (a rank failed, named).
+// OutOfMemory (over --device-mem) or Error (a rank failed, named). A run
+// stopped by a signal (stop_request.h) returns normally, with the signal in
+// its ranks' results; an output that could not be written (the run log, the
+// trace) is in not_written.
 RunResult run_training(const TrainConfig& cfg, const StageFn& stage);
 
-// main() of a stage executable: flags, run, tables, exit code
-// (0 ok, 2 usage error, 3 out of memory, 1 any other failure).
+// The exit status of a run that returned (docs/SPEC.md "Exit codes"):
+// 128 + the signal it stopped on, else 4 if an output was not written, else 0.
+int exit_status(const RunResult& run);
+
+// main() of a stage executable: flags, stop handlers, run, tables, exit code
+// (0 ok, 2 usage error, 3 out of memory, 4 an output not written, 128 + N
+// stopped by signal N, 1 any other failure).
 int stage_main(int argc, char** argv, const StageInfo& info, const StageFn& stage);
 
 }  // namespace zf

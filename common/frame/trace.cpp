@@ -5,11 +5,9 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -21,6 +19,7 @@
 #include "check.h"
 #include "host_collectives.h"
 #include "launch.h"
+#include "log_file.h"
 
 namespace zf {
 
@@ -248,11 +247,12 @@ std::string trace_document(const std::vector<std::string>& rank_events, const Tr
   return doc.dump();
 }
 
-void write_trace(const std::vector<std::string>& rank_events, const TrainConfig& cfg) {
-  std::ofstream f(cfg.trace, std::ios::out | std::ios::trunc);
-  f << trace_document(rank_events, cfg) << "\n";
+std::string write_trace(const std::vector<std::string>& rank_events, const TrainConfig& cfg) {
+  LogFile f;
+  f.open(cfg.trace, "the trace --trace");
+  f.write(trace_document(rank_events, cfg) + "\n");
   f.close();
-  USAGE_REQUIRE(f.good(), "cannot write the trace --trace " << cfg.trace << ": " << std::strerror(errno));
+  return f.error();
 }
 
 RankResult run_traced_rank(RankContext& ctx, std::chrono::steady_clock::time_point origin,
@@ -264,7 +264,7 @@ RankResult run_traced_rank(RankContext& ctx, std::chrono::steady_clock::time_poi
   if (origin == std::chrono::steady_clock::time_point{}) origin = std::chrono::steady_clock::now();
   opt.origin = origin;
   RecordingCommunicator rec(ctx.comm, opt);
-  RankContext traced{ctx.rank, ctx.world, rec, ctx.mem, ctx.dev};
+  RankContext traced{ctx.rank, ctx.world, rec, ctx.mem, ctx.dev, ctx.control};
   // The device's copies, reported on whichever thread waits for them.
   struct Copies {
     std::mutex mu;

@@ -92,8 +92,9 @@ std::vector<std::string> gather_trace_events(Communicator& comm, Device& dev, co
 
 // The whole file's text from every rank's events, in rank order.
 std::string trace_document(const std::vector<std::string>& rank_events, const TrainConfig& cfg);
-// Writes it to cfg.trace (UsageError if it cannot).
-void write_trace(const std::vector<std::string>& rank_events, const TrainConfig& cfg);
+// Writes it to cfg.trace: "" when it did, else why not (log_file.h; the
+// path itself was checked before step 0, output_paths.h).
+std::string write_trace(const std::vector<std::string>& rank_events, const TrainConfig& cfg);
 
 // Runs body(ctx') where ctx' is ctx with its communicator wrapped in a
 // recorder whose clock starts at `origin`, and a copy observer on its

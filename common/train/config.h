@@ -89,6 +89,8 @@ struct RankResult {
   std::string host_optimizer;     // what ran AdamW on the host (stage 05): "avx2, 2 threads"
   uint64_t param_hash = 0;        // final float32 parameters in consolidated order
   int first_step = 0;             // the step this run started at (> 0 after --resume)
+  int stop_signal = 0;            // the signal the ranks stopped on (stop_request.h), or 0
+  int stopped_after = 0;          // then: the steps done (the checkpoint's step)
 };
 
 struct RunResult {
@@ -96,6 +98,7 @@ struct RunResult {
   size_t params = 0;              // P, unpadded
   std::string blas;
   std::vector<RankResult> ranks;
+  std::vector<std::string> not_written;  // outputs that could not be written, and why (exit 4)
 };
 
 }  // namespace zf

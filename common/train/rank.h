@@ -1,7 +1,8 @@
 // rank.h: what one rank of a run has. The launcher (frame/launch.h) makes one
 // per rank, whether the ranks are threads of one process or processes, and
 // hands it to the stage: the rank's place in the group, its communicator,
-// its memory tracker and its Device.
+// its memory tracker and its Device, and the channel on which the ranks agree
+// to stop after a signal (stop_request.h).
 #pragma once
 
 #include "comm.h"
@@ -16,6 +17,11 @@ struct RankContext {
   Communicator& comm;
   MemoryTracker& mem;
   Device& dev;  // where this rank's device place is: the simulated CPU device or a GPU
+  // A duplicate of comm's group that the launcher made for the stop vote at
+  // the end of every step (training_run.h), so that the vote is neither
+  // training's traffic nor in its schedule. Null in a context made by hand
+  // (tests): its ranks then never stop early.
+  Communicator* control = nullptr;
 };
 
 }  // namespace zf

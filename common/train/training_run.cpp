@@ -4,6 +4,8 @@
 #include <string>
 
 #include "comm_recording.h"
+#include "host_collectives.h"
+#include "stop_request.h"
 #include "training.h"
 
 namespace zf {
@@ -36,8 +38,22 @@ void TrainingRun::end_step(int step, float loss, float grad_norm, double ms, con
   result_.step_ms.push_back(ms);
   if (ctx_.rank == 0) log_.step(step, loss, grad_norm, ms, ctx_.mem.counts().model_states(Place::device), phases);
   const int done = step + 1;
-  if (!cfg_.save.empty() && (done == cfg_.steps || (cfg_.save_every > 0 && done % cfg_.save_every == 0)))
-    save(done);
+  result_.stop_signal = vote_to_stop();
+  if (result_.stop_signal != 0) result_.stopped_after = done;
+  const bool due = done == cfg_.steps || (cfg_.save_every > 0 && done % cfg_.save_every == 0);
+  if (!cfg_.save.empty() && (due || result_.stop_signal != 0)) save(done);
+}
+
+int TrainingRun::vote_to_stop() {
+  if (ctx_.control == nullptr) return ctx_.world == 1 ? stop_signal_received() : 0;
+  // Each rank's signal (0: none), in rank order on every rank: all pick the
+  // same one, the first in rank order, so they stop after the same step.
+  const int64_t mine = stop_signal_received();
+  std::vector<int64_t> all(size_t(ctx_.world));
+  all_gather_host(*ctx_.control, ctx_.dev, &mine, all.data(), 1, DType::i64);
+  for (int64_t s : all)
+    if (s != 0) return int(s);
+  return 0;
 }
 
 void TrainingRun::save(int steps_done) {

@@ -3,7 +3,7 @@
 //
 //   Zero1States states(...);                  the stage's model states (a ModelStates)
 //   TrainingRun run(cfg, layout, ctx, log, states);   load them, --save-init
-//   for (int step = run.first_step(); step < cfg.steps; ++step) {
+//   for (int step = run.first_step(); run.keep_going(step); ++step) {
 //     ...                                     the stage's step
 //     run.end_step(step, loss, grad_norm, ms);  record, report, --save when due
 //   }
@@ -49,6 +49,10 @@ class TrainingRun {
 
   int first_step() const { return result_.first_step; }
 
+  // Whether to train step `step`: below --steps, and the ranks have not
+  // agreed to stop after a signal (stop_request.h).
+  bool keep_going(int step) const { return step < cfg_.steps && result_.stop_signal == 0; }
+
   // A communicator the stage split from ctx.comm (a sub-group, a second
   // queue): its counters are added to the run's, and saving is not counted
   // on it either.
@@ -58,6 +62,8 @@ class TrainingRun {
   // schedule, comm_recording.h), reports it (rank 0), and after every
   // --save-every steps and the last one writes --save's checkpoint. Saving
   // gathers the states; its collectives are not counted as training's.
+  // Then the ranks vote on ctx.control whether any has received a stop
+  // signal; if one has, every rank saves (--save) and keep_going() says no.
   // phases: where the step's time went (stage 05), for the step line and the run log.
   void end_step(int step, float loss, float grad_norm, double ms, const StepPhases& phases = {});
 
@@ -67,6 +73,7 @@ class TrainingRun {
 
  private:
   void save(int steps_done);
+  int vote_to_stop();
 
   const TrainConfig& cfg_;
   const ModelLayout& layout_;

@@ -312,13 +312,14 @@ TEST(Faults, AbortFromAnotherThreadWakesAWaitingRank) {
 // started ones, waiting in their first collective for ranks that never came,
 // are released and joined: exit 1 within seconds, never std::terminate's
 // abort (134) or a hang. The limits make the address space, not memory for
-// the model, run out: 128 MiB stacks (2 malloc arenas) in 24 GB hold the 128
-// communicator threads (16 GiB of stacks, made first) and a few dozen rank
-// threads, each with room to reach its first collective and wait there.
+// the model, run out: 128 MiB stacks (2 malloc arenas) in 42 GB hold the 256
+// communicator threads (two per rank, the training's and the stop vote's:
+// 32 GiB of stacks, made first) and a few dozen rank threads, each with room
+// to reach its first collective and wait there.
 // Without the release that wait never ends: `timeout 60` turns it into exit
 // 124. ZF_OVERSUBSCRIBE=1 lifts the cap of 4 ranks per core.
 TEST(Faults, RankThreadsThatCannotStartAreAnErrorNotAnAbort) {
-  const auto r = test::run_command("ulimit -s 131072; ulimit -v 24000000; MALLOC_ARENA_MAX=2 ZF_OVERSUBSCRIBE=1 "
+  const auto r = test::run_command("ulimit -s 131072; ulimit -v 41000000; MALLOC_ARENA_MAX=2 ZF_OVERSUBSCRIBE=1 "
                                    "timeout 60 " + test::dp_binary() +
                                    " --model tiny --steps 2 --batch 1 --ranks 128");
   EXPECT_EQ(r.exit_code, 1) << r.output;

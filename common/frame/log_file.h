@@ -1,0 +1,45 @@
+// log_file.h: an output written line by line as the run goes (the run log),
+// or at once at the end (the trace), every write checked.
+//
+// A run log that silently stops in the middle of a line on a full disk is
+// worse than none: whoever reads it takes the run for shorter than it was.
+// So every write is checked; the first failure is kept (with the system's
+// reason), the partial line it left is cut off again, and nothing more is
+// written to the file: the run goes on, and saves its checkpoint, and the
+// frame reports at the end that this output was not written (exit status 4,
+// runner.h).
+#pragma once
+
+#include <string>
+
+namespace zf {
+
+class LogFile {
+ public:
+  LogFile() = default;
+  ~LogFile();
+  LogFile(const LogFile&) = delete;
+  LogFile& operator=(const LogFile&) = delete;
+
+  // Creates (or truncates) `path`; UsageError naming `flag` ("the run log
+  // --log-json") if it cannot.
+  void open(const std::string& path, const std::string& flag);
+  bool is_open() const { return fd_ >= 0; }
+  // Appends `text` whole, or nothing of it: false once a write has failed
+  // (this one or an earlier one).
+  bool write(const std::string& text);
+  // Flushes to the disk and closes; false if that fails (or a write did).
+  bool close();
+  // Why the file is incomplete ("" while it is not): names the flag, the
+  // file and the system's reason.
+  const std::string& error() const { return error_; }
+
+ private:
+  void fail(const std::string& what, int err);
+
+  std::string path_, flag_, error_;
+  int fd_ = -1;
+  long long written_ = 0;  // bytes of whole writes so far
+};
+
+}  // namespace zf

@@ -1,0 +1,38 @@
+// stop_request.h: stopping a run cleanly at a step boundary on a signal.
+//
+// A long run stopped with Ctrl-C (SIGINT), by a scheduler (SIGTERM, often
+// before a SIGKILL), by a closed terminal (SIGHUP), or through mpirun, which
+// forwards SIGUSR1 to every process of the job, should lose at most the step
+// it was in. So the first such signal only records its number here; every
+// rank then finishes the step it is in, and at the end of each step the ranks
+// vote (TrainingRun::end_step, training_run.h) on whether any of them has
+// seen one: ranks that stopped at different steps would wait forever for
+// each other's collectives, so they stop together, after the same step, and
+// --save's checkpoint and the run log's summary are written. A second signal
+// means "now": the process exits at once (the last checkpoint on disk is
+// whole, since saves are atomic; a save that was under way leaves a
+// temporary the next save removes).
+//
+// Exit status after a stop: 128 + the signal's number, as a shell reports a
+// process killed by it (130 SIGINT, 143 SIGTERM, 129 SIGHUP, 138 SIGUSR1).
+#pragma once
+
+#include <string>
+
+namespace zf {
+
+// Installs the handlers of SIGINT, SIGTERM, SIGHUP and SIGUSR1 for this
+// process. `program` prefixes the one line a signal prints (to stderr, from
+// the handler: what happens next); `save` is --save's file, or "".
+void install_stop_handlers(const std::string& program, const std::string& save);
+
+// The first stop signal this process received, or 0.
+int stop_signal_received();
+
+// Records `signal` as received, as the handler does (tests; 0 clears it).
+void set_stop_signal(int signal);
+
+// "SIGINT", "SIGTERM", ... for a stop signal's number.
+std::string signal_name(int signal);
+
+}  // namespace zf
