@@ -161,7 +161,9 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
                  "write a timeline of every rank (compute, collectives, device memory) to this file, as "
                  "Chrome trace-event JSON: open it in ui.perfetto.dev, draw it with tools/trace_gantt.py"));
   app.add_option("--log-every", cfg.log_every, "print a log line every this many steps")->capture_default_str();
-  app.add_flag("--quiet", cfg.quiet, "print only errors and the summary");
+  app.add_flag("--quiet", cfg.quiet,
+               "print nothing on stdout (no header, step lines or tables); errors, warnings and notes still go "
+               "to stderr, and --log-json still gets every step and the summary");
   app.footer(
       "Several processes, one rank each: under mpirun or srun --mpi=pmix (a build with MPI), or,\n"
       "for --device cuda only, without MPI: set in every process RANK (0..N-1), WORLD_SIZE (N),\n"

@@ -35,6 +35,27 @@ TEST(Cli, ValidRunSucceeds) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
+// --quiet prints nothing on stdout, as its help says, even when resuming;
+// the run log still gets every step and the summary.
+TEST(Cli, QuietPrintsNothingOnStdout) {
+  const std::string dir = test::temp_dir();
+  auto saved = run_command(dp() + " --save " + dir + "/ck.st 2>/dev/null");
+  ASSERT_EQ(saved.exit_code, 0);
+  EXPECT_EQ(saved.output, "");
+  auto resumed = run_command(dp() + " --ranks 2 --steps 3 --resume " + dir + "/ck.st --log-json " + dir +
+                             "/log.jsonl 2>/dev/null");
+  EXPECT_EQ(resumed.exit_code, 0);
+  EXPECT_EQ(resumed.output, "");
+  std::ifstream in(dir + "/log.jsonl");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 3) << text;  // steps 1, 2 and the summary
+  EXPECT_NE(text.find("\"summary\""), std::string::npos);
+  std::filesystem::remove_all(dir);
+  // And the help says so.
+  auto help = run_command(test::dp_binary() + " --help");
+  EXPECT_NE(help.output.find("print nothing on stdout"), std::string::npos) << help.output;
+}
+
 TEST(Cli, ZeroRanks) { expect_usage_error("--ranks 0", {"--ranks", "got 0"}); }
 TEST(Cli, UnknownPreset) { expect_usage_error("--model huge", {"huge", "tiny, small or gpt2"}); }
 TEST(Cli, ZeroBatch) { expect_usage_error("--batch 0", {"--batch", "got 0"}); }
