@@ -1,0 +1,257 @@
+# fault_cases.py: the cases of scripts/fault_suite.py (docs/RELIABILITY.md),
+# one per fault or bad input, grouped as the table groups them. A case is a
+# command run in a folder of its own that holds good.st (a training
+# checkpoint of 2 steps) and tokens.txt (a token file), with the exit status
+# and the words its message must have; a case that signals the run says when
+# (after how many lines of its run log) and what.
+
+import json
+import os
+import shutil
+import signal
+import struct
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Tuple
+
+MODEL = "--model tiny --batch 1"
+
+
+class Context:
+    """One case's folder and what the suite checks after it."""
+
+    def __init__(self, env, folder):
+        self.env = env
+        self.folder = folder
+        self.log = os.path.join(folder, "log.jsonl")
+        self.data = os.path.join(folder, "tokens.txt")
+        self.train_data = None      # the data a left checkpoint was trained on (None: built-in)
+        self.may_change = set()     # files the case may rewrite (none: inputs never change)
+        self.left_checkpoints = []  # checkpoints the fault left, each must resume bit for bit
+
+    def path(self, name):
+        return os.path.join(self.folder, name)
+
+
+@dataclass
+class Case:
+    group: str
+    name: str
+    how: str
+    command: Callable[[Context], str]
+    exit_codes: Tuple[int, ...]
+    words: List[str] = field(default_factory=list)
+    setup: Optional[Callable[[Context], None]] = None
+    # (log lines to wait for, signal, target pid or None, then seconds to wait)
+    signals: List[tuple] = field(default_factory=list)
+    max_seconds: float = 60
+    skip: Optional[Callable[[object], str]] = None
+
+
+# --- corrupting a checkpoint ------------------------------------------------
+
+def read_st(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    return n, json.loads(raw[8:8 + n]), raw[8 + n:]
+
+
+def write_st(path, header_bytes, data, n=None):
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header_bytes) if n is None else n) + header_bytes + data)
+
+
+def corrupt(transform):
+    """A setup that writes bad.st: good.st's (n, header bytes, data) through `transform`."""
+    def setup(ctx):
+        n, header, data = read_st(ctx.path("good.st"))
+        with open(ctx.path("good.st"), "rb") as f:
+            raw = f.read()
+        header_bytes = raw[8:8 + n]
+        out = transform(n, header, header_bytes, bytearray(data))
+        write_st(ctx.path("bad.st"), *out)
+    return setup
+
+
+def truncated(n, header, hb, data):
+    return hb, bytes(data[:-100])
+
+
+def header_not_json(n, header, hb, data):
+    return b"{not json" + hb[9:], bytes(data)
+
+
+def length_one_short(n, header, hb, data):
+    return hb, bytes(data), n - 1
+
+
+def wrong_name(n, header, hb, data):
+    return hb.replace(b'"wte.weight"', b'"wtf.weight"', 1), bytes(data)
+
+
+def resume_bad(extra=""):
+    return lambda ctx: f"{ctx.env.bins['dp']} {MODEL} --ranks 2 --steps 4 --resume bad.st --save out.st {extra}"
+
+
+# --- token files --------------------------------------------------------------
+
+def llmc(ctx, name, magic=20240520, version=1, count=1000, body_tokens=1000):
+    header = struct.pack("<3i", magic, version, count) + bytes(1024 - 12)
+    with open(ctx.path(name), "wb") as f:
+        f.write(header + struct.pack(f"<{body_tokens}H", *([5] * body_tokens)))
+
+
+def train_on(name, extra=""):
+    return lambda ctx: f"{ctx.env.bins['dp']} {MODEL} --steps 2 --data {name} --save out.st {extra}"
+
+
+def make_fifo(ctx):
+    os.mkfifo(ctx.path("fifo"))
+
+
+# --- signals --------------------------------------------------------------------
+
+def forever(ctx, exe="dp", extra="--ranks 2", model=MODEL):
+    return (f"{ctx.env.bins[exe]} {model} --steps 1000000 --log-every 1000 --log-json log.jsonl "
+            f"--save ck.st {extra}")
+
+
+def leaves(case_command, model=MODEL):
+    """A command whose run leaves ck.st, which must then resume bit for bit."""
+    def command(ctx):
+        ctx.left_checkpoints.append((ctx.path("ck.st"), model))
+        return case_command(ctx)
+    return command
+
+
+def no_mpirun(env):
+    return "" if env.mpirun else "mpirun not found"
+
+
+def no_mount(env):
+    return "" if env.can_mount else "cannot mount a small tmpfs here (unshare -m needs CAP_SYS_ADMIN)"
+
+
+def on_tmpfs(size, script):
+    """`script` in a mount namespace where ./disk is a tmpfs of `size` bytes."""
+    def command(ctx):
+        os.makedirs(ctx.path("disk"), exist_ok=True)
+        inner = f"mount -t tmpfs -o size={size} none disk && {script(ctx)}"
+        return "unshare -m sh -c '" + inner.replace("'", "'\\''") + "'"
+    return command
+
+
+def cases(env):
+    dp = env.bins["dp"]
+    mpi = f"{env.mpirun} -np 2" if env.mpirun else "mpirun"
+    c = []
+    add = c.append
+
+    # Ranks that fail.
+    add(Case("rank", "a rank throws", "`--ranks 3 --inject-fault 1:2`",
+             lambda x: f"{dp} {MODEL} --ranks 3 --steps 20 --inject-fault 1:2 --save ck.st", (1,),
+             ["rank 1 failed"], max_seconds=20))
+    add(Case("rank", "a rank throws, mpirun", "`mpirun -np 2 dp --inject-fault 1:2`",
+             lambda x: f"{mpi} {dp} {MODEL} --steps 20 --inject-fault 1:2 --save ck.st", (1,),
+             ["rank 1 failed"], skip=no_mpirun, max_seconds=30))
+
+    # Signals.
+    add(Case("signal", "SIGINT", "Ctrl-C after 3 steps, `--ranks 2`", leaves(forever), (130,),
+             ["stopped by SIGINT"], signals=[(3, signal.SIGINT, None, 0)]))
+    add(Case("signal", "SIGTERM during saves", "`--save-every 1`, SIGTERM after 5 steps",
+             leaves(lambda x: forever(x, extra="--ranks 2 --save-every 1")), (143,), ["stopped by SIGTERM"],
+             signals=[(5, signal.SIGTERM, None, 0)]))
+    add(Case("signal", "SIGHUP, sharded stage", "zero3 `--ranks 2`, SIGHUP after 3 steps",
+             leaves(lambda x: forever(x, exe="zero3")), (129,), ["stopped by SIGHUP"],
+             signals=[(3, signal.SIGHUP, None, 0)]))
+    add(Case("signal", "second signal", "two SIGTERMs 0 steps apart, small, `--save-every 1`",
+             leaves(lambda x: forever(x, extra="--ranks 2 --save-every 1", model="--model small --batch 8"),
+                    model="--model small --batch 8"),
+             (143,), ["second signal: stopping now"],
+             signals=[(2, signal.SIGTERM, None, 0), (2, signal.SIGTERM, None, 0.02)]))
+    add(Case("signal", "kill -9 during saves", "SIGKILL after 3 steps, small, `--save-every 1`",
+             leaves(lambda x: forever(x, extra="--ranks 2 --save-every 1", model="--model small --batch 1"),
+                    model="--model small --batch 1"),
+             (137,), [], signals=[(3, signal.SIGKILL, None, 0)]))
+    add(Case("signal", "SIGUSR1 to mpirun", "`mpirun -np 2 dp`, SIGUSR1 to mpirun after 3 steps",
+             leaves(lambda x: f"{mpi} " + forever(x, extra="")), (138,), ["stopped by SIGUSR1"],
+             signals=[(3, signal.SIGUSR1, None, 0)], skip=no_mpirun))
+
+    # Disks.
+    add(Case("disk", "full disk while logging", "run log on a 4 KiB tmpfs, 200 steps",
+             leaves(on_tmpfs(4096, lambda x: f"{dp} {MODEL} --ranks 2 --quiet --steps 200 --save ck.st "
+                                             "--log-json disk/log.jsonl")), (4,),
+             ["No space left on device", "training goes on"], skip=no_mount))
+
+    def full_disk_save(x):
+        size = os.path.getsize(x.path("good.st")) * 3 // 2
+        x.left_checkpoints.append((x.path("kept.st"), MODEL))
+        return on_tmpfs(size, lambda y: f"{dp} {MODEL} --ranks 2 --quiet --steps 6 --save-every 2 --save disk/ck.st; "
+                                        "s=$?; cp disk/ck.st kept.st; exit $s")(x)
+    add(Case("disk", "full disk while saving", "room for one checkpoint, `--save-every 2`", full_disk_save, (1,),
+             ["No space left on device"], skip=no_mount))
+    add(Case("disk", "output folder missing", "`--save no/such/ck.st`",
+             lambda x: f"{dp} {MODEL} --steps 20 --save no/such/ck.st", (2,), ["--save"], max_seconds=5))
+    add(Case("disk", "output is a folder", "`--log-json .`",
+             lambda x: f"{dp} {MODEL} --steps 20 --log-json .", (2,), ["--log-json"], max_seconds=5))
+
+    # Checkpoints (--resume bad.st, made from good.st).
+    for name, how, transform, words in [
+            ("truncated", "last 100 bytes cut", truncated, ["bad.st"]),
+            ("header not JSON", "header bytes overwritten", header_not_json, ["bad.st"]),
+            ("header length one short", "the u64 length field minus 1", length_one_short, ["bad.st"]),
+            ("a tensor renamed", "`wte.weight` renamed `wtf.weight`", wrong_name, ["wte.weight"])]:
+        add(Case("checkpoint", name, how, resume_bad(), (2,), words, setup=corrupt(transform), max_seconds=5))
+    add(Case("checkpoint", "another model's", "`--model small --resume good.st`",
+             lambda x: f"{dp} --model small --batch 1 --steps 4 --resume good.st", (2,), ["shape"], max_seconds=10))
+    add(Case("checkpoint", "a model without optimizer state", "a `--save-init` file given to `--resume`",
+             lambda x: f"{dp} {MODEL} --steps 4 --resume init.st", (2,), ["--init"], max_seconds=10,
+             setup=lambda x: x.env.run_ok(f"{dp} {MODEL} --steps 0 --quiet --save-init {x.path('init.st')}")))
+    tmp_name = "good.st.tmp.1.h.0123456789abcdef"
+    add(Case("checkpoint", "a save's temporary", "`--resume good.st.tmp.<pid>.<host>.<hex>`",
+             lambda x: f"{dp} {MODEL} --steps 4 --resume {tmp_name}", (2,), ["temporary"], max_seconds=5,
+             setup=lambda x: shutil.copy(x.path("good.st"), x.path(tmp_name))))
+    add(Case("checkpoint", "nothing left to train", "`--resume good.st --steps 2`",
+             lambda x: f"{dp} {MODEL} --steps 2 --resume good.st", (2,), ["nothing left to train"], max_seconds=5))
+
+    # Token files.
+    add(Case("data", "empty file", "`--data` of 0 bytes", train_on("empty"), (2,), ["empty"],
+             setup=lambda x: open(x.path("empty"), "w").close(), max_seconds=5))
+    add(Case("data", "damaged llm.c magic", "first int32 20240521", train_on("t.bin"), (2,), ["llm.c"],
+             setup=lambda x: llmc(x, "t.bin", magic=20240521), max_seconds=5))
+    add(Case("data", "truncated llm.c file", "header says 1000 tokens, 100 there", train_on("t.bin"), (2,),
+             ["truncated"], setup=lambda x: llmc(x, "t.bin", body_tokens=100), max_seconds=5))
+    add(Case("data", "llm.c version 2", "header version 2", train_on("t.bin"), (2,), ["version"],
+             setup=lambda x: llmc(x, "t.bin", version=2), max_seconds=5))
+    add(Case("data", "a folder", "`--data .`", train_on("."), (2,), ["not a regular file"], max_seconds=5))
+    add(Case("data", "a FIFO with no writer", "`--data fifo`", train_on("fifo"), (2,), ["FIFO"],
+             setup=make_fifo, max_seconds=5))
+    add(Case("data", "a device", "`--data /dev/zero`", train_on("/dev/zero"), (2,), ["not a regular file"],
+             max_seconds=5))
+    add(Case("data", "missing", "`--data no-such-file`", train_on("no-such-file"), (2,), ["does not exist"],
+             max_seconds=5))
+
+    # Outputs that are inputs (by any name), or each other.
+    add(Case("collision", "log over the checkpoint", "`--resume good.st --log-json good.st`",
+             lambda x: f"{dp} {MODEL} --steps 4 --resume good.st --log-json good.st", (2,), ["--log-json", "--resume"],
+             max_seconds=5))
+    add(Case("collision", "checkpoint over the data", "`--data tokens.txt --save ./tokens.txt`",
+             lambda x: f"{dp} {MODEL} --steps 2 --data tokens.txt --save ./tokens.txt", (2,), ["--save", "--data"],
+             max_seconds=5))
+    add(Case("collision", "through a symlink", "`--save link.st`, link.st -> good.st, `--resume good.st`",
+             lambda x: f"{dp} {MODEL} --steps 4 --resume good.st --save link.st", (2,), ["--save", "--resume"],
+             setup=lambda x: os.symlink("good.st", x.path("link.st")), max_seconds=5))
+    add(Case("collision", "through a hard link", "`--init hard.st --save-init good.st`, hard.st = good.st",
+             lambda x: f"{dp} {MODEL} --steps 2 --init hard.st --save-init good.st", (2,), ["--save-init", "--init"],
+             setup=lambda x: os.link(x.path("good.st"), x.path("hard.st")), max_seconds=5))
+    add(Case("collision", "two outputs", "`--save out --log-json out`",
+             lambda x: f"{dp} {MODEL} --steps 2 --save out --log-json out", (2,), ["--save", "--log-json"],
+             max_seconds=5))
+
+    # Flags.
+    for flags, words in [("--ranks 0", ["--ranks"]), ("--seed -1", ["--seed"]), ("--device-mem 1.5", ["--device-mem"]),
+                         ("--inject-fault 9:1", ["--inject-fault"]), ("--data ''", ["--data"]),
+                         ("--steps many", ["--steps"]), ("--lr -1", ["--lr"])]:
+        add(Case("flags", f"`{flags}`", "on the command line",
+                 lambda x, f=flags: f"{dp} {MODEL} --steps 2 {f}", (2,), words, max_seconds=5))
+    return c
