@@ -10,7 +10,9 @@
 // hanging the suite. The MPI forms live in frame/test_launch_mpi.cpp.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -120,6 +122,7 @@ TEST(CommTimeout, ThreadsBackendNamesTheMissingRank) {
   auto comms = make_thread_communicators(3, 0.3);
   std::vector<std::string> errors(3);
   std::vector<std::thread> ts;
+  std::atomic<int> finished{0};
   const auto t0 = std::chrono::steady_clock::now();
   for (int r : {0, 2})
     ts.emplace_back([&, r] {
@@ -129,7 +132,16 @@ TEST(CommTimeout, ThreadsBackendNamesTheMissingRank) {
       } catch (const Error& e) {
         errors[r] = e.what();
       }
+      finished++;
     });
+  // A hang is the bug: abort the test binary rather than wait for ever.
+  while (finished.load() < 2) {
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(20)) {
+      std::fprintf(stderr, "the threads backend's all_reduce hung for 20 s: aborting the test binary\n");
+      std::abort();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   for (auto& t : ts) t.join();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_GE(seconds, 0.3);
