@@ -61,6 +61,16 @@
 
 namespace zf {
 
+#if defined(ZF_HAVE_NCCL)
+// --comm-timeout bounds NCCL's collectives too. Its set-up keeps at least
+// ZF_NCCL_TIMEOUT_S (default 600 s): a timeout short enough to catch a
+// stalled peer quickly must not cut NCCL's start-up short.
+static NcclOptions nccl_options(double comm_timeout_s) {
+  if (comm_timeout_s <= 0) return {};
+  return NcclOptions{comm_timeout_s, std::max(comm_timeout_s, nccl_timeout_from_env())};
+}
+#endif
+
 // Communicators for GPU ranks that are threads of this process: NCCL when
 // every rank has a GPU of its own, else the threads backend on device
 // buffers (virtual ranks sharing a GPU, for a one-GPU user).
@@ -72,7 +82,7 @@ static std::vector<std::unique_ptr<Communicator>> make_gpu_thread_communicators(
   if (N > 1 && cuda_device_count() >= N) {
     std::vector<int> ordinals;
     for (auto& d : devices) ordinals.push_back(d->ordinal());
-    for (auto& c : NcclCommunicator::create_group(ordinals, NcclOptions{timeout_s, 0}))
+    for (auto& c : NcclCommunicator::create_group(ordinals, nccl_options(timeout_s)))
       comms.push_back(std::move(c));
     for (int r = 0; r < N; r++)
       static_cast<NcclCommunicator&>(*comms[r]).set_compute_stream(
@@ -99,7 +109,7 @@ static std::unique_ptr<Communicator> make_nccl_over_mpi(Communicator& mpi, Devic
   static_assert(sizeof(id) % 8 == 0, "ncclUniqueId is broadcast as 64-bit words");
   mpi.broadcast(&id, sizeof(id) / 8, DType::i64, 0);
   auto nccl = NcclCommunicator::create(id, mpi.rank(), mpi.size(), dev.ordinal(),
-                                       NcclOptions{timeout_s, 0});
+                                       nccl_options(timeout_s));
   nccl->set_compute_stream(static_cast<cudaStream_t>(dev.native_stream()));
   return nccl;
 #else
@@ -336,7 +346,7 @@ void run_env_process_rank(const LaunchOptions& opt, const World& world,
   mem.set_device(dev.get());
   std::unique_ptr<NcclCommunicator> comm =
       NcclCommunicator::create_from_file(world.rendezvous, r, N, dev->ordinal(),
-                                         NcclOptions{opt.comm_timeout_s, 0});
+                                         nccl_options(opt.comm_timeout_s));
   comm->set_compute_stream(static_cast<cudaStream_t>(dev->native_stream()));
   try {
     RankContext ctx{r, N, *comm, mem, *dev};
