@@ -16,6 +16,8 @@
 // logs compare against the formulas of docs/SPEC.md.
 #include "comm.h"
 
+#include <sstream>
+
 #include "comm_state.h"
 
 namespace zf {
@@ -49,6 +51,28 @@ double CommStats::total_bytes() const {
   double sum = 0;
   for (double b : bytes) sum += b;
   return sum;
+}
+
+std::string rank_names(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); i++) {
+    if (i > 0) s += i + 1 == ranks.size() ? " and " : ", ";
+    s += std::to_string(ranks[i]);
+  }
+  return s;
+}
+
+std::string comm_timeout_message(int rank, const std::string& collective, uint64_t seq, int step,
+                                 double timeout_s, const std::string& who) {
+  std::ostringstream s;
+  s << "[rank " << rank << "] " << collective << " (collective #" << seq << " on this communicator";
+  if (step >= 0) s << ", step " << step;
+  s << ") timed out after " << timeout_s << " s: " << who
+    << ". A rank is stuck or much slower than the others (a deadlock, a hung device, a stopped "
+       "process); if it is only slow, raise the timeout with --comm-timeout SECONDS or "
+       "ZF_COMM_TIMEOUT_S (default "
+    << kDefaultCommTimeoutS << " s)";
+  return s.str();
 }
 
 std::unique_ptr<Communicator> Communicator::split(int /*color*/, int /*key*/) {

@@ -49,6 +49,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "check.h"
 #include "dtype.h"
@@ -64,6 +65,32 @@ const char* collective_name(CollectiveKind k);
 struct CommAborted : Error {
   using Error::Error;
 };
+
+// Raised by the rank whose collective waited longer than the timeout (its
+// message is comm_timeout_message's); the other ranks then raise CommAborted
+// carrying it.
+struct CommTimeout : Error {
+  using Error::Error;
+};
+
+// The collective timeout (--comm-timeout, ZF_COMM_TIMEOUT_S): how long a rank
+// of the threads and mpi backends waits for the others in one wait of a
+// collective (its header exchange or barrier, a transfer) before it gives up
+// and the job is aborted. A timeout of 0 given to a backend means this.
+constexpr double kDefaultCommTimeoutS = 600;
+inline double comm_timeout_or_default(double timeout_s) {
+  return timeout_s > 0 ? timeout_s : kDefaultCommTimeoutS;
+}
+
+// "rank 1", "ranks 1 and 3", "ranks 0, 2 and 5".
+std::string rank_names(const std::vector<int>& ranks);
+
+// The one message of a timed-out collective, the same on every backend:
+//   [rank 0] all_reduce(count 8, f32, sum) (collective #57 on this communicator,
+//   step 2) timed out after 2 s: <who>. <what to do>
+// `who` says which ranks have not arrived; step < 0 when unknown.
+std::string comm_timeout_message(int rank, const std::string& collective, uint64_t seq, int step,
+                                 double timeout_s, const std::string& who);
 
 // Ring-model bytes a rank sends for one collective of `bytes` (the full
 // buffer: for reduce_scatter the input, for all_gather the output).

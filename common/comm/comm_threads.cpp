@@ -47,6 +47,10 @@
 // hanging. A rank whose transport fails (a CUDA error; host copies cannot
 // fail) marks the group aborted before raising its error, so the other
 // ranks raise CommAborted instead of waiting for it at the next barrier.
+// A rank that never comes (stuck in its own code, or far slower) makes the
+// others' barrier time out (the family's timeout, --comm-timeout): the first
+// to time out fails the group with a message naming the collective and the
+// ranks that have not arrived, and every other rank raises CommAborted.
 //
 // Waits use a mutex and condition variables, never spinning: a laptop (or a
 // 2-core CI machine) runs N rank threads plus N communication threads.
@@ -214,11 +218,13 @@ class ThreadCommunicator : public Communicator {
       std::lock_guard<std::mutex> lock(stats_mu_);
       stats_.add(p.kind, ring_bytes(p.kind, full_bytes, size()));
     }
+    p.step = current_step();
     {
       std::lock_guard<std::mutex> lock(q_mu_);
       p.seq = issued_++;
       queue_.push_back(Op{p, state, Clock::now(), ticket});
     }
+    group_->note_issued(rank_, p.seq + 1);
     q_cv_.notify_one();
     return CommHandle(state);
   }
@@ -252,9 +258,18 @@ class ThreadCommunicator : public Communicator {
         // Not done with this rank's buffers until every peer's thread is out
         // of the collective. The group is marked failed first (if it is not
         // already), so that a peer waiting at a barrier for this rank raises
-        // and leaves instead of waiting for ever.
-        group_->fail("rank " + std::to_string(rank_) + ": " + describe(op.post) + " failed: " +
-                     describe_error(error));
+        // and leaves instead of waiting for ever. A timeout's message already
+        // names this rank and the collective.
+        bool timed_out = false;
+        try {
+          std::rethrow_exception(error);
+        } catch (const CommTimeout&) {
+          timed_out = true;
+        } catch (...) {
+        }
+        group_->fail(timed_out ? describe_error(error)
+                               : "rank " + std::to_string(rank_) + ": " + describe(op.post) +
+                                     " failed: " + describe_error(error));
         group_->wait_idle();
       }
       const double seconds = std::chrono::duration<double>(Clock::now() - op.issued_at).count();
@@ -422,10 +437,10 @@ class ThreadCommunicator : public Communicator {
 }  // namespace
 
 std::vector<std::unique_ptr<Communicator>> make_thread_communicators_with(
-    std::vector<std::unique_ptr<ThreadTransport>> transports) {
+    std::vector<std::unique_ptr<ThreadTransport>> transports, double timeout_s) {
   const int nranks = int(transports.size());
   REQUIRE(nranks >= 1, "make_thread_communicators: need at least one rank, got " << nranks);
-  auto group = ThreadGroup::create(nranks);
+  auto group = ThreadGroup::create(nranks, nullptr, timeout_s);
   std::vector<std::unique_ptr<Communicator>> comms;
   comms.reserve(nranks);
   for (int r = 0; r < nranks; r++)
@@ -433,11 +448,11 @@ std::vector<std::unique_ptr<Communicator>> make_thread_communicators_with(
   return comms;
 }
 
-std::vector<std::unique_ptr<Communicator>> make_thread_communicators(int nranks) {
+std::vector<std::unique_ptr<Communicator>> make_thread_communicators(int nranks, double timeout_s) {
   REQUIRE(nranks >= 1, "make_thread_communicators: need at least one rank, got " << nranks);
   std::vector<std::unique_ptr<ThreadTransport>> transports;
   for (int r = 0; r < nranks; r++) transports.push_back(std::make_unique<HostTransport>());
-  return make_thread_communicators_with(std::move(transports));
+  return make_thread_communicators_with(std::move(transports), timeout_s);
 }
 
 ThreadTransport* thread_transport(Communicator& comm) {

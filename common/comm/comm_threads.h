@@ -18,7 +18,10 @@
 
 namespace zf {
 
-// Makes the N communicators of one group; communicator r is rank r's.
-std::vector<std::unique_ptr<Communicator>> make_thread_communicators(int nranks);
+// Makes the N communicators of one group; communicator r is rank r's. A
+// rank waits at most timeout_s (0: kDefaultCommTimeoutS) for the others in
+// one barrier of a collective; then the group fails, naming the ranks that
+// did not arrive (comm_threads.cpp).
+std::vector<std::unique_ptr<Communicator>> make_thread_communicators(int nranks, double timeout_s = 0);
 
 }  // namespace zf

@@ -1,14 +1,17 @@
-// check.cpp: the rank tag and the throwing half of REQUIRE.
+// check.cpp: the rank and step tags and the throwing half of REQUIRE.
 #include "check.h"
 
 namespace zf {
 
 namespace {
 thread_local int tls_rank = -1;
+thread_local int tls_step = -1;
 }
 
 int current_rank() { return tls_rank; }
 void set_current_rank(int rank) { tls_rank = rank; }
+int current_step() { return tls_step; }
+void set_current_step(int step) { tls_step = step; }
 
 void fail_at(const char* file, int line, const std::string& msg) {
   std::ostringstream s;

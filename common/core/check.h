@@ -28,6 +28,10 @@ struct UsageError : Error {
 // that every message can say which rank it came from.
 int current_rank();
 void set_current_rank(int rank);
+// The training step the calling rank thread is in (-1 before the first, or
+// outside a rank), so that a collective's timeout can say which step it was.
+int current_step();
+void set_current_step(int step);
 
 [[noreturn]] void fail_at(const char* file, int line, const std::string& msg);
 

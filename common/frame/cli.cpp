@@ -3,6 +3,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
 #include <vector>
@@ -68,6 +70,20 @@ uint64_t parse_u64(const char* flag, const std::string& text) {
   return v;
 }
 
+// A number of seconds for the collective timeout, from --comm-timeout or
+// ZF_COMM_TIMEOUT_S (`what` names which): positive, finite, at most ten
+// million (about four months; beyond that the clocks' arithmetic overflows).
+double parse_comm_timeout(const std::string& what, const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const double s = text.empty() ? 0.0 : std::strtod(text.c_str(), &end);
+  USAGE_REQUIRE(!text.empty() && errno == 0 && *end == '\0' && std::isfinite(s) && s > 0 && s <= 1e7,
+                what << " must be a number of seconds above 0 and at most 1e7 (got '" << text
+                     << "'): how long a rank waits for the others in one collective before the "
+                        "job is aborted");
+  return s;
+}
+
 // Input files must be regular files, checked by stat before anything opens
 // them: opening a FIFO with no writer blocks forever, and a device such as
 // /dev/zero never ends. A path that does not exist is left to its reader,
@@ -111,7 +127,7 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   // are refused (an unset shell variable, say), never silently dropped.
   std::vector<CLI::Option*> path_options;
   std::string model = "small", precision = "fp32", compute = "auto", attention = "simple", recompute = "none",
-              device_mem, fault, seed = std::to_string(cfg.seed);
+              device_mem, fault, comm_timeout, seed = std::to_string(cfg.seed);
   app.add_option("--ranks", cfg.ranks,
                  "ranks, as threads of this process, 1 to 1024; more than 4 per core only with "
                  "ZF_OVERSUBSCRIBE=1 in the environment (ignored under mpirun/srun or RANK/WORLD_SIZE, "
@@ -164,15 +180,23 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   app.add_flag("--quiet", cfg.quiet,
                "print nothing on stdout (no header, step lines or tables); errors, warnings and notes still go "
                "to stderr, and --log-json still gets every step and the summary");
+  CLI::Option* comm_timeout_option = app.add_option(
+      "--comm-timeout", comm_timeout,
+      "SECONDS a rank waits for the others in one collective (or barrier) before the job is "
+      "aborted with a message naming the collective and the ranks that did not arrive; default "
+      "ZF_COMM_TIMEOUT_S, else 600. Also bounds NCCL's waits (else ZF_NCCL_TIMEOUT_S)");
   app.footer(
       "Several processes, one rank each: under mpirun or srun --mpi=pmix (a build with MPI), or,\n"
       "for --device cuda only, without MPI: set in every process RANK (0..N-1), WORLD_SIZE (N),\n"
       "LOCAL_RANK (its GPU is LOCAL_RANK % GPUs; default RANK) and ZF_RENDEZVOUS=FILE, a path every\n"
       "process sees, used by no other run at once: rank 0 passes NCCL's id through it. srun\n"
       "without an MPI plugin works the same way (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID).\n"
-      "Processes sharing a GPU get an NCCL_HOSTID each (correctness only). ZF_NCCL_TIMEOUT_S\n"
-      "(default 600) bounds every wait for the other ranks.");
-  app.add_option("--inject-fault", fault, "RANK:STEP: that rank throws during that step (tests, demos)")
+      "Processes sharing a GPU get an NCCL_HOSTID each (correctness only). --comm-timeout, else\n"
+      "ZF_COMM_TIMEOUT_S (default 600 s), bounds every wait for the other ranks (NCCL's too;\n"
+      "NCCL alone: ZF_NCCL_TIMEOUT_S when neither is given).");
+  app.add_option("--inject-fault", fault,
+                 "RANK:STEP: that rank throws during that step; RANK:STEP:stall: it stops there for "
+                 "good, and the others' collectives time out (tests, demos)")
       ->group("");
 
   // Stage 04's flags: in its --help; every other stage parses them hidden,
@@ -333,17 +357,29 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
       throw UsageError("--device-mem: " + std::string(e.what()));
     }
   }
+  if (comm_timeout_option->count() > 0) {
+    cfg.comm_timeout_s = parse_comm_timeout("--comm-timeout", comm_timeout);
+  } else if (const char* env = std::getenv("ZF_COMM_TIMEOUT_S"); env && *env) {
+    cfg.comm_timeout_s = parse_comm_timeout("ZF_COMM_TIMEOUT_S", env);
+  }
   if (!fault.empty()) {
-    auto colon = fault.find(':');
-    USAGE_REQUIRE(colon != std::string::npos, "--inject-fault wants RANK:STEP (got '" << fault << "')");
+    const std::string how = "--inject-fault wants RANK:STEP or RANK:STEP:stall (got '" + fault + "')";
+    std::string spec = fault;
+    const size_t last = spec.rfind(':');
+    if (last != std::string::npos && spec.substr(last + 1) == "stall") {
+      cfg.fault_stall = true;
+      spec = spec.substr(0, last);
+    }
+    auto colon = spec.find(':');
+    USAGE_REQUIRE(colon != std::string::npos, how);
     try {
       size_t used_rank = 0, used_step = 0;
-      const std::string rank = fault.substr(0, colon), step = fault.substr(colon + 1);
+      const std::string rank = spec.substr(0, colon), step = spec.substr(colon + 1);
       cfg.fault_rank = std::stoi(rank, &used_rank);
       cfg.fault_step = std::stoi(step, &used_step);
       if (used_rank != rank.size() || used_step != step.size()) throw std::invalid_argument(fault);
     } catch (const std::exception&) {
-      throw UsageError("--inject-fault wants RANK:STEP with two integers (got '" + fault + "')");
+      throw UsageError(how + ": RANK and STEP are integers");
     }
     USAGE_REQUIRE(cfg.fault_rank >= 0 && cfg.fault_step >= 0,
                   "--inject-fault wants a rank and a step of 0 or more (got '" << fault << "')");

@@ -31,12 +31,15 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -58,18 +61,29 @@
 
 namespace zf {
 
+#if defined(ZF_HAVE_NCCL)
+// --comm-timeout bounds NCCL's collectives too. Its set-up keeps at least
+// ZF_NCCL_TIMEOUT_S (default 600 s): a timeout short enough to catch a
+// stalled peer quickly must not cut NCCL's start-up short.
+static NcclOptions nccl_options(double comm_timeout_s) {
+  if (comm_timeout_s <= 0) return {};
+  return NcclOptions{comm_timeout_s, std::max(comm_timeout_s, nccl_timeout_from_env())};
+}
+#endif
+
 // Communicators for GPU ranks that are threads of this process: NCCL when
 // every rank has a GPU of its own, else the threads backend on device
 // buffers (virtual ranks sharing a GPU, for a one-GPU user).
 static std::vector<std::unique_ptr<Communicator>> make_gpu_thread_communicators(
-    std::vector<std::unique_ptr<Device>>& devices) {
+    std::vector<std::unique_ptr<Device>>& devices, [[maybe_unused]] double timeout_s) {
   [[maybe_unused]] const int N = int(devices.size());  // unused without NCCL
   std::vector<std::unique_ptr<Communicator>> comms;
 #if defined(ZF_HAVE_NCCL)
   if (N > 1 && cuda_device_count() >= N) {
     std::vector<int> ordinals;
     for (auto& d : devices) ordinals.push_back(d->ordinal());
-    for (auto& c : NcclCommunicator::create_group(ordinals)) comms.push_back(std::move(c));
+    for (auto& c : NcclCommunicator::create_group(ordinals, nccl_options(timeout_s)))
+      comms.push_back(std::move(c));
     for (int r = 0; r < N; r++)
       static_cast<NcclCommunicator&>(*comms[r]).set_compute_stream(
           static_cast<cudaStream_t>(devices[r]->native_stream()));
@@ -87,13 +101,15 @@ static std::vector<std::unique_ptr<Communicator>> make_gpu_thread_communicators(
 
 #if defined(ZF_HAVE_MPI)
 // One GPU rank per process: rank 0 makes NCCL's id, MPI broadcasts it.
-static std::unique_ptr<Communicator> make_nccl_over_mpi(Communicator& mpi, Device& dev) {
+static std::unique_ptr<Communicator> make_nccl_over_mpi(Communicator& mpi, Device& dev,
+                                                        [[maybe_unused]] double timeout_s) {
 #if defined(ZF_HAVE_NCCL)
   ncclUniqueId id{};
   if (mpi.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
   static_assert(sizeof(id) % 8 == 0, "ncclUniqueId is broadcast as 64-bit words");
   mpi.broadcast(&id, sizeof(id) / 8, DType::i64, 0);
-  auto nccl = NcclCommunicator::create(id, mpi.rank(), mpi.size(), dev.ordinal());
+  auto nccl = NcclCommunicator::create(id, mpi.rank(), mpi.size(), dev.ordinal(),
+                                       nccl_options(timeout_s));
   nccl->set_compute_stream(static_cast<cudaStream_t>(dev.native_stream()));
   return nccl;
 #else
@@ -181,6 +197,47 @@ void describe_exception(std::exception_ptr e, std::string& what, bool& aborted) 
   throw Error(msg);
 }
 
+// Joins the rank threads. Once a rank has failed (the group is aborted, so
+// every rank still in a collective raises), the others get `grace` seconds
+// to return; one that has not by then is stuck outside any collective (a
+// deadlock, an endless loop: the rank that made the others' collectives
+// time out). It cannot be stopped, so it is detached and left behind, and
+// the returned text (for the error) names it: the process should exit. Its
+// thread must then never return: it uses this frame's state.
+std::string join_rank_threads(std::vector<std::thread>& threads, std::mutex& mu,
+                              std::condition_variable& done_cv, const std::vector<Failure>& failures,
+                              const std::vector<char>& returned, double grace) {
+  const size_t started = threads.size();
+  auto all_returned = [&] {
+    return size_t(std::count(returned.begin(), returned.begin() + long(started), char(1))) == started;
+  };
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    done_cv.wait(lock, [&] { return all_returned() || !failures.empty(); });
+    done_cv.wait_for(lock, std::chrono::duration<double>(grace), all_returned);
+  }
+  std::vector<int> stuck;
+  for (size_t r = 0; r < started; r++) {
+    bool back;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      back = returned[r] != 0;
+    }
+    if (back) {
+      threads[r].join();
+    } else {
+      stuck.push_back(int(r));
+      threads[r].detach();
+    }
+  }
+  if (stuck.empty()) return "";
+  std::ostringstream s;
+  s << " (" << rank_names(stuck) << (stuck.size() == 1 ? " has" : " have") << " still not returned "
+    << grace << " s after the others were stopped, and " << (stuck.size() == 1 ? "is" : "are")
+    << " left behind)";
+  return s.str();
+}
+
 #if defined(ZF_HAVE_NCCL)
 // This machine's name, for NCCL_HOSTID.
 std::string host_name() {
@@ -225,7 +282,7 @@ void run_mpi_process_rank(const LaunchOptions& opt, const World& world,
   // The processes on this host share its cores, as rank threads do.
   blas_set_threads(std::max(1, hardware_cores() / std::max(1, mpi_local_size())));
   const int local_rank = mpi_local_rank();
-  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  std::unique_ptr<Communicator> comm = make_mpi_communicator(opt.comm_timeout_s);
   // Outside the try, so that a failure can abort NCCL below: left to its
   // destructor, a failed rank would close it cleanly, and a clean close may
   // wait for the other ranks (newer NCCL versions do), who are stuck in a
@@ -241,11 +298,11 @@ void run_mpi_process_rank(const LaunchOptions& opt, const World& world,
 #if defined(ZF_HAVE_NCCL)
     if (dev->is_cuda()) share_gpu_if_needed(r, local_rank, mpi_local_size());  // before any NCCL call
 #endif
-    nccl = dev->is_cuda() ? make_nccl_over_mpi(*comm, *dev) : nullptr;
+    nccl = dev->is_cuda() ? make_nccl_over_mpi(*comm, *dev, opt.comm_timeout_s) : nullptr;
     // The stop vote's channel (rank.h): a communicator of its own. None on
     // a GPU: signals stop at a step boundary on the CPU device only, until
     // the GPU path has been run (docs/GPU.md).
-    if (!dev->is_cuda()) control = make_mpi_communicator();
+    if (!dev->is_cuda()) control = make_mpi_communicator(opt.comm_timeout_s);
     RankContext ctx{r, N, nccl ? *nccl : *comm, mem, *dev, control.get()};
     fn(ctx);
   } catch (...) {
@@ -293,7 +350,8 @@ void run_env_process_rank(const LaunchOptions& opt, const World& world,
   MemoryTracker mem(r, opt.device_budget);
   mem.set_device(dev.get());
   std::unique_ptr<NcclCommunicator> comm =
-      NcclCommunicator::create_from_file(world.rendezvous, r, N, dev->ordinal());
+      NcclCommunicator::create_from_file(world.rendezvous, r, N, dev->ordinal(),
+                                         nccl_options(opt.comm_timeout_s));
   comm->set_compute_stream(static_cast<cudaStream_t>(dev->native_stream()));
   try {
     RankContext ctx{r, N, *comm, mem, *dev};
@@ -429,16 +487,20 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
   // docs/GPU.md).
   std::vector<std::unique_ptr<Communicator>> comms, controls;
   try {
-    comms = opt.device == "cuda" ? make_gpu_thread_communicators(gpu_devices) : make_thread_communicators(N);
-    if (opt.device != "cuda") controls = make_thread_communicators(N);
+    comms = opt.device == "cuda" ? make_gpu_thread_communicators(gpu_devices, opt.comm_timeout_s)
+                                 : make_thread_communicators(N, opt.comm_timeout_s);
+    if (opt.device != "cuda") controls = make_thread_communicators(N, opt.comm_timeout_s);
   } catch (const std::system_error& e) {
     throw Error("could not make the communicators of the " + std::to_string(N) +
                 " ranks (each has a thread; the system could not make another: " + e.what() +
                 "); ask for fewer --ranks, or raise the limits on threads and memory (ulimit -u, ulimit -v)");
   }
 
+  // Guards failures and returned; done_cv tells run_ranks a rank returned.
   std::mutex failures_mu;
+  std::condition_variable done_cv;
   std::vector<Failure> failures;  // in the order they happened
+  std::vector<char> returned(size_t(N), 0);
 
   auto rank_main = [&](int r) {
     set_current_rank(r);
@@ -471,6 +533,12 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
     control.reset();
     comm.reset();
     set_current_rank(-1);
+    set_current_step(-1);
+    {
+      std::lock_guard<std::mutex> lock(failures_mu);
+      returned[size_t(r)] = 1;
+    }
+    done_cv.notify_all();
   };
 
   // Starting the threads can fail part-way (the process's thread or memory
@@ -491,7 +559,8 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
     comms[started]->abort(start_failure);
     if (!controls.empty()) controls[started]->abort(start_failure);
   }
-  for (auto& t : threads) t.join();
+  const std::string stuck = join_rank_threads(threads, failures_mu, done_cv, failures, returned,
+                                              comm_timeout_or_default(opt.comm_timeout_s));
   if (!start_failure.empty()) throw Error(start_failure);
 
   if (failures.empty()) return;
@@ -500,7 +569,7 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
   auto first = std::find_if(failures.begin(), failures.end(),
                             [](const Failure& f) { return !f.aborted; });
   if (first == failures.end()) first = failures.begin();
-  throw_rank_failure(first->rank, first->error, first->what);
+  throw_rank_failure(first->rank, first->error, first->what + stuck);
 }
 
 }  // namespace zf

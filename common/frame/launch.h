@@ -6,7 +6,10 @@
 //             ThreadGroup (the default: no setup at all). If any rank throws,
 //             the group is aborted (every other rank's collectives raise
 //             CommAborted instead of waiting forever) and run_ranks throws one
-//             Error naming the rank that failed first and its message.
+//             Error naming the rank that failed first and its message. A rank
+//             thread that still has not returned --comm-timeout seconds after
+//             the group was aborted (it is stuck) is left behind, named in the
+//             error: the process is expected to exit.
 //   MPI       under a launcher that started more than one process with MPI
 //             (mpirun, srun --mpi=pmix, an MPICH-style launcher), each process
 //             runs exactly one rank, with the `mpi` Communicator (or NCCL for
@@ -50,6 +53,9 @@ struct LaunchOptions {
   int ranks = 1;
   std::optional<size_t> device_budget;  // bytes per rank on the device place
   std::string device = "cpu";           // "cpu" (simulated) or "cuda" (GPU rank % count)
+  // How long a rank waits for the others in a collective (--comm-timeout),
+  // then the job is aborted; 0: kDefaultCommTimeoutS (NCCL: ZF_NCCL_TIMEOUT_S).
+  double comm_timeout_s = 0;
 };
 
 // How the environment is read: std::getenv, or a map in tests.

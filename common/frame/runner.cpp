@@ -75,6 +75,7 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   opt.ranks = world.size;
   opt.device_budget = cfg.device_mem;
   opt.device = cfg.device;
+  opt.comm_timeout_s = cfg.comm_timeout_s;
   // --trace: every rank's schedule, against one clock for the process (trace.h).
   const auto origin = std::chrono::steady_clock::now();
   std::vector<std::string> trace_events(size_t(world.size));

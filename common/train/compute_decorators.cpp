@@ -1,7 +1,9 @@
-// compute_decorators.cpp: the injected fault and the recorded compute events.
+// compute_decorators.cpp: the injected fault (or stall) and the recorded compute events.
 #include "compute_decorators.h"
 
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include "check.h"
 #include "comm_recording.h"
@@ -12,8 +14,8 @@ namespace {
 
 class FaultyCompute final : public RankCompute {
  public:
-  FaultyCompute(std::unique_ptr<RankCompute> inner, int rank, int step, int head_unit)
-      : in_(std::move(inner)), rank_(rank), fault_step_(step), head_(head_unit) {}
+  FaultyCompute(std::unique_ptr<RankCompute> inner, int rank, int step, bool stall, int head_unit)
+      : in_(std::move(inner)), rank_(rank), fault_step_(step), stall_(stall), head_(head_unit) {}
   void load(int step, int micro) override {
     step_ = step;
     in_->load(step, micro);
@@ -21,14 +23,20 @@ class FaultyCompute final : public RankCompute {
   void forward(int u, const void* params, float* loss) override { in_->forward(u, params, loss); }
   void backward(int u, const void* params, void* grads) override {
     in_->backward(u, params, grads);
-    if (u == head_ && step_ == fault_step_)
-      throw Error("injected fault (--inject-fault " + std::to_string(rank_) + ":" + std::to_string(step_) +
-                  ") in the middle of step " + std::to_string(step_));
+    if (u != head_ || step_ != fault_step_) return;
+    // A rank stuck outside any collective (a deadlock, an endless loop): it
+    // never comes back, so the others' next collective times out.
+    if (stall_)
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    throw Error("injected fault (--inject-fault " + std::to_string(rank_) + ":" + std::to_string(step_) +
+                ") in the middle of step " + std::to_string(step_));
   }
 
  private:
   std::unique_ptr<RankCompute> in_;
-  int rank_, fault_step_, head_;
+  int rank_, fault_step_;
+  bool stall_;
+  int head_;
   int step_ = -1;
 };
 
@@ -65,7 +73,8 @@ class RecordedCompute final : public RankCompute {
 std::unique_ptr<RankCompute> maybe_faulty(std::unique_ptr<RankCompute> inner, const TrainConfig& cfg,
                                           const ModelLayout& layout, int rank) {
   if (rank != cfg.fault_rank || cfg.fault_step < 0) return inner;
-  return std::make_unique<FaultyCompute>(std::move(inner), rank, cfg.fault_step, layout.head_unit());
+  return std::make_unique<FaultyCompute>(std::move(inner), rank, cfg.fault_step, cfg.fault_stall,
+                                         layout.head_unit());
 }
 
 std::unique_ptr<RankCompute> maybe_recorded(std::unique_ptr<RankCompute> inner, Communicator& comm) {

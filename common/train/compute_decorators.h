@@ -5,7 +5,9 @@
 //                   right after the head's backward (the first unit of the
 //                   backward), while the other ranks go on into the step's
 //                   collectives: the tests' way to show that a failing rank
-//                   stops the others instead of leaving them waiting
+//                   stops the others instead of leaving them waiting;
+//                   --inject-fault R:S:stall: rank R stops there for good
+//                   instead, and the others' collectives time out
 //   maybe_recorded  a schedule test's recorder (comm_recording.h) as the
 //                   rank's communicator: each load, and each unit's forward
 //                   and backward, begin and end, go into its log beside the

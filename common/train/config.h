@@ -67,9 +67,15 @@ struct TrainConfig {
   int log_every = 10;             // human log: one line every this many steps
   bool quiet = false;             // no human log (tests)
   // Fault injection for tests and demos: rank `fault_rank` throws in the
-  // middle of step `fault_step` (after its first unit's backward).
+  // middle of step `fault_step` (after its first unit's backward), or, with
+  // fault_stall, stops there for good (the others' collectives time out).
   int fault_rank = -1;
   int fault_step = -1;
+  bool fault_stall = false;
+  // --comm-timeout, else ZF_COMM_TIMEOUT_S: how long a rank waits for the
+  // others in a collective before the job is aborted (0: neither given, the
+  // backend's default, kDefaultCommTimeoutS; NCCL's ZF_NCCL_TIMEOUT_S).
+  double comm_timeout_s = 0;
   FsdpOptions fsdp;               // stage 04's flags (defaults elsewhere)
   OffloadOptions offload;         // stage 05's
 

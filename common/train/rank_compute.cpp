@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "check.h"
 #include "compute_decorators.h"
 #include "precision.h"
 #include "tensor.h"
@@ -24,6 +25,7 @@ class ModelCompute final : public RankCompute {
         host_inputs_(size_t(cfg.batch) * cfg.model.T), host_targets_(size_t(cfg.batch) * cfg.model.T) {}
 
   void load(int step, int micro) override {
+    set_current_step(step);  // named by a collective's timeout message
     // The sampler writes host memory; the tokens then go to the device.
     sampler_.micro_batch(step, micro, ctx_.rank, ctx_.world, cfg_.batch, cfg_.grad_accum, host_inputs_.data(),
                          host_targets_.data());

@@ -184,3 +184,42 @@ TEST(MpiLaunch, FailingRankEndsTheJobNamingIt) {
       << r.output;
   EXPECT_LT(seconds, 20.0) << r.output;
 }
+
+// A rank that stalls (stuck outside MPI, never failing) or whose process is
+// stopped: the others' collective times out after --comm-timeout, and the
+// job ends (MPI_Abort) within seconds, non-zero, with a message naming the
+// collective; for the stall, also the rank whose header never came.
+TEST(MpiLaunch, StalledRankTimesOutAndEndsTheJob) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = test::run_command("timeout 60 " + mpirun(3) + test::dp_binary() +
+                                   " --model tiny --steps 5 --batch 1 --quiet --inject-fault 1:2:stall "
+                                   "--comm-timeout 3");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "mpirun hung until the timeout:\n" << r.output;
+  for (const char* w : {"timed out after 3 s", "rank 1 has not reached it", "all_reduce(count ", "step 2",
+                        "--comm-timeout", "MPI_Abort"})
+    EXPECT_NE(r.output.find(w), std::string::npos) << "'" << w << "' missing:\n" << r.output;
+  EXPECT_LT(seconds, 20.0) << r.output;  // 3 s, then MPI_Abort; start-up on a loaded machine
+}
+
+TEST(MpiLaunch, StoppedProcessTimesOutAndEndsTheJob) {
+  // One rank's process (the second dp process under this mpirun) is stopped
+  // with SIGSTOP once training runs; ZF_COMM_TIMEOUT_S sets the timeout here.
+  const std::string run = "ZF_COMM_TIMEOUT_S=3 timeout 60 " + mpirun(3) + test::dp_binary() +
+                          " --model tiny --steps 100000 --batch 1 --quiet";
+  const std::string script =
+      "desc() { for c in $(pgrep -P $1); do echo $c; desc $c; done; }; "
+      "(" + run + ") & m=$!; sleep 4; "
+      "p=$(for q in $(desc $m); do [ \"$(cat /proc/$q/comm)\" = dp ] && echo $q; done | sed -n 2p); "
+      "[ -n \"$p\" ] && kill -STOP $p; t0=$(date +%s); wait $m; rc=$?; "
+      "echo \"exit $rc after $(( $(date +%s) - t0 )) s\"; exit $rc";
+  const auto r = test::run_command("bash -c '" + script + "'");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "mpirun hung until the timeout:\n" << r.output;
+  for (const char* w : {"timed out after 3 s", "--comm-timeout", "MPI_Abort"})
+    EXPECT_NE(r.output.find(w), std::string::npos) << "'" << w << "' missing:\n" << r.output;
+  const auto at = r.output.rfind("after ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  EXPECT_LT(std::stoi(r.output.substr(at + 6)), 15) << r.output;  // from the stop to the job's end
+}

@@ -3,10 +3,13 @@
 // each rank posted for a collective, the group barrier, the aborted flag, the
 // ranks that left, and the family of groups split from one another (an abort
 // or failure of one is an abort of all, so a failing rank stops its peers
-// whichever queue they wait on).
+// whichever queue they wait on). A barrier that waits longer than the
+// family's timeout raises an Error naming the ranks that have not arrived.
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -28,6 +31,7 @@ namespace zf::threads_detail {
 // the send count.
 struct Post {
   uint64_t seq = 0;  // 0 for the first collective of this rank, 1 for the next...
+  int step = -1;     // the training step the rank issued it in (current_step), for messages
   CollectiveKind kind = CollectiveKind::barrier;
   size_t count = 0;
   DType dtype = DType::f32;
@@ -96,6 +100,9 @@ class ThreadGroup;
 // thread inside a collective may fail the family.
 class ThreadFamily {
  public:
+  // How long a barrier of any group of the family waits (0: the default).
+  explicit ThreadFamily(double timeout_s = 0) : timeout_s_(comm_timeout_or_default(timeout_s)) {}
+  double timeout_s() const { return timeout_s_; }
   // A new group joins; it starts aborted if the family already is.
   void join(const std::shared_ptr<ThreadGroup>& g);
   // Marks every group failed (the first reason wins in each), waking every rank.
@@ -110,6 +117,7 @@ class ThreadFamily {
   std::vector<std::weak_ptr<ThreadGroup>> groups_;
   bool aborted_ = false;
   std::string reason_;
+  const double timeout_s_;
 };
 
 // What the communication thread hands back from a split: the child's group
@@ -123,10 +131,12 @@ struct SplitOut {
 
 class ThreadGroup {
  public:
-  // A group of n ranks in `family` (a new family when null).
-  static std::shared_ptr<ThreadGroup> create(int n, std::shared_ptr<ThreadFamily> family = nullptr) {
+  // A group of n ranks in `family` (a new family, whose barriers time out
+  // after timeout_s, when null).
+  static std::shared_ptr<ThreadGroup> create(int n, std::shared_ptr<ThreadFamily> family = nullptr,
+                                             double timeout_s = 0) {
     auto g = std::shared_ptr<ThreadGroup>(new ThreadGroup(n));
-    g->family_ = family ? std::move(family) : std::make_shared<ThreadFamily>();
+    g->family_ = family ? std::move(family) : std::make_shared<ThreadFamily>(timeout_s);
     g->family_->join(g);
     return g;
   }
@@ -156,21 +166,34 @@ class ThreadGroup {
   // Valid after the phase-1 barrier of collective `seq`, until its last barrier.
   const Post& posted(int rank, uint64_t seq) const { return posts_[seq % 2][rank]; }
 
+  // The rank's thread has issued `count` collectives on this group (read
+  // only by a timeout's message).
+  void note_issued(int rank, uint64_t count) { issued_[rank].store(count, std::memory_order_relaxed); }
+
   // Waits until all N ranks have arrived. Raises CommAborted if the group is
-  // (or becomes) aborted, Error if a rank that can never arrive has left.
+  // (or becomes) aborted, Error if a rank that can never arrive has left, or
+  // if the others have not all arrived within the family's timeout (the
+  // caller then fails the group, as for any error of a collective).
   void barrier(int rank, const Post& me) {
     std::unique_lock<std::mutex> lock(mu_);
     throw_if_broken(rank, me);
     const uint64_t gen = generation_;
     if (++arrived_ == n_) {  // the last to arrive opens the barrier
       arrived_ = 0;
+      std::fill(here_.begin(), here_.end(), char(0));
       ++generation_;
       cv_.notify_all();
       return;
     }
-    cv_.wait(lock, [&] { return generation_ != gen || aborted_ || any_departed_; });
+    here_[rank] = 1;
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(family_->timeout_s()));
+    const bool woken = cv_.wait_until(
+        lock, deadline, [&] { return generation_ != gen || aborted_ || any_departed_; });
     if (generation_ != gen) return;  // opened: later failures are for later barriers
     throw_if_broken(rank, me);
+    if (!woken) throw CommTimeout(timeout_message(rank, me));
   }
 
   // Marks the group failed and wakes every waiting rank (the first reason
@@ -229,8 +252,32 @@ class ThreadGroup {
   }
 
  private:
-  explicit ThreadGroup(int n) : n_(n), children_(size_t(n)) {
+  explicit ThreadGroup(int n)
+      : n_(n), here_(size_t(n), 0), issued_(new std::atomic<uint64_t>[size_t(n)]),
+        children_(size_t(n)) {
     for (auto& slot : posts_) slot.resize(n);
+    for (int q = 0; q < n; q++) issued_[q].store(0, std::memory_order_relaxed);
+  }
+
+  // A barrier of collective `me` timed out: which ranks are missing, and
+  // whether they have issued it at all. Called with mu_ held.
+  std::string timeout_message(int rank, const Post& me) const {
+    std::vector<int> missing, not_issued;
+    for (int q = 0; q < n_; q++)
+      if (!here_[size_t(q)]) {
+        missing.push_back(q);
+        if (issued_[q].load(std::memory_order_relaxed) <= me.seq) not_issued.push_back(q);
+      }
+    const char* has = missing.size() == 1 ? " has" : " have";
+    std::string who;
+    if (not_issued.size() == missing.size())
+      who = rank_names(missing) + has + " not issued it yet (stuck, or far behind, before it)";
+    else if (!not_issued.empty())
+      who = rank_names(missing) + has + " not reached it (" + rank_names(not_issued) +
+            " not issued it yet)";
+    else
+      who = rank_names(missing) + has + " issued it but not reached it (stuck moving data?)";
+    return comm_timeout_message(rank, describe(me), me.seq, me.step, family_->timeout_s(), who);
   }
 
   // Called with mu_ held. The first reason wins.
@@ -261,6 +308,8 @@ class ThreadGroup {
   std::condition_variable cv_;
   std::vector<Post> posts_[2];
   int arrived_ = 0;
+  std::vector<char> here_;  // who has arrived at the open barrier
+  std::unique_ptr<std::atomic<uint64_t>[]> issued_;  // note_issued
   uint64_t generation_ = 0;
   bool aborted_ = false;
   int active_ = 0;  // communication threads inside a collective

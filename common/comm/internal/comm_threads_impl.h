@@ -72,8 +72,9 @@ class ThreadTransport {
 
 // The N communicators of one threads group, rank r moving its data with
 // transports[r]. make_thread_communicators is this with host transports.
+// A barrier waits at most timeout_s (0: kDefaultCommTimeoutS).
 std::vector<std::unique_ptr<Communicator>> make_thread_communicators_with(
-    std::vector<std::unique_ptr<ThreadTransport>> transports);
+    std::vector<std::unique_ptr<ThreadTransport>> transports, double timeout_s = 0);
 
 // The transport of a communicator made by make_thread_communicators_with;
 // null for any other communicator.

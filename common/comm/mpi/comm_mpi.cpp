@@ -11,9 +11,10 @@
 //                     threads backend's per-rank thread (and a CUDA stream).
 //
 // One collective, on the communication thread (N ranks, this is rank r):
-//   header   MPI_Iallgather of what every rank called (kind, count, dtype,
-//            op, root). It is also the barrier: nobody passes it before all
-//            have arrived. Every rank then checks that all called the same
+//   header   every rank sends every other rank what it called (kind, count,
+//            dtype, op, root), point to point (MPI_Isend / MPI_Irecv, so a
+//            rank whose header has not come can be named). It is also the
+//            barrier: nobody passes it before all have arrived. Every rank then checks that all called the same
 //            thing, so a mismatch is the same error on every rank, and a rank
 //            that has left (its last header says "depart") is named, not
 //            waited for.
@@ -41,7 +42,11 @@
 // communication thread polls it with MPI_Test, napping between polls once the
 // wait gets long (up to 0.2 ms). A blocking MPI call would spin a core at
 // 100%, and under `mpirun --oversubscribe` (4 ranks on a 2-core laptop) that
-// core is the one another rank needs to compute.
+// core is the one another rank needs to compute. A wait that lasts longer
+// than the timeout (--comm-timeout, default 600 s) gives up: the error names
+// the collective and, in the header exchange, the ranks whose header has
+// not come; the communicator is then aborted, and the launcher ends the
+// job with MPI_Abort, as for any failed rank.
 //
 // Failures. abort(reason) marks this communicator failed: queued collectives
 // raise CommAborted, the running one gives up at its next poll, and abort()
@@ -87,6 +92,7 @@ using mpi_detail::describe;
 using mpi_detail::Header;
 using mpi_detail::kDepart;
 using mpi_detail::kHeaderInts;
+using mpi_detail::kHeaderTag;
 using mpi_detail::kSplit;
 using mpi_detail::mpi_type;
 using mpi_detail::same_call;
@@ -102,6 +108,7 @@ class MpiCommunicator;
 // communication thread, so abort_all may hold the mutex while each member's
 // communication thread leaves its collective.
 struct MpiFamily {
+  double timeout_s = kDefaultCommTimeoutS;  // of every wait of every member
   std::mutex mu;
   std::vector<MpiCommunicator*> members;
   bool aborted = false;
@@ -111,8 +118,9 @@ struct MpiFamily {
 
 class MpiCommunicator : public Communicator {
  public:
-  explicit MpiCommunicator(MPI_Comm world)
+  MpiCommunicator(MPI_Comm world, double timeout_s)
       : staging_(std::make_unique<Staging>()), family_(std::make_shared<MpiFamily>()) {
+    family_->timeout_s = comm_timeout_or_default(timeout_s);
     // Our own communicator: collectives of this one never meet anybody else's
     // MPI traffic, and errors return codes (MPI_CHECK) instead of aborting.
     MPI_CHECK(MPI_Comm_dup(world, &comm_));
@@ -138,7 +146,7 @@ class MpiCommunicator : public Communicator {
         h.count = int64_t(issued_);
         h.seq = int64_t(issued_);
         depart = std::make_shared<CommHandle::State>();
-        queue_.push_back(Op{h, nullptr, nullptr, depart, Clock::now(), true});
+        queue_.push_back(Op{h, nullptr, nullptr, depart, Clock::now(), true, nullptr, -1});
       }
     }
     q_cv_.notify_all();
@@ -259,6 +267,7 @@ class MpiCommunicator : public Communicator {
     Clock::time_point issued_at;
     bool internal;  // the departure and split: not a collective of the API, not counted
     MPI_Comm* split_out = nullptr;  // split: the child's communicator
+    int step = -1;  // the training step it was issued in (current_step), for messages
   };
 
   // Both constructors: this rank's place, the family, the communication thread.
@@ -299,7 +308,7 @@ class MpiCommunicator : public Communicator {
         state->finish(broken_error(h));
         return CommHandle(state);
       }
-      queue_.push_back(Op{h, send, recv, state, Clock::now(), internal, split_out});
+      queue_.push_back(Op{h, send, recv, state, Clock::now(), internal, split_out, current_step()});
     }
     q_cv_.notify_all();
     return CommHandle(state);
@@ -359,35 +368,88 @@ class MpiCommunicator : public Communicator {
     }
   }
 
-  // Polls a non-blocking MPI operation to completion: a few quick polls
+  // Polls non-blocking MPI operations to completion: a few quick polls
   // (short collectives end there), then naps growing to 0.2 ms so a waiting
-  // rank leaves the core to the ranks that compute. Gives up if aborted.
-  void wait_request(MPI_Request& req, const Header& h) {
+  // rank leaves the core to the ranks that compute. Gives up if aborted, or
+  // after the timeout: then `who` says why (which ranks it is waiting for),
+  // this communicator is aborted with the message, and it is raised.
+  template <class Who>
+  void wait_requests(MPI_Request* reqs, int n, const Op& op, Who&& who) {
     auto nap = std::chrono::microseconds(5);
+    Clock::time_point deadline{};
     for (int polls = 0;; polls++) {
       int done = 0;
-      MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+      MPI_CHECK(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE));
       if (done) return;
       if (aborted_) {  // the request stays pending inside MPI: see bury()
         abandoned_ = true;
-        throw aborted_error(h);
+        throw aborted_error(op.header);
       }
       if (polls < 64) continue;
+      const auto now = Clock::now();
+      if (polls == 64) {
+        deadline = now + std::chrono::duration_cast<Clock::duration>(
+                             std::chrono::duration<double>(family_->timeout_s));
+      } else if (now > deadline) {
+        abandoned_ = true;
+        const std::string msg = comm_timeout_message(rank_, describe(op.header),
+                                                     uint64_t(op.header.seq), op.step,
+                                                     family_->timeout_s, who());
+        {
+          std::lock_guard<std::mutex> lock(q_mu_);
+          if (!aborted_) {
+            reason_ = msg;
+            aborted_ = true;
+          }
+        }
+        throw CommTimeout(msg);
+      }
       std::this_thread::sleep_for(nap);
       nap = std::min(nap * 2, std::chrono::microseconds(200));
     }
   }
+  void wait_request(MPI_Request& req, const Op& op) {
+    wait_requests(&req, 1, op, [] {
+      return std::string("every rank passed its header exchange, but the data has not all come "
+                         "(a rank stopped in the middle of the transfer)");
+    });
+  }
 
   // Header exchange: every rank learns what every rank called. Throws the
   // same error on every rank if they differ, or if a rank has left.
-  void exchange_headers(const Header& me) {
+  void exchange_headers(const Op& op) {
+    const Header& me = op.header;
     Staging& s = *staging_;
     s.mine = me;
     s.headers.resize(size_t(size_));
-    MPI_Request req;
-    MPI_CHECK(MPI_Iallgather(&s.mine, kHeaderInts, MPI_INT64_T, s.headers.data(), kHeaderInts,
-                             MPI_INT64_T, comm_, &req));
-    wait_request(req, me);
+    s.headers[size_t(rank_)] = me;
+    // Receives first (requests 0..N-2, from the other ranks in rank order),
+    // then the sends. Headers between two ranks match in the order sent.
+    s.requests.assign(2 * size_t(size_ - 1), MPI_REQUEST_NULL);
+    std::vector<int> from;
+    for (int q = 0; q < size_; q++)
+      if (q != rank_) {
+        MPI_CHECK(MPI_Irecv(&s.headers[size_t(q)], kHeaderInts, MPI_INT64_T, q, kHeaderTag, comm_,
+                            &s.requests[from.size()]));
+        from.push_back(q);
+      }
+    for (size_t i = 0; i < from.size(); i++)
+      MPI_CHECK(MPI_Isend(&s.mine, kHeaderInts, MPI_INT64_T, from[i], kHeaderTag, comm_,
+                          &s.requests[from.size() + i]));
+    wait_requests(s.requests.data(), int(s.requests.size()), op, [&] {
+      std::vector<int> missing;
+      for (size_t i = 0; i < from.size(); i++) {
+        int came = 0;
+        MPI_Test(&s.requests[i], &came, MPI_STATUS_IGNORE);
+        if (!came) missing.push_back(from[i]);
+      }
+      if (missing.empty())
+        return std::string("every rank's header has come, but not every rank has taken this "
+                           "rank's (a rank stopped right after sending)");
+      return rank_names(missing) + (missing.size() == 1 ? " has" : " have") +
+             " not reached it (" + (missing.size() == 1 ? "its" : "their") +
+             " header of it has not come)";
+    });
     for (int q = 0; q < size_; q++) {
       const Header& other = s.headers[size_t(q)];
       if (other.kind == kDepart && me.kind != kDepart) {
@@ -417,7 +479,7 @@ class MpiCommunicator : public Communicator {
   // One collective: the header, then the payload (see the file comment).
   void run(const Op& op) {
     const Header& h = op.header;
-    exchange_headers(h);  // also the barrier
+    exchange_headers(op);  // also the barrier
     if (h.kind == kSplit) return run_split(op);
     if (h.kind == kDepart || CollectiveKind(h.kind) == CollectiveKind::barrier) return;
 
@@ -451,13 +513,13 @@ class MpiCommunicator : public Communicator {
         }
         MPI_CHECK(MPI_Ialltoallv(a, s.counts.data(), s.displs.data(), t, b, s.rcounts.data(),
                                  s.rdispls.data(), t, comm_, &req));
-        wait_request(req, h);
+        wait_request(req, op);
         std::vector<const void*> src(static_cast<size_t>(N));
         for (int q = 0; q < N; q++) src[q] = b + size_t(q) * mine.size * esz;
         reduce_in_rank_order(src, {a + mine.begin * esz}, mine.size, dt, rop);
         MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, a, s.counts.data(),
                                   s.displs.data(), t, comm_, &req));
-        wait_request(req, h);
+        wait_request(req, op);
         copy_bytes(op.recv, a, n * esz);
         break;
       }
@@ -470,7 +532,7 @@ class MpiCommunicator : public Communicator {
         copy_bytes(a, op.send, full * esz);
         char* b = s.b_bytes(full * esz);
         MPI_CHECK(MPI_Ialltoall(a, int(n), t, b, int(n), t, comm_, &req));
-        wait_request(req, h);
+        wait_request(req, op);
         std::vector<const void*> src(static_cast<size_t>(N));
         for (int q = 0; q < N; q++) src[q] = b + size_t(q) * n * esz;
         reduce_in_rank_order(src, {op.recv}, n, dt, rop);
@@ -481,7 +543,7 @@ class MpiCommunicator : public Communicator {
         char* a = s.a_bytes(full * esz);
         copy_bytes(a + size_t(r) * n * esz, op.send, n * esz);
         MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, a, int(n), t, comm_, &req));
-        wait_request(req, h);
+        wait_request(req, op);
         copy_bytes(op.recv, a, full * esz);
         break;
       }
@@ -489,7 +551,7 @@ class MpiCommunicator : public Communicator {
         char* a = s.a_bytes(n * esz);
         if (r == h.root) copy_bytes(a, op.send, n * esz);
         MPI_CHECK(MPI_Ibcast(a, int(n), t, int(h.root), comm_, &req));
-        wait_request(req, h);
+        wait_request(req, op);
         if (r != h.root) copy_bytes(op.recv, a, n * esz);
         break;
       }
@@ -544,9 +606,9 @@ void MpiFamily::abort_all(const std::string& why) {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_mpi_communicator() {
+std::unique_ptr<Communicator> make_mpi_communicator(double timeout_s) {
   mpi_init_once();
-  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
+  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, timeout_s);
 }
 
 }  // namespace zf

@@ -35,8 +35,10 @@ int mpi_local_size();
 int mpi_local_rank();
 
 // This process's Communicator, over its own duplicate of MPI_COMM_WORLD.
-// Collective: every process of the job calls it, in the same order.
-std::unique_ptr<Communicator> make_mpi_communicator();
+// Collective: every process of the job calls it, in the same order. Each
+// wait for the other ranks lasts at most timeout_s (0: kDefaultCommTimeoutS),
+// then the collective raises an Error naming the ranks not heard from.
+std::unique_ptr<Communicator> make_mpi_communicator(double timeout_s = 0);
 
 // Ends the whole job now: MPI_Abort(MPI_COMM_WORLD, exit_code). The only way
 // to stop a peer process that waits inside MPI for this one; the launcher

@@ -26,6 +26,7 @@ namespace zf::mpi_detail {
 // in count and the key in root.
 constexpr int64_t kDepart = 100;
 constexpr int64_t kSplit = 101;
+constexpr int kHeaderTag = 7;  // the headers' point-to-point messages
 struct Header {
   int64_t seq = 0, kind = 0, count = 0, dtype = 0, op = 0, root = 0;
 };
@@ -81,6 +82,7 @@ struct Staging {
   Header mine;
   std::vector<Header> headers;
   std::vector<int> counts, displs, rcounts, rdispls;
+  std::vector<MPI_Request> requests;  // the header exchange's receives, then sends
 
   char* a_bytes(size_t bytes) {
     if (a.size() < bytes) a.resize(bytes);
