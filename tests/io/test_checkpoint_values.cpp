@@ -328,8 +328,8 @@ TEST_F(CheckpointValues, DpRefusesADamagedResumeAndLeavesTheFile) {
   for (const Case& c : {Case{nan, "'wte.weight' holds nan"}, Case{flip, "do not match its checksum"}}) {
     const std::string before = read_file(c.file);
     const std::string out = path("out.safetensors");
-    const auto r = test::run_command("timeout 120 " + test::dp_binary() + " --model tiny --batch 2 --steps 4 --resume " +
-                                     c.file + " --save " + out);
+    const auto r = test::run_command("timeout 120 " + test::dp_binary() +
+                                     " --model tiny --batch 2 --steps 4 --resume " + c.file + " --save " + out);
     EXPECT_EQ(r.exit_code, 2) << r.output;
     EXPECT_NE(r.output.find(c.words), std::string::npos) << r.output;
     EXPECT_NE(r.output.find(c.file), std::string::npos) << r.output;

@@ -302,7 +302,8 @@ TEST_F(Safetensors, RejectsCorruptFiles) {
        {"not a safetensors file", "\"a\" appears twice in the header"}},
       {"metadata_key_twice", st_file(R"({"__metadata__":{"k":"1","k":"2"},)" + ok_a + "}", eight),
        {"not a safetensors file", "\"k\" appears twice in \"__metadata__\""}},
-      {"checksum_of_nothing", st_file(R"({"__metadata__":{"checksum.b":"fnv1a64:0000000000000000"},)" + ok_a + "}", eight),
+      {"checksum_of_nothing",
+       st_file(R"({"__metadata__":{"checksum.b":"fnv1a64:0000000000000000"},)" + ok_a + "}", eight),
        {"not a safetensors file", "checksum for tensor 'b'"}},
   };
   for (const Case& c : cases) {
