@@ -117,7 +117,7 @@ RankResult train_data_parallel(const TrainConfig& cfg, RankContext& ctx, const T
 
     // Clip by the global norm. Every rank has the whole averaged gradient.
     SumOfSquares sq;
-    ctx.dev.sum_squares(states.grads.data(), dt, layout.numel, sq);
+    with_gradient_advice(cfg.clip, [&] { ctx.dev.sum_squares(states.grads.data(), dt, layout.numel, sq); });
     const GradClip clip = grad_clip(std::sqrt(sq.value()), cfg.clip);
 
     // AdamW on the whole model, one parameter tensor at a time (decay or not).

@@ -28,8 +28,11 @@ inline std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> ctr, std::arra
   return ctr;
 }
 
-// FNV-1a, 64-bit: names and parameter bytes to a stable hash.
-inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ull) {
+// FNV-1a, 64-bit: names and parameter bytes to a stable hash (and a
+// checkpoint's per-tensor checksums, safetensors.h). A hash of bytes in
+// pieces continues from the previous piece's h, starting at the basis.
+inline constexpr uint64_t kFnv1aBasis = 0xcbf29ce484222325ull;
+inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = kFnv1aBasis) {
   const auto* p = static_cast<const unsigned char*>(data);
   for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
   return h;

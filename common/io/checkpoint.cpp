@@ -2,10 +2,12 @@
 #include "checkpoint.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <map>
 #include <set>
+#include <sstream>
 #include <vector>
 
 #include "check.h"
@@ -93,6 +95,33 @@ void check_metadata_numbers(const std::string& path, const std::map<std::string,
   }
 }
 
+// Reads every tensor of `reader` once (SafetensorsReader::verify): its bytes
+// must match their checksum where one is recorded, every float finite, and
+// AdamW's second moments (optim.v.*), running means of squares, never
+// negative. A NaN in a row no batch touches would otherwise be trained on
+// and copied into the next checkpoint; one anywhere else ends the first step
+// with a non-finite gradient that says nothing of the file.
+void check_values(const SafetensorsReader& reader) {
+  reader.verify([&](const TensorInfo& t, size_t first, const float* x, size_t n) -> std::string {
+    const bool second_moment = t.name.rfind("optim.v.", 0) == 0;
+    for (size_t i = 0; i < n; ++i) {
+      const bool finite = std::isfinite(x[i]);
+      if (finite && !(second_moment && x[i] < 0.0f)) continue;
+      std::ostringstream m;
+      m << "checkpoint " << reader.path() << ": tensor '" << t.name << "' holds " << x[i] << " at element "
+        << first + i << " (of " << t.numel() << "): ";
+      if (!finite)
+        m << "a model and its optimizer state must be finite, so the file is damaged or was saved by a run "
+             "that had diverged";
+      else
+        m << "AdamW's second moment is a running mean of squares and never negative, so the file is damaged";
+      m << "; resume from an earlier checkpoint, or start from a good model file with --init";
+      return m.str();
+    }
+    return {};
+  });
+}
+
 }  // namespace
 
 void save_model(const std::string& path, const ModelLayout& layout, const float* flat,
@@ -108,6 +137,8 @@ void save_model(const std::string& path, const ModelLayout& layout, const float*
 void load_model(const std::string& path, const ModelLayout& layout, float* flat) {
   SafetensorsReader reader(path);
   check_tensors(reader, layout, {StateKind::params}, {}, /*optim_ok=*/true);
+  check_metadata_numbers(path, reader.metadata());
+  check_values(reader);
   for (const auto& u : layout.units)
     for (const auto& p : u.params) reader.read(p.name, p.shape, DType::f32, flat + u.offset + p.offset);
 }
@@ -135,6 +166,7 @@ CheckpointReader::CheckpointReader(const std::string& path, const ModelLayout& l
   check_tensors(reader_, layout, {StateKind::params, StateKind::m, StateKind::v}, {kStepName},
                 /*optim_ok=*/false);
   check_metadata_numbers(path, reader_.metadata());
+  check_values(reader_);
   int64_t steps = 0;
   reader_.read(kStepName, {1}, DType::i64, &steps);
   USAGE_REQUIRE(steps >= 0, "checkpoint " << path << " says it was saved after " << steps

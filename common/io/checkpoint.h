@@ -5,6 +5,10 @@
 // ..., "lm_head.weight", stored as F32 in consolidated order. `--save-init`
 // writes one; `--init` reads one back, refusing a file whose names or shapes
 // do not match the model with a message that names the tensor and both shapes.
+// Both readers also refuse (UsageError, naming the file and the tensor) a
+// value that is not finite, a negative second moment, bytes that do not match
+// their recorded checksum (safetensors.h) and metadata numbers out of range,
+// before the run takes a step.
 //
 // A training checkpoint (`--save`, `--resume`) adds AdamW's state under the
 // names README.md documents: "optim.m.<name>" and "optim.v.<name>" (the two

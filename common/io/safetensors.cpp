@@ -18,8 +18,11 @@
 // directory, FIFO or device at PATH is refused. A temporary is never read as a
 // checkpoint (the reader refuses its name) and one whose process died is
 // removed by the next save to the same PATH on that host. Reading trusts nothing in the file: sizes, offsets,
-// dtypes and overlaps are all checked before a byte of data is used, and
-// every error names the file.
+// dtypes, keys given twice, overlaps, gaps and trailing bytes are all checked
+// before a byte of data is used, and every error names the file. Each write
+// records an FNV-1a 64 checksum of every tensor's bytes in the metadata
+// ("checksum.<name>": "fnv1a64:<16 hex digits>"); verify() reads the data once
+// to match them and to let the caller check the values.
 #include "safetensors.h"
 
 #include <fcntl.h>
@@ -39,6 +42,7 @@
 
 #include "check.h"
 #include "output_file.h"
+#include "rng.h"
 
 namespace zf {
 
@@ -74,6 +78,25 @@ bool checked_bytes(const std::vector<int64_t>& shape, size_t elem_size, uint64_t
     if (__builtin_mul_overflow(n, uint64_t(d), &n)) return false;
   }
   bytes = n;
+  return true;
+}
+
+// "fnv1a64:" and the hash as 16 lowercase hex digits: the value of a
+// "checksum.<name>" metadata key.
+constexpr const char* kChecksumScheme = "fnv1a64:";
+
+std::string checksum_text(uint64_t h) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+  return std::string(kChecksumScheme) + hex;
+}
+
+bool parse_checksum(const std::string& text, uint64_t& out) {
+  const std::string scheme = kChecksumScheme;
+  if (text.size() != scheme.size() + 16 || text.compare(0, scheme.size(), scheme) != 0) return false;
+  const std::string hex = text.substr(scheme.size());
+  if (hex.find_first_not_of("0123456789abcdef") != std::string::npos) return false;
+  out = std::stoull(hex, nullptr, 16);
   return true;
 }
 
@@ -129,11 +152,12 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 void write_safetensors(const std::string& path, const std::vector<TensorRef>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   // Check everything before touching the disk, so a bad call changes nothing.
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) {
-    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata) meta[k] = v;
-    header["__metadata__"] = std::move(meta);
+  nlohmann::ordered_json entries = nlohmann::ordered_json::object();
+  nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : metadata) {
+    REQUIRE(k.rfind(kChecksumPrefix, 0) != 0,
+            "writing '" << path << "': metadata key '" << k << "' uses the prefix the checksums are written under");
+    meta[k] = v;
   }
   std::set<std::string> names;
   std::vector<uint64_t> sizes;
@@ -147,12 +171,17 @@ void write_safetensors(const std::string& path, const std::vector<TensorRef>& te
             "writing '" << path << "': tensor '" << t.name << "' has an invalid shape " << shape_str(t.shape));
     REQUIRE(bytes == 0 || t.data != nullptr,
             "writing '" << path << "': tensor '" << t.name << "' has no data pointer");
-    header[t.name] = {{"dtype", st_dtype_name(t.dtype)},
-                      {"shape", t.shape},
-                      {"data_offsets", {offset, offset + bytes}}};
+    entries[t.name] = {{"dtype", st_dtype_name(t.dtype)},
+                       {"shape", t.shape},
+                       {"data_offsets", {offset, offset + bytes}}};
+    meta[kChecksumPrefix + t.name] = checksum_text(fnv1a64(t.data, bytes));
     sizes.push_back(bytes);
     offset += bytes;
   }
+  // Metadata first, as Python writes it.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!meta.empty()) header["__metadata__"] = std::move(meta);
+  for (auto it = entries.begin(); it != entries.end(); ++it) header[it.key()] = std::move(it.value());
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');  // data section starts 8-byte aligned
   uint8_t len_bytes[8];
@@ -252,21 +281,56 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   data_start_ = 8 + n;
   const uint64_t data_size = size - data_start_;
 
+  // JSON allows a key twice in an object and the parser would keep one of
+  // the values silently; in a header that is damage (a tensor or a metadata
+  // pair given twice), so the keys of every object are tracked as it is parsed.
+  std::vector<std::set<std::string>> keys;  // of each object open at this point
+  std::vector<std::string> owners;          // the key each open object is the value of
+  std::string last_key, duplicate, duplicate_owner;
+  auto track_keys = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& value) {
+    using Event = nlohmann::json::parse_event_t;
+    if (event == Event::object_start) {
+      keys.emplace_back();
+      owners.push_back(keys.size() == 1 ? "" : last_key);
+    } else if (event == Event::object_end && !keys.empty()) {
+      keys.pop_back();
+      owners.pop_back();
+    } else if (event == Event::key && !keys.empty()) {
+      last_key = value.get<std::string>();
+      if (!keys.back().insert(last_key).second && duplicate.empty()) {
+        duplicate = last_key;
+        duplicate_owner = owners.back();
+      }
+    }
+    return true;
+  };
   nlohmann::json parsed;
   try {
-    parsed = nlohmann::json::parse(text);
+    parsed = nlohmann::json::parse(text, track_keys);
   } catch (const nlohmann::json::exception& e) {
     USAGE_REQUIRE(false, bad << "its " << n << "-byte header is not valid JSON (" << e.what() << ")");
   }
   const nlohmann::json& header = parsed;
   USAGE_REQUIRE(header.is_object(), bad << "its header is JSON but not an object");
+  USAGE_REQUIRE(duplicate.empty(), bad << "the key \"" << duplicate << "\" appears twice in "
+                                       << (duplicate_owner.empty() ? std::string("the header")
+                                                                   : "\"" + duplicate_owner + "\"")
+                                       << ": the header is damaged; use an earlier checkpoint or save it again");
 
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
       USAGE_REQUIRE(entry.is_object(), bad << "\"__metadata__\" is not an object of strings");
       for (const auto& [k, v] : entry.items()) {
         USAGE_REQUIRE(v.is_string(), bad << "\"__metadata__\" entry '" << k << "' is not a string");
-        metadata_[k] = v.get<std::string>();
+        if (k.rfind(kChecksumPrefix, 0) == 0) {
+          uint64_t h = 0;
+          USAGE_REQUIRE(parse_checksum(v.get<std::string>(), h),
+                        bad << "\"__metadata__\" entry '" << k << "' = '" << v.get<std::string>()
+                            << "' is not a checksum (" << kChecksumScheme << " and 16 hex digits)");
+          checksums_[k.substr(std::string(kChecksumPrefix).size())] = h;
+        } else {
+          metadata_[k] = v.get<std::string>();
+        }
       }
       continue;
     }
@@ -319,6 +383,24 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
                                         << ") and '" << b.name << "' [" << b.begin << ", " << b.end
                                         << ") overlap");
   }
+  // The tensors cover the data section exactly, as the format requires
+  // (Python's reader refuses the same): a gap or bytes after the last one
+  // mean a damaged header, or a header length off by some bytes.
+  uint64_t at = 0;
+  for (const TensorInfo& t : tensors_) {
+    USAGE_REQUIRE(t.begin == at, bad << "bytes [" << at << ", " << t.begin
+                                     << ") of its data section belong to no tensor (a gap before tensor '"
+                                     << t.name << "'): the header is damaged; use an earlier checkpoint");
+    at = t.end;
+  }
+  USAGE_REQUIRE(at == data_size,
+                bad << "its data section has " << data_size - at << " byte(s) after the last tensor"
+                    << (tensors_.empty() ? std::string() : " ('" + tensors_.back().name + "')")
+                    << " (the tensors end at data offset " << at << " of " << data_size
+                    << "): the header length is wrong or bytes were appended; use an earlier checkpoint");
+  for (const auto& [name, h] : checksums_)
+    USAGE_REQUIRE(has(name), bad << "\"__metadata__\" has a checksum for tensor '" << name
+                                 << "', which the file does not hold: the header is damaged");
 }
 
 bool SafetensorsReader::has(const std::string& name) const {
@@ -337,6 +419,50 @@ const TensorInfo& SafetensorsReader::info(const std::string& name) const {
   if (tensors_.size() > 3) m << ", ...";
   m << "); was it written for another model or stage?";
   throw UsageError(m.str());
+}
+
+void SafetensorsReader::verify(const ValueCheck& check) const {
+  File f = open_for_reading(path_);
+  USAGE_REQUIRE(std::fseek(f.get(), long(data_start_), SEEK_SET) == 0, "cannot seek in '" << path_ << "'");
+  // The tensors are back to back from the start of the data section (checked
+  // above), so one pass reads them all. A chunk holds whole elements.
+  constexpr size_t kChunkBytes = size_t(1) << 18;
+  std::vector<uint8_t> buf(kChunkBytes);
+  std::vector<float> values(kChunkBytes / 2);
+  for (const TensorInfo& t : tensors_) {
+    const size_t elem = dtype_size(t.dtype);
+    const bool is_float = t.dtype == DType::f32 || t.dtype == DType::bf16;
+    uint64_t h = kFnv1aBasis;
+    std::string refusal;  // the first thing `check` found wrong
+    for (uint64_t done = 0, bytes = t.end - t.begin; done < bytes;) {
+      const size_t m = size_t(std::min<uint64_t>(kChunkBytes, bytes - done));
+      USAGE_REQUIRE(std::fread(buf.data(), 1, m, f.get()) == m,
+                    "'" << path_ << "' is truncated: reading tensor '" << t.name
+                        << "' ran past the end of the file (was it changed while being read?)");
+      h = fnv1a64(buf.data(), m, h);
+      if (check && is_float && refusal.empty()) {
+        const size_t count = m / elem;
+        for (size_t k = 0; k < count; ++k) {
+          if (t.dtype == DType::f32) {
+            std::memcpy(&values[k], buf.data() + 4 * k, 4);
+          } else {
+            bf16 x;
+            std::memcpy(&x.bits, buf.data() + 2 * k, 2);
+            values[k] = bf16_to_float(x);
+          }
+        }
+        refusal = check(t, size_t(done / elem), values.data(), count);
+      }
+      done += m;
+    }
+    auto it = checksums_.find(t.name);
+    USAGE_REQUIRE(it == checksums_.end() || it->second == h,
+                  "checkpoint '" << path_ << "' is damaged: tensor '" << t.name
+                                 << "''s bytes do not match its checksum (recorded " << checksum_text(it->second)
+                                 << ", the bytes give " << checksum_text(h)
+                                 << "); use an earlier checkpoint, or a good copy of this one");
+    USAGE_REQUIRE(refusal.empty(), refusal);
+  }
 }
 
 void SafetensorsReader::read(const std::string& name, const std::vector<int64_t>& shape, DType as,

@@ -6,9 +6,17 @@
 // then the raw little-endian data. Writes go to a temporary file that is
 // renamed into place, so a crash never leaves a half-written checkpoint under
 // the real name.
+//
+// Every write also records a checksum of each tensor's bytes in the metadata,
+// under "checksum.<tensor name>" with the value "fnv1a64:<16 hex digits>" (FNV-1a,
+// 64 bits, over the tensor's raw little-endian bytes; fnv1a64 in rng.h). A reader
+// verifies those present (verify()); a file without them, as other programs
+// write it, is still read.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -37,18 +45,36 @@ struct TensorRef {
 // the folder; output_file.h), through a symlink to its target. Throws
 // UsageError if the directory is not writable or PATH is a directory, FIFO or
 // device, Error on I/O failure; the temporary is removed on every failure.
+// METADATA must not use the "checksum." prefix: the writer fills it.
 void write_safetensors(const std::string& path, const std::vector<TensorRef>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+// The metadata key of a tensor's checksum is this + its name; the hash is
+// fnv1a64 (rng.h) of its bytes. Not cryptographic: it catches damage (a
+// flipped bit, a shifted or overwritten block), not tampering.
+inline constexpr const char* kChecksumPrefix = "checksum.";
 
 class SafetensorsReader {
  public:
   // Parses the header and checks it against the file size. Throws UsageError
   // naming the path and the problem (missing file, a save's temporary, truncated, header not
-  // JSON, offsets out of range or overlapping, unknown dtype).
+  // JSON, a key given twice, offsets out of range, overlapping, leaving a gap
+  // or bytes after the last tensor, unknown dtype, a malformed checksum).
   explicit SafetensorsReader(const std::string& path);
 
-  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }  // in file order
+  // The "__metadata__" pairs, less the checksums.
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+  // What a caller checks of an F32 or BF16 tensor's values: x holds elements
+  // [first, first + n) of tensor t as float32. Returns "" if they are fine,
+  // else the message to refuse the file with.
+  using ValueCheck = std::function<std::string(const TensorInfo& t, size_t first, const float* x, size_t n)>;
+  // Reads every tensor's bytes once, in file order: a tensor whose checksum
+  // is recorded must match it, and `check` (if any) must accept its values.
+  // Throws UsageError naming the file and the tensor (a checksum mismatch
+  // first: then the bytes are damaged, whatever values they hold).
+  void verify(const ValueCheck& check = {}) const;
   bool has(const std::string& name) const;
   const TensorInfo& info(const std::string& name) const;  // UsageError if absent
 
@@ -69,6 +95,7 @@ class SafetensorsReader {
   uint64_t data_start_ = 0;
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
+  std::map<std::string, uint64_t> checksums_;  // by tensor name
 };
 
 std::string shape_str(const std::vector<int64_t>& shape);  // "[768, 3072]"

@@ -20,6 +20,8 @@
 #include "host_collectives.h"
 #include "launch.h"
 #include "precision.h"
+#include "test_util.h"
+#include "zero1.h"
 
 namespace zf {
 namespace {
@@ -269,6 +271,32 @@ TEST(SumOfSquares, BinHalvesRefuseNonFiniteWithTheCpuMessage) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(kNonFiniteGradientMessage), std::string::npos) << e.what();
     }
+  }
+}
+
+// The message is raised inside the sum, which cannot know --clip; the two
+// clipping call sites (stage 00's, and the ZeRO stages' clip_scale) add what
+// applies to the run. --lr 1e30 makes the second step's gradient overflow.
+TEST(SumOfSquares, DivergenceAdviceNamesTheRunsClipSetting) {
+  auto diverge = [](float clip, StageFn fn) {
+    TrainConfig cfg = test::quiet_config("tiny", 2, 2, 4);
+    cfg.lr = 1e30f;
+    cfg.clip = clip;
+    try {
+      run_training(cfg, fn);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  for (StageFn fn : {StageFn(train_data_parallel), StageFn(train_zero1)}) {
+    const std::string on = diverge(1.0f, fn);
+    EXPECT_NE(on.find(kNonFiniteGradientMessage), std::string::npos) << on;
+    EXPECT_NE(on.find("clipping is on (--clip 1), so lower --lr"), std::string::npos) << on;
+    EXPECT_EQ(on.find("--clip 1.0"), std::string::npos) << "suggests what is already on: " << on;
+    const std::string off = diverge(0.0f, fn);
+    EXPECT_NE(off.find("clipping is off (--clip 0): turn it on (--clip 1.0)"), std::string::npos) << off;
+    EXPECT_NE(off.find("refused when read"), std::string::npos) << off;
   }
 }
 

@@ -2,8 +2,9 @@
 //
 // What is promised: tensors (F32, BF16, I64) and metadata come back exactly;
 // a file composed byte by byte from the format's description (as Python's
-// `safetensors` writes it) is read correctly; every corrupt file is refused
-// with a message naming it; a shape mismatch names both shapes; writes are
+// `safetensors` writes it) is read correctly; every corrupt file (a gap,
+// trailing bytes, a key given twice among them) is refused with a message
+// naming it; checksums and values: test_checkpoint_values.cpp; a shape mismatch names both shapes; writes are
 // atomic: no temporary is left behind and an existing file is replaced only
 // when the new one is complete; a symlink is written through, a FIFO refused,
 // concurrent saves to one path never share a temporary, and a dead save's
@@ -293,6 +294,17 @@ TEST_F(Safetensors, RejectsCorruptFiles) {
        {"not a safetensors file", "'a'", "'b'", "overlap"}},
       {"bad_metadata", st_file(R"({"__metadata__":{"step":12},)" + ok_a + "}", eight),
        {"not a safetensors file", "__metadata__", "step"}},
+      {"gap", st_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", std::string(12, '\0')),
+       {"not a safetensors file", "bytes [0, 4)", "belong to no tensor", "'a'"}},
+      {"trailing", st_file("{" + ok_a + "}", std::string(9, '\0')),
+       {"not a safetensors file", "1 byte(s) after the last tensor ('a')"}},
+      {"key_twice", st_file("{" + ok_a + "," + ok_a + "}", eight),
+       {"not a safetensors file", "\"a\" appears twice in the header"}},
+      {"metadata_key_twice", st_file(R"({"__metadata__":{"k":"1","k":"2"},)" + ok_a + "}", eight),
+       {"not a safetensors file", "\"k\" appears twice in \"__metadata__\""}},
+      {"checksum_of_nothing",
+       st_file(R"({"__metadata__":{"checksum.b":"fnv1a64:0000000000000000"},)" + ok_a + "}", eight),
+       {"not a safetensors file", "checksum for tensor 'b'"}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
