@@ -9,6 +9,7 @@
 
 #include "blas.h"
 #include "check.h"
+#include "checkpoint.h"
 #include "output_paths.h"
 #include "stop_request.h"
 #include "trace.h"
@@ -45,6 +46,13 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   TokenData data = cfg.data.empty() ? builtin_corpus() : load_token_file(cfg.data);
   Sampler check(data, cfg.model.T, cfg.model.V);  // refuses short files and foreign vocabularies up front
   ModelLayout layout = build_layout(cfg.model);
+  // The file the model starts from, checked whole (names and shapes, every
+  // value, the checksums) before any rank allocates a model for it: a
+  // mismatched --init must not cost the minutes of a large model's set-up.
+  // The ranks then skip what was read here (CheckedOnce).
+  if (!cfg.resume.empty()) CheckpointReader(cfg.resume, layout);
+  else if (!cfg.init.empty()) check_model_file(cfg.init, layout);
+  const CheckedOnce checked(!cfg.resume.empty() ? cfg.resume : cfg.init);
 
   RunResult run;
   run.cfg = cfg;

@@ -19,8 +19,12 @@
 // checkpoint, and `--init` reads one as a model.
 #pragma once
 
+#include <sys/types.h>
+
 #include <map>
+#include <memory>
 #include <string>
+#include <tuple>
 
 #include "model.h"
 #include "safetensors.h"
@@ -31,6 +35,25 @@ namespace zf {
 void save_model(const std::string& path, const ModelLayout& layout, const float* flat,
                 const std::map<std::string, std::string>& metadata = {});
 void load_model(const std::string& path, const ModelLayout& layout, float* flat);
+// load_model's checks alone (names, shapes, metadata numbers, values,
+// checksums), reading no values into memory: the frame runs them before the
+// ranks allocate a model (runner.cpp). Each file's values are read once per
+void check_model_file(const std::string& path, const ModelLayout& layout);
+
+// While one lives, the readers above skip the value and checksum checks of
+// the file at `path` as it was when it was made (same inode, size and
+// modification time): the frame checks a run's --init or --resume once,
+// then its ranks, which read the same file, do not read it whole again.
+class CheckedOnce {
+ public:
+  explicit CheckedOnce(const std::string& path);  // after the file was checked
+  ~CheckedOnce();
+  CheckedOnce(const CheckedOnce&) = delete;
+  CheckedOnce& operator=(const CheckedOnce&) = delete;
+
+ private:
+  std::unique_ptr<std::tuple<dev_t, ino_t, off_t, long long>> id_;
+};
 
 // What a checkpoint holds of each parameter.
 enum class StateKind { params, m, v };

@@ -340,5 +340,39 @@ TEST_F(CheckpointValues, DpRefusesADamagedResumeAndLeavesTheFile) {
   }
 }
 
+// The frame checks a run's --resume once (runner.cpp) and its ranks skip
+// the values while that check's CheckedOnce lives, for that file as it was:
+// a file replaced since (another inode) is checked again, and once the guard
+// is gone the same file is read whole again.
+TEST_F(CheckpointValues, CheckedOnceSkipsOnlyTheFileItVouchesFor) {
+  State s = load_good();
+  s.params[flat_index("wte.weight", 255 * 64)] = std::numeric_limits<float>::quiet_NaN();
+  const std::string nan = save("nan.safetensors", s);
+  {
+    const CheckedOnce once(nan);  // as if the frame had checked it: the ranks' reads skip it
+    EXPECT_NO_THROW(CheckpointReader(nan, layout_));
+    const std::string replaced = path("replaced.safetensors");
+    fs::copy_file(nan, replaced);
+    fs::rename(replaced, nan);  // the same name, another file
+    expect_has(refusal([&] { CheckpointReader(nan, layout_); }), {"holds nan"});
+  }
+  const std::string other = save("nan2.safetensors", s);
+  {
+    const CheckedOnce once(other);
+  }
+  expect_has(refusal([&] { CheckpointReader(other, layout_); }), {"holds nan"});
+}
+
+// --init's names and shapes are checked before any rank allocates a model:
+// with a budget far below gpt2's model states, a tiny file is refused for
+// its shapes (exit 2), not for the memory (exit 3) after the allocation.
+TEST_F(CheckpointValues, InitOfAnotherModelIsRefusedBeforeTheModelIsAllocated) {
+  const auto r = test::run_command("timeout 120 " + test::dp_binary() + " --model gpt2 --batch 1 --steps 1 --init " +
+                                   good_ + " --device-mem 1MiB");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("shape"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("out of memory"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace zf
