@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# sanitize.sh: the tests again under the sanitizers, each in its own build
+# (CPU only, MPI on): build-asan with AddressSanitizer + LeakSanitizer +
+# UndefinedBehaviorSanitizer, build-tsan with ThreadSanitizer.
+#
+#   scripts/sanitize.sh [asan|tsan|all] [--no-summary]
+#
+# scripts/test.sh runs `all` after the normal tests (ZF_SKIP_SANITIZE=1 skips
+# it) and sums these runs into its last line; alone, this script ends with
+# its own "N passed, N failed, N skipped". A sanitizer finding fails the run
+# twice over: the process exits non-zero (UBSan halts on its first error),
+# and every process with a finding leaves a report in
+# build-*/sanitizer-reports/, each of which scripts/test_summary.py counts as
+# a failure, so that a finding in a child process whose failure its test
+# expected (tests/failures/) still fails.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+which=${1:-all}
+summary=1
+[[ ${2:-} == --no-summary ]] && summary=0
+case $which in
+  asan | tsan | all) ;;
+  *) echo "usage: scripts/sanitize.sh [asan|tsan|all] [--no-summary]" >&2; exit 2 ;;
+esac
+
+# Optimised a little (-O1) and with line tables only (-g1): on 2 cores the
+# build is most of the time, and -O1 compiles much faster than the release
+# -O3 while keeping the run fast enough. Stack traces keep their lines.
+common_setup=(-Dcuda=disabled -Dnccl=disabled -Dmpi=enabled --buildtype=custom -Doptimization=1
+              -Ddebug=true -Db_ndebug=true -Db_lundef=false)
+
+# ASan + UBSan: every suite but the two that run no compiled code
+# (stage_diffs, docs: Python over the sources, the normal run covers them).
+asan_tests=(memory kernels flash_attention comm launch data model optim adamw dp zero1 zero2 zero3
+            fsdp offload compute checkpoint recorder trace reference memory_model recompute cli faults
+            mpi_comm_np2 mpi_comm_np4 mpi_launch bench_py bench_fsdp_py trace_gantt_py)
+
+# TSan: the suites whose code runs threads: the threads communicator and its
+# rendezvous (comm, launch), every stage (N ranks as threads, the offload
+# copy queue), checkpoints and faults (a rank that fails while the others
+# wait); AdamW's thread pool runs in offload (--optimizer-threads 1 to 3).
+# Not the adamw suite: it passes large arrays through every instruction set
+# and thread count (4.5 minutes under TSan on 2 cores, for a pool the offload
+# suite already runs), it runs under ASan. Not the mpirun suites (mpi_*):
+# OpenMPI is not instrumented, so the synchronisation of its progress
+# threads and shared-memory transport is invisible to TSan and every
+# message would be reported as a race; they run under ASan.
+tsan_tests=(comm launch dp zero1 zero2 zero3 fsdp offload checkpoint faults)
+# Within those, not the tests that are long for their arithmetic alone and
+# run no thread code the others do not (TSan makes them about 16 times
+# slower, up to a minute each on 2 cores): each stage's gradient against the
+# double-precision reference, the ring-byte and memory-peak sweeps, the
+# stage-00 training to a low loss, and the output-path checks of faults
+# (Outputs.*: file checks in child processes, one thread each). They run
+# under ASan. The parity, checkpoint, schedule and failure tests that run
+# every stage's rank threads, their communicator and the copy queue remain.
+tsan_gtest_filter="-*Gradient.MatchesTheReference:*Comm.RingBytesFollowTheSizes:*Memory.*"
+tsan_gtest_filter+=":DataParallel.LossFallsOnBuiltInCorpus:Outputs.*"
+
+sanitizer_env() {  # $1: asan|tsan, $2: the report folder
+  local san=$1 rep=$2
+  if [[ $san == asan ]]; then
+    export ASAN_OPTIONS="log_path=$rep/asan:detect_leaks=1:check_initialization_order=1:strict_init_order=1"
+    export LSAN_OPTIONS="suppressions=$root/scripts/sanitizers/lsan.supp:print_suppressions=0"
+    export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$rep/ubsan"
+    # The processes mpirun starts (and only those: the variable is
+    # OpenMPI's) record full allocation stacks, so that lsan.supp can name
+    # OpenMPI's entry points (see there). Not everywhere: the slow unwinder
+    # on every allocation would slow the other suites several times.
+    export OMPI_MCA_mca_base_env_list="ASAN_OPTIONS=$ASAN_OPTIONS:fast_unwind_on_malloc=0"
+  else
+    export TSAN_OPTIONS="log_path=$rep/tsan:second_deadlock_stack=1"
+    # Suppressions only for third-party false positives, each explained there.
+    local supp=$root/scripts/sanitizers/tsan.supp
+    [[ -f $supp ]] && TSAN_OPTIONS+=":suppressions=$supp"
+    # OpenBLAS's own thread pool is not TSan-instrumented: its hand-off of
+    # work to its threads is invisible, so the matrices they read and write
+    # would be reported as races. One BLAS thread per call keeps every
+    # product on the calling (instrumented) thread; blas_set_threads()
+    # never raises the count above this.
+    export OPENBLAS_NUM_THREADS=1
+    export GTEST_FILTER=$tsan_gtest_filter
+  fi
+}
+
+# The build targets the chosen tests need: their executables and every
+# built program they run (the stage binaries named in their environment).
+needed_targets() {  # $1: build dir, then test names
+  local dir=$1; shift
+  meson introspect "$dir" --targets --tests | python3 -c '
+import json, os, sys
+data = json.load(sys.stdin)
+dir, wanted = sys.argv[1], set(sys.argv[2:])
+files = {}
+for t in data["targets"]:
+    for f in t["filename"]:
+        files[f] = t["id"]
+ids = {i: f for f, i in files.items()}
+out = set()
+for t in data["tests"]:
+    if t["name"] not in wanted:
+        continue
+    out.update(ids[d] for d in t["depends"] if d in ids)
+    for word in t["cmd"] + list(t["env"].values()):
+        if word in files:
+            out.add(word)
+print(" ".join(sorted(os.path.relpath(f, dir) for f in out)))
+' "$dir" "$@"
+}
+
+run_sanitizer() {  # $1: asan|tsan
+  local san=$1 dir=build-$1 start=$SECONDS
+  local -n tests=${san}_tests
+  local flags
+  if [[ $san == asan ]]; then
+    # UBSan halts on its first error here (the flag) and at run time
+    # (halt_on_error in UBSAN_OPTIONS, for code built without the flag).
+    flags=(-Db_sanitize=address,undefined "-Dcpp_args=['-g1','-fno-omit-frame-pointer','-fno-sanitize-recover=all']")
+  else
+    flags=(-Db_sanitize=thread "-Dcpp_args=['-g1','-fno-omit-frame-pointer']")
+  fi
+  rm -rf "$dir/tests/results" "$dir/meson-logs/testlog.json" "$dir/sanitizer-reports"
+  if [[ ! -f $dir/build.ninja ]]; then
+    meson setup "$dir" "${common_setup[@]}" "${flags[@]}" >/dev/null || { echo "$san: meson setup failed"; return 1; }
+  fi
+  mkdir -p "$dir/tests/results" "$dir/sanitizer-reports"
+  local targets
+  targets=$(needed_targets "$dir" "${tests[@]}") || return 1
+  # shellcheck disable=SC2086
+  ninja -C "$dir" $targets >/dev/null || ninja -C "$dir" $targets || { echo "$san: build failed"; return 1; }
+  local built=$SECONDS
+  (
+    sanitizer_env "$san" "$root/$dir/sanitizer-reports"
+    meson test -C "$dir" --no-rebuild --num-processes 2 --print-errorlogs "${tests[@]}"
+  )
+  local status=$?
+  for r in "$dir"/sanitizer-reports/*; do
+    [[ -s $r ]] || continue
+    status=1
+    echo "=== $san finding: $r"
+    head -n 80 "$r"
+  done
+  echo "$san: build $((built - start)) s, tests $((SECONDS - built)) s"
+  return $status
+}
+
+status=0
+runs=()
+for san in asan tsan; do
+  [[ $which == all || $which == "$san" ]] || continue
+  run_sanitizer "$san" || status=1
+  runs+=("build-$san/tests/results" "build-$san/meson-logs/testlog.json" --reports "build-$san/sanitizer-reports")
+done
+if [[ $summary -eq 1 ]]; then
+  python3 scripts/test_summary.py "${runs[@]}" || status=1
+fi
+exit $status
