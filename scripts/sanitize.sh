@@ -141,7 +141,9 @@ run_sanitizer() {  # $1: asan|tsan
   local built=$SECONDS
   (
     sanitizer_env "$san" "$root/$dir/sanitizer-reports"
-    meson test -C "$dir" --no-rebuild --num-processes 2 --print-errorlogs "${tests[@]}"
+    # Sanitized code runs several times slower (TSan about 16 times), and
+    # the suites' timeouts are set for the normal build.
+    meson test -C "$dir" --no-rebuild --num-processes 2 --print-errorlogs --timeout-multiplier 4 "${tests[@]}"
   )
   local status=$?
   for r in "$dir"/sanitizer-reports/*; do
