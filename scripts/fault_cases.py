@@ -89,6 +89,43 @@ def wrong_name(n, header, hb, data):
     return hb.replace(b'"wte.weight"', b'"wtf.weight"', 1), bytes(data)
 
 
+def tensor_at(header, name, index=0):
+    """Where element `index` of float32 tensor `name` starts in the data."""
+    return header[name]["data_offsets"][0] + 4 * index
+
+
+def with_value(name, value, index=0, keep_checksum=False):
+    """A transform that writes `value` into a tensor, dropping its checksum unless told to keep it, so
+    that the value check, not the checksum, is what refuses it."""
+    def transform(n, header, hb, data):
+        at = tensor_at(header, name, index)
+        data[at:at + 4] = struct.pack("<f", value)
+        if not keep_checksum:
+            header["__metadata__"].pop("checksum." + name, None)
+        return json.dumps(header).encode(), bytes(data)
+    return transform
+
+
+def flipped_bit(n, header, hb, data):
+    data[tensor_at(header, "wte.weight") + 1] ^= 0x10
+    return hb, bytes(data)
+
+
+def trailing(n, header, hb, data):
+    return hb, bytes(data) + bytes(8)
+
+
+def duplicate_key(n, header, hb, data):
+    return hb.replace(b'"__metadata__":{', b'"__metadata__":{"seed":"1","seed":"2",', 1), bytes(data)
+
+
+def metadata(key, value):
+    def transform(n, header, hb, data):
+        header["__metadata__"][key] = value
+        return json.dumps(header).encode(), bytes(data)
+    return transform
+
+
 def resume_bad(extra=""):
     return lambda ctx: f"{ctx.env.bins['dp']} {MODEL} --ranks 2 --steps 4 --resume bad.st --save out.st {extra}"
 
@@ -124,6 +161,24 @@ def leaves(case_command, model=MODEL):
     return command
 
 
+def rank_pid(mpirun_pid, rank):
+    """The pid of rank `rank` among mpirun's children (OMPI_COMM_WORLD_RANK in its environment)."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != mpirun_pid:
+                continue
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if f"OMPI_COMM_WORLD_RANK={rank}".encode() in f.read().split(b"\0"):
+                    return int(name)
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
 def no_mpirun(env):
     return "" if env.mpirun else "mpirun not found"
 
@@ -154,6 +209,16 @@ def cases(env):
     add(Case("rank", "a rank throws, mpirun", "`mpirun -np 2 dp --inject-fault 1:2`",
              lambda x: f"{mpi} {dp} {MODEL} --steps 20 --inject-fault 1:2 --save ck.st", (1,),
              ["rank 1 failed"], skip=no_mpirun, max_seconds=30))
+
+    add(Case("rank", "a rank stalls", "`--ranks 3 --inject-fault 1:2:stall --comm-timeout 2`",
+             lambda x: f"{dp} {MODEL} --ranks 3 --steps 20 --inject-fault 1:2:stall --comm-timeout 2 --save ck.st", (1,),
+             ["timed out after 2 s", "rank 1"], max_seconds=30))
+    add(Case("rank", "a rank stalls, mpirun", "`mpirun -np 3 dp --inject-fault 1:2:stall --comm-timeout 3`",
+             lambda x: f"{env.mpirun} -np 3 {dp} {MODEL} --steps 20 --inject-fault 1:2:stall --comm-timeout 3",
+             (1,), ["timed out after 3 s"], skip=no_mpirun, max_seconds=40))
+    add(Case("rank", "a rank stopped, mpirun", "`kill -STOP` rank 1 after 3 steps, `ZF_COMM_TIMEOUT_S=3`",
+             lambda x: f"env ZF_COMM_TIMEOUT_S=3 {mpi} " + forever(x, extra=""), (1,), ["timed out after 3 s"],
+             signals=[(3, signal.SIGSTOP, lambda pid: rank_pid(pid, 1), 0)], skip=no_mpirun, max_seconds=60))
 
     # Signals.
     add(Case("signal", "SIGINT", "Ctrl-C after 3 steps, `--ranks 2`", leaves(forever), (130,),
@@ -200,7 +265,17 @@ def cases(env):
             ("truncated", "last 100 bytes cut", truncated, ["bad.st"]),
             ("header not JSON", "header bytes overwritten", header_not_json, ["bad.st"]),
             ("header length one short", "the u64 length field minus 1", length_one_short, ["bad.st"]),
-            ("a tensor renamed", "`wte.weight` renamed `wtf.weight`", wrong_name, ["wte.weight"])]:
+            ("a tensor renamed", "`wte.weight` renamed `wtf.weight`", wrong_name, ["wte.weight"]),
+            ("NaN in an unused row", "wte row 255 (no ASCII byte) set to NaN", with_value("wte.weight", float("nan"),
+                                                                                       255 * 64), ["holds nan"]),
+            ("infinite moment", "an `optim.m` element set to -inf", with_value("optim.m.lm_head.weight",
+                                                                               float("-inf")), ["-inf"]),
+            ("negative second moment", "an `optim.v` element set to -1", with_value("optim.v.wte.weight", -1.0),
+             ["second moment"]),
+            ("a flipped bit", "one bit of wte's data, checksum kept", flipped_bit, ["checksum"]),
+            ("trailing bytes", "8 bytes after the last tensor", trailing, ["after the last tensor"]),
+            ("duplicate key", "`seed` twice in the metadata", duplicate_key, ["seed"]),
+            ("metadata not a number", "`ranks` is \"-7\"", metadata("ranks", "-7"), ["ranks"])]:
         add(Case("checkpoint", name, how, resume_bad(), (2,), words, setup=corrupt(transform), max_seconds=5))
     add(Case("checkpoint", "another model's", "`--model small --resume good.st`",
              lambda x: f"{dp} --model small --batch 1 --steps 4 --resume good.st", (2,), ["shape"], max_seconds=10))

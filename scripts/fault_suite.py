@@ -11,6 +11,7 @@
 #   python3 scripts/fault_suite.py --build build              # run all, print the table
 #   python3 scripts/fault_suite.py --build build --write docs/RELIABILITY.md
 #   python3 scripts/fault_suite.py --build build --only signal
+#   python3 scripts/fault_suite.py --build build --xml results.xml   # the fault_suite test
 #
 # Exits non-zero if any case does not hold. Standard library only; the
 # cases are in fault_cases.py. Cases that need mpirun or a mount namespace
@@ -179,7 +180,7 @@ def run_case(env, case):
     if 2 in case.exit_codes and len(case.exit_codes) == 1:  # refused: before anything was written
         for p in sorted(set(after) - set(before)):
             problems.append(f"refused, yet {os.path.relpath(p, folder)} was written")
-    outcome = first_message(output)
+    outcome = first_message(output, status)
     row = {"group": case.group, "name": case.name, "how": case.how, "outcome": outcome,
            "exit": status, "seconds": seconds, "lost": "nothing" if not problems else "; ".join(problems)}
     return row, problems, output
@@ -223,12 +224,15 @@ def logged_lines(path):
         return 0
 
 
-def first_message(output):
+def first_message(output, status):
     """The line that says what happened: the first error, stop or refusal."""
-    for line in output.splitlines():
-        if re.search(r"(error:|stopped by|second signal|Killed|not written)", line):
-            line = re.sub(r"/tmp/[^ ]*/", "", line)
-            return line.strip()[:160]
+    for pattern in (r"stopped by|second signal: stopping now", r"error:"):
+        for line in output.splitlines():
+            if re.search(pattern, line):
+                line = re.sub(r"/tmp/[^ ]*/", "", line)
+                return line.strip()[:160]
+    if status > 128:
+        return f"(killed by signal {status - 128}: nothing printed)"
     return "(trained to the end)" if output else "(no output)"
 
 
@@ -253,29 +257,48 @@ def write_into(doc, text):
         f.write(content)
 
 
+def write_xml(path, results):
+    """GoogleTest's XML shape: one testcase per case, as scripts/test_summary.py reads it."""
+    import xml.etree.ElementTree as ET
+    failures = sum(1 for _, state, _ in results if state == "failed")
+    suites = ET.Element("testsuites", name="AllTests", tests=str(len(results)), failures=str(failures))
+    suite = ET.SubElement(suites, "testsuite", name="FaultSuite", tests=str(len(results)), failures=str(failures))
+    for case, state, why in results:
+        tc = ET.SubElement(suite, "testcase", name=f"{case.group}: {case.name}", classname="FaultSuite",
+                           result="skipped" if state == "skipped" else "completed")
+        if state == "failed":
+            ET.SubElement(tc, "failure", message=why).text = why
+        elif state == "skipped":
+            ET.SubElement(tc, "skipped", message=why)
+    ET.ElementTree(suites).write(path, encoding="UTF-8", xml_declaration=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description="every fault and bad input, with the nothing-lost checks")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--only", default="", help="run the cases whose name or group contains this")
     ap.add_argument("--write", default="", help="put the table into this Markdown file, between its markers")
     ap.add_argument("--verbose", action="store_true", help="print each case's output")
+    ap.add_argument("--xml", default="", help="write the results in GoogleTest's XML shape (scripts/test_summary.py)")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="zf-faults-")
     try:
         env = Env(args.build, work)
-        rows, failed, skipped = [], [], []
+        rows, failed, skipped, results = [], [], [], []
         for case in fault_cases.cases(env):
             if args.only and args.only not in case.name and args.only not in case.group:
                 continue
             why = case.skip(env) if case.skip else ""
             if why:
                 skipped.append((case.name, why))
+                results.append((case, "skipped", why))
                 print(f"skip  {case.name}: {why}", flush=True)
                 continue
             row, problems, output = run_case(env, case)
             rows.append(row)
             print(f"{'ok  ' if not problems else 'FAIL'}  {case.name} ({row['seconds']:.1f} s, exit {row['exit']})"
                   + ("" if not problems else ": " + "; ".join(problems)), flush=True)
+            results.append((case, "failed" if problems else "ok", "; ".join(problems)))
             if problems:
                 failed.append(case.name)
             if args.verbose or problems:
@@ -286,6 +309,8 @@ def main():
         print(text)
         if args.write:
             write_into(args.write, text)
+        if args.xml:
+            write_xml(args.xml, results)
         print(f"\n{len(rows) - len(failed)} held, {len(failed)} failed, {len(skipped)} skipped")
         return 1 if failed else 0
     finally:

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -73,7 +74,16 @@ std::string blas_description() {
          (selected_by.empty() ? "chosen by OpenBLAS" : selected_by) + ")";
 }
 
-void blas_set_threads(int n) { openblas_set_num_threads(n < 1 ? 1 : n); }
+void blas_set_threads(int n) {
+  // OPENBLAS_NUM_THREADS, when set, is the most threads a call may use:
+  // openblas_set_num_threads() would otherwise start more than it asked for
+  // (scripts/sanitize.sh sets 1, see there).
+  if (const char* env = std::getenv("OPENBLAS_NUM_THREADS")) {
+    const int most = std::atoi(env);
+    if (most >= 1) n = std::min(n, most);
+  }
+  openblas_set_num_threads(n < 1 ? 1 : n);
+}
 
 int hardware_cores() {
   unsigned n = std::thread::hardware_concurrency();

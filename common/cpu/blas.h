@@ -20,7 +20,8 @@ void blas_select_kernels(int argc, char** argv);
 std::string blas_description();
 
 // Threads OpenBLAS may use inside one call. With several rank threads on few
-// cores every rank calls BLAS at once, so each call gets cores/ranks threads.
+// cores every rank calls BLAS at once, so each call gets cores/ranks threads,
+// never more than OPENBLAS_NUM_THREADS when that is set.
 void blas_set_threads(int n);
 int hardware_cores();
 

@@ -34,6 +34,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <numbers>
@@ -42,6 +43,7 @@
 #include <thread>
 #include <vector>
 
+#include "blas.h"
 #include "cpu/kernels_ref.h"
 #include "dtype.h"
 #include "kernels.h"
@@ -370,6 +372,20 @@ TEST(Kernels, ConcurrentCallsAgree) {
     EXPECT_EQ(out[r], serial_out[r]) << "rank " << r;
     EXPECT_EQ(dqkv[r], serial_dqkv[r]) << "rank " << r;
   }
+}
+
+// An explicit OPENBLAS_NUM_THREADS caps what the trainers ask for (the TSan
+// run of scripts/sanitize.sh relies on it: one BLAS thread per call).
+TEST(Blas, SetThreadsKeepsToOpenblasNumThreads) {
+  const int before = openblas_get_num_threads();
+  const char* env = std::getenv("OPENBLAS_NUM_THREADS");
+  const std::string saved = env ? env : "";
+  setenv("OPENBLAS_NUM_THREADS", "1", 1);
+  zf::blas_set_threads(4);
+  const int capped = openblas_get_num_threads();
+  if (env) setenv("OPENBLAS_NUM_THREADS", saved.c_str(), 1); else unsetenv("OPENBLAS_NUM_THREADS");
+  openblas_set_num_threads(before);
+  EXPECT_EQ(capped, 1);
 }
 
 // ---------------------------------------------------------------------------

@@ -319,6 +319,10 @@ TEST(Faults, AbortFromAnotherThreadWakesAWaitingRank) {
 // Without the release that wait never ends: `timeout 60` turns it into exit
 // 124. ZF_OVERSUBSCRIBE=1 lifts the cap of 4 ranks per core.
 TEST(Faults, RankThreadsThatCannotStartAreAnErrorNotAnAbort) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "built with a sanitizer (scripts/sanitize.sh): its shadow memory reserves terabytes of "
+                  "address space at start-up, which this test's `ulimit -v` forbids";
+#endif
   const auto r = test::run_command("ulimit -s 131072; ulimit -v 41000000; MALLOC_ARENA_MAX=2 ZF_OVERSUBSCRIBE=1 "
                                    "timeout 60 " + test::dp_binary() +
                                    " --model tiny --steps 2 --batch 1 --ranks 128");

@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# sanitize.sh: the tests again under the sanitizers, each in its own build
+# (CPU only, MPI on): build-asan with AddressSanitizer + LeakSanitizer +
+# UndefinedBehaviorSanitizer, build-tsan with ThreadSanitizer.
+#
+#   scripts/sanitize.sh [asan|tsan|all|full] [--no-summary]
+#
+# all (CI's) runs the suites chosen below to keep CI near 20 minutes on 2
+# cores; full runs both sanitizers over every suite they can run (about 30
+# minutes more on 2 cores), for a change to the communicators, the launch or
+# a stage's threads.
+# scripts/test.sh runs `all` after the normal tests (ZF_SKIP_SANITIZE=1 skips
+# it) and sums these runs into its last line; alone, this script ends with
+# its own "N passed, N failed, N skipped". A sanitizer finding fails the run
+# twice over: the process exits non-zero (UBSan halts on its first error),
+# and every process with a finding leaves a report in
+# build-*/sanitizer-reports/, each of which scripts/test_summary.py counts as
+# a failure, so that a finding in a child process whose failure its test
+# expected (tests/failures/) still fails.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+which=${1:-all}
+summary=1
+[[ ${2:-} == --no-summary ]] && summary=0
+case $which in
+  asan | tsan | all | full) ;;
+  *) echo "usage: scripts/sanitize.sh [asan|tsan|all|full] [--no-summary]" >&2; exit 2 ;;
+esac
+
+# Optimised a little (-O1) and with line tables only (-g1): on 2 cores the
+# build is most of the time, and -O1 compiles much faster than the release
+# -O3 while keeping the run fast enough. Stack traces keep their lines.
+common_setup=(-Dcuda=disabled -Dnccl=disabled -Dmpi=enabled --buildtype=custom -Doptimization=1
+              -Ddebug=true -Db_ndebug=true -Db_lundef=false)
+
+# ASan + UBSan: the suites of the code that handles memory: tensors and
+# their transfers, the kernels, the communicators (threads and MPI, and the
+# OpenMPI start-up under mpirun), data and safetensors parsing, AdamW's
+# vector forms, every stage, recomputation, checkpoints, flags and faults.
+# Cut, to keep CI within its time (on 2 cores the build is most of the
+# sanitizer time, and these are among its costliest files to compile):
+# flash_attention (its two test files take an eighth of the whole build;
+# the flash kernel still runs under ASan in compute's --attention flash
+# trainings), trace, recorder, reference and memory_model (bookkeeping over
+# what the stage suites already run), and the Python suites (stage_diffs,
+# docs and test_summary_py run no compiled code; bench_py, bench_fsdp_py and
+# trace_gantt_py run the stage binaries as the stage suites do). Also cut:
+# adamw (large arrays through every instruction set; its kernel runs in the
+# offload suite), zero1 and zero2 (their code paths are dp's and zero3's
+# collectives in other orders), compute and recompute (the kernels suite
+# and the stage suites run the same kernels), mpi_comm_np4 (np2 runs the
+# same code). scripts/sanitize.sh full runs every suite.
+asan_tests=(memory kernels comm launch data model optim checkpoint cli faults signals dp zero3 fsdp offload
+            mpi_comm_np2 mpi_launch)
+
+# TSan: the suites whose code runs threads: the threads communicator and its
+# rendezvous (comm, launch), every stage (N ranks as threads, the offload
+# copy queue), checkpoints and faults (a rank that fails while the others
+# wait); AdamW's thread pool runs in offload (--optimizer-threads 1 to 3).
+# Not the adamw suite: it passes large arrays through every instruction set
+# and thread count (4.5 minutes under TSan on 2 cores, for a pool the offload
+# suite already runs), it runs under ASan. Not the mpirun suites (mpi_*):
+# OpenMPI is not instrumented, so the synchronisation of its progress
+# threads and shared-memory transport is invisible to TSan and every
+# message would be reported as a race; they run under ASan.
+# Not zero1, zero2 and zero3 in CI: their rank threads and collectives are
+# those of dp and fsdp in other orders (full runs them).
+tsan_tests=(comm launch dp fsdp offload checkpoint faults)
+# Within those, not the tests that are long for their arithmetic alone and
+# run no thread code the others do not (TSan makes them about 16 times
+# slower, up to a minute each on 2 cores): each stage's gradient against the
+# double-precision reference, the ring-byte and memory-peak sweeps, the
+# stage-00 training to a low loss, and the output-path checks of faults
+# (Outputs.*: file checks in child processes, one thread each). They run
+# under ASan. The parity, checkpoint, schedule and failure tests that run
+# every stage's rank threads, their communicator and the copy queue remain.
+tsan_gtest_filter="-*Gradient.MatchesTheReference:*Comm.RingBytesFollowTheSizes:*Memory.*"
+tsan_gtest_filter+=":DataParallel.LossFallsOnBuiltInCorpus:Outputs.*"
+
+sanitizer_env() {  # $1: asan|tsan, $2: the report folder
+  local san=$1 rep=$2
+  if [[ $san == asan ]]; then
+    export ASAN_OPTIONS="log_path=$rep/asan:detect_leaks=1:check_initialization_order=1:strict_init_order=1"
+    export LSAN_OPTIONS="suppressions=$root/scripts/sanitizers/lsan.supp:print_suppressions=0"
+    export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$rep/ubsan"
+    # The processes mpirun starts (and only those: the variable is
+    # OpenMPI's) record full allocation stacks, so that lsan.supp can name
+    # OpenMPI's entry points (see there). Not everywhere: the slow unwinder
+    # on every allocation would slow the other suites several times.
+    export OMPI_MCA_mca_base_env_list="ASAN_OPTIONS=$ASAN_OPTIONS:fast_unwind_on_malloc=0"
+  else
+    export TSAN_OPTIONS="log_path=$rep/tsan:second_deadlock_stack=1"
+    # Suppressions only for third-party false positives, each explained there.
+    local supp=$root/scripts/sanitizers/tsan.supp
+    [[ -f $supp ]] && TSAN_OPTIONS+=":suppressions=$supp"
+    # OpenBLAS's own thread pool is not TSan-instrumented: its hand-off of
+    # work to its threads is invisible, so the matrices they read and write
+    # would be reported as races. One BLAS thread per call keeps every
+    # product on the calling (instrumented) thread; blas_set_threads()
+    # never raises the count above this.
+    export OPENBLAS_NUM_THREADS=1
+    export GTEST_FILTER=$tsan_gtest_filter
+  fi
+}
+
+# The build targets the chosen tests need: their executables and every
+# built program they run (the stage binaries named in their environment).
+needed_targets() {  # $1: build dir, then test names
+  local dir=$1; shift
+  meson introspect "$dir" --targets --tests | python3 -c '
+import json, os, sys
+data = json.load(sys.stdin)
+dir, wanted = sys.argv[1], set(sys.argv[2:])
+files = {}
+for t in data["targets"]:
+    for f in t["filename"]:
+        files[f] = t["id"]
+ids = {i: f for f, i in files.items()}
+out = set()
+for t in data["tests"]:
+    if t["name"] not in wanted:
+        continue
+    out.update(ids[d] for d in t["depends"] if d in ids)
+    for word in t["cmd"] + list(t["env"].values()):
+        if word in files:
+            out.add(word)
+print(" ".join(sorted(os.path.relpath(f, dir) for f in out)))
+' "$dir" "$@"
+}
+
+run_sanitizer() {  # $1: asan|tsan
+  local san=$1 dir=build-$1 start=$SECONDS
+  local -n tests=${san}_tests
+  local flags
+  if [[ $san == asan ]]; then
+    # UBSan halts on its first error here (the flag) and at run time
+    # (halt_on_error in UBSAN_OPTIONS, for code built without the flag).
+    flags=(-Db_sanitize=address,undefined "-Dcpp_args=['-g1','-fno-omit-frame-pointer','-fno-sanitize-recover=all']")
+  else
+    flags=(-Db_sanitize=thread "-Dcpp_args=['-g1','-fno-omit-frame-pointer']")
+  fi
+  rm -rf "$dir/tests/results" "$dir/meson-logs/testlog.json" "$dir/sanitizer-reports"
+  if [[ ! -f $dir/build.ninja ]]; then
+    meson setup "$dir" "${common_setup[@]}" "${flags[@]}" >/dev/null || { echo "$san: meson setup failed"; return 1; }
+  fi
+  mkdir -p "$dir/tests/results" "$dir/sanitizer-reports"
+  local targets
+  targets=$(needed_targets "$dir" "${tests[@]}") || return 1
+  # shellcheck disable=SC2086
+  ninja -C "$dir" $targets >/dev/null || ninja -C "$dir" $targets || { echo "$san: build failed"; return 1; }
+  local built=$SECONDS
+  (
+    sanitizer_env "$san" "$root/$dir/sanitizer-reports"
+    # Sanitized code runs several times slower (TSan about 16 times), and
+    # the suites' timeouts are set for the normal build.
+    meson test -C "$dir" --no-rebuild --num-processes 2 --print-errorlogs --timeout-multiplier 4 "${tests[@]}"
+  )
+  local status=$?
+  for r in "$dir"/sanitizer-reports/*; do
+    [[ -s $r ]] || continue
+    status=1
+    echo "=== $san finding: $r"
+    head -n 80 "$r"
+  done
+  echo "$san: build $((built - start)) s, tests $((SECONDS - built)) s"
+  return $status
+}
+
+if [[ $which == full ]]; then
+  asan_tests=(memory kernels flash_attention comm launch data model optim adamw dp zero1 zero2 zero3 fsdp offload
+              compute checkpoint recorder trace reference memory_model recompute cli faults signals mpi_comm_np2
+              mpi_comm_np4 mpi_launch mpi_signals)
+  tsan_tests=(comm launch dp zero1 zero2 zero3 fsdp offload checkpoint faults signals)
+fi
+status=0
+runs=()
+for san in asan tsan; do
+  [[ $which == all || $which == full || $which == "$san" ]] || continue
+  run_sanitizer "$san" || status=1
+  runs+=("build-$san/tests/results" "build-$san/meson-logs/testlog.json" --reports "build-$san/sanitizer-reports")
+done
+if [[ $summary -eq 1 ]]; then
+  python3 scripts/test_summary.py "${runs[@]}" || status=1
+fi
+exit $status
