@@ -51,6 +51,19 @@ class TempDirTest : public ::testing::Test {
   std::string dir_;
 };
 
+// "ulimit -v KB; " before a child that must not allocate without limit, or
+// "" in a sanitizer build (scripts/sanitize.sh), whose shadow memory
+// reserves terabytes of address space at start-up; the tests' timeouts
+// still turn a runaway child into a failure there.
+inline std::string address_space_limit(const std::string& kb) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  (void)kb;
+  return "";
+#else
+  return "ulimit -v " + kb + "; ";
+#endif
+}
+
 struct ProcessResult {
   int exit_code;
   std::string output;  // stdout and stderr together

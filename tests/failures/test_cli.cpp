@@ -204,7 +204,7 @@ TEST(Cli, SpecialFilesAsInputAreRefused) {
   const std::string dir = test::temp_dir(), fifo = dir + "/fifo";
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
   auto refused = [&](const std::string& args, const std::vector<std::string>& words) {
-    auto r = run_command("ulimit -v 4000000; timeout 20 " + dp() + " " + args);
+    auto r = run_command(test::address_space_limit("4000000") + "timeout 20 " + dp() + " " + args);
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
     for (const auto& w : words)
       EXPECT_NE(r.output.find(w), std::string::npos) << "'" << w << "' missing for " << args << ":\n" << r.output;

@@ -225,7 +225,7 @@ TEST_F(DataTest, SpecialFilesAreRefusedBeforeOpening) {
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
   for (const auto& [file, kind] : {std::pair<std::string, std::string>{"/dev/zero", "character device"},
                                    std::pair<std::string, std::string>{fifo, "FIFO"}}) {
-    auto r = zf::test::run_command("ulimit -v 4000000; timeout 20 " + zf::test::dp_binary() +
+    auto r = zf::test::run_command(zf::test::address_space_limit("4000000") + "timeout 20 " + zf::test::dp_binary() +
                                    " --model tiny --steps 1 --batch 1 --quiet --data " + file);
     EXPECT_EQ(r.exit_code, 2) << file << "\n" << r.output;
     EXPECT_NE(r.output.find("--data"), std::string::npos) << r.output;
