@@ -132,10 +132,10 @@ def resume_bad(extra=""):
 
 # --- token files --------------------------------------------------------------
 
-def llmc(ctx, name, magic=20240520, version=1, count=1000, body_tokens=1000):
+def llmc(ctx, name, magic=20240520, version=1, count=1000, body_tokens=1000, token=5):
     header = struct.pack("<3i", magic, version, count) + bytes(1024 - 12)
     with open(ctx.path(name), "wb") as f:
-        f.write(header + struct.pack(f"<{body_tokens}H", *([5] * body_tokens)))
+        f.write(header + struct.pack(f"<{body_tokens}H", *([token] * body_tokens)))
 
 
 def train_on(name, extra=""):
@@ -298,6 +298,8 @@ def cases(env):
              ["truncated"], setup=lambda x: llmc(x, "t.bin", body_tokens=100), max_seconds=5))
     add(Case("data", "llm.c version 2", "header version 2", train_on("t.bin"), (2,), ["version"],
              setup=lambda x: llmc(x, "t.bin", version=2), max_seconds=5))
+    add(Case("data", "another vocabulary", "llm.c tokens of id 300, tiny's V is 256", train_on("t.bin"), (2,),
+             ["300"], setup=lambda x: llmc(x, "t.bin", token=300), max_seconds=5))
     add(Case("data", "a folder", "`--data .`", train_on("."), (2,), ["not a regular file"], max_seconds=5))
     add(Case("data", "a FIFO with no writer", "`--data fifo`", train_on("fifo"), (2,), ["FIFO"],
              setup=make_fifo, max_seconds=5))
