@@ -47,17 +47,18 @@ common_setup=(-Dcuda=disabled -Dnccl=disabled -Dmpi=enabled --buildtype=custom -
 # docs and test_summary_py run no compiled code; bench_py, bench_fsdp_py and
 # trace_gantt_py run the stage binaries as the stage suites do). Also cut
 # (measured: a whole CI run with them took 31 minutes on 2 cores, the ASan
-# build alone 8): adamw (large arrays through every instruction set; its
-# kernel runs in offload), zero1, zero2, zero3 and fsdp (their collectives
-# and buffers are dp's and offload's in other orders), kernels, compute,
+# build alone 8; with dp too, 23.5): adamw (large arrays through every
+# instruction set; its kernel runs in offload), dp, zero1, zero2, zero3 and
+# fsdp (their collectives and buffers are offload's in other orders, and
+# faults runs stage 00 in-process), kernels, compute,
 # recompute, memory, model, optim (the stage suites run the same kernels
 # and tensors), cli and signals (child processes running the same code as
 # faults), mpi_comm_np4 and mpi_launch (np2 runs the same code). What stays:
 # the communicators (threads and MPI), the launch, every parser of untrusted
-# input (token files, checkpoints), the failure paths, stage 00 and stage 05
-# (transfers, pinned memory, the disk tier). scripts/sanitize.sh full runs
+# input (token files, checkpoints), the failure paths, and stage 05 (stage
+# 04's units and queues, transfers, pinned memory, the disk tier). scripts/sanitize.sh full runs
 # every suite.
-asan_tests=(comm launch data checkpoint faults dp offload mpi_comm_np2)
+asan_tests=(comm launch data checkpoint faults offload mpi_comm_np2)
 
 # TSan: the suites whose code runs threads: the threads communicator and its
 # rendezvous (comm, launch), every stage (N ranks as threads, the offload
@@ -69,11 +70,12 @@ asan_tests=(comm launch data checkpoint faults dp offload mpi_comm_np2)
 # OpenMPI is not instrumented, so the synchronisation of its progress
 # threads and shared-memory transport is invisible to TSan and every
 # message would be reported as a race; they run under ASan.
-# Not zero1, zero2, zero3 and fsdp in CI: their rank threads and two-queue
-# collectives are those of dp and offload (stage 05 runs stage 04's units,
-# prefetch and queues) and of comm's split-queue scenarios; nor checkpoint,
-# whose files are written by one thread (full runs them all).
-tsan_tests=(comm launch dp offload faults)
+# Not dp, zero1, zero2, zero3 and fsdp in CI: their rank threads and
+# two-queue collectives are offload's (stage 05 runs stage 04's units,
+# prefetch and queues on stage 00's frame) and comm's split-queue
+# scenarios'; nor checkpoint, whose files are written by one thread (full
+# runs them all).
+tsan_tests=(comm launch offload faults)
 # Within those, not the tests that are long for their arithmetic alone and
 # run no thread code the others do not (TSan makes them about 16 times
 # slower, up to a minute each on 2 cores): each stage's gradient against the
