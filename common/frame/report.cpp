@@ -29,6 +29,33 @@ std::string hash_hex(uint64_t h) {
   return buf;
 }
 
+double StepEta::after_step(double ms, int remaining) {
+  const auto now = std::chrono::steady_clock::now();
+  ++reports_;
+  if (reports_ == 1) {
+    first_ms_ = ms;
+    first_end_ = now;
+    elapsed_s_ = ms / 1000.0;
+    return remaining * ms / 1000.0;
+  }
+  const double since_first = std::chrono::duration<double>(now - first_end_).count();
+  elapsed_s_ = first_ms_ / 1000.0 + since_first;
+  return remaining * since_first / (reports_ - 1);
+}
+
+std::string format_duration(double seconds) {
+  char buf[32];
+  if (seconds < 9.95) {  // short runs: tenths, so a line never reads "0s" while work is left
+    std::snprintf(buf, sizeof buf, "%.1fs", seconds > 0 ? seconds : 0.0);
+    return buf;
+  }
+  const long s = long(seconds + 0.5);
+  if (s < 60) std::snprintf(buf, sizeof buf, "%lds", s);
+  else if (s < 3600) std::snprintf(buf, sizeof buf, "%ldm%02lds", s / 60, s % 60);
+  else std::snprintf(buf, sizeof buf, "%ldh%02ldm", s / 3600, (s % 3600) / 60);
+  return buf;
+}
+
 StepReporter::StepReporter(const TrainConfig& cfg, size_t params)
     : cfg_(cfg), params_(params), program_(cfg.stage) {
   if (!cfg.log_json.empty()) json_.open(cfg.log_json, "the run log --log-json");
@@ -55,9 +82,14 @@ void StepReporter::step(int step, float loss, float grad_norm, double ms, size_t
     write_json(j.dump());
   }
   bool last = step + 1 == cfg_.steps;
+  const double eta_s = eta_.after_step(ms, cfg_.steps - step - 1);
   if (!cfg_.quiet && (step % cfg_.log_every == 0 || last)) {
-    std::printf("step %5d/%d | loss %.4f | grad norm %.4f | %8.2f ms | %9.0f tok/s | model states %s per rank\n",
-                step, cfg_.steps, loss, grad_norm, ms, tps, format_bytes(model_state_bytes).c_str());
+    // The last line says how long the steps took instead of what is left.
+    const std::string time_left =
+        last ? "took " + format_duration(eta_.elapsed_s()) : "ETA " + format_duration(eta_s);
+    std::printf("step %5d/%d | loss %.4f | grad norm %.4f | %8.2f ms | %9.0f tok/s | model states %s per rank | %s\n",
+                step, cfg_.steps, loss, grad_norm, ms, tps, format_bytes(model_state_bytes).c_str(),
+                time_left.c_str());
     if (!phases.empty()) {
       std::printf("           ");
       for (const auto& [name, t] : phases) std::printf(" | %s %.2f ms", name.c_str(), t);

@@ -2,6 +2,7 @@
 // (JSON lines, docs/SPEC.md "Run log"), and the memory and communication tables.
 #pragma once
 
+#include <chrono>
 #include <cstdio>
 #include <mutex>
 #include <string>
@@ -13,6 +14,27 @@
 #include "step_log.h"
 
 namespace zf {
+
+// How long the rest of a run will take, from the wall-clock time between
+// step reports. The first step is left out of the rate when later ones
+// exist: it carries the warm-up (first touches of memory, thread starts).
+class StepEta {
+ public:
+  // Records that a step ending now took `ms`; returns the seconds the
+  // `remaining` steps after it should take.
+  double after_step(double ms, int remaining);
+  // The seconds since the first report began, counting the first step.
+  double elapsed_s() const { return elapsed_s_; }
+
+ private:
+  int reports_ = 0;
+  double first_ms_ = 0, elapsed_s_ = 0;
+  std::chrono::steady_clock::time_point first_end_;
+};
+
+// "0.4s", "42s", "3m05s", "2h07m": tenths below 10 s, whole seconds below an
+// hour, minutes above.
+std::string format_duration(double seconds);
 
 class StepReporter final : public StepLog {
  public:
@@ -35,6 +57,7 @@ class StepReporter final : public StepLog {
 
   const TrainConfig& cfg_;
   size_t params_;
+  StepEta eta_;
   LogFile json_;
   std::string program_;  // the message prefix ("dp")
   std::mutex mu_;

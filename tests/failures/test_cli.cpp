@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "test_util.h"
@@ -54,6 +55,22 @@ TEST(Cli, QuietPrintsNothingOnStdout) {
   // And the help says so.
   auto help = run_command(test::dp_binary() + " --help");
   EXPECT_NE(help.output.find("print nothing on stdout"), std::string::npos) << help.output;
+}
+
+// Every step line but the last says how long the rest will take; the last
+// says how long the steps took.
+TEST(Cli, StepLinesShowTimeLeftThenTimeTaken) {
+  auto r = run_command(test::dp_binary() + " --model tiny --steps 3 --batch 1 --log-every 1 2>/dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<std::string> steps;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("step ", 0) == 0) steps.push_back(line);
+  ASSERT_EQ(steps.size(), 3u) << r.output;
+  EXPECT_NE(steps[0].find("| ETA "), std::string::npos) << steps[0];
+  EXPECT_NE(steps[1].find("| ETA "), std::string::npos) << steps[1];
+  EXPECT_NE(steps[2].find("| took "), std::string::npos) << steps[2];
+  EXPECT_EQ(steps[2].find("ETA"), std::string::npos) << steps[2];
 }
 
 TEST(Cli, ZeroRanks) { expect_usage_error("--ranks 0", {"--ranks", "got 0"}); }
