@@ -6,11 +6,11 @@
 #   scripts/install_deps.sh --bench    also PyTorch (the benchmarks' peer) and python3-venv
 set -euo pipefail
 
-packages=(meson ninja-build pkg-config g++ python3
+packages=(meson ninja-build pkg-config g++ python3 python3-matplotlib
           libopenblas-dev libcli11-dev nlohmann-json3-dev libgtest-dev
           libopenmpi-dev openmpi-bin)
 # python3-venv: scripts/bench.sh --fsdp makes .venv-bench/ with a current PyTorch (FSDP2) from PyPI.
-if [[ "${1:-}" == "--bench" ]]; then packages+=(python3-torch python3-numpy python3-matplotlib python3-venv); fi
+if [[ "${1:-}" == "--bench" ]]; then packages+=(python3-torch python3-numpy python3-venv); fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -127,6 +127,9 @@ nlohmann::json summary_json(const RunResult& run) {
                                           {"to_host_bytes", t.to_host_bytes / steps},
                                           {"to_device_copies", t.to_device_copies / steps},
                                           {"to_host_copies", t.to_host_copies / steps}};
+    // Hybrid sharding: the part that crosses the shard groups.
+    const double across = run.ranks[r].comm_cross_group.total_bytes();
+    if (across > 0) entry_comm["cross_group_bytes_per_step"] = across / steps;
     comm.push_back(entry_comm);
   }
   std::vector<double> ms = run.ranks.empty() ? std::vector<double>{} : run.ranks[0].step_ms;
