@@ -98,6 +98,8 @@ TEST(EstimateVsRun, FsdpAndOffloadModes) {
       {"reshard false", [](TrainConfig& c) { c.fsdp.reshard_after_forward = false; }},
       {"wrap-blocks 2", [](TrainConfig& c) { c.fsdp.wrap_blocks = 2; }},
       {"no-sync K=3", [](TrainConfig& c) { c.grad_accum = 3, c.fsdp.no_sync = true; }},
+      {"shard-group 2, no-sync K=2",
+       [](TrainConfig& c) { c.fsdp.shard_group = 2, c.grad_accum = 2, c.fsdp.no_sync = true; }},
       {"reduce fp32", [](TrainConfig& c) { c.fsdp.reduce_dtype = DType::f32; }},
       {"offload-params", [](TrainConfig& c) { c.offload.offload_params = true; }, false},
       {"offload-params, reshard false, K=2",
