@@ -128,6 +128,11 @@ int run(int argc, char** argv) {
       app.add_flag("--delay-update", cfg.offload.delay_update, "second host gradient buffer (4S more)")->group(g5),
       app.add_option("--optimizer-threads", cfg.offload.optimizer_threads, "accepted, changes no byte")->group(g5),
       app.add_flag("--no-pin", cfg.offload.no_pin, "accepted, changes no byte")->group(g5)};
+  app.footer(
+      "The trainers' other flags (--steps, --lr, --clip, --seed, --data, --log-json, --device-mem, ...) are\n"
+      "accepted and change nothing here, so a run's command line can be given as it is. Not counted:\n"
+      "communication buffers, workspaces, the gathered units of stages 03-05. tools/README.md has the\n"
+      "JSON keys and the --fit family. Exit status 2 for a bad flag.");
   // The trainers' flags that change no byte counted here.
   std::string ignored;
   bool ignored_flag = false;

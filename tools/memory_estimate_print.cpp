@@ -63,26 +63,45 @@ void print_tables(const Request& q) {
                 q.model_text.c_str(), z.params, c.ranks, z.padded, z.shard);
   else
     std::printf("P = %.0f parameters (no padding counted), N = %d ranks\n", z.params, c.ranks);
-  std::printf("%s: %s params and grads, %s bytes of float32 optimizer state per parameter; batch %d, "
-              "grad-accum %d, compute %s, attention %s, recompute %s\n",
+  std::printf("%s: %s params and grads, %s bytes of float32 optimizer state per parameter; grad-accum %d\n",
               precision_name(c.precision), c.precision == Precision::fp32 ? "4-byte" : "2-byte",
-              c.precision == Precision::fp32 ? "8 (moments)" : "12 (master + moments)", c.batch, c.grad_accum,
-              dtype_name(c.compute), attention_form_name(c.attention), recompute_name(c.recompute));
+              c.precision == Precision::fp32 ? "8 (moments)" : "12 (master + moments)", c.grad_accum);
+  if (q.shaped)
+    std::printf("activations: batch %d, compute %s, attention %s, recompute %s\n", c.batch, dtype_name(c.compute),
+                attention_form_name(c.attention), recompute_name(c.recompute));
   std::printf("per rank; GB = 1e9 bytes, GiB = 2^30\n\n");
 
-  std::printf("%-17s %-24s %-11s %-11s %-11s %-24s %-24s %-20s %-12s %s\n", "stage", "device model states",
-              "params", "grads", "optimizer", "activations", "host", "disk", "formula", "device bytes (exact)");
+  // One row of cells per stage; a column that is empty in every row (no
+  // activations without a shape, no host or disk bytes) is left out.
   std::vector<StageEstimate> all;
+  std::vector<std::vector<std::string>> rows{{"stage", "device model states", "params", "grads", "optimizer",
+                                              "activations", "host", "disk", "formula", "device total (exact)"}};
+  bool host = false, disk = false;
   for (Stage s : q.stages) {
     const StageEstimate e = estimate_for(q, s);
     all.push_back(e);
     const StateBytes& d = e.states.device;
     char exact[40] = "";
     if (q.shaped) std::snprintf(exact, sizeof exact, "%.0f", d.total() + e.activations.value_or(0));
-    std::printf("%-17s %-24s %-11s %-11s %-11s %-24s %-24s %-20s %-12s %s\n", stage_label(s), both(d.total()).c_str(),
-                decimal(d.params).c_str(), decimal(d.grads).c_str(), decimal(d.optimizer).c_str(),
-                e.activations ? both(*e.activations).c_str() : "not counted", both(e.states.host.total()).c_str(),
-                both(e.disk.total()).c_str(), formula(s, c).c_str(), exact);
+    host |= e.states.host.total() > 0;
+    disk |= e.disk.total() > 0;
+    rows.push_back({stage_label(s), both(d.total()), decimal(d.params), decimal(d.grads), decimal(d.optimizer),
+                    e.activations ? both(*e.activations) : "", both(e.states.host.total()), both(e.disk.total()),
+                    formula(s, c), exact});
+  }
+  const bool shown[] = {true, true, true, true, true, q.shaped, host, disk, true, q.shaped};
+  const int width[] = {17, 24, 11, 11, 11, 24, 24, 22, 0, 0};
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      if (!shown[i]) continue;
+      std::string cell = row[i];
+      if (i == 8 && q.shaped) cell.resize(std::max(cell.size(), size_t(40)), ' ');
+      if (width[i] > 0) cell.resize(std::max(cell.size(), size_t(width[i])), ' ');
+      line += cell + " ";
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    std::printf("%s\n", line.c_str());
   }
   std::printf("\ncommunication per rank per optimizer step (ring model, bytes sent; docs/SPEC.md section 8)\n");
   std::printf("%-17s %-14s %-14s %-14s %-14s %-14s %-14s %s\n", "stage", "all_reduce", "reduce_scatter", "all_gather",
@@ -188,14 +207,14 @@ void print_deepspeed(const Request& q) {
   auto ours = [&](Stage s, bool offload_params) {
     cfg.offload.offload_params = offload_params;
     const StageEstimate e = q.shaped ? estimate_stage(s, cfg) : estimate_stage_unpadded(s, cfg, P);
-    return std::pair{e.states.device.total(), e.states.host.total()};
+    return std::pair{e.states.device.total(), e.states.host.total() * per_node};  // DeepSpeed's CPU is a node's
   };
   struct Near {
     Stage stage;
     bool offload_params;
   };
   auto table = [&](const char* title, const std::vector<DeepSpeedRow>& rows, const std::vector<Near>& near) {
-    std::printf("\n%s\n  %-9s | %-9s | %-55s | %s\n", title, "per CPU", "per GPU", "options", "ours, bf16 (GPU / CPU)");
+    std::printf("\n%s\n  %-9s | %-9s | %-55s | %s\n", title, "per CPU", "per GPU", "options", "ours, bf16 (per GPU / per node's host)");
     for (size_t i = 0; i < rows.size(); ++i) {
       const auto [dev, host] = ours(near[i].stage, near[i].offload_params);
       char cpu[32];
