@@ -11,6 +11,7 @@
 //   meson test -C build estimate
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -230,6 +231,56 @@ TEST(EstimateTool, JsonIsTheEstimate) {
   const nlohmann::json u = run_json("--params 1e9 --ranks 4 --precision bf16 --json");
   EXPECT_TRUE(u["stages"][0]["device"]["activations"].is_null());
   EXPECT_EQ(u["stages"][2]["device"]["model_states"].get<double>(), 5.5e9);
+}
+
+// A trainer's command line, given as it is to the tool with --stage: the
+// tool's numbers are the run log's (its summary, rank 0).
+class EstimateCommandLine : public test::TempDirTest {};
+
+TEST_F(EstimateCommandLine, SameFlagsAsARunSameNumbers) {
+  struct Case {
+    const char* stage;
+    const char* env;
+    const char* flags;
+  };
+  for (Case c : {Case{"dp", "ZF_DP_BIN", "--model tiny --ranks 3 --batch 2 --grad-accum 2 --recompute attn"},
+                 Case{"zero3", "ZF_ZERO3_BIN", "--model tiny --ranks 3 --precision bf16 --attention flash"},
+                 Case{"fsdp", "ZF_FSDP_BIN",
+                      "--model tiny --ranks 4 --precision bf16 --grad-accum 2 --no-sync --shard-group 2 "
+                      "--wrap-blocks 2 --reduce-dtype fp32 --recompute full --prefetch 0"},
+                 Case{"offload", "ZF_OFFLOAD_BIN",
+                      "--model tiny --ranks 3 --precision bf16 --batch 1 --offload-params --delay-update "
+                      "--reshard-after-forward false --optimizer-threads 1 --no-pin"}}) {
+    SCOPED_TRACE(std::string(c.stage) + " " + c.flags);
+    const char* bin = std::getenv(c.env);
+    ASSERT_NE(bin, nullptr) << c.env << " is set by tests/meson.build";
+    const std::string log = dir_ + "/" + c.stage + ".jsonl";
+    const std::string flags = std::string(c.flags) + " --steps 3 --quiet --log-json " + log;
+    const auto trained = test::run_command(std::string(bin) + " " + flags);
+    ASSERT_EQ(trained.exit_code, 0) << trained.output;
+    std::ifstream in(log);
+    std::string line, last;
+    while (std::getline(in, line)) last = line;
+    const nlohmann::json summary = nlohmann::json::parse(last)["summary"];
+    const nlohmann::json est = run_json(std::string("--stage ") + c.stage + " " + flags + " --json")["stages"][0];
+    const nlohmann::json& mem = summary["memory"][0];
+    for (const char* place : {"device", "host"})
+      for (const char* cat : {"params", "grads", "optimizer"})
+        EXPECT_EQ(mem[place][cat]["current"].get<double>(), est[place][cat].get<double>()) << place << " " << cat;
+    EXPECT_EQ(mem["device"]["activations"]["peak"].get<double>(), est["device"]["activations"].get<double>());
+    const nlohmann::json& comm = summary["comm"][0];
+    test::expect_bytes(comm["bytes_per_step"].get<double>(), est["comm_bytes_per_step"]["total"].get<double>(),
+                       "total");
+    for (const auto& [name, bytes] : comm["by_collective"].items())
+      test::expect_bytes(bytes.get<double>(), est["comm_bytes_per_step"]["by_collective"][name].get<double>(),
+                         name.c_str());
+    if (comm.contains("transfers_per_step")) {
+      EXPECT_EQ(comm["transfers_per_step"]["to_host_bytes"].get<double>(),
+                est["transfers_per_step"]["to_host"].get<double>());
+      EXPECT_EQ(comm["transfers_per_step"]["to_device_bytes"].get<double>(),
+                est["transfers_per_step"]["to_device"].get<double>());
+    }
+  }
 }
 
 // The ZeRO paper's Figure 1 (Rajbhandari et al. 2020): Psi = 7.5B, K = 12,
