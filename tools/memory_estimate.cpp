@@ -106,7 +106,8 @@ int run(int argc, char** argv) {
   app.add_flag("--paper", paper, "print the ZeRO paper's worked example (Rajbhandari et al. 2020, Figure 1)");
   app.add_flag("--deepspeed", deepspeed,
                "print DeepSpeed's published estimator (ZeRO-2, ZeRO-3) for this P and N beside ours");
-  app.add_option("--gpus-per-node", q.gpus_per_node, "with --deepspeed: GPUs per node (default: N, one node)");
+  int gpus_per_node = 0;
+  app.add_option("--gpus-per-node", gpus_per_node, "with --deepspeed: GPUs per node (default: N, one node)");
   app.add_option("--largest-layer", q.largest_layer,
                  "with --deepspeed: the largest layer's parameters (default: from the shape)");
   app.add_option("--fit", fit, "SIZE of device memory per rank (80GB, 40GiB): the largest model each stage fits");
@@ -149,6 +150,9 @@ int run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     throw UsageError(std::string(e.what()) + " (run memory_estimate --help for the flags)");
   }
+  USAGE_REQUIRE(!q.json || !(paper || deepspeed),
+                "--json prints the tables' numbers and --fit's; --paper and --deepspeed print text only");
+  USAGE_REQUIRE(int(paper) + int(deepspeed) + int(!fit.empty()) <= 1, "give one of --paper, --deepspeed and --fit");
   if (paper) {
     print_paper();
     return 0;
@@ -240,9 +244,9 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (deepspeed) {
-    USAGE_REQUIRE(q.gpus_per_node >= 0 && q.gpus_per_node == std::floor(q.gpus_per_node) &&
-                      (q.gpus_per_node == 0 || std::fmod(cfg.ranks, q.gpus_per_node) == 0),
-                  "--gpus-per-node must divide --ranks " << cfg.ranks << " (got " << q.gpus_per_node << ")");
+    USAGE_REQUIRE(gpus_per_node >= 0 && (gpus_per_node == 0 || cfg.ranks % gpus_per_node == 0),
+                  "--gpus-per-node must divide --ranks " << cfg.ranks << " (got " << gpus_per_node << ")");
+    q.gpus_per_node = gpus_per_node;
     if (q.largest_layer == 0 && q.shaped) q.largest_layer = largest_layer_params(cfg.model);
     USAGE_REQUIRE(q.largest_layer > 0, "--deepspeed's ZeRO-3 counts the largest layer: give --largest-layer "
                                        "PARAMS with --params, or a shape");

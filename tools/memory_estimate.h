@@ -21,7 +21,7 @@ struct Request {
   std::vector<Stage> stages;  // --stage, or all six
   bool json = false;
   double fit_budget = 0;      // --fit: bytes of device memory per rank (0: no --fit)
-  double gpus_per_node = 0;   // --deepspeed: GPUs per node (0: all on one node)
+  int gpus_per_node = 0;      // --deepspeed: GPUs per node (0: all on one node)
   double largest_layer = 0;   // --deepspeed: the largest layer's parameters
 };
 

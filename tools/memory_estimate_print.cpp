@@ -198,7 +198,7 @@ void print_paper() {
 // they differ).
 void print_deepspeed(const Request& q) {
   const double P = q.params, layer = q.largest_layer;
-  const int N = q.cfg.ranks, per_node = q.gpus_per_node > 0 ? int(q.gpus_per_node) : N, nodes = N / per_node;
+  const int N = q.cfg.ranks, per_node = q.gpus_per_node > 0 ? q.gpus_per_node : N, nodes = N / per_node;
   std::printf("DeepSpeed's estimator (docs: deepspeed.readthedocs.io, \"Memory Requirements\"), %d node%s x %d GPUs,\n"
               "%.0fM total params, %.0fM largest layer params; GB = 2^30 bytes, as DeepSpeed prints them\n",
               nodes, nodes == 1 ? "" : "s", per_node, P / 1e6, layer / 1e6);

@@ -387,7 +387,9 @@ TEST(EstimateTool, BadFlagsAreUsageErrorsNamingTheFlag) {
                  Case{"--params 1e9 --wrap-blocks 2", "--wrap-blocks"},
                  Case{"--model tiny --reduce-dtype bf16", "--reduce-dtype"},
                  Case{"--model tiny --compute bf16", "--compute"}, Case{"--model tiny --recompute some", "--recompute"},
-                 Case{"--params 1e9 --deepspeed", "--largest-layer"}}) {
+                 Case{"--params 1e9 --deepspeed", "--largest-layer"},
+                 Case{"--params 1e9 --ranks 8 --deepspeed --largest-layer 1e6 --gpus-per-node 3", "--gpus-per-node"},
+                 Case{"--paper --json", "--json"}, Case{"--paper --fit 80GB", "one of"}}) {
     const auto r = test::run_command(estimator() + " " + c.args);
     EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
     EXPECT_NE(r.output.find("memory_estimate: error:"), std::string::npos) << c.args << "\n" << r.output;
