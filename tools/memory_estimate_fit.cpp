@@ -6,8 +6,10 @@
 // = L heads of 128, V = 50304, T = 1024; P from the layout. A model fits
 // when its device model states (padded as the stage pads) plus its
 // activations for --batch, --recompute, --attention and --compute are at most
-// SIZE. Not counted, as in the tables: the gathered units of stages 03-05,
-// communication buffers and workspaces, so the answer is an upper bound.
+// SIZE; in stages 04-05 with their gathered peak for --prefetch and
+// --max-gathered too. Not counted, as in the tables: communication buffers
+// (stage 03's gathered units among them) and workspaces, so the answer is an
+// upper bound.
 #include <cstdio>
 #include <iostream>
 
@@ -38,8 +40,7 @@ std::string count(double p) {
 double device_bytes(Stage s, TrainConfig cfg, int L) {
   cfg.model = family(L);
   cfg.fsdp.wrap_blocks = std::min(cfg.fsdp.wrap_blocks, L);
-  const StageEstimate e = estimate_stage(s, cfg);
-  return e.states.device.total() + e.activations.value_or(0);
+  return estimate_stage(s, cfg).device_total();
 }
 
 // The largest L that fits (0: not even L = 1). Device bytes grow with L.
@@ -83,8 +84,8 @@ void print_fit(const Request& q) {
     std::cout << out.dump(2) << "\n";
     return;
   }
-  std::printf("The largest model that fits %s of device memory per rank (model states + activations; the gathered\n"
-              "units of stages 03-05 and communication buffers not counted): %s\n",
+  std::printf("The largest model that fits %s of device memory per rank (model states + activations + stages\n"
+              "04-05's gathered units; communication buffers not counted): %s\n",
               both(q.fit_budget).c_str(), kFamily);
   std::printf("%s, batch %d, recompute %s, attention %s, compute %s; P (layers L)%s\n\n",
               precision_name(q.cfg.precision), q.cfg.batch, recompute_name(q.cfg.recompute),

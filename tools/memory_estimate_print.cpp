@@ -75,28 +75,30 @@ void print_tables(const Request& q) {
   // activations without a shape, no host or disk bytes) is left out.
   std::vector<StageEstimate> all;
   std::vector<std::vector<std::string>> rows{{"stage", "device model states", "params", "grads", "optimizer",
-                                              "activations", "host", "disk", "formula", "device total (exact)"}};
-  bool host = false, disk = false;
+                                              "activations", "gathered", "host", "disk", "formula",
+                                              "device total (exact)"}};
+  bool host = false, disk = false, gathered = false;
   for (Stage s : q.stages) {
     const StageEstimate e = estimate_for(q, s);
     all.push_back(e);
     const StateBytes& d = e.states.device;
     char exact[40] = "";
-    if (q.shaped) std::snprintf(exact, sizeof exact, "%.0f", d.total() + e.activations.value_or(0));
+    if (q.shaped) std::snprintf(exact, sizeof exact, "%.0f", e.device_total());
     host |= e.states.host.total() > 0;
+    gathered |= e.gathered.has_value();
     disk |= e.disk.total() > 0;
     rows.push_back({stage_label(s), both(d.total()), decimal(d.params), decimal(d.grads), decimal(d.optimizer),
-                    e.activations ? both(*e.activations) : "", both(e.states.host.total()), both(e.disk.total()),
-                    formula(s, c), exact});
+                    e.activations ? both(*e.activations) : "", e.gathered ? both(*e.gathered) : "",
+                    both(e.states.host.total()), both(e.disk.total()), formula(s, c), exact});
   }
-  const bool shown[] = {true, true, true, true, true, q.shaped, host, disk, true, q.shaped};
-  const int width[] = {17, 24, 11, 11, 11, 24, 24, 22, 0, 0};
+  const bool shown[] = {true, true, true, true, true, q.shaped, gathered, host, disk, true, q.shaped};
+  const int width[] = {17, 24, 11, 11, 11, 24, 24, 24, 22, 0, 0};
   for (const auto& row : rows) {
     std::string line;
     for (size_t i = 0; i < row.size(); ++i) {
       if (!shown[i]) continue;
       std::string cell = row[i];
-      if (i == 8 && q.shaped) cell.resize(std::max(cell.size(), size_t(40)), ' ');
+      if (i == 9 && q.shaped) cell.resize(std::max(cell.size(), size_t(40)), ' ');
       if (width[i] > 0) cell.resize(std::max(cell.size(), size_t(width[i])), ' ');
       line += cell + " ";
     }
@@ -115,8 +117,8 @@ void print_tables(const Request& q) {
   if (!q.shaped)
     std::printf("\nActivations are not counted without a shape (give --model or --layers/--channels/--vocab/--seq/"
                 "--heads); the kept head of stages 04-05 is counted as 0 in their all-gathers.\n");
-  std::printf("\nNot counted: communication buffers, workspaces and the gathered units of stages 03-05 (they "
-              "depend on how many units are in flight).\n");
+  std::printf("\nNot counted: communication buffers (stage 03's gathered units among them) and workspaces; "
+              "the device total (exact) adds activations and stages 04-05's gathered peak.\n");
 }
 
 void print_json(const Request& q) {
@@ -138,6 +140,7 @@ void print_json(const Request& q) {
                          {"reduce_scatter", number(e.comm[int(CollectiveKind::reduce_scatter)])},
                          {"all_gather", number(e.comm[int(CollectiveKind::all_gather)])}};
     const nlohmann::json act = e.activations ? number(*e.activations) : nlohmann::json(nullptr);
+    const nlohmann::json gathered = e.gathered ? number(*e.gathered) : nlohmann::json(nullptr);
     stages.push_back({
         {"stage", stage_name(s)},
         {"label", stage_label(s)},
@@ -146,8 +149,8 @@ void print_json(const Request& q) {
         {"shard", number(e.sizes.shard)},
         {"device",
          {{"params", number(d.params)}, {"grads", number(d.grads)}, {"optimizer", number(d.optimizer)},
-          {"model_states", number(d.total())}, {"activations", act},
-          {"total", number(d.total() + e.activations.value_or(0))}}},
+          {"model_states", number(d.total())}, {"activations", act}, {"gathered", gathered},
+          {"total", number(e.device_total())}}},
         {"host",
          {{"params", number(h.params)}, {"grads", number(h.grads)}, {"optimizer", number(h.optimizer)},
           {"model_states", number(h.total())}}},

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "check.h"
 #include "precision.h"
@@ -111,6 +112,31 @@ StageEstimate estimate_from_sizes(Stage stage, const TrainConfig& cfg, const Mod
   return est;
 }
 
+// The peak of stage 04's gathered units (04_fsdp/README.md's schedule),
+// with a the padded FSDP units in forward order: every unit at once without
+// resharding. Else the larger of: a run of w consecutive units, w = D + 1
+// (the unit and the D prefetched) capped at M; and at the backward's start,
+// the head (kept gathered since its forward, which M does not count) with
+// the D units before it, capped at M. A prefetch that reaches past the
+// head into the backward's order (D >= G - 1 for G units) is not modelled.
+std::optional<double> gathered_peak(const std::vector<double>& a, const FsdpOptions& f) {
+  double total = 0;
+  for (double x : a) total += x;
+  if (!f.reshard_after_forward) return total;
+  const size_t D = size_t(f.prefetch), M = size_t(f.max_gathered);
+  if (D + 1 >= a.size()) return std::nullopt;
+  const size_t w = M == 0 ? D + 1 : std::min(D + 1, M), before = M == 0 ? D : std::min(D, M);
+  double peak = 0;
+  for (size_t g = 0; g < a.size(); ++g) {
+    double run = 0;
+    for (size_t i = g; i < std::min(a.size(), g + w); ++i) run += a[i];
+    peak = std::max(peak, run);
+  }
+  double head = a.back();
+  for (size_t i = 1; i <= before && i < a.size(); ++i) head += a[a.size() - 1 - i];
+  return std::max(peak, head);
+}
+
 }  // namespace
 
 const char* stage_name(Stage s) {
@@ -164,6 +190,10 @@ StageEstimate estimate_stage(Stage stage, const TrainConfig& cfg) {
   z.ranks = cfg.ranks;
   StageEstimate est = estimate_from_sizes(stage, cfg, z, head_shard * G, head_shard);
   est.activations = activation_bytes(cfg.model, cfg.batch, cfg.compute, cfg.attention, cfg.recompute);
+  std::vector<double> padded;
+  for (const UnitLayout& u : units.units) padded.push_back(std::ceil(double(u.numel) / G) * G);
+  if (const std::optional<double> peak = gathered_peak(padded, cfg.fsdp))
+    est.gathered = double(dtype_size(storage_dtype(cfg.precision))) * *peak;
   return est;
 }
 

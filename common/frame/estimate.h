@@ -10,8 +10,8 @@
 // from that run's flags: ranks, precision, compute, attention, recompute,
 // batch, grad_accum, stage 04's (wrap_blocks, reshard_after_forward,
 // reduce_dtype, shard_group, no_sync) and stage 05's (offload_params,
-// offload_dir, delay_update). prefetch and max_gathered change only the
-// gathered units' peak, which is not estimated.
+// offload_dir, delay_update), with prefetch and max_gathered for the peak of
+// the units stage 04 gathers.
 #pragma once
 
 #include <array>
@@ -37,6 +37,12 @@ struct StageEstimate {
   ModelStateBytes states;   // params, grads, optimizer on the device and the host
   StateBytes disk;          // stage 05 with --offload-dir: the files' bytes
   std::optional<double> activations;  // device bytes of category activations; none without a shape
+  // Stages 04-05: the peak of category gathered (units all-gathered whole),
+  // from the schedule of --prefetch, --max-gathered and resharding; none in
+  // stages 00-03 (stage 03's gathered units are comm buffers), without a
+  // shape, or for a prefetch deeper than the model's units less one.
+  std::optional<double> gathered;
+  double device_total() const { return states.device.total() + activations.value_or(0) + gathered.value_or(0); }
   std::array<double, kNumCollectives> comm{};  // ring-model bytes sent per optimizer step, by collective
   double comm_cross_group = 0;  // the part of comm's all_reduce across shard groups (--shard-group)
   double to_host = 0, to_device = 0;  // stage 05: host<->device bytes per step

@@ -64,6 +64,8 @@ void expect_estimate_matches_run(Stage stage, const TrainConfig& cfg) {
     }
     ASSERT_TRUE(est.activations.has_value());
     EXPECT_EQ(double(m.pk(Place::device, Category::activations)), *est.activations) << "activations";
+    if (est.gathered || (stage != Stage::fsdp && stage != Stage::offload))
+      EXPECT_EQ(double(m.pk(Place::device, Category::gathered)), est.gathered.value_or(0)) << "gathered";
     for (int k = 0; k < kNumCollectives; ++k)
       test::expect_bytes(rank.comm.bytes[k] / steps, est.comm[k], collective_name(CollectiveKind(k)));
     test::expect_bytes(rank.comm_cross_group.total_bytes() / steps, est.comm_cross_group, "across groups");
@@ -119,6 +121,30 @@ TEST(EstimateVsRun, FsdpAndOffloadModes) {
         if (cfg.fsdp.reduce_dtype && p == Precision::fp32) continue;  // the fp32 recipe reduces in fp32 anyway
         if (mode.fsdp) expect_estimate_matches_run(Stage::fsdp, cfg);
         expect_estimate_matches_run(Stage::offload, cfg);
+      }
+}
+
+// The gathered peak of stages 04-05 for schedules of --prefetch D and
+// --max-gathered M, with one and two blocks per unit, on four blocks (units
+// of two sizes with --wrap-blocks 2 and 3).
+TEST(EstimateVsRun, GatheredPeakFollowsTheSchedule) {
+  const ModelConfig odd4{"odd4", 256, 13, 4, 2, 10};
+  struct Schedule {
+    int D, M;
+  };
+  for (Schedule sc : {Schedule{1, 2}, Schedule{1, 1}, Schedule{2, 0}, Schedule{0, 2}, Schedule{2, 3}, Schedule{3, 0},
+                      Schedule{2, 2}, Schedule{1, 0}, Schedule{0, 0}, Schedule{3, 2}, Schedule{4, 1}})
+    for (int wrap : {1, 2, 3})
+      for (Stage s : {Stage::fsdp, Stage::offload}) {
+        SCOPED_TRACE("prefetch " + std::to_string(sc.D) + ", max-gathered " + std::to_string(sc.M) + ", wrap " +
+                     std::to_string(wrap));
+        TrainConfig cfg = test::config(odd4, 3, 1, 1, Precision::bf16);
+        cfg.fsdp.prefetch = sc.D, cfg.fsdp.max_gathered = sc.M, cfg.fsdp.wrap_blocks = wrap;
+        // Estimated where the prefetch stays within the forward's units (6
+        // units at wrap 1, 4 at wrap 2 and 3): said as none beyond.
+        const size_t G = wrap == 1 ? 6 : 4;
+        EXPECT_EQ(estimate_stage(s, cfg).gathered.has_value(), size_t(sc.D) + 1 < G);
+        expect_estimate_matches_run(s, cfg);
       }
 }
 
@@ -208,6 +234,9 @@ TEST(EstimateTool, JsonIsTheEstimate) {
     EXPECT_EQ(o["device"]["grads"].get<double>(), e.states.device.grads);
     EXPECT_EQ(o["device"]["optimizer"].get<double>(), e.states.device.optimizer);
     EXPECT_EQ(o["device"]["activations"].get<double>(), *e.activations);
+    if (e.gathered) EXPECT_EQ(o["device"]["gathered"].get<double>(), *e.gathered);
+    else EXPECT_TRUE(o["device"]["gathered"].is_null());
+    EXPECT_EQ(o["device"]["total"].get<double>(), e.device_total());
     EXPECT_EQ(o["host"]["model_states"].get<double>(), e.states.host.total());
     EXPECT_EQ(o["disk"]["optimizer"].get<double>(), 0.0);
     if (s != Stage::fsdp && s != Stage::offload)  // memory_model.h's table
@@ -352,7 +381,8 @@ TEST(EstimateTool, FitIsTheLargestThatFits) {
     auto device = [&](int layers) {
       cfg.model = ModelConfig{"fit", 50304, 1024, layers, layers, 128 * layers};
       const StageEstimate e = estimate_stage(s, cfg);
-      return e.states.device.total() + *e.activations;
+      EXPECT_EQ(e.gathered.has_value(), s == Stage::fsdp || s == Stage::offload);
+      return e.states.device.total() + *e.activations + e.gathered.value_or(0);
     };
     EXPECT_LE(device(L), 80e9);
     EXPECT_GT(device(L + 1), 80e9);
