@@ -257,6 +257,7 @@ RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenDa
     run.end_step(step, loss, clip.norm, ms, t.finish(ms));  // a checkpoint waits for the update
   }
   RankResult result = run.finish();
+  if (comms.across) result.comm_cross_group = comms.across->stats();  // stage 04's split, as its run log shows it
   result.host_optimizer = states.host->optimizer_description();
   return result;
 }

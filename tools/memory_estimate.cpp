@@ -1,26 +1,34 @@
-// memory_estimate: model-state bytes per rank for every stage, without
-// training (docs/SPEC.md, "Memory bookkeeping"; the formulas of
-// common/frame/memory_model.h, the same ones the tests hold the trainers to).
+// memory_estimate: what a rank of each stage holds and moves, without
+// training: model states per category on the device, the host and disk,
+// activations, communication bytes per step by collective and stage 05's
+// host<->device transfers (docs/SPEC.md sections 7 and 8; the formulas of
+// common/frame/estimate.h, which the estimate suite holds to measured runs).
 //
 //   memory_estimate --params 1e9 --ranks 4 --precision bf16
-//     -> 16 GB, 7 GB, 5.5 GB, 4 GB for stages 00, 01, 02, 03/04 (decimal GB,
-//        GiB alongside), and stage 05's device and host bytes.
-//   memory_estimate --model gpt2 --ranks 8
-//     -> the same, with every unit padded to a multiple of N as the stages do.
+//     -> 16 GB, 7 GB, 5.5 GB, 4 GB of model states for stages 00 .. 03
+//   memory_estimate --stage fsdp --model gpt2 --ranks 8 --batch 4 --shard-group 4
+//     -> the run `fsdp` would do with the same flags, padded as it pads
+//   memory_estimate --fit 80GB --ranks 1,2,4,8 --precision bf16 --recompute full
+//     -> the largest model of a GPT-3-like family each stage fits
 //
+// The trainers' flags are accepted with their meanings (common/frame/cli.cpp);
+// the ones that change no byte counted here (--steps, --lr, --log-json, ...)
+// are accepted and ignored, so that a run's command line can be pasted.
 // Exit status: 0 ok, 2 a usage error (the message says which flag and why).
+#include "memory_estimate.h"
+
 #include <CLI/CLI.hpp>
 
-#include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
-#include <string>
+#include <sstream>
 
 #include "check.h"
-#include "memory_model.h"
+#include "cli.h"
+#include "memory.h"
 
-namespace zf {
+namespace zf::tool {
 namespace {
 
 // "1e9", "1.5e9", "124000000" -> a whole, positive number of parameters.
@@ -40,61 +48,100 @@ double parse_params(const std::string& text) {
   return v;
 }
 
-// A number with up to 3 decimals, trailing zeros dropped: 16, 5.5, 14.901.
-std::string trimmed(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.3f", v);
-  std::string s = buf;
-  while (s.back() == '0') s.pop_back();
-  if (s.back() == '.') s.pop_back();
-  return s;
-}
-
-// Decimal units (GB = 1e9 bytes), the largest that keeps the value >= 1.
-std::string decimal(double bytes) {
-  static const char* units[] = {"B", "kB", "MB", "GB", "TB", "PB"};
-  int i = 0;
-  while (i < 5 && bytes >= 1000.0) bytes /= 1000.0, ++i;
-  return trimmed(bytes) + " " + units[i];
-}
-
-// Binary units (GiB = 2^30 bytes).
-std::string binary(double bytes) {
-  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  int i = 0;
-  while (i < 5 && bytes >= 1024.0) bytes /= 1024.0, ++i;
-  return trimmed(bytes) + " " + units[i];
-}
-
-std::string both(double bytes) { return bytes == 0 ? "0" : decimal(bytes) + " (" + binary(bytes) + ")"; }
-
-// docs/SPEC.md's formula of each row, for the reader.
-const char* formula(Stage s, Precision p) {
-  const bool bf = p == Precision::bf16;
-  switch (s) {
-    case Stage::dp: return "16P";
-    case Stage::zero1: return bf ? "4P + 12P/N" : "8P + 8P/N";
-    case Stage::zero2: return bf ? "2P + 14P/N" : "4P + 12P/N";
-    case Stage::zero3:
-    case Stage::fsdp: return "16P/N";
-    case Stage::offload: return bf ? "device 2P/N, host 18P/N" : "device 4P/N, host 16P/N";
+// "4" or, with --fit, "1,2,4,8".
+std::vector<int> parse_ranks(const std::string& text, bool list) {
+  std::vector<int> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    long v = 0;
+    try {
+      v = std::stol(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    USAGE_REQUIRE(used != 0 && used == item.size() && v >= 1 && v <= 1048576,
+                  "--ranks must be a number of ranks between 1 and 1048576" << (list ? ", or a list such as 1,2,4,8" : "")
+                                                                            << " (got '" << text << "')");
+    out.push_back(int(v));
   }
-  return "";
+  USAGE_REQUIRE(!out.empty(), "--ranks must be a number of ranks (got '" << text << "')");
+  USAGE_REQUIRE(list || out.size() == 1,
+                "--ranks takes one number (a list such as " << text << " only with --fit)");
+  return out;
 }
 
 int run(int argc, char** argv) {
-  CLI::App app{"Model-state bytes per rank (params + grads + optimizer) of every stage, from docs/SPEC.md's "
-               "formulas, without training",
+  CLI::App app{"What a rank of each stage holds and moves (model states on device, host and disk; activations; "
+               "communication and transfer bytes per step), from docs/SPEC.md's formulas, without training",
                "memory_estimate"};
-  std::string params_text, model, precision = "bf16";
-  int ranks = 1;
-  bool offload_params = false;
-  app.add_option("--params", params_text, "model size P: 124000000, 1e9, 1.5e9 (no padding)");
-  app.add_option("--model", model, "model preset tiny, small or gpt2 (units padded to a multiple of N)");
-  app.add_option("--ranks", ranks, "number of ranks N")->capture_default_str();
-  app.add_option("--precision", precision, "fp32 or bf16 (bf16 params/grads, fp32 master and moments)")
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // last one wins, as the trainers
+  Request q;
+  TrainConfig& cfg = q.cfg;
+  std::string params_text, model, precision = "fp32", compute = "auto", attention = "simple", recompute = "none",
+                           ranks = "1", stage, reshard = "true", reduce_dtype, fit, device = "cpu";
+  int L = 0, C = 0, V = 0, T = 0, H = 0;
+  bool paper = false, deepspeed = false;
+  app.add_option("--params", params_text, "model size P: 124000000, 1e9, 1.5e9 (no padding, no activations)");
+  app.add_option("--model", model, "model preset tiny, small or gpt2 (units padded as the stages pad them)");
+  auto* o_layers = app.add_option("--layers", L, "shape: blocks L (with --channels, --vocab, --seq, --heads)");
+  auto* o_channels = app.add_option("--channels", C, "shape: channels C");
+  auto* o_vocab = app.add_option("--vocab", V, "shape: vocabulary V");
+  auto* o_seq = app.add_option("--seq", T, "shape: sequence length T");
+  auto* o_heads = app.add_option("--heads", H, "shape: attention heads H (C a multiple of H)");
+  app.add_option("--ranks", ranks, "ranks N (with --fit a list: 1,2,4,8)")->capture_default_str();
+  app.add_option("--stage", stage, "print one stage: dp, zero1, zero2, zero3, fsdp or offload (default: all)");
+  app.add_option("--precision", precision, "fp32, or bf16 (bf16 params/grads, fp32 master and moments)")
       ->capture_default_str();
-  app.add_flag("--offload-params", offload_params, "stage 05 also keeps the parameters on the host");
+  app.add_option("--compute", compute, "auto, f32 or bf16, as the trainers resolve it for --device")
+      ->capture_default_str();
+  app.add_option("--device", device, "cpu or cuda: what --compute auto means (bf16 for bf16 on cuda)")
+      ->capture_default_str();
+  app.add_option("--attention", attention, "simple or flash")->capture_default_str();
+  app.add_option("--recompute", recompute, "none, full or attn")->capture_default_str();
+  app.add_option("--batch", cfg.batch, "micro-batch per rank (sequences)")->capture_default_str();
+  app.add_option("--grad-accum", cfg.grad_accum, "micro-steps per optimizer step K")->capture_default_str();
+  app.add_flag("--json", q.json, "print one JSON object on stdout instead of the tables");
+  app.add_flag("--paper", paper, "print the ZeRO paper's worked example (Rajbhandari et al. 2020, Figure 1)");
+  app.add_flag("--deepspeed", deepspeed,
+               "print DeepSpeed's published estimator (ZeRO-2, ZeRO-3) for this P and N beside ours");
+  int gpus_per_node = 0;
+  app.add_option("--gpus-per-node", gpus_per_node, "with --deepspeed: GPUs per node (default: N, one node)");
+  app.add_option("--largest-layer", q.largest_layer,
+                 "with --deepspeed: the largest layer's parameters (default: from the shape)");
+  app.add_option("--fit", fit, "SIZE of device memory per rank (80GB, 40GiB): the largest model each stage fits");
+  const std::string g4 = "FSDP (stages 04 and 05)", g5 = "Offload (stage 05)";
+  std::vector<CLI::Option*> fsdp_opts{
+      app.add_option("--wrap-blocks", cfg.fsdp.wrap_blocks, "K consecutive blocks per FSDP unit")->group(g4),
+      app.add_option("--reshard-after-forward", reshard, "true or false")->group(g4),
+      app.add_option("--reduce-dtype", reduce_dtype, "bf16 or fp32: the reduce-scatter's dtype")->group(g4),
+      app.add_option("--shard-group", cfg.fsdp.shard_group, "S: hybrid sharding, 16P/S")->group(g4),
+      app.add_flag("--no-sync", cfg.fsdp.no_sync, "reduce-scatter once per step (with --grad-accum K > 1)")
+          ->group(g4),
+      app.add_option("--prefetch", cfg.fsdp.prefetch, "accepted; changes only the gathered peak (not counted)")
+          ->group(g4),
+      app.add_option("--max-gathered", cfg.fsdp.max_gathered, "accepted; as --prefetch")->group(g4)};
+  std::vector<CLI::Option*> offload_opts{
+      app.add_flag("--offload-params", cfg.offload.offload_params, "parameter shards on the host too")->group(g5),
+      app.add_option("--offload-dir", cfg.offload.offload_dir, "moments (and bf16 master) in files: disk bytes")
+          ->group(g5),
+      app.add_flag("--delay-update", cfg.offload.delay_update, "second host gradient buffer (4S more)")->group(g5),
+      app.add_option("--optimizer-threads", cfg.offload.optimizer_threads, "accepted, changes no byte")->group(g5),
+      app.add_flag("--no-pin", cfg.offload.no_pin, "accepted, changes no byte")->group(g5)};
+  app.footer(
+      "The trainers' other flags (--steps, --lr, --clip, --seed, --data, --log-json, --device-mem, ...) are\n"
+      "accepted and change nothing here, so a run's command line can be given as it is. Not counted:\n"
+      "communication buffers, workspaces, the gathered units of stages 03-05. tools/README.md has the\n"
+      "JSON keys and the --fit family. Exit status 2 for a bad flag.");
+  // The trainers' flags that change no byte counted here.
+  std::string ignored;
+  bool ignored_flag = false;
+  for (const char* name : {"--steps", "--lr", "--clip", "--seed", "--data", "--init", "--save-init", "--save",
+                           "--save-every", "--resume", "--log-json", "--log-every", "--trace", "--comm-timeout",
+                           "--device-mem", "--inject-fault"})
+    app.add_option(name, ignored, "a trainer flag, accepted and ignored")->group("");
+  app.add_flag("--quiet", ignored_flag, "a trainer flag, accepted and ignored")->group("");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -103,69 +150,147 @@ int run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     throw UsageError(std::string(e.what()) + " (run memory_estimate --help for the flags)");
   }
+  USAGE_REQUIRE(!q.json || !(paper || deepspeed),
+                "--json prints the tables' numbers and --fit's; --paper and --deepspeed print text only");
+  USAGE_REQUIRE(int(paper) + int(deepspeed) + int(!fit.empty()) <= 1, "give one of --paper, --deepspeed and --fit");
+  if (paper) {
+    print_paper();
+    return 0;
+  }
 
-  USAGE_REQUIRE(!(params_text.empty() && model.empty()),
-                "say how large the model is: --params P (e.g. 1e9) or --model tiny|small|gpt2");
-  USAGE_REQUIRE(params_text.empty() || model.empty(),
-                "give --params or --model, not both (--model already fixes P)");
-  USAGE_REQUIRE(ranks >= 1 && ranks <= 1048576, "--ranks must be between 1 and 1048576 (got " << ranks << ")");
-  Precision prec;
-  if (precision == "fp32") prec = Precision::fp32;
-  else if (precision == "bf16") prec = Precision::bf16;
+  // The model: --params, --model, or the five shape flags.
+  const std::vector<CLI::Option*> shape_opts{o_layers, o_channels, o_vocab, o_seq, o_heads};
+  size_t shape_given = 0;
+  for (const CLI::Option* o : shape_opts) shape_given += o->count() > 0;
+  const bool fitting = !fit.empty();
+  USAGE_REQUIRE(fitting || params_text.size() || model.size() || shape_given,
+                "say how large the model is: --params P (e.g. 1e9), --model tiny|small|gpt2, or a shape "
+                "--layers L --channels C --vocab V --seq T --heads H");
+  USAGE_REQUIRE(int(!params_text.empty()) + int(!model.empty()) + int(shape_given > 0) <= 1,
+                "give one of --params, --model or a shape, not both (--model and a shape already fix P)");
+  USAGE_REQUIRE(!fitting || (params_text.empty() && model.empty() && !shape_given),
+                "--fit searches its own family of shapes (tools/README.md): drop --params, --model and the shape");
+  if (shape_given) {
+    for (const CLI::Option* o : shape_opts)
+      USAGE_REQUIRE(o->count() > 0, "a shape needs all five of --layers, --channels, --vocab, --seq, --heads: "
+                                        << o->get_name() << " is missing");
+    USAGE_REQUIRE(L >= 1 && L <= 100000, "--layers must be between 1 and 100000 (got " << L << ")");
+    USAGE_REQUIRE(C >= 1 && C <= 1000000, "--channels must be between 1 and 1000000 (got " << C << ")");
+    USAGE_REQUIRE(V >= 1 && V <= 100000000, "--vocab must be between 1 and 100000000 (got " << V << ")");
+    USAGE_REQUIRE(T >= 1 && T <= 10000000, "--seq must be between 1 and 10000000 (got " << T << ")");
+    USAGE_REQUIRE(H >= 1 && C % H == 0, "--heads must divide --channels " << C << " (got " << H << ")");
+    cfg.model = ModelConfig{"shape", V, T, L, H, C};
+    q.model_text = "L=" + std::to_string(L) + " C=" + std::to_string(C) + " V=" + std::to_string(V) +
+                   " T=" + std::to_string(T) + " H=" + std::to_string(H);
+  } else if (!model.empty()) {
+    cfg.model = model_preset(model);  // UsageError naming the presets
+    q.model_text = "model " + model;
+  }
+  q.shaped = !model.empty() || shape_given;
+  if (q.shaped) q.params = double(build_layout(cfg.model).numel);
+  else if (!params_text.empty()) q.params = parse_params(params_text);
+
+  q.ranks = parse_ranks(ranks, fitting);
+  cfg.ranks = q.ranks.front();
+  if (precision == "fp32") cfg.precision = Precision::fp32;
+  else if (precision == "bf16") cfg.precision = Precision::bf16;
   else throw UsageError("--precision must be fp32 or bf16 (got '" + precision + "')");
+  USAGE_REQUIRE(device == "cpu" || device == "cuda", "--device must be cpu or cuda (got '" << device << "')");
+  if (compute == "auto") cfg.compute = cfg.precision == Precision::bf16 && device == "cuda" ? DType::bf16 : DType::f32;
+  else if (compute == "f32" || compute == "fp32") cfg.compute = DType::f32;
+  else if (compute == "bf16") {
+    USAGE_REQUIRE(cfg.precision == Precision::bf16,
+                  "--compute bf16 needs --precision bf16 (the fp32 recipe is float32 throughout)");
+    cfg.compute = DType::bf16;
+  } else throw UsageError("--compute must be auto, f32 or bf16 (got '" + compute + "')");
+  if (attention == "simple") cfg.attention = AttentionForm::simple;
+  else if (attention == "flash") cfg.attention = AttentionForm::flash;
+  else throw UsageError("--attention must be simple or flash (got '" + attention + "')");
+  if (recompute == "none") cfg.recompute = Recompute::none;
+  else if (recompute == "full") cfg.recompute = Recompute::full;
+  else if (recompute == "attn") cfg.recompute = Recompute::attn;
+  else throw UsageError("--recompute must be none, full or attn (got '" + recompute + "')");
+  USAGE_REQUIRE(cfg.batch >= 1, "--batch must be at least 1 sequence per rank (got " << cfg.batch << ")");
+  USAGE_REQUIRE(cfg.grad_accum >= 1, "--grad-accum must be at least 1 (got " << cfg.grad_accum << ")");
 
-  ModelSizes z;
-  if (!model.empty()) {
-    ModelLayout layout = build_layout(model_preset(model));  // UsageError naming the presets
-    z = padded_sizes(layout, ranks);
-    std::printf("model %s: P = %.0f parameters; with N = %d every unit is padded to a multiple of N: "
-                "full padded %.0f, shard %.0f per rank\n",
-                model.c_str(), z.params, ranks, z.padded, z.shard);
-  } else {
-    z = unpadded_sizes(parse_params(params_text), ranks);
-    std::printf("P = %.0f parameters (no padding counted), N = %d ranks\n", z.params, ranks);
-  }
-  std::printf("%s: %s params and grads, %s bytes of float32 optimizer state per parameter\n",
-              precision_name(prec), prec == Precision::fp32 ? "4-byte" : "2-byte",
-              prec == Precision::fp32 ? "8 (moments)" : "12 (master + moments)");
-  std::printf("model states per rank (params + grads + optimizer); GB = 1e9 bytes, GiB = 2^30\n\n");
+  // Stage flags: of the stages that have them, as the trainers refuse them.
+  if (!stage.empty()) q.stages = {parse_stage(stage, "--stage")};
+  else q.stages = all_stages();
+  auto refuse = [&](const std::vector<CLI::Option*>& opts, bool has, const char* owner) {
+    for (const CLI::Option* o : opts)
+      USAGE_REQUIRE(has || o->count() == 0, o->get_name() << " is a flag of " << owner << ", not of --stage " << stage);
+  };
+  const bool one = q.stages.size() == 1;
+  refuse(fsdp_opts, !one || q.stages[0] == Stage::fsdp || q.stages[0] == Stage::offload,
+         "stages 04 (fsdp) and 05 (offload)");
+  refuse(offload_opts, !one || q.stages[0] == Stage::offload, "stage 05 (offload)");
+  USAGE_REQUIRE(q.shaped || fitting || fsdp_opts[0]->count() == 0,
+                "--wrap-blocks needs the model's shape (--model or --layers ...): with --params alone nothing "
+                "is padded, and wrapping changes only the padding");
+  const int shape_L = cfg.model.L;
+  if (!q.shaped) cfg.model.L = std::max(1, cfg.fsdp.wrap_blocks);  // --params (or --fit): no shape to check against
+  validate_fsdp_flags(cfg, reshard, reduce_dtype);
+  cfg.model.L = shape_L;
+  for (int n : q.ranks) validate_for_world(cfg, n);
 
-  const bool padded = !model.empty();  // every count is then a whole number of bytes
-  const int fw = padded ? 26 : 0;  // the formula column is the last one unless exact bytes follow
-  std::printf("%-20s %-26s %-12s %-12s %-12s %-26s %-*s%s\n", "stage", "device", "params", "grads", "optimizer",
-              "host", fw, "formula", padded ? " device bytes (exact)" : "");
-  for (Stage s : all_stages()) {
-    if (s == Stage::fsdp) continue;  // the same bytes as ZeRO-3: one row
-    ModelStateBytes b = model_state_bytes(s, prec, z, offload_params);
-    const StateBytes& part = s == Stage::offload && offload_params ? b.host : b.device;
-    std::string label = s == Stage::zero3 ? "03 ZeRO-3 / 04 FSDP" : stage_label(s);
-    std::string f = formula(s, prec);
-    if (s == Stage::offload && offload_params) f = prec == Precision::bf16 ? "device 0, host 18P/N" : "device 0, host 16P/N";
-    // The offload row's split: what stays on the device, what goes to the host.
-    const StateBytes shown = s == Stage::offload ? StateBytes{b.device.params + b.host.params, b.host.grads,
-                                                              b.host.optimizer}
-                                                 : part;
-    std::string exact;
-    if (padded) {
-      char buf[32];
-      std::snprintf(buf, sizeof buf, " %.0f", b.device.total());
-      exact = buf;
+  if (fitting) {
+    try {
+      q.fit_budget = double(parse_size(fit));
+    } catch (const UsageError& e) {
+      throw UsageError("--fit: " + std::string(e.what()));
     }
-    std::printf("%-20s %-26s %-12s %-12s %-12s %-26s %-*s%s\n", label.c_str(), both(b.device.total()).c_str(),
-                decimal(shown.params).c_str(), decimal(shown.grads).c_str(), decimal(shown.optimizer).c_str(),
-                both(b.host.total()).c_str(), fw, f.c_str(), exact.c_str());
+    USAGE_REQUIRE(q.fit_budget > 0, "--fit must be a size above 0, such as 80GB (got '" << fit << "')");
+    print_fit(q);
+    return 0;
   }
-  std::printf("\nNot counted: activations, communication buffers and workspaces (they depend on the batch "
-              "and on how many units are in flight, not on N).\n");
+  if (deepspeed) {
+    USAGE_REQUIRE(gpus_per_node >= 0 && (gpus_per_node == 0 || cfg.ranks % gpus_per_node == 0),
+                  "--gpus-per-node must divide --ranks " << cfg.ranks << " (got " << gpus_per_node << ")");
+    q.gpus_per_node = gpus_per_node;
+    if (q.largest_layer == 0 && q.shaped) q.largest_layer = largest_layer_params(cfg.model);
+    USAGE_REQUIRE(q.largest_layer > 0, "--deepspeed's ZeRO-3 counts the largest layer: give --largest-layer "
+                                       "PARAMS with --params, or a shape");
+    print_deepspeed(q);
+    return 0;
+  }
+  if (q.json) print_json(q);
+  else print_tables(q);
   return 0;
 }
 
 }  // namespace
-}  // namespace zf
+
+StageEstimate estimate_for(const Request& q, Stage s) {
+  return q.shaped ? estimate_stage(s, q.cfg) : estimate_stage_unpadded(s, q.cfg, q.params);
+}
+
+std::string formula(Stage s, const TrainConfig& cfg) {
+  const bool bf = cfg.precision == Precision::bf16;
+  const std::string n = cfg.fsdp.shard_group > 0 ? "S" : "N";
+  switch (s) {
+    case Stage::dp: return "16P";
+    case Stage::zero1: return bf ? "4P + 12P/N" : "8P + 8P/N";
+    case Stage::zero2: return bf ? "2P + 14P/N" : "4P + 12P/N";
+    case Stage::zero3: return "16P/N";
+    case Stage::fsdp: return "16P/" + n;
+    case Stage::offload: {
+      const OffloadOptions& o = cfg.offload;
+      std::string dev = o.offload_params ? "0" : (bf ? "2P/" : "4P/") + n;
+      double host = bf ? 18 : 16;
+      if (o.delay_update) host += 4 + (o.offload_params ? (bf ? 2 : 4) : 0);
+      std::string f = "device " + dev + ", host " + std::to_string(int(host)) + "P/" + n;
+      if (!o.offload_dir.empty()) f += (o.offload_params && bf) ? " (12P/" + n + " of it on disk)" : " (8P/" + n + " of it on disk)";
+      return f;
+    }
+  }
+  return "";
+}
+
+}  // namespace zf::tool
 
 int main(int argc, char** argv) {
   try {
-    return zf::run(argc, argv);
+    return zf::tool::run(argc, argv);
   } catch (const zf::UsageError& e) {
     std::fprintf(stderr, "memory_estimate: error: %s\n", e.what());
     return 2;

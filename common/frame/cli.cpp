@@ -18,35 +18,6 @@ namespace zf {
 
 namespace {
 
-// Stage 04's flags, each checked against the run's other values up front.
-void validate_fsdp_flags(TrainConfig& cfg, const std::string& reshard, const std::string& reduce_dtype) {
-  FsdpOptions& f = cfg.fsdp;
-  const int L = cfg.model.L;
-  USAGE_REQUIRE(f.wrap_blocks >= 1 && f.wrap_blocks <= L,
-                "--wrap-blocks must be between 1 and the model's " << L << " blocks (got " << f.wrap_blocks
-                                                                   << ")");
-  if (reshard == "true") f.reshard_after_forward = true;
-  else if (reshard == "false") f.reshard_after_forward = false;
-  else throw UsageError("--reshard-after-forward must be true or false (got '" + reshard + "')");
-  USAGE_REQUIRE(f.prefetch >= 0, "--prefetch must be 0 (none) or more units (got " << f.prefetch << ")");
-  USAGE_REQUIRE(f.max_gathered >= 0,
-                "--max-gathered must be 0 (no limit) or more units (got " << f.max_gathered << ")");
-  if (reduce_dtype == "bf16") {
-    USAGE_REQUIRE(cfg.precision == Precision::bf16,
-                  "--reduce-dtype bf16 needs --precision bf16: the fp32 recipe's gradients are float32, "
-                  "and it promises float32 sums");
-    f.reduce_dtype = DType::bf16;
-  } else if (reduce_dtype == "fp32") {
-    f.reduce_dtype = DType::f32;
-  } else if (!reduce_dtype.empty()) {
-    throw UsageError("--reduce-dtype must be bf16 or fp32 (got '" + reduce_dtype + "')");
-  }
-  USAGE_REQUIRE(f.shard_group >= 0, "--shard-group must be a number of ranks (got " << f.shard_group << ")");
-  USAGE_REQUIRE(!f.no_sync || cfg.grad_accum > 1,
-                "--no-sync keeps the unsharded gradients across the --grad-accum micro-steps, and --grad-accum "
-                "is " << cfg.grad_accum << ": add --grad-accum K with K > 1, or drop --no-sync");
-}
-
 // Stage 05's flags. The folder of --offload-dir is checked where the files
 // are made, before step 0 (05_offload/disk_tier.h).
 void validate_offload_flags(const TrainConfig& cfg) {
@@ -102,6 +73,35 @@ void require_regular_file(const char* flag, const std::string& path) {
 constexpr int kRanksPerCore = 4;
 
 }  // namespace
+
+// Stage 04's flags, each checked against the run's other values up front (cli.h).
+void validate_fsdp_flags(TrainConfig& cfg, const std::string& reshard, const std::string& reduce_dtype) {
+  FsdpOptions& f = cfg.fsdp;
+  const int L = cfg.model.L;
+  USAGE_REQUIRE(f.wrap_blocks >= 1 && f.wrap_blocks <= L,
+                "--wrap-blocks must be between 1 and the model's " << L << " blocks (got " << f.wrap_blocks
+                                                                   << ")");
+  if (reshard == "true") f.reshard_after_forward = true;
+  else if (reshard == "false") f.reshard_after_forward = false;
+  else throw UsageError("--reshard-after-forward must be true or false (got '" + reshard + "')");
+  USAGE_REQUIRE(f.prefetch >= 0, "--prefetch must be 0 (none) or more units (got " << f.prefetch << ")");
+  USAGE_REQUIRE(f.max_gathered >= 0,
+                "--max-gathered must be 0 (no limit) or more units (got " << f.max_gathered << ")");
+  if (reduce_dtype == "bf16") {
+    USAGE_REQUIRE(cfg.precision == Precision::bf16,
+                  "--reduce-dtype bf16 needs --precision bf16: the fp32 recipe's gradients are float32, "
+                  "and it promises float32 sums");
+    f.reduce_dtype = DType::bf16;
+  } else if (reduce_dtype == "fp32") {
+    f.reduce_dtype = DType::f32;
+  } else if (!reduce_dtype.empty()) {
+    throw UsageError("--reduce-dtype must be bf16 or fp32 (got '" + reduce_dtype + "')");
+  }
+  USAGE_REQUIRE(f.shard_group >= 0, "--shard-group must be a number of ranks (got " << f.shard_group << ")");
+  USAGE_REQUIRE(!f.no_sync || cfg.grad_accum > 1,
+                "--no-sync keeps the unsharded gradients across the --grad-accum micro-steps, and --grad-accum "
+                "is " << cfg.grad_accum << ": add --grad-accum K with K > 1, or drop --no-sync");
+}
 
 void validate_for_world(const TrainConfig& cfg, int world) {
   USAGE_REQUIRE(cfg.fault_rank < world,

@@ -27,6 +27,13 @@ struct StageInfo {
 // Throws UsageError for anything invalid.
 std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& stage);
 
+// Stage 04's flags (--wrap-blocks, --reshard-after-forward, --prefetch,
+// --max-gathered, --reduce-dtype, --shard-group, --no-sync) against the
+// rest of cfg; reshard and reduce_dtype as given ("" for the default
+// reduce dtype). Sets cfg.fsdp's parsed fields. Throws UsageError.
+// tools/memory_estimate checks its copies of these flags with it too.
+void validate_fsdp_flags(TrainConfig& cfg, const std::string& reshard, const std::string& reduce_dtype);
+
 // The checks that need the number of ranks, which a launcher may decide
 // (mpirun's count replaces --ranks): called once it is known, before any
 // rank starts. Throws UsageError.

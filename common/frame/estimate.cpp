@@ -1,0 +1,251 @@
+// estimate.cpp: docs/SPEC.md's memory and communication formulas for one
+// rank of a stage (see estimate.h), and DeepSpeed's published estimator.
+#include "estimate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include "check.h"
+#include "precision.h"
+
+namespace zf {
+
+namespace {
+
+// Stage 05's disk tier streams a shard through two chunks of each array it
+// keeps in files, a chunk being 1 Mi floats, or the shard rounded up to
+// 1024 floats when it is smaller (05_offload/disk_adamw.h, disk_tier.cpp).
+constexpr double kDiskChunkElems = double(size_t(1) << 20);
+constexpr double kDiskAlignElems = 1024;
+
+// The collectives' per-rank share of a buffer in the ring model (comm.h).
+double ring(int ranks) { return ranks <= 1 ? 0.0 : double(ranks - 1) / ranks; }
+
+bool is_fsdp_family(Stage s) { return s == Stage::fsdp || s == Stage::offload; }
+
+// The ranks that share one shard: --shard-group S, or all N.
+int shard_ranks(const TrainConfig& cfg) { return cfg.fsdp.shard_group > 0 ? cfg.fsdp.shard_group : cfg.ranks; }
+
+// Bytes of an element of the gradients' reduce-scatter in stages 04-05.
+double reduce_bytes(const TrainConfig& cfg) {
+  return double(dtype_size(cfg.fsdp.reduce_dtype.value_or(storage_dtype(cfg.precision))));
+}
+
+// Everything but activations, from the sizes the stage shards (`z`) and,
+// for stage 04's all-gathers, the head unit's padded size and shard.
+StageEstimate estimate_from_sizes(Stage stage, const TrainConfig& cfg, const ModelSizes& z, double head_padded,
+                                  double head_shard) {
+  StageEstimate est;
+  est.stage = stage;
+  est.sizes = z;
+  const OffloadOptions& off = cfg.offload;
+  const bool offload = stage == Stage::offload;
+  est.states = model_state_bytes(stage, cfg.precision, z, offload && off.offload_params, offload && off.delay_update);
+  const double e = double(dtype_size(storage_dtype(cfg.precision)));
+  const double S = z.shard, Pp = z.padded, K = cfg.grad_accum;
+  // --no-sync keeps every unit's unsharded gradient, padded, in the recipe's
+  // dtype, for the whole run (04_fsdp/flat_grads.h).
+  if (is_fsdp_family(stage) && cfg.fsdp.no_sync) est.states.device.grads += e * Pp;
+  if (offload && !off.offload_dir.empty()) {
+    // The moments in files; with --offload-params in bf16 the float32
+    // shards too, the host keeping only the bf16 copy (05_offload/offload.cpp).
+    const bool master_on_disk = off.offload_params && cfg.precision == Precision::bf16;
+    const double arrays = master_on_disk ? 3 : 2;
+    const double chunk = std::min(kDiskChunkElems, std::ceil(S / kDiskAlignElems) * kDiskAlignElems);
+    est.disk.optimizer = 8 * S;
+    est.states.host.optimizer = 2 * arrays * chunk * 4;
+    if (master_on_disk) {
+      est.disk.params = 4 * S;
+      est.states.host.params -= 4 * S;
+    }
+  }
+
+  // Communication per optimizer step (docs/SPEC.md section 8), with the
+  // loss's float32 all-reduce over all N and the gradient norm's 20 int64
+  // partial sums over the ranks that share a shard (stages 01-05).
+  auto& c = est.comm;
+  const int N = cfg.ranks;
+  const double fN = ring(N);
+  const int ar = int(CollectiveKind::all_reduce), rs = int(CollectiveKind::reduce_scatter),
+            ag = int(CollectiveKind::all_gather);
+  c[ar] = 2 * fN * 4;
+  switch (stage) {
+    case Stage::dp: c[ar] += 2 * fN * e * z.params; break;
+    case Stage::zero1:
+      c[rs] = fN * e * Pp;
+      c[ag] = fN * e * Pp;
+      break;
+    case Stage::zero2:
+      c[rs] = K * fN * e * Pp;
+      c[ag] = fN * e * Pp;
+      break;
+    case Stage::zero3:
+      c[rs] = K * fN * e * Pp;
+      c[ag] = 2 * K * fN * e * Pp;
+      break;
+    case Stage::fsdp:
+    case Stage::offload: {
+      const int G = shard_ranks(cfg);
+      const double fG = ring(G), W = double(N) / G, r = reduce_bytes(cfg);
+      const double reductions = cfg.fsdp.no_sync ? 1 : K;  // K' of section 8
+      // Every unit before its forward, and again before its backward all
+      // but the head, which stays gathered; once without resharding.
+      c[ag] = K * fG * e * (cfg.fsdp.reshard_after_forward ? 2 * Pp - head_padded : Pp);
+      c[rs] = reductions * fG * r * Pp;
+      // Hybrid sharding: each reduced piece all-reduced across the W groups.
+      est.comm_cross_group = reductions * 2 * ring(int(W)) * r * S;
+      c[ar] += est.comm_cross_group;
+      break;
+    }
+  }
+  if (stage != Stage::dp) c[ar] += 2 * ring(is_fsdp_family(stage) ? shard_ranks(cfg) : N) * 8 * 20;
+
+  if (offload) {
+    // Device->host: each reduced piece; host->device: the updated shard,
+    // or with --offload-params every all-gather's input.
+    const double reductions = cfg.fsdp.no_sync ? 1 : K;
+    est.to_host = reductions * reduce_bytes(cfg) * S;
+    if (!off.offload_params) est.to_device = e * S;
+    else est.to_device = K * e * (cfg.fsdp.reshard_after_forward ? 2 * S - head_shard : S);
+  }
+  return est;
+}
+
+// The peak of stage 04's gathered units (04_fsdp/README.md's schedule),
+// with a the padded FSDP units in forward order: every unit at once without
+// resharding. Else the larger of: a run of w consecutive units, w = D + 1
+// (the unit and the D prefetched) capped at M; and at the backward's start,
+// the head (kept gathered since its forward, which M does not count) with
+// the D units before it, capped at M. A prefetch that reaches past the
+// head into the backward's order (D >= G - 1 for G units) is not modelled.
+std::optional<double> gathered_peak(const std::vector<double>& a, const FsdpOptions& f) {
+  double total = 0;
+  for (double x : a) total += x;
+  if (!f.reshard_after_forward) return total;
+  const size_t D = size_t(f.prefetch), M = size_t(f.max_gathered);
+  if (D + 1 >= a.size()) return std::nullopt;
+  const size_t w = M == 0 ? D + 1 : std::min(D + 1, M), before = M == 0 ? D : std::min(D, M);
+  double peak = 0;
+  for (size_t g = 0; g < a.size(); ++g) {
+    double run = 0;
+    for (size_t i = g; i < std::min(a.size(), g + w); ++i) run += a[i];
+    peak = std::max(peak, run);
+  }
+  double head = a.back();
+  for (size_t i = 1; i <= before && i < a.size(); ++i) head += a[a.size() - 1 - i];
+  return std::max(peak, head);
+}
+
+}  // namespace
+
+const char* stage_name(Stage s) {
+  switch (s) {
+    case Stage::dp: return "dp";
+    case Stage::zero1: return "zero1";
+    case Stage::zero2: return "zero2";
+    case Stage::zero3: return "zero3";
+    case Stage::fsdp: return "fsdp";
+    case Stage::offload: return "offload";
+  }
+  return "?";
+}
+
+Stage parse_stage(const std::string& name, const char* flag) {
+  for (Stage s : all_stages())
+    if (name == stage_name(s)) return s;
+  throw UsageError(std::string(flag) + " must be dp, zero1, zero2, zero3, fsdp or offload (got '" + name + "')");
+}
+
+ModelLayout fsdp_units_layout(const ModelLayout& model, int wrap_blocks) {
+  REQUIRE(wrap_blocks >= 1, "fsdp_units_layout: wrap_blocks must be >= 1, got " << wrap_blocks);
+  ModelLayout out;
+  out.cfg = model.cfg;
+  out.numel = model.numel;
+  out.units.push_back(model.units.front());
+  const int L = model.cfg.L;
+  for (int l0 = 0; l0 < L; l0 += wrap_blocks) {
+    UnitLayout g;
+    g.kind = UnitKind::block;
+    g.layer = l0;
+    g.name = "h." + std::to_string(l0);
+    for (int l = l0; l < std::min(L, l0 + wrap_blocks); ++l) g.numel += model.units[size_t(model.block_unit(l))].numel;
+    out.units.push_back(g);
+  }
+  out.units.push_back(model.units.back());
+  return out;
+}
+
+StageEstimate estimate_stage(Stage stage, const TrainConfig& cfg) {
+  const ModelLayout layout = build_layout(cfg.model);
+  if (!is_fsdp_family(stage)) {
+    StageEstimate est = estimate_from_sizes(stage, cfg, padded_sizes(layout, cfg.ranks), 0, 0);
+    est.activations = activation_bytes(cfg.model, cfg.batch, cfg.compute, cfg.attention, cfg.recompute);
+    return est;
+  }
+  const int G = shard_ranks(cfg);
+  const ModelLayout units = fsdp_units_layout(layout, cfg.fsdp.wrap_blocks);
+  const double head_shard = std::ceil(double(units.units.back().numel) / G);
+  ModelSizes z = padded_sizes(units, G);
+  z.ranks = cfg.ranks;
+  StageEstimate est = estimate_from_sizes(stage, cfg, z, head_shard * G, head_shard);
+  est.activations = activation_bytes(cfg.model, cfg.batch, cfg.compute, cfg.attention, cfg.recompute);
+  std::vector<double> padded;
+  for (const UnitLayout& u : units.units) padded.push_back(std::ceil(double(u.numel) / G) * G);
+  if (const std::optional<double> peak = gathered_peak(padded, cfg.fsdp))
+    est.gathered = double(dtype_size(storage_dtype(cfg.precision))) * *peak;
+  return est;
+}
+
+StageEstimate estimate_stage_unpadded(Stage stage, const TrainConfig& cfg, double params) {
+  const int G = is_fsdp_family(stage) ? shard_ranks(cfg) : cfg.ranks;
+  ModelSizes z = unpadded_sizes(params, G);
+  z.ranks = cfg.ranks;
+  return estimate_from_sizes(stage, cfg, z, 0, 0);
+}
+
+double activation_bytes(const ModelConfig& m, int batch, DType compute, AttentionForm attention, Recompute recompute) {
+  const double V = m.V, T = m.T, L = m.L, H = m.H, C = m.C, B = batch, BT = B * T;
+  const double e = double(dtype_size(compute));
+  const bool flash = attention == AttentionForm::flash;
+  const double F = (L + 12) * BT * C * e + BT * V * e + 24 * BT + (flash ? 4 * B * H * T : 4 * T * T);
+  const double K = 15 * BT * C * e + 16 * BT;
+  // One block's attention, its probabilities rounded up to whole 4 bytes.
+  const double A = flash ? 4 * B * H * T : std::ceil(B * H * T * T * e / 4) * 4;
+  switch (recompute) {
+    case Recompute::none: return F + L * (K + A);
+    case Recompute::full: return F + K + A;
+    case Recompute::attn: return flash ? F + L * (K + A) : F + L * K + A;
+  }
+  return 0;
+}
+
+double largest_layer_params(const ModelConfig& m) {
+  const double V = m.V, T = m.T, C = m.C;
+  return std::max({V * C, T * C, 4 * C * C + 4 * C, 3 * C * C + 3 * C});
+}
+
+std::vector<DeepSpeedRow> deepspeed_zero2_estimate(double P, int gpus_per_node, int nodes) {
+  const double gpus = double(gpus_per_node) * nodes, buffer = 1.5;
+  return {{"offload_optimizer=cpu", 2 * P, P * std::max(4.0 * gpus, 16.0) * buffer},
+          {"offload_optimizer=none", 4 * P + std::floor(16 * P / gpus), P * 4 * gpus_per_node * buffer}};
+}
+
+std::vector<DeepSpeedRow> deepspeed_zero3_estimate(double P, double largest, int gpus_per_node, int nodes) {
+  const double gpus = double(gpus_per_node) * nodes, g = gpus_per_node, per_node = 1.0 / nodes, buffer = 1.5;
+  const double layer = 4 * largest;  // fp16 parameters gathered and fp16 gradients computed
+  return {
+      {"offload_param=cpu, offload_optimizer=cpu, zero_init=1", layer, P * 18 * per_node * buffer},
+      {"offload_param=cpu, offload_optimizer=cpu, zero_init=0", layer, P * std::max(4 * g, 18 * per_node) * buffer},
+      {"offload_param=none, offload_optimizer=cpu, zero_init=1", layer + std::floor(2 * P / gpus),
+       P * 16 * per_node * buffer},
+      {"offload_param=none, offload_optimizer=cpu, zero_init=0", layer + std::floor(2 * P / gpus),
+       P * std::max(4 * g, 16 * per_node) * buffer},
+      {"offload_param=none, offload_optimizer=none, zero_init=1", layer + std::floor(18 * P / gpus),
+       largest * 4 * g * buffer},
+      {"offload_param=none, offload_optimizer=none, zero_init=0", layer + std::floor(18 * P / gpus),
+       P * 4 * g * buffer},
+  };
+}
+
+}  // namespace zf

@@ -1,0 +1,85 @@
+// estimate.h: what one rank of a stage holds and moves, from a run's flags
+// alone, without training: model states per category and place (with shard
+// padding as the stage pads), activations (docs/SPEC.md's F/K/A formula,
+// section 7), bytes sent per collective per step (section 8) and stage 05's
+// host<->device transfers. tools/memory_estimate prints it; the estimate
+// suite holds it to measured runs of every stage.
+//
+// The stage's options are read from a TrainConfig, the same struct the
+// trainers parse their flags into (cli.h), so an estimate of a run is made
+// from that run's flags: ranks, precision, compute, attention, recompute,
+// batch, grad_accum, stage 04's (wrap_blocks, reshard_after_forward,
+// reduce_dtype, shard_group, no_sync) and stage 05's (offload_params,
+// offload_dir, delay_update), with prefetch and max_gathered for the peak of
+// the units stage 04 gathers.
+#pragma once
+
+#include <array>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm.h"
+#include "config.h"
+#include "memory_model.h"
+
+namespace zf {
+
+// The stage's executable name (dp, zero1, zero2, zero3, fsdp, offload),
+// and back; UsageError naming `flag` and the names for anything else.
+const char* stage_name(Stage s);
+Stage parse_stage(const std::string& name, const char* flag);
+
+// What a rank holds and moves in one stage.
+struct StageEstimate {
+  Stage stage = Stage::dp;
+  ModelSizes sizes;         // the elements this stage pads and shards (its FSDP units, its shard group)
+  ModelStateBytes states;   // params, grads, optimizer on the device and the host
+  StateBytes disk;          // stage 05 with --offload-dir: the files' bytes
+  std::optional<double> activations;  // device bytes of category activations; none without a shape
+  // Stages 04-05: the peak of category gathered (units all-gathered whole),
+  // from the schedule of --prefetch, --max-gathered and resharding; none in
+  // stages 00-03 (stage 03's gathered units are comm buffers), without a
+  // shape, or for a prefetch deeper than the model's units less one.
+  std::optional<double> gathered;
+  double device_total() const { return states.device.total() + activations.value_or(0) + gathered.value_or(0); }
+  std::array<double, kNumCollectives> comm{};  // ring-model bytes sent per optimizer step, by collective
+  double comm_cross_group = 0;  // the part of comm's all_reduce across shard groups (--shard-group)
+  double to_host = 0, to_device = 0;  // stage 05: host<->device bytes per step
+  double comm_total() const {
+    double t = 0;
+    for (double b : comm) t += b;
+    return t;
+  }
+};
+
+// From cfg.model's layout: units padded as the stage pads them.
+StageEstimate estimate_stage(Stage stage, const TrainConfig& cfg);
+// Only the model's size P known: no padding, no activations, and stage 04's
+// kept head counted as 0 (its all-gather bytes are then an upper bound).
+StageEstimate estimate_stage_unpadded(Stage stage, const TrainConfig& cfg, double params);
+
+// docs/SPEC.md's activation bytes of a rank (section 7, "Activation
+// recomputation"): F + L (K + A), F + K + A, F + L K + A by mode.
+double activation_bytes(const ModelConfig& m, int batch, DType compute, AttentionForm attention, Recompute recompute);
+
+// Stage 04's FSDP units (--wrap-blocks K): the embedding, groups of K
+// consecutive blocks, the head; as a layout whose units hold those sizes.
+ModelLayout fsdp_units_layout(const ModelLayout& model, int wrap_blocks);
+
+// The largest module's own parameters, as DeepSpeed's estimator counts a
+// "layer" (a module's parameters, not its children's): the token embedding,
+// the head's matrix, or a block's c_fc / c_proj.
+double largest_layer_params(const ModelConfig& m);
+
+// DeepSpeed's published estimator (deepspeed.runtime.zero.stage2 and stage3,
+// estimate_zero{2,3}_model_states_mem_needs_all_cold), its formulas as its
+// documentation gives them: per GPU and per CPU bytes, one row per option.
+struct DeepSpeedRow {
+  std::string options;  // "offload_optimizer=cpu", ...
+  double per_gpu = 0, per_cpu = 0;
+};
+std::vector<DeepSpeedRow> deepspeed_zero2_estimate(double params, int gpus_per_node, int nodes);
+std::vector<DeepSpeedRow> deepspeed_zero3_estimate(double params, double largest_layer, int gpus_per_node, int nodes);
+
+}  // namespace zf

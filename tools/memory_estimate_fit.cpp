@@ -1,0 +1,108 @@
+// memory_estimate_fit.cpp: --fit SIZE, the largest model each stage trains
+// within SIZE of device memory per rank, for each N of --ranks.
+//
+// The models searched are one family, GPT-3's proportions on this code's
+// layout (docs/SPEC.md section 1): L blocks, C = 128 L channels, H = C / 128
+// = L heads of 128, V = 50304, T = 1024; P from the layout. A model fits
+// when its device model states (padded as the stage pads) plus its
+// activations for --batch, --recompute, --attention and --compute are at most
+// SIZE; in stages 04-05 with their gathered peak for --prefetch and
+// --max-gathered too. Not counted, as in the tables: communication buffers
+// (stage 03's gathered units among them) and workspaces, so the answer is an
+// upper bound.
+#include <cstdio>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "memory_estimate.h"
+
+namespace zf::tool {
+namespace {
+
+constexpr int kMaxLayers = 4096;  // C = 524288: beyond any model a device of today fits
+constexpr const char* kFamily = "GPT-3-like: C = 128 L, H = C/128, V = 50304, T = 1024";
+
+ModelConfig family(int L) { return ModelConfig{"fit", 50304, 1024, L, L, 128 * L}; }
+
+// "1.52B", "850M", "96k" parameters.
+std::string count(double p) {
+  const char* unit = "";
+  for (const char* u : {"k", "M", "B", "T"}) {
+    if (p < 1000) break;
+    p /= 1000, unit = u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g%s", p, unit);
+  return buf;
+}
+
+double device_bytes(Stage s, TrainConfig cfg, int L) {
+  cfg.model = family(L);
+  cfg.fsdp.wrap_blocks = std::min(cfg.fsdp.wrap_blocks, L);
+  return estimate_stage(s, cfg).device_total();
+}
+
+// The largest L that fits (0: not even L = 1). Device bytes grow with L.
+int largest_fit(Stage s, const TrainConfig& cfg, double budget) {
+  if (device_bytes(s, cfg, 1) > budget) return 0;
+  int lo = 1, hi = kMaxLayers;
+  if (device_bytes(s, cfg, hi) <= budget) return hi;
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    (device_bytes(s, cfg, mid) <= budget ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+}  // namespace
+
+void print_fit(const Request& q) {
+  nlohmann::json fits = nlohmann::json::array();
+  struct Cell {
+    Stage stage;
+    int ranks, layers;
+    double params;
+  };
+  std::vector<Cell> cells;
+  for (Stage s : q.stages)
+    for (int N : q.ranks) {
+      TrainConfig cfg = q.cfg;
+      cfg.ranks = N;
+      const int L = largest_fit(s, cfg, q.fit_budget);
+      const double P = L > 0 ? double(build_layout(family(L)).numel) : 0;
+      cells.push_back({s, N, L, P});
+      fits.push_back({{"stage", stage_name(s)}, {"ranks", N}, {"params", int64_t(P)}, {"layers", L},
+                      {"channels", 128 * L}, {"device_bytes", L > 0 ? int64_t(device_bytes(s, cfg, L)) : 0}});
+    }
+  if (q.json) {
+    const TrainConfig& c = q.cfg;
+    nlohmann::json out = {{"device_mem", int64_t(q.fit_budget)}, {"family", kFamily},
+                          {"precision", precision_name(c.precision)}, {"batch", c.batch},
+                          {"recompute", recompute_name(c.recompute)}, {"attention", attention_form_name(c.attention)},
+                          {"compute", dtype_name(c.compute)}, {"max_layers", kMaxLayers}, {"fits", fits}};
+    std::cout << out.dump(2) << "\n";
+    return;
+  }
+  std::printf("The largest model that fits %s of device memory per rank (model states + activations + stages\n"
+              "04-05's gathered units; communication buffers not counted): %s\n",
+              both(q.fit_budget).c_str(), kFamily);
+  std::printf("%s, batch %d, recompute %s, attention %s, compute %s; P (layers L)%s\n\n",
+              precision_name(q.cfg.precision), q.cfg.batch, recompute_name(q.cfg.recompute),
+              attention_form_name(q.cfg.attention), dtype_name(q.cfg.compute),
+              "; '-' if not even L = 1 fits");
+  std::printf("%-17s", "stage");
+  for (int N : q.ranks) std::printf(" %18s", ("N = " + std::to_string(N)).c_str());
+  std::printf("\n");
+  for (size_t i = 0; i < cells.size(); ++i) {
+    if (i % q.ranks.size() == 0) std::printf("%-17s", stage_label(cells[i].stage));
+    char buf[48] = "-";
+    if (cells[i].layers > 0)
+      std::snprintf(buf, sizeof buf, "%s (%d)%s", count(cells[i].params).c_str(), cells[i].layers,
+                    cells[i].layers == kMaxLayers ? "+" : "");
+    std::printf(" %18s", buf);
+    if (i % q.ranks.size() == q.ranks.size() - 1) std::printf("\n");
+  }
+}
+
+}  // namespace zf::tool

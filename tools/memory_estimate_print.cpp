@@ -1,0 +1,241 @@
+// memory_estimate_print.cpp: memory_estimate's outputs: the memory and
+// communication tables, --json (one object, a contract: tools/README.md),
+// the ZeRO paper's example (--paper) and DeepSpeed's estimator (--deepspeed).
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "memory_estimate.h"
+
+namespace zf::tool {
+namespace {
+
+// A number with up to 3 decimals, trailing zeros dropped: 16, 5.5, 14.901.
+std::string trimmed(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.3f", v);
+  std::string s = buf;
+  while (s.back() == '0') s.pop_back();
+  if (s.back() == '.') s.pop_back();
+  return s;
+}
+
+// Binary units (GiB = 2^30 bytes).
+std::string binary(double bytes) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int i = 0;
+  while (i < 5 && bytes >= 1024.0) bytes /= 1024.0, ++i;
+  return trimmed(bytes) + " " + units[i];
+}
+
+// A byte count for JSON: an exact integer when it is one (every count of a
+// padded model is), else a double.
+nlohmann::json number(double v) {
+  if (v == std::floor(v) && std::fabs(v) < 9007199254740992.0) return int64_t(v);
+  return v;
+}
+
+const char* gib(double bytes) {
+  static thread_local char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2fGB", bytes / double(1 << 30));
+  return buf;
+}
+
+}  // namespace
+
+std::string decimal(double bytes) {
+  static const char* units[] = {"B", "kB", "MB", "GB", "TB", "PB"};
+  int i = 0;
+  while (i < 5 && bytes >= 1000.0) bytes /= 1000.0, ++i;
+  return trimmed(bytes) + " " + units[i];
+}
+
+std::string both(double bytes) { return bytes == 0 ? "0" : decimal(bytes) + " (" + binary(bytes) + ")"; }
+
+void print_tables(const Request& q) {
+  const TrainConfig& c = q.cfg;
+  const ModelSizes z = q.shaped ? padded_sizes(build_layout(c.model), c.ranks) : unpadded_sizes(q.params, c.ranks);
+  if (q.shaped)
+    std::printf("%s: P = %.0f parameters; with N = %d every unit is padded to a multiple of N (stages 01-03): "
+                "full padded %.0f, shard %.0f per rank\n",
+                q.model_text.c_str(), z.params, c.ranks, z.padded, z.shard);
+  else
+    std::printf("P = %.0f parameters (no padding counted), N = %d ranks\n", z.params, c.ranks);
+  std::printf("%s: %s params and grads, %s bytes of float32 optimizer state per parameter; grad-accum %d\n",
+              precision_name(c.precision), c.precision == Precision::fp32 ? "4-byte" : "2-byte",
+              c.precision == Precision::fp32 ? "8 (moments)" : "12 (master + moments)", c.grad_accum);
+  if (q.shaped)
+    std::printf("activations: batch %d, compute %s, attention %s, recompute %s\n", c.batch, dtype_name(c.compute),
+                attention_form_name(c.attention), recompute_name(c.recompute));
+  std::printf("per rank; GB = 1e9 bytes, GiB = 2^30\n\n");
+
+  // One row of cells per stage; a column that is empty in every row (no
+  // activations without a shape, no host or disk bytes) is left out.
+  std::vector<StageEstimate> all;
+  std::vector<std::vector<std::string>> rows{{"stage", "device model states", "params", "grads", "optimizer",
+                                              "activations", "gathered", "host", "disk", "formula",
+                                              "device total (exact)"}};
+  bool host = false, disk = false, gathered = false;
+  for (Stage s : q.stages) {
+    const StageEstimate e = estimate_for(q, s);
+    all.push_back(e);
+    const StateBytes& d = e.states.device;
+    char exact[40] = "";
+    if (q.shaped) std::snprintf(exact, sizeof exact, "%.0f", e.device_total());
+    host |= e.states.host.total() > 0;
+    gathered |= e.gathered.has_value();
+    disk |= e.disk.total() > 0;
+    rows.push_back({stage_label(s), both(d.total()), decimal(d.params), decimal(d.grads), decimal(d.optimizer),
+                    e.activations ? both(*e.activations) : "", e.gathered ? both(*e.gathered) : "",
+                    both(e.states.host.total()), both(e.disk.total()), formula(s, c), exact});
+  }
+  const bool shown[] = {true, true, true, true, true, q.shaped, gathered, host, disk, true, q.shaped};
+  const int width[] = {17, 24, 11, 11, 11, 24, 24, 24, 22, 0, 0};
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      if (!shown[i]) continue;
+      std::string cell = row[i];
+      if (i == 9 && q.shaped) cell.resize(std::max(cell.size(), size_t(40)), ' ');
+      if (width[i] > 0) cell.resize(std::max(cell.size(), size_t(width[i])), ' ');
+      line += cell + " ";
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    std::printf("%s\n", line.c_str());
+  }
+  std::printf("\ncommunication per rank per optimizer step (ring model, bytes sent; docs/SPEC.md section 8)\n");
+  std::printf("%-17s %-14s %-14s %-14s %-14s %-14s %-14s %s\n", "stage", "all_reduce", "reduce_scatter", "all_gather",
+              "total", "across groups", "device->host", "host->device");
+  for (const StageEstimate& e : all)
+    std::printf("%-17s %-14s %-14s %-14s %-14s %-14s %-14s %s\n", stage_label(e.stage),
+                decimal(e.comm[int(CollectiveKind::all_reduce)]).c_str(),
+                decimal(e.comm[int(CollectiveKind::reduce_scatter)]).c_str(),
+                decimal(e.comm[int(CollectiveKind::all_gather)]).c_str(), decimal(e.comm_total()).c_str(),
+                decimal(e.comm_cross_group).c_str(), decimal(e.to_host).c_str(), decimal(e.to_device).c_str());
+  if (!q.shaped)
+    std::printf("\nActivations are not counted without a shape (give --model or --layers/--channels/--vocab/--seq/"
+                "--heads); the kept head of stages 04-05 is counted as 0 in their all-gathers.\n");
+  std::printf("\nNot counted: communication buffers (stage 03's gathered units among them) and workspaces; "
+              "the device total (exact) adds activations and stages 04-05's gathered peak.\n");
+}
+
+void print_json(const Request& q) {
+  const TrainConfig& c = q.cfg;
+  const ModelSizes z = q.shaped ? padded_sizes(build_layout(c.model), c.ranks) : unpadded_sizes(q.params, c.ranks);
+  nlohmann::json out = {{"params", number(z.params)}, {"padded", number(z.padded)}, {"shard", number(z.shard)},
+                        {"ranks", c.ranks},           {"precision", precision_name(c.precision)},
+                        {"batch", c.batch},           {"grad_accum", c.grad_accum},
+                        {"compute", dtype_name(c.compute)}, {"attention", attention_form_name(c.attention)},
+                        {"recompute", recompute_name(c.recompute)}, {"padded_layout", q.shaped}};
+  if (q.shaped)
+    out["model"] = {{"layers", c.model.L}, {"channels", c.model.C}, {"vocab", c.model.V}, {"seq", c.model.T},
+                    {"heads", c.model.H}};
+  nlohmann::json stages = nlohmann::json::array();
+  for (Stage s : q.stages) {
+    const StageEstimate e = estimate_for(q, s);
+    const StateBytes &d = e.states.device, &h = e.states.host;
+    nlohmann::json by = {{"all_reduce", number(e.comm[int(CollectiveKind::all_reduce)])},
+                         {"reduce_scatter", number(e.comm[int(CollectiveKind::reduce_scatter)])},
+                         {"all_gather", number(e.comm[int(CollectiveKind::all_gather)])}};
+    const nlohmann::json act = e.activations ? number(*e.activations) : nlohmann::json(nullptr);
+    const nlohmann::json gathered = e.gathered ? number(*e.gathered) : nlohmann::json(nullptr);
+    stages.push_back({
+        {"stage", stage_name(s)},
+        {"label", stage_label(s)},
+        {"formula", formula(s, c)},
+        {"padded", number(e.sizes.padded)},
+        {"shard", number(e.sizes.shard)},
+        {"device",
+         {{"params", number(d.params)}, {"grads", number(d.grads)}, {"optimizer", number(d.optimizer)},
+          {"model_states", number(d.total())}, {"activations", act}, {"gathered", gathered},
+          {"total", number(e.device_total())}}},
+        {"host",
+         {{"params", number(h.params)}, {"grads", number(h.grads)}, {"optimizer", number(h.optimizer)},
+          {"model_states", number(h.total())}}},
+        {"disk", {{"params", number(e.disk.params)}, {"optimizer", number(e.disk.optimizer)},
+                  {"total", number(e.disk.total())}}},
+        {"comm_bytes_per_step",
+         {{"total", number(e.comm_total())}, {"by_collective", by}, {"across_groups", number(e.comm_cross_group)}}},
+        {"transfers_per_step", {{"to_host", number(e.to_host)}, {"to_device", number(e.to_device)}}},
+    });
+  }
+  out["stages"] = stages;
+  std::cout << out.dump(2) << "\n";
+}
+
+// Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training
+// Trillion Parameter Models", Figure 1: Psi = 7.5B, K = 12 (mixed-precision
+// Adam), Nd = 64. The bf16 recipe has their bytes with bf16 for fp16.
+void print_paper() {
+  struct Row {
+    Stage stage;
+    const char* name;
+    const char* formula;
+    const char* paper;
+  };
+  const Row rows[] = {{Stage::dp, "baseline", "(2 + 2 + K) Psi", "120 GB"},
+                      {Stage::zero1, "P_os", "2Psi + 2Psi + K Psi/Nd", "31.4 GB"},
+                      {Stage::zero2, "P_os+g", "2Psi + (2 + K) Psi/Nd", "16.6 GB"},
+                      {Stage::zero3, "P_os+g+p", "(2 + 2 + K) Psi/Nd", "1.9 GB"}};
+  TrainConfig cfg;
+  cfg.precision = Precision::bf16;
+  std::printf("ZeRO paper (Rajbhandari et al. 2020), Figure 1: Psi = 7.5e9 parameters, K = 12, Nd = 64 ranks\n");
+  std::printf("(mixed precision: 2 + 2 + 12 bytes per parameter; here --precision bf16, no padding)\n\n");
+  std::printf("%-10s %-20s %-24s %-14s %s\n", "paper", "stage here", "formula", "this tool", "paper says");
+  cfg.ranks = 64;
+  for (const Row& r : rows)
+    std::printf("%-10s %-20s %-24s %-14s %s\n", r.name, stage_label(r.stage), r.formula,
+                decimal(estimate_stage_unpadded(r.stage, cfg, 7.5e9).states.device.total()).c_str(), r.paper);
+  std::printf("\nThe same at P = 1e9, N = 4 (memory_estimate --params 1e9 --ranks 4 --precision bf16):\n");
+  cfg.ranks = 4;
+  for (const Row& r : rows)
+    std::printf("%-20s %s\n", stage_label(r.stage),
+                both(estimate_stage_unpadded(r.stage, cfg, 1e9).states.device.total()).c_str());
+}
+
+// DeepSpeed's estimate_zero{2,3}_model_states_mem_needs_all_cold, as its
+// documentation prints them (its "GB" is 2^30 bytes, two decimals), beside
+// this codebase's stage with the nearest options (tools/README.md says why
+// they differ).
+void print_deepspeed(const Request& q) {
+  const double P = q.params, layer = q.largest_layer;
+  const int N = q.cfg.ranks, per_node = q.gpus_per_node > 0 ? q.gpus_per_node : N, nodes = N / per_node;
+  std::printf("DeepSpeed's estimator (docs: deepspeed.readthedocs.io, \"Memory Requirements\"), %d node%s x %d GPUs,\n"
+              "%.0fM total params, %.0fM largest layer params; GB = 2^30 bytes, as DeepSpeed prints them\n",
+              nodes, nodes == 1 ? "" : "s", per_node, P / 1e6, layer / 1e6);
+  TrainConfig cfg = q.cfg;
+  cfg.precision = Precision::bf16;
+  auto ours = [&](Stage s, bool offload_params) {
+    cfg.offload.offload_params = offload_params;
+    const StageEstimate e = q.shaped ? estimate_stage(s, cfg) : estimate_stage_unpadded(s, cfg, P);
+    return std::pair{e.states.device.total(), e.states.host.total() * per_node};  // DeepSpeed's CPU is a node's
+  };
+  struct Near {
+    Stage stage;
+    bool offload_params;
+  };
+  auto table = [&](const char* title, const std::vector<DeepSpeedRow>& rows, const std::vector<Near>& near) {
+    std::printf("\n%s\n  %-9s | %-9s | %-55s | %s\n", title, "per CPU", "per GPU", "options", "ours, bf16 (per GPU / per node's host)");
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const auto [dev, host] = ours(near[i].stage, near[i].offload_params);
+      char cpu[32];
+      std::snprintf(cpu, sizeof cpu, "%s", gib(rows[i].per_cpu));
+      std::printf("  %9s | %9s | %-55s | %s %s", cpu, gib(rows[i].per_gpu), rows[i].options.c_str(),
+                  stage_label(near[i].stage), near[i].offload_params ? "--offload-params " : "");
+      std::printf("%s / ", gib(dev));
+      std::printf("%s\n", gib(host));
+    }
+  };
+  table("ZeRO-2 (estimate_zero2_model_states_mem_needs_all_cold)", deepspeed_zero2_estimate(P, per_node, nodes),
+        {{Stage::offload, false}, {Stage::zero2, false}});
+  table("ZeRO-3 (estimate_zero3_model_states_mem_needs_all_cold)",
+        deepspeed_zero3_estimate(P, layer, per_node, nodes),
+        {{Stage::offload, true}, {Stage::offload, true}, {Stage::offload, false}, {Stage::offload, false},
+         {Stage::zero3, false}, {Stage::zero3, false}});
+  std::printf("\nOurs counts the model states a rank holds once training runs (no gathered layer, no loading "
+              "copy, no 1.5x buffer): tools/README.md compares the formulas.\n");
+}
+
+}  // namespace zf::tool
