@@ -54,10 +54,10 @@ def memory(checks, run, expected, look, prefix=""):
 
 def collectives(checks, run, expected, look):
     """Bytes per step of each collective, and no collective the formula lacks."""
-    for kind in ("all_reduce", "reduce_scatter", "all_gather"):
-        if expected.get(kind, 0) or kind in run.summary["comm"][0].get("by_collective", {}):
-            each_rank(checks, run, f"{kind} bytes per step", expected.get(kind, 0.0),
-                      lambda m, c, k=kind: c.get("by_collective", {}).get(k, 0.0), look)
+    issued = set().union(*(c.get("by_collective", {}) for c in run.summary["comm"]))
+    for kind in sorted(k for k in set(expected) | issued if expected.get(k) or k in issued):
+        each_rank(checks, run, f"{kind} bytes per step", expected.get(kind, 0.0),
+                  lambda m, c, k=kind: c.get("by_collective", {}).get(k, 0.0), look)
 
 
 def same_bits(checks, run, ref, look):

@@ -175,7 +175,7 @@ class PreviousStageFails(LabTestCase):
 
 
 class MadeUpVariants(LabTestCase):
-    """Executables made here: stage 00's training under a wrapper that edits its run log."""
+    """Executables made here: a stage's training under a wrapper that edits its run log."""
 
     def setUp(self):
         super().setUp()
@@ -184,10 +184,10 @@ class MadeUpVariants(LabTestCase):
     def tearDown(self):
         shutil.rmtree(self.dir)
 
-    def wrapper(self, name, body):
+    def wrapper(self, name, body, stage=0):
         path = os.path.join(self.dir, name)
         with open(path, "w", encoding="utf-8") as f:
-            f.write(WRAPPER.format(python=sys.executable, dp=os.path.join(BUILD, EXE[0]), body=body))
+            f.write(WRAPPER.format(python=sys.executable, exe=os.path.join(BUILD, EXE[stage]), body=body))
         os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
         return path
 
@@ -197,6 +197,20 @@ class MadeUpVariants(LabTestCase):
 
     def test_dp_lab_with_the_wrapper_unchanged(self):
         self.passes(1, "--binary", self.wrapper("dp_same", "pass"))
+
+    def test_zero1_lab_with_other_final_parameters(self):
+        # ZeRO-1's bytes and memory, but not stage 00's training: parity must catch it
+        body = "summary['param_hash'] = '0x0123456789abcdef'\nsteps[-1]['loss'] += 1e-6"
+        self.fails(2, "--binary", self.wrapper("zero1_off", body, stage=1),
+                   naming=["final parameter hash", "loss and grad_norm at every step"])
+
+    def test_one_rank_that_differs(self):
+        body = "summary['memory'][1]['device']['model_states'] += 2"
+        self.fails(2, "--binary", self.wrapper("zero1_rank1", body, stage=1), naming=[r"model states per rank \(rank 1\)"])
+
+    def test_a_collective_the_formula_lacks(self):
+        body = "for c in summary['comm']: c['by_collective']['broadcast'] = 8.0"
+        self.fails(1, "--binary", self.wrapper("dp_broadcast", body), naming=["broadcast bytes per step"])
 
     def hybrid(self, all_reduce):
         # N = 4, groups of G = 2, fp32: 4P + 12P/G; within the group f = 1/2 of
@@ -214,14 +228,14 @@ class MadeUpVariants(LabTestCase):
         self.fails(7, "--binary", self.hybrid(2 * 3 / 4 * 4 + 2 * 1 / 2 * 160), naming=["all_reduce bytes"])
 
 
-# A stand-in executable: runs stage 00 with the flags it is given (less
+# A stand-in executable: runs a stage with the flags it is given (less
 # --shard-group), then edits the run log's steps and summary with `body`.
 WRAPPER = '''#!{python}
 import json, subprocess, sys
 args = sys.argv[1:]
 if "--shard-group" in args:
     i = args.index("--shard-group"); del args[i:i + 2]
-rc = subprocess.run(["{dp}"] + args).returncode
+rc = subprocess.run(["{exe}"] + args).returncode
 if rc: sys.exit(rc)
 log = args[args.index("--log-json") + 1]
 lines = [json.loads(x) for x in open(log)]
