@@ -23,11 +23,14 @@ SPLIT_REL = 1e-5
 #   measured within 1.2e-6 relative of stage 00's (tiny, bf16, N = 4, K = 2);
 #   1e-4 leaves margin, while a wrong update moves the loss by 1e-3 or more.
 REORDER_REL = 1e-4
-# - the last lab, hybrid ZeRO-2 in fp32: the sum over ranks grouped in
-#   groups, then across (stage 04's --shard-group: 0 difference measured in
-#   fp32); a group that skips the cross-group all-reduce trains on half the
-#   batch, and its gradient norm is off by about 30 %.
+# - the last lab, hybrid ZeRO-2: the sum over ranks taken within groups,
+#   then across them. In fp32 a solution measured 0 difference (tiny, N = 4,
+#   G = 2, 3 steps); in bf16 each partial sum is rounded to bf16, and the
+#   norm moved by 4.7e-4, under one bf16 rounding (2^-8 = 3.9e-3). A rank
+#   that skips the all-reduce across the groups logs a norm 51 % off and
+#   losses 1.9e-3 off.
 HYBRID_REL = 1e-4
+HYBRID_BF16_NORM_REL = 2.0 ** -8
 
 
 def step_table(run):
@@ -73,8 +76,9 @@ def same_bits(checks, run, ref, look):
                ref.summary["param_hash"], run.summary["param_hash"], look)
 
 
-def close_to(checks, run, ref, rel, look, norm=True):
-    """Every step's loss (and grad_norm) within rel of stage 00's."""
+def close_to(checks, run, ref, rel, look, norm=True, norm_rel=None):
+    """Every step's loss (and grad_norm, within norm_rel or rel) of stage 00's."""
+    norm_rel = norm_rel or rel
     a, b = step_table(run), step_table(ref)
     if len(a) != len(b):
         checks.add(False, "steps logged", len(b), len(a), look)
@@ -84,8 +88,8 @@ def close_to(checks, run, ref, rel, look, norm=True):
                f"<= {rel:g}", f"{worst_l:.3g}", look)
     if norm:
         worst_n = max(abs(x[1] - y[1]) / abs(y[1]) for x, y in zip(a, b))
-        checks.add(worst_n <= rel, f"grad_norm at every step within {rel:g} relative of stage 00's",
-                   f"<= {rel:g}", f"{worst_n:.3g}", look)
+        checks.add(worst_n <= norm_rel, f"grad_norm at every step within {norm_rel:g} relative of stage 00's",
+                   f"<= {norm_rel:g}", f"{worst_n:.3g}", look)
 
 
 class Lab:
@@ -338,7 +342,8 @@ class Hybrid(Lab):
         memory(checks, r, mem, "your states: whole parameters, pieces of 1/G of the gradients and of AdamW")
         collectives(checks, r, comm, "reduce-scatter and all-gather within the group, "
                     "one all-reduce of the piece across the groups, the norm within the group")
-        close_to(checks, r, runs["dp"], HYBRID_REL, "the all-reduce across the groups (every group's piece summed)")
+        close_to(checks, r, runs["dp"], HYBRID_REL, "the all-reduce across the groups (every group's piece summed)",
+                 norm_rel=HYBRID_BF16_NORM_REL if p == "bf16" else HYBRID_REL)
 
 
 LABS = [Setup(), DataParallel(), Zero1(), Zero2(), Zero3(), Fsdp(), Offload(), Hybrid()]
