@@ -212,6 +212,21 @@ class MadeUpVariants(LabTestCase):
         body = "for c in summary['comm']: c['by_collective']['broadcast'] = 8.0"
         self.fails(1, "--binary", self.wrapper("dp_broadcast", body), naming=["broadcast bytes per step"])
 
+    def test_tests_runs_the_stage_suite(self):
+        # a stand-in meson on PATH: records its arguments, fails
+        fake = os.path.join(self.dir, "meson")
+        with open(fake, "w", encoding="utf-8") as f:
+            f.write(f"#!/bin/sh\necho \"$@\" > {self.dir}/args\nexit 1\n")
+        os.chmod(fake, 0o755)
+        path = os.environ["PATH"]
+        os.environ["PATH"] = self.dir + os.pathsep + path
+        try:
+            self.fails(2, "--tests", naming=["meson test zero1"])
+        finally:
+            os.environ["PATH"] = path
+        with open(os.path.join(self.dir, "args"), encoding="utf-8") as f:
+            self.assertEqual(f.read().split(), ["test", "-C", BUILD, "zero1"])
+
     def hybrid(self, all_reduce):
         # N = 4, groups of G = 2, fp32: 4P + 12P/G; within the group f = 1/2 of
         # 4P; across the W = 2 groups the piece 2(1/2)(4P/2); loss over 4, norm over 2.
