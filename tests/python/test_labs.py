@@ -18,6 +18,7 @@
 import contextlib
 import io
 import os
+import re
 import shutil
 import stat
 import sys
@@ -30,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gtest_xml  # noqa: E402
 import lab_check  # noqa: E402
 import lab_refs  # noqa: E402
+import lab_specs  # noqa: E402
 
 BUILD = os.path.abspath(os.environ.get("ZF_BUILD") or os.path.join(ROOT, "build"))
 EXE = {0: "00_data_parallel/dp", 1: "01_zero1/zero1", 2: "02_zero2/zero2", 3: "03_zero3/zero3",
@@ -295,6 +297,20 @@ class References(unittest.TestCase):
             self.assertGreaterEqual(len(lab_refs.references(d)), 3, f"{d}: a Read section of anchored references")
         count, problems = lab_refs.check_all()
         self.assertEqual(problems, [], "\n".join(problems))
+
+    def test_every_key_a_lab_names_is_one_its_check_accepts(self):
+        # the first column of the Predict table, and every --predict KEY= of the Check commands:
+        # the keys the lab documents are those its check accepts
+        for lab, doc in zip(lab_specs.LABS, lab_refs.lab_docs()):
+            with open(doc, encoding="utf-8") as f:
+                text = f.read()
+            predict = text.split("## Predict before running")[1].split("\n## ")[0]
+            named = set(re.findall(r"^\| ((?:`[\w.]+`(?:, )?)+) \|", predict, re.M))
+            keys = {k for cell in named for k in re.findall(r"`([\w.]+)`", cell)}
+            keys |= set(re.findall(r"(?:--predict| ) ?([\w.]+)=", text.split("## Check")[1]))
+            self.assertTrue(keys, doc)
+            self.assertEqual(keys - set(lab.keys), set(), f"{doc} names keys lab {lab.number} does not accept")
+            self.assertEqual(set(lab.keys) - keys, set(), f"{doc} leaves out keys its check accepts")
 
     def test_a_stale_lab_fails(self):
         root = tempfile.mkdtemp(prefix="zf-refs-")
