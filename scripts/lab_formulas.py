@@ -1,0 +1,188 @@
+# lab_formulas.py: docs/SPEC.md's memory (section 7) and communication
+# (section 8) tables written out in Python, from the model preset's shape
+# alone, so that scripts/lab_check.py compares a run log against the
+# formulas and never against numbers the code under test computed. Unit
+# sizes are section 1's; shard padding is section 7's (each unit padded to
+# a multiple of the ranks that share it). Standard library only.
+
+import math
+
+# Section 1's presets (gpt2 is left out: the labs run on the CPU).
+PRESETS = {
+    "tiny": dict(V=256, T=64, L=2, H=4, C=64),
+    "small": dict(V=256, T=128, L=4, H=4, C=128),
+}
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+LOSS_BYTES = 4      # the loss: one float32 all-reduced per step
+NORM_BYTES = 160    # the norm's partial sums: 20 int64 limbs, stages 01-04
+
+
+def param_count(model):
+    """P = 2VC + TC + L(12C^2 + 13C) + 2C (section 1)."""
+    m = PRESETS[model]
+    V, T, L, C = m["V"], m["T"], m["L"], m["C"]
+    return 2 * V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+
+
+def model_units(model):
+    """Elements of each unit, in order: embedding (wte, wpe), h.0 .. h.L-1, head (ln_f, lm_head)."""
+    m = PRESETS[model]
+    V, T, L, C = m["V"], m["T"], m["L"], m["C"]
+    return [V * C + T * C] + [12 * C * C + 13 * C] * L + [2 * C + V * C]
+
+
+def fsdp_units(model, wrap_blocks=1):
+    """Stage 04's FSDP units: the embedding, K blocks per unit, the head."""
+    u = model_units(model)
+    blocks = u[1:-1]
+    grouped = [sum(blocks[i:i + wrap_blocks]) for i in range(0, len(blocks), wrap_blocks)]
+    return [u[0]] + grouped + [u[-1]]
+
+
+def piece(n, N):
+    """S_u = ceil(n_u / N): one rank's piece of a unit of n_u elements."""
+    return -(-n // N)
+
+
+def padded(units, N):
+    """Sum over units of N * S_u: the padded size."""
+    return sum(N * piece(n, N) for n in units)
+
+
+def shard_total(units, N):
+    """Sum over units of S_u: one rank's shard."""
+    return sum(piece(n, N) for n in units)
+
+
+def all_reduce(n, N):
+    """Ring-model bytes a rank sends for an all-reduce of n bytes (section 8)."""
+    return 2 * (N - 1) / N * n
+
+
+def gather_or_scatter(n, N):
+    """Ring-model bytes for a reduce-scatter or all-gather of a full buffer of n bytes."""
+    return (N - 1) / N * n
+
+
+def optimizer_bytes_per_element(precision):
+    """AdamW's m and v (8 bytes), and the float32 master in bf16 (4 more)."""
+    return 12 if precision == "bf16" else 8
+
+
+def zero_memory(stage, model, N, precision):
+    """Device bytes of params, grads, optimizer per rank, stages 00-03 (section 7)."""
+    units, b = model_units(model), DTYPE_BYTES[precision]
+    o = optimizer_bytes_per_element(precision)
+    if stage == 0:  # no padding; 16 bytes an element in both recipes
+        P = sum(units)
+        return {"params": b * P, "grads": b * P, "optimizer": (16 - 2 * b) * P}
+    Pp, S = padded(units, N), shard_total(units, N)
+    params = b * (S if stage >= 3 else Pp)
+    grads = b * (S if stage >= 2 else Pp)
+    return {"params": params, "grads": grads, "optimizer": o * S}
+
+
+def zero_comm(stage, model, N, precision, K=1):
+    """Ring-model bytes per step by collective, stages 00-03 (section 8)."""
+    units, b = model_units(model), DTYPE_BYTES[precision]
+    if N == 1:
+        return {}
+    if stage == 0:
+        return {"all_reduce": all_reduce(b * sum(units), N) + all_reduce(LOSS_BYTES, N)}
+    Pp = padded(units, N)
+    small = all_reduce(LOSS_BYTES, N) + all_reduce(NORM_BYTES, N)
+    one = gather_or_scatter(b * Pp, N)
+    if stage == 1:
+        return {"all_reduce": small, "reduce_scatter": one, "all_gather": one}
+    if stage == 2:
+        return {"all_reduce": small, "reduce_scatter": K * one, "all_gather": one}
+    return {"all_reduce": small, "reduce_scatter": K * one, "all_gather": 2 * K * one}
+
+
+def zero2_comm_peak(model, N, precision):
+    """Stage 02's peak comm bytes: two neighbouring units' full gradients."""
+    g = [N * piece(n, N) for n in model_units(model)]
+    return DTYPE_BYTES[precision] * max(a + c for a, c in zip(g, g[1:]))
+
+
+def zero3_comm_peak(model, N, precision):
+    """Stage 03's peak comm bytes, during unit u's backward: u and u-1
+    gathered, u's gradient computed, u+1's being reduced."""
+    g = [N * piece(n, N) for n in model_units(model)]
+    at = lambda i: g[i] if 0 <= i < len(g) else 0  # noqa: E731
+    return DTYPE_BYTES[precision] * max(at(u - 1) + 2 * at(u) + at(u + 1) for u in range(len(g)))
+
+
+def fsdp_sizes(model, N, wrap_blocks=1):
+    """(padded FSDP units a_g, the head's padded size h, my shard S)."""
+    units = fsdp_units(model, wrap_blocks)
+    a = [N * piece(n, N) for n in units]
+    return a, a[-1], shard_total(units, N)
+
+
+def fsdp_comm(model, N, precision, K=1, reduce_dtype=None, reshard=True, no_sync=False, wrap_blocks=1):
+    """Stage 04's bytes per step by collective (section 8 and 04_fsdp/README.md)."""
+    if N == 1:
+        return {}
+    a, h, _ = fsdp_sizes(model, N, wrap_blocks)
+    e, r = DTYPE_BYTES[precision], DTYPE_BYTES[reduce_dtype or precision]
+    gathered = 2 * sum(a) - h if reshard else sum(a)
+    K_rs = 1 if no_sync else K
+    return {"all_reduce": all_reduce(LOSS_BYTES, N) + all_reduce(NORM_BYTES, N),
+            "all_gather": K * gather_or_scatter(e * gathered, N),
+            "reduce_scatter": K_rs * gather_or_scatter(r * sum(a), N)}
+
+
+def fsdp_gathered_peak(model, N, precision, reshard=True, prefetch=1, wrap_blocks=1):
+    """Peak of category `gathered` at the default --max-gathered 2: the unit
+    computing and the one prefetched (prefetch 1), the unit alone (prefetch
+    0), the whole model without resharding."""
+    a, _, _ = fsdp_sizes(model, N, wrap_blocks)
+    e = DTYPE_BYTES[precision]
+    if not reshard:
+        return e * sum(a)
+    if prefetch == 0:
+        return e * max(a)
+    return e * max(x + y for x, y in zip(a, a[1:]))
+
+
+def offload_memory(model, N, precision, K=1):
+    """Stage 05 per rank: device model states eS, host 16S (+2S bf16 copy);
+    per step d2h K*r*S, h2d e*S (05_offload/README.md's tables)."""
+    _, _, S = fsdp_sizes(model, N)
+    e = DTYPE_BYTES[precision]
+    return {"device_model_states": e * S, "host_model_states": (18 if precision == "bf16" else 16) * S,
+            "to_host_bytes": K * e * S, "to_device_bytes": e * S}
+
+
+def hybrid_zero2(model, N, G, precision, K=1):
+    """The last lab's variant: ZeRO-2 sharded within groups of G ranks,
+    each accumulated piece all-reduced across the N/G groups once per step;
+    the loss over all N ranks, the norm's limbs within the group."""
+    units, b = model_units(model), DTYPE_BYTES[precision]
+    W = N // G
+    Pp, S = padded(units, G), shard_total(units, G)
+    mem = {"params": b * Pp, "grads": b * S, "optimizer": optimizer_bytes_per_element(precision) * S}
+    comm = {"all_reduce": all_reduce(b * S, W) + all_reduce(LOSS_BYTES, N) + all_reduce(NORM_BYTES, G),
+            "reduce_scatter": K * gather_or_scatter(b * Pp, G),
+            "all_gather": gather_or_scatter(b * Pp, G)}
+    return mem, {k: v for k, v in comm.items() if v}
+
+
+def activation_peak(model, B, precision_compute="f32", attention="simple", recompute="none"):
+    """Section 7's activation bytes of a rank: F + L(K + A), F + K + A, F + LK + A."""
+    m = PRESETS[model]
+    V, T, L, H, C = m["V"], m["T"], m["L"], m["H"], m["C"]
+    e = 4 if precision_compute == "f32" else 2
+    BT = B * T
+    S = 4 * T * T if attention == "simple" else 4 * B * H * T
+    F = (L + 12) * BT * C * e + BT * V * e + 24 * BT + S
+    Kb = 15 * BT * C * e + 16 * BT
+    A = B * H * T * T * e if attention == "simple" else 4 * B * H * T
+    A = 4 * math.ceil(A / 4)
+    if recompute == "full":
+        return F + Kb + A
+    if recompute == "attn" and attention == "simple":
+        return F + L * Kb + A
+    return F + L * (Kb + A)

@@ -1,0 +1,359 @@
+# lab_specs.py: what scripts/lab_check.py checks in each lab of docs/labs/:
+# the runs, the prediction keys a lab accepts (with where to look when one
+# is wrong), and the lab's own properties: memory and communication against
+# scripts/lab_formulas.py (docs/SPEC.md sections 7-8), parity against stage
+# 00 (00_data_parallel/dp) at the same flags. Standard library only.
+
+import math
+
+import lab_formulas as F
+
+
+class Usage(Exception):
+    """A bad command line (exit 2)."""
+
+# Tolerances, where the arithmetic is not the same as stage 00's:
+# - a data-parallel run on N ranks against one rank with the same global
+#   batch: the loss is summed per rank and then over ranks; measured equal
+#   to the bit for tiny, 1e-5 relative allows a reordering of the sums while
+#   a gradient summed but not averaged is off by a factor N.
+SPLIT_REL = 1e-5
+# - --grad-accum K > 1 in stages 02-03 (micro-steps added after the ranks),
+#   or --reduce-dtype fp32 (one bf16 rounding fewer): the losses of 3 steps
+#   measured within 1.2e-6 relative of stage 00's (tiny, bf16, N = 4, K = 2);
+#   1e-4 leaves margin, while a wrong update moves the loss by 1e-3 or more.
+REORDER_REL = 1e-4
+# - the last lab, hybrid ZeRO-2: the sum over ranks taken within groups,
+#   then across them. In fp32 a solution measured 0 difference (tiny, N = 4,
+#   G = 2, 3 steps); in bf16 each partial sum is rounded to bf16, and the
+#   norm moved by 4.7e-4, under one bf16 rounding (2^-8 = 3.9e-3). A rank
+#   that skips the all-reduce across the groups logs a norm 51 % off and
+#   losses 1.9e-3 off.
+HYBRID_REL = 1e-4
+HYBRID_BF16_NORM_REL = 2.0 ** -8
+
+
+def step_table(run):
+    return [(s["loss"], s["grad_norm"]) for s in run.steps]
+
+
+def each_rank(checks, run, what, expected, get, look):
+    """One check over every rank: the first rank that differs, or ok."""
+    for r, (mem, comm) in enumerate(zip(run.summary["memory"], run.summary["comm"])):
+        got = get(mem, comm)
+        if abs(float(expected) - float(got)) > 0.01:
+            checks.equal(f"{what} (rank {r})", expected, got, look)
+            return
+    checks.equal(f"{what} (every rank)", expected, get(run.summary["memory"][0], run.summary["comm"][0]), look)
+
+
+def memory(checks, run, expected, look, prefix=""):
+    """Model states and their three categories, on the device."""
+    total = sum(expected.values())
+    each_rank(checks, run, prefix + "model states per rank", total, lambda m, c: m["device"]["model_states"], look)
+    for cat, v in expected.items():
+        each_rank(checks, run, f"{prefix}{cat} bytes", v, lambda m, c, cat=cat: m["device"][cat]["current"], look)
+
+
+def collectives(checks, run, expected, look):
+    """Bytes per step of each collective, and no collective the formula lacks."""
+    issued = set().union(*(c.get("by_collective", {}) for c in run.summary["comm"]))
+    for kind in sorted(k for k in set(expected) | issued if expected.get(k) or k in issued):
+        each_rank(checks, run, f"{kind} bytes per step", expected.get(kind, 0.0),
+                  lambda m, c, k=kind: c.get("by_collective", {}).get(k, 0.0), look)
+
+
+def same_bits(checks, run, ref, look):
+    """Stage 00's losses at every step and its final parameter hash."""
+    a, b = step_table(run), step_table(ref)
+    differ = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    first = differ[0] if differ else None
+    checks.add(a == b, "loss and grad_norm at every step equal stage 00's (bits)",
+               f"{len(b)} steps equal" if first is None else f"step {first}: loss, norm {b[first]}",
+               f"{len(a)} steps equal" if a == b else
+               (f"step {first}: {a[first]}" if first is not None else f"{len(a)} steps"), look)
+    checks.add(run.summary["param_hash"] == ref.summary["param_hash"], "final parameter hash equals stage 00's",
+               ref.summary["param_hash"], run.summary["param_hash"], look)
+
+
+def close_to(checks, run, ref, rel, look, norm=True, norm_rel=None):
+    """Every step's loss (and grad_norm, within norm_rel or rel) of stage 00's."""
+    norm_rel = norm_rel or rel
+    a, b = step_table(run), step_table(ref)
+    if len(a) != len(b):
+        checks.add(False, "steps logged", len(b), len(a), look)
+        return
+    worst_l = max(abs(x[0] - y[0]) / abs(y[0]) for x, y in zip(a, b))
+    checks.add(worst_l <= rel, f"loss at every step within {rel:g} relative of stage 00's",
+               f"<= {rel:g}", f"{worst_l:.3g}", look)
+    if norm:
+        worst_n = max(abs(x[1] - y[1]) / abs(y[1]) for x, y in zip(a, b))
+        checks.add(worst_n <= norm_rel, f"grad_norm at every step within {norm_rel:g} relative of stage 00's",
+                   f"<= {norm_rel:g}", f"{worst_n:.3g}", look)
+
+
+class Lab:
+    number = 0
+    name = ""
+    title = ""
+    stage = None            # the executable under the build folder
+    test = None             # its meson test
+    defaults = {}
+    keys = {}               # prediction key -> where to look when it is wrong
+    extra_flags = {}        # --stage-flags the formulas know: flag -> bool | int | (values)
+    on_failure = "the run's message"
+
+    def runs(self, cfg, opts):
+        """(name, "student" | "dp", flags or None for the lab's own)."""
+        return [("main", "student", None), ("dp", "dp", None)]
+
+    def validate(self, cfg, opts):
+        pass
+
+    def properties(self, checks, runs, cfg, opts):
+        raise NotImplementedError
+
+
+ZERO_KEYS = {
+    "P": "docs/SPEC.md section 1, the formula of P",
+    "model_states": "docs/SPEC.md section 7's table: params + grads + optimizer, padded",
+    "params_bytes": "what the stage keeps of the parameters: whole, or a piece",
+    "grads_bytes": "what the stage keeps of the gradients: whole, or a piece",
+    "optimizer_bytes": "AdamW's m, v (and in bf16 the float32 master) per element of the shard",
+    "all_reduce": "docs/SPEC.md section 8: 2(N-1)/N of the buffer; the loss (4 bytes) and norm (160) count too",
+    "reduce_scatter": "docs/SPEC.md section 8: (N-1)/N of the full buffer, K times where it runs every micro-step",
+    "all_gather": "docs/SPEC.md section 8: (N-1)/N of the full (padded) buffer",
+    "bytes_per_step": "the sum over the collectives",
+    "activations": "docs/SPEC.md section 7, Activation recomputation: F + L(K + A) and its modes",
+}
+
+
+def pick(*names, extra=None):
+    d = {k: ZERO_KEYS[k] for k in names}
+    d.update(extra or {})
+    return d
+
+
+class Setup(Lab):
+    number, name, title, stage, test = 0, "setup", "set-up and the run log", "00_data_parallel/dp", "dp"
+    defaults = dict(model="tiny", ranks=1, precision="fp32", grad_accum=1)
+    keys = {f"{m}.{k}": ZERO_KEYS[k] for m in ("tiny", "small") for k in ("P", "model_states")}
+
+    def runs(self, cfg, opts):
+        flags = ["--ranks", "1", "--precision", cfg["precision"], "--batch", "1", "--steps", "2"]
+        return [("tiny", "student", ["--model", "tiny"] + flags), ("small", "student", ["--model", "small"] + flags)]
+
+    def properties(self, checks, runs, cfg, opts):
+        for m in ("tiny", "small"):
+            r = runs[m]
+            P = F.param_count(m)
+            checks.equal(f"{m}: params in the summary = 2VC + TC + L(12C^2 + 13C) + 2C", P, r.summary["params"],
+                         "docs/SPEC.md section 1")
+            memory(checks, r, F.zero_memory(0, m, 1, cfg["precision"]), "00_data_parallel/README.md, Memory",
+                   prefix=f"{m}: ")
+            checks.add(len(r.steps) == 2, f"{m}: one step line per step in the run log", 2, len(r.steps),
+                       "docs/SPEC.md section 11")
+            first = r.steps[0]["loss"] if r.steps else float("nan")
+            checks.add(abs(first - math.log(256)) < 0.1, f"{m}: first loss near ln 256 = 5.545 (a uniform guess)",
+                       "within 0.1", f"{first:.4f}", "docs/SPEC.md section 2, the initial values")
+
+
+class DataParallel(Lab):
+    number, name, title, stage, test = 1, "dp", "stage 00, data parallel", "00_data_parallel/dp", "dp"
+    defaults = dict(model="tiny", ranks=2, precision="fp32", grad_accum=1)
+    keys = pick("P", "model_states", "params_bytes", "grads_bytes", "optimizer_bytes", "all_reduce",
+                "bytes_per_step", "activations")
+    extra_flags = {}
+
+    def runs(self, cfg, opts):
+        # One rank with the whole global batch: the same batches (docs/SPEC.md section 5).
+        one = ["--model", cfg["model"], "--ranks", "1", "--precision", cfg["precision"], "--grad-accum",
+               str(cfg["grad_accum"]), "--batch", str(2 * cfg["ranks"]), "--steps", "3"]
+        for k, v in opts.items():
+            one += [k, str(v)]
+        return [("main", "student", None), ("one_rank", "dp", one)]
+
+    def properties(self, checks, runs, cfg, opts):
+        r, m, N = runs["main"], cfg["model"], cfg["ranks"]
+        look = "00_data_parallel/data_parallel.cpp, struct Replica"
+        memory(checks, r, F.zero_memory(0, m, N, cfg["precision"]), look)
+        collectives(checks, r, F.zero_comm(0, m, N, cfg["precision"], cfg["grad_accum"]),
+                    "the all_reduce_async of each unit's gradient, and the loss's")
+        s = r.summary
+        act = F.activation_peak(m, s["batch"], s["compute"], s["attention"], s["recompute"])
+        each_rank(checks, r, "peak activations (SPEC section 7)", act,
+                  lambda mm, c: mm["device"]["activations"]["peak"], "docs/SPEC.md section 7, --recompute")
+        close_to(checks, r, runs["one_rank"], SPLIT_REL,
+                 "the backward's 1/(N K) (common/train/rank_compute.cpp): the summed gradient must be the mean's")
+
+
+ZERO_PREDICT = ("P", "model_states", "params_bytes", "grads_bytes", "optimizer_bytes", "all_reduce",
+                "reduce_scatter", "all_gather", "bytes_per_step")
+
+
+class Zero1(Lab):
+    number, name, title, stage, test = 2, "zero1", "stage 01, ZeRO-1", "01_zero1/zero1", "zero1"
+    defaults = dict(model="tiny", ranks=4, precision="bf16", grad_accum=1)
+    keys = pick(*ZERO_PREDICT)
+    look = "ShardedAdamW in 01_zero1/sharded_adamw.h: its m, v and master hold shard_total elements"
+    comm_look = "the reduce_scatter_async after each unit's backward and the all_gather_async after the update"
+    peak = None             # (what, formula of (model, N, precision), where to look): the comm peak
+
+    def properties(self, checks, runs, cfg, opts):
+        r, m, N, p, K = runs["main"], cfg["model"], cfg["ranks"], cfg["precision"], cfg["grad_accum"]
+        memory(checks, r, F.zero_memory(self.number - 1, m, N, p), self.look)
+        collectives(checks, r, F.zero_comm(self.number - 1, m, N, p, K), self.comm_look)
+        if self.peak:
+            what, formula, look = self.peak
+            each_rank(checks, r, what, formula(m, N, p), lambda mm, c: mm["device"]["comm"]["peak"], look)
+        self.parity(checks, runs, cfg)
+
+    def parity(self, checks, runs, cfg):
+        same_bits(checks, runs["main"], runs["dp"], "the update of each piece and its all_gather")
+
+
+class Zero2(Zero1):
+    number, name, title, stage, test = 3, "zero2", "stage 02, ZeRO-2", "02_zero2/zero2", "zero2"
+    defaults = dict(model="tiny", ranks=4, precision="bf16", grad_accum=2)
+    keys = pick(*ZERO_PREDICT, extra={"comm_peak": "02_zero2/README.md: two neighbouring units' full gradients"})
+    look = "ShardedGradients in 02_zero2/sharded_grads.h: only my pieces stay (category grads)"
+    comm_look = "reduce_unit on every micro-step (02_zero2/zero2.cpp), one all_gather after the update"
+    peak = ("peak comm bytes (two units' full gradients)", F.zero2_comm_peak,
+            "begin_unit/complete_oldest in 02_zero2/sharded_grads.cpp")
+
+    def runs(self, cfg, opts):
+        k1 = ["--model", cfg["model"], "--ranks", str(cfg["ranks"]), "--precision", cfg["precision"],
+              "--batch", "2", "--steps", "3"]
+        more = [("main_k1", "student", k1), ("dp_k1", "dp", k1)] if cfg["grad_accum"] > 1 else []
+        return super().runs(cfg, opts) + more
+
+    def parity(self, checks, runs, cfg):
+        k1 = "_k1" if cfg["grad_accum"] > 1 else ""  # bits equal stage 00's at K = 1
+        same_bits(checks, runs["main" + k1], runs["dp" + k1], "the reduce-scatter per unit and the update (K = 1)")
+        if cfg["grad_accum"] > 1:
+            close_to(checks, runs["main"], runs["dp"], REORDER_REL,
+                     "the accumulation of the reduced pieces over the micro-steps", norm=False)
+
+
+class Zero3(Zero2):
+    number, name, title, stage, test = 4, "zero3", "stage 03, ZeRO-3", "03_zero3/zero3", "zero3"
+    defaults = dict(model="tiny", ranks=4, precision="fp32", grad_accum=1)
+    keys = pick(*ZERO_PREDICT, extra={"comm_peak": "03_zero3/README.md: units u-1 and u gathered, "
+                                                   "u's gradient and u+1's"})
+    look = "GatheredParams in 03_zero3/gathered_params.h: only my pieces of the parameters stay"
+    comm_look = "gather(u) before the forward and again before the backward (03_zero3/zero3.cpp)"
+    peak = ("peak comm bytes (two gathered units, two gradients)", F.zero3_comm_peak,
+            "kZero3MaxGatheredUnits and release(u) before gather(u+2) in 03_zero3/zero3.cpp")
+
+
+FSDP_KEYS = pick(*ZERO_PREDICT, extra={"gathered_peak": "04_fsdp/README.md, Memory of the gathered parameters"})
+
+
+class Fsdp(Lab):
+    number, name, title, stage, test = 5, "fsdp", "stage 04, FSDP", "04_fsdp/fsdp", "fsdp"
+    defaults = dict(model="tiny", ranks=4, precision="bf16", grad_accum=1)
+    keys = FSDP_KEYS
+    extra_flags = {"--reduce-dtype": ("bf16", "fp32"), "--reshard-after-forward": ("true", "false"),
+                   "--prefetch": ("0", "1"), "--no-sync": bool, "--wrap-blocks": int}
+
+    def validate(self, cfg, opts):
+        if "--prefetch" in opts:
+            opts["--prefetch"] = int(opts["--prefetch"])
+        if opts.get("--no-sync") and cfg["grad_accum"] == 1:
+            raise Usage("--no-sync needs --grad-accum 2 or more (it keeps the gradients across micro-steps)")
+
+    def knobs(self, cfg, opts):
+        return dict(reshard=opts.get("--reshard-after-forward", "true") == "true",
+                    wrap_blocks=int(opts.get("--wrap-blocks", 1)))
+
+    def properties(self, checks, runs, cfg, opts):
+        r, m, N, p, K = runs["main"], cfg["model"], cfg["ranks"], cfg["precision"], cfg["grad_accum"]
+        k = self.knobs(cfg, opts)
+        _, _, S = F.fsdp_sizes(m, N, k["wrap_blocks"])
+        # --no-sync keeps every unit's unsharded gradient (the recipe's dtype) across the step
+        held = F.DTYPE_BYTES[p] * sum(F.fsdp_sizes(m, N, k["wrap_blocks"])[0]) if opts.get("--no-sync") else 0
+        memory(checks, r, {"params": 4 * S, "grads": 4 * S + held, "optimizer": 8 * S},
+               "FlatParams and FlatGrads in 04_fsdp/flat_params.h, flat_grads.h: float32 shards in both recipes")
+        collectives(checks, r, F.fsdp_comm(m, N, p, K, opts.get("--reduce-dtype"), k["reshard"],
+                                           opts.get("--no-sync", False), k["wrap_blocks"]),
+                    "unshard/reshard in 04_fsdp/fsdp.cpp; the kept head; --reduce-dtype's bytes")
+        each_rank(checks, r, "peak gathered bytes",
+                  F.fsdp_gathered_peak(m, N, p, k["reshard"], opts.get("--prefetch", 1), k["wrap_blocks"]),
+                  lambda mm, c: mm["device"]["gathered"]["peak"], "prefetch() and reshard() in 04_fsdp/flat_params.cpp")
+        self.parity(checks, runs, cfg, opts)
+
+    def parity(self, checks, runs, cfg, opts):
+        exact = opts.get("--reduce-dtype", cfg["precision"]) == cfg["precision"] and \
+            (cfg["grad_accum"] == 1 or opts.get("--no-sync"))
+        if exact:
+            same_bits(checks, runs["main"], runs["dp"], "the reduce-scatter in the recipe's dtype, then widened")
+        else:
+            close_to(checks, runs["main"], runs["dp"], REORDER_REL, "the reduce dtype and the accumulation",
+                     norm=False)
+
+
+class Offload(Fsdp):
+    number, name, title, stage, test = 6, "offload", "stage 05, offload", "05_offload/offload", "offload"
+    defaults = dict(model="tiny", ranks=2, precision="bf16", grad_accum=1)
+    keys = pick("P", "model_states", "all_gather", "reduce_scatter", extra={
+        "host_model_states": "05_offload/README.md, Memory per rank: 16S and the bf16 copy",
+        "to_host_bytes": "05_offload/README.md, What crosses the link: each reduced piece, K times",
+        "to_device_bytes": "05_offload/README.md: the updated shard, or every all-gather's input"})
+    extra_flags = {"--offload-params": bool}
+
+    def properties(self, checks, runs, cfg, opts):
+        r, m, N, p, K = runs["main"], cfg["model"], cfg["ranks"], cfg["precision"], cfg["grad_accum"]
+        want = F.offload_memory(m, N, p, K)
+        e = F.DTYPE_BYTES[p]
+        a, h, S = F.fsdp_sizes(m, N)
+        if opts.get("--offload-params"):
+            want["device_model_states"] = 0
+            want["to_device_bytes"] = K * e * (2 * S - h // N)
+        look = "05_offload/offload_params.h and host_grads.h: what stays on the device"
+        each_rank(checks, r, "device model states", want["device_model_states"],
+                  lambda mm, c: mm["device"]["model_states"], look)
+        each_rank(checks, r, "host model states", want["host_model_states"],
+                  lambda mm, c: mm["host"]["model_states"], look)
+        for k, what in (("to_host_bytes", "device->host bytes per step"), ("to_device_bytes",
+                                                                           "host->device bytes per step")):
+            each_rank(checks, r, what, want[k], lambda mm, c, k=k: c.get("transfers_per_step", {}).get(k, 0.0),
+                      "05_offload/host_grads.cpp (device->host) and offload_params.cpp (host->device)")
+        collectives(checks, r, F.fsdp_comm(m, N, p, K), "stage 04's collectives, unchanged")
+        self.parity(checks, runs, cfg, opts)
+
+
+class Hybrid(Lab):
+    number, name, title = 7, "hybrid", "a new stage: hybrid ZeRO-2 (--shard-group)"
+    stage, test = None, None
+    defaults = dict(model="tiny", ranks=4, precision="fp32", grad_accum=1)
+    keys = pick(*ZERO_PREDICT)
+    extra_flags = {"--shard-group": int}
+    on_failure = "docs/labs/lab7_hybrid_zero2.md: does your train.cpp pass zf::StageFlags::fsdp (--shard-group)?"
+
+    def validate(self, cfg, opts):
+        opts.setdefault("--shard-group", 2)
+        G = opts["--shard-group"]
+        if G < 1 or cfg["ranks"] % G:
+            raise Usage(f"--shard-group {G} must divide --ranks {cfg['ranks']}")
+
+    def properties(self, checks, runs, cfg, opts):
+        r, m, N, p, K = runs["main"], cfg["model"], cfg["ranks"], cfg["precision"], cfg["grad_accum"]
+        mem, comm = F.hybrid_zero2(m, N, opts["--shard-group"], p, K)
+        memory(checks, r, mem, "your states: whole parameters, pieces of 1/G of the gradients and of AdamW")
+        collectives(checks, r, comm, "reduce-scatter and all-gather within the group, "
+                    "one all-reduce of the piece across the groups, the norm within the group")
+        close_to(checks, r, runs["dp"], HYBRID_REL, "the all-reduce across the groups (every group's piece summed)",
+                 norm_rel=HYBRID_BF16_NORM_REL if p == "bf16" else HYBRID_REL)
+
+
+LABS = [Setup(), DataParallel(), Zero1(), Zero2(), Zero3(), Fsdp(), Offload(), Hybrid()]
+
+
+def by_name(text):
+    t = text.lower()
+    if t.startswith("lab"):
+        t = t[3:]
+    for lab in LABS:
+        if t == str(lab.number) or t == lab.name:
+            return lab
+    return None

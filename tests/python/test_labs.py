@@ -1,0 +1,346 @@
+#!/usr/bin/env python3
+# test_labs.py: the labs of docs/labs/ and their checker, scripts/lab_check.py.
+# Every lab's check passes on its unmodified stage with correct predictions
+# (written here from docs/SPEC.md's tables as literals, apart from
+# scripts/lab_formulas.py); a wrong prediction fails naming its key; the
+# previous stage's executable (the student who did not make the lab's
+# change) fails the lab's properties; every reading reference of every lab
+# resolves, and the reference checker fails on a scratch lab whose anchors
+# went stale. The data-parallel and last labs' wrong variants are
+# executables made here: stage 00 whose run log's gradient norm is N times
+# too large (a gradient summed, not averaged), and a stand-in for the
+# student's hybrid ZeRO-2 (stage 00's training, the hybrid's counters).
+# Standard library only.
+#
+#   meson test -C build labs
+#   ZF_BUILD=build python3 tests/python/test_labs.py [--xml FILE]
+
+import contextlib
+import io
+import os
+import re
+import shutil
+import stat
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gtest_xml  # noqa: E402
+import lab_check  # noqa: E402
+import lab_refs  # noqa: E402
+import lab_specs  # noqa: E402
+
+BUILD = os.path.abspath(os.environ.get("ZF_BUILD") or os.path.join(ROOT, "build"))
+EXE = {0: "00_data_parallel/dp", 1: "01_zero1/zero1", 2: "02_zero2/zero2", 3: "03_zero3/zero3",
+       4: "04_fsdp/fsdp", 5: "05_offload/offload"}
+
+# tiny (docs/SPEC.md section 1): V = 256, T = 64, L = 2, H = 4, C = 64.
+P = 2 * 256 * 64 + 64 * 64 + 2 * (12 * 64 * 64 + 13 * 64) + 2 * 64   # 136,960
+BLOCK = 12 * 64 * 64 + 13 * 64                                         # 49,984
+EMB, HEAD = 256 * 64 + 64 * 64, 2 * 64 + 256 * 64                      # 20,480, 16,512
+SMALL_P = 2 * 256 * 128 + 128 * 128 + 4 * (12 * 128 * 128 + 13 * 128) + 2 * 128
+
+# Correct predictions, each from SPEC's tables (no padding: tiny's units
+# divide by 2 and 4). f = (N-1)/N.
+PREDICTIONS = {
+    0: {"tiny.P": P, "tiny.model_states": 16 * P, "small.P": SMALL_P, "small.model_states": 16 * SMALL_P},
+    # N = 2, fp32: 16P; the gradient's all-reduce 2f*4P and the loss's 2f*4 bytes.
+    1: {"model_states": 16 * P, "all_reduce": 2 * (1 / 2) * (4 * P + 4),
+        # section 7, B = 2, f32: F + L(K + A)
+        "activations": (14 * 128 * 64 * 4 + 128 * 256 * 4 + 24 * 128 + 4 * 64 * 64)
+        + 2 * ((15 * 128 * 64 * 4 + 16 * 128) + 2 * 4 * 64 * 64 * 4)},
+    # N = 4, bf16: 4P + 12P/N; each half of the all-reduce f*2P; loss + norm 2f*(4 + 160).
+    2: {"model_states": 4 * P + 12 * P / 4, "reduce_scatter": 3 / 4 * 2 * P, "all_gather": 3 / 4 * 2 * P,
+        "all_reduce": 2 * 3 / 4 * (4 + 160), "optimizer_bytes": 12 * P / 4},
+    # N = 4, bf16, K = 2: 2P + 14P/N; K reduce-scatters; two blocks' bf16 gradients at the peak.
+    3: {"model_states": 2 * P + 14 * P / 4, "reduce_scatter": 2 * 3 / 4 * 2 * P, "all_gather": 3 / 4 * 2 * P,
+        "grads_bytes": 2 * P / 4, "comm_peak": 2 * (2 * BLOCK)},
+    # N = 4, fp32: 16P/N; 2K all-gathers and K reduce-scatters; h.0's backward at the peak.
+    4: {"model_states": 16 * P / 4, "all_gather": 2 * 3 / 4 * 4 * P, "reduce_scatter": 3 / 4 * 4 * P,
+        "bytes_per_step": 3 * 3 / 4 * 4 * P + 2 * 3 / 4 * (4 + 160), "comm_peak": 4 * (EMB + 2 * BLOCK + BLOCK)},
+    # N = 4, bf16: float32 shards 4+4+8 bytes; the head stays gathered: f*2(2P - h).
+    5: {"model_states": 16 * P / 4, "params_bytes": 4 * P / 4, "all_gather": 3 / 4 * 2 * (2 * P - HEAD),
+        "reduce_scatter": 3 / 4 * 2 * P, "gathered_peak": 2 * (2 * BLOCK)},
+    # N = 2, bf16: device 2S, host 18S; d2h rS, h2d eS.
+    6: {"model_states": 2 * P / 2, "host_model_states": 18 * P / 2, "to_host_bytes": 2 * P / 2,
+        "to_device_bytes": 2 * P / 2},
+}
+
+
+def check(*argv):
+    """lab_check.py's exit status and output, run in this process."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        rc = lab_check.main([str(a) for a in argv] + ["--build", BUILD])
+    return rc, out.getvalue()
+
+
+def predict(values):
+    return ["--predict"] + [f"{k}={v!r}" for k, v in values.items()]
+
+
+def missing_executables():
+    return [e for e in EXE.values() if not os.access(os.path.join(BUILD, e), os.X_OK)]
+
+
+class LabTestCase(unittest.TestCase):
+    def setUp(self):
+        gone = missing_executables()
+        if gone:
+            self.skipTest(f"not built under {BUILD}: {', '.join(gone)} (ninja -C build ...)")
+
+    def passes(self, *argv):
+        rc, out = check(*argv)
+        self.assertEqual(rc, 0, out)
+        self.assertRegex(out.strip().splitlines()[-1], r"^lab \d: passed \(\d+ checks\)$")
+        self.assertNotIn("FAIL", out)
+        return out
+
+    def fails(self, *argv, naming=()):
+        rc, out = check(*argv)
+        self.assertEqual(rc, 1, out)
+        self.assertRegex(out.strip().splitlines()[-1], r"^lab \d: failed \(\d+ of \d+ checks\)$")
+        for what in naming:
+            self.assertRegex(out, r"FAIL  [^\n]*" + what, out)
+        return out
+
+
+class EveryLabPassesOnItsStage(LabTestCase):
+    def test_labs_0_to_6(self):
+        for lab, values in PREDICTIONS.items():
+            with self.subTest(lab=lab):
+                out = self.passes(lab, *predict(values))
+                for key in values:
+                    self.assertRegex(out, rf"ok    prediction {key}: predicted [\d,.]+, measured [\d,.]+")
+
+    def test_padding_counts_at_three_ranks(self):
+        # tiny at N = 3: pieces of 6,827 (embedding), 16,662 (blocks), 5,504 (head)
+        padded, shard = 3 * 6827 + 2 * 3 * 16662 + 3 * 5504, 6827 + 2 * 16662 + 5504
+        self.passes(2, "--ranks", 3, "--predict", f"model_states={2 * 2 * padded + 12 * shard}",
+                    f"all_gather={2 / 3 * 2 * padded!r}")
+
+    def test_fsdp_knobs(self):
+        self.passes(5, "--stage-flags=--prefetch 0", "--predict", f"gathered_peak={2 * BLOCK}")  # one block, bf16
+        self.passes(5, "--stage-flags=--reduce-dtype fp32", "--predict", f"reduce_scatter={3 / 4 * 4 * P!r}")
+        self.passes(5, "--stage-flags=--reshard-after-forward false", "--predict",
+                    f"all_gather={3 / 4 * 2 * P!r}", f"gathered_peak={2 * P}")
+
+    def test_offload_params(self):
+        # device 0; every all-gather's input uploaded: e(2S - S_head)
+        self.passes(6, "--stage-flags=--offload-params", "--predict", "model_states=0",
+                    f"to_device_bytes={2 * (2 * P // 2 - HEAD // 2)}")
+
+
+class WrongPredictionsFail(LabTestCase):
+    def test_zero1_predicted_as_zero3(self):
+        out = self.fails(2, "--predict", f"model_states={16 * P // 4}", naming=["prediction model_states"])
+        self.assertIn(f"predicted {16 * P // 4:,}, measured {7 * P:,}", out)
+
+    def test_off_by_one_byte(self):
+        self.fails(4, "--predict", f"all_gather={2 * 3 * P + 1}", naming=["prediction all_gather"])
+        self.fails(0, "--predict", f"tiny.P={P - 1}", naming=["prediction tiny.P"])
+
+    def test_reduce_scatter_once_under_accumulation(self):
+        # ZeRO-2 reduce-scatters on every micro-step: K = 2 of them
+        self.fails(3, "--predict", f"reduce_scatter={3 / 4 * 2 * P!r}", naming=["prediction reduce_scatter"])
+
+    def test_fsdp_bf16_parameters_are_float32_shards(self):
+        self.fails(5, "--predict", f"params_bytes={2 * P // 4}", naming=["prediction params_bytes"])
+
+
+class PreviousStageFails(LabTestCase):
+    """The student who did not make the lab's change: the stage before it."""
+
+    def test_zero1_lab_with_dp(self):
+        self.fails(2, "--binary", os.path.join(BUILD, EXE[0]), naming=["model states per rank", "reduce_scatter"])
+
+    def test_zero2_lab_with_zero1(self):
+        self.fails(3, "--binary", os.path.join(BUILD, EXE[1]),
+                   naming=["model states per rank", "grads bytes", "reduce_scatter bytes", "peak comm"])
+
+    def test_zero3_lab_with_zero2(self):
+        self.fails(4, "--binary", os.path.join(BUILD, EXE[2]), naming=["model states per rank", "all_gather bytes"])
+
+    def test_fsdp_lab_with_zero3(self):
+        self.fails(5, "--binary", os.path.join(BUILD, EXE[3]), naming=["params bytes", "all_gather bytes",
+                                                                       "peak gathered"])
+
+    def test_offload_lab_with_fsdp(self):
+        self.fails(6, "--binary", os.path.join(BUILD, EXE[4]), naming=["device model states", "device->host"])
+
+    def test_hybrid_lab_with_zero2(self):
+        out = self.fails(7, "--binary", os.path.join(BUILD, EXE[2]), naming=["the run"])
+        self.assertIn("StageFlags::fsdp", out)
+
+
+class MadeUpVariants(LabTestCase):
+    """Executables made here: a stage's training under a wrapper that edits its run log."""
+
+    def setUp(self):
+        super().setUp()
+        self.dir = tempfile.mkdtemp(prefix="zf-labs-")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir)
+
+    def wrapper(self, name, body, stage=0):
+        path = os.path.join(self.dir, name)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(WRAPPER.format(python=sys.executable, exe=os.path.join(BUILD, EXE[stage]), body=body))
+        os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
+        return path
+
+    def test_dp_lab_with_a_gradient_summed_not_averaged(self):
+        body = "for s in steps: s['grad_norm'] *= summary['ranks']"
+        self.fails(1, "--binary", self.wrapper("dp_sum", body), naming=["grad_norm at every step"])
+
+    def test_dp_lab_with_the_wrapper_unchanged(self):
+        self.passes(1, "--binary", self.wrapper("dp_same", "pass"))
+
+    def test_zero1_lab_with_other_final_parameters(self):
+        # ZeRO-1's bytes and memory, but not stage 00's training: parity must catch it
+        body = "summary['param_hash'] = '0x0123456789abcdef'\nsteps[-1]['loss'] += 1e-6"
+        self.fails(2, "--binary", self.wrapper("zero1_off", body, stage=1),
+                   naming=["final parameter hash", "loss and grad_norm at every step"])
+
+    def test_one_rank_that_differs(self):
+        body = "summary['memory'][1]['device']['model_states'] += 2"
+        self.fails(2, "--binary", self.wrapper("zero1_rank1", body, stage=1), naming=[r"model states per rank \(rank 1\)"])
+
+    def test_a_collective_the_formula_lacks(self):
+        body = "for c in summary['comm']: c['by_collective']['broadcast'] = 8.0"
+        self.fails(1, "--binary", self.wrapper("dp_broadcast", body), naming=["broadcast bytes per step"])
+
+    def test_tests_runs_the_stage_suite(self):
+        # a stand-in meson on PATH: records its arguments, fails
+        fake = os.path.join(self.dir, "meson")
+        with open(fake, "w", encoding="utf-8") as f:
+            f.write(f"#!/bin/sh\necho \"$@\" > {self.dir}/args\nexit 1\n")
+        os.chmod(fake, 0o755)
+        path = os.environ["PATH"]
+        os.environ["PATH"] = self.dir + os.pathsep + path
+        try:
+            self.fails(2, "--tests", naming=["meson test zero1"])
+        finally:
+            os.environ["PATH"] = path
+        with open(os.path.join(self.dir, "args"), encoding="utf-8") as f:
+            self.assertEqual(f.read().split(), ["test", "-C", BUILD, "zero1"])
+
+    def hybrid(self, all_reduce):
+        # N = 4, groups of G = 2, fp32: 4P + 12P/G; within the group f = 1/2 of
+        # 4P; across the W = 2 groups the piece 2(1/2)(4P/2); loss over 4, norm over 2.
+        body = HYBRID.format(params=4 * P, grads=4 * P // 2, opt=8 * P // 2, rs=1 / 2 * 4 * P, ag=1 / 2 * 4 * P,
+                             ar=all_reduce)
+        return self.wrapper("hybrid", body)
+
+    def test_hybrid_lab_passes_with_the_hybrid_counters(self):
+        good = 2 * (1 / 2) * (4 * P / 2) + 2 * 3 / 4 * 4 + 2 * 1 / 2 * 160
+        self.passes(7, "--binary", self.hybrid(good),
+                    "--predict", f"model_states={10 * P}", f"all_reduce={good!r}")
+
+    def test_hybrid_lab_fails_without_the_all_reduce_across_groups(self):
+        self.fails(7, "--binary", self.hybrid(2 * 3 / 4 * 4 + 2 * 1 / 2 * 160), naming=["all_reduce bytes"])
+
+
+# A stand-in executable: runs a stage with the flags it is given (less
+# --shard-group), then edits the run log's steps and summary with `body`.
+WRAPPER = '''#!{python}
+import json, subprocess, sys
+args = sys.argv[1:]
+if "--shard-group" in args:
+    i = args.index("--shard-group"); del args[i:i + 2]
+rc = subprocess.run(["{exe}"] + args).returncode
+if rc: sys.exit(rc)
+log = args[args.index("--log-json") + 1]
+lines = [json.loads(x) for x in open(log)]
+steps, summary = lines[:-1], lines[-1]["summary"]
+{body}
+with open(log, "w") as f:
+    for x in steps + [{{"summary": summary}}]:
+        f.write(json.dumps(x) + "\\n")
+'''
+
+HYBRID = '''for m in summary["memory"]:
+    d = m["device"]
+    d["params"]["current"], d["grads"]["current"], d["optimizer"]["current"] = {params}, {grads}, {opt}
+    d["model_states"] = {params} + {grads} + {opt}
+for c in summary["comm"]:
+    c["by_collective"] = {{"reduce_scatter": {rs!r}, "all_gather": {ag!r}, "all_reduce": {ar!r}}}
+    c["bytes_per_step"] = sum(c["by_collective"].values())'''
+
+
+class Usage(unittest.TestCase):
+    def test_an_unknown_key_is_a_usage_error(self):
+        rc, out = check(2, "--predict", "gathered_peak=1")
+        self.assertEqual(rc, 2)
+        self.assertIn("lab 2 accepts", out)
+
+    def test_an_unknown_lab_or_a_bad_value(self):
+        self.assertEqual(check(9)[0], 2)
+        self.assertEqual(check(2, "--predict", "model_states=7P")[0], 2)
+        self.assertEqual(check(5, "--stage-flags=--prefetch 3")[0], 2)
+
+    def test_the_last_lab_needs_a_binary(self):
+        rc, out = check(7)
+        self.assertEqual(rc, 2)
+        self.assertIn("--binary", out)
+
+
+class References(unittest.TestCase):
+    def test_every_reference_of_every_lab_resolves(self):
+        docs = lab_refs.lab_docs()
+        self.assertEqual(len(docs), 8, "docs/labs/lab0 ... lab7")
+        for d in docs:
+            self.assertGreaterEqual(len(lab_refs.references(d)), 3, f"{d}: a Read section of anchored references")
+        count, problems = lab_refs.check_all()
+        self.assertEqual(problems, [], "\n".join(problems))
+
+    def test_every_key_a_lab_names_is_one_its_check_accepts(self):
+        # the first column of the Predict table, and every --predict KEY= of the Check commands:
+        # the keys the lab documents are those its check accepts
+        for lab, doc in zip(lab_specs.LABS, lab_refs.lab_docs()):
+            with open(doc, encoding="utf-8") as f:
+                text = f.read()
+            predict = text.split("## Predict before running")[1].split("\n## ")[0]
+            named = set(re.findall(r"^\| ((?:`[\w.]+`(?:, )?)+) \|", predict, re.M))
+            keys = {k for cell in named for k in re.findall(r"`([\w.]+)`", cell)}
+            keys |= set(re.findall(r"(?:--predict| ) ?([\w.]+)=", text.split("## Check")[1]))
+            self.assertTrue(keys, doc)
+            self.assertEqual(keys - set(lab.keys), set(), f"{doc} names keys lab {lab.number} does not accept")
+            self.assertEqual(set(lab.keys) - keys, set(), f"{doc} leaves out keys its check accepts")
+
+    def test_a_stale_lab_fails(self):
+        root = tempfile.mkdtemp(prefix="zf-refs-")
+        try:
+            os.makedirs(os.path.join(root, "docs", "labs"))
+            os.makedirs(os.path.join(root, "src"))
+            with open(os.path.join(root, "src", "a.cpp"), "w") as f:
+                f.write("// a.cpp\nint zero() {\n  return 0;\n}\nint one() { return 1; }\n")
+            doc = os.path.join(root, "docs", "labs", "lab9_scratch.md")
+            with open(doc, "w") as f:
+                f.write("1. [src/a.cpp](../../src/a.cpp), anchor `int zero() {` (lines 1-3): fine\n"
+                        "2. [src/a.cpp](../../src/a.cpp), anchor `int one()` (lines 1-3): moved down\n"
+                        "3. [src/a.cpp](../../src/a.cpp), anchor `int two()`: gone\n"
+                        "4. [src/b.cpp](../../src/b.cpp), anchor `x`: no such file\n"
+                        "5. [src/a.cpp](../../src/b.cpp), anchor `x`: shown path is not the link\n")
+            count, problems = lab_refs.check_all([doc], root)
+            self.assertEqual(count, 5)
+            self.assertEqual(len(problems), 4, "\n".join(problems))
+            self.assertIn("lab9_scratch.md:2: src/a.cpp: anchor `int one()` is at line 5, not in lines 1-3: "
+                          "write (lines 5-7)", problems[0])
+            self.assertIn("lab9_scratch.md:3", problems[1])
+            self.assertIn("not found", problems[1])
+            self.assertIn("no such file", problems[2])
+            self.assertIn("not to the path shown", problems[3])
+            rc, out = check("--check-refs", doc)
+            self.assertEqual(rc, 1, out)
+            self.assertIn("references: 4 of 5 stale", out)
+        finally:
+            shutil.rmtree(root)
+
+
+if __name__ == "__main__":
+    sys.exit(gtest_xml.main(__name__, "labs", "test_labs.py [--xml FILE]"))
