@@ -170,7 +170,16 @@ def estimate(run, cfg, build):
     return stages[0], cmd
 
 
-def record(run, log, cmd, est, dp):
+def shown_path(word, out):
+    """A command's word as the tables print it: the output folder as OUT, the
+    rest relative to the repository (so the tables do not depend on where
+    the tour wrote)."""
+    if word.startswith(out.rstrip("/") + "/"):
+        return "OUT/" + word[len(out.rstrip("/")) + 1:]
+    return os.path.relpath(word, ROOT) if os.path.isabs(word) else word
+
+
+def record(run, log, cmd, est, dp, out):
     """Everything the tables and pictures show for one run, from its log and estimate."""
     r = plot_run.load_run(log)
     s = r.s
@@ -179,7 +188,7 @@ def record(run, log, cmd, est, dp):
     losses = [loss for _, loss in r.steps]
     rec = {
         "key": run[0], "stage": run[1], "folder": run[2], "flags": run[3], "what": run[4],
-        "command": " ".join(os.path.relpath(c, ROOT) if os.path.isabs(c) else c for c in cmd),
+        "command": " ".join(shown_path(c, out) for c in cmd),
         "log": os.path.basename(log), "losses": losses, "final_loss": s["final_loss"],
         "param_hash": s["param_hash"], "median_ms": s["median_ms"], "params": s["params"],
         "device": {c: dev[c]["peak"] for c in plot_run.CATEGORIES if c in dev},
@@ -210,7 +219,7 @@ def run_tour(cfg, build, out, plots=True, tty=None):
     for i, run in enumerate(runs, 1):
         log, cmd = train(run, i, len(runs), cfg, build, out, tty)
         est, est_cmd = estimate(run, cfg, build)
-        rec = record(run, log, cmd, est, dp)
+        rec = record(run, log, cmd, est, dp, out)
         rec["estimate_command"] = " ".join([os.path.relpath(est_cmd[0], ROOT)] + est_cmd[1:])
         dp = dp or rec
         records.append(rec)

@@ -9,6 +9,7 @@ Step times are left out of the READMEs, being the machine's and not the
 code's; tour.md has them.
 """
 import os
+import platform
 import re
 
 import plot_run
@@ -103,24 +104,27 @@ def comm_table(records, with_time):
     return table(header, rows)
 
 
-def legend(cfg):
+def legend(cfg, records):
     return (f"Every run: {config_text(cfg)}, the built-in corpus, the default seed. Bytes are per rank "
             "(rank 0's; every rank's are the same here), model states and activations on the device "
             "(stage 05's model states are mostly on the host: last column). ✓: the measured bytes equal "
             "`build/tools/memory_estimate`'s for that run to the byte; \"= 00\": every step's loss and the "
             "final parameters are stage 00's to the bit. \"sent / step\" counts the ring model's bytes "
-            "(docs/SPEC.md §8), the loss's and the norm's small all-reduces included. Hybrid sharding "
-            "(HSDP) adds each gradient in two hops, within its group and then across the groups, so its "
-            "roundings differ from stage 00's: close, not equal (04_fsdp/README.md).")
+            "(docs/SPEC.md §8), the loss's and the norm's small all-reduces included." +
+            (" Hybrid sharding (HSDP) adds each gradient in two hops, within its group and then across the "
+             "groups, so its roundings differ from stage 00's: close, not equal (04_fsdp/README.md)."
+             if any("--shard-group" in r["flags"] for r in records) else ""))
 
 
 def tour_markdown(records, cfg, skipped):
-    parts = ["# The tour: every stage side by side", "", legend(cfg), "", "## Memory per rank", "",
+    parts = ["# The tour: every stage side by side", "", legend(cfg, records), "", "## Memory per rank", "",
              memory_table(records), "", "## Communication per rank per step", "", comm_table(records, True), ""]
     if skipped:
         parts += ["Not run at this number of ranks: " + ", ".join(skipped) + ".", ""]
     parts += ["Commands: " + "; ".join(f"`{r['command']}`" for r in records[:1]) +
-              " and the same with each stage's executable and flags (tour.json has every command).", ""]
+              " and the same with each stage's executable and flags (tour.json has every command; OUT is "
+              "the output folder). Step times: the median step, on "
+              f"{platform.machine()} with {os.cpu_count()} cores, the ranks as threads sharing them.", ""]
     return "\n".join(parts)
 
 
@@ -139,7 +143,7 @@ def stage_block(records, folder, cfg):
     return "\n".join([
         BEGIN, "## Measured by the tour", "",
         "`python3 tools/tour.py --write-readmes` wrote this section (and [docs/tour/](../docs/tour/tour.md), "
-        "with the step times); the `tour` test fails when it is stale. " + legend(cfg), "",
+        "with the step times); the `tour` test fails when it is stale. " + legend(cfg, rows), "",
         memory_table(rows), "", comm_table(rows, False), "", *pictures, END])
 
 
@@ -154,7 +158,7 @@ def top_block(records, cfg):
                      nbytes(r["host_model_states"])])
     return "\n".join([
         BEGIN, "`python3 tools/tour.py` runs it all; `--write-readmes` wrote this table, the stage READMEs' "
-        "and [docs/tour/](docs/tour/tour.md) (the `tour` test fails when they are stale). " + legend(cfg), "",
+        "and [docs/tour/](docs/tour/tour.md) (the `tour` test fails when they are stale). " + legend(cfg, records), "",
         table(header, rows), "", "![memory per rank of every run, by category](docs/tour/memory.png)", END])
 
 
@@ -195,13 +199,19 @@ def blocks_match(old, new):
     return True
 
 
-def stale_readmes(root, blocks):
-    """What is stale, one phrase per README: missing block or different numbers."""
-    stale = []
+def readmes_with_blocks(root, blocks):
+    """(relative path, path, its text, its current block or None) of each README."""
     for rel, block in blocks.items():
         path = os.path.join(root, rel)
         with open(path, encoding="utf-8") as f:
-            old = current_block(f.read())
+            text = f.read()
+        yield rel, path, text, current_block(text), block
+
+
+def stale_readmes(root, blocks):
+    """What is stale, one phrase per README: missing block or different numbers."""
+    stale = []
+    for rel, _, _, old, block in readmes_with_blocks(root, blocks):
         if old is None:
             stale.append(f"{rel} has no tour section")
         elif not blocks_match(old, block):
@@ -210,12 +220,9 @@ def stale_readmes(root, blocks):
 
 
 def write_readmes(root, blocks):
+    """Replaces each README's block (or appends one); returns the files changed."""
     written = []
-    for rel, block in blocks.items():
-        path = os.path.join(root, rel)
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        old = current_block(text)
+    for rel, path, text, old, block in readmes_with_blocks(root, blocks):
         new = text.replace(old, block) if old is not None else text.rstrip("\n") + "\n\n" + block + "\n"
         if new != text:
             with open(path + ".tmp", "w", encoding="utf-8") as f:
