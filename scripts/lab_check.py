@@ -216,6 +216,8 @@ def main(argv=None):
     ap.add_argument("lab", nargs="?", help="0-7, labN, or a name (--list shows them)")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"), help="the Meson build folder (default build/)")
     ap.add_argument("--binary", help="the executable to check instead of the lab's stage (yours)")
+    ap.add_argument("--reference", help="the stage-00 executable the parity checks compare with "
+                    "(default BUILD/00_data_parallel/dp; it must not be --binary)")
     ap.add_argument("--predict", nargs="+", default=[], metavar="KEY=VALUE", help="your predictions")
     ap.add_argument("--ranks", type=int)
     ap.add_argument("--precision", choices=("fp32", "bf16"))
@@ -284,7 +286,11 @@ def check_lab(a):
         raise Usage(f"lab {lab.number} checks your executable: give --binary PATH")
     if not os.access(binary, os.X_OK):
         raise Usage(f"{binary} is not an executable (build it: ninja -C {a.build} ...)")
-    dp = os.path.join(build, "00_data_parallel", "dp")
+    dp = os.path.abspath(a.reference or os.path.join(build, "00_data_parallel", "dp"))
+    if lab.number >= 2 and os.path.realpath(binary) == os.path.realpath(dp):
+        raise Usage(f"--binary {binary} is stage 00's executable, which the check also runs as the "
+                    "reference for parity: build your version in a second checkout (git worktree add "
+                    "../mine) and pass its executable, or name an unmodified dp with --reference")
 
     folder = a.logs or tempfile.mkdtemp(prefix=f"zf-lab{lab.number}-")
     os.makedirs(folder, exist_ok=True)

@@ -120,7 +120,8 @@ ZERO_KEYS = {
     "params_bytes": "what the stage keeps of the parameters: whole, or a piece",
     "grads_bytes": "what the stage keeps of the gradients: whole, or a piece",
     "optimizer_bytes": "AdamW's m, v (and in bf16 the float32 master) per element of the shard",
-    "all_reduce": "docs/SPEC.md section 8: 2(N-1)/N of the buffer; the loss (4 bytes) and norm (160) count too",
+    "all_reduce": "docs/SPEC.md section 8: 2(N-1)/N of the buffer; the loss (4 bytes) and, from stage 01 on, "
+                  "the norm's 160-byte accumulator count too",
     "reduce_scatter": "docs/SPEC.md section 8: (N-1)/N of the full buffer, K times where it runs every micro-step",
     "all_gather": "docs/SPEC.md section 8: (N-1)/N of the full (padded) buffer",
     "bytes_per_step": "the sum over the collectives",
@@ -161,8 +162,10 @@ class Setup(Lab):
 class DataParallel(Lab):
     number, name, title, stage, test = 1, "dp", "stage 00, data parallel", "00_data_parallel/dp", "dp"
     defaults = dict(model="tiny", ranks=2, precision="fp32", grad_accum=1)
-    keys = pick("P", "model_states", "params_bytes", "grads_bytes", "optimizer_bytes", "all_reduce",
-                "bytes_per_step", "activations")
+    keys = pick("P", "model_states", "params_bytes", "grads_bytes", "optimizer_bytes", "bytes_per_step",
+                "activations",
+                extra={"all_reduce": "docs/SPEC.md section 8: 2(N-1)/N of the gradient buffer, and the loss "
+                                     "(4 bytes); stage 00 takes the norm of the whole gradient locally"})
     extra_flags = {}
 
     def runs(self, cfg, opts):

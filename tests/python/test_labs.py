@@ -155,7 +155,12 @@ class PreviousStageFails(LabTestCase):
     """The student who did not make the lab's change: the stage before it."""
 
     def test_zero1_lab_with_dp(self):
-        self.fails(2, "--binary", os.path.join(BUILD, EXE[0]), naming=["model states per rank", "reduce_scatter"])
+        # A copy, as in the student's second checkout before the change (the
+        # reference dp itself is refused as --binary).
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = os.path.join(tmp, "dp")
+            shutil.copy2(os.path.join(BUILD, EXE[0]), copy)
+            self.fails(2, "--binary", copy, naming=["model states per rank", "reduce_scatter"])
 
     def test_zero2_lab_with_zero1(self):
         self.fails(3, "--binary", os.path.join(BUILD, EXE[1]),
@@ -282,6 +287,13 @@ class Usage(unittest.TestCase):
         self.assertEqual(check(9)[0], 2)
         self.assertEqual(check(2, "--predict", "model_states=7P")[0], 2)
         self.assertEqual(check(5, "--stage-flags=--prefetch 3")[0], 2)
+
+    def test_the_reference_itself_as_the_binary_is_refused(self):
+        # Lab 2 has the student edit stage 00: checking that very dp against
+        # itself would make the parity checks pass whatever the edit.
+        rc, out = check(2, "--binary", os.path.join(BUILD, EXE[0]))
+        self.assertEqual(rc, 2)
+        self.assertIn("--reference", out)
 
     def test_the_last_lab_needs_a_binary(self):
         rc, out = check(7)
