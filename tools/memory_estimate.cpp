@@ -153,6 +153,11 @@ int run(int argc, char** argv) {
   USAGE_REQUIRE(!q.json || !(paper || deepspeed),
                 "--json prints the tables' numbers and --fit's; --paper and --deepspeed print text only");
   USAGE_REQUIRE(int(paper) + int(deepspeed) + int(!fit.empty()) <= 1, "give one of --paper, --deepspeed and --fit");
+  size_t flags_given = 0;
+  for (const CLI::Option* o : app.get_options()) flags_given += o->count() > 0;
+  USAGE_REQUIRE(!paper || flags_given == 1,
+                "--paper prints the paper's own example (its model, ranks and recipe) and takes no other flag; "
+                "for your configuration drop --paper");
   if (paper) {
     print_paper();
     return 0;
@@ -167,7 +172,7 @@ int run(int argc, char** argv) {
                 "say how large the model is: --params P (e.g. 1e9), --model tiny|small|gpt2, or a shape "
                 "--layers L --channels C --vocab V --seq T --heads H");
   USAGE_REQUIRE(int(!params_text.empty()) + int(!model.empty()) + int(shape_given > 0) <= 1,
-                "give one of --params, --model or a shape, not both (--model and a shape already fix P)");
+                "give only one of --params, --model or a shape: each fixes the model's size");
   USAGE_REQUIRE(!fitting || (params_text.empty() && model.empty() && !shape_given),
                 "--fit searches its own family of shapes (tools/README.md): drop --params, --model and the shape");
   if (shape_given) {

@@ -102,6 +102,17 @@ def prepare_out(out):
             raise TourError(f"--out {out} already holds {', '.join(foreign[:3])}"
                             f"{' ...' if len(foreign) > 3 else ''}, which a tour did not write: "
                             "name a new or empty folder", 2)
+    # An earlier tour's pictures and traces would outlive this run's tables
+    # (with --no-plots, or other flags): remove them first.
+    for name in TOUR_PICTURES:
+        if os.path.isfile(os.path.join(out, name)):
+            os.remove(os.path.join(out, name))
+    for sub in ("logs", "traces"):
+        folder = os.path.join(out, sub)
+        if os.path.isdir(folder):
+            for name in os.listdir(folder):
+                if name.endswith((".jsonl", ".json")):
+                    os.remove(os.path.join(folder, name))
     for sub in ("", "logs", "traces"):
         try:
             os.makedirs(os.path.join(out, sub), exist_ok=True)

@@ -28,15 +28,22 @@ import matplotlib.pyplot as plt  # noqa: E402
 import plot_run  # noqa: E402
 import trace_gantt  # noqa: E402
 
-CATEGORY_COLOURS = dict(plot_run.CATEGORY_COLOURS, gathered="#c9c9c9")
+CATEGORY_COLOURS = dict(plot_run.CATEGORY_COLOURS, gathered="#f8cbad")
 # Persistent model states first, then what comes and goes.
 STACK = ["params", "grads", "optimizer", "activations", "gathered", "comm", "workspace"]
 STAGE_COLOURS = {"dp": "#c00000", "zero1": "#ed7d31", "zero2": "#ffc000", "zero3": "#70ad47", "fsdp": "#4472c4",
                  "offload": "#7030a0"}
 # The "what fits" chart: an H100/A100-80GB's memory, the bf16 recipe, one
-# sequence of 1024 tokens per rank with full recomputation (docs/SPEC.md §7).
+# sequence of 1024 tokens per rank with full recomputation (docs/SPEC.md §7),
+# activations in bf16 as on a GPU (--device cuda resolves --compute auto so).
 FIT = {"device_mem": "80GB", "ranks": "1,2,4,8,16,32,64,128,256,512,1024", "batch": "1", "recompute": "full",
-       "precision": "bf16"}
+       "precision": "bf16", "device": "cuda"}
+
+
+# The stack puts each category at its own peak, and those need not come at
+# one moment: the black line, the peak of their sum, can sit below the top.
+MEMORY_TITLE = ("device memory per rank, {what}: model states as held, the others at their own peaks\n"
+                "(red: the formula's model states; black: the peak of the total, all categories at once)")
 
 
 def save(fig, path):
@@ -133,7 +140,8 @@ def timeline(trace, path, title):
 def fits(build):
     """memory_estimate --fit's records, at the tour's model family."""
     cmd = [os.path.join(build, "tools", "memory_estimate"), "--fit", FIT["device_mem"], "--ranks", FIT["ranks"],
-           "--batch", FIT["batch"], "--recompute", FIT["recompute"], "--precision", FIT["precision"], "--json"]
+           "--batch", FIT["batch"], "--recompute", FIT["recompute"], "--precision", FIT["precision"],
+           "--device", FIT["device"], "--json"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed (exit {r.returncode}): {r.stderr.strip()}")
@@ -156,8 +164,9 @@ def fits_chart(doc, path):
     ax.set_xlabel("ranks (GPUs)")
     ax.set_ylabel("largest model that fits (billion parameters)")
     mem = doc.get("device_mem", 0) / 1e9
-    ax.set_title(f"what fits in {mem:.0f} GB per GPU: {FIT['precision']} recipe, batch {FIT['batch']} "
-                 f"sequence per rank, --recompute {FIT['recompute']}\n{doc.get('family', '')}", fontsize=9)
+    ax.set_title(f"what fits in {mem:.0f} GB per GPU: {FIT['precision']} recipe, compute {doc.get('compute', '?')}, "
+                 f"batch {FIT['batch']} sequence per rank, --recompute {FIT['recompute']}\n"
+                 f"{doc.get('family', '')}", fontsize=9)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     save(fig, path)
@@ -165,13 +174,11 @@ def fits_chart(doc, path):
 
 def draw_all(records, out, build):
     loss_chart(records, os.path.join(out, "loss.png"))
-    memory_chart(records, os.path.join(out, "memory.png"),
-                 "device memory per rank, by category (red: the formula's model states)")
+    memory_chart(records, os.path.join(out, "memory.png"), MEMORY_TITLE.format(what="per run"))
     for k in range(6):
         key = f"{k:02d}"
         mine = [r for r in records if r["key"][:2] <= key]
-        memory_chart(mine, os.path.join(out, f"stage_{key}.png"),
-                     f"device memory per rank, stages 00 to {key} (red: the formula's model states)")
+        memory_chart(mine, os.path.join(out, f"stage_{key}.png"), MEMORY_TITLE.format(what=f"stages 00 to {key}"))
     comm_chart(records, os.path.join(out, "comm.png"))
     for key in ("03", "04"):
         trace = os.path.join(out, "traces", key + ".json")

@@ -113,7 +113,10 @@ def legend(cfg, records):
             "(docs/SPEC.md §8), the loss's and the norm's small all-reduces included." +
             (" Hybrid sharding (HSDP) adds each gradient in two hops, within its group and then across the "
              "groups, so its roundings differ from stage 00's: close, not equal (04_fsdp/README.md)."
-             if any("--shard-group" in r["flags"] for r in records) else ""))
+             if any("--shard-group" in r["flags"] for r in records) else "") +
+            (f" With --grad-accum {cfg['grad_accum']}, stages 02-05 add each micro-step's gradient after "
+             "the ranks' sum (stage 00 before it), so they agree to rounding, not to the bit."
+             if cfg["grad_accum"] > 1 else ""))
 
 
 def tour_markdown(records, cfg, skipped):

@@ -229,5 +229,24 @@ class OutputFolder(unittest.TestCase):
                 self.assertEqual(f.read(), "mine")
 
 
+class EarlierTour(unittest.TestCase):
+    def test_rerun_removes_the_earlier_pictures_and_skips_hsdp_at_two_ranks(self):
+        # An earlier tour's folder: its tour.json and a picture of other flags.
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in ("tour.json", "loss.png"):
+                with open(os.path.join(tmp, name), "w") as f:
+                    f.write("old")
+            r = subprocess.run([sys.executable, TOOL, "--build", BUILD, "--out", tmp, "--no-plots", "--ranks", "2",
+                                "--steps", "2"], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertFalse(os.path.exists(os.path.join(tmp, "loss.png")))  # not this run's
+            with open(os.path.join(tmp, "tour.json")) as f:
+                doc = json.load(f)
+            self.assertNotIn("04 HSDP", [run["key"] for run in doc["runs"]])
+            self.assertEqual(len(doc["skipped"]), 1)
+            self.assertIn("04 HSDP", doc["skipped"][0])
+            self.assertIn("Not run at this number of ranks: 04 HSDP", r.stdout)
+
+
 if __name__ == "__main__":
     sys.exit(gtest_xml.main(__name__, "tour", "test_tour.py [--xml FILE]"))

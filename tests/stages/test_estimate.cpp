@@ -405,8 +405,8 @@ TEST(EstimateTool, BadFlagsAreUsageErrorsNamingTheFlag) {
                  Case{"--layers 2 --channels 64 --vocab 256 --heads 4", "--seq"},
                  Case{"--layers 2 --channels 64 --vocab 256 --seq 64 --heads 5", "--heads"},
                  Case{"--layers 0 --channels 64 --vocab 256 --seq 64 --heads 4", "--layers"},
-                 Case{"--params 1e9 --model tiny", "not both"},
-                 Case{"--params 1e9 --layers 2 --channels 64 --vocab 256 --seq 64 --heads 4", "not both"},
+                 Case{"--params 1e9 --model tiny", "only one of"},
+                 Case{"--params 1e9 --layers 2 --channels 64 --vocab 256 --seq 64 --heads 4", "only one of"},
                  Case{"--fit 80XB --ranks 1,2", "--fit"}, Case{"--fit 0 --ranks 1", "--fit"},
                  Case{"--fit 80GB --model tiny", "--fit"}, Case{"--params 1e9 --ranks 1,2", "--ranks"},
                  Case{"--model tiny --stage zero4", "--stage"}, Case{"--model tiny --stage dp --no-sync", "--no-sync"},
@@ -419,7 +419,8 @@ TEST(EstimateTool, BadFlagsAreUsageErrorsNamingTheFlag) {
                  Case{"--model tiny --compute bf16", "--compute"}, Case{"--model tiny --recompute some", "--recompute"},
                  Case{"--params 1e9 --deepspeed", "--largest-layer"},
                  Case{"--params 1e9 --ranks 8 --deepspeed --largest-layer 1e6 --gpus-per-node 3", "--gpus-per-node"},
-                 Case{"--paper --json", "--json"}, Case{"--paper --fit 80GB", "one of"}}) {
+                 Case{"--paper --json", "--json"}, Case{"--paper --fit 80GB", "one of"},
+                 Case{"--paper --precision fp32 --ranks 2", "takes no other flag"}}) {
     const auto r = test::run_command(estimator() + " " + c.args);
     EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
     EXPECT_NE(r.output.find("memory_estimate: error:"), std::string::npos) << c.args << "\n" << r.output;
