@@ -77,7 +77,7 @@ def loss_chart(records, path):
 
 
 def memory_chart(records, path, title):
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.0 + 0.9 * len(records)), 4.8))
+    fig, ax = plt.subplots(figsize=(max(6.5, 2.8 + 0.9 * len(records)), 4.8))
     top = max(r["device_peak"] for r in records) or 1
     div, unit = plot_run.byte_unit(top)
     x = range(len(records))
@@ -102,12 +102,12 @@ def memory_chart(records, path, title):
     ax.set_xticklabels([r["key"].replace(" ", "\n", 1) for r in records], fontsize=8)
     ax.set_ylabel(f"device bytes per rank ({unit})")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, never on them
     save(fig, path)
 
 
 def comm_chart(records, path):
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.0 + 0.9 * len(records)), 4.5))
+    fig, ax = plt.subplots(figsize=(max(6.5, 2.8 + 0.9 * len(records)), 4.5))
     top = max(r["comm"]["total"] for r in records) or 1
     div, unit = plot_run.byte_unit(top)
     for i, r in enumerate(records):
@@ -126,7 +126,7 @@ def comm_chart(records, path):
     ax.set_xticklabels([r["key"].replace(" ", "\n", 1) for r in records], fontsize=8)
     ax.set_ylabel(f"bytes sent per rank per step ({unit})")
     ax.set_title("communication per rank per step, by collective (ring model)", fontsize=10)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     save(fig, path)
 
 
