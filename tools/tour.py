@@ -221,10 +221,17 @@ def record(run, log, cmd, est, dp, out):
     return rec
 
 
-def run_tour(cfg, build, out, plots=True, tty=None):
+def run_tour(cfg, build, out, plots=True, tty=None, fit_mem="80GB"):
     """Every run, then tour.json, tour.md and the pictures; returns the records."""
     tty = sys.stdout.isatty() if tty is None else tty
     runs, skipped = selected_runs(cfg)
+    if plots:  # a bad --fit-mem is said before any run, not after them all
+        est = os.path.join(build, "tools", "memory_estimate")
+        if not os.access(est, os.X_OK):
+            raise TourError(f"{est} is missing: build first (ninja -C {build})", 2)
+        r = subprocess.run([est, "--fit", fit_mem, "--ranks", "1", "--json"], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise TourError(f"--fit-mem {fit_mem}: " + r.stderr.strip().replace("memory_estimate: error: ", ""), 2)
     prepare_out(out)
     records, dp = [], None
     for i, run in enumerate(runs, 1):
@@ -238,11 +245,11 @@ def run_tour(cfg, build, out, plots=True, tty=None):
     write_text(os.path.join(out, "tour.json"), json.dumps(doc, indent=1) + "\n")
     write_text(os.path.join(out, "tour.md"), tour_readme.tour_markdown(records, cfg, skipped))
     if plots:
-        draw_pictures(out, build)
+        draw_pictures(out, build, fit_mem)
     return records, skipped
 
 
-def draw_pictures(out, build):
+def draw_pictures(out, build, fit_mem):
     """tools/tour_plots.py on tour.json: here when this Python has matplotlib,
     else under the system's Python (Debian's python3-matplotlib) when a
     virtual environment or pyenv shadows it."""
@@ -256,7 +263,7 @@ def draw_pictures(out, build):
         if probe is None or probe.returncode != 0:
             raise TourError("matplotlib is missing for the pictures: apt-get install python3-matplotlib "
                             "(scripts/install_deps.sh does), or run with --no-plots", 2)
-    cmd = [python, os.path.join(TOOLS, "tour_plots.py"), out, "--build", build]
+    cmd = [python, os.path.join(TOOLS, "tour_plots.py"), out, "--build", build, "--fit-mem", fit_mem]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise TourError(f"drawing the pictures failed ({' '.join(cmd)}):\n{r.stderr.strip()}")
@@ -277,6 +284,7 @@ def main(argv=None):
     for k, v in README_CONFIG.items():
         ap.add_argument("--" + k.replace("_", "-"), type=type(v), default=v, help=f"(default {v})")
     ap.add_argument("--no-plots", action="store_true", help="tables only (no matplotlib needed)")
+    ap.add_argument("--fit-mem", default="80GB", help="the device memory of fits.png's GPU (default 80GB)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--write-readmes", action="store_true",
                       help="run the READMEs' configuration and write their tables and docs/tour/")
@@ -289,11 +297,13 @@ def main(argv=None):
             if cfg != README_CONFIG:
                 raise TourError("--write-readmes and --check-readmes run the READMEs' own configuration "
                                 f"({tour_readme.config_text(README_CONFIG)}): drop the other flags", 2)
+            if args.fit_mem != "80GB":
+                raise TourError("--write-readmes and --check-readmes draw the READMEs' 80GB chart: drop --fit-mem", 2)
             if args.no_plots and args.write_readmes:
                 raise TourError("--write-readmes also writes docs/tour/'s pictures: drop --no-plots", 2)
             return readmes(args, cfg)
         out = args.out or "tour"
-        records, skipped = run_tour(cfg, args.build, out, plots=not args.no_plots)
+        records, skipped = run_tour(cfg, args.build, out, plots=not args.no_plots, fit_mem=args.fit_mem)
         print()
         print(tour_readme.tour_text(records, cfg, skipped))
         print(f"\nwrote {out}/: tour.md, tour.json, logs/, traces/" + ("" if args.no_plots else ", the pictures"))

@@ -33,7 +33,7 @@ CATEGORY_COLOURS = dict(plot_run.CATEGORY_COLOURS, gathered="#f8cbad")
 STACK = ["params", "grads", "optimizer", "activations", "gathered", "comm", "workspace"]
 STAGE_COLOURS = {"dp": "#c00000", "zero1": "#ed7d31", "zero2": "#ffc000", "zero3": "#70ad47", "fsdp": "#4472c4",
                  "offload": "#7030a0"}
-# The "what fits" chart: an H100/A100-80GB's memory, the bf16 recipe, one
+# The "what fits" chart: by default an H100/A100-80GB's memory, the bf16 recipe, one
 # sequence of 1024 tokens per rank with full recomputation (docs/SPEC.md §7),
 # activations in bf16 as on a GPU (--device cuda resolves --compute auto so).
 FIT = {"device_mem": "80GB", "ranks": "1,2,4,8,16,32,64,128,256,512,1024", "batch": "1", "recompute": "full",
@@ -137,9 +137,9 @@ def timeline(trace, path, title):
     trace_gantt.draw(trace_gantt.rows_of(events, step), trace_gantt.memory_of(events), path, title, step)
 
 
-def fits(build):
+def fits(build, device_mem):
     """memory_estimate --fit's records, at the tour's model family."""
-    cmd = [os.path.join(build, "tools", "memory_estimate"), "--fit", FIT["device_mem"], "--ranks", FIT["ranks"],
+    cmd = [os.path.join(build, "tools", "memory_estimate"), "--fit", device_mem, "--ranks", FIT["ranks"],
            "--batch", FIT["batch"], "--recompute", FIT["recompute"], "--precision", FIT["precision"],
            "--device", FIT["device"], "--json"]
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -172,7 +172,7 @@ def fits_chart(doc, path):
     save(fig, path)
 
 
-def draw_all(records, out, build):
+def draw_all(records, out, build, fit_mem=FIT["device_mem"]):
     loss_chart(records, os.path.join(out, "loss.png"))
     memory_chart(records, os.path.join(out, "memory.png"), MEMORY_TITLE.format(what="per run"))
     for k in range(6):
@@ -183,7 +183,7 @@ def draw_all(records, out, build):
     for key in ("03", "04"):
         trace = os.path.join(out, "traces", key + ".json")
         timeline(trace, os.path.join(out, f"timeline_{key}.png"), f"stage {key}, one step, every rank")
-    doc, _ = fits(build)
+    doc, _ = fits(build, fit_mem)
     fits_chart(doc, os.path.join(out, "fits.png"))
 
 
@@ -191,10 +191,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="Draw the tour's pictures from its output folder's tour.json.")
     ap.add_argument("out", help="the tour's output folder (tour.json, traces/); the pictures go there")
     ap.add_argument("--build", default="build", help="the build folder, for tools/memory_estimate")
+    ap.add_argument("--fit-mem", default=FIT["device_mem"], help="fits.png's device memory (memory_estimate --fit)")
     args = ap.parse_args(argv)
     with open(os.path.join(args.out, "tour.json"), encoding="utf-8") as f:
         records = json.load(f)["runs"]
-    draw_all(records, args.out, args.build)
+    draw_all(records, args.out, args.build, args.fit_mem)
     return 0
 
 
