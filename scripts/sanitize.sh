@@ -30,9 +30,10 @@ esac
 
 # Optimised a little (-O1) and with line tables only (-g1): on 2 cores the
 # build is most of the time, and -O1 compiles much faster than the release
-# -O3 while keeping the run fast enough. Stack traces keep their lines.
+# -O3 while keeping the run fast enough; the test files, which only
+# orchestrate, at -O0. Stack traces keep their lines.
 common_setup=(-Dcuda=disabled -Dnccl=disabled -Dmpi=enabled --buildtype=custom -Doptimization=1
-              -Ddebug=true -Db_ndebug=true -Db_lundef=false)
+              -Ddebug=true -Db_ndebug=true -Db_lundef=false -Dtests_optimization=0)
 
 # ASan + UBSan: the suites of the code that handles memory: tensors and
 # their transfers, the kernels, the communicators (threads and MPI, and the

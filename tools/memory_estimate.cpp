@@ -119,9 +119,11 @@ int run(int argc, char** argv) {
       app.add_option("--shard-group", cfg.fsdp.shard_group, "S: hybrid sharding, 16P/S")->group(g4),
       app.add_flag("--no-sync", cfg.fsdp.no_sync, "reduce-scatter once per step (with --grad-accum K > 1)")
           ->group(g4),
-      app.add_option("--prefetch", cfg.fsdp.prefetch, "accepted; changes only the gathered peak (not counted)")
+      app.add_option("--prefetch", cfg.fsdp.prefetch, "units all-gathered ahead: changes only the gathered peak")
           ->group(g4),
-      app.add_option("--max-gathered", cfg.fsdp.max_gathered, "accepted; as --prefetch")->group(g4)};
+      app.add_option("--max-gathered", cfg.fsdp.max_gathered,
+                     "the most units gathered at once: changes only the gathered peak")
+          ->group(g4)};
   std::vector<CLI::Option*> offload_opts{
       app.add_flag("--offload-params", cfg.offload.offload_params, "parameter shards on the host too")->group(g5),
       app.add_option("--offload-dir", cfg.offload.offload_dir, "moments (and bf16 master) in files: disk bytes")

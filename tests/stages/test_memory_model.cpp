@@ -108,7 +108,7 @@ TEST(MemoryEstimate, BadFlagsAreUsageErrors) {
   for (Case c : {Case{"", "--params"}, Case{"--params abc", "--params"}, Case{"--params 1e9x", "--params"},
                  Case{"--params 0", "--params"}, Case{"--params 1.5", "whole"}, Case{"--params -5", "--params"},
                  Case{"--params 1e9 --ranks 0", "--ranks"}, Case{"--params 1e9 --precision fp16", "--precision"},
-                 Case{"--params 1e9 --model tiny", "not both"}, Case{"--model huge", "huge"},
+                 Case{"--params 1e9 --model tiny", "only one of"}, Case{"--model huge", "huge"},
                  Case{"--params 1e9 --bogus", "bogus"}}) {
     auto r = test::run_command(estimator_binary() + " " + c.args);
     EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
