@@ -6,18 +6,17 @@
 // Shape of the backend
 //   MpiCommunicator   this process's Communicator, over its own duplicate of
 //                     MPI_COMM_WORLD. Collectives are queued to one
-//                     communication thread, which makes every MPI call of
-//                     normal operation and runs them in issue order, like the
-//                     threads backend's per-rank thread (and a CUDA stream).
+//                     communication thread, which makes every MPI call and
+//                     runs them in issue order, like the threads backend's
+//                     per-rank thread (and a CUDA stream).
 //
 // One collective, on the communication thread (N ranks, this is rank r):
 //   header   every rank sends every other rank what it called (kind, count,
-//            dtype, op, root), point to point (MPI_Isend / MPI_Irecv, so a
-//            rank whose header has not come can be named). It is also the
-//            barrier: nobody passes it before all have arrived. Every rank then checks that all called the same
-//            thing, so a mismatch is the same error on every rank, and a rank
-//            that has left (its last header says "depart") is named, not
-//            waited for.
+//            dtype, op, root), point to point (so a rank whose header has not
+//            come can be named). It is also the barrier. Every rank checks
+//            that all called the same thing (a mismatch is the same error on
+//            every rank); a rank that has left (its last header says
+//            "depart") is named, not waited for.
 //   payload  MPI only moves bytes; the sums are ours. The buffer is cut into
 //            N pieces exactly as in the threads backend (piece_of).
 //              reduce_scatter  all-to-all of the N slots, then rank r sums
@@ -31,34 +30,21 @@
 //            every result equals the threads backend's. (MPI_Allreduce would
 //            be shorter, but its summation order is unspecified.)
 //
-// Staging. MPI reads and writes only buffers this communicator owns: the
-// inputs are copied in when the collective starts, the results copied out
-// when it ends. That costs a copy each way, and buys the failure path below:
-// MPI cannot cancel a collective, so a caller's buffer handed to MPI could be
-// written long after its owner freed it. These staging buffers are host
-// memory outside the MemoryTracker, like NCCL's internal buffers.
-//
-// Waiting. Each MPI operation is non-blocking (MPI_Ialltoallv, ...) and the
-// communication thread polls it with MPI_Test, napping between polls once the
-// wait gets long (up to 0.2 ms). A blocking MPI call would spin a core at
-// 100%, and under `mpirun --oversubscribe` (4 ranks on a 2-core laptop) that
-// core is the one another rank needs to compute. A wait that lasts longer
-// than the timeout (--comm-timeout, default 600 s) gives up: the error names
-// the collective and, in the header exchange, the ranks whose header has
-// not come; the communicator is then aborted, and the launcher ends the
-// job with MPI_Abort, as for any failed rank.
+// Waiting. Every MPI operation is non-blocking and polled (wait_requests),
+// so a waiting rank leaves the core to the ranks that compute (`mpirun
+// --oversubscribe`), and gives up after --comm-timeout naming whom it waits
+// for. MPI touches only this communicator's own staging buffers
+// (internal/comm_mpi_header.h says why).
 //
 // Failures. abort(reason) marks this communicator failed: queued collectives
 // raise CommAborted, the running one gives up at its next poll, and abort()
 // returns once the communication thread has left it, so the caller may free
-// its buffers. A collective given up is left pending inside MPI, so its
-// staging buffers are deliberately leaked (MPI may still write into them).
-// Peer processes cannot be woken from inside MPI: the launcher (launch.cpp)
-// then ends the whole job with MPI_Abort, naming the failed rank, so no
-// process is left waiting for one that will never come. A rank that simply
-// finishes early (it issued fewer collectives) says so in a last header when
-// its communicator is destroyed: every rank still waiting raises an Error
-// naming it, at the same collective, and exchanges nothing more.
+// its buffers. A collective given up is left pending inside MPI, with its
+// staging buffers (MPI may still write into them). Peers cannot be woken
+// from inside MPI: the launcher (launch.cpp) ends the job with MPI_Abort,
+// naming the failed rank, so no process waits for one that will never come.
+// A rank that finishes early (fewer collectives) says so in a last header:
+// every rank still waiting raises an Error naming it, at the same collective.
 #include "comm_mpi.h"
 
 #include <algorithm>
@@ -66,12 +52,8 @@
 #include <chrono>
 #include <climits>
 #include <condition_variable>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <deque>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -94,6 +76,7 @@ using mpi_detail::kDepart;
 using mpi_detail::kHeaderInts;
 using mpi_detail::kHeaderTag;
 using mpi_detail::kSplit;
+using mpi_detail::leave_pending;
 using mpi_detail::mpi_type;
 using mpi_detail::same_call;
 using mpi_detail::Staging;
@@ -171,17 +154,9 @@ class MpiCommunicator : public Communicator {
       auto& m = family_->members;
       m.erase(std::remove(m.begin(), m.end(), this), m.end());
     }
-    // After a failure an operation may still be pending on comm_: leave it,
-    // in a list that keeps it reachable (it is left on purpose, not leaked,
-    // and LeakSanitizer, scripts/sanitize.sh, should say so only of leaks).
-    if (clean && !abandoned_) {
-      MPI_Comm_free(&comm_);
-    } else {
-      static std::mutex mu;
-      static auto* left = new std::vector<MPI_Comm>;
-      std::lock_guard<std::mutex> lock(mu);
-      left->push_back(comm_);
-    }
+    // After a failure an operation may still be pending on comm_: leave it.
+    if (clean && !abandoned_) MPI_Comm_free(&comm_);
+    else leave_pending(comm_);
   }
 
   int rank() const override { return rank_; }
