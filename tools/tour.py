@@ -169,9 +169,7 @@ def estimate(run, cfg, build):
     est = os.path.join(build, "tools", "memory_estimate")
     if not os.access(est, os.X_OK):
         raise TourError(f"{est} is missing: build first (ninja -C {build})", 2)
-    flags = ["--model", cfg["model"], "--ranks", str(cfg["ranks"]), "--batch", str(cfg["batch"]),
-             "--precision", cfg["precision"], "--grad-accum", str(cfg["grad_accum"])] + run[3]
-    cmd = [est, "--stage", run[1], "--json"] + flags
+    cmd = [est, "--stage", run[1], "--json"] + common_flags(cfg) + run[3]  # the run's own flags
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise TourError(f"{' '.join(cmd)} failed (exit {r.returncode}):\n{r.stderr.strip()}")

@@ -76,58 +76,51 @@ def loss_chart(records, path):
     save(fig, path)
 
 
-def memory_chart(records, path, title):
+def stacked_chart(records, path, title, ylabel, parts, colours, formula, formula_label, peak=None):
+    """One bar per run, stacked by parts(r) (name -> bytes), with the formula's
+    value (formula(r), or None) in red and, when given, peak(r) in black."""
     fig, ax = plt.subplots(figsize=(max(6.5, 2.8 + 0.9 * len(records)), 4.8))
-    top = max(r["device_peak"] for r in records) or 1
+    top = max(max(sum(parts(r).values()), peak(r) if peak else 0) for r in records) or 1
     div, unit = plot_run.byte_unit(top)
-    x = range(len(records))
     for i, r in enumerate(records):
         bottom = 0.0
-        for cat in STACK:
-            if cat in ("params", "grads", "optimizer"):
-                v = r["device_states"][cat]
-            else:
-                v = r["device"].get(cat, 0)
+        for name, v in parts(r).items():
             if v:
-                ax.bar(i, v / div, bottom=bottom / div, color=CATEGORY_COLOURS[cat],
-                       label=cat if cat not in ax.get_legend_handles_labels()[1] else None)
+                ax.bar(i, v / div, bottom=bottom / div, color=colours[name],
+                       label=name if name not in ax.get_legend_handles_labels()[1] else None)
             bottom += v
-        est = r["estimate"].get("device", {}).get("model_states")
+        est = formula(r)
         if est is not None:
-            ax.plot([i - 0.45, i + 0.45], [est / div, est / div], color="red", lw=2,
-                    label="formula's model states" if i == 0 else None)
-        ax.plot([i - 0.3, i + 0.3], [r["device_peak"] / div] * 2, color="black", lw=1.5,
-                label="peak of the total" if i == 0 else None)
-    ax.set_xticks(list(x))
+            ax.plot([i - 0.45, i + 0.45], [est / div] * 2, color="red", lw=2, label=formula_label if i == 0 else None)
+        if peak:
+            ax.plot([i - 0.3, i + 0.3], [peak(r) / div] * 2, color="black", lw=1.5,
+                    label="peak of the total" if i == 0 else None)
+    ax.set_xticks(range(len(records)))
     ax.set_xticklabels([r["key"].replace(" ", "\n", 1) for r in records], fontsize=8)
-    ax.set_ylabel(f"device bytes per rank ({unit})")
+    ax.set_ylabel(f"{ylabel} ({unit})")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, never on them
     save(fig, path)
 
 
+def memory_parts(r):
+    """The persistent model states as held, the other categories at their peaks."""
+    return {c: r["device_states"][c] if c in ("params", "grads", "optimizer") else r["device"].get(c, 0)
+            for c in STACK}
+
+
+def memory_chart(records, path, title):
+    stacked_chart(records, path, title, "device bytes per rank", memory_parts, CATEGORY_COLOURS,
+                  lambda r: r["estimate"].get("device", {}).get("model_states"), "formula's model states",
+                  peak=lambda r: r["device_peak"])
+
+
 def comm_chart(records, path):
-    fig, ax = plt.subplots(figsize=(max(6.5, 2.8 + 0.9 * len(records)), 4.5))
-    top = max(r["comm"]["total"] for r in records) or 1
-    div, unit = plot_run.byte_unit(top)
-    for i, r in enumerate(records):
-        bottom = 0.0
-        for cat in plot_run.COLLECTIVES:
-            v = r["comm"]["by_collective"].get(cat, 0)
-            if v:
-                ax.bar(i, v / div, bottom=bottom / div, color=plot_run.COLLECTIVE_COLOURS[cat],
-                       label=cat if cat not in ax.get_legend_handles_labels()[1] else None)
-            bottom += v
-        est = r["estimate"].get("comm_bytes_per_step", {}).get("total")
-        if est is not None:
-            ax.plot([i - 0.45, i + 0.45], [est / div] * 2, color="red", lw=2,
-                    label="formula" if i == 0 else None)
-    ax.set_xticks(range(len(records)))
-    ax.set_xticklabels([r["key"].replace(" ", "\n", 1) for r in records], fontsize=8)
-    ax.set_ylabel(f"bytes sent per rank per step ({unit})")
-    ax.set_title("communication per rank per step, by collective (ring model)", fontsize=10)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    save(fig, path)
+    stacked_chart(records, path, "communication per rank per step, by collective (ring model)",
+                  "bytes sent per rank per step",
+                  lambda r: {c: r["comm"]["by_collective"].get(c, 0) for c in plot_run.COLLECTIVES},
+                  plot_run.COLLECTIVE_COLOURS,
+                  lambda r: r["estimate"].get("comm_bytes_per_step", {}).get("total"), "formula")
 
 
 def timeline(trace, path, title):
