@@ -10,10 +10,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <dirent.h>
 #include <fcntl.h>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <signal.h>
 #include <sstream>
 #include <sys/file.h>
@@ -23,12 +25,15 @@
 #include <unistd.h>
 
 #include "output_file.h"
+#include "stop_request.h"
 
 namespace zf {
 
 namespace {
 
 constexpr const char* kPrefix = "zf-offload-";
+constexpr const char* kMarker = "owner";
+constexpr const char* kMarkerHead = "zero-to-fsdp offload folder";
 constexpr const char* kFlag = "--offload-dir";
 const char* const kWhatToDo =
     "check the disk under --offload-dir (free space, dmesg for I/O errors), or run without "
@@ -42,6 +47,100 @@ bool plain_name(const std::string& s) {
   for (char c : s)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
   return true;
+}
+
+// What proves, on this host, which process made a folder: the host and boot
+// it ran on, its pid, and the time it started (a pid reused later has
+// another start time), with the files it was to make there.
+struct Owner {
+  std::string host, boot;
+  long pid = 0;
+  unsigned long long start = 0;
+  std::vector<std::string> files;
+};
+
+std::string read_small_file(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  std::getline(in, text, '\0');
+  return text;
+}
+
+std::string this_host() {
+  char buf[256] = {};
+  return ::gethostname(buf, sizeof buf - 1) == 0 ? std::string(buf) : std::string();
+}
+
+std::string this_boot() {
+  std::string id = read_small_file("/proc/sys/kernel/random/boot_id");
+  while (!id.empty() && std::isspace(static_cast<unsigned char>(id.back()))) id.pop_back();
+  return id;
+}
+
+// Field 22 of /proc/PID/stat (after the name in parentheses, which may hold
+// anything): the start time in clock ticks since boot; nullopt if the
+// process does not exist (or /proc cannot say).
+std::optional<unsigned long long> start_time(long pid) {
+  const std::string stat = read_small_file("/proc/" + std::to_string(pid) + "/stat");
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  std::istringstream fields(stat.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22; ++i)
+    if (!(fields >> field)) return std::nullopt;
+  return std::strtoull(field.c_str(), nullptr, 10);
+}
+
+std::string owner_text(const Owner& o) {
+  std::ostringstream t;
+  t << kMarkerHead << "\nhost " << o.host << "\nboot " << o.boot << "\npid " << o.pid << "\nstart " << o.start
+    << "\nfiles";
+  for (const std::string& f : o.files) t << " " << f;
+  t << "\n";
+  return t.str();
+}
+
+// The marker's text back, or nullopt unless it is exactly of that form.
+std::optional<Owner> parse_owner(const std::string& text) {
+  std::istringstream in(text);
+  std::string line, key;
+  Owner o;
+  if (!std::getline(in, line) || line != kMarkerHead) return std::nullopt;
+  for (const char* want : {"host", "boot", "pid", "start", "files"}) {
+    if (!std::getline(in, line)) return std::nullopt;
+    std::istringstream fields(line);
+    if (!(fields >> key) || key != want) return std::nullopt;
+    if (key == "host") fields >> o.host;
+    else if (key == "boot") fields >> o.boot;
+    else if (key == "pid") fields >> o.pid;
+    else if (key == "start") fields >> o.start;
+    else for (std::string f; fields >> f;) o.files.push_back(f);
+  }
+  if (o.host.empty() || o.boot.empty() || o.pid <= 0 || o.start == 0) return std::nullopt;
+  return o;
+}
+
+// Dead for certain: made on this host, and either in another boot or by a
+// pid that is gone or now belongs to a process started at another time.
+// Anything less certain counts as alive.
+bool proven_dead(const Owner& o) {
+  if (o.host != this_host()) return false;
+  const std::string boot = this_boot();
+  if (boot.empty()) return false;
+  if (o.boot != boot) return true;
+  if (::kill(pid_t(o.pid), 0) != 0 && errno == ESRCH) return true;
+  const std::optional<unsigned long long> start = start_time(o.pid);
+  return start && *start != o.start;
+}
+
+// A name this tier gives a file: r<rank>-<array>.bin.
+bool file_name_of_a_tier(const std::string& name) {
+  if (name.size() < 7 || name[0] != 'r' || name.compare(name.size() - 4, 4, ".bin") != 0) return false;
+  const size_t dash = name.find('-');
+  if (dash == std::string::npos || dash < 2) return false;
+  for (size_t i = 1; i < dash; ++i)
+    if (!std::isdigit(static_cast<unsigned char>(name[i]))) return false;
+  return plain_name(name.substr(dash + 1, name.size() - 4 - dash - 1));
 }
 
 }  // namespace
@@ -96,13 +195,37 @@ class IoThread {
 
 // ---------------------------------------------------------------- files
 
+// The tier's folder: made by mkdir (so no one else's), reached through a
+// descriptor of --offload-dir and one of itself, so that a rename of either
+// meanwhile still finds them; the marker first, the folder last.
+// Each is also registered with remove_on_stop (stop_request.h) while it
+// exists, so that a second signal, which exits without unwinding, removes
+// it too.
+struct DiskTier::Folder {
+  std::string path, name;
+  int parent = -1, fd = -1;
+  bool made = false, marked = false;
+  int on_stop[2] = {-1, -1};  // remove_on_stop's handles of the folder and the marker
+  ~Folder() {
+    forget_on_stop(on_stop[1]);
+    if (marked) ::unlinkat(fd, kMarker, 0);
+    if (fd >= 0) ::close(fd);
+    forget_on_stop(on_stop[0]);
+    if (made) ::unlinkat(parent, name.c_str(), AT_REMOVEDIR);  // ENOTEMPTY: someone's file in it stays
+    if (parent >= 0) ::close(parent);
+  }
+};
+
 struct DiskTier::File {
-  std::string path;
+  std::string path, name;
+  int dir = -1;  // the folder's descriptor, which outlives this file
   int fd = -1;
+  int registered = -1;
   ~File() {
-    if (fd < 0) return;      // never created: the name may be another's
-    ::close(fd);             // drops the flock too
-    ::unlink(path.c_str());  // ENOENT (removed by someone else) is fine
+    if (fd < 0) return;  // never created: the name may be another's
+    forget_on_stop(registered);
+    ::close(fd);                       // drops the flock too
+    ::unlinkat(dir, name.c_str(), 0);  // ENOENT (removed by someone else) is fine
   }
 };
 
@@ -114,36 +237,73 @@ DiskTier::DiskTier(const std::string& dir, int rank, std::vector<std::string> na
           "DiskTier chunk of " << chunk_elems << " floats: it must be a positive multiple of "
                                << kAlignElems << " floats (" << kAlignBytes
                                << " bytes) so that every transfer but the last is aligned");
-  const size_t whole = (elems + kAlignElems - 1) / kAlignElems * kAlignElems;
-  chunk_ = std::min(chunk_elems, whole);
-  const std::string run = std::to_string(::getpid()) + "-" + random_hex();
-  const off_t bytes = off_t(elems * sizeof(float));
+  Owner me;
   for (const std::string& name : names) {
     REQUIRE(plain_name(name), "DiskTier array name '" << name << "': use letters, digits and _ only");
     REQUIRE(std::count(names.begin(), names.end(), name) == 1,
             "DiskTier array name '" << name << "' is given twice");
-    auto f = std::make_unique<File>();
-    f->path = dir + "/" + kPrefix + run + "-r" + std::to_string(rank) + "-" + name + ".bin";
-    f->fd = ::open(f->path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    USAGE_REQUIRE(f->fd >= 0, kFlag << ": cannot create the offload file " << f->path << " ("
-                                    << reason(errno) << "); pass a writable directory to "
-                                    << kFlag);
-    files_.push_back(std::move(f));  // from here on it is removed if we throw
-    File& file = *files_.back();
-    USAGE_REQUIRE(::flock(file.fd, LOCK_EX | LOCK_NB) == 0,
-                  kFlag << ": cannot lock the offload file " << file.path << " (" << reason(errno)
+    me.files.push_back("r" + std::to_string(rank) + "-" + name + ".bin");
+  }
+  const size_t whole = (elems + kAlignElems - 1) / kAlignElems * kAlignElems;
+  chunk_ = std::min(chunk_elems, whole);
+
+  folder_ = std::make_unique<Folder>();
+  Folder& f = *folder_;
+  f.name = kPrefix + std::to_string(::getpid()) + "-" + random_hex() + "-r" + std::to_string(rank);
+  f.path = dir + "/" + f.name;
+  f.parent = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  USAGE_REQUIRE(f.parent >= 0, kFlag << " " << dir << ": " << reason(errno)
+                                     << "; pass an existing directory this user can write to");
+  USAGE_REQUIRE(::mkdirat(f.parent, f.name.c_str(), 0700) == 0,
+                kFlag << ": cannot create the offload folder " << f.path << " (" << reason(errno)
+                      << "); pass a writable directory to " << kFlag);
+  f.made = true;
+  f.on_stop[0] = remove_on_stop(f.parent, f.name, true);
+  f.fd = ::openat(f.parent, f.name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  REQUIRE(f.fd >= 0, "offload folder " << f.path << ": open: " << reason(errno));
+  me.host = this_host();
+  me.boot = this_boot();
+  me.pid = long(::getpid());
+  me.start = start_time(me.pid).value_or(0);
+  {
+    const int fd = ::openat(f.fd, kMarker, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    USAGE_REQUIRE(fd >= 0, kFlag << ": cannot create " << f.path << "/" << kMarker << " (" << reason(errno) << ")");
+    f.marked = true;
+    f.on_stop[1] = remove_on_stop(f.fd, kMarker, false);
+    const std::string text = owner_text(me);
+    const bool written = ::write(fd, text.data(), text.size()) == ssize_t(text.size());
+    const int err = errno;
+    ::close(fd);
+    USAGE_REQUIRE(written, kFlag << ": cannot write " << f.path << "/" << kMarker << " (" << reason(err)
+                                 << "); free space under " << dir << " or choose another " << kFlag);
+  }
+
+  const off_t bytes = off_t(elems * sizeof(float));
+  for (const std::string& name : me.files) {
+    auto file = std::make_unique<File>();
+    file->name = name;
+    file->path = f.path + "/" + name;
+    file->dir = f.fd;
+    file->fd = ::openat(f.fd, name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    USAGE_REQUIRE(file->fd >= 0, kFlag << ": cannot create the offload file " << file->path << " ("
+                                       << reason(errno) << "); pass a writable directory to " << kFlag);
+    file->registered = remove_on_stop(f.fd, name, false);
+    files_.push_back(std::move(file));  // from here on it is removed if we throw
+    File& fl = *files_.back();
+    USAGE_REQUIRE(::flock(fl.fd, LOCK_EX | LOCK_NB) == 0,
+                  kFlag << ": cannot lock the offload file " << fl.path << " (" << reason(errno)
                         << "); use a local directory that supports flock");
     if (bytes > 0) {
-      const int err = ::posix_fallocate(file.fd, 0, bytes);
+      const int err = ::posix_fallocate(fl.fd, 0, bytes);
       USAGE_REQUIRE(err == 0, kFlag << ": cannot reserve " << format_bytes(size_t(bytes)) << " ("
-                                    << bytes << " bytes) for the offload file " << file.path
+                                    << bytes << " bytes) for the offload file " << fl.path
                                     << " (" << reason(err) << "); free space under " << dir
                                     << ", choose another " << kFlag
                                     << ", or run without it to keep the state in host memory");
     }
     struct stat st {};
-    REQUIRE(::fstat(file.fd, &st) == 0, "offload file " << file.path << ": fstat: " << reason(errno));
-    REQUIRE(st.st_size == bytes, "offload file " << file.path << " is " << st.st_size
+    REQUIRE(::fstat(fl.fd, &st) == 0, "offload file " << fl.path << ": fstat: " << reason(errno));
+    REQUIRE(st.st_size == bytes, "offload file " << fl.path << " is " << st.st_size
                                                  << " bytes after reserving " << bytes);
   }
   for (Tensor& slot : slots_)
@@ -151,7 +311,9 @@ DiskTier::DiskTier(const std::string& dir, int rank, std::vector<std::string> na
   io_ = std::make_unique<IoThread>();
 }
 
-DiskTier::~DiskTier() = default;  // io_ joins first, then the slots and files go
+DiskTier::~DiskTier() = default;  // io_ joins first, then the slots, the files and the folder go
+
+const std::string& DiskTier::folder() const { return folder_->path; }
 
 std::string DiskTier::path(int array) const {
   REQUIRE(array >= 0 && array < num_arrays(), "DiskTier has no array " << array);
@@ -278,18 +440,44 @@ std::vector<std::string> DiskTier::remove_stale(const std::string& dir) {
   std::vector<std::string> removed;
   DIR* d = ::opendir(dir.c_str());
   if (!d) return removed;  // check_dir says why, with the flag
-  const std::string prefix = kPrefix;
+  const int dfd = ::dirfd(d);
   while (const dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
-    if (name.rfind(prefix, 0) != 0 || name.size() < 4 || name.compare(name.size() - 4, 4, ".bin") != 0)
-      continue;
-    const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
-    if (pid <= 0 || !(::kill(pid_t(pid), 0) != 0 && errno == ESRCH)) continue;  // alive, or unknown
+    if (name.rfind(kPrefix, 0) != 0) continue;
+    const int folder = ::openat(dfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (folder < 0) continue;  // a file, a symlink: never ours
     const std::string path = dir + "/" + name;
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::unlink(path.c_str()) == 0) removed.push_back(path);
-    ::close(fd);
+    std::string text;
+    const int marker = ::openat(folder, kMarker, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (marker >= 0) {
+      char buf[4096];
+      const ssize_t n = ::read(marker, buf, sizeof buf);
+      if (n > 0 && size_t(n) < sizeof buf) text.assign(buf, size_t(n));
+      ::close(marker);
+    }
+    const std::optional<Owner> owner = parse_owner(text);
+    bool ok = owner && proven_dead(*owner);
+    for (const std::string& f : ok ? owner->files : std::vector<std::string>{})
+      ok = ok && file_name_of_a_tier(f);
+    // Every listed file that is there: a regular file whose lock no one holds.
+    std::vector<int> held;
+    for (size_t i = 0; ok && i < owner->files.size(); ++i) {
+      const int fd = ::openat(folder, owner->files[i].c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+      if (fd < 0) {
+        ok = errno == ENOENT;
+        continue;
+      }
+      held.push_back(fd);
+      struct stat st {};
+      ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+    }
+    if (ok) {
+      for (const std::string& f : owner->files) ::unlinkat(folder, f.c_str(), 0);
+      ::unlinkat(folder, kMarker, 0);
+      if (::unlinkat(dfd, name.c_str(), AT_REMOVEDIR) == 0) removed.push_back(path);
+    }
+    for (int fd : held) ::close(fd);
+    ::close(folder);
   }
   ::closedir(d);
   return removed;

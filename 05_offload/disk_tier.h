@@ -22,21 +22,28 @@
 // before its write-back has reached the file. Disk and compute overlap, and
 // the step takes max(I/O, compute) rather than their sum.
 //
-// Files: one per array, `zf-offload-<pid>-<random>-r<rank>-<name>.bin`,
-// created with O_CREAT|O_EXCL (no run ever opens a file it did not create),
-// their space reserved with posix_fallocate at open (a full disk is an error
-// before step 0, naming the file and the bytes asked), closed and removed by
-// the destructor, also when an exception unwinds the run.
+// Files: each tier makes a folder of its own under --offload-dir,
+// `zf-offload-<pid>-<random>-r<rank>/` (mkdir: no two tiers share one), and
+// in it first a marker, `owner`, naming the host, the boot, the pid, the
+// process's start time and the files to come, then one file per array,
+// `r<rank>-<name>.bin`, created with O_CREAT|O_EXCL (no run ever opens a
+// file it did not create), their space reserved with posix_fallocate at open
+// (a full disk is an error before step 0, naming the file and the bytes
+// asked). The destructor removes exactly those files, the marker and the
+// folder, also when an exception unwinds the run; it reaches them through
+// descriptors opened at the start, so a folder renamed or moved meanwhile
+// is cleaned where it now is. Nothing else under --offload-dir is ever
+// written or removed, and the frame refuses a run whose inputs or outputs
+// lie inside it (frame/output_paths.h).
 //
-// Stale files of a killed run: each open file holds an exclusive flock, which
-// the kernel drops when its process dies, however it dies. remove_stale(dir)
-// removes the files of this naming whose flock is free AND whose pid is not a
-// live process on this host. The pid alone would be fooled by a directory
-// shared between hosts, the flock alone by the instant between a file's
-// creation and its lock; together a live run's files are never taken. The
-// unique names mean a later run never mistakes such files for its own even if
-// nobody removes them; remove_stale gives their space back, and returns their
-// names for the run log.
+// Stale folders of a killed run: remove_stale(dir) looks only at folders of
+// this naming whose marker proves that the run which made them is dead: the
+// same host, and either another boot or no process with that pid and start
+// time (a pid reused since has another). It removes the files the marker
+// lists, if no process holds their flock (the kernel drops a run's locks
+// when it dies, however it dies), then the marker and the folder; a folder
+// holding anything else keeps it, and the folder stays. No other file is
+// ever touched. It returns the folders it removed, for the run log.
 //
 // Errors: every read and write is checked (a short read of a truncated file,
 // EIO, ENOSPC, EFBIG, ESTALE) and fails as a zf::Error naming the file, the
@@ -110,16 +117,25 @@ class DiskTier {
   // and it has `bytes_needed` free (statvfs). Each failure is a UsageError
   // naming --offload-dir, the path, the system's reason and what to do.
   static void check_dir(const std::string& dir, size_t bytes_needed);
-  // Removes the files of dead runs in `dir` (see above); returns their paths.
+  // What one tier of K arrays of `elems` floats takes on the disk: each
+  // file in whole 4096-byte blocks, and a block for the marker.
+  static size_t disk_bytes(size_t K, size_t elems) {
+    return K * ((elems * sizeof(float) + kAlignBytes - 1) / kAlignBytes * kAlignBytes) + kAlignBytes;
+  }
+  // Removes the folders of dead runs in `dir` (see above); returns their paths.
   static std::vector<std::string> remove_stale(const std::string& dir);
+  // The folder this tier made under `dir`.
+  const std::string& folder() const;
 
  private:
-  struct File;  // an open, locked file, closed and removed when destroyed
+  struct Folder;  // this tier's folder and its marker, removed when destroyed
+  struct File;    // an open, locked file in it, closed and removed when destroyed
   void transfer(bool is_read, int array, size_t begin, size_t n, float* buf);
 
   int rank_;
   size_t elems_;
   size_t chunk_;
+  std::unique_ptr<Folder> folder_;  // before files_: removed after them
   std::vector<std::unique_ptr<File>> files_;
   Tensor slots_[2];  // each K x chunk floats: array k's chunk at k * chunk
   std::atomic<uint64_t> bytes_read_{0};

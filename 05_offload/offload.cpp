@@ -80,16 +80,18 @@ struct OffloadStates final : ModelStates {
     return !cfg.offload.offload_dir.empty() && cfg.offload.offload_params && cfg.precision == Precision::bf16;
   }
 
-  // Before any file is made: the files of killed runs go (their space
-  // counts), and the folder must hold every rank's moments (and master).
+  // Before any file is made: the folders of killed runs go (their space
+  // counts), and the folder must hold every rank's moments (and master),
+  // checked by every rank before any reserves its own.
   static void prepare_dir(const TrainConfig& cfg, const ShardLayout& shards, RankContext& ctx) {
     if (cfg.offload.offload_dir.empty()) return;
     if (ctx.rank == 0)
       for (const std::string& f : DiskTier::remove_stale(cfg.offload.offload_dir))
-        std::fprintf(stderr, "note: removed %s, left by a run that was killed\n", f.c_str());
+        std::fprintf(stderr, "note: removed %s, the offload folder of a run that was killed\n", f.c_str());
     ctx.comm.barrier();
     const size_t arrays = master_on_disk(cfg) ? 3 : 2;
-    DiskTier::check_dir(cfg.offload.offload_dir, size_t(ctx.world) * arrays * shards.shard_total * sizeof(float));
+    DiskTier::check_dir(cfg.offload.offload_dir, size_t(ctx.world) * DiskTier::disk_bytes(arrays, shards.shard_total));
+    ctx.comm.barrier();
   }
 
   // --optimizer-threads, or the cores left to each rank of this host: the

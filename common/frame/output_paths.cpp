@@ -34,6 +34,23 @@ std::string canonical_name(const std::string& path) {
   return (dir / p.filename()).lexically_normal().string();
 }
 
+// Whether `path` (for an output, what a write to it replaces) lies in the
+// folder `dir`, at any depth: each folder above it compared with `dir` by
+// identity (device and inode), so links and other spellings count.
+bool lies_in(const std::string& path, const std::string& dir, bool output) {
+  struct stat d {};
+  if (path.empty() || dir.empty() || ::stat(dir.c_str(), &d) != 0 || !S_ISDIR(d.st_mode)) return false;
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(fs::absolute(output ? write_target(path) : path, ec), ec);
+  if (ec) return false;
+  for (fs::path up = p.parent_path(); !up.empty(); up = up.parent_path()) {
+    struct stat s {};
+    if (::stat(up.c_str(), &s) == 0 && s.st_dev == d.st_dev && s.st_ino == d.st_ino) return true;
+    if (up == up.root_path()) break;
+  }
+  return false;
+}
+
 }  // namespace
 
 bool same_file(const std::string& a, const std::string& b) {
@@ -50,8 +67,16 @@ void check_output_paths(const TrainConfig& cfg, bool writes) {
                                       {"--save-init", cfg.save_init, WriteMode::by_rename},
                                       {"--log-json", cfg.log_json},
                                       {"--trace", cfg.trace}};
-  const std::vector<Named> inputs = {
-      {"--data", cfg.data}, {"--init", cfg.init}, {"--resume", cfg.resume}, {"--offload-dir", cfg.offload.offload_dir}};
+  const std::vector<Named> inputs = {{"--data", cfg.data}, {"--init", cfg.init}, {"--resume", cfg.resume}};
+  // Stage 05 makes and removes folders under --offload-dir: nothing the run
+  // reads or writes may be there, or be the folder itself.
+  const std::string& offload = cfg.offload.offload_dir;
+  for (const std::vector<Named>* list : {&inputs, &outputs})
+    for (const Named& f : *list)
+      USAGE_REQUIRE(!same_file(f.path, offload) && !lies_in(f.path, offload, list == &outputs),
+                    f.flag << " " << f.path << " lies in --offload-dir " << offload
+                           << ", where the run creates and removes its own folders: keep the run's inputs and "
+                              "outputs out of it, or give --offload-dir a folder of their own");
   for (size_t i = 0; i < outputs.size(); i++) {
     const Named& out = outputs[i];
     if (out.path.empty()) continue;

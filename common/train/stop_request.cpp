@@ -4,6 +4,8 @@
 #include <atomic>
 #include <csignal>
 #include <cstring>
+#include <fcntl.h>
+#include <iterator>
 #include <unistd.h>
 
 namespace zf {
@@ -18,6 +20,24 @@ char g_second_msg[256];
 size_t g_first_len = 0, g_second_len = 0;
 constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
 
+// remove_on_stop's slots: filled and emptied by the ranks, read by the
+// handler, so each is published by its atomic state (free, being written,
+// ready) and holds only plain data.
+struct Removal {
+  std::atomic<int> state{0};
+  int dir = -1;
+  bool folder = false;
+  char name[256] = {};
+};
+constexpr int kFree = 0, kWriting = 1, kReady = 2;
+Removal g_removals[256];
+
+void remove_registered() {
+  for (bool folders : {false, true})
+    for (Removal& r : g_removals)
+      if (r.state.load() == kReady && r.folder == folders) ::unlinkat(r.dir, r.name, folders ? AT_REMOVEDIR : 0);
+}
+
 void on_stop_signal(int sig) {
   int none = 0;
   if (g_signal.compare_exchange_strong(none, sig)) {
@@ -25,6 +45,7 @@ void on_stop_signal(int sig) {
     return;
   }
   (void)!::write(STDERR_FILENO, g_second_msg, g_second_len);
+  remove_registered();
   ::_exit(128 + sig);
 }
 
@@ -56,6 +77,25 @@ void install_stop_handlers(const std::string& program, const std::string& save) 
   // code between two step boundaries never sees EINTR.
   sa.sa_flags = SA_RESTART;
   for (int s : kStopSignals) ::sigaction(s, &sa, nullptr);
+}
+
+int remove_on_stop(int dir, const std::string& name, bool folder) {
+  if (name.size() >= sizeof g_removals[0].name) return -1;
+  for (int i = 0; i < int(std::size(g_removals)); ++i) {
+    Removal& r = g_removals[i];
+    int free = kFree;
+    if (!r.state.compare_exchange_strong(free, kWriting)) continue;
+    r.dir = dir;
+    r.folder = folder;
+    std::memcpy(r.name, name.c_str(), name.size() + 1);
+    r.state.store(kReady);
+    return i;
+  }
+  return -1;
+}
+
+void forget_on_stop(int handle) {
+  if (handle >= 0 && handle < int(std::size(g_removals))) g_removals[handle].state.store(kFree);
 }
 
 int stop_signal_received() { return g_signal.load(); }

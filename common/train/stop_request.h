@@ -11,7 +11,8 @@
 // --save's checkpoint and the run log's summary are written. A second signal
 // means "now": the process exits at once (the last checkpoint on disk is
 // whole, since saves are atomic; a save that was under way leaves a
-// temporary the next save removes).
+// temporary the next save removes), removing first what remove_on_stop
+// lists.
 //
 // Exit status after a stop: 128 + the signal's number, as a shell reports a
 // process killed by it (130 SIGINT, 143 SIGTERM, 129 SIGHUP, 138 SIGUSR1).
@@ -34,5 +35,15 @@ void set_stop_signal(int signal);
 
 // "SIGINT", "SIGTERM", ... for a stop signal's number.
 std::string signal_name(int signal);
+
+// A second signal ends the process at once, without unwinding, so what a
+// run made for itself alone (stage 05's offload folder) would stay. Such a
+// file or folder is registered here: `name` in the folder open as `dir`
+// (a descriptor, so a rename of the folder does not matter), removed by the
+// handler before it exits, files before folders. Returns a handle for
+// forget_on_stop, to be called before `dir` is closed; -1 when every slot is
+// taken (the thing is then left, as an unregistered one would be).
+int remove_on_stop(int dir, const std::string& name, bool folder);
+void forget_on_stop(int handle);
 
 }  // namespace zf

@@ -122,6 +122,34 @@ TEST_F(Outputs, OutputThatIsTheOffloadDirIsRefused) {
                  exe);
 }
 
+// The run creates and removes folders under --offload-dir: no input or
+// output may lie in it, at any depth, by any name (the reproduction: a
+// checkpoint named as an offload file, resumed from inside the folder).
+TEST_F(Outputs, InputsAndOutputsInTheOffloadDirAreRefused) {
+  const std::string off = path("offload");
+  fs::create_directories(off + "/sub");
+  const std::string exe = "timeout 120 " + offload_binary() + " --model tiny --batch 1";
+  const std::string inside = off + "/zf-offload-999999-bb-r0-m.bin", deeper = off + "/sub/ck.st";
+  fs::copy_file(ck_, inside);
+  fs::copy_file(ck_, deeper);
+  fs::copy_file(data_, off + "/tokens.txt");
+  fs::create_symlink("offload", path("alias"));
+  for (const std::string& in : {inside, deeper, path("alias") + "/sub/ck.st"}) {
+    expect_refused("--steps 6 --offload-dir " + off + " --resume " + in, {"--resume", "lies in --offload-dir"}, exe);
+    expect_refused("--steps 6 --offload-dir " + off + " --init " + in, {"--init", "lies in --offload-dir"}, exe);
+  }
+  expect_refused("--steps 2 --offload-dir " + off + " --data " + off + "/tokens.txt", {"--data", "lies in"}, exe);
+  for (const std::string& out : {"--save", "--save-init", "--log-json", "--trace"}) {
+    expect_refused("--steps 2 --offload-dir " + off + " " + out + " " + off + "/new.file", {out, "lies in"}, exe);
+    expect_refused("--steps 2 --offload-dir " + path("alias") + " " + out + " " + off + "/sub/new.file",
+                   {out, "lies in"}, exe);
+  }
+  // Beside the folder, not in it: fine.
+  auto r = run_command(exe + " --quiet --steps 3 --offload-dir " + off + " --resume " + ck_ + " --save " +
+                       path("next.st"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
 // --- outputs that cannot be written, refused before step 0 ----------------
 
 TEST_F(Outputs, UnwritableOutputsAreRefusedBeforeStepZero) {
@@ -164,6 +192,23 @@ TEST_F(Outputs, ReadOnlyFolderIsRefusedBeforeStepZero) {
   fs::permissions(ro + "/old.safetensors", fs::perms::owner_read | fs::perms::owner_write);
   expect_refused("--steps 20 --save " + ro + "/old.safetensors", {"--save", "Permission denied"});
   fs::permissions(ro, fs::perms::owner_all);
+}
+
+// A name the file system takes, but not with the save's temporary suffix:
+// refused before step 0, saying how long a name may be.
+TEST_F(Outputs, ASaveNameTooLongForItsTemporaryIsRefused) {
+  const std::string name = path(std::string(253, 's'));
+  expect_refused("--steps 2 --save " + name, {"--save", "the temporary", "too long for this file system",
+                                              "choose a file name of at most"});
+  // The length it says is one that works.
+  auto r = run_command(dp() + " --steps 2 --save " + name + " 2>&1 | head -c 2000");
+  const size_t at = r.output.find("at most ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const size_t most = std::stoul(r.output.substr(at + 8));
+  const std::string fits = path(std::string(most, 'f'));
+  r = run_command(dp() + " --quiet --steps 2 --save " + fits);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(fits));
 }
 
 // --- what must still work -------------------------------------------------

@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <sstream>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -35,6 +36,7 @@
 #include "check.h"
 #include "disk_tier.h"
 #include "memory.h"
+#include "stop_request.h"
 #include "test_util.h"
 
 namespace {
@@ -181,7 +183,8 @@ TEST_F(DiskTierTest, FilesExistWhileTheTierDoesAndAreGoneAfter) {
     for (int k = 0; k < 3; k++) {
       paths.push_back(t.path(k));
       EXPECT_TRUE(fs::is_regular_file(t.path(k))) << t.path(k);
-      EXPECT_NE(t.path(k).find("-r3-" + kNames[size_t(k)] + ".bin"), std::string::npos) << t.path(k);
+      EXPECT_EQ(t.path(k), t.folder() + "/r3-" + kNames[size_t(k)] + ".bin");
+      EXPECT_EQ(fs::path(t.folder()).parent_path(), fs::path(dir_));
       // The space is reserved, not only the size set (a sparse file could
       // still meet a full disk in the middle of a step).
       struct stat st {};
@@ -190,8 +193,9 @@ TEST_F(DiskTierTest, FilesExistWhileTheTierDoesAndAreGoneAfter) {
     }
     // A second tier of the same rank in the same directory gets its own files.
     DiskTier other(dir_, 3, kNames, 10, 1024, mem_);
-    EXPECT_NE(other.path(0), t.path(0));
-    EXPECT_EQ(files_in(dir_), 6u);
+    EXPECT_NE(other.folder(), t.folder());
+    EXPECT_EQ(files_in(dir_), 2u) << "a folder each";
+    EXPECT_EQ(files_in(t.folder()), 4u) << "the marker and three files";
   }
   for (const std::string& p : paths) EXPECT_FALSE(fs::exists(p)) << p;
   EXPECT_EQ(files_in(dir_), 0u);
@@ -242,7 +246,7 @@ TEST_F(DiskTierTest, CheckDirRefusesMissingFileAndFullDirectories) {
                                {"--offload-dir", dir_, "needs", "are free", "without it"});
   // The constructor says it too, naming the file (the directory is gone).
   expect_error<zf::UsageError>([&] { DiskTier(missing, 0, kNames, 10, 1024, mem_); },
-                               {"--offload-dir", missing + "/zf-offload-", "No such file or directory"});
+                               {"--offload-dir", missing, "No such file or directory"});
 }
 
 TEST_F(DiskTierTest, CheckDirRefusesAnUnwritableDirectory) {
@@ -305,7 +309,7 @@ TEST_F(DiskTierTest, AFullDiskIsAnErrorAtOpenNamingTheFileAndTheBytes) {
     FileSizeLimit limit(64 * 1024);
     ASSERT_TRUE(limit.ok_);
     expect_error<zf::UsageError>([&] { DiskTier(dir_, 2, kNames, 1 << 16, 4096, mem_); },
-                                 {"--offload-dir", dir_ + "/zf-offload-", "-r2-master.bin",
+                                 {"--offload-dir", dir_ + "/zf-offload-", "-r2/r2-master.bin",
                                   "262144 bytes", "File too large"});
   }
   EXPECT_EQ(files_in(dir_), 0u) << "the files created before the failure must be removed";
@@ -348,32 +352,163 @@ TEST_F(DiskTierTest, AFileUnlinkedByAnotherStaysReadable) {
   EXPECT_EQ(seen, 3000u);
 }
 
-TEST_F(DiskTierTest, RemoveStaleTakesOnlyTheFilesOfDeadRuns) {
-  // A pid that is certainly dead: a child that has exited and been reaped.
+// What a run killed with SIGKILL leaves: a child process makes a tier in
+// `dir`, says its folder, and is killed and reaped. Returns the folder.
+std::string folder_of_a_killed_run(const std::string& dir) {
+  int fds[2];
+  if (pipe(fds) != 0) return "";
+  const pid_t child = fork();
+  if (child == 0) {
+    zf::MemoryTracker mem;
+    DiskTier t(dir, 1, kNames, 5000, 1024, mem);
+    const std::string folder = t.folder() + "\n";
+    (void)!write(fds[1], folder.data(), folder.size());
+    pause();
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string folder;
+  char c;
+  while (read(fds[0], &c, 1) == 1 && c != '\n') folder += c;
+  close(fds[0]);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  return folder;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The marker's line `key ...` replaced by `key value`.
+void edit_marker(const std::string& folder, const std::string& key, const std::string& value) {
+  std::istringstream in(read_text(folder + "/owner"));
+  std::string out, line;
+  while (std::getline(in, line)) out += (line.rfind(key + " ", 0) == 0 ? key + " " + value : line) + "\n";
+  std::ofstream(folder + "/owner", std::ios::trunc) << out;
+}
+
+// A field of this process's /proc/self/stat line: its start time (22).
+std::string own_start_time() {
+  const std::string stat = read_text("/proc/self/stat");
+  std::istringstream fields(stat.substr(stat.rfind(')') + 1));
+  std::string f;
+  for (int i = 3; i <= 22; ++i) fields >> f;
+  return f;
+}
+
+TEST_F(DiskTierTest, RemoveStaleTakesTheFolderOfAKilledRun) {
+  const std::string dead = folder_of_a_killed_run(dir_);
+  ASSERT_FALSE(dead.empty());
+  ASSERT_TRUE(fs::is_directory(dead));
+  EXPECT_EQ(files_in(dead), 4u) << "the marker and three files, left by SIGKILL";
+  DiskTier live(dir_, 0, kNames, 10, 1024, mem_);
+  EXPECT_EQ(DiskTier::remove_stale(dir_), std::vector<std::string>{dead});
+  EXPECT_FALSE(fs::exists(dead));
+  for (int k = 0; k < 3; k++) EXPECT_TRUE(fs::exists(live.path(k))) << "a live run's file was taken";
+  EXPECT_TRUE(DiskTier::remove_stale(dir_).empty());
+}
+
+// Only what the marker proves: a dead process of this host, a pid since
+// reused by another process, another boot of this host. Never another
+// host's folder, a live process's, a damaged marker's, or any other name.
+TEST_F(DiskTierTest, RemoveStaleTakesOnlyWhatTheMarkerProvesDead) {
+  const std::string me = std::to_string(getpid());
+  struct Case {
+    const char* what;
+    std::string key, value;
+    bool removed;
+  };
+  const std::vector<Case> cases = {
+      {"a pid reused by a live process started later", "pid", me, true},
+      {"another boot of this host", "boot", "00000000-0000-0000-0000-000000000000", true},
+      {"this very process", "pid", me + "\nstart " + own_start_time(), false},
+      {"another host", "host", "elsewhere.example", false},
+      {"a damaged marker", "pid", "x", false},
+      {"a marker naming a file outside the folder", "files", "../escape.bin", false},
+  };
+  for (const Case& c : cases) {
+    const std::string folder = folder_of_a_killed_run(dir_);
+    ASSERT_FALSE(folder.empty());
+    if (c.value.find('\n') != std::string::npos) {  // two lines at once
+      edit_marker(folder, "pid", me);
+      edit_marker(folder, "start", own_start_time());
+    } else {
+      edit_marker(folder, c.key, c.value);
+    }
+    const std::vector<std::string> removed = DiskTier::remove_stale(dir_);
+    EXPECT_EQ(!removed.empty(), c.removed) << c.what;
+    EXPECT_EQ(fs::exists(folder), !c.removed) << c.what;
+    if (!c.removed) fs::remove_all(folder);
+  }
+}
+
+TEST_F(DiskTierTest, RemoveStaleNeverTouchesAnythingElse) {
+  // Files and folders of every shape the old or a careless sweep would take.
+  std::ofstream(path("zf-offload-999999-00000000000000bb-r0-m.bin")) << "a user's file";
+  std::ofstream(path("zf-offload-notes.txt")) << "notes";
+  fs::create_directory(path("zf-offload-empty"));
+  fs::create_directory(path("zf-offload-nomarker"));
+  std::ofstream(path("zf-offload-nomarker/r0-m.bin")) << "x";
+  // A symlink to a dead run's folder is not followed.
+  const std::string elsewhere = path("elsewhere");
+  fs::create_directory(elsewhere);
+  const std::string dead_elsewhere = folder_of_a_killed_run(elsewhere);
+  fs::create_directory_symlink(dead_elsewhere, path("zf-offload-link"));
+  // A dead run's folder that holds a file of the user's too: that file and
+  // the folder stay.
+  const std::string dead = folder_of_a_killed_run(dir_);
+  std::ofstream(dead + "/mine.txt") << "mine";
+  // A dead run's listed file locked by someone: all of the folder stays.
+  const std::string locked = folder_of_a_killed_run(dir_);
+  const int fd = open((locked + "/r1-m.bin").c_str(), O_RDONLY);
+  ASSERT_EQ(flock(fd, LOCK_EX), 0);
+
+  (void)DiskTier::remove_stale(dir_);
+  EXPECT_EQ(read_text(path("zf-offload-999999-00000000000000bb-r0-m.bin")), "a user's file");
+  EXPECT_EQ(read_text(path("zf-offload-notes.txt")), "notes");
+  EXPECT_TRUE(fs::is_directory(path("zf-offload-empty")));
+  EXPECT_EQ(read_text(path("zf-offload-nomarker/r0-m.bin")), "x");
+  EXPECT_EQ(files_in(dead_elsewhere), 4u) << "followed a symlink";
+  EXPECT_EQ(read_text(dead + "/mine.txt"), "mine");
+  EXPECT_EQ(files_in(dead), 1u) << "the dead run's own files go, the user's stays";
+  EXPECT_EQ(files_in(locked), 4u) << "a locked file is a live run's";
+  close(fd);
+}
+
+// A second signal exits without unwinding: the handler removes the files,
+// the marker and the folder first.
+TEST_F(DiskTierTest, ASecondSignalRemovesTheFolder) {
   const pid_t child = fork();
   ASSERT_GE(child, 0);
-  if (child == 0) _exit(0);
-  ASSERT_EQ(waitpid(child, nullptr, 0), child);
-  const std::string dead = std::to_string(child);
-  const std::string stale = path("zf-offload-" + dead + "-0123456789abcdef-r0-m.bin");
-  const std::string locked = path("zf-offload-" + dead + "-fedcba9876543210-r0-m.bin");
-  const std::string other = path("zf-offload-notes.txt");
-  // A live pid's file not locked yet: a run between creating a file and locking it.
-  const std::string young = path("zf-offload-" + std::to_string(getpid()) + "-00000000000000ff-r1-v.bin");
-  for (const std::string& p : {stale, locked, other, young}) std::ofstream(p) << "x";
-  // The dead pid's file still locked: a live run on another host sharing the directory.
-  const int fd = open(locked.c_str(), O_RDONLY);
-  ASSERT_EQ(flock(fd, LOCK_EX), 0);
-  DiskTier live(dir_, 0, kNames, 10, 1024, mem_);
+  if (child == 0) {
+    zf::install_stop_handlers("test", "");
+    zf::MemoryTracker mem;
+    DiskTier t(dir_, 0, kNames, 5000, 1024, mem);
+    raise(SIGTERM);
+    raise(SIGTERM);
+    _exit(0);  // not reached
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
+  EXPECT_EQ(files_in(dir_), 0u) << "left by the second signal";
+}
 
-  const std::vector<std::string> removed = DiskTier::remove_stale(dir_);
-  EXPECT_EQ(removed, std::vector<std::string>{stale});
-  EXPECT_FALSE(fs::exists(stale));
-  EXPECT_TRUE(fs::exists(locked));
-  EXPECT_TRUE(fs::exists(other));
-  EXPECT_TRUE(fs::exists(young));
-  for (int k = 0; k < 3; k++) EXPECT_TRUE(fs::exists(live.path(k))) << "a live run's file was taken";
-  close(fd);
+// The folder reached through descriptors: a rename of --offload-dir while
+// the run goes on leaves nothing behind where it now is.
+TEST_F(DiskTierTest, ARenamedOffloadDirIsCleanedWhereItNowIs) {
+  const std::string a = path("a"), b = path("b");
+  fs::create_directory(a);
+  {
+    DiskTier t(a, 0, kNames, 5000, 1024, mem_);
+    fill(t);
+    fs::rename(a, b);
+    EXPECT_EQ(whole(t, 2)[4999], value(2, 4999));
+  }
+  EXPECT_EQ(files_in(b), 0u);
 }
 
 TEST_F(DiskTierTest, RefusesAnUnalignedChunkAndBadNames) {
