@@ -29,7 +29,11 @@ void report_stop(const RunResult& run) {
     std::fprintf(stderr, "; nothing was saved (no --save)\n");
   else
     std::fprintf(stderr, "; saved %s: to go on, run the same command with --resume %s and another --save "
-                 "(a run never writes the file it reads)\n", cfg.save.c_str(), cfg.save.c_str());
+                 "(a run never writes the file it reads)%s\n", cfg.save.c_str(), cfg.save.c_str(),
+                 cfg.offload.delay_update
+                     ? ". With --delay-update the resumed run starts the delay again (its first step waits for "
+                       "its update), so from there its steps differ from an uninterrupted run's"
+                     : "");
 }
 
 }  // namespace

@@ -130,7 +130,16 @@ std::string output_problem(const std::string& path, WriteMode mode) {
   if (!S_ISDIR(ds.st_mode)) return path + via + ": " + dir + " is not a directory";
   int e = 0;
   if (mode == WriteMode::by_rename) {
-    e = try_create(save_temp_name(target));  // what the save itself will create
+    const std::string temp = save_temp_name(target);  // what the save itself will create
+    e = try_create(temp);
+    if (e == ENAMETOOLONG) {
+      const long most = ::pathconf(dir.c_str(), _PC_NAME_MAX);
+      const long extra = long(base_name(temp).size() - base_name(target).size());
+      return path + via + ": a save first writes the temporary " + base_name(temp) +
+             " beside it, and that name (the file's and " + std::to_string(extra) +
+             " characters more) is too long for this file system; choose a file name of at most " +
+             std::to_string((most > 0 ? most : 255) - extra) + " characters";
+    }
   } else if (exists) {
     const int fd = ::open(target.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY);  // no O_TRUNC: changes nothing
     if (fd < 0) e = errno;

@@ -43,8 +43,10 @@ struct TensorRef {
 
 // Writes atomically (a temporary unique to the call, fsync, rename, fsync of
 // the folder; output_file.h), through a symlink to its target. Throws
-// UsageError if the directory is not writable or PATH is a directory, FIFO or
-// device, Error on I/O failure; the temporary is removed on every failure.
+// Error, saying why, if the directory is not writable, PATH is a directory,
+// FIFO or device, or I/O fails (a run checks its outputs before step 0, so
+// here it is a failure, not a usage mistake); the temporary is removed on
+// every failure.
 // METADATA must not use the "checksum." prefix: the writer fills it.
 void write_safetensors(const std::string& path, const std::vector<TensorRef>& tensors,
                        const std::map<std::string, std::string>& metadata = {});

@@ -163,6 +163,16 @@ TEST_F(Signals, SecondSignalStopsAtOnceAndTheLastCheckpointLoads) {
   EXPECT_GE(CheckpointReader(ck_, layout).step(), 1) << "the last checkpoint does not load";
 }
 
+// A resumed --delay-update run starts the delay again, so it does not
+// continue the stopped run bit for bit: the stop message says so (and a
+// run without the flag does not).
+TEST_F(Signals, AStoppedDelayedUpdateSaysTheResumeIsNotTheSameRun) {
+  ASSERT_EQ(run_and_signal(offload(), "--ranks 2 --delay-update", SIGTERM), 128 + SIGTERM) << output_;
+  EXPECT_NE(output_.find("With --delay-update the resumed run starts the delay again"), std::string::npos) << output_;
+  ASSERT_EQ(run_and_signal(offload(), "--ranks 2", SIGTERM), 128 + SIGTERM) << output_;
+  EXPECT_EQ(output_.find("--delay-update"), std::string::npos) << output_;
+}
+
 TEST_F(Signals, SignalsAtSeveralPointsLoseNothing) {
   // After the first step, a few steps in (saves every step: the signal may
   // come during one), and later; each stop's checkpoint is of its last

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <sstream>
 #include <string>
 
@@ -115,6 +116,79 @@ TEST_F(FullDisk, CheckpointFailureKeepsTheLastOneWhole) {
     return json::parse(last)["summary"]["param_hash"].get<std::string>();
   };
   EXPECT_EQ(hash(path("a.jsonl")), hash(path("b.jsonl")));
+}
+
+// Stage 05's folder check counts every rank's files before any rank
+// reserves its own: a folder that holds them all, with little to spare, is
+// not refused (ranks checking after others had reserved saw less free).
+TEST_F(FullDisk, AnOffloadDirJustLargeEnoughIsNotRefused) {
+  const char* off = std::getenv("ZF_OFFLOAD_BIN");
+  const std::string offload = std::string(off ? off : "build/05_offload/offload") +
+                              " --model tiny --batch 1 --ranks 4 --quiet --steps 2 --offload-dir " + disk_;
+  // What the run needs, from its refusal on a disk far too small.
+  auto r = on_small_disk(64 * 1024, offload);
+  ASSERT_EQ(r.exit_code, 2) << r.output;
+  const size_t at = r.output.find(" bytes) but only");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const size_t needed = std::stoul(r.output.substr(r.output.rfind('(', at) + 1));
+  // That is each rank's files in whole pages and a page for its marker:
+  // with one page to spare, every rank must find its room. Several times:
+  // a check that races with the others' reservations fails about half of
+  // the runs, a correct one none.
+  for (int i = 0; i < 5; ++i) {
+    r = on_small_disk(needed + 4096, offload);
+    EXPECT_EQ(r.exit_code, 0) << "needs " << needed << " bytes\n" << r.output;
+  }
+}
+
+// Outputs taken away while the run trains: each is reported at the end with
+// its documented exit status, and nothing else is lost.
+class RemovedMidRun : public test::TempDirTest {
+ protected:
+  // Starts dp for 1500 steps with `flags` and a run log in logs/, waits
+  // for its second line, calls `act`, and returns the exit status.
+  int run(const std::string& flags, const std::function<void()>& act, const std::string& log_dir = "") {
+    const std::string logs = log_dir.empty() ? path("logs") : log_dir;
+    fs::create_directories(logs);
+    log_ = logs + "/log.jsonl";
+    test::ChildProcess child(dp() + " --model tiny --batch 1 --quiet --steps 1500 --log-json " + log_ + " " + flags,
+                             path("out.txt"));
+    EXPECT_TRUE(child.wait_until([&] { return test::logged_lines(log_) >= 2; }, 120)) << child.output();
+    act();
+    const int status = child.wait(600);
+    output_ = child.output();
+    return status;
+  }
+  std::string log_, output_;
+};
+
+TEST_F(RemovedMidRun, TheRunLogsFolderRemovedIsExit4NamingTheFile) {
+  const std::string ck = path("ck.st");
+  EXPECT_EQ(run("--save " + ck, [&] { fs::remove_all(path("logs")); }), 4) << output_;
+  EXPECT_NE(output_.find("not written: cannot write the run log --log-json " + log_), std::string::npos) << output_;
+  EXPECT_NE(output_.find("removed while the run wrote it"), std::string::npos) << output_;
+  EXPECT_EQ(CheckpointReader(ck, build_layout(model_preset("tiny"))).step(), 1500) << "the checkpoint was lost";
+}
+
+TEST_F(RemovedMidRun, TheRunLogReplacedByAFolderIsExit4) {
+  EXPECT_EQ(run("", [&] {
+    fs::remove(log_);
+    fs::create_directory(log_);
+  }), 4) << output_;
+  EXPECT_NE(output_.find("a folder was put in its place"), std::string::npos) << output_;
+}
+
+TEST_F(RemovedMidRun, TheTracesFolderRemovedIsExit4) {
+  fs::create_directory(path("t"));
+  EXPECT_EQ(run("--trace " + path("t/trace.json"), [&] { fs::remove_all(path("t")); }), 4) << output_;
+  EXPECT_NE(output_.find("not written: cannot write the trace --trace " + path("t/trace.json")), std::string::npos)
+      << output_;
+}
+
+TEST_F(RemovedMidRun, TheSavesFolderRemovedIsExit1NamingTheFile) {
+  fs::create_directory(path("s"));
+  EXPECT_EQ(run("--save " + path("s/ck.st"), [&] { fs::remove_all(path("s")); }), 1) << output_;
+  EXPECT_NE(output_.find("cannot write checkpoint '" + path("s/ck.st") + "'"), std::string::npos) << output_;
 }
 
 }  // namespace

@@ -78,6 +78,21 @@ void expect_usage_error(const std::function<void()>& fn, std::initializer_list<s
   }
 }
 
+// A write that cannot land is a failed run (exit 1), not a usage error: a
+// run has checked its outputs before step 0, so the cause came later.
+void expect_write_error(const std::function<void()>& fn, std::initializer_list<std::string> fragments) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected a zf::Error containing '" << *fragments.begin() << "'";
+  } catch (const zf::UsageError& e) {
+    ADD_FAILURE() << "a usage error (exit 2) where the run failed (exit 1): " << e.what();
+  } catch (const zf::Error& e) {
+    const std::string msg = e.what();
+    for (const std::string& f : fragments)
+      EXPECT_NE(msg.find(f), std::string::npos) << "message lacks '" << f << "': " << msg;
+  }
+}
+
 // 8-byte little-endian length, written byte by byte.
 std::string le64(uint64_t n) {
   std::string s;
@@ -377,9 +392,9 @@ TEST_F(Safetensors, WriteReplacesAtomicallyAndLeavesNoTmp) {
   EXPECT_EQ(temporaries(p), std::vector<std::string>{});
   zf::write_safetensors(p, {TensorRef{"x", DType::f32, {1}, one.data()}});
 
-  // No such directory: a usage error, nothing created.
+  // No such directory: an error naming the file, nothing created.
   std::string nodir = path("missing/dir/ck.safetensors");
-  expect_usage_error([&] { zf::write_safetensors(nodir, {TensorRef{"x", DType::f32, {1}, one.data()}}); },
+  expect_write_error([&] { zf::write_safetensors(nodir, {TensorRef{"x", DType::f32, {1}, one.data()}}); },
                      {nodir});
   EXPECT_FALSE(fs::exists(path("missing")));
 }
@@ -447,7 +462,7 @@ TEST_F(Safetensors, RefusesASpecialFileAndLeavesIt) {
   const std::string fifo = path("pipe.safetensors");
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
   std::vector<float> one = {1.0f};
-  expect_usage_error([&] { zf::write_safetensors(fifo, {TensorRef{"x", DType::f32, {1}, one.data()}}); },
+  expect_write_error([&] { zf::write_safetensors(fifo, {TensorRef{"x", DType::f32, {1}, one.data()}}); },
                      {fifo, "FIFO", "regular file"});
   EXPECT_TRUE(fs::is_fifo(fifo));
   EXPECT_EQ(temporaries(fifo), std::vector<std::string>{});
