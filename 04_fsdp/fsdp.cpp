@@ -91,7 +91,7 @@ float fsdp_forward(FlatParams& params, const FsdpUnits& units, RankCompute& rc, 
   float loss = 0.0f;
   for (int g = 0; g < units.size(); ++g) {
     params.unshard(g);
-    for (int d = 1; d <= D; ++d) params.prefetch(g + d);  // before this unit computes
+    for (int d = 1; d <= D && g + d < units.size(); ++d) params.prefetch(g + d);  // before this unit computes
     const void* full = params.get(g);
     for (int u : units.members[g]) rc.forward(u, member(full, units, u, esize), &loss);
     if (!params.kept(g)) params.reshard(g);
@@ -104,7 +104,7 @@ void fsdp_backward(FlatParams& params, FlatGrads& grads, const FsdpUnits& units,
   // Last unit first; the head (and, without resharding, every unit) is still gathered.
   for (int g = units.size() - 1; g >= 0; --g) {
     params.unshard(g);
-    for (int d = 1; d <= D; ++d) params.prefetch(g - d);  // FSDP's BACKWARD_PRE, reverse order
+    for (int d = 1; d <= D && g - d >= 0; ++d) params.prefetch(g - d);  // FSDP's BACKWARD_PRE, reverse order
     const void* full = params.get(g);
     char* grad = static_cast<char*>(grads.begin_unit(g));
     const auto& m = units.members[g];

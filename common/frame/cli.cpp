@@ -3,10 +3,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <vector>
 
 #include "blas.h"
@@ -39,6 +41,50 @@ uint64_t parse_u64(const char* flag, const std::string& text) {
   }
   USAGE_REQUIRE(ok, flag << " must be a whole number from 0 to " << UINT64_MAX << " (got '" << text << "')");
   return v;
+}
+
+// Every integer flag reads decimal, leading zeros and all: CLI11 alone
+// takes a leading 0 for octal (--steps 0500 would train 320 steps) and 0x
+// for hex. Rewrites `text` to the plain number, or says (after CLI11's
+// "--flag: ") the range of what it can hold; each flag's own range is
+// checked after.
+CLI::Validator decimal_integer() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const std::string given = text;
+        const bool minus = !text.empty() && text[0] == '-';
+        const size_t first = !text.empty() && (text[0] == '-' || text[0] == '+') ? 1 : 0;
+        long long v = 0;
+        bool ok = first < text.size() && text.find_first_not_of("0123456789", first) == std::string::npos;
+        for (size_t i = first; ok && i < text.size(); ++i) {
+          v = v * 10 + (text[i] - '0');
+          ok = v <= 1LL << 32;  // past any int: stop before long long could overflow
+        }
+        v = minus ? -v : v;
+        ok = ok && v >= std::numeric_limits<int>::min() && v <= std::numeric_limits<int>::max();
+        if (ok) {
+          text = std::to_string(v);
+          return "";
+        }
+        return "not a whole number written in decimal, from " + std::to_string(std::numeric_limits<int>::min()) +
+               " to " + std::to_string(std::numeric_limits<int>::max()) + " (got '" + given + "')";
+      },
+      "");
+}
+
+// For a flag this program does not have but would with '-' for '_'
+// (--offload_dir), "; did you mean --offload-dir?".
+std::string did_you_mean(const CLI::App& app, int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string name = argv[i];
+    if (name.rfind("--", 0) != 0 || name.find('_') == std::string::npos) continue;
+    name = name.substr(0, name.find('='));
+    std::string dashed = name;
+    std::replace(dashed.begin() + 2, dashed.end(), '_', '-');
+    for (const CLI::Option* o : app.get_options())
+      if ("--" + o->get_single_name() == dashed) return "; did you mean " + dashed + " (for " + name + ")?";
+  }
+  return "";
 }
 
 // A number of seconds for the collective timeout, from --comm-timeout or
@@ -139,7 +185,7 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   app.add_option("--grad-accum", cfg.grad_accum, "micro-steps per optimizer step")->capture_default_str();
   app.add_option("--lr", cfg.lr, "AdamW learning rate")->capture_default_str();
   app.add_option("--clip", cfg.clip, "clip the global gradient L2 norm to this (0: off)")->capture_default_str();
-  app.add_option("--seed", seed, "seed of the initial model, 0 to 2^64-1")->capture_default_str();
+  CLI::Option* seed_option = app.add_option("--seed", seed, "seed of the initial model, 0 to 2^64-1")->capture_default_str();
   app.add_option("--precision", precision, "fp32, or bf16 (bf16 params/grads, fp32 master and moments)")
       ->capture_default_str();
   app.add_option("--compute", compute,
@@ -190,7 +236,8 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
       "for --device cuda only, without MPI: set in every process RANK (0..N-1), WORLD_SIZE (N),\n"
       "LOCAL_RANK (its GPU is LOCAL_RANK % GPUs; default RANK) and ZF_RENDEZVOUS=FILE, a path every\n"
       "process sees, used by no other run at once: rank 0 passes NCCL's id through it. srun\n"
-      "without an MPI plugin works the same way (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID).\n"
+      "without an MPI plugin sets these itself (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID): also\n"
+      "--device cuda only; CPU ranks started so are refused, as they could not talk.\n"
       "Processes sharing a GPU get an NCCL_HOSTID each (correctness only). --comm-timeout, else\n"
       "ZF_COMM_TIMEOUT_S (default 600 s), bounds every wait for the other ranks (NCCL's too;\n"
       "NCCL alone: ZF_NCCL_TIMEOUT_S when neither is given).");
@@ -234,7 +281,8 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   group(app.add_option("--reduce-dtype", reduce_dtype,
                        "dtype of the gradients' reduce-scatter: bf16 or fp32 (default: the --precision "
                        "recipe's; fp32 under bf16 moves twice the bytes and rounds once less)"));
-  group(app.add_option("--shard-group", cfg.fsdp.shard_group,
+  CLI::Option* shard_group = nullptr;
+  group(shard_group = app.add_option("--shard-group", cfg.fsdp.shard_group,
                        "S: shard within groups of S consecutive ranks and replicate across the N/S groups "
                        "(hybrid sharding); default: all N ranks"));
   group(app.add_flag("--no-sync", cfg.fsdp.no_sync,
@@ -256,13 +304,17 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
                              "pageable host buffers instead of page-locked ones (pinned memory counts "
                              "against the host's locked-memory limit, ulimit -l)"));
 
+  for (CLI::Option* o : app.get_options())
+    if (o->get_type_name() == "INT") o->transform(decimal_integer());
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
     std::cout << app.help();
     return std::nullopt;
   } catch (const CLI::ParseError& e) {
-    throw UsageError(std::string(e.what()) + " (run " + stage.exe + " --help for the flags)");
+    throw UsageError(std::string(e.what()) + did_you_mean(app, argc, argv) + " (run " + stage.exe +
+                     " --help for the flags)");
   }
 
   auto refuse = [&](const std::vector<CLI::Option*>& options, const char* owner, const char* exe) {
@@ -292,6 +344,7 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
                                 "for a core. Set ZF_OVERSUBSCRIBE=1 to start them anyway");
   }
   cfg.seed = parse_u64("--seed", seed);
+  cfg.seed_given = seed_option->count() > 0;
   require_regular_file("--data", cfg.data);
   require_regular_file("--init", cfg.init);
   require_regular_file("--resume", cfg.resume);
@@ -340,6 +393,9 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   } else {
     throw UsageError("--attention must be simple or flash (got '" + attention + "')");
   }
+  USAGE_REQUIRE(shard_group->count() == 0 || cfg.fsdp.shard_group >= 1,
+                "--shard-group must be a number of ranks, 1 or more (got " << cfg.fsdp.shard_group
+                                                                        << "); leave it out to shard over all ranks");
   if (fsdp) validate_fsdp_flags(cfg, reshard, reduce_dtype);
   if (offload) validate_offload_flags(cfg);
   // --recompute attn with --attention flash is accepted and keeps what none

@@ -100,7 +100,9 @@ LauncherInfo detect_launcher(const EnvLookup& env) {
   // Inside an srun step (not the batch script). With PMIx (srun --mpi=pmix)
   // MPI can connect the processes; without an MPI plugin they are as a shell
   // loop's (srun --mpi=pmi2 sets PMI_RANK, caught above).
-  if (env("SLURM_STEP_ID")) {
+  // A task after the first of a Slurm job is one too, even where the step's
+  // id is missing: training alone there would be a second copy of the run.
+  if (env("SLURM_STEP_ID") || env_int(env, "SLURM_PROCID") > 0) {
     const bool mpi = env("PMIX_RANK") != nullptr;
     if (from("srun", "SLURM_STEP_NUM_TASKS", "SLURM_PROCID", mpi) ||
         from("srun", "SLURM_NTASKS", "SLURM_PROCID", mpi)) {
@@ -133,6 +135,9 @@ World resolve_world(int requested_ranks, const std::string& device, const EnvLoo
   World w;
   w.size = requested_ranks;
   const LauncherInfo l = detect_launcher(env);
+  if (l.name == "RANK/WORLD_SIZE" && l.size == 1 && requested_ranks > 1)
+    std::fprintf(stderr, "note: WORLD_SIZE=1 says this is the run's only process: its --ranks %d ranks run as "
+                 "threads in it\n", requested_ranks);
   if (l.name.empty() || l.size <= 1) return w;
   const std::string n = std::to_string(l.size);
   if (l.mpi) {

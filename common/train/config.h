@@ -48,6 +48,7 @@ struct TrainConfig {
   float lr = 3e-4f;
   float clip = 1.0f;              // 0: no clipping
   uint64_t seed = 1337;
+  bool seed_given = false;        // --seed was on the command line (a resumed run says it is not used)
   Precision precision = Precision::fp32;
   // What the kernels compute in (precision.h, device.h): f32, or bf16 (bf16
   // recipe only). --compute auto picks bf16 for the bf16 recipe on a GPU.

@@ -161,9 +161,39 @@ TEST(LaunchEnv, SrunWithAndWithoutAnMpiPlugin) {
   EXPECT_EQ(l.name, "srun");
   EXPECT_TRUE(l.mpi);
 
-  Env batch = step;  // the batch script itself (no step) is not a launch
+  Env batch = step;  // the batch script itself (no step, task 0) is not a launch
   batch.erase("SLURM_STEP_ID");
+  batch["SLURM_PROCID"] = "0";
   EXPECT_EQ(zf::detect_launcher(env_of(batch)).name, "");
+}
+
+// A task after the first of a Slurm job is a launched process even where
+// the step's id is missing: never a lone CPU run beside the others. The
+// batch script itself (task 0, no step) still is not.
+TEST(LaunchEnv, ALaterSlurmTaskWithoutAStepIsALaunch) {
+  const Env task = {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}};
+  const LauncherInfo l = zf::detect_launcher(env_of(task));
+  EXPECT_EQ(l.name, "srun");
+  EXPECT_EQ(l.rank, 1);
+  EXPECT_EQ(l.size, 2);
+  EXPECT_TRUE(has(resolve_error(task, "cpu"), "srun started 2 processes without an MPI plugin"));
+  EXPECT_EQ(zf::detect_launcher(env_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}})).name, "");
+  const auto r = zf::test::run_command("SLURM_PROCID=1 SLURM_NTASKS=2 " + zf::test::dp_binary() +
+                                       " --model tiny --steps 2 --batch 1 --quiet");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(has(r.output, "srun started 2 processes")) << r.output;
+}
+
+// WORLD_SIZE=1 with --ranks N: threads, and a note saying why.
+TEST(LaunchEnv, WorldSizeOneWithRanksSaysTheyAreThreads) {
+  const auto r = zf::test::run_command("RANK=0 WORLD_SIZE=1 " + zf::test::dp_binary() +
+                                       " --model tiny --steps 1 --batch 1 --ranks 2 --quiet");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "note: WORLD_SIZE=1 says this is the run's only process: its --ranks 2 ranks run as "
+                            "threads in it")) << r.output;
+  const auto one = zf::test::run_command("RANK=0 WORLD_SIZE=1 " + zf::test::dp_binary() +
+                                         " --model tiny --steps 1 --batch 1 --quiet");
+  EXPECT_FALSE(has(one.output, "note:")) << one.output;
 }
 
 // Who wins when several say something: mpirun, then RANK/WORLD_SIZE (torchrun

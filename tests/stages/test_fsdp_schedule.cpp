@@ -11,6 +11,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <string>
@@ -190,6 +193,69 @@ TEST(FsdpFlags, BadValuesSayWhatIsAccepted) {
   EXPECT_TRUE(has(usage_error({"--reduce-dtype", "bf16"}), "needs --precision bf16"));
   EXPECT_TRUE(has(usage_error({"--no-sync"}), "--grad-accum is 1"));
   EXPECT_TRUE(has(usage_error({"--shard-group", "-1"}), "--shard-group must be a number of ranks"));
+}
+
+// Every integer flag reads decimal, as the user wrote it: CLI11 alone takes
+// a leading 0 for octal (--steps 0500 would train 320 steps, --prefetch 09
+// is no number at all) and 0x for hex. Anything else names the flag and
+// the range.
+TEST(FsdpFlags, IntegersAreDecimal) {
+  const TrainConfig c = parse({"--steps", "0500", "--batch", "010", "--prefetch", "09", "--max-gathered", "+3",
+                               "--wrap-blocks", "01", "--grad-accum", "0008", "--log-every", "007"});
+  EXPECT_EQ(c.steps, 500);
+  EXPECT_EQ(c.batch, 10);
+  EXPECT_EQ(c.fsdp.prefetch, 9);
+  EXPECT_EQ(c.fsdp.max_gathered, 3);
+  EXPECT_EQ(c.fsdp.wrap_blocks, 1);
+  EXPECT_EQ(c.grad_accum, 8);
+  EXPECT_EQ(c.log_every, 7);
+  for (const std::string bad : {"0x10", "0b11", "1e3", "12abc", "9999999999", "-9999999999", "-", " 5"}) {
+    const std::string msg = usage_error({"--steps", bad});
+    EXPECT_NE(msg.find("--steps: not a whole number written in decimal, from -2147483648 to 2147483647"),
+              std::string::npos) << bad << ": " << msg;
+    EXPECT_NE(msg.find("(got '" + bad + "')"), std::string::npos) << bad << ": " << msg;
+  }
+  EXPECT_NE(usage_error({"--shard-group", "0x2"}).find("--shard-group: not a whole number"), std::string::npos);
+}
+
+// 0 is no number of ranks: refused as -1 is (leaving the flag out shards
+// over all ranks).
+TEST(FsdpFlags, ShardGroupZeroIsRefused) {
+  for (const char* bad : {"0", "-1", "000"}) {
+    const std::string msg = usage_error({"--shard-group", bad});
+    EXPECT_NE(msg.find("--shard-group must be a number of ranks, 1 or more"), std::string::npos) << bad << msg;
+  }
+  EXPECT_EQ(parse({}).fsdp.shard_group, 0) << "left out: all ranks";
+}
+
+// A flag spelt with '_' gets the name it meant.
+TEST(FsdpFlags, AnUnderscoreSpellingIsAnswered) {
+  const std::string msg = usage_error({"--reshard_after_forward", "false"});
+  EXPECT_NE(msg.find("did you mean --reshard-after-forward"), std::string::npos) << msg;
+  EXPECT_NE(usage_error({"--offload_dir", "x"}, StageFlags::offload).find("did you mean --offload-dir"),
+            std::string::npos);
+}
+
+// A prefetch deeper than the model's units costs no more than one that
+// reaches the last unit (tiny has 4): the same run, bit for bit, at once.
+TEST(FsdpFlags, AHugePrefetchIsBoundedByTheUnits) {
+  const char* bin = std::getenv("ZF_FSDP_BIN");
+  const std::string fsdp = std::string(bin ? bin : "build/04_fsdp/fsdp") +
+                           " --model tiny --steps 2 --batch 1 --ranks 2 --quiet --log-json ";
+  const std::string dir = test::temp_dir();
+  auto deep = test::run_command("timeout -s KILL 60 " + fsdp + dir + "/deep.jsonl --prefetch 2147483647");
+  ASSERT_EQ(deep.exit_code, 0) << "exit 137 is the timeout: the prefetch loop ran past the units\n" << deep.output;
+  auto last = test::run_command("timeout 60 " + fsdp + dir + "/last.jsonl --prefetch 3");
+  ASSERT_EQ(last.exit_code, 0) << last.output;
+  auto hash = [](const std::string& log) {
+    std::ifstream in(log);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t at = text.find("\"param_hash\"");
+    return at == std::string::npos ? std::string("none") : text.substr(at, 40);
+  };
+  EXPECT_NE(hash(dir + "/deep.jsonl"), "none");
+  EXPECT_EQ(hash(dir + "/deep.jsonl"), hash(dir + "/last.jsonl"));
+  std::filesystem::remove_all(dir);
 }
 
 // S must divide N, which is known only once the launcher has said how many
