@@ -21,4 +21,20 @@ void fail_at(const char* file, int line, const std::string& msg) {
   throw Error(s.str());
 }
 
+std::string printable(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u < 0x7f && c != '\\') {
+      out += c;
+      continue;
+    }
+    static const char hex[] = "0123456789abcdef";
+    out += "\\x";
+    out += hex[u >> 4];
+    out += hex[u & 15];
+  }
+  return out;
+}
+
 }  // namespace zf

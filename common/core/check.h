@@ -35,6 +35,11 @@ void set_current_step(int step);
 
 [[noreturn]] void fail_at(const char* file, int line, const std::string& msg);
 
+// `text` safe to print in a message: control characters and bytes that are
+// not printable ASCII as \xNN, so a name read from a file can neither end
+// the message early (NUL) nor send escape sequences to the terminal.
+std::string printable(const std::string& text);
+
 }  // namespace zf
 
 // REQUIRE(cond, a << b << c): throw zf::Error("file:line [rank r] a b c").

@@ -118,14 +118,19 @@ bool file_id(const std::string& path, FileId* id) {
 std::mutex checked_mu;
 std::map<FileId, int> checked;  // files whose values a live CheckedOnce vouches for
 
-void check_values(const SafetensorsReader& reader) {
+// Returns whether any of AdamW's moments is non-zero (false when a live
+// CheckedOnce vouches for the file: it was checked whole already).
+bool check_values(const SafetensorsReader& reader) {
   FileId id;
   if (file_id(reader.path(), &id)) {
     std::lock_guard<std::mutex> lock(checked_mu);
-    if (checked.count(id)) return;
+    if (checked.count(id)) return false;
   }
+  bool moments = false;
   reader.verify([&](const TensorInfo& t, size_t first, const float* x, size_t n) -> std::string {
     const bool second_moment = t.name.rfind("optim.v.", 0) == 0;
+    if (t.name.rfind("optim.", 0) == 0)
+      for (size_t i = 0; i < n && !moments; ++i) moments = x[i] != 0.0f;
     for (size_t i = 0; i < n; ++i) {
       const bool finite = std::isfinite(x[i]);
       if (finite && !(second_moment && x[i] < 0.0f)) continue;
@@ -142,6 +147,34 @@ void check_values(const SafetensorsReader& reader) {
     }
     return {};
   });
+  return moments;
+}
+
+// The metadata words a checkpoint is written with, each checked when
+// present: anything else was not written by this program.
+void check_metadata_words(const std::string& path, const std::map<std::string, std::string>& meta,
+                          const ModelLayout& layout) {
+  struct Allowed {
+    const char* key;
+    std::set<std::string> words;
+  };
+  const Allowed allowed[] = {
+      {"format", {"zero-to-fsdp training checkpoint", "zero-to-fsdp consolidated model"}},
+      {"model", {layout.cfg.name}},
+      {"precision", {"fp32", "bf16"}},
+      {"stage", {"dp", "zero1", "zero2", "zero3", "fsdp", "offload"}},
+  };
+  for (const Allowed& a : allowed) {
+    auto it = meta.find(a.key);
+    if (it == meta.end()) continue;
+    std::string list;
+    for (const std::string& w : a.words) list += (list.empty() ? "'" : ", '") + w + "'";
+    USAGE_REQUIRE(a.words.count(it->second),
+                  "checkpoint " << path << " has the metadata '" << a.key << "' = '" << printable(it->second)
+                                << "', where this program writes " << list
+                                << (std::string(a.key) == "model" ? " for this model (check --model)" : "")
+                                << ": the file is damaged or was not written by --save; save it again");
+  }
 }
 
 }  // namespace
@@ -174,6 +207,7 @@ void check_model_file(const std::string& path, const ModelLayout& layout) {
   SafetensorsReader reader(path);
   check_tensors(reader, layout, {StateKind::params}, {}, /*optim_ok=*/true);
   check_metadata_numbers(path, reader.metadata());
+  check_metadata_words(path, reader.metadata(), layout);
   check_values(reader);
 }
 
@@ -207,11 +241,21 @@ CheckpointReader::CheckpointReader(const std::string& path, const ModelLayout& l
   check_tensors(reader_, layout, {StateKind::params, StateKind::m, StateKind::v}, {kStepName},
                 /*optim_ok=*/false);
   check_metadata_numbers(path, reader_.metadata());
-  check_values(reader_);
+  check_metadata_words(path, reader_.metadata(), layout);
+  const TensorInfo& step_info = reader_.info(kStepName);
+  USAGE_REQUIRE(step_info.dtype == DType::i64 && step_info.shape == std::vector<int64_t>{1},
+                "checkpoint " << path << " has '" << kStepName << "' as " << dtype_name(step_info.dtype) << " "
+                              << shape_str(step_info.shape) << ", where --save writes one I64 number, the steps "
+                                 "done: the file is damaged or was not written by --save; use an earlier checkpoint");
+  const bool moments = check_values(reader_);
   int64_t steps = 0;
   reader_.read(kStepName, {1}, DType::i64, &steps);
   USAGE_REQUIRE(steps >= 0, "checkpoint " << path << " says it was saved after " << steps
                                           << " steps: the file is damaged");
+  USAGE_REQUIRE(steps > 0 || !moments,
+                "checkpoint " << path << " says it was saved after 0 steps, but AdamW's moments in it are not "
+                                 "all zero, as they are before the first step: the file is damaged or was edited; "
+                                 "use an earlier checkpoint");
   step_ = long(steps);
 }
 

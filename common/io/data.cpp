@@ -387,10 +387,7 @@ std::string generate_corpus() {
   return text;
 }
 
-}  // namespace
-
-TokenData load_token_file(const std::string& path) {
-  std::vector<uint8_t> bytes = read_whole_file(path);
+TokenData load_token_bytes(const std::string& path, std::vector<uint8_t> bytes) {
   TokenData out;
   out.source = path;
   if (bytes.size() >= 4 && read_i32(bytes.data()) == kLlmcMagic) {
@@ -407,6 +404,22 @@ TokenData load_token_file(const std::string& path) {
     out.max_token = mx;
   }
   return out;
+}
+
+}  // namespace
+
+TokenData load_token_file(const std::string& path) {
+  // The whole file is read, and each token takes 4 bytes: a file larger
+  // than memory must say so, not fail as a bare std::bad_alloc.
+  try {
+    return load_token_bytes(path, read_whole_file(path));
+  } catch (const std::bad_alloc&) {
+    struct stat st {};
+    const long long size = ::stat(path.c_str(), &st) == 0 ? (long long)st.st_size : -1;
+    throw UsageError("token file '" + path + "' (" + std::to_string(size) +
+                     " bytes) does not fit in this machine's memory with its tokens (4 bytes each); use a "
+                     "smaller file, or a part of it (head -c)");
+  }
 }
 
 TokenData builtin_corpus() {
@@ -473,7 +486,10 @@ Sampler::Sampler(const TokenData& data, int T, int V) : data_(data), T_(T) {
   USAGE_REQUIRE(mx < V, "the token data from " << data.source << " (" << data.format << ") holds token id " << mx
                                << " (at position " << where << "), but the model's vocabulary has only V=" << V
                                << " tokens (ids 0.." << V - 1
-                               << "); use a --model whose vocabulary covers the file (gpt2 has 50304)");
+                               << (V >= 50304 ? "); no preset's vocabulary covers it (gpt2's, the largest, has "
+                                                "50304): the file was tokenized for another vocabulary; "
+                                                "tokenize it again with GPT-2's tokenizer"
+                                              : "); use a --model whose vocabulary covers the file (gpt2 has 50304)"));
 }
 
 void Sampler::sequence(int64_t j, int32_t* inputs, int32_t* targets) const {

@@ -194,8 +194,8 @@ void write_safetensors(const std::string& path, const std::vector<TensorRef>& te
   const std::string via = target == path ? "" : " (through the symlink, to '" + target + "')";
   struct stat tst;
   if (::stat(target.c_str(), &tst) == 0 && !S_ISREG(tst.st_mode))
-    throw UsageError("cannot write checkpoint '" + path + "'" + via + ": it is a " + file_kind(tst.st_mode) +
-                     ", not a regular file; give the path of a regular file");
+    throw Error("cannot write checkpoint '" + path + "'" + via + ": it is a " + file_kind(tst.st_mode) +
+                ", not a regular file; give the path of a regular file");
   std::vector<std::string> others;
   for (const std::string& stale : remove_stale_save_temps(target, &others))
     std::fprintf(stderr, "note: removed %s, the temporary of a save whose process died before finishing it\n",
@@ -215,10 +215,9 @@ void write_safetensors(const std::string& path, const std::vector<TensorRef>& te
     std::ostringstream m;
     m << "cannot write checkpoint '" << path << "'" << via << ": creating '" << tmp << "' failed ("
       << std::strerror(e) << ")";
-    if (user) {
-      m << "; choose a path in an existing, writable directory";
-      throw UsageError(m.str());
-    }
+    // The run checked this path before step 0 (frame/output_paths.h): a
+    // failure here is the disk's or another process's doing, a failed run.
+    if (user) m << "; choose a path in an existing, writable directory";
     throw Error(m.str());
   }
   ::flock(fd, LOCK_EX | LOCK_NB);  // best effort: not every file system locks
@@ -321,11 +320,11 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     if (name == "__metadata__") {
       USAGE_REQUIRE(entry.is_object(), bad << "\"__metadata__\" is not an object of strings");
       for (const auto& [k, v] : entry.items()) {
-        USAGE_REQUIRE(v.is_string(), bad << "\"__metadata__\" entry '" << k << "' is not a string");
+        USAGE_REQUIRE(v.is_string(), bad << "\"__metadata__\" entry '" << printable(k) << "' is not a string");
         if (k.rfind(kChecksumPrefix, 0) == 0) {
           uint64_t h = 0;
           USAGE_REQUIRE(parse_checksum(v.get<std::string>(), h),
-                        bad << "\"__metadata__\" entry '" << k << "' = '" << v.get<std::string>()
+                        bad << "\"__metadata__\" entry '" << printable(k) << "' = '" << printable(v.get<std::string>())
                             << "' is not a checksum (" << kChecksumScheme << " and 16 hex digits)");
           checksums_[k.substr(std::string(kChecksumPrefix).size())] = h;
         } else {
@@ -334,7 +333,10 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
       }
       continue;
     }
-    const std::string t = "tensor '" + name + "' ";
+    const std::string t = "tensor '" + printable(name) + "' ";
+    USAGE_REQUIRE(std::none_of(name.begin(), name.end(),
+                               [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }),
+                  bad << t << "has a control character in its name: the header is damaged");
     USAGE_REQUIRE(entry.is_object(), bad << t << "is not described by an object");
     USAGE_REQUIRE(entry.contains("dtype") && entry.at("dtype").is_string(), bad << t << "has no \"dtype\" string");
     USAGE_REQUIRE(entry.contains("shape") && entry.at("shape").is_array(), bad << t << "has no \"shape\" list");
@@ -399,8 +401,16 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
                     << " (the tensors end at data offset " << at << " of " << data_size
                     << "): the header length is wrong or bytes were appended; use an earlier checkpoint");
   for (const auto& [name, h] : checksums_)
-    USAGE_REQUIRE(has(name), bad << "\"__metadata__\" has a checksum for tensor '" << name
+    USAGE_REQUIRE(has(name), bad << "\"__metadata__\" has a checksum for tensor '" << printable(name)
                                  << "', which the file does not hold: the header is damaged");
+  // Files written here carry a checksum on every tensor: one without it
+  // among checksummed ones was edited, and its bytes cannot be vouched for.
+  if (!checksums_.empty())
+    for (const TensorInfo& t : tensors_)
+      USAGE_REQUIRE(checksums_.count(t.name), bad << "tensor '" << t.name
+                                                  << "' has no checksum while the other tensors have one: a "
+                                                     "file written by --save has one on every tensor, so this "
+                                                     "one was edited; use an earlier checkpoint");
 }
 
 bool SafetensorsReader::has(const std::string& name) const {

@@ -12,12 +12,13 @@ namespace zf {
 
 namespace {
 
-// Rank 0's note when the checkpoint was trained on other batches.
+// Rank 0's notes when the checkpoint was trained otherwise than this run
+// goes on: other batches, another precision, another seed.
 void say_resuming(const TrainConfig& cfg, const CheckpointReader& ckpt, int world) {
   const auto& meta = ckpt.metadata();
   auto said = [&](const char* key) {
     auto it = meta.find(key);
-    return it == meta.end() ? std::string("?") : it->second;
+    return it == meta.end() ? std::string("?") : printable(it->second);
   };
   std::printf("resuming from %s at step %ld (saved by %s, %s ranks)\n", cfg.resume.c_str(), ckpt.step(),
               said("stage").c_str(), said("ranks").c_str());
@@ -26,6 +27,13 @@ void say_resuming(const TrainConfig& cfg, const CheckpointReader& ckpt, int worl
     std::printf("note: the checkpoint was trained with global batch %s on %s; this run uses %lld on %s, so "
                 "its batches differ from an uninterrupted run's\n",
                 said("global_batch").c_str(), said("data").c_str(), G, cfg.data_name().c_str());
+  if (said("precision") != "?" && said("precision") != precision_name(cfg.precision))
+    std::printf("note: the checkpoint was trained with --precision %s; this run goes on in %s, so its steps "
+                "round otherwise than an uninterrupted run's\n",
+                said("precision").c_str(), precision_name(cfg.precision));
+  if (cfg.seed_given && said("seed") != std::to_string(cfg.seed))
+    std::printf("note: --seed %llu is not used: a resumed run goes on from the checkpoint's model (seed %s)\n",
+                (unsigned long long)cfg.seed, said("seed").c_str());
   std::fflush(stdout);
 }
 

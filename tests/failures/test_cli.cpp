@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "test_util.h"
 
@@ -133,6 +134,46 @@ TEST(Cli, DataFileShorterThanTPlus2) {
     if (n == 65) expect_usage_error("--data " + path, {path, "65", "66"});
     else EXPECT_EQ(run_command(dp() + " --data " + path).exit_code, 0);
   }
+}
+
+// A token id past every preset's vocabulary: no --model to suggest, the
+// file was tokenized for another one. (An id past tiny's still names gpt2.)
+TEST(Cli, TokenBeyondEveryVocabularySaysRetokenize) {
+  const std::string dir = test::temp_dir(), path = dir + "/wide.bin";
+  {
+    std::vector<int32_t> header(256, 0);
+    header[0] = 20240520;  // llm.c's magic number, version 1, token count
+    header[1] = 1;
+    header[2] = 2000;
+    std::vector<uint16_t> tokens(2000, 7);
+    tokens[1500] = 65535;
+    std::ofstream f(path, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(header.data()), 1024);
+    f.write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 2));
+  }
+  auto r = run_command(test::dp_binary() + " --model gpt2 --steps 1 --batch 1 --quiet --data " + path);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("token id 65535"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("no preset's vocabulary covers it"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("use a --model"), std::string::npos) << r.output;
+  r = run_command(dp() + " --data " + path);
+  EXPECT_NE(r.output.find("gpt2 has 50304"), std::string::npos) << r.output;
+  std::filesystem::remove_all(dir);
+}
+
+// A token file larger than memory (here: than an address-space limit) is
+// named, with its size, instead of a bare std::bad_alloc.
+TEST(Cli, DataFileLargerThanMemoryIsNamed) {
+  const std::string limit = test::address_space_limit("4000000");  // room for OpenBLAS's buffers
+  if (limit.empty()) GTEST_SKIP() << "a sanitizer build reserves terabytes of address space: no limit to set";
+  const std::string dir = test::temp_dir(), path = dir + "/huge.txt";
+  { std::ofstream(path) << "x"; }
+  std::filesystem::resize_file(path, uintmax_t(8) << 30);  // sparse: no disk space taken
+  auto r = run_command(limit + "timeout -s KILL 60 " + dp() + " --data " + path);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("token file '" + path + "' (8589934592 bytes) does not fit in this machine's memory"),
+            std::string::npos) << r.output;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Cli, InitFileOfAnotherModel) {

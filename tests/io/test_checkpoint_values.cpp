@@ -299,6 +299,98 @@ TEST_F(CheckpointValues, FileWithoutChecksumsLoadsAndResumesBitForBit) {
   expect_refused(nan_plain, {"'wpe.weight'", "nan", "element 2"});
 }
 
+// A file written by --save has a checksum on every tensor, so one tensor
+// without it among the others was edited: here the step, whose checksum
+// was dropped so that the edit would go unseen.
+TEST_F(CheckpointValues, AChecksumMissingFromOneTensorIsRefused) {
+  const std::string bad = with_header("one_unsummed.safetensors", [](nlohmann::ordered_json& h, std::string& data) {
+    h["__metadata__"].erase("checksum.optim.step");
+    data[size_t(h["optim.step"]["data_offsets"][0].get<uint64_t>())] += 5;
+  });
+  expect_refused(bad, {"tensor 'optim.step' has no checksum while the other tensors have one"});
+}
+
+// The words a checkpoint's metadata is written with: anything else is a
+// file this program did not write (or not for this model).
+TEST_F(CheckpointValues, MetadataWordsThisProgramDoesNotWriteAreRefused) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"precision", "fp8"}, {"model", "llama"}, {"model", "small"}, {"format", "pickle"}, {"stage", "zero4"}};
+  for (const auto& [key, value] : cases) {
+    const std::string bad = with_header(key + "_" + value + ".safetensors", [&](nlohmann::ordered_json& h, std::string&) {
+      h["__metadata__"][key] = value;
+    });
+    expect_refused(bad, {"the metadata '" + key + "' = '" + value + "'", "where this program writes"});
+  }
+}
+
+// The boundary of the metadata numbers' overflow guard: 2^64 - 1 is a seed,
+// one more is not a number this program wrote.
+TEST_F(CheckpointValues, MetadataNumbersStopAt2To64Minus1) {
+  const std::string top = with_header("top.safetensors", [](nlohmann::ordered_json& h, std::string&) {
+    h["__metadata__"]["seed"] = "18446744073709551615";
+  });
+  EXPECT_NO_THROW(CheckpointReader(top, layout_));
+  const std::string over = with_header("over.safetensors", [](nlohmann::ordered_json& h, std::string&) {
+    h["__metadata__"]["seed"] = "18446744073709551616";
+  });
+  expect_refused(over, {"'seed'", "'18446744073709551616'", "from 0 to 18446744073709551615"});
+}
+
+// A name with a control character (a NUL would cut every message that
+// prints it) is refused, and said with the character escaped.
+TEST_F(CheckpointValues, AControlCharacterInATensorNameIsRefused) {
+  const std::string bad = with_header("nul.safetensors", [](nlohmann::ordered_json& h, std::string&) {
+    nlohmann::ordered_json renamed = nlohmann::ordered_json::object();
+    for (auto& [k, v] : h.items()) renamed[k == "wpe.weight" ? std::string("wpe\0.weight", 11) : k] = v;
+    h = renamed;
+  });
+  expect_refused(bad, {"tensor 'wpe\\x00.weight' has a control character in its name"});
+}
+
+// --resume's step must be one I64 number, as --save writes it: another
+// type is a damaged file (exit 2), said as such.
+TEST_F(CheckpointValues, AStepOfAnotherTypeIsRefused) {
+  const std::string bad = with_header("step_i32.safetensors", [](nlohmann::ordered_json& h, std::string&) {
+    h["optim.step"]["dtype"] = "I32";
+    h["optim.step"]["shape"] = {2};
+  });
+  expect_has(refusal([&] { CheckpointReader(bad, layout_); }),
+             {bad, "'optim.step' as i32 [2]", "one I64 number"});
+}
+
+// Before the first step AdamW's moments are zero: a file that says step 0
+// with moments in it was edited.
+TEST_F(CheckpointValues, StepZeroWithMomentsIsRefused) {
+  State s = load_good();
+  s.step = 0;
+  const std::string bad = save("step0.safetensors", s);
+  expect_has(refusal([&] { CheckpointReader(bad, layout_); }), {bad, "saved after 0 steps", "not all zero"});
+  std::fill(s.m.begin(), s.m.end(), 0.0f);
+  std::fill(s.v.begin(), s.v.end(), 0.0f);
+  EXPECT_NO_THROW(CheckpointReader(save("step0_zero.safetensors", s), layout_));
+}
+
+// What a resumed run says of its checkpoint: the metadata printed escaped
+// (no escape sequence reaches the terminal), another precision and a --seed
+// that is not used noted, and nothing when they agree.
+TEST_F(CheckpointValues, ResumingSaysWhatDiffersAndPrintsMetadataEscaped) {
+  const std::string odd = with_header("odd.safetensors", [](nlohmann::ordered_json& h, std::string&) {
+    h["__metadata__"]["stage"] = "dp";
+    h["__metadata__"]["data"] = "\x1b[31mred";
+  });
+  const std::string dp = "timeout 120 " + test::dp_binary() + " --model tiny --batch 2 --steps 3 --resume ";
+  auto r = test::run_command(dp + odd + " --precision bf16 --seed 5");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find('\x1b'), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\\x1b[31mred"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("note: the checkpoint was trained with --precision fp32; this run goes on in bf16"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("note: --seed 5 is not used"), std::string::npos) << r.output;
+  r = test::run_command(dp + good_ + " --seed 1337");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("note:"), std::string::npos) << r.output;
+}
+
 // The checksums are a function of the bytes alone: two runs that save the
 // same state (stage 00 and ZeRO-3 at the same N) write the same file.
 TEST_F(CheckpointValues, ChecksumsAreWrittenForEveryTensor) {
