@@ -94,14 +94,22 @@ def tensor_at(header, name, index=0):
     return header[name]["data_offsets"][0] + 4 * index
 
 
-def with_value(name, value, index=0, keep_checksum=False):
-    """A transform that writes `value` into a tensor, dropping its checksum unless told to keep it, so
-    that the value check, not the checksum, is what refuses it."""
+def fnv1a64(data):
+    """FNV-1a 64 of `data` (docs/SPEC.md: the checksum of a tensor's bytes)."""
+    h = 0xcbf29ce484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001b3) & 0xffffffffffffffff
+    return h
+
+
+def with_value(name, value, index=0):
+    """A transform that writes `value` into a tensor and its checksum again, as a run that saved that
+    value would, so that the value check, not the checksum, is what refuses it."""
     def transform(n, header, hb, data):
         at = tensor_at(header, name, index)
         data[at:at + 4] = struct.pack("<f", value)
-        if not keep_checksum:
-            header["__metadata__"].pop("checksum." + name, None)
+        begin, end = header[name]["data_offsets"]
+        header["__metadata__"]["checksum." + name] = "fnv1a64:%016x" % fnv1a64(data[begin:end])
         return json.dumps(header).encode(), bytes(data)
     return transform
 
@@ -144,6 +152,22 @@ def train_on(name, extra=""):
 
 def make_fifo(ctx):
     os.mkfifo(ctx.path("fifo"))
+
+
+# --- stage 05's offload folder --------------------------------------------------
+
+def user_files_in_offload_dir(ctx):
+    """od/ with a checkpoint named as an offload file, such names with a dead pid, and a note."""
+    os.makedirs(ctx.path("od"))
+    shutil.copy(ctx.path("good.st"), ctx.path("od/zf-offload-999999-bb-r0-m.bin"))
+    for name in ("zf-offload-999999-bb-r0-v.bin", "zf-offload-notes.txt", "notes.txt"):
+        with open(ctx.path("od/" + name), "w") as f:
+            f.write("the user's " + name + "\n")
+
+
+def old_run_log(ctx):
+    with open(ctx.path("old.jsonl"), "w") as f:
+        f.write('{"step": 0, "loss": 5.5}\n')
 
 
 # --- signals --------------------------------------------------------------------
@@ -325,10 +349,37 @@ def cases(env):
              lambda x: f"{dp} {MODEL} --steps 2 --save out --log-json out", (2,), ["--save", "--log-json"],
              max_seconds=5))
 
+    # Stage 05's offload folder, holding files of the user's: none may change
+    # (the suite compares every file in the case's folder, od/ included).
+    off = env.bins["offload"]
+    add(Case("offload", "a checkpoint named as an offload file", "`--resume od/zf-offload-999999-bb-r0-m.bin`, "
+             "od the `--offload-dir`",
+             lambda x: f"{off} {MODEL} --ranks 2 --steps 6 --offload-dir od --resume od/zf-offload-999999-bb-r0-m.bin",
+             (2,), ["lies in --offload-dir"], setup=user_files_in_offload_dir, max_seconds=10))
+    add(Case("offload", "the user's files in the folder", "a run with `--offload-dir od`, od holding other files",
+             lambda x: f"{off} {MODEL} --ranks 2 --steps 3 --quiet --offload-dir od", (0,), [],
+             setup=user_files_in_offload_dir, max_seconds=30))
+    add(Case("offload", "a signal with the folder", "SIGTERM after 3 steps, `--offload-dir od` holding other files",
+             lambda x: forever(x, exe="offload", extra="--ranks 2 --offload-dir od"), (143,), ["stopped by SIGTERM"],
+             setup=user_files_in_offload_dir, signals=[(3, signal.SIGTERM, None, 0)]))
+    add(Case("offload", "a refused run and an old run log", "`--offload-dir nosuchdir --log-json old.jsonl`",
+             lambda x: f"{off} {MODEL} --ranks 2 --steps 2 --offload-dir nosuchdir --log-json old.jsonl", (2,),
+             ["--offload-dir"], setup=old_run_log, max_seconds=10))
+    add(Case("offload", "a prefetch past the units", "fsdp `--prefetch 2147483647` (tiny has 4 units)",
+             lambda x: f"{env.bins['fsdp']} {MODEL} --ranks 2 --steps 2 --quiet --prefetch 2147483647", (0,), [],
+             max_seconds=20))
+
+    # Launchers.
+    add(Case("launch", "a Slurm task without MPI", "`SLURM_PROCID=1 SLURM_NTASKS=2`, no step id",
+             lambda x: f"env SLURM_PROCID=1 SLURM_NTASKS=2 {dp} {MODEL} --steps 2", (2,), ["srun started 2 processes"],
+             max_seconds=5))
+
     # Flags.
     for flags, words in [("--ranks 0", ["--ranks"]), ("--seed -1", ["--seed"]), ("--device-mem 1.5", ["--device-mem"]),
                          ("--inject-fault 9:1", ["--inject-fault"]), ("--data ''", ["--data"]),
-                         ("--steps many", ["--steps"]), ("--lr -1", ["--lr"])]:
+                         ("--steps many", ["--steps"]), ("--steps 0x10", ["decimal"]), ("--lr -1", ["--lr"])]:
         add(Case("flags", f"`{flags}`", "on the command line",
                  lambda x, f=flags: f"{dp} {MODEL} --steps 2 {f}", (2,), words, max_seconds=5))
+    add(Case("flags", "`--shard-group 0`", "fsdp, on the command line",
+             lambda x: f"{env.bins['fsdp']} {MODEL} --steps 2 --shard-group 0", (2,), ["--shard-group"], max_seconds=5))
     return c
