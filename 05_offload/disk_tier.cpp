@@ -133,6 +133,22 @@ bool proven_dead(const Owner& o) {
   return start && *start != o.start;
 }
 
+// A checksum of n floats, a word at a time (FNV-1a's step on 64-bit words):
+// fast enough to run on every chunk of every step.
+uint64_t chunk_sum(const float* x, size_t n) {
+  const unsigned char* p = reinterpret_cast<const unsigned char*>(x);
+  const size_t bytes = n * sizeof(float);
+  uint64_t h = 0xcbf29ce484222325ull;
+  size_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 0x100000001b3ull;
+  }
+  for (; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
 // A name this tier gives a file: r<rank>-<array>.bin.
 bool file_name_of_a_tier(const std::string& name) {
   if (name.size() < 7 || name[0] != 'r' || name.compare(name.size() - 4, 4, ".bin") != 0) return false;
@@ -308,6 +324,9 @@ DiskTier::DiskTier(const std::string& dir, int rank, std::vector<std::string> na
   }
   for (Tensor& slot : slots_)
     slot = Tensor(mem, Place::host, Category::optimizer, DType::f32, files_.size() * chunk_);
+  const size_t chunks = chunk_ == 0 ? 0 : (elems_ + chunk_ - 1) / chunk_;
+  sums_.assign(files_.size(), std::vector<uint64_t>(chunks, 0));
+  known_.assign(files_.size(), std::vector<uint8_t>(chunks, 0));
   io_ = std::make_unique<IoThread>();
 }
 
@@ -360,6 +379,7 @@ void DiskTier::read(int array, size_t begin, size_t n, float* dst) { transfer(tr
 
 void DiskTier::write(int array, size_t begin, size_t n, const float* src) {
   transfer(false, array, begin, n, const_cast<float*>(src));  // pwrite only reads it
+  for (size_t c = begin / chunk_; n > 0 && c * chunk_ < begin + n; ++c) known_[size_t(array)][c] = 0;
 }
 
 void DiskTier::for_each_chunk(const std::function<void(size_t, size_t, float* const*)>& fn) {
@@ -373,7 +393,19 @@ void DiskTier::for_each_chunk(const std::function<void(size_t, size_t, float* co
     for (size_t k = 0; k < K; k++) arrays[s].push_back(slots_[s].as<float>() + k * chunk_);
   auto submit = [&](bool is_read, size_t c) {
     return io_->submit([this, is_read, c, K, n = count(c), bufs = arrays[c % 2]] {
-      for (size_t k = 0; k < K; k++) transfer(is_read, int(k), c * chunk_, n, bufs[k]);
+      for (size_t k = 0; k < K; k++) {
+        if (!is_read) {
+          sums_[k][c] = chunk_sum(bufs[k], n);
+          known_[k][c] = 1;
+        }
+        transfer(is_read, int(k), c * chunk_, n, bufs[k]);
+        if (is_read && known_[k][c] && chunk_sum(bufs[k], n) != sums_[k][c])
+          throw Error("rank " + std::to_string(rank_) + ": offload file " + files_[k]->path + ": the " +
+                      std::to_string(n * sizeof(float)) + " bytes at offset " +
+                      std::to_string(c * chunk_ * sizeof(float)) +
+                      " are not what this run wrote there: the file was changed by something outside this "
+                      "run; " + kWhatToDo);
+      }
     });
   };
   // Every future not yet waited on, so that an error never leaves a transfer

@@ -45,6 +45,12 @@
 // holding anything else keeps it, and the folder stays. No other file is
 // ever touched. It returns the folders it removed, for the run log.
 //
+// What a chunk held when the stream wrote it back is remembered as a
+// checksum (one word per array and chunk), and checked when the stream
+// reads it again: a file changed by anything outside this run (an edit, a
+// disk returning other bytes) is an error naming it, not wrong moments
+// trained on. A synchronous write() forgets the chunks it touches.
+//
 // Errors: every read and write is checked (a short read of a truncated file,
 // EIO, ENOSPC, EFBIG, ESTALE) and fails as a zf::Error naming the file, the
 // offset, the bytes and the system's reason. An error on the I/O thread is
@@ -138,6 +144,9 @@ class DiskTier {
   std::unique_ptr<Folder> folder_;  // before files_: removed after them
   std::vector<std::unique_ptr<File>> files_;
   Tensor slots_[2];  // each K x chunk floats: array k's chunk at k * chunk
+  // sums_[k][c]: array k's chunk c as the stream last wrote it (known_ 1).
+  std::vector<std::vector<uint64_t>> sums_;
+  std::vector<std::vector<uint8_t>> known_;
   std::atomic<uint64_t> bytes_read_{0};
   std::atomic<uint64_t> bytes_written_{0};
   std::unique_ptr<IoThread> io_;  // last: joined before the slots and files go

@@ -352,6 +352,27 @@ TEST_F(DiskTierTest, AFileUnlinkedByAnotherStaysReadable) {
   EXPECT_EQ(seen, 3000u);
 }
 
+// A chunk changed in its file between two steps (an edit, a disk handing
+// back other bytes) is found when the stream reads it again, naming the
+// file and the offset; the run's own synchronous writes are not.
+TEST_F(DiskTierTest, AChunkChangedOutsideTheRunIsFoundOnItsNextRead) {
+  DiskTier t(dir_, 0, kNames, 4 * 1024, 1024, mem_);
+  fill(t);
+  auto visit = [](size_t, size_t, float* const*) {};
+  t.for_each_chunk(visit);  // the stream writes every chunk back: now known
+  t.for_each_chunk(visit);
+  const std::vector<float> piece(3, 7.0f);
+  t.write(2, 1500, 3, piece.data());  // through the tier: fine
+  t.for_each_chunk(visit);
+  const int fd = open(t.path(1).c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  const float tampered = 123.0f;
+  ASSERT_EQ(pwrite(fd, &tampered, sizeof tampered, 4096 * 2 + 40), ssize_t(sizeof tampered));
+  close(fd);
+  expect_error<zf::Error>([&] { t.for_each_chunk(visit); },
+                          {t.path(1), "at offset 8192", "not what this run wrote there", "changed by something"});
+}
+
 // What a run killed with SIGKILL leaves: a child process makes a tier in
 // `dir`, says its folder, and is killed and reaped. Returns the folder.
 std::string folder_of_a_killed_run(const std::string& dir) {
