@@ -501,6 +501,25 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
   std::condition_variable done_cv;
   std::vector<Failure> failures;  // in the order they happened
   std::vector<char> returned(size_t(N), 0);
+  // The ranks begin together, once every thread exists (or could not be
+  // made): a rank running while the others are still being made would
+  // reach BLAS, whose buffers then compete for the memory the missing
+  // threads needed (OpenBLAS retries a failed allocation for ever).
+  std::mutex gate_mu;
+  std::condition_variable gate_cv;
+  int gate = 0;  // 0 closed, 1 every rank started, -1 not every rank could
+  auto wait_for_gate = [&] {
+    std::unique_lock<std::mutex> lock(gate_mu);
+    gate_cv.wait(lock, [&] { return gate != 0; });
+    return gate > 0;
+  };
+  auto open_gate = [&](bool all_started) {
+    {
+      std::lock_guard<std::mutex> lock(gate_mu);
+      gate = all_started ? 1 : -1;
+    }
+    gate_cv.notify_all();
+  };
 
   auto rank_main = [&](int r) {
     set_current_rank(r);
@@ -508,6 +527,7 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
     blas_set_threads(std::max(1, hardware_cores() / N));
     std::unique_ptr<Communicator> comm = std::move(comms[r]);
     std::unique_ptr<Communicator> control = controls.empty() ? nullptr : std::move(controls[r]);
+    const bool all_started = wait_for_gate();  // else the group is aborted: nothing to run
     try {
       std::unique_ptr<Device> dev =
           maybe_profiled(gpu_devices.empty() ? make_cpu_device() : std::move(gpu_devices[r]), r);
@@ -515,7 +535,7 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
       MemoryTracker mem(r, opt.device_budget);
       mem.set_device(dev.get());
       RankContext ctx{r, N, *comm, mem, *dev, control.get()};
-      fn(ctx);
+      if (all_started) fn(ctx);
     } catch (...) {
       Failure f{r, std::current_exception(), "", false};
       describe_exception(f.error, f.what, f.aborted);
@@ -542,10 +562,10 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
   };
 
   // Starting the threads can fail part-way (the process's thread or memory
-  // limits). The ranks already started may be waiting in a collective for
-  // the ones that never will be: abort the group through a rank that did
-  // not start, as a failing rank does, then join them, and say how many
-  // started and why the next could not.
+  // limits). The ranks already started wait at the gate; the group is
+  // aborted through a rank that did not start, as a failing rank does, the
+  // gate opens on nothing to run, and they are joined; then the error says
+  // how many started and why the next could not.
   std::vector<std::thread> threads;
   std::string start_failure;
   try {
@@ -559,6 +579,7 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
     comms[started]->abort(start_failure);
     if (!controls.empty()) controls[started]->abort(start_failure);
   }
+  open_gate(start_failure.empty());
   const std::string stuck = join_rank_threads(threads, failures_mu, done_cv, failures, returned,
                                               comm_timeout_or_default(opt.comm_timeout_s));
   if (!start_failure.empty()) throw Error(start_failure);

@@ -309,27 +309,28 @@ TEST(Faults, AbortFromAnotherThreadWakesAWaitingRank) {
 
 // Rank threads that cannot all be made are a clear error naming how many
 // were asked for and how many started, with the system's reason, and the
-// started ones, waiting in their first collective for ranks that never came,
-// are released and joined: exit 1 within seconds, never std::terminate's
-// abort (134) or a hang. The limits make the address space, not memory for
-// the model, run out: 128 MiB stacks (2 malloc arenas) in 42 GB hold the 256
-// communicator threads (two per rank, the training's and the stop vote's:
-// 32 GiB of stacks, made first) and a few dozen rank threads, each with room
-// to reach its first collective and wait there.
-// Without the release that wait never ends: `timeout 60` turns it into exit
-// 124. ZF_OVERSUBSCRIBE=1 lifts the cap of 4 ranks per core.
+// started ones, waiting to begin with the others, are released and joined
+// without running (had they run, their BLAS buffers would compete for the
+// exhausted address space, and OpenBLAS retries a failed allocation for
+// ever): exit 1 within seconds, never std::terminate's abort (134) or a
+// hang. The limits make the address space, not memory for the model, run
+// out: 128 MiB stacks (2 malloc arenas) in 42 GB hold the 256 communicator
+// threads (two per rank, the training's and the stop vote's: 32 GiB of
+// stacks, made first) and a few dozen rank threads. Without the release
+// their wait never ends: `timeout -s KILL 60` turns it into exit 137.
+// ZF_OVERSUBSCRIBE=1 lifts the cap of 4 ranks per core.
 TEST(Faults, RankThreadsThatCannotStartAreAnErrorNotAnAbort) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "built with a sanitizer (scripts/sanitize.sh): its shadow memory reserves terabytes of "
                   "address space at start-up, which this test's `ulimit -v` forbids";
 #endif
   const auto r = test::run_command("ulimit -s 131072; ulimit -v 41000000; MALLOC_ARENA_MAX=2 ZF_OVERSUBSCRIBE=1 "
-                                   "timeout 60 " + test::dp_binary() +
+                                   "timeout -s KILL 60 " + test::dp_binary() +
                                    " --model tiny --steps 2 --batch 1 --ranks 128");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   const size_t at = r.output.find(" of the 128 rank threads started");
   ASSERT_NE(at, std::string::npos) << r.output;
-  // Some started (so some had to be released from their collective), not all.
+  // Some started (so some had to be released), not all.
   const size_t only = r.output.rfind("only ", at);
   ASSERT_NE(only, std::string::npos) << r.output;
   const int started = std::atoi(r.output.c_str() + only + 5);
