@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -116,12 +117,27 @@ int exit_status(const RunResult& run) {
 }
 
 int stage_main(int argc, char** argv, const StageInfo& info, const StageFn& stage) {
+  // Under a launcher every process parses the same flags and gets the same
+  // signal: what they would all say alike, rank 0 alone says.
+  const bool speaks = [] {
+    try {
+      return detect_launcher().rank == 0;
+    } catch (const Error&) {
+      return true;  // a bad environment is reported by the run itself
+    }
+  }();
   try {
-    auto cfg = parse_flags(argc, argv, info);
+    std::optional<TrainConfig> cfg;
+    try {
+      cfg = parse_flags(argc, argv, info);
+    } catch (const UsageError& e) {
+      if (speaks) std::fprintf(stderr, "%s: error: %s\n", info.exe.c_str(), e.what());
+      return 2;
+    }
     if (!cfg) return 0;
     // Signals stop at a step boundary on the CPU device; a GPU run keeps the
     // default (stop at once) until the GPU path has been run (docs/GPU.md).
-    if (cfg->device == "cpu") install_stop_handlers(info.exe, cfg->save);
+    if (cfg->device == "cpu") install_stop_handlers(info.exe, cfg->save, speaks);
     const RunResult run = run_training(*cfg, stage);
     for (const std::string& what : run.not_written)
       std::fprintf(stderr, "%s: error: not written: %s\n", info.exe.c_str(), what.c_str());

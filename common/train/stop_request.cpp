@@ -61,13 +61,13 @@ std::string signal_name(int signal) {
   }
 }
 
-void install_stop_handlers(const std::string& program, const std::string& save) {
+void install_stop_handlers(const std::string& program, const std::string& save, bool announce) {
   const std::string first = "\n" + program + ": stop requested: every rank finishes its step, then the run " +
                             (save.empty() ? std::string("stops (no --save: nothing is saved)")
                                           : "saves " + save + " and stops") +
                             "; a second signal stops at once\n";
   const std::string second = program + ": second signal: stopping now, without saving\n";
-  g_first_len = first.copy(g_first_msg, sizeof g_first_msg - 1);
+  g_first_len = announce ? first.copy(g_first_msg, sizeof g_first_msg - 1) : 0;
   g_second_len = second.copy(g_second_msg, sizeof g_second_msg - 1);
   struct sigaction sa;
   std::memset(&sa, 0, sizeof sa);

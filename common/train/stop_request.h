@@ -24,8 +24,10 @@ namespace zf {
 
 // Installs the handlers of SIGINT, SIGTERM, SIGHUP and SIGUSR1 for this
 // process. `program` prefixes the one line a signal prints (to stderr, from
-// the handler: what happens next); `save` is --save's file, or "".
-void install_stop_handlers(const std::string& program, const std::string& save);
+// the handler: what happens next), unless `announce` is false (the other
+// processes of a launched run: rank 0's says it for all); `save` is
+// --save's file, or "".
+void install_stop_handlers(const std::string& program, const std::string& save, bool announce = true);
 
 // The first stop signal this process received, or 0.
 int stop_signal_received();

@@ -184,6 +184,17 @@ TEST(LaunchEnv, ALaterSlurmTaskWithoutAStepIsALaunch) {
   EXPECT_TRUE(has(r.output, "srun started 2 processes")) << r.output;
 }
 
+// A flag error is the same in every process of a launched run: rank 0
+// alone says it (mpirun -np 3 printed it three times), every one exits 2.
+TEST(LaunchEnv, AFlagErrorIsSaidOnceUnderALauncher) {
+  for (const char* rank : {"0", "1", "2"}) {
+    const auto r = zf::test::run_command(std::string("OMPI_COMM_WORLD_RANK=") + rank + " OMPI_COMM_WORLD_SIZE=3 " +
+                                         zf::test::dp_binary() + " --model tiny --steps many");
+    EXPECT_EQ(r.exit_code, 2) << rank << ": " << r.output;
+    EXPECT_EQ(has(r.output, "--steps: not a whole number"), std::string(rank) == "0") << rank << ": " << r.output;
+  }
+}
+
 // WORLD_SIZE=1 with --ranks N: threads, and a note saying why.
 TEST(LaunchEnv, WorldSizeOneWithRanksSaysTheyAreThreads) {
   const auto r = zf::test::run_command("RANK=0 WORLD_SIZE=1 " + zf::test::dp_binary() +

@@ -105,6 +105,11 @@ TEST_F(MpiSignals, Sigusr1ToMpirunStopsEveryRankAndSaves) {
   job.signal(SIGUSR1);
   EXPECT_EQ(job.wait(60), 128 + SIGUSR1) << job.output();
   EXPECT_NE(job.output().find("dp: stopped by SIGUSR1 after step"), std::string::npos) << job.output();
+  // mpirun gave the signal to both processes: rank 0 alone says so.
+  const std::string out = job.output();
+  size_t said = 0;
+  for (size_t at = out.find("stop requested"); at != std::string::npos; at = out.find("stop requested", at + 1)) said++;
+  EXPECT_EQ(said, 1u) << out;
   expect_nothing_lost();
 }
 
