@@ -25,10 +25,12 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data_parallel.h"
 #include "fsdp.h"
+#include "launch.h"
 #include "memory_model.h"
 #include "stages/fsdp_test_util.h"
 #include "stages/stage_test_util.h"
@@ -357,6 +359,35 @@ TEST(FsdpComm, HybridShardingSplitsIntraAndInterGroupBytes) {
                   uint64_t(S < N ? steps * fs.padded.size() : 0));
       }
     }
+}
+
+// Hybrid sharding's placement, pinned: each shard group is S consecutive
+// ranks, and the replicas of a shard (the all-reduce across groups) are the
+// ranks with the same place in theirs, r % S, r % S + S, ... (HSDP's
+// device mesh: groups inside a node). Read back by all-gathering each
+// rank's world rank over the two communicators; strided groups would add
+// the same numbers in another order and pass every tolerance.
+TEST(FsdpComm, HybridGroupsAreConsecutiveRanks) {
+  for (auto [N, S] : {std::pair{4, 2}, std::pair{6, 3}, std::pair{6, 2}}) {
+    std::vector<std::vector<float>> group(N), across(N);
+    LaunchOptions opt;
+    opt.ranks = N;
+    run_ranks(opt, [&, S = S](RankContext& ctx) {
+      FsdpComms comms(ctx.comm, S);
+      const float me = float(ctx.rank);
+      group[ctx.rank].resize(size_t(comms.group->size()));
+      across[ctx.rank].resize(size_t(comms.across->size()));
+      comms.group->all_gather(&me, group[ctx.rank].data(), 1, DType::f32);
+      comms.across->all_gather(&me, across[ctx.rank].data(), 1, DType::f32);
+    });
+    for (int r = 0; r < N; ++r) {
+      std::vector<float> g, a;
+      for (int j = 0; j < S; ++j) g.push_back(float(r / S * S + j));
+      for (int k = 0; k < N / S; ++k) a.push_back(float(r % S + k * S));
+      EXPECT_EQ(group[r], g) << "N " << N << ", S " << S << ", rank " << r << "'s shard group";
+      EXPECT_EQ(across[r], a) << "N " << N << ", S " << S << ", rank " << r << "'s replicas";
+    }
+  }
 }
 
 // Recomputation needs no parameters but those the backward already has:

@@ -18,6 +18,7 @@
 //   meson test -C build offload
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -165,6 +166,37 @@ TEST(OffloadMemory, ModelStatesAreWhereTheFormulaSays) {
           EXPECT_EQ(m.cur(Place::device, Category::gathered), 0u) << "rank " << r;
         }
       }
+}
+
+// Page-locked host memory, per rank: what the copy engine reads or writes
+// (on a GPU, pageable memory is copied at a fraction of the speed and
+// never overlaps). The two landing buffers of the reduced pieces (the
+// largest S_g of the reduce dtype each); in bf16 the bf16 copy the device
+// receives (2S), in fp32 the float32 shards themselves (4S), which the
+// device receives; with --offload-params and --delay-update the
+// all-gathers' own copy too (eS). --no-pin: none.
+TEST(OffloadMemory, PinnedBytesAreWhereTheCopiesGo) {
+  for (int N : {1, 2, 3})
+    for (Precision p : {Precision::fp32, Precision::bf16})
+      for (bool offload_params : {false, true})
+        for (bool delay : {false, true}) {
+          TrainConfig cfg = fsdp_config(odd4(), N, p, 2);
+          cfg.offload.offload_params = offload_params;
+          cfg.offload.delay_update = delay;
+          SCOPED_TRACE(describe(cfg) + (offload_params ? ", offload-params" : "") + (delay ? ", delay" : ""));
+          const FlatSizes fs = flat_sizes(odd4(), N, 1);
+          const size_t S = fs.shard, e = test::esize(p);
+          size_t largest = 0;
+          for (size_t padded : fs.padded) largest = std::max(largest, padded / size_t(N));
+          size_t pinned = 2 * largest * e;
+          pinned += p == Precision::bf16 ? 2 * S : 4 * S;
+          if (offload_params && delay) pinned += e * S;
+          const RunResult run = run_training(cfg, train_offload);
+          for (size_t r = 0; r < run.ranks.size(); ++r)
+            EXPECT_EQ(run.ranks[r].memory.pinned_peak, pinned) << "rank " << r;
+          cfg.offload.no_pin = true;
+          EXPECT_EQ(run_training(cfg, train_offload).ranks[0].memory.pinned_peak, 0u) << "--no-pin";
+        }
 }
 
 // ------------------------------------------------------------------ transfers
