@@ -121,6 +121,8 @@ std::string trace_rank_events(int rank, const std::vector<ScheduleEvent>& events
         break;
       case ScheduleEvent::forward_begin:
       case ScheduleEvent::backward_begin: open = &e; break;
+      case ScheduleEvent::recompute_begin:  // within its unit's backward span, which shows the time
+      case ScheduleEvent::recompute_end: break;
       case ScheduleEvent::forward_end:
       case ScheduleEvent::backward_end: {
         const bool fwd = e.kind == ScheduleEvent::forward_end;
