@@ -66,11 +66,6 @@ std::string read_small_file(const std::string& path) {
   return text;
 }
 
-std::string this_host() {
-  char buf[256] = {};
-  return ::gethostname(buf, sizeof buf - 1) == 0 ? std::string(buf) : std::string();
-}
-
 std::string this_boot() {
   std::string id = read_small_file("/proc/sys/kernel/random/boot_id");
   while (!id.empty() && std::isspace(static_cast<unsigned char>(id.back()))) id.pop_back();
@@ -124,7 +119,7 @@ std::optional<Owner> parse_owner(const std::string& text) {
 // pid that is gone or now belongs to a process started at another time.
 // Anything less certain counts as alive.
 bool proven_dead(const Owner& o) {
-  if (o.host != this_host()) return false;
+  if (o.host != host_name()) return false;
   const std::string boot = this_boot();
   if (boot.empty()) return false;
   if (o.boot != boot) return true;
@@ -277,7 +272,7 @@ DiskTier::DiskTier(const std::string& dir, int rank, std::vector<std::string> na
   f.on_stop[0] = remove_on_stop(f.parent, f.name, true);
   f.fd = ::openat(f.parent, f.name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   REQUIRE(f.fd >= 0, "offload folder " << f.path << ": open: " << reason(errno));
-  me.host = this_host();
+  me.host = host_name();
   me.boot = this_boot();
   me.pid = long(::getpid());
   me.start = start_time(me.pid).value_or(0);

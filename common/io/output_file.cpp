@@ -28,15 +28,6 @@ std::string base_name(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-std::string host_name() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return "host";
-  std::string h = buf;
-  for (char& c : h)
-    if (c == '/' || c == '.') c = '_';  // one field of a file name
-  return h;
-}
-
 // The fields of a temporary's name after "TARGET.tmp.": pid, host, hex.
 struct TempFields {
   long pid = 0;
@@ -68,6 +59,15 @@ int try_create(const std::string& path) {
 }
 
 }  // namespace
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return "host";
+  std::string h = buf;
+  for (char& c : h)
+    if (c == '/' || c == '.') c = '_';  // one field of a file name
+  return h;
+}
 
 std::string random_hex() {
   std::random_device rd;

@@ -33,6 +33,9 @@ enum class WriteMode { in_place, by_rename };
 // ACLs count; leaves nothing behind.
 std::string output_problem(const std::string& path, WriteMode mode);
 
+// This host's name as one field of a file name ('/' and '.' as '_').
+std::string host_name();
+
 // 16 random hex digits, for names no other process or call picks.
 std::string random_hex();
 
