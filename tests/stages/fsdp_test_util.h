@@ -50,6 +50,51 @@ inline FlatSizes flat_sizes(const ModelConfig& m, int N, int K) {
   return f;
 }
 
+// The peak of category comm on the device in one micro-step, from the
+// schedule of 04_fsdp/README.md ("Memory of the communication buffers"), with a_g the
+// padded units, S_g = a_g / N their shards, G - 1 the head, and sizes past
+// either end 0:
+//   c  bytes per element of an all-gather's input made for it on the device
+//      (the bf16 cast in stage 04's bf16 recipe; the upload of
+//      --offload-params in stage 05), from the all-gather's issue to its wait
+//   e  bytes per element of a unit's gradient buffer (the recipe's dtype)
+//   r  bytes per element it is reduced in (4 under --reduce-dtype fp32)
+// A unit's buffer, once reduced, is held (h_g: r a_g; with --no-sync the
+// buffer is a kept gradient, counted as grads, and only a float32 copy of it
+// is held, 4 a_g under --reduce-dtype fp32, else nothing) while the next
+// unit's backward runs; stage 05 (`landing`) holds it one unit longer,
+// while my piece goes to the host. The moments of unit g's backward:
+//   its prefetch issued   c (S_{g-1} + S_g, but S_g not for the head) + L_g
+//   its buffer made       c S_{g-1} + L_g + e a_g     (not with --no-sync)
+//   widened               ... + 4 a_g                 (when r != e)
+//   reduced, g+1 done     c S_{g-1} + L_g + h_g + 4 S_{g+1} (the float32
+//                         piece of g+1 that stage 04 adds, when r = 2)
+// with L_g = h_{g+1} (+ h_{g+2} in stage 05); the forward's c (S_g + S_{g+1});
+// and the last wait, h_0 + 4 S_0 (stage 04, r = 2). Without resharding the
+// backward gathers nothing: no c in it.
+struct CommPeakCase {
+  size_t c = 0, e = 4, r = 4;
+  bool reshard = true, no_sync = false, landing = false;
+};
+
+inline size_t comm_peak(const FlatSizes& f, int N, const CommPeakCase& k) {
+  const int G = int(f.padded.size());
+  auto a = [&](int g) { return g < 0 || g >= G ? size_t(0) : f.padded[g]; };
+  auto S = [&](int g) { return a(g) / size_t(N); };
+  auto h = [&](int g) { return k.no_sync ? (k.r != k.e ? 4 * a(g) : 0) : k.r * a(g); };
+  const bool piece = k.r == 2 && !k.landing;
+  const size_t cb = k.reshard ? k.c : 0;  // the backward's all-gather inputs
+  size_t peak = piece ? h(0) + 4 * S(0) : 0;
+  for (int g = 0; g < G; ++g) {
+    const size_t L = h(g + 1) + (k.landing ? h(g + 2) : 0);
+    const size_t made = k.no_sync ? 0 : k.e * a(g);
+    peak = std::max({peak, k.c * (S(g) + S(g + 1)), cb * (S(g - 1) + (g < G - 1 ? S(g) : 0)) + L,
+                     cb * S(g - 1) + L + made + (k.r != k.e ? 4 * a(g) : 0),
+                     cb * S(g - 1) + L + h(g) + (piece && g + 1 < G ? 4 * S(g + 1) : 0)});
+  }
+  return peak;
+}
+
 inline TrainConfig fsdp_config(const ModelConfig& m, int N, Precision p, int steps = 3) {
   return test::config(m, N, 1, steps, p);
 }
@@ -61,4 +106,33 @@ inline std::string describe(const TrainConfig& c) {
          ", max-gathered " + std::to_string(f.max_gathered) + (f.no_sync ? ", no-sync" : "") +
          (f.reduce_dtype ? std::string(", reduce ") + dtype_name(*f.reduce_dtype) : "");
 }
+// A mode of the comm-peak tests of stages 04 and 05: a stage's
+// configuration at N, and the comm_peak case it makes.
+struct PeakMode {
+  const char* name;
+  bool reshard = true, no_sync = false, fp32_reduce = false;
+  int shard_group = 0;                          // 0: none
+  bool offload_params = false, delay = false;  // stage 05's
+
+  bool applies(int N, Precision p) const { return !(fp32_reduce && p == Precision::fp32) && (!shard_group || N == 4); }
+  int group(int N) const { return shard_group ? shard_group : N; }
+  TrainConfig config(int N, Precision p, int wrap) const {
+    TrainConfig cfg = fsdp_config(odd4(), N, p, 2);
+    cfg.grad_accum = 2;
+    cfg.fsdp.wrap_blocks = wrap;
+    cfg.fsdp.reshard_after_forward = reshard;
+    cfg.fsdp.no_sync = no_sync;
+    cfg.fsdp.shard_group = shard_group;
+    if (fp32_reduce) cfg.fsdp.reduce_dtype = DType::f32;
+    cfg.offload.offload_params = offload_params;
+    cfg.offload.delay_update = delay;
+    return cfg;
+  }
+  // c: the bytes per element of an all-gather input made on the device.
+  CommPeakCase peak_case(Precision p, size_t c, bool landing) const {
+    const size_t e = test::esize(p);
+    return {.c = c, .e = e, .r = fp32_reduce ? 4 : e, .reshard = reshard, .no_sync = no_sync, .landing = landing};
+  }
+};
+
 }  // namespace zf::fsdp_test

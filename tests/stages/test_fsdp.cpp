@@ -9,7 +9,8 @@
 //   memory         model states 4S + 4S + 8S in both recipes (S: the shard
 //                  of the FSDP units); the gathered-parameter peak for each
 //                  limit; without resharding, the whole model; --no-sync's
-//                  one full gradient; 16P/S
+//                  one full gradient; 16P/S; the comm peak for each recipe,
+//                  reduce dtype and mode
 //   communication  bytes per collective and all-gathers per step, for each mode
 //
 // test_fsdp_schedule.cpp has the rest of the suite: the schedule, the flags,
@@ -256,6 +257,34 @@ TEST(FsdpMemory, GatheredPeakFollowsTheLimit) {
           }
         }
       }
+}
+
+// The peak of category comm, exactly fsdp_test::comm_peak (the README's
+// schedule of the communication buffers), for each recipe and reduce dtype,
+// with and without resharding, with --no-sync, and within a shard group of
+// hybrid sharding (whose all-reduce works in place: nothing more). Nothing
+// is left in comm after a run, and nothing is on the host.
+TEST(FsdpMemory, CommPeakIsTheReadmeSchedule) {
+  for (const PeakMode& mode : {PeakMode{"default"}, PeakMode{"no reshard", false}, PeakMode{"no-sync", true, true},
+                               PeakMode{"fp32 reduce", true, false, true}, PeakMode{"no-sync, fp32 reduce", true, true, true},
+                               PeakMode{"hybrid", true, false, false, 2}})
+    for (int N : {2, 3, 4})
+      for (int wrap : {1, 2})
+        for (Precision p : {Precision::fp32, Precision::bf16}) {
+          if (!mode.applies(N, p)) continue;
+          const TrainConfig cfg = mode.config(N, p, wrap);
+          SCOPED_TRACE(describe(cfg) + ", " + mode.name);
+          const int group = mode.group(N);
+          const size_t cast = p == Precision::bf16 ? 2 : 0;
+          const size_t want = comm_peak(flat_sizes(odd4(), group, wrap), group, mode.peak_case(p, cast, false));
+          const RunResult run = run_training(cfg, train_fsdp);
+          for (size_t r = 0; r < run.ranks.size(); ++r) {
+            const MemoryCounts& m = run.ranks[r].memory;
+            EXPECT_EQ(m.pk(Place::device, Category::comm), want) << "rank " << r;
+            EXPECT_EQ(m.cur(Place::device, Category::comm), 0u) << "rank " << r;
+            EXPECT_EQ(m.pk(Place::host, Category::comm), 0u) << "rank " << r;
+          }
+        }
 }
 
 // --no-sync keeps one full gradient in the recipe's dtype, padded, for the

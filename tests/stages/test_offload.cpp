@@ -8,7 +8,8 @@
 //               at K = 2, --reduce-dtype fp32, hybrid sharding, wrap 2)
 //   memory      device: e * S params and nothing else of the model states
 //               (0 with --offload-params); host: 4S (+ 2S in bf16) params,
-//               4S grads, 8S optimizer; nothing left in comm
+//               4S grads, 8S optimizer; nothing left in comm; the comm
+//               peak of each mode, device and host
 //   transfers   bytes per step per direction: the README's formula for
 //               each mode
 //   budget      the README's --device-mem: stages 00-04 stop with the
@@ -199,6 +200,43 @@ TEST(OffloadMemory, PinnedBytesAreWhereTheCopiesGo) {
         }
 }
 
+// The peak of category comm on the device, exactly fsdp_test::comm_peak:
+// stage 04's schedule, with each reduced buffer held one unit longer while
+// my piece goes to the host (`landing`), no float32 piece on the device,
+// and an all-gather input made on the device only with --offload-params
+// (both recipes). The host's comm is the two landing buffers.
+TEST(OffloadMemory, CommPeakIsTheReadmeSchedule) {
+  auto offloaded = [](PeakMode m) {
+    m.offload_params = true;
+    return m;
+  };
+  PeakMode delay = offloaded({"delay-update"});
+  delay.delay = true;
+  for (const PeakMode& mode : {PeakMode{"default"}, offloaded({"offload-params"}),
+                               offloaded({"offload-params, no reshard", false}), PeakMode{"no-sync", true, true},
+                               offloaded({"fp32 reduce", true, false, true}),
+                               PeakMode{"no-sync, fp32 reduce", true, true, true}, delay,
+                               offloaded({"hybrid", true, false, false, 2})})
+    for (int N : {2, 3, 4})
+      for (Precision p : {Precision::fp32, Precision::bf16}) {
+        if (!mode.applies(N, p)) continue;
+        const TrainConfig cfg = mode.config(N, p, 1);
+        SCOPED_TRACE(describe(cfg) + ", " + mode.name);
+        const int group = mode.group(N);
+        const FlatSizes fs = flat_sizes(odd4(), group, 1);
+        const CommPeakCase k = mode.peak_case(p, mode.offload_params ? test::esize(p) : 0, true);
+        size_t largest = 0;
+        for (size_t padded : fs.padded) largest = std::max(largest, padded / size_t(group));
+        const RunResult run = run_training(cfg, train_offload);
+        for (size_t i = 0; i < run.ranks.size(); ++i) {
+          const MemoryCounts& m = run.ranks[i].memory;
+          EXPECT_EQ(m.pk(Place::device, Category::comm), comm_peak(fs, group, k)) << "rank " << i;
+          EXPECT_EQ(m.cur(Place::device, Category::comm), 0u) << "rank " << i;
+          EXPECT_EQ(m.pk(Place::host, Category::comm), 2 * k.r * largest) << "rank " << i;
+        }
+      }
+}
+
 // ------------------------------------------------------------------ transfers
 
 // Per step: device->host, my reduced piece of every unit once per
@@ -353,9 +391,10 @@ TEST_F(OffloadDisk, ChunkedUpdateEqualsTheInMemoryOptimizer) {
     EXPECT_EQ(p0, p1) << "N = " << N;
     auto one = make_thread_communicators(1);  // the gathers of a one-rank run
     auto ps = [&](int u) -> const void* { return p0.data() + shards.units[u].shard_offset; };
-    if (N == 1)
+    if (N == 1) {
       for (StateKind k : {StateKind::m, StateKind::v})
         EXPECT_EQ(ref.gather(k, *one[0], ps), disk.gather(k, *one[0], *host)) << "moment " << int(k);
+    }
   }
 }
 
