@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "comm.h"
 #include "config.h"
+#include "launch.h"
 #include "model.h"
 #include "stages/stage_test_util.h"
 
@@ -106,6 +108,54 @@ inline std::string describe(const TrainConfig& c) {
          ", max-gathered " + std::to_string(f.max_gathered) + (f.no_sync ? ", no-sync" : "") +
          (f.reduce_dtype ? std::string(", reduce ") + dtype_name(*f.reduce_dtype) : "");
 }
+// The reference for hybrid sharding: stage 00 whose gradient all-reduces add
+// in hybrid sharding's two hops, first within groups of S consecutive ranks
+// (rank order), then across the groups (group order), each hop a collective
+// of its own, rounded to the dtype as hybrid sharding's are. Built from
+// splits of the world, not from FsdpComms: strided groups in the stage would
+// add in another order, and differ. A one-element all-reduce (the loss) is
+// the world's, as in every stage.
+class TwoHopAllReduce final : public Communicator {
+ public:
+  TwoHopAllReduce(Communicator& world, int S)
+      : world_(world), group_(world.split(world.rank() / S, world.rank())),
+        across_(world.split(world.rank() % S, world.rank())) {}
+  int rank() const override { return world_.rank(); }
+  int size() const override { return world_.size(); }
+  const char* backend() const override { return world_.backend(); }
+  CommHandle all_reduce_async(void* buf, size_t count, DType dt, ReduceOp op) override {
+    if (count == 1) return world_.all_reduce_async(buf, count, dt, op);
+    group_->all_reduce(buf, count, dt, op);
+    across_->all_reduce(buf, count, dt, op);
+    return {};
+  }
+  CommHandle reduce_scatter_async(const void* send, void* recv, size_t n, DType dt, ReduceOp op) override {
+    return world_.reduce_scatter_async(send, recv, n, dt, op);
+  }
+  CommHandle all_gather_async(const void* send, void* recv, size_t n, DType dt) override {
+    return world_.all_gather_async(send, recv, n, dt);
+  }
+  CommHandle broadcast_async(void* buf, size_t count, DType dt, int root) override {
+    return world_.broadcast_async(buf, count, dt, root);
+  }
+  void barrier() override { world_.barrier(); }
+  void abort(const std::string& reason) override { world_.abort(reason); }
+
+ private:
+  Communicator& world_;
+  std::unique_ptr<Communicator> group_, across_;
+};
+
+// `stage` (stage 00) with every rank's communicator a TwoHopAllReduce.
+inline StageFn adding_in_two_hops(const StageFn& stage, int S) {
+  return [stage, S](const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepReporter& reporter) {
+    TwoHopAllReduce comm(ctx.comm, S);
+    RankContext two_hops{ctx.rank, ctx.world, comm, ctx.mem, ctx.dev};
+    RankFailureGuard guard(comm);
+    return stage(cfg, two_hops, data, reporter);
+  };
+}
+
 // A mode of the comm-peak tests of stages 04 and 05: a stage's
 // configuration at N, and the comm_peak case it makes.
 struct PeakMode {

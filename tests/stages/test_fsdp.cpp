@@ -6,6 +6,7 @@
 //                  --max-gathered), N = 1 .. 8, both recipes; --no-sync at
 //                  K = 2 and 4; within the accumulation tolerance without it;
 //                  --reduce-dtype fp32 within a bf16 rounding; hybrid sharding
+//                  bit for bit with stage 00 adding in its two hops
 //   memory         model states 4S + 4S + 8S in both recipes (S: the shard
 //                  of the FSDP units); the gathered-parameter peak for each
 //                  limit; without resharding, the whole model; --no-sync's
@@ -148,14 +149,13 @@ TEST(FsdpParity, ReduceDtypeFp32IsWithinOneBf16Rounding) {
 }
 
 // Hybrid sharding at N = 4. S = 1 and S = 4 sum in stage 00's order: its
-// bits. S = 2: each gradient element is summed within
-// the group, then across the two groups: (r0 + r1) + (r2 + r3) where stage
-// 00 sums ((r0 + r1) + r2) + r3. Float addition is not associative, so
-// elements can differ in their last bit (one bf16 rounding more in bf16):
-// the same order of effect as K > 1's regrouping, and stage_test_util.h's
-// tolerances for it apply (measured max |loss difference| over 4 steps: 0 in
-// fp32, 2.4e-6 in bf16; tolerances 1e-5 and 5e-4).
-// The first step's loss is the initial model's: identical.
+// bits. S = 2: each gradient element is summed within the group, then
+// across the two groups: (r0 + r1) + (r2 + r3) where stage 00 sums
+// ((r0 + r1) + r2) + r3. Float addition is not associative, so elements can
+// differ in their last bit (one bf16 rounding more in bf16): the same order
+// of effect as K > 1's regrouping, and stage_test_util.h's tolerances for
+// it apply. The first step's loss is the initial model's: identical.
+// (HybridShardingIsStage00InTwoHops below is the exact check.)
 TEST(FsdpParity, HybridShardingIsClose) {
   for (int S : {1, 2, 4})
     for (Precision p : {Precision::fp32, Precision::bf16}) {
@@ -180,6 +180,21 @@ TEST(FsdpParity, HybridShardingIsClose) {
       for (const auto& r : got.ranks) EXPECT_EQ(r.param_hash, got.ranks[0].param_hash) << "replicas diverged";
       if (test::print_measures())
         std::printf("hsdp S=%d N=4 %s: max |loss - dp loss| %.3g\n", S, precision_name(p), worst);
+    }
+}
+
+// Hybrid sharding, bit for bit: stage 00 whose all-reduce adds in the same
+// two hops (fsdp_test_util.h, adding_in_two_hops) gives the same losses,
+// norms and final parameters, for groups of 2 and 3, in both recipes.
+// Groups of strided ranks would add the same numbers in another order.
+TEST(FsdpParity, HybridShardingIsStage00InTwoHops) {
+  for (auto [N, S] : {std::pair{4, 2}, std::pair{6, 3}, std::pair{6, 2}})
+    for (Precision p : {Precision::fp32, Precision::bf16}) {
+      TrainConfig cfg = fsdp_config(odd4(), N, p, 3);
+      const RunResult ref = run_training(cfg, adding_in_two_hops(train_data_parallel, S));
+      cfg.fsdp.shard_group = S;
+      SCOPED_TRACE(describe(cfg) + ", shard-group " + std::to_string(S));
+      test::expect_bit_identical(ref, run_training(cfg, train_fsdp), "fsdp --shard-group");
     }
 }
 

@@ -99,6 +99,20 @@ TEST(OffloadParity, OptimizerThreadsAreBitIdentical) {
 
 TEST(OffloadParity, ClippingBites) { test::expect_clipping_bites(train_offload); }
 
+// Hybrid sharding, bit for bit against stage 00 adding in the same two hops
+// (fsdp_test_util.h), with and without --offload-params.
+TEST(OffloadParity, HybridShardingIsStage00InTwoHops) {
+  for (Precision p : {Precision::fp32, Precision::bf16})
+    for (bool offload_params : {false, true}) {
+      TrainConfig cfg = fsdp_config(odd4(), 6, p, 3);
+      const RunResult ref = run_training(cfg, adding_in_two_hops(train_data_parallel, 3));
+      cfg.fsdp.shard_group = 3;
+      cfg.offload.offload_params = offload_params;
+      SCOPED_TRACE(describe(cfg) + (offload_params ? ", offload-params" : ""));
+      test::expect_bit_identical(ref, run_training(cfg, train_offload), "offload --shard-group 3");
+    }
+}
+
 // Stage 04's knobs, which change the numerics against stage 00 (K = 2
 // without --no-sync, --reduce-dtype fp32, hybrid sharding) or only the
 // schedule: stage 04's bits in each case, both recipes.
