@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "adamw.h"
 #include "check.h"
 
 namespace zf {
@@ -118,6 +119,45 @@ bool file_id(const std::string& path, FileId* id) {
 std::mutex checked_mu;
 std::map<FileId, int> checked;  // files whose values a live CheckedOnce vouches for
 
+// AdamW's two moments bound each other. After t steps m = sum_i a_i g_i and
+// v = sum_i b_i g_i^2, with a_i = (1 - b1) b1^(t-i) and b_i = (1 - b2)
+// b2^(t-i); by Cauchy-Schwarz m^2 <= (sum_i a_i^2 / b_i) v, and that sum is
+// below (1 - b1)^2 / ((1 - b2) (1 - b1^2 / b2)) at every t when b1^2 < b2.
+// A first moment past the bound (its float roundings allowed for) came from
+// no run: resumed, it would move the parameters by orders of magnitude in
+// the first step, and the run would end as a divergence that says nothing
+// of the file.
+void check_moment_pairs(const SafetensorsReader& reader) {
+  const AdamWConfig adam;
+  const double b1 = adam.beta1, b2 = adam.beta2, q = b1 * b1 / b2;
+  if (q >= 1) return;  // no bound for such betas
+  const double ratio = std::sqrt((1 - b1) * (1 - b1) / ((1 - b2) * (1 - q))) * (1 + 1e-3);
+  const double slack = 1e-18;  // a second moment whose squares fell below float's range
+  constexpr size_t kChunk = size_t(1) << 16;
+  std::vector<float> m(kChunk), v(kChunk);
+  for (const TensorInfo& t : reader.tensors()) {
+    if (t.name.rfind("optim.m.", 0) != 0) continue;
+    const std::string v_name = "optim.v." + t.name.substr(8);
+    if (!reader.has(v_name) || reader.info(v_name).shape != t.shape) continue;  // the layout check names it
+    for (size_t first = 0; first < t.numel(); first += kChunk) {
+      const size_t n = std::min(kChunk, t.numel() - first);
+      reader.read_elements(t.name, t.shape, DType::f32, first, n, m.data());
+      reader.read_elements(v_name, t.shape, DType::f32, first, n, v.data());
+      for (size_t i = 0; i < n; ++i) {
+        if (std::fabs(double(m[i])) <= ratio * std::sqrt(double(v[i])) + slack) continue;
+        std::ostringstream msg;
+        msg << "checkpoint " << reader.path() << ": tensor '" << t.name << "' holds " << m[i] << " at element "
+            << first + i << " where '" << v_name << "' holds " << v[i] << ": AdamW's first moment is at most "
+            << ratio << " times the square root of its second (a mean of the gradients against a mean of their "
+            << "squares, with its betas " << b1 << " and " << b2 << "), so the file is damaged or was written by an "
+            << "optimizer with other betas; resume from an earlier checkpoint, or start from a good model file "
+            << "with --init";
+        throw UsageError(msg.str());
+      }
+    }
+  }
+}
+
 // Returns whether any of AdamW's moments is non-zero (false when a live
 // CheckedOnce vouches for the file: it was checked whole already).
 bool check_values(const SafetensorsReader& reader) {
@@ -147,6 +187,7 @@ bool check_values(const SafetensorsReader& reader) {
     }
     return {};
   });
+  if (moments) check_moment_pairs(reader);
   return moments;
 }
 

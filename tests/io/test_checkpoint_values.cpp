@@ -15,7 +15,10 @@
 //   meson test -C build checkpoint
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -168,12 +171,51 @@ TEST_F(CheckpointValues, InfiniteMomentIsRefused) {
 TEST_F(CheckpointValues, NegativeSecondMomentIsRefusedAnyFirstMomentSignIsNot) {
   State s = load_good();
   // m may be negative (a mean of gradients); v may not (a mean of squares).
-  s.m[flat_index("h.0.attn.c_attn.weight", 5)] = -0.25f;
+  const size_t i = flat_index("h.0.attn.c_attn.weight", 5);
+  s.m[i] = -std::sqrt(s.v[i]);
   EXPECT_NO_THROW(CheckpointReader(save("m.safetensors", s), layout_));
-  s.v[flat_index("h.0.attn.c_attn.weight", 5)] = -0.25f;
+  s.v[i] = -0.25f;
   const std::string bad = save("v.safetensors", s);
   const std::string msg = refusal([&] { CheckpointReader(bad, layout_); });
   expect_has(msg, {bad, "'optim.v.h.0.attn.c_attn.weight'", "-0.25", "element 5", "never negative"});
+}
+
+// AdamW's first moment against its second, with the betas of docs/SPEC.md
+// (0.9, 0.95): m = sum a_i g_i, v = sum b_i g_i^2 (a_i = 0.1 * 0.9^j, b_i =
+// 0.05 * 0.95^j), so m^2 <= v * sum_j 0.2 * (0.81 / 0.95)^j < v * 0.2 / (1 -
+// 0.81 / 0.95). A first moment 1 % past that bound (and 0.1 % of slack for
+// rounding) is refused by both readers, naming both tensors; 1 % under it
+// loads. Runs of 40 steps, both recipes, with and without clipping, at a
+// large learning rate, stay under it: their files load.
+TEST_F(CheckpointValues, FirstMomentPastWhatItsSecondAllowsIsRefused) {
+  const double bound = std::sqrt(0.2 / (1.0 - 0.81 / 0.95));
+  State s = load_good();
+  const size_t i = flat_index("h.1.mlp.c_fc.weight", 7);
+  ASSERT_GT(s.v[i], 0.0f);
+  s.m[i] = float(0.99 * bound * std::sqrt(double(s.v[i])));
+  EXPECT_NO_THROW(CheckpointReader(save("under.safetensors", s), layout_));
+  s.m[i] = float(-1.01 * bound * std::sqrt(double(s.v[i])));
+  const std::string bad = save("over.safetensors", s);
+  expect_refused(bad, {"'optim.m.h.1.mlp.c_fc.weight'", "'optim.v.h.1.mlp.c_fc.weight'", "element 7", "damaged"});
+
+  for (Precision p : {Precision::fp32, Precision::bf16})
+    for (float clip : {0.0f, 1.0f}) {
+      TrainConfig cfg = quiet_config("tiny", 2, 2, 40);
+      cfg.precision = p, cfg.clip = clip, cfg.lr = 3e-3f;
+      cfg.save = path("long.safetensors");
+      fs::remove(cfg.save);
+      run_training(cfg, train_data_parallel);
+      SCOPED_TRACE(std::string(precision_name(p)) + ", clip " + std::to_string(clip));
+      CheckpointReader r(cfg.save, layout_);
+      std::vector<float> m(layout_.numel), v(layout_.numel);
+      r.read_all(StateKind::m, m.data());
+      r.read_all(StateKind::v, v.data());
+      double worst = 0;
+      for (size_t j = 0; j < m.size(); ++j)
+        if (v[j] > 0) worst = std::max(worst, std::fabs(double(m[j])) / std::sqrt(double(v[j])));
+      EXPECT_LE(worst, bound);
+      if (std::getenv("ZF_TEST_PRINT")) std::printf("worst |m| / sqrt(v) %.4f, bound %.4f\n", worst, bound);
+    }
 }
 
 // 4 bytes inserted before a tensor, its offsets and those after it moved by 4:
