@@ -296,6 +296,8 @@ def cases(env):
                                                                                float("-inf")), ["-inf"]),
             ("negative second moment", "an `optim.v` element set to -1", with_value("optim.v.wte.weight", -1.0),
              ["second moment"]),
+            ("first moment past its second", "an `optim.m` element set to 1e30", with_value("optim.m.wte.weight",
+                                                                                            1e30), ["first moment"]),
             ("a flipped bit", "one bit of wte's data, checksum kept", flipped_bit, ["checksum"]),
             ("trailing bytes", "8 bytes after the last tensor", trailing, ["after the last tensor"]),
             ("duplicate key", "`seed` twice in the metadata", duplicate_key, ["seed"]),
@@ -362,6 +364,15 @@ def cases(env):
     add(Case("offload", "a signal with the folder", "SIGTERM after 3 steps, `--offload-dir od` holding other files",
              lambda x: forever(x, exe="offload", extra="--ranks 2 --offload-dir od"), (143,), ["stopped by SIGTERM"],
              setup=user_files_in_offload_dir, signals=[(3, signal.SIGTERM, None, 0)]))
+    def cut_mid_run(x):
+        return (f"{off} {MODEL} --ranks 2 --steps 1000000 --log-every 1000 --offload-dir od "
+                "--log-json run.jsonl & p=$!; "
+                "while kill -0 $p && [ \"$(wc -l < run.jsonl 2>/dev/null || echo 0)\" -lt 2 ]; do sleep 0.05; done; "
+                "truncate -s 0 od/zf-offload-$p-*-r0/r0-m.bin; wait $p; s=$?; "
+                "if ls -d od/zf-offload-$p-* >/dev/null 2>&1; then echo 'the run left its folder'; exit 99; fi; "
+                "exit $s")
+    add(Case("offload", "an offload file cut mid-run", "rank 0's `r0-m.bin` truncated to 0 after 2 steps",
+             cut_mid_run, (1,), ["truncated"], setup=user_files_in_offload_dir))
     add(Case("offload", "a refused run and an old run log", "`--offload-dir nosuchdir --log-json old.jsonl`",
              lambda x: f"{off} {MODEL} --ranks 2 --steps 2 --offload-dir nosuchdir --log-json old.jsonl", (2,),
              ["--offload-dir"], setup=old_run_log, max_seconds=10))

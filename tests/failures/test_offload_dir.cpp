@@ -5,8 +5,10 @@
 // run's folder): after a run, a failed run, a refused run, a stop on a
 // signal and a second signal, every one of them is byte-identical and
 // nothing of the run is left; after SIGKILL the run's folder is left, and
-// the next run removes that one alone. Also: a refused run leaves an
-// existing run log as it was (the log is created at the first line).
+// the next run removes that one alone; a read error mid-run (a file cut or
+// changed from outside) leaves nothing of the run. Also: a refused run
+// leaves an existing run log as it was (the log is created at the first
+// line).
 //
 //   build/tests/test_faults --gtest_filter='OffloadDir*'
 #include <gtest/gtest.h>
@@ -158,6 +160,36 @@ TEST_F(OffloadDir, EveryFileInItOutlivesEveryKindOfRun) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("the offload folder of a run that was killed"), std::string::npos) << r.output;
   expect_untouched("after the run that cleaned up a killed one");
+}
+
+// A read of the offload files that fails mid-run (one of the run's own
+// files cut short from outside, or changed) ends the run with its error,
+// naming the file, and the run's folder goes with it: nothing else changed,
+// nothing of the run left.
+TEST_F(OffloadDir, AReadErrorLeavesNothingBehind) {
+  for (bool cut : {true, false}) {
+    const std::string log = out_ + (cut ? "/cut.jsonl" : "/changed.jsonl");
+    ChildProcess child(cmd("--steps 1000000 --log-every 1000 --log-json " + log, false), path("child.txt"));
+    ASSERT_TRUE(child.started());
+    ASSERT_TRUE(child.wait_until([&] { return test::logged_lines(log) >= 2; }, 60)) << child.output();
+    std::string mine;  // rank 0's moments, in the folder the run made
+    for (const auto& e : fs::recursive_directory_iterator(od_))
+      if (e.path().filename() == "r0-m.bin" && !before_.count(fs::relative(e.path().parent_path(), od_).string()))
+        mine = e.path().string();
+    ASSERT_NE(mine, "") << changes();
+    if (cut) {
+      ASSERT_EQ(::truncate(mine.c_str(), 0), 0);
+    } else {
+      std::fstream f(mine, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(64);
+      f.write("tampered", 8);
+    }
+    EXPECT_EQ(child.wait(60), 1) << child.output();
+    EXPECT_NE(child.output().find(mine), std::string::npos) << child.output();
+    EXPECT_NE(child.output().find(cut ? "truncated" : "changed by something outside"), std::string::npos)
+        << child.output();
+    expect_untouched(cut ? "after a run whose file was cut" : "after a run whose file was changed");
+  }
 }
 
 // No output is created or truncated before every check has passed: an
