@@ -119,13 +119,21 @@ int exit_status(const RunResult& run) {
 int stage_main(int argc, char** argv, const StageInfo& info, const StageFn& stage) {
   // Under a launcher every process parses the same flags and gets the same
   // signal: what they would all say alike, rank 0 alone says.
-  const bool speaks = [] {
-    try {
-      return detect_launcher().rank == 0;
-    } catch (const Error&) {
-      return true;  // a bad environment is reported by the run itself
-    }
-  }();
+  LauncherInfo launcher;
+  try {
+    launcher = detect_launcher();
+  } catch (const Error&) {
+    // a bad environment is reported by the run itself
+  }
+  const bool speaks = launcher.rank == 0;
+  // OpenMPI's mpirun answers SIGTERM and Ctrl-C by passing SIGTERM on and
+  // sending SIGKILL about a second later (odls_base_sigkill_timeout), which
+  // a step and a save may outlast; SIGUSR1 it passes on alone.
+  const std::string killed_note =
+      launcher.name == "mpirun"
+          ? "if this signal came through mpirun, mpirun kills every rank about a second later, and a step or a "
+            "save still running is lost: stop a run under mpirun with SIGUSR1 to mpirun (kill -USR1 <its pid>)"
+          : "";
   try {
     std::optional<TrainConfig> cfg;
     try {
@@ -137,7 +145,7 @@ int stage_main(int argc, char** argv, const StageInfo& info, const StageFn& stag
     if (!cfg) return 0;
     // Signals stop at a step boundary on the CPU device; a GPU run keeps the
     // default (stop at once) until the GPU path has been run (docs/GPU.md).
-    if (cfg->device == "cpu") install_stop_handlers(info.exe, cfg->save, speaks);
+    if (cfg->device == "cpu") install_stop_handlers(info.exe, cfg->save, speaks, killed_note);
     const RunResult run = run_training(*cfg, stage);
     for (const std::string& what : run.not_written)
       std::fprintf(stderr, "%s: error: not written: %s\n", info.exe.c_str(), what.c_str());

@@ -15,9 +15,10 @@ namespace {
 std::atomic<int> g_signal{0};
 // What the handler writes, prepared outside it: a handler may call only
 // async-signal-safe functions (write, _exit), so no formatting there.
-char g_first_msg[256];
+char g_first_msg[512];
+char g_first_killed_msg[768];  // SIGINT, SIGTERM: with the launcher's note, if any
 char g_second_msg[256];
-size_t g_first_len = 0, g_second_len = 0;
+size_t g_first_len = 0, g_first_killed_len = 0, g_second_len = 0;
 constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
 
 // remove_on_stop's slots: filled and emptied by the ranks, read by the
@@ -41,7 +42,8 @@ void remove_registered() {
 void on_stop_signal(int sig) {
   int none = 0;
   if (g_signal.compare_exchange_strong(none, sig)) {
-    (void)!::write(STDERR_FILENO, g_first_msg, g_first_len);
+    if (sig == SIGINT || sig == SIGTERM) (void)!::write(STDERR_FILENO, g_first_killed_msg, g_first_killed_len);
+    else (void)!::write(STDERR_FILENO, g_first_msg, g_first_len);
     return;
   }
   (void)!::write(STDERR_FILENO, g_second_msg, g_second_len);
@@ -61,13 +63,16 @@ std::string signal_name(int signal) {
   }
 }
 
-void install_stop_handlers(const std::string& program, const std::string& save, bool announce) {
+void install_stop_handlers(const std::string& program, const std::string& save, bool announce,
+                           const std::string& killed_note) {
   const std::string first = "\n" + program + ": stop requested: every rank finishes its step, then the run " +
                             (save.empty() ? std::string("stops (no --save: nothing is saved)")
                                           : "saves " + save + " and stops") +
                             "; a second signal stops at once\n";
+  const std::string killed = killed_note.empty() ? first : first + program + ": " + killed_note + "\n";
   const std::string second = program + ": second signal: stopping now, without saving\n";
   g_first_len = announce ? first.copy(g_first_msg, sizeof g_first_msg - 1) : 0;
+  g_first_killed_len = announce ? killed.copy(g_first_killed_msg, sizeof g_first_killed_msg - 1) : 0;
   g_second_len = second.copy(g_second_msg, sizeof g_second_msg - 1);
   struct sigaction sa;
   std::memset(&sa, 0, sizeof sa);

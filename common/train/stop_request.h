@@ -26,8 +26,10 @@ namespace zf {
 // process. `program` prefixes the one line a signal prints (to stderr, from
 // the handler: what happens next), unless `announce` is false (the other
 // processes of a launched run: rank 0's says it for all); `save` is
-// --save's file, or "".
-void install_stop_handlers(const std::string& program, const std::string& save, bool announce = true);
+// --save's file, or "". `killed_note`, if any, is a second line for SIGINT
+// and SIGTERM (a launcher that follows them with SIGKILL).
+void install_stop_handlers(const std::string& program, const std::string& save, bool announce = true,
+                           const std::string& killed_note = "");
 
 // The first stop signal this process received, or 0.
 int stop_signal_received();

@@ -6,6 +6,8 @@
 //   - a signal that reaches one process alone (here rank 1's, from outside)
 //     stops every rank after the same step too, instead of leaving rank 0 in
 //     a collective rank 1 never joins;
+//   - a SIGTERM to rank 0 says that mpirun, had it passed the signal on,
+//     would kill the ranks a second later, and to stop with SIGUSR1;
 // and in both the checkpoint resumes (with threads: the same bits) equal to
 // a run that was never stopped.
 #include <gtest/gtest.h>
@@ -93,6 +95,22 @@ class MpiSignals : public test::TempDirTest {
     ASSERT_EQ(b.exit_code, 0) << b.output;
     EXPECT_EQ(read_log(path("a.jsonl")).hash, read_log(path("b.jsonl")).hash);
   }
+  // The pid of rank 0 (the process that has the run log open), or of the
+  // other rank, among mpirun's children running dp; -1 if not found.
+  pid_t rank_pid(const ChildProcess& job, bool zero) const {
+    std::vector<pid_t> ranks = children_running(job.pid(), "00_data_parallel/dp");
+    if (ranks.size() != 2) ranks = children_running(job.pid(), fs::path(dp()).filename());
+    EXPECT_EQ(ranks.size(), 2u) << "cannot find the two rank processes under mpirun";
+    for (pid_t p : ranks) {
+      bool has_log = false;
+      for (const auto& fd : fs::directory_iterator("/proc/" + std::to_string(p) + "/fd")) {
+        std::error_code ec;
+        if (fs::read_symlink(fd.path(), ec).string() == log_) has_log = true;
+      }
+      if (has_log == zero) return p;
+    }
+    return -1;
+  }
   std::string command() const {
     return mpirun(2) + dp() + " --model tiny --batch 1 --steps 1000000 --quiet --log-json " + log_ + " --save " + ck_;
   }
@@ -110,30 +128,33 @@ TEST_F(MpiSignals, Sigusr1ToMpirunStopsEveryRankAndSaves) {
   size_t said = 0;
   for (size_t at = out.find("stop requested"); at != std::string::npos; at = out.find("stop requested", at + 1)) said++;
   EXPECT_EQ(said, 1u) << out;
+  EXPECT_EQ(out.find("kill -USR1"), std::string::npos) << "SIGUSR1 is the way: no advice\n" << out;
   expect_nothing_lost();
 }
 
 TEST_F(MpiSignals, ASignalToOneRankStopsThemAllAfterTheSameStep) {
   ChildProcess job(command(), path("out.txt"));
   ASSERT_TRUE(job.wait_until([&] { return test::logged_lines(log_) >= 3; }, 60)) << job.output();
-  // mpirun's children running dp: the two ranks; the one that is not rank 0
-  // (rank 0 writes the log, so it has the log open).
-  std::vector<pid_t> ranks = children_running(job.pid(), "00_data_parallel/dp");
-  if (ranks.size() != 2) ranks = children_running(job.pid(), fs::path(dp()).filename());
-  ASSERT_EQ(ranks.size(), 2u) << "cannot find the two rank processes under mpirun";
-  pid_t other = -1;
-  for (pid_t p : ranks) {
-    bool has_log = false;
-    for (const auto& fd : fs::directory_iterator("/proc/" + std::to_string(p) + "/fd")) {
-      std::error_code ec;
-      if (fs::read_symlink(fd.path(), ec).string() == log_) has_log = true;
-    }
-    if (!has_log) other = p;
-  }
+  const pid_t other = rank_pid(job, false);
   ASSERT_GT(other, 0);
   ::kill(other, SIGTERM);
   EXPECT_EQ(job.wait(60), 128 + SIGTERM) << job.output();
   EXPECT_NE(job.output().find("dp: stopped by SIGTERM after step"), std::string::npos) << job.output();
+  expect_nothing_lost();
+}
+
+// mpirun answers SIGTERM by passing it on and killing the ranks about a
+// second later: rank 0, given a SIGTERM, says so and how to stop instead
+// (SIGUSR1 to mpirun); SIGUSR1 itself gets no such line.
+TEST_F(MpiSignals, SigtermUnderMpirunNamesSigusr1) {
+  ChildProcess job(command(), path("out.txt"));
+  ASSERT_TRUE(job.wait_until([&] { return test::logged_lines(log_) >= 3; }, 60)) << job.output();
+  const pid_t rank0 = rank_pid(job, true);
+  ASSERT_GT(rank0, 0);
+  ::kill(rank0, SIGTERM);
+  EXPECT_EQ(job.wait(60), 128 + SIGTERM) << job.output();
+  EXPECT_NE(job.output().find("mpirun kills every rank about a second later"), std::string::npos) << job.output();
+  EXPECT_NE(job.output().find("kill -USR1"), std::string::npos) << job.output();
   expect_nothing_lost();
 }
 
