@@ -365,10 +365,13 @@ def cases(env):
              lambda x: forever(x, exe="offload", extra="--ranks 2 --offload-dir od"), (143,), ["stopped by SIGTERM"],
              setup=user_files_in_offload_dir, signals=[(3, signal.SIGTERM, None, 0)]))
     def cut_mid_run(x):
-        return (f"{off} {MODEL} --ranks 2 --steps 1000000 --log-every 1000 --offload-dir od "
+        # Cut again and again until the run ends: the write-back of a chunk read
+        # just before one cut would undo it. -c: never create the file.
+        return (f"{off} {MODEL} --ranks 2 --steps 2000 --log-every 1000 --offload-dir od "
                 "--log-json run.jsonl & p=$!; "
-                "while kill -0 $p && [ \"$(wc -l < run.jsonl 2>/dev/null || echo 0)\" -lt 2 ]; do sleep 0.05; done; "
-                "truncate -s 0 od/zf-offload-$p-*-r0/r0-m.bin; wait $p; s=$?; "
+                "while kill -0 $p && [ \"$(cat run.jsonl 2>/dev/null | wc -l)\" -lt 2 ]; do sleep 0.05; done; "
+                "while kill -0 $p 2>/dev/null; do truncate -c -s 0 od/zf-offload-$p-*-r0/r0-m.bin 2>/dev/null; "
+                "sleep 0.01; done; wait $p; s=$?; "
                 "if ls -d od/zf-offload-$p-* >/dev/null 2>&1; then echo 'the run left its folder'; exit 99; fi; "
                 "exit $s")
     add(Case("offload", "an offload file cut mid-run", "rank 0's `r0-m.bin` truncated to 0 after 2 steps",

@@ -230,6 +230,7 @@ def first_message(output, status):
         for line in output.splitlines():
             if re.search(pattern, line):
                 line = re.sub(r"/tmp/[^ ]*/", "", line)
+                line = re.sub(r"zf-offload-[0-9]+-[0-9a-f]+-", "zf-offload-<pid>-<hex>-", line)
                 return line.strip()[:160]
     if status > 128:
         return f"(killed by signal {status - 128}: nothing printed)"

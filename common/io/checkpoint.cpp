@@ -124,9 +124,8 @@ std::map<FileId, int> checked;  // files whose values a live CheckedOnce vouches
 // b2^(t-i); by Cauchy-Schwarz m^2 <= (sum_i a_i^2 / b_i) v, and that sum is
 // below (1 - b1)^2 / ((1 - b2) (1 - b1^2 / b2)) at every t when b1^2 < b2.
 // A first moment past the bound (its float roundings allowed for) came from
-// no run: resumed, it would move the parameters by orders of magnitude in
-// the first step, and the run would end as a divergence that says nothing
-// of the file.
+// no run; one far past it would blow up the first step of the resumed run,
+// and the run would end as a divergence that says nothing of the file.
 void check_moment_pairs(const SafetensorsReader& reader) {
   const AdamWConfig adam;
   const double b1 = adam.beta1, b2 = adam.beta2, q = b1 * b1 / b2;

@@ -2,6 +2,8 @@
 // temporary names (output_file.h).
 #include "output_file.h"
 
+#include <algorithm>
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -134,11 +136,15 @@ std::string output_problem(const std::string& path, WriteMode mode) {
     e = try_create(temp);
     if (e == ENAMETOOLONG) {
       const long most = ::pathconf(dir.c_str(), _PC_NAME_MAX);
+      // The length said must fit the next run too, whose pid may be longer:
+      // counted at 7 digits, the most Linux gives (pid_max at most 2^22).
+      const long pid_digits = long(std::to_string(::getpid()).size());
       const long extra = long(base_name(temp).size() - base_name(target).size());
+      const long room = extra + std::max(0L, 7 - pid_digits);
       return path + via + ": a save first writes the temporary " + base_name(temp) +
              " beside it, and that name (the file's and " + std::to_string(extra) +
              " characters more) is too long for this file system; choose a file name of at most " +
-             std::to_string((most > 0 ? most : 255) - extra) + " characters";
+             std::to_string((most > 0 ? most : 255) - room) + " characters";
     }
   } else if (exists) {
     const int fd = ::open(target.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY);  // no O_TRUNC: changes nothing

@@ -84,13 +84,13 @@ TEST_F(Outputs, OutputThatIsAnInputIsRefused) {
   fs::create_symlink("ck.safetensors", path("link.safetensors"));
   fs::create_hard_link(ck, path("hard.safetensors"));
   const std::string link = path("link.safetensors"), hard = path("hard.safetensors");
-  for (const std::string& out : {"--log-json", "--save", "--trace", "--save-init"})
+  for (const std::string out : {"--log-json", "--save", "--trace", "--save-init"})
     for (const std::string& name : {ck, dot, link, hard}) {
       expect_refused("--steps 4 --resume " + ck + " " + out + " " + name, {out, "--resume"});
       expect_refused("--steps 2 --init " + ck + " " + out + " " + name, {out, "--init"});
     }
   const std::string dot_data = dir_ + "/./tokens.txt";
-  for (const std::string& out : {"--log-json", "--save", "--trace", "--save-init"}) {
+  for (const std::string out : {"--log-json", "--save", "--trace", "--save-init"}) {
     expect_refused("--steps 2 --data " + data_ + " " + out + " " + data_, {out, "--data"});
     expect_refused("--steps 2 --data " + data_ + " " + out + " " + dot_data, {out, "--data"});
   }
@@ -139,7 +139,7 @@ TEST_F(Outputs, InputsAndOutputsInTheOffloadDirAreRefused) {
     expect_refused("--steps 6 --offload-dir " + off + " --init " + in, {"--init", "lies in --offload-dir"}, exe);
   }
   expect_refused("--steps 2 --offload-dir " + off + " --data " + off + "/tokens.txt", {"--data", "lies in"}, exe);
-  for (const std::string& out : {"--save", "--save-init", "--log-json", "--trace"}) {
+  for (const std::string out : {"--save", "--save-init", "--log-json", "--trace"}) {
     expect_refused("--steps 2 --offload-dir " + off + " " + out + " " + off + "/new.file", {out, "lies in"}, exe);
     expect_refused("--steps 2 --offload-dir " + path("alias") + " " + out + " " + off + "/sub/new.file",
                    {out, "lies in"}, exe);
@@ -153,7 +153,7 @@ TEST_F(Outputs, InputsAndOutputsInTheOffloadDirAreRefused) {
 // --- outputs that cannot be written, refused before step 0 ----------------
 
 TEST_F(Outputs, UnwritableOutputsAreRefusedBeforeStepZero) {
-  for (const std::string& flag : {"--save", "--save-init", "--log-json", "--trace"}) {
+  for (const std::string flag : {"--save", "--save-init", "--log-json", "--trace"}) {
     expect_refused("--steps 20 " + flag + " " + path("no-such-dir/out.file"), {flag, "does not exist"});
     expect_refused("--steps 20 " + flag + " " + dir_, {flag, "is a directory"});
     expect_refused("--steps 20 " + flag + " " + data_ + "/out.file", {flag, "not a directory"});
@@ -163,7 +163,7 @@ TEST_F(Outputs, UnwritableOutputsAreRefusedBeforeStepZero) {
 TEST_F(Outputs, SpecialFilesAreRefusedAndLeftAlone) {
   const std::string fifo = path("pipe");
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
-  for (const std::string& flag : {"--save", "--save-init", "--log-json", "--trace"})
+  for (const std::string flag : {"--save", "--save-init", "--log-json", "--trace"})
     expect_refused("--steps 20 " + flag + " " + fifo, {flag, "FIFO"});
   EXPECT_TRUE(fs::is_fifo(fifo));
   // A device node like /dev/full, made here (root, or CAP_MKNOD, only) so
@@ -171,7 +171,7 @@ TEST_F(Outputs, SpecialFilesAreRefusedAndLeftAlone) {
   const std::string dev = path("full");
   if (::mknod(dev.c_str(), S_IFCHR | 0666, makedev(1, 7)) != 0)
     GTEST_SKIP() << "cannot make a device node here (" << std::strerror(errno) << "): the FIFO cases ran";
-  for (const std::string& flag : {"--save", "--save-init", "--log-json", "--trace"})
+  for (const std::string flag : {"--save", "--save-init", "--log-json", "--trace"})
     expect_refused("--steps 20 " + flag + " " + dev, {flag, "character device"});
   struct stat st {};
   ASSERT_EQ(::lstat(dev.c_str(), &st), 0);
@@ -184,7 +184,7 @@ TEST_F(Outputs, ReadOnlyFolderIsRefusedBeforeStepZero) {
   fs::create_directory(ro);
   std::ofstream(ro + "/old.safetensors") << "x";
   fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);
-  for (const std::string& flag : {"--save", "--log-json"}) {
+  for (const std::string flag : {"--save", "--log-json"}) {
     expect_refused("--steps 20 " + flag + " " + ro + "/new.file", {flag, "Permission denied"});
   }
   // The file exists and is writable, but the save renames a temporary into

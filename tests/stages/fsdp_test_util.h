@@ -73,7 +73,8 @@ inline FlatSizes flat_sizes(const ModelConfig& m, int N, int K) {
 //                         piece of g+1 that stage 04 adds, when r = 2)
 // with L_g = h_{g+1} (+ h_{g+2} in stage 05); the forward's c (S_g + S_{g+1});
 // and the last wait, h_0 + 4 S_0 (stage 04, r = 2). Without resharding the
-// backward gathers nothing: no c in it.
+// backward gathers nothing: no c in it. For --prefetch 1 (the default) and
+// a --max-gathered that never holds a prefetch back.
 struct CommPeakCase {
   size_t c = 0, e = 4, r = 4;
   bool reshard = true, no_sync = false, landing = false;
@@ -114,7 +115,7 @@ inline std::string describe(const TrainConfig& c) {
 // of its own, rounded to the dtype as hybrid sharding's are. Built from
 // splits of the world, not from FsdpComms: strided groups in the stage would
 // add in another order, and differ. A one-element all-reduce (the loss) is
-// the world's, as in every stage.
+// the world's, as in every stage: no unit of a model has one element.
 class TwoHopAllReduce final : public Communicator {
  public:
   TwoHopAllReduce(Communicator& world, int S)

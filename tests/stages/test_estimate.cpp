@@ -64,8 +64,9 @@ void expect_estimate_matches_run(Stage stage, const TrainConfig& cfg) {
     }
     ASSERT_TRUE(est.activations.has_value());
     EXPECT_EQ(double(m.pk(Place::device, Category::activations)), *est.activations) << "activations";
-    if (est.gathered || (stage != Stage::fsdp && stage != Stage::offload))
+    if (est.gathered || (stage != Stage::fsdp && stage != Stage::offload)) {
       EXPECT_EQ(double(m.pk(Place::device, Category::gathered)), est.gathered.value_or(0)) << "gathered";
+    }
     for (int k = 0; k < kNumCollectives; ++k)
       test::expect_bytes(rank.comm.bytes[k] / steps, est.comm[k], collective_name(CollectiveKind(k)));
     test::expect_bytes(rank.comm_cross_group.total_bytes() / steps, est.comm_cross_group, "across groups");
@@ -239,8 +240,9 @@ TEST(EstimateTool, JsonIsTheEstimate) {
     EXPECT_EQ(o["device"]["total"].get<double>(), e.device_total());
     EXPECT_EQ(o["host"]["model_states"].get<double>(), e.states.host.total());
     EXPECT_EQ(o["disk"]["optimizer"].get<double>(), 0.0);
-    if (s != Stage::fsdp && s != Stage::offload)  // memory_model.h's table
+    if (s != Stage::fsdp && s != Stage::offload) {  // memory_model.h's table
       EXPECT_EQ(o["device"]["model_states"].get<double>(), model_state_bytes(s, Precision::bf16, z).device.total());
+    }
     const nlohmann::json& by = o["comm_bytes_per_step"]["by_collective"];
     for (CollectiveKind k : {CollectiveKind::all_reduce, CollectiveKind::reduce_scatter, CollectiveKind::all_gather})
       test::expect_bytes(by[collective_name(k)].get<double>(), e.comm[int(k)], collective_name(k));

@@ -192,6 +192,9 @@ TEST(FsdpParity, HybridShardingIsStage00InTwoHops) {
     for (Precision p : {Precision::fp32, Precision::bf16}) {
       TrainConfig cfg = fsdp_config(odd4(), N, p, 3);
       const RunResult ref = run_training(cfg, adding_in_two_hops(train_data_parallel, S));
+      if (N == 4 && S == 2 && p == Precision::bf16) {  // the two orders differ here: the reference is not stage 00
+        EXPECT_NE(ref.ranks[0].param_hash, run_training(cfg, train_data_parallel).ranks[0].param_hash);
+      }
       cfg.fsdp.shard_group = S;
       SCOPED_TRACE(describe(cfg) + ", shard-group " + std::to_string(S));
       test::expect_bit_identical(ref, run_training(cfg, train_fsdp), "fsdp --shard-group");
