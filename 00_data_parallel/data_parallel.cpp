@@ -87,7 +87,6 @@ RankResult train_data_parallel(const TrainConfig& cfg, RankContext& ctx, const T
   // Model states first (the largest allocations): over --device-mem, this is
   // where the run stops, before any step.
   Replica states(layout, cfg.precision, ctx);
-  RankFailureGuard guard(ctx.comm);  // a failing rank stops the group before freeing the states
   auto rc = make_rank_compute(cfg, layout, ctx, data);
   TrainingRun run(cfg, layout, ctx, reporter, states);  // the initial model, or --resume's checkpoint
 
@@ -117,7 +116,7 @@ RankResult train_data_parallel(const TrainConfig& cfg, RankContext& ctx, const T
 
     // Clip by the global norm. Every rank has the whole averaged gradient.
     SumOfSquares sq;
-    with_gradient_advice(cfg.clip, [&] { ctx.dev.sum_squares(states.grads.data(), dt, layout.numel, sq); });
+    ctx.dev.sum_squares(states.grads.data(), dt, layout.numel, sq);
     const GradClip clip = grad_clip(std::sqrt(sq.value()), cfg.clip);
 
     // AdamW on the whole model, one parameter tensor at a time (decay or not).

@@ -3,10 +3,8 @@
 //   build/00_data_parallel/dp --ranks 4 --model small --steps 300 --batch 2
 //
 // Flags are docs/SPEC.md's (see --help). The loop itself is in data_parallel.cpp.
-#include "blas.h"
 #include "data_parallel.h"
 
 int main(int argc, char** argv) {
-  zf::blas_select_kernels(argc, argv);
   return zf::stage_main(argc, argv, {"dp", "stage 00: data parallel"}, zf::train_data_parallel);
 }

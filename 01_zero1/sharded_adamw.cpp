@@ -35,12 +35,10 @@ void ShardedAdamW::load(const InitialState& init) {
 GradClip clip_scale(const ShardLayout& shards, Device& dev, Device& comm_dev, Communicator& comm,
                     const std::function<const void*(int)>& grad_piece, DType dtype, float clip) {
   SumOfSquares sq;
-  with_gradient_advice(clip, [&] {
-    for (size_t u = 0; u < shards.units.size(); ++u) {
-      const size_t n = shards.units[u].end - shards.units[u].begin;  // padding is zero anyway
-      dev.sum_squares(grad_piece(int(u)), dtype, n, sq);
-    }
-  });
+  for (size_t u = 0; u < shards.units.size(); ++u) {
+    const size_t n = shards.units[u].end - shards.units[u].begin;  // padding is zero anyway
+    dev.sum_squares(grad_piece(int(u)), dtype, n, sq);
+  }
   all_reduce(sq, comm, comm_dev);
   return grad_clip(std::sqrt(sq.value()), clip);
 }

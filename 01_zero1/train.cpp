@@ -4,10 +4,8 @@
 //
 // Flags are docs/SPEC.md's (see --help). The loop is in zero1.cpp, the sharded
 // optimizer in sharded_adamw.cpp.
-#include "blas.h"
 #include "zero1.h"
 
 int main(int argc, char** argv) {
-  zf::blas_select_kernels(argc, argv);
   return zf::stage_main(argc, argv, {"zero1", "stage 01: ZeRO-1"}, zf::train_zero1);
 }

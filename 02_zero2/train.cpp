@@ -4,10 +4,8 @@
 //
 // Flags are docs/SPEC.md's (see --help). The loop is in zero2.cpp, the gradient
 // path in sharded_grads.cpp; the optimizer is stage 01's.
-#include "blas.h"
 #include "zero2.h"
 
 int main(int argc, char** argv) {
-  zf::blas_select_kernels(argc, argv);
   return zf::stage_main(argc, argv, {"zero2", "stage 02: ZeRO-2"}, zf::train_zero2);
 }

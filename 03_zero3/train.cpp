@@ -5,10 +5,8 @@
 //
 // Flags are docs/SPEC.md's (see --help). The loop is in zero3.cpp, the parameter
 // gathering in gathered_params.cpp; gradients are stage 02's, the optimizer stage 01's.
-#include "blas.h"
 #include "zero3.h"
 
 int main(int argc, char** argv) {
-  zf::blas_select_kernels(argc, argv);
   return zf::stage_main(argc, argv, {"zero3", "stage 03: ZeRO-3"}, zf::train_zero3);
 }

@@ -62,7 +62,6 @@ RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData
   // Model states first (the largest allocations): over --device-mem, this is
   // where the run stops, before any step.
   Zero3States states(layout, shards, cfg, ctx);
-  RankFailureGuard guard(ctx.comm);  // a failing rank stops the group before freeing the states
   auto rc = make_rank_compute(cfg, layout, ctx, data);
   TrainingRun run(cfg, layout, ctx, reporter, states);  // the initial model, or --resume's checkpoint
 

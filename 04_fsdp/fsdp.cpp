@@ -125,7 +125,6 @@ RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData&
   const int K = cfg.grad_accum, G = units.size(), D = opt.prefetch;
 
   FsdpStates states(units, shards, cfg, ctx, comms);
-  RankFailureGuard guard(ctx.comm);  // a failing rank stops the family of communicators before freeing the states
   auto rc = make_rank_compute(cfg, layout, ctx, data);
   TrainingRun run(cfg, units.flat, ctx, reporter, states);  // the initial model, or --resume's checkpoint
   comms.count_in(run);

@@ -7,10 +7,8 @@
 // Flags are docs/SPEC.md's, with stage 04's own (see --help). The loop is in
 // fsdp.cpp; the units in flat_units.cpp, the parameters in flat_params.cpp,
 // the gradients in flat_grads.cpp; the optimizer is stage 01's.
-#include "blas.h"
 #include "fsdp.h"
 
 int main(int argc, char** argv) {
-  zf::blas_select_kernels(argc, argv);
   return zf::stage_main(argc, argv, {"fsdp", "stage 04: FSDP", zf::StageFlags::fsdp}, zf::train_fsdp);
 }

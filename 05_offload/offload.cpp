@@ -193,7 +193,6 @@ RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenDa
   if (ctx.rank == 0 && !cfg.quiet)
     std::printf("CPU AdamW: %s per rank%s\n", states.host->optimizer_description().c_str(),
                 cfg.offload.delay_update ? ", one step delayed from the second step on" : "");
-  RankFailureGuard guard(ctx.comm);  // a failing rank stops the family of communicators before freeing the states
   auto rc = make_rank_compute(cfg, layout, ctx, data);
   TrainingRun run(cfg, units.flat, ctx, reporter, states);  // the initial model, or --resume's checkpoint
   comms.count_in(run);

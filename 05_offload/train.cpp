@@ -8,10 +8,8 @@
 // The loop is in offload.cpp; the host's parameters in offload_params.cpp,
 // its gradients in host_grads.cpp; the units and the all-gathers and
 // reduce-scatters are stage 04's, the optimizer stage 01's.
-#include "blas.h"
 #include "offload.h"
 
 int main(int argc, char** argv) {
-  zf::blas_select_kernels(argc, argv);
   return zf::stage_main(argc, argv, {"offload", "stage 05: offload", zf::StageFlags::offload}, zf::train_offload);
 }

@@ -45,6 +45,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -210,6 +211,27 @@ class Communicator {
  protected:
   mutable std::mutex stats_mu_;
   CommStats stats_;
+};
+
+// Declared after the buffers a rank's collectives use (so it is destroyed
+// before them; TrainingRun holds one for every stage). If the rank is
+// leaving by an exception, it aborts the group and waits until no collective
+// touches any buffer, so the buffers this rank is about to free cannot be
+// written by another rank's collective still in flight.
+class RankFailureGuard {
+ public:
+  explicit RankFailureGuard(Communicator& comm)
+      : comm_(comm), uncaught_(std::uncaught_exceptions()) {}
+  ~RankFailureGuard() {
+    if (std::uncaught_exceptions() > uncaught_)
+      comm_.abort("rank " + std::to_string(comm_.rank()) + " failed (its error is reported by the launcher)");
+  }
+  RankFailureGuard(const RankFailureGuard&) = delete;
+  RankFailureGuard& operator=(const RankFailureGuard&) = delete;
+
+ private:
+  Communicator& comm_;
+  int uncaught_;
 };
 
 }  // namespace zf

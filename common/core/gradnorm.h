@@ -26,34 +26,9 @@
 namespace zf {
 
 // What every path (CPU, GPU) says when a gradient holds an inf or a NaN. It
-// is raised inside the sum, which does not know the run's flags; the
-// clipping call sites add what to do through with_gradient_advice.
+// is raised inside the sum, which does not know the run's flags; the frame
+// adds what to try (runner.cpp) as the error leaves the ranks.
 inline constexpr const char* kNonFiniteGradientMessage = "gradient is not finite (inf or NaN): training diverged";
-
-// What to try for a run whose --clip is `clip` (0: off).
-inline std::string non_finite_gradient_advice(float clip) {
-  std::ostringstream m;
-  if (clip > 0.0f)
-    m << "; clipping is on (--clip " << clip << "), so lower --lr";
-  else
-    m << "; clipping is off (--clip 0): turn it on (--clip 1.0) or lower --lr";
-  m << " (files given to --init or --resume are refused when read if they hold inf or NaN, so this run's "
-       "steps made it)";
-  return m.str();
-}
-
-// Runs sum_squares(); kNonFiniteGradientMessage comes out of it with the
-// advice for `clip` appended, any other error unchanged.
-template <class F>
-void with_gradient_advice(float clip, F&& sum_squares) {
-  try {
-    sum_squares();
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    if (what.find(kNonFiniteGradientMessage) == std::string::npos) throw;
-    throw Error(what + non_finite_gradient_advice(clip));
-  }
-}
 
 class SumOfSquares {
  public:

@@ -128,25 +128,4 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
 // set; with ranks as threads there is nothing to do (don't call it).
 void share_rank_results(RankContext& ctx, std::vector<RankResult>& results);
 
-// Declare one in a stage right after the buffers its collectives use (so it
-// is destroyed before them). If the rank is leaving by an exception, it
-// aborts the group and waits until no collective touches any buffer, so the
-// buffers this rank is about to free cannot be written by another rank's
-// collective still in flight.
-class RankFailureGuard {
- public:
-  explicit RankFailureGuard(Communicator& comm)
-      : comm_(comm), uncaught_(std::uncaught_exceptions()) {}
-  ~RankFailureGuard() {
-    if (std::uncaught_exceptions() > uncaught_)
-      comm_.abort("rank " + std::to_string(comm_.rank()) + " failed (its error is reported by the launcher)");
-  }
-  RankFailureGuard(const RankFailureGuard&) = delete;
-  RankFailureGuard& operator=(const RankFailureGuard&) = delete;
-
- private:
-  Communicator& comm_;
-  int uncaught_;
-};
-
 }  // namespace zf

@@ -5,12 +5,14 @@
 #include <cstdio>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "blas.h"
 #include "check.h"
 #include "checkpoint.h"
+#include "gradnorm.h"
 #include "output_paths.h"
 #include "stop_request.h"
 #include "trace.h"
@@ -18,6 +20,19 @@
 namespace zf {
 
 namespace {
+
+// What to try for a run whose --clip is `clip` (0: off), after a gradient
+// that is not finite.
+std::string non_finite_gradient_advice(float clip) {
+  std::ostringstream m;
+  if (clip > 0.0f)
+    m << "; clipping is on (--clip " << clip << "), so lower --lr";
+  else
+    m << "; clipping is off (--clip 0): turn it on (--clip 1.0) or lower --lr";
+  m << " (files given to --init or --resume are refused when read if they hold inf or NaN, so this run's "
+       "steps made it)";
+  return m.str();
+}
 
 // After a stop on a signal: where the run stopped, what was saved, how to go on.
 void report_stop(const RunResult& run) {
@@ -92,14 +107,22 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   // --trace: every rank's schedule, against one clock for the process (trace.h).
   const auto origin = std::chrono::steady_clock::now();
   std::vector<std::string> trace_events(size_t(world.size));
-  run_ranks(opt, [&](RankContext& ctx) {
-    auto body = [&](RankContext& c) { return stage(run.cfg, c, data, reporter); };
-    run.ranks[ctx.rank] = cfg.trace.empty() ? body(ctx)
-                                            : run_traced_rank(ctx, origin, layout, body, &trace_events[ctx.rank]);
-    if (world.multi_process()) share_rank_results(ctx, run.ranks);  // rank 0's tables list all
-    if (world.multi_process() && !cfg.trace.empty())
-      trace_events = gather_trace_events(ctx.comm, ctx.dev, trace_events[ctx.rank]);
-  });
+  // A gradient that is not finite is found inside a sum, which does not know
+  // the run's flags: what to try is added here, with the run's --clip.
+  try {
+    run_ranks(opt, [&](RankContext& ctx) {
+      auto body = [&](RankContext& c) { return stage(run.cfg, c, data, reporter); };
+      run.ranks[ctx.rank] = cfg.trace.empty() ? body(ctx)
+                                              : run_traced_rank(ctx, origin, layout, body, &trace_events[ctx.rank]);
+      if (world.multi_process()) share_rank_results(ctx, run.ranks);  // rank 0's tables list all
+      if (world.multi_process() && !cfg.trace.empty())
+        trace_events = gather_trace_events(ctx.comm, ctx.dev, trace_events[ctx.rank]);
+    });
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    if (what.find(kNonFiniteGradientMessage) == std::string::npos) throw;
+    throw Error(what + non_finite_gradient_advice(cfg.clip));
+  }
   if (!cfg.trace.empty() && world.prints()) {
     const std::string problem = write_trace(trace_events, cfg);
     if (!problem.empty()) run.not_written.push_back(problem);
@@ -117,6 +140,7 @@ int exit_status(const RunResult& run) {
 }
 
 int stage_main(int argc, char** argv, const StageInfo& info, const StageFn& stage) {
+  blas_select_kernels(argc, argv);  // first: it may load the program again (blas.h)
   // Under a launcher every process parses the same flags and gets the same
   // signal: what they would all say alike, rank 0 alone says.
   LauncherInfo launcher;

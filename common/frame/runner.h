@@ -30,7 +30,8 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage);
 // 128 + the signal it stopped on, else 4 if an output was not written, else 0.
 int exit_status(const RunResult& run);
 
-// main() of a stage executable: flags, stop handlers, run, tables, exit code
+// main() of a stage executable: the BLAS's kernels (blas.h), flags, stop
+// handlers, run, tables, exit code
 // (0 ok, 2 usage error, 3 out of memory, 4 an output not written, 128 + N
 // stopped by signal N, 1 any other failure).
 int stage_main(int argc, char** argv, const StageInfo& info, const StageFn& stage);

@@ -12,7 +12,7 @@ namespace zf {
 
 TrainingRun::TrainingRun(const TrainConfig& cfg, const ModelLayout& layout, RankContext& ctx, StepLog& log,
                          ModelStates& states)
-    : cfg_(cfg), layout_(layout), ctx_(ctx), log_(log), states_(states) {
+    : guard_(ctx.comm), cfg_(cfg), layout_(layout), ctx_(ctx), log_(log), states_(states) {
   const InitialState init(cfg, layout, ctx);  // lives only while the states are filled
   result_.first_step = init.first_step();
   states.load(init);

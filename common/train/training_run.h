@@ -2,7 +2,8 @@
 // loop, so that a stage's train_* function is its loop:
 //
 //   Zero1States states(...);                  the stage's model states (a ModelStates)
-//   TrainingRun run(cfg, layout, ctx, log, states);   load them, --save-init
+//   TrainingRun run(cfg, layout, ctx, log, states);   load them, --save-init; a
+//                                             failing rank now stops the group (comm.h)
 //   for (int step = run.first_step(); run.keep_going(step); ++step) {
 //     ...                                     the stage's step
 //     run.end_step(step, loss, grad_norm, ms);  record, report, --save when due
@@ -75,6 +76,7 @@ class TrainingRun {
   void save(int steps_done);
   int vote_to_stop();
 
+  RankFailureGuard guard_;  // first: a failure anywhere in the run stops the group before anything is freed
   const TrainConfig& cfg_;
   const ModelLayout& layout_;
   RankContext& ctx_;
