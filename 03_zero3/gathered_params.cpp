@@ -1,4 +1,4 @@
-// gathered_params.cpp: all-gather on demand, release after use.
+// gathered_params.cpp: unshard (all-gather) on demand, reshard (free) after use.
 #include "gathered_params.h"
 
 #include "check.h"
@@ -13,26 +13,26 @@ void* GatheredParams::piece(int u) {
   return static_cast<char*>(pieces_.data()) + shards_.units[u].shard_offset * dtype_size(dtype_);
 }
 
-void GatheredParams::gather(int u) {
+void GatheredParams::unshard(int u) {
   if (buffers_.count(u)) return;
   const UnitShard& us = shards_.units[u];
-  Gathered g{Tensor(mem_, Place::device, Category::comm, dtype_, us.padded()), {}};
+  Gathered g{Tensor(mem_, Place::device, Category::gathered, dtype_, us.padded()), {}};
   g.handle = comm_.all_gather_async(piece(u), g.full.data(), us.shard, dtype_);
   buffers_.emplace(u, std::move(g));
 }
 
-const void* GatheredParams::get(int u) {
+const void* GatheredParams::wait_for_unshard(int u) {
   auto it = buffers_.find(u);
-  REQUIRE(it != buffers_.end(), "unit " << u << " was not gathered");
+  REQUIRE(it != buffers_.end(), "unit " << u << " was not unsharded");
   it->second.handle.wait();
   return it->second.full.data();
 }
 
-void GatheredParams::release(int u) {
+void GatheredParams::reshard(int u) {
   auto it = buffers_.find(u);
-  REQUIRE(it != buffers_.end(), "unit " << u << " was not gathered");
+  REQUIRE(it != buffers_.end(), "unit " << u << " was not unsharded");
   it->second.handle.wait();  // never free a buffer a collective may still write
-  buffers_.erase(it);        // the tracker's comm bytes drop here
+  buffers_.erase(it);        // the tracker's gathered bytes drop here
 }
 
 }  // namespace zf

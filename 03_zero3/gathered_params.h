@@ -2,11 +2,12 @@
 // while a unit computes.
 //
 // Each rank keeps its piece of every unit's parameters (pieces(), S_u
-// elements per unit, category params). gather(u) starts an all_gather of
-// unit u into a temporary buffer (category comm); get(u) waits for it and
-// returns the unit's full parameters; release(u) frees the buffer. The
-// stage prefetches: it starts gathering the next unit before computing this
-// one, so at most two units are gathered at any moment.
+// elements per unit, category params). In FSDP2's words: unshard(u) starts
+// an all_gather of unit u into a temporary buffer (category gathered);
+// wait_for_unshard(u) waits for it and returns the unit's full parameters;
+// reshard(u) frees the buffer. The stage prefetches: it unshards the next
+// unit before computing this one, so at most two units are gathered at any
+// moment.
 #pragma once
 
 #include <map>
@@ -21,9 +22,9 @@ class GatheredParams {
  public:
   GatheredParams(const ShardLayout& shards, DType dtype, MemoryTracker& mem, Communicator& comm);
 
-  void gather(int u);       // start gathering unit u (no-op if already gathered or in flight)
-  const void* get(int u);   // wait for unit u; its N * S_u elements, the first n_u the unit's
-  void release(int u);      // free unit u's buffer
+  void unshard(int u);                  // start gathering unit u (no-op if already gathered or in flight)
+  const void* wait_for_unshard(int u);  // wait for unit u; its N * S_u elements, the first n_u the unit's
+  void reshard(int u);                  // free unit u's buffer
   int gathered() const { return int(buffers_.size()); }
 
   void* piece(int u);       // my piece of unit u's parameters (S_u elements)

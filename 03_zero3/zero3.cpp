@@ -1,9 +1,9 @@
 // zero3.cpp: stage 03. The loop of stage 02 with the parameters sharded:
 //
 //   for each micro-step k:
-//     forward:  gather(u+1) in flight | wait gather(u), forward u, release u     (new)
-//     backward: gather(u-1) in flight | wait gather(u), backward u into a
-//               temporary gradient, release u; reduce-scatter the gradient
+//     forward:  unshard(u+1) in flight | wait for unshard(u), forward u, reshard(u)   (new)
+//     backward: unshard(u-1) in flight | wait for unshard(u), backward u into a
+//               temporary gradient, reshard(u); reduce-scatter the gradient
 //               into my piece (stage 02's path)
 //   clip, AdamW on my piece          the updated piece IS my parameters: no all_gather
 #include "zero3.h"
@@ -28,7 +28,7 @@ struct Zero3States final : ModelStates {
   Communicator& comm;
   Device& dev;
   DType dt;                // the recipe's dtype of parameters and gradients (fp32 or bf16)
-  GatheredParams params;   // new: my parameter pieces (and gathered units)  category params (comm)
+  GatheredParams params;   // new: my parameter pieces (and gathered units)  category params (gathered)
   ShardedGradients grads;  // stage 02's                                     category grads (comm)
   ShardedAdamW opt;        // stage 01's                                     category optimizer
 
@@ -71,20 +71,20 @@ RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData
     for (int k = 0; k < K; ++k) {
       rc->load(step, k);
       float loss = 0.0f;
-      states.params.gather(0);
+      states.params.unshard(0);
       for (int u = 0; u < U; ++u) {
-        if (u + 1 < U) states.params.gather(u + 1);  // new: prefetch the next unit while this one computes
-        rc->forward(u, states.params.get(u), &loss);
-        states.params.release(u);
+        if (u + 1 < U) states.params.unshard(u + 1);  // new: prefetch the next unit while this one computes
+        rc->forward(u, states.params.wait_for_unshard(u), &loss);
+        states.params.reshard(u);
       }
       loss_sum += loss;
 
       // Backward, last unit first.
-      states.params.gather(U - 1);
+      states.params.unshard(U - 1);
       for (int u = U - 1; u >= 0; --u) {
-        if (u > 0) states.params.gather(u - 1);  // new: prefetch, backwards
-        rc->backward(u, states.params.get(u), states.grads.begin_unit(u));
-        states.params.release(u);
+        if (u > 0) states.params.unshard(u - 1);  // new: prefetch, backwards
+        rc->backward(u, states.params.wait_for_unshard(u), states.grads.begin_unit(u));
+        states.params.reshard(u);
         states.grads.reduce_unit(u);
       }
       states.grads.finish();

@@ -56,7 +56,7 @@ bool FlatParams::prefetch(int g) {
   return true;
 }
 
-const void* FlatParams::get(int g) {
+const void* FlatParams::wait_for_unshard(int g) {
   auto it = buffers_.find(g);
   REQUIRE(it != buffers_.end(), "unit " << g << " was not unsharded");
   it->second.handle.wait();

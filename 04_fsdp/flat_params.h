@@ -21,7 +21,7 @@
 //                released (FSDP1's limit_all_gathers, without blocking: one
 //                thread issues and computes here). So --prefetch D reaches
 //                at most M - 1 units ahead: raise M (or 0) for a deeper one
-//   get(g)       waits for unit g's all-gather; its full parameters
+//   wait_for_unshard(g)  waits for unit g's all-gather; its full parameters
 //   reshard(g)   frees unit g's gathered buffer
 //
 // Units kept for the backward (`kept`: the head always, as FSDP2 keeps the
@@ -53,7 +53,7 @@ class FlatParams {
 
   void unshard(int g);
   bool prefetch(int g);
-  const void* get(int g);
+  const void* wait_for_unshard(int g);
   void reshard(int g);
 
   bool kept(int g) const { return !reshard_after_forward_ || g == last_; }

@@ -92,7 +92,7 @@ float fsdp_forward(FlatParams& params, const FsdpUnits& units, RankCompute& rc, 
   for (int g = 0; g < units.size(); ++g) {
     params.unshard(g);
     for (int d = 1; d <= D && g + d < units.size(); ++d) params.prefetch(g + d);  // before this unit computes
-    const void* full = params.get(g);
+    const void* full = params.wait_for_unshard(g);
     for (int u : units.members[g]) rc.forward(u, member(full, units, u, esize), &loss);
     if (!params.kept(g)) params.reshard(g);
   }
@@ -105,7 +105,7 @@ void fsdp_backward(FlatParams& params, FlatGrads& grads, const FsdpUnits& units,
   for (int g = units.size() - 1; g >= 0; --g) {
     params.unshard(g);
     for (int d = 1; d <= D && g - d >= 0; ++d) params.prefetch(g - d);  // FSDP's BACKWARD_PRE, reverse order
-    const void* full = params.get(g);
+    const void* full = params.wait_for_unshard(g);
     char* grad = static_cast<char*>(grads.begin_unit(g));
     const auto& m = units.members[g];
     for (auto it = m.rbegin(); it != m.rend(); ++it)

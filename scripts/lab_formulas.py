@@ -106,12 +106,11 @@ def zero2_comm_peak(model, N, precision):
     return DTYPE_BYTES[precision] * max(a + c for a, c in zip(g, g[1:]))
 
 
-def zero3_comm_peak(model, N, precision):
-    """Stage 03's peak comm bytes, during unit u's backward: u and u-1
-    gathered, u's gradient computed, u+1's being reduced."""
+def zero3_gathered_peak(model, N, precision):
+    """Stage 03's peak gathered bytes: the unit computing and the one
+    prefetched, two neighbouring units' full parameters."""
     g = [N * piece(n, N) for n in model_units(model)]
-    at = lambda i: g[i] if 0 <= i < len(g) else 0  # noqa: E731
-    return DTYPE_BYTES[precision] * max(at(u - 1) + 2 * at(u) + at(u + 1) for u in range(len(g)))
+    return DTYPE_BYTES[precision] * max(a + c for a, c in zip(g, g[1:]))
 
 
 def fsdp_sizes(model, N, wrap_blocks=1):

@@ -200,15 +200,15 @@ class Zero1(Lab):
     keys = pick(*ZERO_PREDICT)
     look = "ShardedAdamW in 01_zero1/sharded_adamw.h: its m, v and master hold shard_total elements"
     comm_look = "the reduce_scatter_async after each unit's backward and the all_gather_async after the update"
-    peak = None             # (what, formula of (model, N, precision), where to look): the comm peak
+    # (what, formula of (model, N, precision), the memory category, where to look): its peaks
+    peaks = ()
 
     def properties(self, checks, runs, cfg, opts):
         r, m, N, p, K = runs["main"], cfg["model"], cfg["ranks"], cfg["precision"], cfg["grad_accum"]
         memory(checks, r, F.zero_memory(self.number - 1, m, N, p), self.look)
         collectives(checks, r, F.zero_comm(self.number - 1, m, N, p, K), self.comm_look)
-        if self.peak:
-            what, formula, look = self.peak
-            each_rank(checks, r, what, formula(m, N, p), lambda mm, c: mm["device"]["comm"]["peak"], look)
+        for what, formula, category, look in self.peaks:
+            each_rank(checks, r, what, formula(m, N, p), lambda mm, c, cat=category: mm["device"][cat]["peak"], look)
         self.parity(checks, runs, cfg)
 
     def parity(self, checks, runs, cfg):
@@ -221,8 +221,8 @@ class Zero2(Zero1):
     keys = pick(*ZERO_PREDICT, extra={"comm_peak": "02_zero2/README.md: two neighbouring units' full gradients"})
     look = "ShardedGradients in 02_zero2/sharded_grads.h: only my pieces stay (category grads)"
     comm_look = "reduce_unit on every micro-step (02_zero2/zero2.cpp), one all_gather after the update"
-    peak = ("peak comm bytes (two units' full gradients)", F.zero2_comm_peak,
-            "begin_unit/complete_oldest in 02_zero2/sharded_grads.cpp")
+    peaks = (("peak comm bytes (two units' full gradients)", F.zero2_comm_peak, "comm",
+              "begin_unit/complete_oldest in 02_zero2/sharded_grads.cpp"),)
 
     def runs(self, cfg, opts):
         k1 = ["--model", cfg["model"], "--ranks", str(cfg["ranks"]), "--precision", cfg["precision"],
@@ -241,12 +241,14 @@ class Zero2(Zero1):
 class Zero3(Zero2):
     number, name, title, stage, test = 4, "zero3", "stage 03, ZeRO-3", "03_zero3/zero3", "zero3"
     defaults = dict(model="tiny", ranks=4, precision="fp32", grad_accum=1)
-    keys = pick(*ZERO_PREDICT, extra={"comm_peak": "03_zero3/README.md: units u-1 and u gathered, "
-                                                   "u's gradient and u+1's"})
+    keys = pick(*ZERO_PREDICT, extra={"gathered_peak": "03_zero3/README.md: the unit computing and the "
+                                                       "one prefetched"})
     look = "GatheredParams in 03_zero3/gathered_params.h: only my pieces of the parameters stay"
-    comm_look = "gather(u) before the forward and again before the backward (03_zero3/zero3.cpp)"
-    peak = ("peak comm bytes (two gathered units, two gradients)", F.zero3_comm_peak,
-            "kZero3MaxGatheredUnits and release(u) before gather(u+2) in 03_zero3/zero3.cpp")
+    comm_look = "unshard(u) before the forward and again before the backward (03_zero3/zero3.cpp)"
+    peaks = (("peak gathered bytes (two units' full parameters)", F.zero3_gathered_peak, "gathered",
+              "kZero3MaxGatheredUnits and reshard(u) before unshard(u+2) in 03_zero3/zero3.cpp"),
+             ("peak comm bytes (two units' full gradients, as in stage 02)", F.zero2_comm_peak, "comm",
+              "stage 02's ShardedGradients (02_zero2/sharded_grads.cpp)"))
 
 
 FSDP_KEYS = pick(*ZERO_PREDICT, extra={"gathered_peak": "04_fsdp/README.md, Memory of the gathered parameters"})

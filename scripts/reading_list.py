@@ -73,8 +73,8 @@ READING = [
     ("Stage 03: ZeRO-3, the parameters sharded too (what is new)", "03_zero3/CHANGES.diff", [
         ("03_zero3/zero3.h", "what changes against stage 02, the memory and the communication"),
         ("03_zero3/gathered_params.h", "parameters whole only while a unit computes"),
-        ("03_zero3/gathered_params.cpp", "gather, get, release"),
-        ("03_zero3/zero3.cpp", "the loop: gather the next unit while this one computes"),
+        ("03_zero3/gathered_params.cpp", "unshard, wait_for_unshard, reshard"),
+        ("03_zero3/zero3.cpp", "the loop: unshard the next unit while this one computes"),
         ("03_zero3/train.cpp", "main()"),
     ], ["tests/stages/test_zero3.cpp"]),
     ("Stage 04: FSDP, ZeRO-3 with FSDP's units and knobs (what is new)", "04_fsdp/CHANGES.diff", [
@@ -82,7 +82,7 @@ READING = [
         ("04_fsdp/flat_units.h", "the wrap policy: K blocks per flat parameter"),
         ("04_fsdp/flat_units.cpp", "the FSDP units as a layout of their own"),
         ("04_fsdp/flat_params.h", "float32 shards, cast and gathered; prefetch, the limit, the kept head"),
-        ("04_fsdp/flat_params.cpp", "unshard, prefetch, get, reshard"),
+        ("04_fsdp/flat_params.cpp", "unshard, prefetch, wait_for_unshard, reshard"),
         ("04_fsdp/flat_grads.h", "reduce-scatter in the reduce dtype into float32 shards; --no-sync"),
         ("04_fsdp/flat_grads.cpp", "one reduce-scatter in flight, float32 accumulation"),
         ("04_fsdp/fsdp.cpp", "the loop: unshard, prefetch, compute, reshard, reduce-scatter"),

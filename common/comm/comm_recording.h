@@ -40,7 +40,8 @@
 // never go back within a rank), which the timeline of --trace draws
 // (frame/trace.h). With a MemoryTracker (RecordOptions::mem) each event
 // also samples the rank's device bytes of every category at that moment
-// (comm_bytes(): the gathered parameters and gradient buckets of ZeRO-2/3).
+// (comm_bytes(): the gradient buffers of ZeRO-2/3 and FSDP;
+// gathered_bytes(): the unsharded units of ZeRO-3 and FSDP).
 //
 // delay: each collective's completion is held back by this long after the
 // backend finished it, one collective after the other like a slow link, so
@@ -95,6 +96,7 @@ struct ScheduleEvent {
   // Device bytes of each Category at the event (all 0 without a tracker).
   std::array<size_t, kNumCategories> device_bytes{};
   size_t comm_bytes() const { return device_bytes[int(Category::comm)]; }
+  size_t gathered_bytes() const { return device_bytes[int(Category::gathered)]; }
 
   bool is_collective() const { return kind == issued || kind == completed || kind == waited; }
 };

@@ -181,6 +181,14 @@ StageEstimate estimate_stage(Stage stage, const TrainConfig& cfg) {
   if (!is_fsdp_family(stage)) {
     StageEstimate est = estimate_from_sizes(stage, cfg, padded_sizes(layout, cfg.ranks), 0, 0);
     est.activations = activation_bytes(cfg.model, cfg.batch, cfg.compute, cfg.attention, cfg.recompute);
+    if (stage == Stage::zero3) {  // stage 04's schedule at one unit of prefetch, no limit, nothing kept
+      std::vector<double> padded;
+      for (const UnitLayout& u : layout.units) padded.push_back(std::ceil(double(u.numel) / cfg.ranks) * cfg.ranks);
+      FsdpOptions one_ahead;
+      one_ahead.prefetch = 1, one_ahead.max_gathered = 0, one_ahead.reshard_after_forward = true;
+      if (const std::optional<double> peak = gathered_peak(padded, one_ahead))
+        est.gathered = double(dtype_size(storage_dtype(cfg.precision))) * *peak;
+    }
     return est;
   }
   const int G = shard_ranks(cfg);

@@ -37,10 +37,10 @@ struct StageEstimate {
   ModelStateBytes states;   // params, grads, optimizer on the device and the host
   StateBytes disk;          // stage 05 with --offload-dir: the files' bytes
   std::optional<double> activations;  // device bytes of category activations; none without a shape
-  // Stages 04-05: the peak of category gathered (units all-gathered whole),
-  // from the schedule of --prefetch, --max-gathered and resharding; none in
-  // stages 00-03 (stage 03's gathered units are comm buffers), without a
-  // shape, or for a prefetch deeper than the model's units less one.
+  // Stages 03-05: the peak of category gathered (units all-gathered whole),
+  // from the schedule of --prefetch, --max-gathered and resharding (stage
+  // 03: two units, the one computing and the next); none in stages 00-02,
+  // without a shape, or for a prefetch deeper than the model's units less one.
   std::optional<double> gathered;
   double device_total() const { return states.device.total() + activations.value_or(0) + gathered.value_or(0); }
   std::array<double, kNumCollectives> comm{};  // ring-model bytes sent per optimizer step, by collective

@@ -10,8 +10,8 @@
 //   - communication: per micro-step a reduce-scatter and two all-gathers of
 //     the padded model (1.5 times stage 00's bytes), and the norm's all-reduce;
 //   - schedule: each unit gathered one unit ahead in the forward and the
-//     backward, the reduce-scatters overlapping the backward, the comm peak
-//     the README's (Zero3Schedule);
+//     backward, the reduce-scatters overlapping the backward, the gathered
+//     and comm peaks the README's (Zero3Schedule);
 //   - the gradient's value against a double-precision reference;
 //   - checkpoints: resume bit for bit, --save-every, saving uncounted.
 //
@@ -68,38 +68,37 @@ TEST(Zero3Memory, ModelStatesMatchSpecFormulas) { test::expect_model_states_matc
 
 TEST(Zero3Memory, PeakBelowZero2) { test::expect_peak_below(train_zero2, "02 zero2", train_zero3, "03 zero3"); }
 
-// ZeRO-3's temporary buffers (category comm), from zero3.cpp,
-// sharded_grads.cpp and gathered_params.cpp. G is the largest padded unit
-// (N * S_u elements):
-//   - gradients (ShardedGradients, as in ZeRO-2): the unit whose backward
-//     runs has a full buffer (G); the unit whose backward finished just
-//     before is still being reduce-scattered, in place, in its full buffer
-//     (G). In reduce_unit(u) two units are in flight for a moment before the
-//     older one completes: at most 2G.
-//   - gathered parameters: while unit u computes, the next one is
-//     prefetched: kZero3MaxGatheredUnits = 2 units, 2G.
-//   comm peak <= kZero3MaxGatheredUnits * G + 2G   (dtype bytes each)
-// Measured with ZF_TEST_PRINT=1: small at N = 4 reaches 4G exactly.
-size_t zero3_comm_bound(const test::Sizes& s, Precision p) {
+// ZeRO-3's temporary buffers, from zero3.cpp, sharded_grads.cpp and
+// gathered_params.cpp. G is the largest padded unit (N * S_u elements):
+//   - gathered parameters (category gathered): while unit u computes, the
+//     next one is prefetched: kZero3MaxGatheredUnits = 2 units, 2G.
+//   - gradients (category comm, ShardedGradients as in ZeRO-2): the unit
+//     whose backward runs has a full buffer (G); the unit whose backward
+//     finished just before is still being reduce-scattered, in place, in its
+//     full buffer (G). In reduce_unit(u) two units are in flight for a
+//     moment before the older one completes: at most 2G.
+size_t zero3_buffers_bound(const test::Sizes& s, Precision p) {
   return (kZero3MaxGatheredUnits * s.max_padded_unit + 2 * s.max_padded_unit) * test::esize(p);
 }
 
-TEST(Zero3Memory, CommBuffersAreBounded) {
+TEST(Zero3Memory, GatheredAndCommBuffersAreBounded) {
   test::for_each_comm_buffer_case(train_zero3, [](const test::Sizes& s, const TrainConfig& cfg, const RunResult& run) {
-    const Precision p = cfg.precision;
-    const size_t e = test::esize(p);
+    const size_t e = test::esize(cfg.precision), G = s.max_padded_unit;
     for (const auto& r : run.ranks) {
-      const size_t peak = r.memory.pk(Place::device, Category::comm);
-      EXPECT_LE(peak, zero3_comm_bound(s, p));
+      const size_t gathered = r.memory.pk(Place::device, Category::gathered);
+      const size_t comm = r.memory.pk(Place::device, Category::comm);
+      EXPECT_LE(gathered, kZero3MaxGatheredUnits * G * e);
+      EXPECT_LE(comm, 2 * G * e);
       // And the prefetch really overlaps: units 0 and 1 gathered at once in
       // the forward; in the head's backward, the head and the block before
-      // it gathered and the head's gradient buffer.
+      // it gathered, and the head's gradient buffer.
       const auto& g = s.unit_padded;
       const size_t U = g.size();
-      EXPECT_GE(peak, std::max(g[0] + g[1], 2 * g[U - 1] + g[U - 2]) * e);
+      EXPECT_GE(gathered, std::max(g[0] + g[1], g[U - 1] + g[U - 2]) * e);
+      EXPECT_GE(comm, g[U - 1] * e);
       if (test::print_measures())
-        std::printf("zero3 comm peak %s N=%d %s: %zu bytes, bound %zu, 4G = %zu\n", cfg.model.name.c_str(),
-                    cfg.ranks, precision_name(p), peak, zero3_comm_bound(s, p), 4 * s.max_padded_unit * e);
+        std::printf("zero3 buffer peaks %s N=%d %s: gathered %zu, comm %zu bytes; 2G = %zu\n",
+                    cfg.model.name.c_str(), cfg.ranks, precision_name(cfg.precision), gathered, comm, 2 * G * e);
     }
   });
 }
@@ -122,7 +121,7 @@ TEST(Zero3Budget, FitsWhereDataParallelDoesNot) {
     };
     // Upper bounds of what each stage needs at its peak.
     const size_t need00 = states(Stage::dp) + other;
-    const size_t need03 = states(Stage::zero3) + other + zero3_comm_bound(s, p);
+    const size_t need03 = states(Stage::zero3) + other + zero3_buffers_bound(s, p);
     ASSERT_LT(need03, need00) << "no budget separates the stages on this configuration";
     const size_t budget = (need03 + need00) / 2;
     cfg.device_mem = budget;
@@ -171,9 +170,9 @@ TEST_P(Zero3Schedule, LogIsConsistent) { test::expect_consistent_log(run()); }
 // On every micro-step, unit u+1's all-gather is issued before unit u's
 // forward begins and waited for only after it has ended; unit u-1's before
 // unit u's backward begins, likewise; the gradients go as in stage 02. At
-// most two units are gathered at any compute: the comm bytes at each forward
-// are units u and u+1's parameters, at each backward units u-1 and u's
-// parameters plus unit u's and u+1's gradient buffers.
+// most two units are gathered at any compute: the gathered bytes at each
+// forward are units u and u+1's parameters, at each backward units u-1 and
+// u's, and the comm bytes unit u's and u+1's gradient buffers.
 TEST_P(Zero3Schedule, PrefetchesOneUnitAhead) {
   const int K = GetParam().K;
   const test::Units us = units();
@@ -211,7 +210,8 @@ TEST_P(Zero3Schedule, PrefetchesOneUnitAhead) {
           EXPECT_GT(fwd(u + 1).first_wait(), fe) << "unit " << u + 1 << "'s gather is waited for during unit "
                                                  << u << "'s forward";
         }
-        EXPECT_EQ(s.events()[fb].comm_bytes(), us.b * (us.pad(u) + us.pad(u + 1))) << "forward of unit " << u;
+        EXPECT_EQ(s.events()[fb].gathered_bytes(), us.b * (us.pad(u) + us.pad(u + 1))) << "forward of unit " << u;
+        EXPECT_EQ(s.events()[fb].comm_bytes(), 0u) << "forward of unit " << u;
       }
       for (int u = U - 1; u >= 0; --u) {
         const uint64_t bb = s.at(Ev::backward_begin, u, w), be = s.at(Ev::backward_end, u, w);
@@ -222,12 +222,13 @@ TEST_P(Zero3Schedule, PrefetchesOneUnitAhead) {
           EXPECT_GT(bwd(u - 1).first_wait(), be) << "unit " << u - 1 << "'s gather is waited for during unit "
                                                  << u << "'s backward";
         }
-        EXPECT_EQ(s.events()[bb].comm_bytes(), us.b * (us.pad(u - 1) + 2 * us.pad(u) + us.pad(u + 1)))
-            << "backward of unit " << u;
+        EXPECT_EQ(s.events()[bb].gathered_bytes(), us.b * (us.pad(u - 1) + us.pad(u))) << "backward of unit " << u;
+        EXPECT_EQ(s.events()[bb].comm_bytes(), us.b * (us.pad(u) + us.pad(u + 1))) << "backward of unit " << u;
       }
       test::expect_overlaps_backward(s, w, grads, us);
       // Nothing is left gathered or being reduced between micro-steps.
       EXPECT_EQ(s.events()[w.begin].comm_bytes(), 0u);
+      EXPECT_EQ(s.events()[w.begin].gathered_bytes(), 0u);
       // No all-gather after the update: the loss and the norm only (and,
       // after the last step, the final gather of the model for its hash).
       if (k + 1 == K) {
@@ -253,19 +254,20 @@ TEST_P(Zero3Schedule, CollectiveCountsPerStep) {
                                  /*final_gather=*/true);
 }
 
-// The peak of category comm, exactly the README's bound: two gathered units
-// (the one computing and the one prefetched) and stage 02's two gradient
-// buffers, at a backward: unit u-1's and u's parameters, u's and u+1's
-// gradients, max over u of (N·S_{u-1} + 2·N·S_u + N·S_{u+1})·b. Four times
-// the largest unit only when that unit has as large neighbours on both
-// sides (small: h.1, h.2); tiny's two blocks sit beside the embedding and
-// the head.
-TEST_P(Zero3Schedule, CommPeakIsTheReadmeBound) {
+// The peaks, exactly the README's: category gathered, the unit computing
+// and the one prefetched, max over u of (N·S_u + N·S_{u+1})·b; category
+// comm, stage 02's two gradient buffers, the same sum. Nothing is left in
+// either after a run.
+TEST_P(Zero3Schedule, BufferPeaksAreTheReadmeBounds) {
   const test::Units us = units();
-  size_t bound = 0;
-  for (int u = 0; u < us.U; ++u)
-    bound = std::max(bound, us.b * (us.pad(u - 1) + 2 * us.pad(u) + us.pad(u + 1)));
-  test::expect_comm_peak(run(), bound);
+  size_t pair = 0;
+  for (int u = 0; u < us.U; ++u) pair = std::max(pair, us.b * (us.pad(u) + us.pad(u + 1)));
+  test::expect_comm_peak(run(), pair);
+  for (size_t r = 0; r < run().run.ranks.size(); ++r) {
+    const MemoryCounts& m = run().run.ranks[r].memory;
+    EXPECT_EQ(m.pk(Place::device, Category::gathered), pair) << "rank " << r;
+    EXPECT_EQ(m.cur(Place::device, Category::gathered), 0u) << "rank " << r;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, Zero3Schedule, ::testing::ValuesIn(test::schedule_cases()), test::schedule_case_name);
