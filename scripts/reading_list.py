@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""reading_list.py: what a reader of each stage reads, in order, with the
-line count of every file. Standard library only.
+"""reading_list.py: what a reader of each stage reads, in order. Standard
+library only.
 
     python3 scripts/reading_list.py           # print the tables (markdown)
     python3 scripts/reading_list.py --write   # refresh them in docs/ARCHITECTURE.md
@@ -8,9 +8,9 @@ line count of every file. Standard library only.
 
 READING below is the list: for stage 00 the stage's files and the common/
 files its lesson needs, in the order the loop meets them; for each later
-stage only what is new. Line counts are counted here (as `wc -l` does), so
-after a change to any listed file, --write brings the document up to date.
-A listed file that does not exist is an error naming it: fix READING.
+stage only what is new. The tables hold no line counts, so an edit of a
+listed file leaves them current; adding, moving or removing one needs
+--write. A listed file that does not exist is an error naming it: fix READING.
 
 In docs/ARCHITECTURE.md the tables stand between the two marker lines
 BEGIN and END below; --write replaces what is between them and nothing else.
@@ -109,48 +109,33 @@ READING = [
 ]
 
 
-def lines_of(rel):
-    path = os.path.join(ROOT, rel)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(rel)
-    with open(path, "rb") as f:
-        return f.read().count(b"\n")
-
-
 def link(rel):
     return f"[{rel}](../{rel})"  # relative to docs/
 
 
 def tables():
-    out, missing = [], []
-
-    def count(rel):
-        try:
-            return lines_of(rel)
-        except FileNotFoundError:
-            missing.append(rel)
-            return 0
-
-    for title, diff, files, further in READING:
-        counts = [count(f) for f, _ in files]
-        out.append(f"**{title}**: {len(files)} files, {sum(counts)} lines")
-        out.append("")
-        if diff:
-            out.append(f"In one view: {link(diff)} ({count(diff)} lines), this stage's files against "
-                       "the stage before's, the loop against the loop; or file by file:")
-            out.append("")
-        out.append("| # | file | lines | what to look for |")
-        out.append("|---:|---|---:|---|")
-        for i, ((f, what), n) in enumerate(zip(files, counts), 1):
-            out.append(f"| {i} | {link(f)} | {n} | {what} |")
-        if further:
-            out.append("")
-            out.append("Further, for the details: " +
-                       ", ".join(f"{link(f)} ({count(f)})" for f in further) + ".")
-        out.append("")
+    out = []
+    missing = [rel for _, diff, files, further in READING
+               for rel in ([diff] if diff else []) + [f for f, _ in files] + further
+               if not os.path.isfile(os.path.join(ROOT, rel))]
     if missing:
         sys.exit("reading_list: listed but missing: " + ", ".join(missing) +
                  " (update READING in scripts/reading_list.py)")
+    for title, diff, files, further in READING:
+        out.append(f"**{title}**: {len(files)} files")
+        out.append("")
+        if diff:
+            out.append(f"In one view: {link(diff)}, this stage's files against "
+                       "the stage before's, the loop against the loop; or file by file:")
+            out.append("")
+        out.append("| # | file | what to look for |")
+        out.append("|---:|---|---|")
+        for i, (f, what) in enumerate(files, 1):
+            out.append(f"| {i} | {link(f)} | {what} |")
+        if further:
+            out.append("")
+            out.append("Further, for the details: " + ", ".join(link(f) for f in further) + ".")
+        out.append("")
     return "\n".join(out).rstrip("\n") + "\n"
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 # test_docs.py: the documents point at what exists. Every relative link of
 # every markdown file resolves (scripts/check_links.py), and every file that
-# docs/ARCHITECTURE.md's reading lists name exists, with the line counts
-# the document gives (scripts/reading_list.py; `python3
+# docs/ARCHITECTURE.md's reading lists name exists, and the lists are
+# the ones scripts/reading_list.py writes (`python3
 # scripts/reading_list.py --write` refreshes them). Also tests the link
 # checker on a scratch folder. Needs no built target. Standard library only.
 #
@@ -34,7 +34,7 @@ class RepositoryDocsTest(unittest.TestCase):
                    if not os.path.isfile(os.path.join(ROOT, f))]
         self.assertEqual(missing, [], "listed in scripts/reading_list.py but missing")
 
-    def test_the_reading_lists_line_counts_are_current(self):
+    def test_the_reading_lists_are_current(self):
         with open(os.path.join(ROOT, reading_list.DOC), encoding="utf-8") as f:
             text = f.read()
         self.assertEqual(reading_list.with_tables(text, reading_list.tables()), text,
