@@ -18,7 +18,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <optional>
 
@@ -94,15 +93,11 @@ struct OffloadStates final : ModelStates {
     ctx.comm.barrier();
   }
 
-  // --optimizer-threads, or the cores left to each rank of this host: the
-  // ranks of this process (threads), or under a launcher the ranks it says
-  // share this host.
+  // --optimizer-threads, or the cores left to each rank of this host (all
+  // ranks, where the launcher does not say how many share it).
   static int optimizer_threads(const TrainConfig& cfg, const RankContext& ctx) {
     if (cfg.offload.optimizer_threads > 0) return cfg.offload.optimizer_threads;
-    int local = ctx.world;
-    for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS"})
-      if (const char* e = std::getenv(v)) local = std::max(1, std::atoi(e));
-    return default_optimizer_threads(local);
+    return default_optimizer_threads(ctx.host_ranks > 0 ? ctx.host_ranks : ctx.world);
   }
 
   static DType reduce_dtype(const TrainConfig& cfg) {
@@ -190,9 +185,6 @@ RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenDa
 
   OffloadStates::prepare_dir(cfg, shards, ctx);
   OffloadStates states(units, shards, cfg, ctx, comms);
-  if (ctx.rank == 0 && !cfg.quiet)
-    std::printf("CPU AdamW: %s per rank%s\n", states.host->optimizer_description().c_str(),
-                cfg.offload.delay_update ? ", one step delayed from the second step on" : "");
   auto rc = make_rank_compute(cfg, layout, ctx, data);
   TrainingRun run(cfg, units.flat, ctx, reporter, states);  // the initial model, or --resume's checkpoint
   comms.count_in(run);

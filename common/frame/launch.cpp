@@ -303,7 +303,7 @@ void run_mpi_process_rank(const LaunchOptions& opt, const World& world,
     // a GPU: signals stop at a step boundary on the CPU device only, until
     // the GPU path has been run (docs/GPU.md).
     if (!dev->is_cuda()) control = make_mpi_communicator(opt.comm_timeout_s);
-    RankContext ctx{r, N, nccl ? *nccl : *comm, mem, *dev, control.get()};
+    RankContext ctx{r, N, nccl ? *nccl : *comm, mem, *dev, control.get(), mpi_local_size()};
     fn(ctx);
   } catch (...) {
     const std::exception_ptr e = std::current_exception();
@@ -354,7 +354,7 @@ void run_env_process_rank(const LaunchOptions& opt, const World& world,
                                          nccl_options(opt.comm_timeout_s));
   comm->set_compute_stream(static_cast<cudaStream_t>(dev->native_stream()));
   try {
-    RankContext ctx{r, N, *comm, mem, *dev};
+    RankContext ctx{r, N, *comm, mem, *dev, nullptr, std::max(0, world.local_size)};
     fn(ctx);
   } catch (...) {
     const std::exception_ptr e = std::current_exception();
@@ -534,7 +534,7 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
       dev->make_current();
       MemoryTracker mem(r, opt.device_budget);
       mem.set_device(dev.get());
-      RankContext ctx{r, N, *comm, mem, *dev, control.get()};
+      RankContext ctx{r, N, *comm, mem, *dev, control.get(), N};
       if (all_started) fn(ctx);
     } catch (...) {
       Failure f{r, std::current_exception(), "", false};

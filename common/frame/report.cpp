@@ -176,6 +176,9 @@ void StepReporter::summary(const RunResult& run) {
   std::printf("\nmedian step %.2f ms, %.0f tokens/s; final parameters hash %s\n", med,
               med > 0 ? tokens_per_step(cfg_) / (med / 1000.0) : 0.0,
               run.ranks.empty() ? "-" : hash_hex(run.ranks[0].param_hash).c_str());
+  if (!run.ranks.empty() && !run.ranks[0].host_optimizer.empty())
+    std::printf("CPU AdamW: %s per rank%s\n", run.ranks[0].host_optimizer.c_str(),
+                cfg_.offload.delay_update ? ", one step delayed from the second step on" : "");
 }
 
 void print_memory_table(const RunResult& run, std::FILE* out) {

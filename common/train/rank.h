@@ -22,6 +22,9 @@ struct RankContext {
   // training's traffic nor in its schedule. Null in a context made by hand
   // (tests): its ranks then never stop early.
   Communicator* control = nullptr;
+  // The job's ranks on this host, which share its cores (threads: all of
+  // them); 0 where the launcher does not say.
+  int host_ranks = 0;
 };
 
 }  // namespace zf
