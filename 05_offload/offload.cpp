@@ -37,6 +37,24 @@ namespace zf {
 
 namespace {
 
+// Wall-clock phases of a step, accumulated as it runs. The copies to the
+// host overlap the backward and are waited for at its end: "bwd" holds them.
+// A delayed step's "cpu adamw" is the worker's time for the update that ran
+// during the step, off the rank's path; "adamw wait" the rank's wait for it.
+struct Phases {
+  double forward = 0, backward = 0, optimizer = 0, to_device = 0, update_wait = 0;
+  bool delayed = false;
+  StepPhases finish(double step_ms) const {
+    const double path = forward + backward + (delayed ? update_wait : optimizer) + to_device;
+    const double rest = step_ms - path;
+    StepPhases p = {{"fwd", forward}, {"bwd", backward}, {"cpu adamw", optimizer}};
+    if (delayed) p.emplace_back("adamw wait", update_wait);
+    p.emplace_back("h2d", to_device);
+    p.emplace_back("wait", rest > 0 ? rest : 0.0);
+    return p;
+  }
+};
+
 // The model states of one rank: stage 04's, on the host, and the device's copy of the parameters.
 struct OffloadStates final : ModelStates {
   const FsdpUnits& units;
@@ -154,22 +172,52 @@ struct OffloadStates final : ModelStates {
     for (int g = 0; g < units.size(); ++g) uploads[g] = params.upload(g);
     for (Transfer& u : uploads) u.wait();
   }
-};
 
-// Wall-clock phases of a step, accumulated as it runs. A delayed step's
-// "cpu adamw" is the worker's time for the update that ran during the step,
-// off the rank's path; "adamw wait" the rank's wait for it.
-struct Phases {
-  double forward = 0, backward = 0, to_host = 0, optimizer = 0, to_device = 0, update_wait = 0;
-  bool delayed = false;
-  StepPhases finish(double step_ms) const {
-    const double path = forward + backward + to_host + (delayed ? update_wait : optimizer) + to_device;
-    const double rest = step_ms - path;
-    StepPhases p = {{"fwd", forward}, {"bwd", backward}, {"d2h", to_host}, {"cpu adamw", optimizer}};
-    if (delayed) p.emplace_back("adamw wait", update_wait);
-    p.emplace_back("h2d", to_device);
-    p.emplace_back("wait", rest > 0 ? rest : 0.0);
-    return p;
+  // This step's update, now: CPU AdamW unit by unit, each unit's upload
+  // overlapping the next one's update (moments on disk: one stream over the
+  // shard first, then the uploads); the step waits for the uploads.
+  void update_now(long t, float scale, Phases& ph) {
+    const int G = units.size(), b = host_grads.current();
+    std::vector<Transfer> uploads(G);
+    if (disk) {
+      Timer cpu;
+      update_all(b, t, scale);
+      ph.optimizer += cpu.ms();
+    }
+    for (int g = 0; g < G; ++g) {
+      Timer cpu;
+      if (!disk) update(g, b, t, scale);
+      ph.optimizer += cpu.ms();
+      uploads[g] = params.upload(g);
+    }
+    Timer h2d;
+    for (Transfer& u : uploads) u.wait();
+    ph.to_device += h2d.ms();
+    host_grads.zero();
+  }
+
+  // --delay-update, from the second step on: the previous step's update is
+  // this step's parameters; this one's runs on the worker meanwhile. The
+  // last step's update is waited for within it, so the run ends with it.
+  void update_delayed(long t, float scale, bool last, Phases& ph) {
+    ph.delayed = true;
+    Timer wait;
+    pending.finish();
+    ph.update_wait = wait.ms();
+    if (pending.take(&ph.optimizer)) {
+      Timer h2d;
+      upload_all();
+      ph.to_device = h2d.ms();
+    }
+    const int filled = host_grads.flip();
+    pending.launch([this, filled, t, scale] {
+      update_all(filled, t, scale);
+      host_grads.zero(filled);  // for the step after next
+    });
+    if (last) {
+      pending.finish();
+      if (pending.take(nullptr)) upload_all();
+    }
   }
 };
 
@@ -181,7 +229,7 @@ RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenDa
   const FsdpUnits units = wrap_blocks(layout, opt.wrap_blocks);
   FsdpComms comms(ctx.comm, opt.shard_group > 0 ? opt.shard_group : ctx.world);
   const ShardLayout shards = make_shard_layout(units.flat, comms.group->size(), comms.group->rank());
-  const int K = cfg.grad_accum, G = units.size(), D = opt.prefetch;
+  const int K = cfg.grad_accum, D = opt.prefetch;
 
   OffloadStates::prepare_dir(cfg, shards, ctx);
   OffloadStates states(units, shards, cfg, ctx, comms);
@@ -207,45 +255,10 @@ RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenDa
     const float loss = global_mean_loss(ctx.comm, ctx.dev, loss_sum, K);
 
     const GradClip clip = states.clip(cfg.clip);
-    if (!cfg.offload.delay_update || step == run.first_step()) {
-      std::vector<Transfer> uploads(G);
-      const int b = states.host_grads.current();
-      if (states.disk) {  // one stream over the shard, then the copies
-        Timer cpu;
-        states.update_all(b, step + 1, clip.scale);
-        t.optimizer += cpu.ms();
-      }
-      for (int g = 0; g < G; ++g) {
-        Timer cpu;
-        if (!states.disk) states.update(g, b, step + 1, clip.scale);
-        t.optimizer += cpu.ms();
-        uploads[g] = states.params.upload(g);  // overlaps the next unit's update
-      }
-      Timer h2d;
-      for (Transfer& u : uploads) u.wait();
-      t.to_device += h2d.ms();
-      states.host_grads.zero();
-    } else {
-      // The previous step's update is the next step's parameters; this one's runs meanwhile.
-      t.delayed = true;
-      Timer wait;
-      states.pending.finish();
-      t.update_wait = wait.ms();
-      if (states.pending.take(&t.optimizer)) {
-        Timer h2d;
-        states.upload_all();
-        t.to_device = h2d.ms();
-      }
-      const int filled = states.host_grads.flip();
-      states.pending.launch([&states, filled, adam_step = step + 1L, scale = clip.scale] {
-        states.update_all(filled, adam_step, scale);
-        states.host_grads.zero(filled);  // for the step after next
-      });
-      if (step + 1 == cfg.steps) {  // the last update is the device's too, within the step that made it
-        states.pending.finish();
-        if (states.pending.take(nullptr)) states.upload_all();
-      }
-    }
+    if (!cfg.offload.delay_update || step == run.first_step())
+      states.update_now(step + 1, clip.scale, t);
+    else
+      states.update_delayed(step + 1, clip.scale, step + 1 == cfg.steps, t);
     const double ms = timer.ms();
     run.end_step(step, loss, clip.norm, ms, t.finish(ms));  // a checkpoint waits for the update
   }
