@@ -5,25 +5,19 @@
 
 namespace zf {
 
-FlatGrads::FlatGrads(const ShardLayout& shards, DType grad_dtype, DType reduce_dtype, bool no_sync,
-                     MemoryTracker& mem, Device& dev, Communicator& comm, Communicator* replicate, GradSink* sink)
-    : layout_(shards), grad_dtype_(grad_dtype), reduce_dtype_(reduce_dtype), no_sync_(no_sync), mem_(mem),
-      dev_(dev), comm_(comm), replicate_(replicate), sink_(sink) {
-  if (!sink_) shards_ = Tensor(mem, Place::device, Category::grads, DType::f32, shards.shard_total);
+FlatReducer::FlatReducer(const ShardLayout& shards, DType grad_dtype, DType reduce_dtype, bool no_sync,
+                         MemoryTracker& mem, Device& dev, Communicator& comm, Communicator* replicate)
+    : layout_(shards), reduce_dtype_(reduce_dtype), mem_(mem), dev_(dev), grad_dtype_(grad_dtype),
+      no_sync_(no_sync), comm_(comm), replicate_(replicate) {
   if (no_sync_)
     for (const auto& us : shards.units) kept_.emplace_back(mem, Place::device, Category::grads, grad_dtype_, us.padded());
 }
 
-float* FlatGrads::shard(int g) {
-  REQUIRE(!sink_, "the gradient shards went to the sink");
-  return shards_.as<float>() + layout_.units[g].shard_offset;
-}
-
-void* FlatGrads::slot_of_mine(void* full, DType dt, int g) const {
+void* FlatReducer::slot_of_mine(void* full, DType dt, int g) const {
   return static_cast<char*>(full) + size_t(layout_.rank) * layout_.units[g].shard * dtype_size(dt);
 }
 
-void* FlatGrads::begin_unit(int g) {
+void* FlatReducer::begin_unit(int g) {
   if (no_sync_) return kept_[g].data();
   REQUIRE(computing_unit_ < 0, "begin_unit(" << g << ") while unit " << computing_unit_ << " is not reduced");
   computing_ = Tensor(mem_, Place::device, Category::comm, grad_dtype_, layout_.units[g].padded());  // zeroed
@@ -31,8 +25,8 @@ void* FlatGrads::begin_unit(int g) {
   return computing_.data();
 }
 
-void FlatGrads::reduce_unit(int g, bool sync) {
-  InFlight f{g, {}, {}, nullptr, {}, {}};
+void FlatReducer::reduce_unit(int g, bool sync) {
+  Reduced f{g, {}, {}, nullptr, {}};
   if (no_sync_) {
     if (!sync) return;  // keep adding into it
     f.reduced = kept_[g].data();
@@ -56,20 +50,38 @@ void FlatGrads::reduce_unit(int g, bool sync) {
   while (inflight_.size() > 1) complete_oldest();
 }
 
-void FlatGrads::complete_oldest() {
-  InFlight& f = inflight_.front();
-  f.handle.wait();
-  const UnitShard& us = layout_.units[f.unit];
-  void* mine = slot_of_mine(f.reduced, reduce_dtype_, f.unit);
+void FlatReducer::complete_oldest() {
+  // Waited for while still held here: a wait that throws leaves the buffer
+  // to the destructor, after the group is aborted, never to a collective.
+  Reduced& oldest = inflight_.front();
+  oldest.handle.wait();
+  void* mine = slot_of_mine(oldest.reduced, reduce_dtype_, oldest.unit);
   // Hybrid sharding: my piece is summed over my group; sum it across the groups.
-  if (replicate_) replicate_->all_reduce_async(mine, us.shard, reduce_dtype_, ReduceOp::sum).wait();
-  if (sink_) {  // off to the sink; the buffer is kept until the piece has left it
-    f.copy = sink_->send(f.unit, mine, reduce_dtype_, us.shard);
-    landing_.push_back(std::move(f));
-    inflight_.pop_front();
-    while (landing_.size() > 1) land_oldest();
-    return;
-  }
+  if (replicate_)
+    replicate_->all_reduce_async(mine, layout_.units[oldest.unit].shard, reduce_dtype_, ReduceOp::sum).wait();
+  Reduced f = std::move(oldest);
+  inflight_.pop_front();
+  reduced(std::move(f), mine);
+}
+
+void FlatReducer::zero_kept(int g) {
+  if (no_sync_) dev_.zero(kept_[g].data(), kept_[g].bytes());
+}
+
+void FlatReducer::finish() {
+  while (!inflight_.empty()) complete_oldest();
+  drained();
+}
+
+FlatGrads::FlatGrads(const ShardLayout& shards, DType grad_dtype, DType reduce_dtype, bool no_sync,
+                     MemoryTracker& mem, Device& dev, Communicator& comm, Communicator* replicate)
+    : FlatReducer(shards, grad_dtype, reduce_dtype, no_sync, mem, dev, comm, replicate),
+      shards_(mem, Place::device, Category::grads, DType::f32, shards.shard_total) {}
+
+float* FlatGrads::shard(int g) { return shards_.as<float>() + layout_.units[g].shard_offset; }
+
+void FlatGrads::reduced(Reduced f, void* mine) {
+  const UnitShard& us = layout_.units[f.unit];
   if (reduce_dtype_ == DType::f32) {
     dev_.add(shard(f.unit), mine, DType::f32, us.shard);
   } else {  // widening is exact, and x + 0 = x: at K = 1 the shard holds the reduced bf16 values exactly
@@ -77,25 +89,9 @@ void FlatGrads::complete_oldest() {
     dev_.widen(static_cast<const bf16*>(mine), piece.as<float>(), us.shard);
     dev_.add(shard(f.unit), piece.data(), DType::f32, us.shard);
   }
-  if (no_sync_) dev_.zero(kept_[f.unit].data(), kept_[f.unit].bytes());
-  inflight_.pop_front();  // frees the full gradient (a kept one is zeroed above): the tracker's comm bytes drop here
-}
+  zero_kept(f.unit);
+}  // f goes: the full gradient is freed (a kept one was zeroed): the tracker's comm bytes drop here
 
-void FlatGrads::land_oldest() {
-  InFlight& f = landing_.front();
-  f.copy.wait();
-  sink_->landed(f.unit);
-  if (no_sync_) dev_.zero(kept_[f.unit].data(), kept_[f.unit].bytes());
-  landing_.pop_front();
-}
-
-void FlatGrads::finish() {
-  while (!inflight_.empty()) complete_oldest();
-  while (!landing_.empty()) land_oldest();
-}
-
-void FlatGrads::zero() {
-  if (!sink_) dev_.zero(shards_.data(), shards_.bytes());
-}
+void FlatGrads::zero() { dev_.zero(shards_.data(), shards_.bytes()); }
 
 }  // namespace zf

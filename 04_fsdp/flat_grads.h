@@ -32,24 +32,13 @@
 
 namespace zf {
 
-// Where the reduced pieces go instead of this class's float32 device shards
-// (stage 05: to the host, whose shards AdamW reads there).
-class GradSink {
+// FlatReducer: the buffers and the reduce-scatters, and what is done with
+// my reduced piece left to the class below it (reduced()).
+class FlatReducer {
  public:
-  virtual ~GradSink() = default;
-  // Unit g's reduced piece: n elements of dtype in device memory, kept
-  // until the Transfer returned has completed. Start moving it.
-  virtual Transfer send(int g, const void* piece, DType dtype, size_t n) = 0;
-  // The transfer of send(g) has completed: take the piece in.
-  virtual void landed(int g) = 0;
-};
-
-class FlatGrads {
- public:
-  // sink: nullptr (the float32 shards are on the device, here), or where
-  // the pieces go; then shard() has nothing to give.
-  FlatGrads(const ShardLayout& shards, DType grad_dtype, DType reduce_dtype, bool no_sync, MemoryTracker& mem,
-            Device& dev, Communicator& comm, Communicator* replicate, GradSink* sink = nullptr);
+  FlatReducer(const ShardLayout& shards, DType grad_dtype, DType reduce_dtype, bool no_sync, MemoryTracker& mem,
+              Device& dev, Communicator& comm, Communicator* replicate);
+  virtual ~FlatReducer() = default;
 
   // Where unit g's backward adds its full gradient (N * S_g elements; the first n_g are the unit's).
   void* begin_unit(int g);
@@ -58,39 +47,58 @@ class FlatGrads {
   void reduce_unit(int g, bool sync);
   // Waits for every reduce-scatter still in flight (end of a backward).
   void finish();
-
-  float* shard(int g);  // my accumulated float32 gradient piece of unit g (S_g elements)
-  void zero();          // after the optimizer step
   uint64_t reduce_scatters() const { return reduce_scatters_; }
 
- private:
-  struct InFlight {
+ protected:
+  struct Reduced {
     int unit;
-    Tensor owned;     // the full buffer, when it is not one kept by --no-sync
-    Tensor widened;   // --reduce-dtype fp32 under bf16: the float32 copy that is reduced
-    void* reduced;    // the buffer reduce-scattered in place
+    Tensor owned;    // the full buffer, when it is not one kept by --no-sync
+    Tensor widened;  // --reduce-dtype fp32 under bf16: the float32 copy that is reduced
+    void* reduced;   // the buffer reduce-scattered in place
     CommHandle handle;
-    Transfer copy;    // with a sink: my piece on its way
   };
-  void complete_oldest();
-  void land_oldest();
-  void* slot_of_mine(void* full, DType dt, int g) const;
+  // Unit g's reduction is complete: my piece, S_g elements of the reduce
+  // dtype at `mine`, inside f's buffer, which is freed when f goes.
+  virtual void reduced(Reduced f, void* mine) = 0;
+  // The end of finish(), every reduction handed to reduced().
+  virtual void drained() {}
+  // --no-sync: unit g's kept gradient is read; zero it for the next step.
+  void zero_kept(int g);
 
   const ShardLayout& layout_;
-  DType grad_dtype_, reduce_dtype_;
-  bool no_sync_;
+  DType reduce_dtype_;
   MemoryTracker& mem_;
   Device& dev_;
+
+ private:
+  void complete_oldest();
+  void* slot_of_mine(void* full, DType dt, int g) const;
+
+  DType grad_dtype_;
+  bool no_sync_;
   Communicator& comm_;
   Communicator* replicate_;
-  GradSink* sink_;
-  Tensor shards_;              // shard_total float32 elements (category grads), without a sink
   std::vector<Tensor> kept_;   // --no-sync: every unit's full gradient (category grads)
   Tensor computing_;           // the unit whose backward is running (without --no-sync)
   int computing_unit_ = -1;
-  std::deque<InFlight> inflight_;
-  std::deque<InFlight> landing_;  // with a sink: reduced, my piece being sent (at most one waits here)
+  std::deque<Reduced> inflight_;
   uint64_t reduce_scatters_ = 0;
+};
+
+// Stage 04's: my piece added into my float32 gradient shard on the device,
+// which AdamW reads.
+class FlatGrads final : public FlatReducer {
+ public:
+  FlatGrads(const ShardLayout& shards, DType grad_dtype, DType reduce_dtype, bool no_sync, MemoryTracker& mem,
+            Device& dev, Communicator& comm, Communicator* replicate);
+
+  float* shard(int g);  // my accumulated float32 gradient piece of unit g (S_g elements)
+  void zero();          // after the optimizer step
+
+ private:
+  void reduced(Reduced f, void* mine) override;
+
+  Tensor shards_;  // shard_total float32 elements (category grads)
 };
 
 }  // namespace zf

@@ -6,12 +6,15 @@
 namespace zf {
 
 FlatParams::FlatParams(const ShardLayout& shards, DType gather_dtype, const FsdpOptions& opt, int last,
-                       MemoryTracker& mem, Device& dev, Communicator& comm, std::optional<Place> shard_place,
-                       bool pin_shards)
+                       MemoryTracker& mem, Device& dev, Communicator& comm)
+    : FlatParams(shards, gather_dtype, opt, last, mem, dev, comm,
+                 Tensor(mem, Place::device, Category::params, DType::f32, shards.shard_total)) {}
+
+FlatParams::FlatParams(const ShardLayout& shards, DType gather_dtype, const FsdpOptions& opt, int last,
+                       MemoryTracker& mem, Device& dev, Communicator& comm, Tensor float32_shards)
     : layout_(shards), dtype_(gather_dtype), reshard_after_forward_(opt.reshard_after_forward),
-      max_gathered_(opt.max_gathered), last_(last), mem_(mem), dev_(dev), comm_(comm) {
-  if (shard_place) shards_ = Tensor(mem, *shard_place, Category::params, DType::f32, shards.shard_total, pin_shards);
-}
+      max_gathered_(opt.max_gathered), last_(last), mem_(mem), dev_(dev), comm_(comm),
+      shards_(std::move(float32_shards)) {}
 
 float* FlatParams::shard(int g) {
   REQUIRE(!shards_.empty() || layout_.shard_total == 0, "the float32 shards are not kept here");

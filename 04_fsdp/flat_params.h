@@ -30,7 +30,6 @@
 #pragma once
 
 #include <map>
-#include <optional>
 
 #include "comm.h"
 #include "config.h"
@@ -42,13 +41,10 @@ namespace zf {
 
 class FlatParams {
  public:
-  // gather_dtype: the recipe's parameter dtype. last: the head's unit.
-  // shard_place: where the float32 shards live (the device; stage 05 keeps
-  // them on the host, pinned when its copies read them, or in files, when
-  // this class holds none: nullopt), and overrides send_buffer.
+  // gather_dtype: the recipe's parameter dtype. last: the head's unit. The
+  // float32 shards are on the device.
   FlatParams(const ShardLayout& shards, DType gather_dtype, const FsdpOptions& opt, int last,
-             MemoryTracker& mem, Device& dev, Communicator& comm,
-             std::optional<Place> shard_place = Place::device, bool pin_shards = false);
+             MemoryTracker& mem, Device& dev, Communicator& comm);
   virtual ~FlatParams() = default;
 
   void unshard(int g);
@@ -70,6 +66,11 @@ class FlatParams {
     Tensor cast;    // bf16: my piece cast, the all-gather's input, freed once it is done
     CommHandle handle;
   };
+  // The float32 shards given (shard_total elements wherever they live, or
+  // none): for a class that keeps them elsewhere and so sends otherwise.
+  FlatParams(const ShardLayout& shards, DType gather_dtype, const FsdpOptions& opt, int last,
+             MemoryTracker& mem, Device& dev, Communicator& comm, Tensor float32_shards);
+
   // My piece of unit g in the gather dtype, on the device: the all-gather's
   // input (here: the float32 shard itself, or its cast into b.cast).
   virtual const void* send_buffer(int g, Gathered& b);

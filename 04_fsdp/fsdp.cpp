@@ -99,7 +99,7 @@ float fsdp_forward(FlatParams& params, const FsdpUnits& units, RankCompute& rc, 
   return loss;
 }
 
-void fsdp_backward(FlatParams& params, FlatGrads& grads, const FsdpUnits& units, RankCompute& rc, size_t esize,
+void fsdp_backward(FlatParams& params, FlatReducer& grads, const FsdpUnits& units, RankCompute& rc, size_t esize,
                    int D, bool sync) {
   // Last unit first; the head (and, without resharding, every unit) is still gathered.
   for (int g = units.size() - 1; g >= 0; --g) {

@@ -52,7 +52,7 @@ float fsdp_forward(FlatParams& params, const FsdpUnits& units, RankCompute& rc, 
 // Its backward, last unit first: unshard, prefetch D behind, compute into
 // the unit's full gradient, reshard, reduce-scatter (when sync) and, at the
 // end, wait for every reduction still in flight.
-void fsdp_backward(FlatParams& params, FlatGrads& grads, const FsdpUnits& units, RankCompute& rc, size_t esize,
+void fsdp_backward(FlatParams& params, FlatReducer& grads, const FsdpUnits& units, RankCompute& rc, size_t esize,
                    int D, bool sync);
 
 RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepReporter& reporter);

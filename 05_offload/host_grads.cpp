@@ -15,9 +15,10 @@ size_t largest_shard(const ShardLayout& shards) {
 }
 }  // namespace
 
-HostGrads::HostGrads(const ShardLayout& shards, DType reduce_dtype, MemoryTracker& mem, Device& dev, bool pin,
+HostGrads::HostGrads(const ShardLayout& shards, DType grad_dtype, DType reduce_dtype, bool no_sync,
+                     MemoryTracker& mem, Device& dev, Communicator& comm, Communicator* replicate, bool pin,
                      int buffers)
-    : layout_(shards), dtype_(reduce_dtype), dev_(dev), slot_of_(shards.units.size(), -1) {
+    : FlatReducer(shards, grad_dtype, reduce_dtype, no_sync, mem, dev, comm, replicate) {
   REQUIRE(buffers == 1 || buffers == 2, "HostGrads keeps 1 or 2 gradient buffers, not " << buffers);
   for (int b = 0; b < buffers; ++b)
     shards_.emplace_back(mem, Place::host, Category::grads, DType::f32, shards.shard_total);
@@ -34,29 +35,36 @@ int HostGrads::flip() {
   return filled;
 }
 
-Transfer HostGrads::send(int g, const void* piece, DType dtype, size_t n) {
-  REQUIRE(dtype == dtype_ && n == layout_.units[g].shard, "unit " << g << "'s piece is not what HostGrads expects");
-  // FlatGrads lands a piece before it sends the second after it: two buffers suffice.
+void HostGrads::reduced(Reduced f, void* mine) {
+  // A piece lands before the second after it is sent: two buffers suffice.
   const int slot = next_;
   next_ = 1 - next_;
-  slot_of_[g] = slot;
-  return dev_.to_host_async(landing_[slot].data(), piece, n * dtype_size(dtype));
+  const size_t n = layout_.units[f.unit].shard;
+  Transfer copy = dev_.to_host_async(landing_[slot].data(), mine, n * dtype_size(reduce_dtype_));
+  copies_.push_back(Landing{std::move(f), slot, std::move(copy)});
+  while (copies_.size() > 1) land_oldest();
 }
 
-void HostGrads::landed(int g) {
-  const int slot = slot_of_[g];
-  REQUIRE(slot >= 0, "unit " << g << " landed without being sent");
-  slot_of_[g] = -1;
+void HostGrads::land_oldest() {
+  Landing& l = copies_.front();
+  l.copy.wait();
+  const int g = l.f.unit;
   float* dst = shard(g);
   const size_t n = layout_.units[g].shard;
   // The arithmetic of stage 04's device shard, on the host: x + widen(piece).
-  if (dtype_ == DType::f32) {
-    const float* src = landing_[slot].as<float>();
+  if (reduce_dtype_ == DType::f32) {
+    const float* src = landing_[l.slot].as<float>();
     for (size_t i = 0; i < n; ++i) dst[i] += src[i];
   } else {
-    const bf16* src = landing_[slot].as<bf16>();
+    const bf16* src = landing_[l.slot].as<bf16>();
     for (size_t i = 0; i < n; ++i) dst[i] += bf16_to_float(src[i]);
   }
+  zero_kept(g);
+  copies_.pop_front();  // the reduced buffer is freed here
+}
+
+void HostGrads::drained() {
+  while (!copies_.empty()) land_oldest();
 }
 
 void HostGrads::zero(int buffer) {

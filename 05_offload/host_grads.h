@@ -1,35 +1,34 @@
 // host_grads.h: the float32 gradient shards on the host (ZeRO-Offload), fed
 // by stage 04's reduce-scatters through device->host copies.
 //
-// Stage 04's FlatGrads reduce-scatters each unit's gradient on the device,
-// and hands my reduced piece to this sink instead of adding it into a device
-// shard: send() copies it device->host asynchronously into one of two
-// landing buffers (pinned: the copy engine writes them), while the next
-// unit's backward runs; landed() adds it (widened, under --reduce-dtype
-// bf16) into my float32 gradient shard on the host, which the CPU AdamW
-// reads. The device keeps no gradient shard at all: the full gradient of
-// the unit computing and the one being reduced, as in stage 04, and nothing
-// once a step's backward is done.
+// Stage 04's FlatReducer reduce-scatters each unit's gradient on the device;
+// this class takes my reduced piece instead of adding it into a device
+// shard, as stage 04's FlatGrads does: it copies the piece device->host
+// asynchronously into one of two landing buffers (pinned: the copy engine
+// writes them), while the next unit's backward runs, and when the copy has
+// landed adds it (widened, under --reduce-dtype bf16) into my float32
+// gradient shard on the host, which the CPU AdamW reads. A reduced buffer is
+// held until its piece has left it: one unit longer than in stage 04. The
+// device keeps no gradient shard at all, and nothing once a step's backward
+// is done.
 //
 // With --delay-update there are two float32 shards (4S more on the host):
 // the CPU update of one step reads the gradients it was given while the
 // next step's pieces land in the other (flip()).
 #pragma once
 
+#include <deque>
 #include <vector>
 
 #include "flat_grads.h"
 
 namespace zf {
 
-class HostGrads final : public GradSink {
+class HostGrads final : public FlatReducer {
  public:
-  // buffers: 1, or 2 for --delay-update (see above).
-  HostGrads(const ShardLayout& shards, DType reduce_dtype, MemoryTracker& mem, Device& dev, bool pin,
-            int buffers = 1);
-
-  Transfer send(int g, const void* piece, DType dtype, size_t n) override;
-  void landed(int g) override;
+  // buffers: 1, or 2 for --delay-update (see above). pin: page-locked landing buffers.
+  HostGrads(const ShardLayout& shards, DType grad_dtype, DType reduce_dtype, bool no_sync, MemoryTracker& mem,
+            Device& dev, Communicator& comm, Communicator* replicate, bool pin, int buffers = 1);
 
   // My accumulated float32 gradient piece of unit g, on the host (S_g
   // elements): in the buffer the pieces land in now, or in `buffer`.
@@ -43,14 +42,20 @@ class HostGrads final : public GradSink {
   int current() const { return current_; }
 
  private:
-  const ShardLayout& layout_;
-  DType dtype_;
-  Device& dev_;
+  struct Landing {
+    Reduced f;      // its buffer, held until the copy has read it
+    int slot;       // the landing buffer it goes to
+    Transfer copy;
+  };
+  void reduced(Reduced f, void* mine) override;
+  void drained() override;
+  void land_oldest();
+
   std::vector<Tensor> shards_;  // shard_total float32 each, 1 or 2 (host, grads)
   int current_ = 0;             // the buffer the pieces land in
   Tensor landing_[2];          // the largest S_g of the reduce dtype each (host, comm)
-  std::vector<int> slot_of_;   // unit -> the landing buffer its piece is in
-  int next_ = 0;
+  int next_ = 0;               // the landing buffer the next piece goes to
+  std::deque<Landing> copies_;  // at most one waits here while the next is reduced
 };
 
 }  // namespace zf

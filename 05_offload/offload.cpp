@@ -63,8 +63,7 @@ struct OffloadStates final : ModelStates {
   Precision precision;
   std::unique_ptr<Device> host;  // the CPU, computing on host memory (AdamW on --optimizer-threads)
   OffloadParams params;  // new: float32 shards on the host; the device's copy    category params (host, device)
-  HostGrads host_grads;  // new: float32 gradient shards on the host (2: delay)  category grads (host)
-  FlatGrads grads;       // stage 04's reduce-scatters, into host_grads           category comm
+  HostGrads grads;       // new: stage 04's reductions, into host float32 shards  category grads (host), comm
   // AdamW on the host: stage 01's with its moments in host memory, or with
   // them in files under --offload-dir.                                         category optimizer (host)
   std::optional<ShardedAdamW> opt;
@@ -78,10 +77,8 @@ struct OffloadStates final : ModelStates {
         host(make_cpu_device(optimizer_threads(cfg, ctx))),
         params(shards, storage_dtype(cfg.precision), cfg.fsdp, units.last(), ctx.mem, ctx.dev, *host, *comms.group,
                cfg.offload.offload_params, !cfg.offload.no_pin, cfg.offload.delay_update, master_on_disk(cfg)),
-        host_grads(shards, reduce_dtype(cfg), ctx.mem, ctx.dev, !cfg.offload.no_pin,
-                   cfg.offload.delay_update ? 2 : 1),
         grads(shards, storage_dtype(cfg.precision), reduce_dtype(cfg), cfg.fsdp.no_sync, ctx.mem, ctx.dev,
-              *comms.reduce_queue, comms.across.get(), &host_grads),
+              *comms.reduce_queue, comms.across.get(), !cfg.offload.no_pin, cfg.offload.delay_update ? 2 : 1),
         comm_dev(ctx.dev) {
     // The float32 shard is its own master: AdamW as in the fp32 recipe.
     if (cfg.offload.offload_dir.empty())
@@ -143,13 +140,13 @@ struct OffloadStates final : ModelStates {
 
   // The norm of the step's gradient over my group's pieces, on the host.
   GradClip clip(float max_norm) {
-    return clip_scale(shards, *host, comm_dev, comm, [&](int g) { return host_grads.shard(g); }, DType::f32,
+    return clip_scale(shards, *host, comm_dev, comm, [&](int g) { return grads.shard(g); }, DType::f32,
                       max_norm);
   }
   // CPU AdamW on unit g's float32 shard with the gradients of `buffer`, and
   // its rounding into the bf16 copy the device receives (moments in memory).
   void update(int g, int buffer, long t, float scale) {
-    opt->update(g, host_grads.shard(g, buffer), params.shard(g), t, scale, bf16_copy(g));
+    opt->update(g, grads.shard(g, buffer), params.shard(g), t, scale, bf16_copy(g));
   }
   // Every unit: unit by unit, or one stream over the shard when the
   // moments are on disk. With --delay-update this runs on the worker: it
@@ -161,7 +158,7 @@ struct OffloadStates final : ModelStates {
       for (int g = 0; g < units.size(); ++g) update(g, buffer, t, scale);
       return;
     }
-    disk->update(params.shards_on_disk() ? nullptr : params.shard(0), host_grads.shard(0, buffer), bf16_copy(0), t,
+    disk->update(params.shards_on_disk() ? nullptr : params.shard(0), grads.shard(0, buffer), bf16_copy(0), t,
                  scale);
   }
   // Where unit g's update is rounded to: the bf16 copy (nullptr in fp32, where the float32 shard is the copy).
@@ -177,7 +174,7 @@ struct OffloadStates final : ModelStates {
   // overlapping the next one's update (moments on disk: one stream over the
   // shard first, then the uploads); the step waits for the uploads.
   void update_now(long t, float scale, Phases& ph) {
-    const int G = units.size(), b = host_grads.current();
+    const int G = units.size(), b = grads.current();
     std::vector<Transfer> uploads(G);
     if (disk) {
       Timer cpu;
@@ -193,7 +190,7 @@ struct OffloadStates final : ModelStates {
     Timer h2d;
     for (Transfer& u : uploads) u.wait();
     ph.to_device += h2d.ms();
-    host_grads.zero();
+    grads.zero();
   }
 
   // --delay-update, from the second step on: the previous step's update is
@@ -209,10 +206,10 @@ struct OffloadStates final : ModelStates {
       upload_all();
       ph.to_device = h2d.ms();
     }
-    const int filled = host_grads.flip();
+    const int filled = grads.flip();
     pending.launch([this, filled, t, scale] {
       update_all(filled, t, scale);
-      host_grads.zero(filled);  // for the step after next
+      grads.zero(filled);  // for the step after next
     });
     if (last) {
       pending.finish();

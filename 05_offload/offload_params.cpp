@@ -10,8 +10,12 @@ namespace zf {
 OffloadParams::OffloadParams(const ShardLayout& shards, DType gather_dtype, const FsdpOptions& opt, int last,
                              MemoryTracker& mem, Device& dev, Device& host, Communicator& comm, bool offload_params,
                              bool pin, bool delay_update, bool shards_on_disk)
+    // The float32 shards on the host (pinned in fp32, where the copies read
+    // them), or none when they are in files.
     : FlatParams(shards, gather_dtype, opt, last, mem, dev, comm,
-                 shards_on_disk ? std::nullopt : std::optional<Place>(Place::host), pin && gather_dtype == DType::f32),
+                 shards_on_disk ? Tensor()
+                                : Tensor(mem, Place::host, Category::params, DType::f32, shards.shard_total,
+                                         pin && gather_dtype == DType::f32)),
       host_(host), offload_params_(offload_params), shards_on_disk_(shards_on_disk) {
   REQUIRE(!shards_on_disk || gather_dtype != DType::f32, "the float32 shards go to disk only when a bf16 copy stays");
   if (gather_dtype != DType::f32)
