@@ -21,11 +21,10 @@ namespace zf {
 
 class ShardedAdamW {
  public:
-  // place: where its state lives; dev computes on it there (stage 05: the
-  // host, with a CPU device); comm_dev: the rank's device, which the
-  // communicator's host collectives stage through (default: dev).
+  // The state on the device, where dev computes.
   ShardedAdamW(const ModelLayout& layout, const ShardLayout& shards, Precision precision,
-               MemoryTracker& mem, Device& dev, float lr, Place place = Place::device, Device* comm_dev = nullptr);
+               MemoryTracker& mem, Device& dev, float lr);
+  virtual ~ShardedAdamW() = default;
 
   // Fills this rank's pieces from the initial state: the float32 master (bf16
   // recipe; in fp32 the parameters are their own master) and, on --resume,
@@ -42,9 +41,9 @@ class ShardedAdamW {
   // AdamW on this rank's piece of unit u (padding skipped). fp32: param_piece
   // (float) is updated in place. bf16: the master is updated and param_piece
   // (bf16) receives it rounded.
-  // copy_piece (fp32 recipe only; stage 05): also the updated values
-  // rounded to bf16 there, in the same pass (Device::adamw_copy).
-  void update(int u, const void* grad_piece, void* param_piece, long step, float scale, bf16* copy_piece = nullptr);
+  void update(int u, const void* grad_piece, void* param_piece, long step, float scale) {
+    update(u, grad_piece, param_piece, step, scale, nullptr);
+  }
 
   // The float32 values of this rank's piece of unit u (device memory): the
   // master (bf16), or param_piece itself (fp32).
@@ -56,6 +55,16 @@ class ShardedAdamW {
   // piece of unit u's parameters, as update() takes it.
   std::vector<float> gather(StateKind kind, Communicator& comm,
                             const std::function<const void*(int)>& param_piece) const;
+
+ protected:
+  // The state given: m, v and (bf16) master of shard_total float32 elements,
+  // wherever they live; dev computes on them there, and comm_dev is the
+  // rank's device, which the collectives stage through.
+  ShardedAdamW(const ModelLayout& layout, const ShardLayout& shards, Precision precision, Tensor m, Tensor v,
+               Tensor master, Device& dev, Device& comm_dev, float lr);
+  // update(), and with `rounded` (fp32 recipe) the updated values rounded
+  // to bf16 there too, in the same pass (Device::adamw_copy).
+  void update(int u, const void* grad_piece, void* param_piece, long step, float scale, bf16* rounded);
 
  private:
   const ModelLayout& layout_;

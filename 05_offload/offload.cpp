@@ -37,6 +37,21 @@ namespace zf {
 
 namespace {
 
+// Stage 01's AdamW with its moments in host memory, computed by the host's
+// CPU device (the collectives still stage through the rank's device), which
+// also rounds each updated piece into the bf16 copy the device receives, in
+// the same pass. The float32 shard is its own master: the fp32 recipe.
+class HostAdamW final : public ShardedAdamW {
+ public:
+  HostAdamW(const ModelLayout& flat, const ShardLayout& shards, MemoryTracker& mem, Device& host, Device& dev,
+            float lr)
+      : ShardedAdamW(flat, shards, Precision::fp32,
+                     Tensor(mem, Place::host, Category::optimizer, DType::f32, shards.shard_total),
+                     Tensor(mem, Place::host, Category::optimizer, DType::f32, shards.shard_total), Tensor(), host,
+                     dev, lr) {}
+  using ShardedAdamW::update;  // with the bf16 copy to round into (nullptr in fp32)
+};
+
 // Wall-clock phases of a step, accumulated as it runs. The copies to the
 // host overlap the backward and are waited for at its end: "bwd" holds them.
 // A delayed step's "cpu adamw" is the worker's time for the update that ran
@@ -66,7 +81,7 @@ struct OffloadStates final : ModelStates {
   HostGrads grads;       // new: stage 04's reductions, into host float32 shards  category grads (host), comm
   // AdamW on the host: stage 01's with its moments in host memory, or with
   // them in files under --offload-dir.                                         category optimizer (host)
-  std::optional<ShardedAdamW> opt;
+  std::optional<HostAdamW> opt;
   std::optional<DiskAdamW> disk;
   Device& comm_dev;
   DelayedUpdate pending;  // --delay-update: the update in flight (last: it is joined before the rest goes)
@@ -80,9 +95,8 @@ struct OffloadStates final : ModelStates {
         grads(shards, storage_dtype(cfg.precision), reduce_dtype(cfg), cfg.fsdp.no_sync, ctx.mem, ctx.dev,
               *comms.reduce_queue, comms.across.get(), !cfg.offload.no_pin, cfg.offload.delay_update ? 2 : 1),
         comm_dev(ctx.dev) {
-    // The float32 shard is its own master: AdamW as in the fp32 recipe.
     if (cfg.offload.offload_dir.empty())
-      opt.emplace(units.flat, shards, Precision::fp32, ctx.mem, *host, cfg.lr, Place::host, &ctx.dev);
+      opt.emplace(units.flat, shards, ctx.mem, *host, ctx.dev, cfg.lr);
     else
       disk.emplace(units.flat, shards, cfg.offload.offload_dir, ctx.rank, ctx.mem, *host, cfg.lr, master_on_disk(cfg));
   }

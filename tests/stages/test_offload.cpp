@@ -387,7 +387,7 @@ TEST_F(OffloadDisk, ChunkedUpdateEqualsTheInMemoryOptimizer) {
     MemoryTracker mem;
     auto host = make_cpu_device();
     mem.set_device(host.get());
-    ShardedAdamW ref(flat, shards, Precision::fp32, mem, *host, 1e-3f, Place::host);
+    ShardedAdamW ref(flat, shards, Precision::fp32, mem, *host, 1e-3f);
     DiskAdamW disk(flat, shards, dir_, 0, mem, *host, 1e-3f, /*master_on_disk=*/false, 1024);
     ASSERT_GT(shards.shard_total, 3 * 1024u) << "several chunks";
     std::vector<float> p0(shards.shard_total), p1, g(shards.shard_total);
@@ -421,7 +421,7 @@ TEST_F(OffloadDisk, ChunkedUpdateWithTheMasterOnDiskWritesTheBf16Copy) {
   MemoryTracker mem;
   auto host = make_cpu_device();
   mem.set_device(host.get());
-  ShardedAdamW ref(flat, shards, Precision::fp32, mem, *host, 1e-3f, Place::host);
+  ShardedAdamW ref(flat, shards, Precision::fp32, mem, *host, 1e-3f);
   DiskAdamW disk(flat, shards, dir_, 0, mem, *host, 1e-3f, /*master_on_disk=*/true, 1024);
   std::vector<float> p(shards.shard_total), g(shards.shard_total);
   for (size_t i = 0; i < p.size(); ++i) p[i] = float(int(i % 97) - 48) / 50.0f;
