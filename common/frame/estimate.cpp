@@ -119,6 +119,13 @@ StageEstimate estimate_from_sizes(Stage stage, const TrainConfig& cfg, const Mod
 // the head (kept gathered since its forward, which M does not count) with
 // the D units before it, capped at M. A prefetch that reaches past the
 // head into the backward's order (D >= G - 1 for G units) is not modelled.
+// Each unit of `layout` padded to a multiple of N elements, in forward order.
+std::vector<double> padded_units(const ModelLayout& layout, int N) {
+  std::vector<double> a;
+  for (const UnitLayout& u : layout.units) a.push_back(std::ceil(double(u.numel) / N) * N);
+  return a;
+}
+
 std::optional<double> gathered_peak(const std::vector<double>& a, const FsdpOptions& f) {
   double total = 0;
   for (double x : a) total += x;
@@ -182,11 +189,9 @@ StageEstimate estimate_stage(Stage stage, const TrainConfig& cfg) {
     StageEstimate est = estimate_from_sizes(stage, cfg, padded_sizes(layout, cfg.ranks), 0, 0);
     est.activations = activation_bytes(cfg.model, cfg.batch, cfg.compute, cfg.attention, cfg.recompute);
     if (stage == Stage::zero3) {  // stage 04's schedule at one unit of prefetch, no limit, nothing kept
-      std::vector<double> padded;
-      for (const UnitLayout& u : layout.units) padded.push_back(std::ceil(double(u.numel) / cfg.ranks) * cfg.ranks);
       FsdpOptions one_ahead;
       one_ahead.prefetch = 1, one_ahead.max_gathered = 0, one_ahead.reshard_after_forward = true;
-      if (const std::optional<double> peak = gathered_peak(padded, one_ahead))
+      if (const std::optional<double> peak = gathered_peak(padded_units(layout, cfg.ranks), one_ahead))
         est.gathered = double(dtype_size(storage_dtype(cfg.precision))) * *peak;
     }
     return est;
@@ -198,9 +203,7 @@ StageEstimate estimate_stage(Stage stage, const TrainConfig& cfg) {
   z.ranks = cfg.ranks;
   StageEstimate est = estimate_from_sizes(stage, cfg, z, head_shard * G, head_shard);
   est.activations = activation_bytes(cfg.model, cfg.batch, cfg.compute, cfg.attention, cfg.recompute);
-  std::vector<double> padded;
-  for (const UnitLayout& u : units.units) padded.push_back(std::ceil(double(u.numel) / G) * G);
-  if (const std::optional<double> peak = gathered_peak(padded, cfg.fsdp))
+  if (const std::optional<double> peak = gathered_peak(padded_units(units, G), cfg.fsdp))
     est.gathered = double(dtype_size(storage_dtype(cfg.precision))) * *peak;
   return est;
 }

@@ -32,6 +32,7 @@ struct FlatSizes {
     return t;
   }
   size_t head() const { return padded.back(); }
+  size_t largest_shard(int N) const { return *std::max_element(padded.begin(), padded.end()) / size_t(N); }
 };
 
 inline FlatSizes flat_sizes(const ModelConfig& m, int N, int K) {

@@ -201,9 +201,7 @@ TEST(OffloadMemory, PinnedBytesAreWhereTheCopiesGo) {
           SCOPED_TRACE(describe(cfg) + (offload_params ? ", offload-params" : "") + (delay ? ", delay" : ""));
           const FlatSizes fs = flat_sizes(odd4(), N, 1);
           const size_t S = fs.shard, e = test::esize(p);
-          size_t largest = 0;
-          for (size_t padded : fs.padded) largest = std::max(largest, padded / size_t(N));
-          size_t pinned = 2 * largest * e;
+          size_t pinned = 2 * fs.largest_shard(N) * e;
           pinned += p == Precision::bf16 ? 2 * S : 4 * S;
           if (offload_params && delay) pinned += e * S;
           const RunResult run = run_training(cfg, train_offload);
@@ -239,14 +237,12 @@ TEST(OffloadMemory, CommPeakIsTheReadmeSchedule) {
         const int group = mode.group(N);
         const FlatSizes fs = flat_sizes(odd4(), group, 1);
         const CommPeakCase k = mode.peak_case(p, mode.offload_params ? test::esize(p) : 0, true);
-        size_t largest = 0;
-        for (size_t padded : fs.padded) largest = std::max(largest, padded / size_t(group));
         const RunResult run = run_training(cfg, train_offload);
         for (size_t i = 0; i < run.ranks.size(); ++i) {
           const MemoryCounts& m = run.ranks[i].memory;
           EXPECT_EQ(m.pk(Place::device, Category::comm), comm_peak(fs, group, k)) << "rank " << i;
           EXPECT_EQ(m.cur(Place::device, Category::comm), 0u) << "rank " << i;
-          EXPECT_EQ(m.pk(Place::host, Category::comm), 2 * k.r * largest) << "rank " << i;
+          EXPECT_EQ(m.pk(Place::host, Category::comm), 2 * k.r * fs.largest_shard(group)) << "rank " << i;
         }
       }
 }
