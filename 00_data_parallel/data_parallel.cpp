@@ -79,7 +79,7 @@ struct Replica final : ModelStates {
 }  // namespace
 
 RankResult train_data_parallel(const TrainConfig& cfg, RankContext& ctx, const TokenData& data,
-                               StepReporter& reporter) {
+                               StepLog& log) {
   const ModelLayout layout = build_layout(cfg.model);
   const int K = cfg.grad_accum, U = int(layout.units.size());
   const DType dt = storage_dtype(cfg.precision);
@@ -88,7 +88,7 @@ RankResult train_data_parallel(const TrainConfig& cfg, RankContext& ctx, const T
   // where the run stops, before any step.
   Replica states(layout, cfg.precision, ctx);
   auto rc = make_rank_compute(cfg, layout, ctx, data);
-  TrainingRun run(cfg, layout, ctx, reporter, states);  // the initial model, or --resume's checkpoint
+  TrainingRun run(cfg, layout, ctx, log, states);  // the initial model, or --resume's checkpoint
 
   AdamWConfig adam;
   adam.lr = cfg.lr;

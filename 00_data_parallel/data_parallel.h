@@ -9,11 +9,11 @@
 // elements per rank in the ring model.
 #pragma once
 
-#include "runner.h"
+#include "stage_main.h"
 
 namespace zf {
 
 RankResult train_data_parallel(const TrainConfig& cfg, RankContext& ctx, const TokenData& data,
-                               StepReporter& reporter);
+                               StepLog& log);
 
 }  // namespace zf

@@ -57,13 +57,15 @@ class ShardedAdamW {
                             const std::function<const void*(int)>& param_piece) const;
 
  protected:
-  // The state given: m, v and (bf16) master of shard_total float32 elements,
-  // wherever they live; dev computes on them there, and comm_dev is the
-  // rank's device, which the collectives stage through.
+  // For a subclass that keeps the state somewhere other than the rank's
+  // device: m, v and (bf16) master of shard_total float32 elements, given;
+  // dev computes where they live, and comm_dev is the rank's device, which
+  // the collectives stage through.
   ShardedAdamW(const ModelLayout& layout, const ShardLayout& shards, Precision precision, Tensor m, Tensor v,
                Tensor master, Device& dev, Device& comm_dev, float lr);
-  // update(), and with `rounded` (fp32 recipe) the updated values rounded
-  // to bf16 there too, in the same pass (Device::adamw_copy).
+  // update(), and with `rounded` the updated float32 values rounded to bf16
+  // into it too, in the same pass (Device::adamw_copy): what such a subclass
+  // sends to the device when its float32 values live elsewhere.
   void update(int u, const void* grad_piece, void* param_piece, long step, float scale, bf16* rounded);
 
  private:

@@ -38,13 +38,13 @@ struct Zero1States final : ModelStates {
         grads(ctx.mem, Place::device, Category::grads, dt, shards.padded_total),
         opt(layout, shards, cfg.precision, ctx.mem, ctx.dev, cfg.lr) {}
 
-  // Unit u's parameters and gradients: its N slots of the whole buffers.
+  // Unit u's parameters and gradients inside the whole (padded) buffers.
   char* unit_params(int u) { return params.at(shards.units[u].padded_offset); }
   char* unit_grads(int u) { return grads.at(shards.units[u].padded_offset); }
-  // My piece of unit u inside them: slot r of the unit's N slots.
-  size_t my_slot(int u) const { return size_t(shards.rank) * shards.units[u].shard; }
-  char* my_param_piece(int u) { return params.at(shards.units[u].padded_offset + my_slot(u)); }
-  char* my_grad_piece(int u) { return grads.at(shards.units[u].padded_offset + my_slot(u)); }
+  // My piece of unit u inside them: the r-th of its N pieces.
+  size_t my_offset(int u) const { return size_t(shards.rank) * shards.units[u].shard; }
+  char* my_param_piece(int u) { return params.at(shards.units[u].padded_offset + my_offset(u)); }
+  char* my_grad_piece(int u) { return grads.at(shards.units[u].padded_offset + my_offset(u)); }
 
   // Every rank loads the whole parameters, and the optimizer its pieces only.
   void load(const InitialState& init) override {
@@ -61,7 +61,7 @@ struct Zero1States final : ModelStates {
 }  // namespace
 
 RankResult train_zero1(const TrainConfig& cfg, RankContext& ctx, const TokenData& data,
-                       StepReporter& reporter) {
+                       StepLog& log) {
   const ModelLayout layout = build_layout(cfg.model);
   const ShardLayout shards = make_shard_layout(layout, ctx.world, ctx.rank);
   const int K = cfg.grad_accum, U = int(layout.units.size());
@@ -71,7 +71,7 @@ RankResult train_zero1(const TrainConfig& cfg, RankContext& ctx, const TokenData
   // where the run stops, before any step.
   Zero1States states(layout, shards, cfg, ctx);
   auto rc = make_rank_compute(cfg, layout, ctx, data);
-  TrainingRun run(cfg, layout, ctx, reporter, states);  // the initial model, or --resume's checkpoint
+  TrainingRun run(cfg, layout, ctx, log, states);  // the initial model, or --resume's checkpoint
 
   std::vector<CommHandle> pending(U);
   for (int step = run.first_step(); run.keep_going(step); ++step) {
@@ -87,7 +87,7 @@ RankResult train_zero1(const TrainConfig& cfg, RankContext& ctx, const TokenData
       for (int u = U - 1; u >= 0; --u) {
         rc->backward(u, states.unit_params(u), states.unit_grads(u));
         // New: reduce-scatter instead of all-reduce. In place: my piece of the
-        // summed gradient lands in slot r of my own unit buffer.
+        // summed gradient lands in piece r of my own unit buffer.
         if (k == K - 1)
           pending[u] = ctx.comm.reduce_scatter_async(states.unit_grads(u), states.my_grad_piece(u),
                                                      shards.units[u].shard, dt, ReduceOp::sum);

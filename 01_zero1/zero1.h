@@ -10,11 +10,11 @@
 // Memory per rank: fp32 8P + 8P/N, bf16 4P + 12P/N (plus padding).
 #pragma once
 
-#include "runner.h"
+#include "stage_main.h"
 
 namespace zf {
 
 RankResult train_zero1(const TrainConfig& cfg, RankContext& ctx, const TokenData& data,
-                       StepReporter& reporter);
+                       StepLog& log);
 
 }  // namespace zf

@@ -23,7 +23,7 @@ void ShardedGradients::reduce_unit(int u) {
   REQUIRE(computing_unit_ == u, "reduce_unit(" << u << ") but the unit being computed is " << computing_unit_);
   const UnitShard& us = shards_.units[u];
   InFlight f{u, std::move(computing_), {}};
-  f.handle = comm_.reduce_scatter_async(f.full.data(), slot_of_mine(f), us.shard, dtype_, ReduceOp::sum);
+  f.handle = comm_.reduce_scatter_async(f.full.data(), my_piece_in(f), us.shard, dtype_, ReduceOp::sum);
   computing_unit_ = -1;
   inflight_.push_back(std::move(f));
   // Keep one reduction in flight behind the next unit's backward, no more.
@@ -33,11 +33,11 @@ void ShardedGradients::reduce_unit(int u) {
 void ShardedGradients::complete_oldest() {
   InFlight& f = inflight_.front();
   f.handle.wait();
-  dev_.add(piece(f.unit), slot_of_mine(f), dtype_, shards_.units[f.unit].shard);
+  dev_.add(piece(f.unit), my_piece_in(f), dtype_, shards_.units[f.unit].shard);
   inflight_.pop_front();  // releases the full gradient: the tracker's comm bytes drop here
 }
 
-void* ShardedGradients::slot_of_mine(InFlight& f) {
+void* ShardedGradients::my_piece_in(InFlight& f) {
   return static_cast<char*>(f.full.data()) +
          size_t(shards_.rank) * shards_.units[f.unit].shard * dtype_size(dtype_);
 }

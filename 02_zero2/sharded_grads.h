@@ -7,7 +7,7 @@
 // over micro-steps), and the temporary buffers are released. While unit u is
 // being reduced, unit u-1's backward runs; at most two units' full gradients
 // exist at any moment (category comm: they are communication buckets). The
-// reduce-scatter runs in place: my piece of the sum lands in slot r of the
+// reduce-scatter runs in place: my piece of the sum lands in piece r of the
 // unit's full buffer, so no receive buffer is needed.
 // ZeRO-3 reuses this class unchanged.
 #pragma once
@@ -41,11 +41,11 @@ class ShardedGradients {
  private:
   struct InFlight {
     int unit;
-    Tensor full;  // the unit's whole gradient, reduce-scattered in place: my piece of the sum lands in slot r
+    Tensor full;  // the unit's whole gradient, reduce-scattered in place: my piece of the sum lands in piece r
     CommHandle handle;
   };
   void complete_oldest();
-  void* slot_of_mine(InFlight& f);  // slot r of the unit's full buffer
+  void* my_piece_in(InFlight& f);  // piece r of the unit's full buffer
 
   const ShardLayout& shards_;
   DType dtype_;

@@ -38,11 +38,11 @@ struct Zero2States final : ModelStates {
         grads(shards, dt, ctx.mem, ctx.dev, ctx.comm),
         opt(layout, shards, cfg.precision, ctx.mem, ctx.dev, cfg.lr) {}
 
-  // Unit u's parameters: its N slots of the whole buffer.
+  // Unit u's parameters inside the whole (padded) buffer.
   char* unit_params(int u) { return params.at(shards.units[u].padded_offset); }
-  // My piece of unit u inside them: slot r of the unit's N slots.
-  size_t my_slot(int u) const { return size_t(shards.rank) * shards.units[u].shard; }
-  char* my_param_piece(int u) { return params.at(shards.units[u].padded_offset + my_slot(u)); }
+  // My piece of unit u inside it: the r-th of its N pieces.
+  size_t my_offset(int u) const { return size_t(shards.rank) * shards.units[u].shard; }
+  char* my_param_piece(int u) { return params.at(shards.units[u].padded_offset + my_offset(u)); }
 
   // Every rank loads the whole parameters, and the optimizer its pieces only.
   void load(const InitialState& init) override {
@@ -59,7 +59,7 @@ struct Zero2States final : ModelStates {
 }  // namespace
 
 RankResult train_zero2(const TrainConfig& cfg, RankContext& ctx, const TokenData& data,
-                       StepReporter& reporter) {
+                       StepLog& log) {
   const ModelLayout layout = build_layout(cfg.model);
   const ShardLayout shards = make_shard_layout(layout, ctx.world, ctx.rank);
   const int K = cfg.grad_accum, U = int(layout.units.size());
@@ -69,7 +69,7 @@ RankResult train_zero2(const TrainConfig& cfg, RankContext& ctx, const TokenData
   // where the run stops, before any step.
   Zero2States states(layout, shards, cfg, ctx);
   auto rc = make_rank_compute(cfg, layout, ctx, data);
-  TrainingRun run(cfg, layout, ctx, reporter, states);  // the initial model, or --resume's checkpoint
+  TrainingRun run(cfg, layout, ctx, log, states);  // the initial model, or --resume's checkpoint
 
   std::vector<CommHandle> pending(U);
   for (int step = run.first_step(); run.keep_going(step); ++step) {

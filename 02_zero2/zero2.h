@@ -10,11 +10,11 @@
 // most two units' temporary gradient buffers (category comm).
 #pragma once
 
-#include "runner.h"
+#include "stage_main.h"
 
 namespace zf {
 
 RankResult train_zero2(const TrainConfig& cfg, RankContext& ctx, const TokenData& data,
-                       StepReporter& reporter);
+                       StepLog& log);
 
 }  // namespace zf

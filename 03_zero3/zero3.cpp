@@ -54,7 +54,7 @@ struct Zero3States final : ModelStates {
 }  // namespace
 
 RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData& data,
-                       StepReporter& reporter) {
+                       StepLog& log) {
   const ModelLayout layout = build_layout(cfg.model);
   const ShardLayout shards = make_shard_layout(layout, ctx.world, ctx.rank);
   const int K = cfg.grad_accum, U = int(layout.units.size());
@@ -63,7 +63,7 @@ RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData
   // where the run stops, before any step.
   Zero3States states(layout, shards, cfg, ctx);
   auto rc = make_rank_compute(cfg, layout, ctx, data);
-  TrainingRun run(cfg, layout, ctx, reporter, states);  // the initial model, or --resume's checkpoint
+  TrainingRun run(cfg, layout, ctx, log, states);  // the initial model, or --resume's checkpoint
 
   for (int step = run.first_step(); run.keep_going(step); ++step) {
     Timer timer;

@@ -15,7 +15,7 @@
 // size per micro-step; at K = 1, 1.5x data parallel's one all-reduce.
 #pragma once
 
-#include "runner.h"
+#include "stage_main.h"
 
 namespace zf {
 
@@ -24,6 +24,6 @@ namespace zf {
 constexpr int kZero3MaxGatheredUnits = 2;
 
 RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData& data,
-                       StepReporter& reporter);
+                       StepLog& log);
 
 }  // namespace zf

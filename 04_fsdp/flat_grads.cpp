@@ -13,7 +13,7 @@ FlatReducer::FlatReducer(const ShardLayout& shards, DType grad_dtype, DType redu
     for (const auto& us : shards.units) kept_.emplace_back(mem, Place::device, Category::grads, grad_dtype_, us.padded());
 }
 
-void* FlatReducer::slot_of_mine(void* full, DType dt, int g) const {
+void* FlatReducer::my_piece_in(void* full, DType dt, int g) const {
   return static_cast<char*>(full) + size_t(layout_.rank) * layout_.units[g].shard * dtype_size(dt);
 }
 
@@ -43,7 +43,7 @@ void FlatReducer::reduce_unit(int g, bool sync) {
     f.owned = Tensor();  // the bf16 buffer is read: free it before the next unit's is made
     f.reduced = f.widened.data();
   }
-  f.handle = comm_.reduce_scatter_async(f.reduced, slot_of_mine(f.reduced, reduce_dtype_, g), us.shard,
+  f.handle = comm_.reduce_scatter_async(f.reduced, my_piece_in(f.reduced, reduce_dtype_, g), us.shard,
                                         reduce_dtype_, ReduceOp::sum);
   ++reduce_scatters_;
   inflight_.push_back(std::move(f));
@@ -55,7 +55,7 @@ void FlatReducer::complete_oldest() {
   // to the destructor, after the group is aborted, never to a collective.
   Reduced& oldest = inflight_.front();
   oldest.handle.wait();
-  void* mine = slot_of_mine(oldest.reduced, reduce_dtype_, oldest.unit);
+  void* mine = my_piece_in(oldest.reduced, reduce_dtype_, oldest.unit);
   // Hybrid sharding: my piece is summed over my group; sum it across the groups.
   if (replicate_)
     replicate_->all_reduce_async(mine, layout_.units[oldest.unit].shard, reduce_dtype_, ReduceOp::sum).wait();
@@ -78,16 +78,16 @@ FlatGrads::FlatGrads(const ShardLayout& shards, DType grad_dtype, DType reduce_d
     : FlatReducer(shards, grad_dtype, reduce_dtype, no_sync, mem, dev, comm, replicate),
       shards_(mem, Place::device, Category::grads, DType::f32, shards.shard_total) {}
 
-float* FlatGrads::shard(int g) { return shards_.as<float>() + layout_.units[g].shard_offset; }
+float* FlatGrads::piece(int g) { return shards_.as<float>() + layout_.units[g].shard_offset; }
 
 void FlatGrads::reduced(Reduced f, void* mine) {
   const UnitShard& us = layout_.units[f.unit];
   if (reduce_dtype_ == DType::f32) {
-    dev_.add(shard(f.unit), mine, DType::f32, us.shard);
+    dev_.add(piece(f.unit), mine, DType::f32, us.shard);
   } else {  // widening is exact, and x + 0 = x: at K = 1 the shard holds the reduced bf16 values exactly
-    Tensor piece(mem_, Place::device, Category::comm, DType::f32, us.shard);
-    dev_.widen(static_cast<const bf16*>(mine), piece.as<float>(), us.shard);
-    dev_.add(shard(f.unit), piece.data(), DType::f32, us.shard);
+    Tensor widened(mem_, Place::device, Category::comm, DType::f32, us.shard);
+    dev_.widen(static_cast<const bf16*>(mine), widened.as<float>(), us.shard);
+    dev_.add(piece(f.unit), widened.data(), DType::f32, us.shard);
   }
   zero_kept(f.unit);
 }  // f goes: the full gradient is freed (a kept one was zeroed): the tracker's comm bytes drop here

@@ -32,8 +32,8 @@
 
 namespace zf {
 
-// FlatReducer: the buffers and the reduce-scatters, and what is done with
-// my reduced piece left to the class below it (reduced()).
+// FlatReducer: the buffers and the reduce-scatters; what is done with my
+// reduced piece is left to a subclass (reduced()).
 class FlatReducer {
  public:
   FlatReducer(const ShardLayout& shards, DType grad_dtype, DType reduce_dtype, bool no_sync, MemoryTracker& mem,
@@ -72,7 +72,7 @@ class FlatReducer {
 
  private:
   void complete_oldest();
-  void* slot_of_mine(void* full, DType dt, int g) const;
+  void* my_piece_in(void* full, DType dt, int g) const;
 
   DType grad_dtype_;
   bool no_sync_;
@@ -92,7 +92,7 @@ class FlatGrads final : public FlatReducer {
   FlatGrads(const ShardLayout& shards, DType grad_dtype, DType reduce_dtype, bool no_sync, MemoryTracker& mem,
             Device& dev, Communicator& comm, Communicator* replicate);
 
-  float* shard(int g);  // my accumulated float32 gradient piece of unit g (S_g elements)
+  float* piece(int g);  // my accumulated float32 gradient piece of unit g (S_g elements)
   void zero();          // after the optimizer step
 
  private:

@@ -16,7 +16,7 @@ FlatParams::FlatParams(const ShardLayout& shards, DType gather_dtype, const Fsdp
       max_gathered_(opt.max_gathered), last_(last), mem_(mem), dev_(dev), comm_(comm),
       shards_(std::move(float32_shards)) {}
 
-float* FlatParams::shard(int g) {
+float* FlatParams::piece(int g) {
   REQUIRE(!shards_.empty() || layout_.shard_total == 0, "the float32 shards are not kept here");
   return shards_.as<float>() + layout_.units[g].shard_offset;
 }
@@ -28,11 +28,11 @@ int FlatParams::counted() const {
 }
 
 const void* FlatParams::send_buffer(int g, Gathered& b) {
-  if (dtype_ == DType::f32) return shard(g);
+  if (dtype_ == DType::f32) return piece(g);
   // FSDP2's cast before the all-gather: half the bytes on the wire.
   const size_t n = layout_.units[g].shard;
   b.cast = Tensor(mem_, Place::device, Category::comm, dtype_, n);
-  dev_.narrow(shard(g), b.cast.as<bf16>(), n);
+  dev_.narrow(piece(g), b.cast.as<bf16>(), n);
   return b.cast.data();
 }
 

@@ -57,7 +57,7 @@ class FlatParams {
   int counted() const;                  // gathered or in flight, not kept: what --max-gathered bounds
   uint64_t all_gathers() const { return all_gathers_; }
 
-  float* shard(int g);                  // my float32 piece of unit g (S_g elements)
+  float* piece(int g);                  // my float32 piece of unit g (S_g elements)
   Tensor& shards() { return shards_; }
 
  protected:
@@ -67,7 +67,8 @@ class FlatParams {
     CommHandle handle;
   };
   // The float32 shards given (shard_total elements wherever they live, or
-  // none): for a class that keeps them elsewhere and so sends otherwise.
+  // none): for a subclass that keeps them somewhere other than the device,
+  // and so makes the all-gather's input another way (send_buffer).
   FlatParams(const ShardLayout& shards, DType gather_dtype, const FsdpOptions& opt, int last,
              MemoryTracker& mem, Device& dev, Communicator& comm, Tensor float32_shards);
 

@@ -55,12 +55,12 @@ struct FsdpStates final : ModelStates {
 
   void load(const InitialState& init) override {
     for (int g = 0; g < units.size(); ++g)
-      init.load(g, StateKind::params, shards.units[g].begin, shards.units[g].end, dev, params.shard(g),
+      init.load(g, StateKind::params, shards.units[g].begin, shards.units[g].end, dev, params.piece(g),
                 DType::f32);
     opt.load(init);
   }
   std::vector<float> full(StateKind kind, bool) override {
-    return opt.gather(kind, comm, [&](int g) { return params.shard(g); });
+    return opt.gather(kind, comm, [&](int g) { return params.piece(g); });
   }
 };
 
@@ -116,7 +116,7 @@ void fsdp_backward(FlatParams& params, FlatReducer& grads, const FsdpUnits& unit
   grads.finish();
 }
 
-RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepReporter& reporter) {
+RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepLog& log) {
   const FsdpOptions& opt = cfg.fsdp;
   const ModelLayout layout = build_layout(cfg.model);
   const FsdpUnits units = wrap_blocks(layout, opt.wrap_blocks);
@@ -126,7 +126,7 @@ RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData&
 
   FsdpStates states(units, shards, cfg, ctx, comms);
   auto rc = make_rank_compute(cfg, layout, ctx, data);
-  TrainingRun run(cfg, units.flat, ctx, reporter, states);  // the initial model, or --resume's checkpoint
+  TrainingRun run(cfg, units.flat, ctx, log, states);  // the initial model, or --resume's checkpoint
   comms.count_in(run);
   const size_t esize = dtype_size(storage_dtype(cfg.precision));
 
@@ -142,9 +142,9 @@ RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData&
 
     // The norm over my group's pieces: every group holds the whole (summed) gradient.
     const GradClip clip =
-        states.opt.clip_scale(*comms.group, [&](int g) { return states.grads.shard(g); }, cfg.clip);
+        states.opt.clip_scale(*comms.group, [&](int g) { return states.grads.piece(g); }, cfg.clip);
     for (int g = 0; g < G; ++g)
-      states.opt.update(g, states.grads.shard(g), states.params.shard(g), step + 1, clip.scale);
+      states.opt.update(g, states.grads.piece(g), states.params.piece(g), step + 1, clip.scale);
     states.grads.zero();
     run.end_step(step, loss, clip.norm, timer.ms());
   }

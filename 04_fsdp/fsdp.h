@@ -29,7 +29,7 @@
 #include "flat_params.h"
 #include "flat_units.h"
 #include "rank_compute.h"
-#include "runner.h"
+#include "stage_main.h"
 #include "training_run.h"
 
 namespace zf {
@@ -55,6 +55,6 @@ float fsdp_forward(FlatParams& params, const FsdpUnits& units, RankCompute& rc, 
 void fsdp_backward(FlatParams& params, FlatReducer& grads, const FsdpUnits& units, RankCompute& rc, size_t esize,
                    int D, bool sync);
 
-RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepReporter& reporter);
+RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepLog& log);
 
 }  // namespace zf

@@ -9,11 +9,11 @@ namespace zf {
 
 namespace {
 
-// Calls fn(i, n, decay) for every parameter piece of my shard that falls in
-// shard elements [lo, hi): i is a shard index, the piece one ParamSpec's
-// (padding skipped), as ShardedAdamW::update cuts a unit.
+// Calls fn(i, n, decay) for every span of my shard that falls in shard
+// elements [lo, hi) and lies in one parameter: i is a shard index, the span
+// one ParamSpec's part (padding skipped), as ShardedAdamW::update cuts a unit.
 template <class Fn>
-void for_each_piece(const ModelLayout& flat, const ShardLayout& shards, size_t lo, size_t hi, Fn&& fn) {
+void for_each_span(const ModelLayout& flat, const ShardLayout& shards, size_t lo, size_t hi, Fn&& fn) {
   for (size_t u = 0; u < shards.units.size(); ++u) {
     const UnitShard& us = shards.units[u];
     const size_t a = std::max(lo, us.shard_offset), z = std::min(hi, us.shard_offset + us.shard);
@@ -56,7 +56,7 @@ void DiskAdamW::load(const InitialState& init, bf16* copy) {
 
 void DiskAdamW::update(float* master, const float* grads, bf16* copy, long step, float scale) {
   tier_.for_each_chunk([&](size_t begin, size_t n, float* const* a) {
-    for_each_piece(flat_, shards_, begin, begin + n, [&](size_t i, size_t len, bool decay) {
+    for_each_span(flat_, shards_, begin, begin + n, [&](size_t i, size_t len, bool decay) {
       float* p = master_on_disk_ ? a[2] + (i - begin) : master + i;
       host_.adamw_copy(p, grads + i, DType::f32, a[0] + (i - begin), a[1] + (i - begin), copy ? copy + i : nullptr,
                        DType::bf16, len, adam_, step, scale, decay);

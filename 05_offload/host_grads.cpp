@@ -25,7 +25,7 @@ HostGrads::HostGrads(const ShardLayout& shards, DType grad_dtype, DType reduce_d
   for (Tensor& t : landing_) t = Tensor(mem, Place::host, Category::comm, reduce_dtype, largest_shard(shards), pin);
 }
 
-float* HostGrads::shard(int g, int buffer) {
+float* HostGrads::piece(int g, int buffer) {
   return shards_.at(buffer).as<float>() + layout_.units[g].shard_offset;
 }
 
@@ -37,11 +37,11 @@ int HostGrads::flip() {
 
 void HostGrads::reduced(Reduced f, void* mine) {
   // A piece lands before the second after it is sent: two buffers suffice.
-  const int slot = next_;
+  const int landing = next_;
   next_ = 1 - next_;
   const size_t n = layout_.units[f.unit].shard;
-  Transfer copy = dev_.to_host_async(landing_[slot].data(), mine, n * dtype_size(reduce_dtype_));
-  copies_.push_back(Landing{std::move(f), slot, std::move(copy)});
+  Transfer copy = dev_.to_host_async(landing_[landing].data(), mine, n * dtype_size(reduce_dtype_));
+  copies_.push_back(Landing{std::move(f), landing, std::move(copy)});
   while (copies_.size() > 1) land_oldest();
 }
 
@@ -49,14 +49,14 @@ void HostGrads::land_oldest() {
   Landing& l = copies_.front();
   l.copy.wait();
   const int g = l.f.unit;
-  float* dst = shard(g);
+  float* dst = piece(g);
   const size_t n = layout_.units[g].shard;
   // The arithmetic of stage 04's device shard, on the host: x + widen(piece).
   if (reduce_dtype_ == DType::f32) {
-    const float* src = landing_[l.slot].as<float>();
+    const float* src = landing_[l.landing].as<float>();
     for (size_t i = 0; i < n; ++i) dst[i] += src[i];
   } else {
-    const bf16* src = landing_[l.slot].as<bf16>();
+    const bf16* src = landing_[l.landing].as<bf16>();
     for (size_t i = 0; i < n; ++i) dst[i] += bf16_to_float(src[i]);
   }
   zero_kept(g);

@@ -32,8 +32,8 @@ class HostGrads final : public FlatReducer {
 
   // My accumulated float32 gradient piece of unit g, on the host (S_g
   // elements): in the buffer the pieces land in now, or in `buffer`.
-  float* shard(int g) { return shard(g, current_); }
-  float* shard(int g, int buffer);
+  float* piece(int g) { return piece(g, current_); }
+  float* piece(int g, int buffer);
   void zero() { zero(current_); }  // after the optimizer step
   void zero(int buffer);
   // The next pieces land in the other buffer (zeroed: it was read and
@@ -44,7 +44,7 @@ class HostGrads final : public FlatReducer {
  private:
   struct Landing {
     Reduced f;      // its buffer, held until the copy has read it
-    int slot;       // the landing buffer it goes to
+    int landing;    // the landing buffer it goes to
     Transfer copy;
   };
   void reduced(Reduced f, void* mine) override;

@@ -136,7 +136,7 @@ struct OffloadStates final : ModelStates {
   void load(const InitialState& init) override {
     if (!params.shards_on_disk())
       for (int g = 0; g < units.size(); ++g)
-        init.load(g, StateKind::params, shards.units[g].begin, shards.units[g].end, *host, params.shard(g),
+        init.load(g, StateKind::params, shards.units[g].begin, shards.units[g].end, *host, params.piece(g),
                   DType::f32);
     if (opt) opt->load(init);
     else disk->load(init, params.shards_on_disk() ? bf16_copy(0) : nullptr);
@@ -147,20 +147,20 @@ struct OffloadStates final : ModelStates {
   }
   std::vector<float> full(StateKind kind, bool) override {
     pending.finish();  // a checkpoint and the final hash hold every step's update
-    if (opt) return opt->gather(kind, comm, [&](int g) { return params.shard(g); });
+    if (opt) return opt->gather(kind, comm, [&](int g) { return params.piece(g); });
     if (kind != StateKind::params || params.shards_on_disk()) return disk->gather(kind, comm, comm_dev);
-    return gather_full_model(comm, comm_dev, units.flat, shards, [&](int g) { return params.shard(g); }, host.get());
+    return gather_full_model(comm, comm_dev, units.flat, shards, [&](int g) { return params.piece(g); }, host.get());
   }
 
   // The norm of the step's gradient over my group's pieces, on the host.
   GradClip clip(float max_norm) {
-    return clip_scale(shards, *host, comm_dev, comm, [&](int g) { return grads.shard(g); }, DType::f32,
+    return clip_scale(shards, *host, comm_dev, comm, [&](int g) { return grads.piece(g); }, DType::f32,
                       max_norm);
   }
   // CPU AdamW on unit g's float32 shard with the gradients of `buffer`, and
   // its rounding into the bf16 copy the device receives (moments in memory).
   void update(int g, int buffer, long t, float scale) {
-    opt->update(g, grads.shard(g, buffer), params.shard(g), t, scale, bf16_copy(g));
+    opt->update(g, grads.piece(g, buffer), params.piece(g), t, scale, bf16_copy(g));
   }
   // Every unit: unit by unit, or one stream over the shard when the
   // moments are on disk. With --delay-update this runs on the worker: it
@@ -172,7 +172,7 @@ struct OffloadStates final : ModelStates {
       for (int g = 0; g < units.size(); ++g) update(g, buffer, t, scale);
       return;
     }
-    disk->update(params.shards_on_disk() ? nullptr : params.shard(0), grads.shard(0, buffer), bf16_copy(0), t,
+    disk->update(params.shards_on_disk() ? nullptr : params.piece(0), grads.piece(0, buffer), bf16_copy(0), t,
                  scale);
   }
   // Where unit g's update is rounded to: the bf16 copy (nullptr in fp32, where the float32 shard is the copy).
@@ -234,7 +234,7 @@ struct OffloadStates final : ModelStates {
 
 }  // namespace
 
-RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepReporter& reporter) {
+RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepLog& log) {
   const FsdpOptions& opt = cfg.fsdp;
   const ModelLayout layout = build_layout(cfg.model);
   const FsdpUnits units = wrap_blocks(layout, opt.wrap_blocks);
@@ -245,7 +245,7 @@ RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenDa
   OffloadStates::prepare_dir(cfg, shards, ctx);
   OffloadStates states(units, shards, cfg, ctx, comms);
   auto rc = make_rank_compute(cfg, layout, ctx, data);
-  TrainingRun run(cfg, units.flat, ctx, reporter, states);  // the initial model, or --resume's checkpoint
+  TrainingRun run(cfg, units.flat, ctx, log, states);  // the initial model, or --resume's checkpoint
   comms.count_in(run);
   const size_t esize = dtype_size(storage_dtype(cfg.precision));
 

@@ -51,10 +51,10 @@
 // would compute step s+1 with p_s, which the checkpoint does not hold.
 #pragma once
 
-#include "runner.h"
+#include "stage_main.h"
 
 namespace zf {
 
-RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepReporter& reporter);
+RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepLog& log);
 
 }  // namespace zf

@@ -27,12 +27,12 @@ OffloadParams::OffloadParams(const ShardLayout& shards, DType gather_dtype, cons
 }
 
 void* OffloadParams::host_copy(int g) {
-  if (dtype_ == DType::f32) return shard(g);
+  if (dtype_ == DType::f32) return piece(g);
   return host_copy_.at(layout_.units[g].shard_offset);
 }
 
 void OffloadParams::narrow_host_copy(int g) {
-  if (dtype_ != DType::f32 && !shards_on_disk_) host_.narrow(shard(g), static_cast<bf16*>(host_copy(g)), layout_.units[g].shard);
+  if (dtype_ != DType::f32 && !shards_on_disk_) host_.narrow(piece(g), static_cast<bf16*>(host_copy(g)), layout_.units[g].shard);
 }
 
 Transfer OffloadParams::upload(int g) {

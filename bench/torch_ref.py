@@ -87,7 +87,7 @@
 # Threads: 1 rank uses all cores; N ranks use max(1, cores // N) each (both
 # torch's intra-op pool and OpenBLAS's own pool, via openblas_set_num_threads);
 # --threads N overrides. OMP_WAIT_POLICY defaults to PASSIVE here (see below):
-# spinning OpenMP threads on a loaded machine made steps up to 10x slower.
+# spinning OpenMP threads on a loaded machine make steps much slower.
 #
 # BLAS: Debian's torch is built with BLAS_INFO=generic and calls libblas.so.3,
 # which is normally OpenBLAS with DYNAMIC_ARCH. OpenBLAS 0.3.21 does not know
@@ -108,8 +108,8 @@ import mfu  # noqa: E402
 
 # libgomp (torch's OpenMP) spin-waits between parallel regions by default. With
 # OpenBLAS's own threads, or other processes, on the same cores, the spinning
-# threads steal the cores that do the work: on a loaded 2-core machine, small
-# with 2 threads measured ~900-2200 ms/step spinning against ~200 ms passive.
+# threads steal the cores that do the work: on a loaded machine a step takes
+# much longer spinning than passive.
 # Passive waiting unless the caller chose; it must be set before torch loads
 # libgomp, and spawned ranks inherit it. OMP_WAIT_POLICY=ACTIVE to compare.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -37,7 +37,7 @@ import lab_refs  # noqa: E402
 from lab_specs import LABS, Usage, by_name  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
-STEPS = 3   # enough for three updates, a second of run time on 2 cores
+STEPS = 3   # enough for three updates, and quick
 BATCH = 2
 
 

@@ -14,21 +14,20 @@ class Usage(Exception):
 
 # Tolerances, where the arithmetic is not the same as stage 00's:
 # - a data-parallel run on N ranks against one rank with the same global
-#   batch: the loss is summed per rank and then over ranks; measured equal
-#   to the bit for tiny, 1e-5 relative allows a reordering of the sums while
-#   a gradient summed but not averaged is off by a factor N.
+#   batch: the loss is summed per rank and then over ranks; 1e-5 relative
+#   allows a reordering of the sums while a gradient summed but not averaged
+#   is off by a factor N.
 SPLIT_REL = 1e-5
 # - --grad-accum K > 1 in stages 02-03 (micro-steps added after the ranks),
 #   or --reduce-dtype fp32 (one bf16 rounding fewer): the losses of 3 steps
-#   measured within 1.2e-6 relative of stage 00's (tiny, bf16, N = 4, K = 2);
-#   1e-4 leaves margin, while a wrong update moves the loss by 1e-3 or more.
+#   against stage 00's (tiny, bf16, N = 4, K = 2); 1e-4 relative allows the
+#   reordering, while a wrong solution fails by far more.
 REORDER_REL = 1e-4
 # - the last lab, hybrid ZeRO-2: the sum over ranks taken within groups,
-#   then across them. In fp32 a solution measured 0 difference (tiny, N = 4,
-#   G = 2, 3 steps); in bf16 each partial sum is rounded to bf16, and the
-#   norm moved by 4.7e-4, under one bf16 rounding (2^-8 = 3.9e-3). A rank
-#   that skips the all-reduce across the groups logs a norm 51 % off and
-#   losses 1.9e-3 off.
+#   then across them (tiny, N = 4, G = 2, 3 steps). The losses, and in fp32
+#   the norm, within 1e-4 relative; in bf16 each partial sum is rounded to
+#   bf16, so the norm within one bf16 rounding (2^-8 = 3.9e-3). A rank that
+#   skips the all-reduce across the groups fails by far more.
 HYBRID_REL = 1e-4
 HYBRID_BF16_NORM_REL = 2.0 ** -8
 

@@ -86,10 +86,10 @@ void print_tables(const Request& q) {
     if (q.shaped) std::snprintf(exact, sizeof exact, "%.0f", e.device_total());
     host |= e.states.host.total() > 0;
     gathered |= e.gathered.has_value();
-    disk |= e.disk.total() > 0;
+    disk |= e.states.disk.total() > 0;
     rows.push_back({stage_label(s), both(d.total()), decimal(d.params), decimal(d.grads), decimal(d.optimizer),
                     e.activations ? both(*e.activations) : "", e.gathered ? both(*e.gathered) : "",
-                    both(e.states.host.total()), both(e.disk.total()), formula(s, c), exact});
+                    both(e.states.host.total()), both(e.states.disk.total()), formula(s, c), exact});
   }
   const bool shown[] = {true, true, true, true, true, q.shaped, gathered, host, disk, true, q.shaped};
   const int width[] = {17, 24, 11, 11, 11, 24, 24, 24, 22, 0, 0};
@@ -154,8 +154,8 @@ void print_json(const Request& q) {
         {"host",
          {{"params", number(h.params)}, {"grads", number(h.grads)}, {"optimizer", number(h.optimizer)},
           {"model_states", number(h.total())}}},
-        {"disk", {{"params", number(e.disk.params)}, {"optimizer", number(e.disk.optimizer)},
-                  {"total", number(e.disk.total())}}},
+        {"disk", {{"params", number(e.states.disk.params)}, {"optimizer", number(e.states.disk.optimizer)},
+                  {"total", number(e.states.disk.total())}}},
         {"comm_bytes_per_step",
          {{"total", number(e.comm_total())}, {"by_collective", by}, {"across_groups", number(e.comm_cross_group)}}},
         {"transfers_per_step", {{"to_host", number(e.to_host)}, {"to_device", number(e.to_device)}}},

@@ -35,6 +35,10 @@ struct AdamWConfig {
   float weight_decay = 0.1f;
 };
 
+// What AdamW keeps of each parameter: the values it updates (the master in
+// the bf16 recipe) and its two moments. A checkpoint holds all three.
+enum class StateKind { params, m, v };
+
 // The instruction sets the kernel is written for. x86-64 CPUs may have AVX2
 // and AVX-512F; elsewhere only the scalar form exists.
 enum class Isa { scalar, avx2, avx512 };
@@ -58,7 +62,7 @@ void adamw_update(float* param, const bf16* grad, float* m, float* v, size_t n,
 
 // The host optimizer of the offload stage: adamw_fused over `threads` threads
 // (the caller and threads - 1 that live as long as the object, since it is
-// called once per parameter piece, many times per step). The result does not
+// called once per parameter span of a shard, many times per step). The result does not
 // depend on the thread count. update() returns when every element is done;
 // small ranges stay on the calling thread. One caller at a time.
 class CpuAdamW {

@@ -103,7 +103,7 @@ class Device {
   virtual void to_host(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void synchronize() = 0;
 
-  // ---- offload (stage 05): copies that overlap compute, and pinned host memory.
+  // ---- offload: copies that overlap compute, and pinned host memory.
   // The async copies run on the device's copy queue (on a GPU a copy stream,
   // so the copy engine works while kernels run; on the CPU device a copy
   // thread), in issue order. A copy to the host starts after everything
@@ -144,8 +144,8 @@ class Device {
   virtual void adamw(float* param, const void* grad, DType grad_dtype, float* m, float* v, size_t n,
                      const AdamWConfig& cfg, long step, float grad_scale, bool decay) = 0;
   // adamw, and out[i] = the updated param[i] in out_dtype (bf16, rounded to
-  // nearest even; or f32): the copy a device receives from a host optimizer
-  // (stage 05). out == nullptr: adamw alone. One pass on the CPU device.
+  // nearest even; or f32): the copy a device receives from a host optimizer.
+  // out == nullptr: adamw alone. One pass on the CPU device.
   virtual void adamw_copy(float* param, const void* grad, DType grad_dtype, float* m, float* v, void* out,
                           DType out_dtype, size_t n, const AdamWConfig& cfg, long step, float grad_scale,
                           bool decay) {
@@ -234,7 +234,7 @@ class Device {
 
 // The simulated device of a CPU run: host memory, the CPU kernels. Its
 // AdamW runs on optimizer_threads threads (CpuAdamW, adamw.h): 1 for a
-// rank's own device, more for a host optimizer (stage 05).
+// rank's own device, more for a host optimizer (offload).
 std::unique_ptr<Device> make_cpu_device(int optimizer_threads = 1);
 
 // "" when `--device cuda` can run in this build on this machine, else why not.

@@ -25,8 +25,7 @@ class Device;
 
 enum class Place { host, device };
 // gathered: a unit's parameters all-gathered whole for its forward or
-// backward (stage 04 on; stage 03 counts them in comm beside its gradient
-// buckets), apart so that FSDP's limit on them can be read from the counts.
+// backward, apart so that FSDP's limit on them can be read from the counts.
 enum class Category { params, grads, optimizer, activations, comm, workspace, gathered };
 
 constexpr int kNumPlaces = 2;
@@ -65,7 +64,7 @@ class MemoryTracker {
   // Allocates `bytes` (64-byte aligned, zero-filled). Throws OutOfMemory
   // naming the category, the bytes asked for, the bytes in use and the budget.
   // pinned (host only): page-locked through the rank's Device, for the
-  // buffers its copies read and write (stage 05); a refusal is an error that
+  // buffers its copies read and write (offload); a refusal is an error that
   // names the locked-memory limit and --no-pin. release() takes the same flag.
   void* allocate(Place place, Category cat, size_t bytes, bool pinned = false);
   void release(Place place, Category cat, void* ptr, size_t bytes, bool pinned = false);

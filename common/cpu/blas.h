@@ -3,9 +3,9 @@
 // OpenBLAS picks its kernel set once, when the library loads, from the CPU
 // model or the OPENBLAS_CORETYPE variable. Debian 12's OpenBLAS 0.3.21 does
 // not know recent Xeons and silently falls back to SSE3 "Prescott" kernels,
-// about 8x slower than its AVX-512 ones. blas_select_kernels() is the first
-// call of stage_main() (and of every other main()): if OpenBLAS chose a generic kernel set although the
-// CPU has AVX-512 (or AVX2+FMA), it sets OPENBLAS_CORETYPE to the matching
+// much slower than its AVX-512 ones. blas_select_kernels() is the first
+// call of stage_main() (and of every other main()): if OpenBLAS chose a
+// generic kernel set although the CPU has AVX-512 (or AVX2+FMA), it sets OPENBLAS_CORETYPE to the matching
 // set and re-executes the program once, so the library loads again with it.
 // A CPU without those features keeps what OpenBLAS chose; nothing can crash.
 #pragma once

@@ -1,6 +1,6 @@
 // copy_queue.h: the CPU twin of a GPU's copy engine and of pinned memory.
 //
-// Stage 05 overlaps host<->device copies with compute. On a GPU the copies
+// Offload overlaps host<->device copies with compute. On a GPU the copies
 // run on a copy stream while kernels run on the compute stream; on the CPU
 // device (host memory counted as "device") a copy is a memcpy, and the
 // CopyQueue runs those memcpys on a thread of its own, in issue order, so

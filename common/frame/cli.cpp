@@ -20,7 +20,7 @@ namespace zf {
 
 namespace {
 
-// Stage 05's flags. The folder of --offload-dir is checked where the files
+// The offload flags. The folder of --offload-dir is checked where the files
 // are made, before step 0 (05_offload/disk_tier.h).
 void validate_offload_flags(const TrainConfig& cfg) {
   const OffloadOptions& o = cfg.offload;
@@ -120,7 +120,7 @@ constexpr int kRanksPerCore = 4;
 
 }  // namespace
 
-// Stage 04's flags, each checked against the run's other values up front (cli.h).
+// The FSDP flags, each checked against the run's other values up front (cli.h).
 void validate_fsdp_flags(TrainConfig& cfg, const std::string& reshard, const std::string& reduce_dtype) {
   FsdpOptions& f = cfg.fsdp;
   const int L = cfg.model.L;
@@ -246,7 +246,7 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
                  "good, and the others' collectives time out (tests, demos)")
       ->group("");
 
-  // Stage 04's flags: in its --help; every other stage parses them hidden,
+  // The FSDP flags: in the --help of the stages that have them; every other stage parses them hidden,
   // only to refuse them below by name.
   const bool fsdp = stage.flags == StageFlags::fsdp || stage.flags == StageFlags::offload;
   const bool offload = stage.flags == StageFlags::offload;

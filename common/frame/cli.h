@@ -9,25 +9,15 @@
 #include <string>
 
 #include "config.h"
+#include "stage_main.h"
 
 namespace zf {
-
-// The groups of stage-specific flags (docs/SPEC.md): a stage registers the
-// ones it has; every other stage refuses them, naming the stage that has them.
-// Stage 05 has stage 04's flags and its own.
-enum class StageFlags { none, fsdp, offload };
-
-struct StageInfo {
-  std::string exe;          // "dp"
-  std::string title;        // "stage 00: data parallel"
-  StageFlags flags = StageFlags::none;
-};
 
 // Returns the configuration, or nullopt when --help was printed.
 // Throws UsageError for anything invalid.
 std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& stage);
 
-// Stage 04's flags (--wrap-blocks, --reshard-after-forward, --prefetch,
+// The FSDP flags (--wrap-blocks, --reshard-after-forward, --prefetch,
 // --max-gathered, --reduce-dtype, --shard-group, --no-sync) against the
 // rest of cfg; reshard and reduce_dtype as given ("" for the default
 // reduce dtype). Sets cfg.fsdp's parsed fields. Throws UsageError.

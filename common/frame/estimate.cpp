@@ -13,12 +13,6 @@ namespace zf {
 
 namespace {
 
-// Stage 05's disk tier streams a shard through two chunks of each array it
-// keeps in files, a chunk being 1 Mi floats, or the shard rounded up to
-// 1024 floats when it is smaller (05_offload/disk_adamw.h, disk_tier.cpp).
-constexpr double kDiskChunkElems = double(size_t(1) << 20);
-constexpr double kDiskAlignElems = 1024;
-
 // The collectives' per-rank share of a buffer in the ring model (comm.h).
 double ring(int ranks) { return ranks <= 1 ? 0.0 : double(ranks - 1) / ranks; }
 
@@ -41,29 +35,18 @@ StageEstimate estimate_from_sizes(Stage stage, const TrainConfig& cfg, const Mod
   est.sizes = z;
   const OffloadOptions& off = cfg.offload;
   const bool offload = stage == Stage::offload;
-  est.states = model_state_bytes(stage, cfg.precision, z, offload && off.offload_params, offload && off.delay_update);
+  StateOptions so;
+  so.no_sync = is_fsdp_family(stage) && cfg.fsdp.no_sync;
+  so.offload_params = offload && off.offload_params;
+  so.delay_update = offload && off.delay_update;
+  so.disk_tier = offload && !off.offload_dir.empty();
+  est.states = model_state_bytes(stage, cfg.precision, z, so);
   const double e = double(dtype_size(storage_dtype(cfg.precision)));
   const double S = z.shard, Pp = z.padded, K = cfg.grad_accum;
-  // --no-sync keeps every unit's unsharded gradient, padded, in the recipe's
-  // dtype, for the whole run (04_fsdp/flat_grads.h).
-  if (is_fsdp_family(stage) && cfg.fsdp.no_sync) est.states.device.grads += e * Pp;
-  if (offload && !off.offload_dir.empty()) {
-    // The moments in files; with --offload-params in bf16 the float32
-    // shards too, the host keeping only the bf16 copy (05_offload/offload.cpp).
-    const bool master_on_disk = off.offload_params && cfg.precision == Precision::bf16;
-    const double arrays = master_on_disk ? 3 : 2;
-    const double chunk = std::min(kDiskChunkElems, std::ceil(S / kDiskAlignElems) * kDiskAlignElems);
-    est.disk.optimizer = 8 * S;
-    est.states.host.optimizer = 2 * arrays * chunk * 4;
-    if (master_on_disk) {
-      est.disk.params = 4 * S;
-      est.states.host.params -= 4 * S;
-    }
-  }
 
   // Communication per optimizer step (docs/SPEC.md section 8), with the
   // loss's float32 all-reduce over all N and the gradient norm's 20 int64
-  // partial sums over the ranks that share a shard (stages 01-05).
+  // partial sums over the ranks that share a shard (every stage that shards).
   auto& c = est.comm;
   const int N = cfg.ranks;
   const double fN = ring(N);

@@ -34,8 +34,7 @@ Stage parse_stage(const std::string& name, const char* flag);
 struct StageEstimate {
   Stage stage = Stage::dp;
   ModelSizes sizes;         // the elements this stage pads and shards (its FSDP units, its shard group)
-  ModelStateBytes states;   // params, grads, optimizer on the device and the host
-  StateBytes disk;          // stage 05 with --offload-dir: the files' bytes
+  ModelStateBytes states;   // params, grads, optimizer on the device, the host and (--offload-dir) disk
   std::optional<double> activations;  // device bytes of category activations; none without a shape
   // Stages 03-05: the peak of category gathered (units all-gathered whole),
   // from the schedule of --prefetch, --max-gathered and resharding (stage

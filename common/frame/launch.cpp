@@ -166,7 +166,7 @@ void describe_exception(std::exception_ptr e, std::string& what, bool& aborted) 
   return what;
 }
 
-// The exit status stage_main gives each kind of error (runner.h).
+// The exit status stage_main gives each kind of error (stage_main.h).
 [[maybe_unused]] int exit_status_of(std::exception_ptr e) {
   try {
     std::rethrow_exception(e);

@@ -1,6 +1,9 @@
 // memory_model.cpp: docs/SPEC.md's model-state formulas (see memory_model.h).
 #include "memory_model.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "check.h"
 
 namespace zf {
@@ -49,8 +52,8 @@ ModelSizes padded_sizes(const ModelLayout& layout, int ranks) {
   return z;
 }
 
-ModelStateBytes model_state_bytes(Stage stage, Precision precision, const ModelSizes& z,
-                                  bool offload_params, bool delay_update) {
+ModelStateBytes model_state_bytes(Stage stage, Precision precision, const ModelSizes& z, const StateOptions& opt) {
+  const bool offload_params = opt.offload_params, delay_update = opt.delay_update;
   const double e = precision == Precision::fp32 ? 4 : 2;   // params and grads, compute dtype
   const double o = precision == Precision::fp32 ? 8 : 12;  // float32 moments (+ master in bf16)
   ModelStateBytes b;
@@ -84,6 +87,26 @@ ModelStateBytes model_state_bytes(Stage stage, Precision precision, const ModelS
         if (offload_params) b.host.params += e * z.shard;
       }
       break;
+  }
+  // --no-sync keeps every unit's unsharded gradient, padded, in the recipe's
+  // dtype, for the whole run (04_fsdp/flat_grads.h).
+  const bool fsdp_family = stage == Stage::fsdp || stage == Stage::offload;
+  if (fsdp_family && opt.no_sync) b.device.grads += e * z.padded;
+  if (stage == Stage::offload && opt.disk_tier) {
+    // The moments in files; with --offload-params in bf16 the float32
+    // shards too, the host keeping only the bf16 copy (05_offload/offload.cpp).
+    // The host streams them through two chunks of each array: a chunk is
+    // kDiskChunkElems floats, or the shard rounded up to kDiskAlignElems
+    // when it is smaller (05_offload/disk_tier.h).
+    const bool master_on_disk = offload_params && precision == Precision::bf16;
+    const double arrays = master_on_disk ? 3 : 2;
+    const double chunk = std::min(double(kDiskChunkElems), std::ceil(z.shard / kDiskAlignElems) * kDiskAlignElems);
+    b.disk.optimizer = 8 * z.shard;
+    b.host.optimizer = 2 * arrays * chunk * 4;
+    if (master_on_disk) {
+      b.disk.params = 4 * z.shard;
+      b.host.params -= 4 * z.shard;
+    }
   }
   return b;
 }

@@ -39,7 +39,7 @@ namespace zf {
 
 enum class Stage { dp, zero1, zero2, zero3, fsdp, offload };
 const std::vector<Stage>& all_stages();
-const char* stage_label(Stage s);  // "00 dp", "01 ZeRO-1", ...
+const char* stage_label(Stage s);  // "00 data parallel", "01 ZeRO-1", ...
 
 // Element counts (doubles: P / N need not be whole when unpadded; with the
 // padded sizes of a real model every value is an exact integer).
@@ -61,12 +61,28 @@ struct StateBytes {
 };
 struct ModelStateBytes {
   StateBytes device, host;
+  StateBytes disk;  // --offload-dir: the files' bytes (not in total())
   double total() const { return device.total() + host.total(); }
 };
 
+// The flags that change what a rank keeps: no_sync for Stage::fsdp and
+// Stage::offload; the rest for Stage::offload only.
+struct StateOptions {
+  bool offload_params = false;  // --offload-params
+  bool delay_update = false;    // --delay-update
+  bool no_sync = false;         // --no-sync: + e * Pp device grads (the kept unsharded gradients)
+  bool disk_tier = false;       // --offload-dir: the moments (and in bf16 with
+                                // --offload-params the float32 shards) in files,
+                                // the host holding two chunks of each
+};
+
+// The disk tier's chunk: 1 Mi floats, each chunk but the last page-aligned
+// (a multiple of 1024 floats); stage 05's DiskAdamW uses the same values.
+constexpr size_t kDiskChunkElems = size_t(1) << 20;
+constexpr size_t kDiskAlignElems = 1024;
+
 // Bytes per rank of params, grads and optimizer state on each place.
-// offload_params and delay_update matter for Stage::offload only.
 ModelStateBytes model_state_bytes(Stage stage, Precision precision, const ModelSizes& sizes,
-                                  bool offload_params = false, bool delay_update = false);
+                                  const StateOptions& options = {});
 
 }  // namespace zf

@@ -68,7 +68,7 @@ void check_output_paths(const TrainConfig& cfg, bool writes) {
                                       {"--log-json", cfg.log_json},
                                       {"--trace", cfg.trace}};
   const std::vector<Named> inputs = {{"--data", cfg.data}, {"--init", cfg.init}, {"--resume", cfg.resume}};
-  // Stage 05 makes and removes folders under --offload-dir: nothing the run
+  // The disk tier makes and removes folders under --offload-dir: nothing the run
   // reads or writes may be there, or be the folder itself.
   const std::string& offload = cfg.offload.offload_dir;
   for (const std::vector<Named>* list : {&inputs, &outputs})

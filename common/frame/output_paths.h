@@ -16,8 +16,8 @@ bool same_file(const std::string& a, const std::string& b);
 
 // Throws UsageError, naming both flags, if an output (--save, --save-init,
 // --log-json, --trace) is the same file as an input (--data, --init,
-// --resume) or as another output, or if an input or output lies in stage
-// 05's --offload-dir. When
+// --resume) or as another output, or if an input or output lies in
+// --offload-dir. When
 // `writes` (the process that writes the outputs), also refuses, one message
 // naming the flag, an output whose folder is missing or not writable, or
 // that is a directory, a FIFO or a device; the check leaves no file behind.

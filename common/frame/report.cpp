@@ -122,7 +122,7 @@ nlohmann::json summary_json(const RunResult& run) {
       if (s.calls[k]) by[collective_name(CollectiveKind(k))] = s.bytes[k] / steps;
     json entry_comm = {{"rank", r}, {"bytes_per_step", s.total_bytes() / steps}, {"by_collective", by}};
     const TransferStats& t = run.ranks[r].transfers;
-    if (t.to_device_copies + t.to_host_copies > 0)  // stage 05: the host<->device copies
+    if (t.to_device_copies + t.to_host_copies > 0)  // offload: the host<->device copies
       entry_comm["transfers_per_step"] = {{"to_device_bytes", t.to_device_bytes / steps},
                                           {"to_host_bytes", t.to_host_bytes / steps},
                                           {"to_device_copies", t.to_device_copies / steps},

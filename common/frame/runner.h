@@ -1,23 +1,19 @@
-// runner.h: what every stage's main() does, and the library entry point the
-// tests call: load the data, start the ranks, run the stage's training
-// function on each, gather the per-rank results, print and log them.
+// runner.h: what stage_main (stage_main.h) runs, and the library entry
+// point the tests call: load the data, start the ranks, run the stage's
+// training function on each, gather the per-rank results, print and log them.
 //
 // A stage provides one StageFn; everything around it is shared, so a stage
 // folder shows only its strategy.
 #pragma once
-
-#include <functional>
 
 #include "cli.h"
 #include "config.h"
 #include "data.h"
 #include "launch.h"
 #include "report.h"
+#include "stage_main.h"
 
 namespace zf {
-
-using StageFn =
-    std::function<RankResult(const TrainConfig&, RankContext&, const TokenData&, StepReporter&)>;
 
 // Runs a stage with cfg.ranks ranks. Throws UsageError (bad data file),
 // OutOfMemory (over --device-mem) or Error (a rank failed, named). A run
@@ -29,11 +25,5 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage);
 // The exit status of a run that returned (docs/SPEC.md "Exit codes"):
 // 128 + the signal it stopped on, else 4 if an output was not written, else 0.
 int exit_status(const RunResult& run);
-
-// main() of a stage executable: the BLAS's kernels (blas.h), flags, stop
-// handlers, run, tables, exit code
-// (0 ok, 2 usage error, 3 out of memory, 4 an output not written, 128 + N
-// stopped by signal N, 1 any other failure).
-int stage_main(int argc, char** argv, const StageInfo& info, const StageFn& stage);
 
 }  // namespace zf

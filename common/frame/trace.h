@@ -28,7 +28,7 @@
 //                       queued_us how long it waited), so the spans of a
 //                       track never overlap, which the format requires
 //   tid after the last queue's, "copy"   only where the device copied
-//                       asynchronously (stage 05): an "X" span per copy, "h2d"
+//                       asynchronously (offload): an "X" span per copy, "h2d"
 //                       or "d2h", args {bytes, id, step, issued_us,
 //                       queued_us, waited_us, timed}. Tracing sets an observer
 //                       on the rank's device (Device::set_copy_observer),

@@ -26,6 +26,7 @@
 #include <string>
 #include <tuple>
 
+#include "adamw.h"
 #include "model.h"
 #include "safetensors.h"
 
@@ -54,9 +55,6 @@ class CheckedOnce {
  private:
   std::unique_ptr<std::tuple<dev_t, ino_t, off_t, long long>> id_;
 };
-
-// What a checkpoint holds of each parameter.
-enum class StateKind { params, m, v };
 
 // params, m, v: the whole model's values of each kind in consolidated order;
 // step: optimizer steps taken. Written atomically (safetensors.h).

@@ -16,7 +16,7 @@
 namespace zf {
 
 
-// The flags of stage 04 (FSDP) and after (docs/SPEC.md, "Stage-specific
+// The FSDP flags (docs/SPEC.md, "Stage-specific
 // flags"): parsed for every stage, refused by the stages that lack them.
 struct FsdpOptions {
   int wrap_blocks = 1;                // K consecutive blocks per FSDP unit
@@ -28,7 +28,7 @@ struct FsdpOptions {
   bool no_sync = false;               // accumulate unsharded gradients, reduce-scatter once per step
 };
 
-// The flags of stage 05 (offload; docs/SPEC.md, "Stage-specific flags"):
+// The offload flags (docs/SPEC.md, "Stage-specific flags"):
 // parsed for every stage, refused by the stages that lack them.
 struct OffloadOptions {
   bool offload_params = false;  // the parameter shards live on the host too (ZeRO-Infinity's CPU tier)
@@ -77,8 +77,8 @@ struct TrainConfig {
   // others in a collective before the job is aborted (0: neither given, the
   // backend's default, kDefaultCommTimeoutS; NCCL's ZF_NCCL_TIMEOUT_S).
   double comm_timeout_s = 0;
-  FsdpOptions fsdp;               // stage 04's flags (defaults elsewhere)
-  OffloadOptions offload;         // stage 05's
+  FsdpOptions fsdp;               // the FSDP flags (defaults elsewhere)
+  OffloadOptions offload;         // the offload flags
 
   int64_t global_batch() const { return int64_t(ranks) * batch * grad_accum; }  // G = N*B*K
   std::string data_name() const { return data.empty() ? "(built-in corpus)" : data; }
@@ -92,8 +92,8 @@ struct RankResult {
   MemoryCounts memory;            // at the end of the run
   CommStats comm;                 // over the whole run, every communicator of the rank
   CommStats comm_cross_group;     // hybrid sharding: the part of comm across the shard groups
-  TransferStats transfers;        // host<->device copies of the steps trained (stage 05; not the initial load)
-  std::string host_optimizer;     // what ran AdamW on the host (stage 05): "avx2, 2 threads"
+  TransferStats transfers;        // host<->device copies of the steps trained (offload; not the initial load)
+  std::string host_optimizer;     // what ran AdamW on the host (offload): "avx2, 2 threads"
   uint64_t param_hash = 0;        // final float32 parameters in consolidated order
   int first_step = 0;             // the step this run started at (> 0 after --resume)
   int stop_signal = 0;            // the signal the ranks stopped on (stop_request.h), or 0

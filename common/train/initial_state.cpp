@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "check.h"
+#include "checkpoint.h"
 #include "precision.h"
 #include "rng.h"
 
@@ -56,6 +57,8 @@ InitialState::InitialState(const TrainConfig& cfg, const ModelLayout& layout, co
     load_model(cfg.init, layout, file_model_.data());
   }
 }
+
+InitialState::~InitialState() = default;
 
 void InitialState::read(int u, StateKind kind, size_t begin, size_t end, float* host) const {
   const UnitLayout& unit = layout_.units[u];

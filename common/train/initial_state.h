@@ -20,7 +20,6 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint.h"
 #include "config.h"
 #include "device.h"
 #include "model.h"
@@ -28,9 +27,12 @@
 
 namespace zf {
 
+class CheckpointReader;  // io/checkpoint.h
+
 class InitialState {
  public:
   InitialState(const TrainConfig& cfg, const ModelLayout& layout, const RankContext& ctx);
+  ~InitialState();
 
   // The first step this run trains: 0, or the checkpoint's step on --resume.
   int first_step() const { return first_step_; }

@@ -41,7 +41,7 @@ void set_stop_signal(int signal);
 std::string signal_name(int signal);
 
 // A second signal ends the process at once, without unwinding, so what a
-// run made for itself alone (stage 05's offload folder) would stay. Such a
+// run made for itself alone (an --offload-dir folder) would stay. Such a
 // file or folder is registered here: `name` in the folder open as `dir`
 // (a descriptor, so a rename of the folder does not matter), removed by the
 // handler before it exits, files before folders. Returns a handle for

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "checkpoint.h"
 #include "comm_recording.h"
 #include "host_collectives.h"
 #include "stop_request.h"

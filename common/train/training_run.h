@@ -3,7 +3,7 @@
 //
 //   Zero1States states(...);                  the stage's model states (a ModelStates)
 //   TrainingRun run(cfg, layout, ctx, log, states);   load them, --save-init; a
-//                                             failing rank now stops the group (comm.h)
+//                                             failing rank from here on stops the group (comm.h)
 //   for (int step = run.first_step(); run.keep_going(step); ++step) {
 //     ...                                     the stage's step
 //     run.end_step(step, loss, grad_norm, ms);  record, report, --save when due
@@ -18,7 +18,6 @@
 
 #include <vector>
 
-#include "checkpoint.h"
 #include "config.h"
 #include "initial_state.h"
 #include "model.h"
@@ -65,7 +64,7 @@ class TrainingRun {
   // gathers the states; its collectives are not counted as training's.
   // Then the ranks vote on ctx.control whether any has received a stop
   // signal; if one has, every rank saves (--save) and keep_going() says no.
-  // phases: where the step's time went (stage 05), for the step line and the run log.
+  // phases: where the step's time went (a stage that times its phases), for the step line and the run log.
   void end_step(int step, float loss, float grad_norm, double ms, const StepPhases& phases = {});
 
   // The end of the run: the memory and communication counters as the

@@ -54,7 +54,7 @@ class FullDisk : public test::TempDirTest {
 };
 
 TEST_F(FullDisk, RunLogFailureKeepsTrainingAndTheCheckpointAndExits4) {
-  // 4 KiB hold about 30 of the 200 step lines.
+  // 4 KiB hold only a part of the 200 step lines.
   const std::string ck = path("ck.st"), copy = path("log-copy.jsonl");
   auto r = on_small_disk(4096, dp() + " --model tiny --batch 1 --quiet --steps 200 --save " + ck + " --log-json " +
                                    disk_ + "/log.jsonl --trace " + disk_ + "/trace.json; s=$?; cp " + disk_ +

@@ -466,7 +466,7 @@ TEST_F(DiskTierTest, RemoveStaleTakesOnlyWhatTheMarkerProvesDead) {
 }
 
 TEST_F(DiskTierTest, RemoveStaleNeverTouchesAnythingElse) {
-  // Files and folders of every shape the old or a careless sweep would take.
+  // Files and folders of every shape a careless sweep would take.
   std::ofstream(path("zf-offload-999999-00000000000000bb-r0-m.bin")) << "a user's file";
   std::ofstream(path("zf-offload-notes.txt")) << "notes";
   fs::create_directory(path("zf-offload-empty"));

@@ -150,7 +150,7 @@ class TwoHopAllReduce final : public Communicator {
 
 // `stage` (stage 00) with every rank's communicator a TwoHopAllReduce.
 inline StageFn adding_in_two_hops(const StageFn& stage, int S) {
-  return [stage, S](const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepReporter& reporter) {
+  return [stage, S](const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepLog& reporter) {
     TwoHopAllReduce comm(ctx.comm, S);
     RankContext two_hops{ctx.rank, ctx.world, comm, ctx.mem, ctx.dev};
     RankFailureGuard guard(comm);

@@ -49,7 +49,7 @@ struct RecordedRun {
 inline StageFn recorded_stage(const StageFn& stage, std::vector<std::vector<ScheduleEvent>>* out,
                               std::chrono::microseconds delay) {
   return [stage, out, delay](const TrainConfig& cfg, RankContext& ctx, const TokenData& data,
-                             StepReporter& reporter) {
+                             StepLog& reporter) {
     RecordOptions opt;
     opt.delay = delay;
     opt.mem = &ctx.mem;

@@ -54,12 +54,12 @@ TEST(Bf16Compute, EveryStageBitIdenticalToDataParallel) {
 // bf16 compute rounds every activation and every gradient op's output to 8
 // significant bits (relative error up to 2^-9 = 2e-3 per rounding), but the
 // loss is a mean over B*T*N = 128 positions and the roundings are unbiased,
-// so it moves far less. Measured (tiny, N = 2, B = 1, 10 steps, lr 3e-4):
-// max |loss(bf16 compute) - loss(f32 compute)| = 3.0e-4 at losses ~5.5;
-// tolerance 3e-3, a margin of 10x. A real error in the plumbing moves
-// it much more: training on other batches changes the loss by ~0.02
-// (stage_test_util.h, gradient accumulation), a missing gradient term stops
-// the loss from falling.
+// so it moves far less: tolerance 3e-3 on
+// max |loss(bf16 compute) - loss(f32 compute)| (tiny, N = 2, B = 1,
+// 10 steps, lr 3e-4, losses ~5.5). A real error in the plumbing moves it
+// much more: training on other batches changes the loss by far more than the
+// tolerance (stage_test_util.h, gradient accumulation), a missing gradient
+// term stops the loss from falling.
 // The losses must also differ (bf16 compute really happened).
 TEST(Bf16Compute, CloseToF32Compute) {
   const TrainConfig f32 = bf16_config(model_preset("tiny"), 2, 10, DType::f32);
@@ -100,9 +100,10 @@ TEST(Bf16Compute, HalvesActivationsAndNeedsNoWorkspace) {
 
 // --attention flash trains like the simple form: the same formula summed in
 // another order (float32, a few ulps per op), tolerance 1e-5, while an
-// update 1% off moves the tiny model's loss by ~8e-4. Measured: the five
-// losses equal as float32, the final parameters not (the hash differs). Its attention keeps lse [B,H,T] (4 bytes
-// a row) instead of the probabilities [B,H,T,T], so the activations shrink.
+// update 1% off moves the tiny model's loss by far more than the tolerance.
+// The final parameters must differ (the hash), or the flash path did not
+// run. Its attention keeps lse [B,H,T] (4 bytes a row) instead of the
+// probabilities [B,H,T,T], so the activations shrink.
 // Every stage with flash attention keeps stage 00's bits (the same argument
 // as above: the stages never change a rank's arithmetic).
 TEST(FlashAttentionOnTheCpu, TrainsLikeTheSimpleFormInEveryStage) {

@@ -166,8 +166,8 @@ TEST_F(EstimateDisk, OffloadDirMovesTheMomentsToDisk) {
         expect_estimate_matches_run(Stage::offload, cfg);
         const MemoryCounts on_disk = run_training(cfg, train_offload).ranks[0].memory;
         const StageEstimate est = estimate_stage(Stage::offload, cfg);
-        EXPECT_EQ(est.disk.optimizer, double(in_memory.cur(Place::host, Category::optimizer)));
-        EXPECT_EQ(est.disk.params, double(in_memory.cur(Place::host, Category::params)) -
+        EXPECT_EQ(est.states.disk.optimizer, double(in_memory.cur(Place::host, Category::optimizer)));
+        EXPECT_EQ(est.states.disk.params, double(in_memory.cur(Place::host, Category::params)) -
                                        double(on_disk.cur(Place::host, Category::params)));
       }
 }

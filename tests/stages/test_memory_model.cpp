@@ -67,7 +67,7 @@ TEST(MemoryModel, SpecTableUnpadded) {
   const ModelStateBytes off = model_state_bytes(Stage::offload, Precision::bf16, z);
   EXPECT_EQ(off.device.total(), 0.5e9);
   EXPECT_EQ(off.host.total(), 4.5e9);
-  const ModelStateBytes offp = model_state_bytes(Stage::offload, Precision::bf16, z, true);
+  const ModelStateBytes offp = model_state_bytes(Stage::offload, Precision::bf16, z, {.offload_params = true});
   EXPECT_EQ(offp.device.total(), 0.0);
   EXPECT_EQ(offp.host.total(), 4.5e9);
   EXPECT_EQ(model_state_bytes(Stage::offload, Precision::fp32, z).device.total(), 1e9);  // 4P/N

@@ -164,7 +164,7 @@ TEST(OffloadMemory, ModelStatesAreWhereTheFormulaSays) {
         // memory_model.h says the same.
         const ModelStateBytes mm = model_state_bytes(Stage::offload, p,
                                                      padded_sizes(wrap_blocks(build_layout(odd4()), 1).flat, N),
-                                                     offload_params);
+                                                     {.offload_params = offload_params});
         EXPECT_EQ(mm.device.total(), double(device_params));
         EXPECT_EQ(mm.host.params, double(host_params));
         EXPECT_EQ(mm.host.grads, double(4 * S));
@@ -283,8 +283,8 @@ TEST(OffloadTransfers, BytesPerStepAreTheFormula) {
 // 05_offload/README.md's lesson on the simulated device: small, 2 ranks,
 // one sequence each, bf16, full recomputation (so that the model states,
 // not the activations, decide). At 8 MiB per rank every stage 00-04 runs
-// out of device memory (their peaks: 18.1, 12.8, 12.8, 12.7, 12.9 MB) and
-// stage 05 trains (6.9 MB); at 6.5 MiB it needs --offload-params (6.3 MB).
+// out of device memory and stage 05 trains; at 6.5 MiB it needs
+// --offload-params.
 TrainConfig readme_config(size_t budget) {
   TrainConfig cfg = test::quiet_config("small", 2, 1, 1);
   cfg.precision = Precision::bf16;
@@ -459,7 +459,7 @@ TEST_F(OffloadCheckpoint, ResumeWithTheMomentsOnDiskContinuesBitForBit) {
   const std::string folder = dir_ + "/offload";
   std::filesystem::create_directory(folder);
   test::expect_resume_continues_bit_for_bit(
-      [folder](const TrainConfig& c, RankContext& ctx, const TokenData& d, StepReporter& r) {
+      [folder](const TrainConfig& c, RankContext& ctx, const TokenData& d, StepLog& r) {
         TrainConfig cfg = c;
         cfg.offload.offload_dir = folder;
         return train_offload(cfg, ctx, d, r);
@@ -471,7 +471,7 @@ TEST_F(OffloadCheckpoint, ResumeContinuesBitForBit) { test::expect_resume_contin
 
 TEST_F(OffloadCheckpoint, ResumeWithOffloadParamsContinuesBitForBit) {
   test::expect_resume_continues_bit_for_bit(
-      [](const TrainConfig& c, RankContext& ctx, const TokenData& d, StepReporter& r) {
+      [](const TrainConfig& c, RankContext& ctx, const TokenData& d, StepLog& r) {
         TrainConfig cfg = c;
         cfg.offload.offload_params = true;
         return train_offload(cfg, ctx, d, r);

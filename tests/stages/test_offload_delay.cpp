@@ -100,7 +100,7 @@ struct DelayedReplica final : ModelStates {
 // at once, and from the run's second step on w is set to the master as it
 // was before the update, one update behind.
 RankResult train_delayed_reference(const TrainConfig& cfg, RankContext& ctx, const TokenData& data,
-                                   StepReporter& reporter) {
+                                   StepLog& reporter) {
   REQUIRE(cfg.grad_accum == 1, "the reference reduces once per step (K = 1)");
   const ModelLayout layout = build_layout(cfg.model);
   const int U = int(layout.units.size());
@@ -232,7 +232,8 @@ TEST(OffloadDelay, HostHoldsTheSecondBuffers) {
         const size_t device_params = offload_params ? 0 : e * S;
         const size_t host_params = 4 * S + (p == Precision::bf16 ? 2 * S : 0) + (offload_params ? e * S : 0);
         const ModelStateBytes mm = model_state_bytes(
-            Stage::offload, p, padded_sizes(wrap_blocks(build_layout(odd4()), 1).flat, N), offload_params, true);
+            Stage::offload, p, padded_sizes(wrap_blocks(build_layout(odd4()), 1).flat, N),
+            {.offload_params = offload_params, .delay_update = true});
         EXPECT_EQ(mm.device.total(), double(device_params));
         EXPECT_EQ(mm.host.params, double(host_params));
         EXPECT_EQ(mm.host.grads, double(8 * S));
@@ -348,7 +349,7 @@ TEST_F(OffloadDelayFiles, ACheckpointHoldsTheUpdateInFlight) {
       };
       const RunResult ref = write(train_delayed_reference, "ref.safetensors");
       const RunResult got = write(
-          [](const TrainConfig& c, RankContext& ctx, const TokenData& d, StepReporter& r) {
+          [](const TrainConfig& c, RankContext& ctx, const TokenData& d, StepLog& r) {
             return train_offload(delayed(c), ctx, d, r);
           },
           "offload.safetensors");

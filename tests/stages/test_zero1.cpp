@@ -16,7 +16,7 @@
 //   build/tests/test_zero1 --gtest_filter='*Zero1Schedule*'  # one group of them
 //   build/tests/test_zero1 --gtest_list_tests                # their names
 //
-// ZF_TEST_PRINT=1 prints the measured numbers the comments quote.
+// ZF_TEST_PRINT=1 prints the measured values beside their tolerances.
 #include <gtest/gtest.h>
 
 #include "comm.h"

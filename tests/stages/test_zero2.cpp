@@ -19,7 +19,7 @@
 //   build/tests/test_zero2 --gtest_filter='*Zero2Schedule*'  # one group of them
 //   build/tests/test_zero2 --gtest_list_tests                # their names
 //
-// ZF_TEST_PRINT=1 prints the measured numbers the comments quote.
+// ZF_TEST_PRINT=1 prints the measured values beside their tolerances.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -56,7 +56,7 @@ TEST(Zero2Parity, RunLogCarriesTheGradNorm) { test::expect_run_log_carries_the_g
 // K = 2: ZeRO-2 reduce-scatters every micro-step and accumulates the reduced
 // pieces, sum over micro-steps of (sum over ranks): other additions than
 // stage 00's, so close to its losses, not equal (stage_test_util.h gives
-// the measured differences and the tolerances).
+// the tolerances).
 TEST(Zero2Parity, GradAccumulation) { test::expect_accumulation_close_to_dp(train_zero2, "02 zero2"); }
 
 // ------------------------------------------------------------------ memory
