@@ -8,20 +8,23 @@ library only.
 
 READING below is the list: for stage 00 the stage's files and the common/
 files its lesson needs, in the order the loop meets them; for each later
-stage only what is new. The tables hold no line counts, so an edit of a
-listed file leaves them current; adding, moving or removing one needs
---write. A listed file that does not exist is an error naming it: fix READING.
+stage only what is new; then HARNESS, the entry points of the rest. The
+tables hold no line counts, so an edit of a listed file leaves them current;
+adding, moving or removing one needs --write. The course's size in files
+and lines, below the tables, is written by --write and not compared by
+--check. A listed file that does not exist is an error naming it: fix READING.
 
 In docs/ARCHITECTURE.md the tables stand between the two marker lines
 BEGIN and END below; --write replaces what is between them and nothing else.
 """
 import argparse
 import os
+import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join("docs", "ARCHITECTURE.md")
-BEGIN = "<!-- reading list: begin (written by scripts/reading_list.py --write) -->"
+BEGIN = "<!-- reading list: begin (written by python3 scripts/docs.py write) -->"
 END = "<!-- reading list: end -->"
 
 # (title, the stage's CHANGES.diff or None, [(file, what to look for)],
@@ -79,6 +82,7 @@ READING = [
     ], ["tests/stages/test_zero3.cpp"]),
     ("Stage 04: FSDP, ZeRO-3 with FSDP's units and knobs (what is new)", "04_fsdp/CHANGES.diff", [
         ("04_fsdp/fsdp.h", "what changes against stage 03, and the memory per rank"),
+        ("common/train/config.h", "FsdpOptions: the flags of FSDP and their defaults"),
         ("04_fsdp/flat_units.h", "the wrap policy: K blocks per flat parameter"),
         ("04_fsdp/flat_units.cpp", "the FSDP units as a layout of their own"),
         ("04_fsdp/flat_params.h", "float32 shards, cast and gathered; prefetch, the limit, the kept head"),
@@ -92,21 +96,54 @@ READING = [
      "05_offload/CHANGES.diff", [
         ("05_offload/offload.h", "what changes against stage 04, and the memory on each place"),
         ("common/core/device.h", "asynchronous host/device copies (Transfer) and pinned host memory"),
+        ("common/core/adamw.h", "CpuAdamW: AdamW on the host's cores"),
         ("common/cpu/copy_queue.h", "the CPU device's copy thread and mlock'ed buffers"),
         ("05_offload/offload_params.h", "float32 shards on the host, the device's copy, --offload-params"),
         ("05_offload/offload_params.cpp", "the host copy, its upload, the all-gather's input"),
         ("05_offload/host_grads.h", "reduced pieces copied device->host into float32 shards"),
         ("05_offload/host_grads.cpp", "two landing buffers, the float32 accumulation"),
         ("05_offload/disk_tier.h", "--offload-dir: state in files, streamed through two chunks"),
-        ("05_offload/disk_tier.cpp", "the I/O thread, the files, stale files of killed runs"),
         ("05_offload/disk_adamw.h", "AdamW with its moments on disk"),
         ("05_offload/disk_adamw.cpp", "the optimizer step as a stream over chunks"),
         ("05_offload/delayed_update.h", "--delay-update: the CPU update on a worker thread, one step late"),
         ("05_offload/delayed_update.cpp", "the worker, its join and its errors"),
         ("05_offload/offload.cpp", "the loop: stage 04's step, the update on the host, the uploads"),
         ("05_offload/train.cpp", "main()"),
-    ], ["tests/stages/test_offload.cpp", "tests/stages/test_offload_delay.cpp"]),
+    ], ["05_offload/disk_tier.cpp", "tests/stages/test_offload.cpp", "tests/stages/test_offload_delay.cpp"]),
 ]
+
+# The harness: what runs the course and checks it, for whoever changes it
+# (a stage sees only frame/entry/stage_main.h of it).
+HARNESS = [
+    ("common/frame/entry/stage_main.h", "what a stage sees of the harness: StageFn, stage_main"),
+    ("common/frame/runner.h", "run_training: the data, the ranks, the results"),
+    ("common/frame/launch.h", "starting the ranks: threads, mpirun, the environment"),
+    ("common/frame/cli.h", "every flag, checked before any work"),
+    ("common/frame/report.h", "the step line, the run log, the closing tables"),
+    ("common/frame/memory_model.h", "each stage's model-state bytes, per place and category"),
+    ("common/frame/estimate.h", "the same bytes without running: tools/memory_estimate"),
+    ("common/frame/trace.h", "--trace: the timeline of ops and collectives"),
+    ("common/io/checkpoint.h", "the training checkpoint, read back with every check"),
+    ("common/io/output_file.h", "outputs checked before step 0, written atomically"),
+    ("common/cpu/kernels.h", "what every op computes, on the CPU"),
+    ("common/cpu/blas.h", "which OpenBLAS kernels run, and why it matters"),
+    ("common/comm/mpi/comm_mpi.h", "the mpi backend: a rank per process"),
+    ("docs/GPU.md", "the CUDA device and the nccl backend"),
+]
+
+
+def line_count(rel):
+    with open(os.path.join(ROOT, rel), encoding="utf-8", errors="replace") as f:
+        return sum(1 for _ in f)
+
+
+def course_size():
+    """The files of every list's table and their lines: what a student reading
+    the course holds. Written by --write, not compared by --check."""
+    files = [f for _, _, fs, _ in READING for f, _ in fs]
+    files = list(dict.fromkeys(files))
+    return (f"The course, followed through every table: {len(files)} files, "
+            f"{sum(line_count(f) for f in files):,} lines.")
 
 
 def link(rel):
@@ -118,6 +155,7 @@ def tables():
     missing = [rel for _, diff, files, further in READING
                for rel in ([diff] if diff else []) + [f for f, _ in files] + further
                if not os.path.isfile(os.path.join(ROOT, rel))]
+    missing += [f for f, _ in HARNESS if not os.path.isfile(os.path.join(ROOT, f))]
     if missing:
         sys.exit("reading_list: listed but missing: " + ", ".join(missing) +
                  " (update READING in scripts/reading_list.py)")
@@ -136,7 +174,23 @@ def tables():
             out.append("")
             out.append("Further, for the details: " + ", ".join(link(f) for f in further) + ".")
         out.append("")
+    out.append(course_size())
+    out.append("")
+    out.append("**The harness (what a stage never includes)**: "
+               f"{len(HARNESS)} entry points, for whoever changes it")
+    out.append("")
+    out.append("| # | file | what to look for |")
+    out.append("|---:|---|---|")
+    for i, (f, what) in enumerate(HARNESS, 1):
+        out.append(f"| {i} | {link(f)} | {what} |")
+    out.append("")
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def without_size(text):
+    """The text with the course's size blanked: the one generated line --check ignores."""
+    return re.sub(r"(The course, followed through every table: )[0-9,]+ files, [0-9,]+ lines",
+                  r"\1N files, N lines", text)
 
 
 def with_tables(doc_text, body):
@@ -158,20 +212,30 @@ def main():
     if not (args.write or args.check):
         sys.stdout.write(body)
         return 0
+    if args.write:
+        main_write()
+        return 0
     path = os.path.join(ROOT, DOC)
     with open(path, encoding="utf-8") as f:
         text = f.read()
     new = with_tables(text, body)
     if args.check:
-        if new != text:
-            print(f"{DOC}: the reading list is stale; run python3 scripts/reading_list.py --write")
+        if without_size(new) != without_size(text):
+            print(f"{DOC}: the reading list is stale; run python3 scripts/docs.py write")
             return 1
-        return 0
+    return 0
+
+
+def main_write():
+    """Refreshes the tables (and the course's size) in DOC."""
+    path = os.path.join(ROOT, DOC)
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    new = with_tables(text, tables())
     if new != text:
         with open(path, "w", encoding="utf-8", newline="\n") as f:
             f.write(new)
         print(f"wrote {DOC}")
-    return 0
 
 
 if __name__ == "__main__":

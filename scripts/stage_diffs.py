@@ -55,7 +55,7 @@ STAGES = [
 ]
 
 OUTPUT = "CHANGES.diff"
-REFRESH = "python3 scripts/stage_diffs.py"
+REFRESH = "python3 scripts/docs.py write"
 CONTEXT = 3  # lines of context around each change, as diff -u
 FIRST_LINE = "# {stage}/" + OUTPUT + ": the files of {stage} against those of {prev}."
 SKIPPED_NAMES = {"README.md", OUTPUT}

@@ -146,7 +146,7 @@ def stage_block(records, folder, cfg):
     return "\n".join([
         BEGIN, "## Measured by the tour", "",
         "`python3 tools/tour.py --write-readmes` wrote this section (and [docs/tour/](../docs/tour/tour.md), "
-        "with the step times); the `tour` test fails when it is stale. " + legend(cfg, rows), "",
+        "with the step times); the `docs` test fails when it is stale (`python3 scripts/docs.py write --build build` refreshes it). " + legend(cfg, rows), "",
         memory_table(rows), "", comm_table(rows, False), "", *pictures, END])
 
 

@@ -303,13 +303,11 @@ class Usage(unittest.TestCase):
 
 
 class References(unittest.TestCase):
-    def test_every_reference_of_every_lab_resolves(self):
+    def test_every_lab_has_anchored_references(self):  # that they resolve: the docs test
         docs = lab_refs.lab_docs()
         self.assertEqual(len(docs), 8, "docs/labs/lab0 ... lab7")
         for d in docs:
             self.assertGreaterEqual(len(lab_refs.references(d)), 3, f"{d}: a Read section of anchored references")
-        count, problems = lab_refs.check_all()
-        self.assertEqual(problems, [], "\n".join(problems))
 
     def test_every_key_a_lab_names_is_one_its_check_accepts(self):
         # the first column of the Predict table, and every --predict KEY= of the Check commands:

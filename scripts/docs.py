@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""docs.py: every part of the documents that is generated from the code, or
+must point at it, checked or rewritten by one command. Standard library only.
+
+    python3 scripts/docs.py check [--build build]   # write nothing; exit 1 naming each stale part
+    python3 scripts/docs.py write [--build build]   # rewrite the generated parts, then check
+
+The parts:
+  stage diffs     every stage's CHANGES.diff against the stage before (stage_diffs.py)
+  reading lists   docs/ARCHITECTURE.md's tables (reading_list.py)
+  tour tables     the stage READMEs' tour sections and docs/tour/ (tools/tour.py;
+                  only with --build, since they are a run's numbers)
+  lab references  every anchor the labs quote is still in its file (lab_refs.py)
+  links           every relative link of every markdown file resolves (check_links.py)
+
+The first three are generated: `write` rewrites them. The last two are
+written by hand: `write` cannot mend them, so it checks them and names what
+to change. tests/python/test_docs.py runs `check` (with the build) as the
+one freshness test of the repository.
+"""
+import argparse
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import check_links  # noqa: E402
+import lab_refs  # noqa: E402
+import reading_list  # noqa: E402
+import stage_diffs  # noqa: E402
+
+TOUR = os.path.join(ROOT, "tools", "tour.py")
+
+
+def command(build):
+    return "python3 scripts/docs.py write" + (f" --build {build}" if build else "")
+
+
+def stale_stage_diffs():
+    problems, _ = stage_diffs.stale(ROOT)
+    return [f"{rel}: {why}" for rel, why in problems]
+
+
+def stale_reading_lists():
+    with open(os.path.join(ROOT, reading_list.DOC), encoding="utf-8") as f:
+        text = f.read()
+    new = reading_list.with_tables(text, reading_list.tables())
+    same = reading_list.without_size(new) == reading_list.without_size(text)
+    return [] if same else [f"{reading_list.DOC}: the reading lists differ from scripts/reading_list.py's"]
+
+
+def tour(build, mode):
+    """Runs tools/tour.py --check-readmes or --write-readmes; its complaint, or []."""
+    r = subprocess.run([sys.executable, TOUR, "--build", build, mode], capture_output=True, text=True)
+    if r.returncode == 0:
+        return []
+    return [(r.stderr.strip() or r.stdout.strip()).replace("tour.py: ", "tour tables: ", 1)]
+
+
+def stale_lab_references():
+    return lab_refs.check_all()[1]
+
+
+def broken_links():
+    return [f"{rel}: ({target}): {why}" for rel, target, why in check_links.broken_links(ROOT)]
+
+
+def check(build=None):
+    """[(part, [problem])] of every part that is not current."""
+    parts = [("stage diffs", stale_stage_diffs()), ("reading lists", stale_reading_lists())]
+    if build:
+        parts.append(("tour tables", tour(build, "--check-readmes")))
+    parts += [("lab references", stale_lab_references()), ("links", broken_links())]
+    return [(name, problems) for name, problems in parts if problems]
+
+
+def write(build=None):
+    stage_diffs.write(ROOT)
+    reading_list.main_write()
+    if build:
+        for line in tour(build, "--write-readmes"):
+            print(line, file=sys.stderr)
+
+
+def report(stale, build):
+    for name, problems in stale:
+        for p in problems:
+            print(f"{name}: {p}")
+    generated = {"stage diffs", "reading lists", "tour tables"}
+    if any(name in generated for name, _ in stale):
+        print(f"docs: stale; refresh the generated parts with: {command(build)}")
+    if any(name not in generated for name, _ in stale):
+        print("docs: the lab references and links above are written by hand: change the lines named")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Check or rewrite every generated part of the documents.")
+    ap.add_argument("mode", choices=["check", "write"])
+    ap.add_argument("--build", help="the build folder: also the tour tables, which are a run's numbers")
+    args = ap.parse_args(argv)
+    if args.build and not os.path.isdir(args.build):
+        print(f"docs.py: error: --build {args.build}: no such folder (build first: scripts/build.sh)",
+              file=sys.stderr)
+        return 2
+    if args.mode == "write":
+        write(args.build)
+    stale = check(args.build)
+    if stale:
+        report(stale, args.build)
+        return 1
+    print("docs: every generated part is current" + ("" if args.build else " (the tour tables need --build)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
