@@ -22,28 +22,11 @@
 // before its write-back has reached the file. Disk and compute overlap, and
 // the step takes max(I/O, compute) rather than their sum.
 //
-// Files: each tier makes a folder of its own under --offload-dir,
-// `zf-offload-<pid>-<random>-r<rank>/` (mkdir: no two tiers share one), and
-// in it first a marker, `owner`, naming the host, the boot, the pid, the
-// process's start time and the files to come, then one file per array,
-// `r<rank>-<name>.bin`, created with O_CREAT|O_EXCL (no run ever opens a
-// file it did not create), their space reserved with posix_fallocate at open
-// (a full disk is an error before step 0, naming the file and the bytes
-// asked). The destructor removes exactly those files, the marker and the
-// folder, also when an exception unwinds the run; it reaches them through
-// descriptors opened at the start, so a folder renamed or moved meanwhile
-// is cleaned where it now is. Nothing else under --offload-dir is ever
-// written or removed, and the frame refuses a run whose inputs or outputs
-// lie inside it (frame/output_paths.h).
-//
-// Stale folders of a killed run: remove_stale(dir) looks only at folders of
-// this naming whose marker proves that the run which made them is dead: the
-// same host, and either another boot or no process with that pid and start
-// time (a pid reused since has another). It removes the files the marker
-// lists, if no process holds their flock (the kernel drops a run's locks
-// when it dies, however it dies), then the marker and the folder; a folder
-// holding anything else keeps it, and the folder stays. No other file is
-// ever touched. It returns the folders it removed, for the run log.
+// Files: the harness's OffloadFiles (offload_files.h) makes them in a folder
+// of this run's own under --offload-dir, one per array, their space reserved
+// before step 0, and removes them however the run ends; it also finds and
+// removes the folders of killed runs. Nothing else under --offload-dir is
+// ever written or removed.
 //
 // What a chunk held when the stream wrote it back is remembered as a
 // checksum (one word per array and chunk), and checked when the stream
@@ -51,13 +34,10 @@
 // disk returning other bytes) is an error naming it, not wrong moments
 // trained on. A synchronous write() forgets the chunks it touches.
 //
-// Errors: every read and write is checked (a short read of a truncated file,
-// EIO, ENOSPC, EFBIG, ESTALE) and fails as a zf::Error naming the file, the
-// offset, the bytes and the system's reason. An error on the I/O thread is
-// carried back in a future and rethrown by for_each_chunk after the thread has
-// finished every transfer it was given; it never hangs or terminates. A file
-// unlinked by someone else while open stays readable through its descriptor
-// (POSIX), so it does not fail the run; its space is freed at close.
+// Errors: every read and write is checked and fails as a zf::Error naming
+// the file (offload_files.h). An error on the I/O thread is carried back in a
+// future and rethrown by for_each_chunk after the thread has finished every
+// transfer it was given; it never hangs or terminates.
 //
 // Transfers go through the page cache with pread/pwrite. O_DIRECT would skip
 // it but needs 4096-aligned host buffers (the tracker aligns to 64) and is
@@ -74,6 +54,7 @@
 
 #include "check.h"
 #include "memory.h"
+#include "offload_files.h"
 #include "tensor.h"
 
 namespace zf {
@@ -90,10 +71,10 @@ class DiskTier {
   // zero-filled. The host window is 2 x K x chunk floats, chunk being
   // chunk_elems (a multiple of 1024), or less when the whole shard is
   // smaller. Throws UsageError naming --offload-dir if a file cannot be
-  // created or its space reserved (the files created so far are removed).
+  // created or its space reserved (OffloadFiles).
   DiskTier(const std::string& dir, int rank, std::vector<std::string> names, size_t elems,
            size_t chunk_elems, MemoryTracker& mem);
-  ~DiskTier();  // waits for the I/O thread, closes and removes the files
+  ~DiskTier();  // waits for the I/O thread; then the files go
   DiskTier(const DiskTier&) = delete;
   DiskTier& operator=(const DiskTier&) = delete;
 
@@ -112,37 +93,28 @@ class DiskTier {
 
   size_t elems() const { return elems_; }
   size_t chunk_elems() const { return chunk_; }
-  int num_arrays() const { return int(files_.size()); }
-  size_t host_bytes() const { return 2 * files_.size() * chunk_ * sizeof(float); }
-  size_t file_bytes() const { return files_.size() * elems_ * sizeof(float); }
-  std::string path(int array) const;
+  int num_arrays() const { return files_.size(); }
+  size_t host_bytes() const { return 2 * size_t(num_arrays()) * chunk_ * sizeof(float); }
+  size_t file_bytes() const { return size_t(num_arrays()) * elems_ * sizeof(float); }
+  std::string path(int array) const { return files_.path(array); }
   uint64_t bytes_read() const { return bytes_read_.load(); }
   uint64_t bytes_written() const { return bytes_written_.load(); }
 
-  // Before step 0: `dir` exists, is a directory, a file can be created in it,
-  // and it has `bytes_needed` free (statvfs). Each failure is a UsageError
-  // naming --offload-dir, the path, the system's reason and what to do.
-  static void check_dir(const std::string& dir, size_t bytes_needed);
   // What one tier of K arrays of `elems` floats takes on the disk: each
   // file in whole 4096-byte blocks, and a block for the marker.
   static size_t disk_bytes(size_t K, size_t elems) {
     return K * ((elems * sizeof(float) + kAlignBytes - 1) / kAlignBytes * kAlignBytes) + kAlignBytes;
   }
-  // Removes the folders of dead runs in `dir` (see above); returns their paths.
-  static std::vector<std::string> remove_stale(const std::string& dir);
-  // The folder this tier made under `dir`.
-  const std::string& folder() const;
+  // The folder this tier's files are in, under `dir`.
+  const std::string& folder() const { return files_.folder(); }
 
  private:
-  struct Folder;  // this tier's folder and its marker, removed when destroyed
-  struct File;    // an open, locked file in it, closed and removed when destroyed
   void transfer(bool is_read, int array, size_t begin, size_t n, float* buf);
 
   int rank_;
   size_t elems_;
   size_t chunk_;
-  std::unique_ptr<Folder> folder_;  // before files_: removed after them
-  std::vector<std::unique_ptr<File>> files_;
+  OffloadFiles files_;
   Tensor slots_[2];  // each K x chunk floats: array k's chunk at k * chunk
   // sums_[k][c]: array k's chunk c as the stream last wrote it (known_ 1).
   std::vector<std::vector<uint64_t>> sums_;

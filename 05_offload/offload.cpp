@@ -114,11 +114,11 @@ struct OffloadStates final : ModelStates {
   static void prepare_dir(const TrainConfig& cfg, const ShardLayout& shards, RankContext& ctx) {
     if (cfg.offload.offload_dir.empty()) return;
     if (ctx.rank == 0)
-      for (const std::string& f : DiskTier::remove_stale(cfg.offload.offload_dir))
+      for (const std::string& f : OffloadFiles::remove_stale(cfg.offload.offload_dir))
         std::fprintf(stderr, "note: removed %s, the offload folder of a run that was killed\n", f.c_str());
     ctx.comm.barrier();
     const size_t arrays = master_on_disk(cfg) ? 3 : 2;
-    DiskTier::check_dir(cfg.offload.offload_dir, size_t(ctx.world) * DiskTier::disk_bytes(arrays, shards.shard_total));
+    OffloadFiles::check_dir(cfg.offload.offload_dir, size_t(ctx.world) * DiskTier::disk_bytes(arrays, shards.shard_total));
     ctx.comm.barrier();
   }
 

@@ -103,19 +103,21 @@ READING = [
         ("05_offload/host_grads.h", "reduced pieces copied device->host into float32 shards"),
         ("05_offload/host_grads.cpp", "two landing buffers, the float32 accumulation"),
         ("05_offload/disk_tier.h", "--offload-dir: state in files, streamed through two chunks"),
+        ("05_offload/disk_tier.cpp", "the I/O thread and the double-buffered stream"),
         ("05_offload/disk_adamw.h", "AdamW with its moments on disk"),
         ("05_offload/disk_adamw.cpp", "the optimizer step as a stream over chunks"),
         ("05_offload/delayed_update.h", "--delay-update: the CPU update on a worker thread, one step late"),
         ("05_offload/delayed_update.cpp", "the worker, its join and its errors"),
         ("05_offload/offload.cpp", "the loop: stage 04's step, the update on the host, the uploads"),
         ("05_offload/train.cpp", "main()"),
-    ], ["05_offload/disk_tier.cpp", "tests/stages/test_offload.cpp", "tests/stages/test_offload_delay.cpp"]),
+    ], ["tests/stages/test_offload.cpp", "tests/stages/test_offload_delay.cpp"]),
 ]
 
 # The harness: what runs the course and checks it, for whoever changes it
-# (a stage sees only frame/entry/stage_main.h of it).
+# (a stage sees only frame/entry/ of it).
 HARNESS = [
     ("common/frame/entry/stage_main.h", "what a stage sees of the harness: StageFn, stage_main"),
+    ("common/frame/entry/offload_files.h", "the files of --offload-dir: made, reserved, always removed"),
     ("common/frame/runner.h", "run_training: the data, the ranks, the results"),
     ("common/frame/launch.h", "starting the ranks: threads, mpirun, the environment"),
     ("common/frame/cli.h", "every flag, checked before any work"),
@@ -176,7 +178,7 @@ def tables():
         out.append("")
     out.append(course_size())
     out.append("")
-    out.append("**The harness (what a stage never includes)**: "
+    out.append("**The harness (a stage includes only frame/entry/ of it)**: "
                f"{len(HARNESS)} entry points, for whoever changes it")
     out.append("")
     out.append("| # | file | what to look for |")

@@ -44,6 +44,7 @@ namespace {
 namespace fs = std::filesystem;
 using zf::Category;
 using zf::DiskTier;
+using zf::OffloadFiles;
 using zf::Place;
 
 const std::vector<std::string> kNames = {"master", "m", "v"};
@@ -232,17 +233,17 @@ TEST_F(DiskTierTest, AnExceptionFromTheStepStopsTheStreamAndUnwindsCleanly) {
 }
 
 TEST_F(DiskTierTest, CheckDirRefusesMissingFileAndFullDirectories) {
-  EXPECT_NO_THROW(DiskTier::check_dir(dir_, 4096));
+  EXPECT_NO_THROW(OffloadFiles::check_dir(dir_, 4096));
   EXPECT_EQ(files_in(dir_), 0u) << "the probe file must be removed";
   const std::string missing = path("no/such/dir");
-  expect_error<zf::UsageError>([&] { DiskTier::check_dir(missing, 0); },
+  expect_error<zf::UsageError>([&] { OffloadFiles::check_dir(missing, 0); },
                                {"--offload-dir", missing, "No such file or directory", "create"});
   const std::string file = path("plain.txt");
   { std::ofstream(file) << "x"; }
-  expect_error<zf::UsageError>([&] { DiskTier::check_dir(file, 0); },
+  expect_error<zf::UsageError>([&] { OffloadFiles::check_dir(file, 0); },
                                {"--offload-dir", file, "not a directory"});
   // 1 EiB free is more than any test machine has.
-  expect_error<zf::UsageError>([&] { DiskTier::check_dir(dir_, size_t(1) << 60); },
+  expect_error<zf::UsageError>([&] { OffloadFiles::check_dir(dir_, size_t(1) << 60); },
                                {"--offload-dir", dir_, "needs", "are free", "without it"});
   // The constructor says it too, naming the file (the directory is gone).
   expect_error<zf::UsageError>([&] { DiskTier(missing, 0, kNames, 10, 1024, mem_); },
@@ -255,7 +256,7 @@ TEST_F(DiskTierTest, CheckDirRefusesAnUnwritableDirectory) {
   fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec | fs::perms::group_read |
                           fs::perms::group_exec | fs::perms::others_read | fs::perms::others_exec);
   if (geteuid() != 0) {
-    expect_error<zf::UsageError>([&] { DiskTier::check_dir(ro, 0); },
+    expect_error<zf::UsageError>([&] { OffloadFiles::check_dir(ro, 0); },
                                  {"--offload-dir", ro, "cannot create a file", "Permission denied"});
     return;
   }
@@ -270,7 +271,7 @@ TEST_F(DiskTierTest, CheckDirRefusesAnUnwritableDirectory) {
     std::string msg = "no error";
     if (setgid(65534) != 0 || setuid(65534) != 0) msg = "cannot drop to uid 65534";
     else try {
-      DiskTier::check_dir(ro, 0);
+      OffloadFiles::check_dir(ro, 0);
     } catch (const zf::UsageError& e) {
       msg = e.what();
     }
@@ -425,10 +426,10 @@ TEST_F(DiskTierTest, RemoveStaleTakesTheFolderOfAKilledRun) {
   ASSERT_TRUE(fs::is_directory(dead));
   EXPECT_EQ(files_in(dead), 4u) << "the marker and three files, left by SIGKILL";
   DiskTier live(dir_, 0, kNames, 10, 1024, mem_);
-  EXPECT_EQ(DiskTier::remove_stale(dir_), std::vector<std::string>{dead});
+  EXPECT_EQ(OffloadFiles::remove_stale(dir_), std::vector<std::string>{dead});
   EXPECT_FALSE(fs::exists(dead));
   for (int k = 0; k < 3; k++) EXPECT_TRUE(fs::exists(live.path(k))) << "a live run's file was taken";
-  EXPECT_TRUE(DiskTier::remove_stale(dir_).empty());
+  EXPECT_TRUE(OffloadFiles::remove_stale(dir_).empty());
 }
 
 // Only what the marker proves: a dead process of this host, a pid since
@@ -458,7 +459,7 @@ TEST_F(DiskTierTest, RemoveStaleTakesOnlyWhatTheMarkerProvesDead) {
     } else {
       edit_marker(folder, c.key, c.value);
     }
-    const std::vector<std::string> removed = DiskTier::remove_stale(dir_);
+    const std::vector<std::string> removed = OffloadFiles::remove_stale(dir_);
     EXPECT_EQ(!removed.empty(), c.removed) << c.what;
     EXPECT_EQ(fs::exists(folder), !c.removed) << c.what;
     if (!c.removed) fs::remove_all(folder);
@@ -486,7 +487,7 @@ TEST_F(DiskTierTest, RemoveStaleNeverTouchesAnythingElse) {
   const int fd = open((locked + "/r1-m.bin").c_str(), O_RDONLY);
   ASSERT_EQ(flock(fd, LOCK_EX), 0);
 
-  (void)DiskTier::remove_stale(dir_);
+  (void)OffloadFiles::remove_stale(dir_);
   EXPECT_EQ(read_text(path("zf-offload-999999-00000000000000bb-r0-m.bin")), "a user's file");
   EXPECT_EQ(read_text(path("zf-offload-notes.txt")), "notes");
   EXPECT_TRUE(fs::is_directory(path("zf-offload-empty")));

@@ -1,7 +1,8 @@
-// stage_main.h: the one header of the harness a stage includes. A stage is a
-// function run on every rank (its StageFn); stage_main is its executable's
-// main(): flags, the ranks, the closing tables, the exit code. Everything
-// else a stage uses is the course: core/, comm/, train/ (docs/ARCHITECTURE.md).
+// stage_main.h: what every stage includes of the harness (frame/entry/ is all
+// a stage sees of it). A stage is a function run on every rank (its
+// StageFn); stage_main is its executable's main(): flags, the ranks, the
+// closing tables, the exit code. Everything else a stage uses is the course:
+// core/, comm/, train/ (docs/ARCHITECTURE.md).
 #pragma once
 
 #include <functional>
