@@ -8,8 +8,8 @@
 
 namespace zf {
 
-FsdpUnits wrap_blocks(const ModelLayout& model, int K) {
-  REQUIRE(K >= 1, "wrap_blocks: K = " << K);
+FsdpUnits wrap_blocks(const ModelLayout& model, int per_unit) {
+  REQUIRE(per_unit >= 1, "wrap_blocks: per_unit = " << per_unit);
   FsdpUnits f;
   f.flat.cfg = model.cfg;
   f.flat.numel = model.numel;
@@ -34,8 +34,8 @@ FsdpUnits wrap_blocks(const ModelLayout& model, int K) {
   const int L = model.cfg.L;
   open_unit(UnitKind::embedding, "embedding", model.units[0].offset);
   add_member(0);
-  for (int l0 = 0; l0 < L; l0 += K) {
-    const int l1 = std::min(L, l0 + K) - 1;
+  for (int l0 = 0; l0 < L; l0 += per_unit) {
+    const int l1 = std::min(L, l0 + per_unit) - 1;
     const int u0 = model.block_unit(l0);
     open_unit(UnitKind::block, l0 == l1 ? model.units[u0].name : "h." + std::to_string(l0) + "-" + std::to_string(l1),
               model.units[u0].offset);

@@ -1,8 +1,8 @@
 // flat_units.h: FSDP's units and their flat parameters (FSDP1's FlatParameter).
 //
 // The wrap policy groups the model's units (common/core/model.h: embedding,
-// h.0 .. h.L-1, head) into FSDP units: the embeddings alone, K consecutive
-// blocks each (--wrap-blocks K; the last group may hold fewer), the final
+// h.0 .. h.L-1, head) into FSDP units: the embeddings alone, --wrap-blocks
+// consecutive blocks each (the last group may hold fewer), the final
 // LayerNorm with the head alone, as torchtitan wraps a GPT. Each FSDP unit's
 // parameters are its model units' flat buffers concatenated, in
 // consolidated order: one flat buffer that is padded to a multiple of N and
@@ -32,7 +32,8 @@ struct FsdpUnits {
   int last() const { return size() - 1; }  // the head: the last unit of forward, the first of backward
 };
 
-// Embedding | ceil(L / K) groups of K blocks | head. K = 1 gives stage 03's units.
-FsdpUnits wrap_blocks(const ModelLayout& model, int K);
+// Embedding | ceil(L / per_unit) groups of per_unit blocks | head. per_unit = 1
+// gives stage 03's units.
+FsdpUnits wrap_blocks(const ModelLayout& model, int per_unit);
 
 }  // namespace zf

@@ -1,7 +1,7 @@
 // fsdp.h: stage 04, FSDP: ZeRO-3 with FSDP's units, storage and knobs.
 //
 // Against stage 03:
-// - units: --wrap-blocks K blocks share one flat, padded, sharded parameter
+// - units: --wrap-blocks consecutive blocks share one flat, padded, sharded parameter
 //   (flat_units.h); the head, the last unit of forward, stays gathered into
 //   its backward (stage 03 frees it and gathers it again at once);
 // - storage: float32 parameter and gradient shards in both recipes, cast to

@@ -47,8 +47,8 @@ class HostAdamW final : public ShardedAdamW {
             float lr)
       : ShardedAdamW(flat, shards, Precision::fp32,
                      Tensor(mem, Place::host, Category::optimizer, DType::f32, shards.shard_total),
-                     Tensor(mem, Place::host, Category::optimizer, DType::f32, shards.shard_total), Tensor(), host,
-                     dev, lr) {}
+                     Tensor(mem, Place::host, Category::optimizer, DType::f32, shards.shard_total), Tensor(),
+                     /*dev: computes where the state is*/ host, /*comm_dev: the rank's device*/ dev, lr) {}
   using ShardedAdamW::update;  // with the bf16 copy to round into (nullptr in fp32)
 };
 

@@ -33,7 +33,7 @@ def model_units(model):
 
 
 def fsdp_units(model, wrap_blocks=1):
-    """Stage 04's FSDP units: the embedding, K blocks per unit, the head."""
+    """Stage 04's FSDP units: the embedding, --wrap-blocks blocks per unit, the head."""
     u = model_units(model)
     blocks = u[1:-1]
     grouped = [sum(blocks[i:i + wrap_blocks]) for i in range(0, len(blocks), wrap_blocks)]

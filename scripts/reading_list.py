@@ -83,7 +83,7 @@ READING = [
     ("Stage 04: FSDP, ZeRO-3 with FSDP's units and knobs (what is new)", "04_fsdp/CHANGES.diff", [
         ("04_fsdp/fsdp.h", "what changes against stage 03, and the memory per rank"),
         ("common/train/config.h", "FsdpOptions: the flags of FSDP and their defaults"),
-        ("04_fsdp/flat_units.h", "the wrap policy: K blocks per flat parameter"),
+        ("04_fsdp/flat_units.h", "the wrap policy: --wrap-blocks blocks per flat parameter"),
         ("04_fsdp/flat_units.cpp", "the FSDP units as a layout of their own"),
         ("04_fsdp/flat_params.h", "float32 shards, cast and gathered; prefetch, the limit, the kept head"),
         ("04_fsdp/flat_params.cpp", "unshard, prefetch, wait_for_unshard, reshard"),

@@ -261,7 +261,7 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   };
   std::string reshard = "true", reduce_dtype;
   group(app.add_option("--wrap-blocks", cfg.fsdp.wrap_blocks,
-                       "K consecutive blocks per FSDP unit (one flat parameter each); the embeddings, "
+                       "consecutive blocks per FSDP unit (one flat parameter each); the embeddings, "
                        "and the final LayerNorm with the head, are units of their own")
             ->capture_default_str());
   group(app.add_option("--reshard-after-forward", reshard,

@@ -62,7 +62,7 @@ StageEstimate estimate_stage_unpadded(Stage stage, const TrainConfig& cfg, doubl
 // recomputation"): F + L (K + A), F + K + A, F + L K + A by mode.
 double activation_bytes(const ModelConfig& m, int batch, DType compute, AttentionForm attention, Recompute recompute);
 
-// Stage 04's FSDP units (--wrap-blocks K): the embedding, groups of K
+// Stage 04's FSDP units (--wrap-blocks): the embedding, groups of that many
 // consecutive blocks, the head; as a layout whose units hold those sizes.
 ModelLayout fsdp_units_layout(const ModelLayout& model, int wrap_blocks);
 

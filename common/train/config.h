@@ -19,7 +19,7 @@ namespace zf {
 // The FSDP flags (docs/SPEC.md, "Stage-specific
 // flags"): parsed for every stage, refused by the stages that lack them.
 struct FsdpOptions {
-  int wrap_blocks = 1;                // K consecutive blocks per FSDP unit
+  int wrap_blocks = 1;                // consecutive blocks per FSDP unit
   bool reshard_after_forward = true;  // free a unit's gathered parameters after its forward
   int prefetch = 1;                   // D: units whose all-gathers are issued ahead (0: none)
   int max_gathered = 2;               // M: gathered units alive or in flight (0: no limit)
