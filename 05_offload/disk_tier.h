@@ -1,8 +1,8 @@
 // disk_tier.h: one rank's optimizer state in files (ZeRO-Infinity's NVMe tier).
 //
-// Stage 05 moves each rank's float32 optimizer state (master_params and the
-// AdamW moments m and v: K flat arrays of one shard's S elements) off the
-// device. With --offload-dir DIR it goes further, to files, as ZeRO-Infinity
+// Stage 05 moves each rank's float32 optimizer state (AdamW's moments m and
+// v, and with --offload-params in bf16 the float32 shard, the master: K flat
+// arrays of one shard's S elements) off the device. With --offload-dir DIR it goes further, to files, as ZeRO-Infinity
 // does with NVMe: the state of a model whose optimizer does not fit in host
 // RAM then costs only disk space, and the host holds a small, fixed window.
 //

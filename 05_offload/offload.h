@@ -6,7 +6,8 @@
 // Against stage 04:
 // - the float32 parameter and gradient shards and AdamW's moments live on
 //   the host (offload_params.h, host_grads.h; the optimizer is stage 01's on
-//   host memory), and the CPU runs AdamW on them;
+//   host memory, or disk_adamw.h's with --offload-dir), and the CPU runs
+//   AdamW on them;
 // - the device keeps only the parameter shard in the gather dtype (2 bytes
 //   per shard element in bf16, 4 in fp32), or nothing with --offload-params;
 // - each unit's reduced gradient piece is copied device->host as soon as its

@@ -10,7 +10,7 @@
 // in ms and GB/s (they are memory-bound). Last, the sum of the kernel times of
 // one training step (forward + backward, no optimizer, no communication), the
 // floor under a step of one rank. Each number is the fastest of repeated
-// calls; the whole run takes a few seconds.
+// calls.
 #include <cblas.h>
 
 #include <algorithm>

@@ -12,13 +12,13 @@
 # (run_bench.py --only fsdp). FSDP2 needs PyTorch 2.4 or newer, which Debian 12
 # does not ship: the first such run makes .venv-bench/ (git-ignored) with
 # python3 -m venv and pip install torch numpy from PyPI (about 5 GB), later
-# runs reuse it. ZF_BENCH_VENV names another folder for it. About 4 minutes
-# per repeat on the 2-core machine, most of it PyTorch's runs.
+# runs reuse it. ZF_BENCH_VENV names another folder for it. Minutes per
+# repeat, most of it PyTorch's runs.
 #
 #   scripts/bench.sh --fsdp --repeats 3
 #
 # --offload (first argument): section E only, stage 05's step against stage
-# 04's with the phases (bench/bench_offload.py; no PyTorch), about 3 minutes.
+# 04's with the phases (bench/bench_offload.py; no PyTorch).
 #
 #   scripts/bench.sh --offload --repeats 3 --markdown /tmp/offload.md
 #

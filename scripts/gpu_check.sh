@@ -25,7 +25,7 @@
 # so that a check fits in 8 minutes of GPU time): every step's time limit
 # is cut to what is left, a step with no time left is skipped (and the check
 # fails), and the stage runs leave ZF_BENCH_RESERVE_S (150 s) for the timing
-# against PyTorch. Expected on one H200 with 16 cores: about 5 minutes.
+# against PyTorch.
 # Files: RESULTS_DIR gets build.log, tests.log, stages.log, summary.txt and one
 # XML per GPU suite (4: gpu_kernels, gpu_comm, gpu_comm_threads, gpu_stages),
 # 8 files and no more, so that the results of a remote GPU host are few and

@@ -6,7 +6,7 @@
 # machine where scripts/install_deps.sh (or scripts/setup.sh) has installed
 # the packages, then copy the repository with gpu_carry/ to the GPU host.
 #
-#   scripts/prepare_gpu_carry.sh          # writes gpu_carry/ (about 5 MB)
+#   scripts/prepare_gpu_carry.sh          # writes gpu_carry/
 #
 # The GPU host is expected to have nvcc, cuBLAS, meson, ninja, Python and
 # PyTorch; CLI11, GoogleTest, nlohmann-json and OpenBLAS come from
@@ -15,9 +15,9 @@
 #   include/openblas/               OpenBLAS's cblas.h + openblas_config.h
 #   lib/libopenblas.a.xz            the part of Debian's static OpenBLAS that
 #                                   the project calls (ld -r keeps only the
-#                                   objects those symbols need: ~27 MB, 1.4 MB
-#                                   compressed). Static, so nothing to find at
-#                                   run time, and it needs no libgfortran.
+#                                   objects those symbols need, compressed).
+#                                   Static, so nothing to find at run time,
+#                                   and it needs no libgfortran.
 #   src/googletest/                 GoogleTest's sources: gpu_check.sh compiles
 #                                   them with the GPU host's compiler (no C++
 #                                   ABI mismatch with a library built on

@@ -46,9 +46,8 @@ common_setup=(-Dcuda=disabled -Dnccl=disabled -Dmpi=enabled --buildtype=custom -
 # trainings), trace, recorder, reference and memory_model (bookkeeping over
 # what the stage suites already run), and the Python suites (stage_diffs,
 # docs and test_summary_py run no compiled code; bench_py, bench_fsdp_py and
-# trace_gantt_py run the stage binaries as the stage suites do). Also cut
-# (measured: a whole CI run with them took 31 minutes on 2 cores, the ASan
-# build alone 8; with dp too, 23.5): adamw (large arrays through every
+# trace_gantt_py run the stage binaries as the stage suites do). Also cut,
+# to keep CI within its time: adamw (large arrays through every
 # instruction set; its kernel runs in offload), dp, zero1, zero2, zero3 and
 # fsdp (their collectives and buffers are offload's in other orders, and
 # faults runs stage 00 in-process), kernels, compute,
@@ -66,8 +65,8 @@ asan_tests=(comm launch data checkpoint faults offload mpi_comm_np2)
 # copy queue), checkpoints and faults (a rank that fails while the others
 # wait); AdamW's thread pool runs in offload (--optimizer-threads 1 to 3).
 # Not the adamw suite: it passes large arrays through every instruction set
-# and thread count (4.5 minutes under TSan on 2 cores, for a pool the offload
-# suite already runs), it runs under ASan. Not the mpirun suites (mpi_*):
+# and thread count (minutes under TSan, for a pool the offload suite
+# already runs), it runs under ASan. Not the mpirun suites (mpi_*):
 # OpenMPI is not instrumented, so the synchronisation of its progress
 # threads and shared-memory transport is invisible to TSan and every
 # message would be reported as a race; they run under ASan.
@@ -78,8 +77,8 @@ asan_tests=(comm launch data checkpoint faults offload mpi_comm_np2)
 # runs them all).
 tsan_tests=(comm launch offload faults)
 # Within those, not the tests that are long for their arithmetic alone and
-# run no thread code the others do not (TSan makes them about 16 times
-# slower, up to a minute each on 2 cores): each stage's gradient against the
+# run no thread code the others do not (TSan slows them by an order of
+# magnitude): each stage's gradient against the
 # double-precision reference, the ring-byte and memory-peak sweeps, the
 # stage-00 training to a low loss, and the output-path checks of faults
 # (Outputs.*: file checks in child processes, one thread each). They run
@@ -167,7 +166,7 @@ run_sanitizer() {  # $1: asan|tsan
   local built=$SECONDS
   (
     sanitizer_env "$san" "$root/$dir/sanitizer-reports"
-    # Sanitized code runs several times slower (TSan about 16 times), and
+    # Sanitized code runs several times slower (TSan more), and
     # the suites' timeouts are set for the normal build.
     meson test -C "$dir" --no-rebuild --num-processes 2 --print-errorlogs --timeout-multiplier 4 "${tests[@]}"
   )

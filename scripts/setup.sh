@@ -12,6 +12,6 @@ build/00_data_parallel/dp --ranks 4 --model small --batch 4 --steps 400 --lr 1e-
   --log-json build/dp_demo.jsonl "$@" || status=$?
 if [[ $status -eq 0 ]]; then
   echo
-  echo "next: python3 tools/tour.py   # stages 00-05 side by side on tiny (about 20 s): tables and pictures in tour/"
+  echo "next: python3 tools/tour.py   # stages 00-05 side by side on tiny: tables and pictures in tour/"
 fi
 exit $status
