@@ -60,7 +60,9 @@ class FlatReducer {
   // Unit g's reduction is complete: my piece, S_g elements of the reduce
   // dtype at `mine`, inside f's buffer, which is freed when f goes.
   virtual void reduced(Reduced f, void* mine) = 0;
-  // The end of finish(), every reduction handed to reduced().
+  // The end of finish(), every reduction handed to reduced(): for a
+  // subclass whose reduced() starts work of its own that must end with the
+  // backward (a copy in flight); nothing here.
   virtual void drained() {}
   // --no-sync: unit g's kept gradient is read; zero it for the next step.
   void zero_kept(int g);

@@ -46,14 +46,14 @@ void FlatParams::issue(int g) {
 }
 
 void FlatParams::unshard(int g) {
-  if (gathered(g)) return;
+  if (unsharded(g)) return;
   REQUIRE(max_gathered_ == 0 || kept(g) || counted() < max_gathered_,
           "unshard(" << g << ") with " << counted() << " units gathered, the limit " << max_gathered_);
   issue(g);
 }
 
 bool FlatParams::prefetch(int g) {
-  if (g < 0 || g >= int(layout_.units.size()) || gathered(g)) return true;
+  if (g < 0 || g >= int(layout_.units.size()) || unsharded(g)) return true;
   if (max_gathered_ > 0 && !kept(g) && counted() >= max_gathered_) return false;
   issue(g);
   return true;

@@ -8,11 +8,11 @@
 // bytes) and all-gathered into a buffer of N * S_g elements (category
 // gathered); reshard(g) frees it.
 //
-//   unshard(g)   unit g is needed now: issue its all-gather if it is not
-//                gathered or in flight (it cannot exceed the limit: a
-//                refused prefetch of g holds back every unit after g, and
-//                the stage calls it after releasing what it computed;
-//                checked)
+//   unshard(g)   unit g is needed now: issue its all-gather unless it is
+//                gathered or in flight. It never exceeds the limit, because
+//                the stage calls it after resharding what it computed, and a
+//                prefetch refused for g holds back every unit after g
+//                (checked)
 //   prefetch(g)  unit g will be needed soon: issue its all-gather if the
 //                limit allows (--max-gathered M: at most M units gathered or
 //                in flight, those kept for the backward not counted; 0: no
@@ -53,7 +53,7 @@ class FlatParams {
   void reshard(int g);
 
   bool kept(int g) const { return !reshard_after_forward_ || g == last_; }
-  bool gathered(int g) const { return buffers_.count(g) > 0; }
+  bool unsharded(int g) const { return buffers_.count(g) > 0; }  // gathered, or its all-gather in flight
   int counted() const;                  // gathered or in flight, not kept: what --max-gathered bounds
   uint64_t all_gathers() const { return all_gathers_; }
 
