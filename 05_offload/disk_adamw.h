@@ -1,22 +1,13 @@
 // disk_adamw.h: AdamW over one rank's shard with its moments in files
-// (--offload-dir; ZeRO-Infinity's NVMe tier for the optimizer state).
+// (--offload-dir; 05_offload/README.md, "The disk tier").
 //
-// The moments m and v (8 of the host's 16-18 bytes per shard element) live
-// in two files under DIR (disk_tier.h); the float32 shards, the gradient
-// shards and the bf16 copy stay in host memory, since every step reads them
-// outside the optimizer too (the norm, the all-gathers). An optimizer step
-// streams the shard through a window of two chunks of each moment: the I/O
-// thread reads chunk c+1 and writes chunk c-1 back while the CPU updates
-// chunk c. The host then holds 2 x 2 x kChunkElems floats of moments (less
-// for a shard smaller than a chunk) whatever the model's size.
-//
+// The moments m and v live in two files (disk_tier.h); the float32 shards,
+// the gradient shards and the bf16 copy stay in host memory, since every
+// step reads them outside the optimizer too (the norm, the all-gathers).
 // With --offload-params in the bf16 recipe the float32 shards go to a third
-// file too (ZeRO-Infinity's parameter tier): the host keeps only the bf16
-// copy the device receives, which the stream writes as it updates each
-// chunk, and the window grows to three arrays.
-//
-// Each element takes the same AdamW as in host memory (the same function,
-// one ParamSpec piece at a time for the decay mask), so the results are the
+// file, and the stream writes the bf16 copy as it updates each chunk.
+// Each element takes the same AdamW as in host memory (one span of a
+// parameter at a time, for the decay mask), so the results are the
 // in-memory optimizer's to the bit, whatever the chunk boundaries.
 #pragma once
 

@@ -1,47 +1,20 @@
-// disk_tier.h: one rank's optimizer state in files (ZeRO-Infinity's NVMe tier).
+// disk_tier.h: one rank's optimizer state in files, streamed through the
+// host two chunks at a time (ZeRO-Infinity's NVMe tier). Why chunks, why
+// two, why checksums: 05_offload/README.md, "The disk tier".
 //
-// Stage 05 moves each rank's float32 optimizer state (AdamW's moments m and
-// v, and with --offload-params in bf16 the float32 shard, the master: K flat
-// arrays of one shard's S elements) off the device. With --offload-dir DIR it goes further, to files, as ZeRO-Infinity
-// does with NVMe: the state of a model whose optimizer does not fit in host
-// RAM then costs only disk space, and the host holds a small, fixed window.
+// K arrays of S floats (AdamW's moments, and with --offload-params in bf16
+// the float32 shard) live in files that the harness makes and always
+// removes (offload_files.h). The host holds two slots, each one chunk of
+// every array (2 x K x chunk floats, tracked as host/optimizer), whatever S
+// is. for_each_chunk reads chunk c+1 into one slot while the step runs on
+// chunk c in the other, then writes chunk c back; one I/O thread runs the
+// transfers in the order asked, so a slot is never refilled before its
+// write-back is done. Every chunk but the last is 4096-byte aligned.
 //
-// What the host holds: exactly two slots, each with one chunk of every array
-// (2 x K x chunk floats, tracked as host/optimizer), whatever S is.
-//
-// Why chunks: a disk is fast only for large sequential transfers. Every chunk
-// but the last starts and ends on a 4096-byte boundary (chunk_elems must be a
-// multiple of 1024 floats), so each transfer is whole pages or blocks; the
-// last chunk is the remainder of the shard.
-//
-// Why double buffering: the optimizer step is a stream over the shard. While
-// the step runs on chunk c in one slot, an I/O thread reads chunk c+1 into the
-// other slot; when the step on chunk c returns, its slot is written back
-// asynchronously and then refilled with chunk c+2. With one I/O thread the
-// transfers run in the order they were asked for, so a slot is never refilled
-// before its write-back has reached the file. Disk and compute overlap, and
-// the step takes max(I/O, compute) rather than their sum.
-//
-// Files: the harness's OffloadFiles (offload_files.h) makes them in a folder
-// of this run's own under --offload-dir, one per array, their space reserved
-// before step 0, and removes them however the run ends; it also finds and
-// removes the folders of killed runs. Nothing else under --offload-dir is
-// ever written or removed.
-//
-// What a chunk held when the stream wrote it back is remembered as a
-// checksum (one word per array and chunk), and checked when the stream
-// reads it again: a file changed by anything outside this run (an edit, a
-// disk returning other bytes) is an error naming it, not wrong moments
-// trained on. A synchronous write() forgets the chunks it touches.
-//
-// Errors: every read and write is checked and fails as a zf::Error naming
-// the file (offload_files.h). An error on the I/O thread is carried back in a
-// future and rethrown by for_each_chunk after the thread has finished every
-// transfer it was given; it never hangs or terminates.
-//
-// Transfers go through the page cache with pread/pwrite. O_DIRECT would skip
-// it but needs 4096-aligned host buffers (the tracker aligns to 64) and is
-// refused by tmpfs; the chunking already gives the device what it wants.
+// A chunk found changed when read again (by anything outside this run) is
+// an error naming the file, as is every failed read or write; an error on
+// the I/O thread is rethrown by for_each_chunk once no transfer is in
+// flight. A synchronous write() forgets the checksums of what it touches.
 #pragma once
 
 #include <atomic>

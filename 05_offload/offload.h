@@ -20,7 +20,8 @@
 //   float32 shards) in files, streamed through a window of two chunks
 //   (disk_tier.h, disk_adamw.h);
 // - the step line and the run log split the step into phases: forward,
-//   backward, device->host, the CPU optimizer, host->device, waiting.
+//   backward (with its copies to the host), the CPU optimizer, the wait for
+//   a delayed update, host->device, waiting.
 //
 // Model states per rank (S: my shard of the padded FSDP units):
 //   device   e * S params (e = 2 in bf16, 4 in fp32; 0 with --offload-params)
@@ -31,25 +32,11 @@
 // Every stage-04 flag works the same here, and the results are stage 04's
 // (and so stage 00's) to the bit.
 //
-// --delay-update, ZeRO-Offload's delayed parameter update: the CPU update of
-// a step runs on a worker thread while the device computes the next step
-// with the parameters it has, one update old. With f the run's first step
-// (0, or --resume's), p_s the host's float32 parameters after the updates
-// of steps f .. s-1 (p_f the initial or resumed model), w_s the parameters
-// step s computes with and g_s = grad L_s(w_s) its clipped global-batch
-// gradient:
-//   p_{s+1} = AdamW(p_s, g_s; t = s + 1)     for every step s (the moments too)
-//   w_f = p_f, w_{f+1} = p_{f+1}              the first step's update is waited for
-//   w_s = p_{s-1}                             for s >= f + 2
-// so from step f + 2 on, g_s = grad L_s(p_{s-1}). After step s's backward
-// (s > f) the rank waits for the update of step s-1, uploads p_s and hands
-// step s's update to the worker. The run waits for the last update before
-// it ends: the final parameters, the hash and --save are p_steps. A
-// checkpoint after step s waits for that step's update and holds p_{s+1}
-// and its moments, and the device keeps w_{s+1} = p_s, so saving changes
-// nothing; a run resumed from it starts the delay again (its first step is
-// normal), so it is not the uninterrupted run's continuation: that one
-// would compute step s+1 with p_s, which the checkpoint does not hold.
+// --delay-update (ZeRO-Offload's delayed parameter update): the CPU update
+// of step s runs on a worker thread while the device computes step s+1 with
+// the parameters it has, one update old; the first step is not delayed, and
+// the run waits for the last update. The indexing, and what a checkpoint
+// holds: 05_offload/README.md, "The delayed parameter update".
 #pragma once
 
 #include "stage_main.h"
