@@ -83,15 +83,20 @@ class IoThread {
 
 // ---------------------------------------------------------------- the tier
 
-DiskTier::DiskTier(const std::string& dir, int rank, std::vector<std::string> names, size_t elems,
-                   size_t chunk_elems, MemoryTracker& mem)
-    : rank_(rank), elems_(elems), files_(dir, rank, names, elems * sizeof(float)) {
+// The chunk: chunk_elems, or the whole shard rounded up to kAlignElems when
+// that is less; checked before any file is made.
+size_t DiskTier::checked_chunk(size_t chunk_elems, size_t elems) {
   REQUIRE(chunk_elems > 0 && chunk_elems % kAlignElems == 0,
           "DiskTier chunk of " << chunk_elems << " floats: it must be a positive multiple of "
                                << kAlignElems << " floats (" << kAlignBytes
                                << " bytes) so that every transfer but the last is aligned");
-  const size_t whole = (elems + kAlignElems - 1) / kAlignElems * kAlignElems;
-  chunk_ = std::min(chunk_elems, whole);
+  return std::min(chunk_elems, (elems + kAlignElems - 1) / kAlignElems * kAlignElems);
+}
+
+DiskTier::DiskTier(const std::string& dir, int rank, std::vector<std::string> names, size_t elems,
+                   size_t chunk_elems, MemoryTracker& mem)
+    : rank_(rank), elems_(elems), chunk_(checked_chunk(chunk_elems, elems)),
+      files_(dir, rank, names, elems * sizeof(float)) {
   for (Tensor& slot : slots_)
     slot = Tensor(mem, Place::host, Category::optimizer, DType::f32, names.size() * chunk_);
   const size_t chunks = chunk_ == 0 ? 0 : (elems_ + chunk_ - 1) / chunk_;

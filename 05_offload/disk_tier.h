@@ -82,6 +82,7 @@ class DiskTier {
   const std::string& folder() const { return files_.folder(); }
 
  private:
+  static size_t checked_chunk(size_t chunk_elems, size_t elems);
   void transfer(bool is_read, int array, size_t begin, size_t n, float* buf);
 
   int rank_;

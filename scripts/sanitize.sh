@@ -44,8 +44,8 @@ common_setup=(-Dcuda=disabled -Dnccl=disabled -Dmpi=enabled --buildtype=custom -
 # flash_attention (its two test files take an eighth of the whole build;
 # the flash kernel still runs under ASan in compute's --attention flash
 # trainings), trace, recorder, reference and memory_model (bookkeeping over
-# what the stage suites already run), and the Python suites (stage_diffs,
-# docs and test_summary_py run no compiled code; bench_py, bench_fsdp_py and
+# what the stage suites already run), and the Python suites (stage_diffs and
+# test_summary_py run no compiled code; docs, bench_py, bench_fsdp_py and
 # trace_gantt_py run the stage binaries as the stage suites do). Also cut,
 # to keep CI within its time: adamw (large arrays through every
 # instruction set; its kernel runs in offload), dp, zero1, zero2, zero3 and

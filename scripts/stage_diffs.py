@@ -6,8 +6,9 @@ sees exactly what stage N changes. Standard library only (difflib).
     python3 scripts/stage_diffs.py           # (re)write every stage's CHANGES.diff
     python3 scripts/stage_diffs.py --check   # write nothing; exit 1 naming each stale file
 
-tests/python/test_stage_diffs.py runs --check's comparison as part of
-scripts/test.sh, so a stage changed without its diffs refreshed fails a test.
+scripts/docs.py runs --check's comparison (the docs test), so a stage
+changed without its diffs refreshed fails a test; python3 scripts/docs.py
+write refreshes them with every other generated part of the documents.
 
 Stages. STAGES below lists the stage folders in order, each with the name of
 its own files: adding a stage (04_fsdp, 05_offload) is one line there. Every

@@ -14,7 +14,7 @@ a run log (--log-json) or from the estimator's --json; none is typed here.
     tools/tour.py                       # tiny, 4 ranks, bf16, 20 steps -> tour/
     tools/tour.py --model small --steps 50 --out /tmp/t
     tools/tour.py --write-readmes       # refresh the READMEs' tables and docs/tour/
-    tools/tour.py --check-readmes       # exit 1 if those are stale (the `tour` test)
+    tools/tour.py --check-readmes       # exit 1 if those are stale (scripts/docs.py check, the `docs` test)
 
 The output folder gets logs/ (one run log per run), traces/ (stages 03 and
 04), tour.md (the tables), tour.json (every number, per run) and the

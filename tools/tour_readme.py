@@ -161,7 +161,7 @@ def top_block(records, cfg):
                      nbytes(r["host_model_states"])])
     return "\n".join([
         BEGIN, "`python3 tools/tour.py` runs it all; `--write-readmes` wrote this table, the stage READMEs' "
-        "and [docs/tour/](docs/tour/tour.md) (the `tour` test fails when they are stale). " + legend(cfg, records), "",
+        "and [docs/tour/](docs/tour/tour.md) (the `docs` test fails when they are stale: `python3 scripts/docs.py write --build build` refreshes them). " + legend(cfg, records), "",
         table(header, rows), "", "![memory per rank of every run, by category](docs/tour/memory.png)", END])
 
 

@@ -11,8 +11,9 @@
 namespace zf {
 
 // Where a step's wall time went, phase by phase, in milliseconds (offload's:
-// forward, backward with its copies to the host, the CPU optimizer,
-// host->device, waiting); empty for the stages that do not split their steps.
+// forward, backward with its copies to the host, the CPU optimizer, the wait
+// for a delayed update, host->device, waiting); empty for the stages that do
+// not split their steps.
 using StepPhases = std::vector<std::pair<std::string, double>>;
 
 class StepLog {

@@ -65,6 +65,11 @@ class DocsCommandTest(unittest.TestCase):
         self.assertIn("written by hand", text)
         self.assertNotIn("docs.py write", text)
 
+    def test_a_tour_that_did_not_run_is_not_called_stale(self):
+        text = self.report([("tour run", ["tools/tour.py --check-readmes failed (exit 1): no build"])], "build")
+        self.assertIn("the tour did not run", text)
+        self.assertNotIn("docs.py write", text)
+
     def test_the_course_size_is_not_compared(self):
         line = "The course, followed through every table: 62 files, 5,343 lines."
         self.assertEqual(reading_list.without_size(line), reading_list.without_size(line.replace("5,343", "9")))

@@ -1,9 +1,8 @@
 #!/usr/bin/env python3
-# test_stage_diffs.py: every stage's CHANGES.diff (written by
-# scripts/stage_diffs.py) must be what the stage folders give now, so a
-# stage README's link to it never shows code that is gone. Also tests the
-# generator itself on a copy of the stage folders: a changed stage file makes
-# the check fail, pairing and labels, a stage folder without a predecessor.
+# test_stage_diffs.py: scripts/stage_diffs.py on a copy of the stage folders
+# (whether the committed CHANGES.diff files are current is the docs test's,
+# through scripts/docs.py): a changed stage file makes the check fail,
+# pairing and labels, a stage folder without a predecessor.
 # Needs no built target. Standard library only.
 #
 #   meson test -C build stage_diffs               # as scripts/test.sh runs it

@@ -21,7 +21,7 @@ namespace zf::fsdp_test {
 inline ModelConfig odd4() { return ModelConfig{"odd4", 256, 13, 4, 2, 10}; }
 
 // The FSDP units' sizes, from the model units' sizes alone: the embedding,
-// groups of K blocks, the head; each group's elements summed, then padded
+// groups of --wrap-blocks blocks, the head; each group's elements summed, then padded
 // to a multiple of N as one buffer.
 struct FlatSizes {
   std::vector<size_t> padded;  // N * ceil(n_g / N) per FSDP unit, forward order

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "data_parallel.h"
+#include "disk_adamw.h"
 #include "estimate.h"
 #include "fsdp.h"
 #include "offload.h"
@@ -28,6 +29,11 @@
 #include "zero3.h"
 
 namespace zf {
+// The memory model's disk-tier chunk is stage 05's (the estimate suite's
+// models have shards under a chunk, so only this sees a drift).
+static_assert(zf::DiskAdamW::kChunkElems == zf::kDiskChunkElems);
+static_assert(zf::DiskTier::kAlignElems == zf::kDiskAlignElems);
+
 namespace {
 
 StageFn stage_fn(Stage s) {
