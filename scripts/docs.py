@@ -19,19 +19,25 @@ to change. tests/python/test_docs.py runs `check` (with the build) as the
 one freshness test of the repository.
 """
 import argparse
+import contextlib
+import io
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "tools"))
 import check_links  # noqa: E402
 import lab_refs  # noqa: E402
+import plot_run  # noqa: E402
 import reading_list  # noqa: E402
 import stage_diffs  # noqa: E402
-
-TOUR = os.path.join(ROOT, "tools", "tour.py")
+import tour  # noqa: E402
+import tour_readme  # noqa: E402
 
 
 def command(build):
@@ -44,26 +50,30 @@ def stale_stage_diffs():
 
 
 def stale_reading_lists():
-    with open(os.path.join(ROOT, reading_list.DOC), encoding="utf-8") as f:
-        text = f.read()
-    new = reading_list.with_tables(text, reading_list.tables())
-    same = reading_list.without_size(new) == reading_list.without_size(text)
-    return [] if same else [f"{reading_list.DOC}: the reading lists differ from scripts/reading_list.py's"]
+    current = reading_list.is_current()
+    return [] if current else [f"{reading_list.DOC}: the reading lists differ from scripts/reading_list.py's"]
 
 
-def tour(build, mode):
-    """Runs tools/tour.py --check-readmes (without pictures: the tables do not
-    need them) or --write-readmes. Returns (stale, failed): what is stale,
-    or why the tour itself failed (then nothing is known of the tables)."""
-    extra = ["--no-plots"] if mode == "--check-readmes" else []
-    r = subprocess.run([sys.executable, TOUR, "--build", build, mode] + extra, capture_output=True, text=True)
-    if r.returncode == 0:
-        return [], []
-    text = (r.stderr.strip() or r.stdout.strip())
-    if mode == "--check-readmes" and "stale:" in text:
-        why = text.split("stale:", 1)[1].split(". Refresh them with", 1)[0].strip()
-        return [why], []
-    return [], [f"tools/tour.py {mode} failed (exit {r.returncode}): {text}"]
+def check_tour(build):
+    """Runs the READMEs' tour (without pictures: the tables do not need them)
+    and compares their tables. Returns (stale, failed): the READMEs whose
+    tables differ, or why the tour itself failed (then nothing is known)."""
+    out = tempfile.mkdtemp(prefix="zf-docs-tour-")
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            records, _ = tour.run_tour(tour.README_CONFIG, build, out, plots=False, tty=False)
+        return tour_readme.stale_readmes(ROOT, tour_readme.readme_blocks(records, tour.README_CONFIG)), []
+    except (tour.TourError, plot_run.LogError) as e:
+        return [], [f"the READMEs' tour did not run: {e}"]
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def write_tour(build):
+    """tools/tour.py --write-readmes (the tables and docs/tour/'s pictures); why it failed, or []."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "tour.py"), "--build", build,
+                        "--write-readmes"], capture_output=True, text=True)
+    return [] if r.returncode == 0 else [f"tools/tour.py --write-readmes failed: {(r.stderr or r.stdout).strip()}"]
 
 
 def stale_lab_references():
@@ -74,22 +84,25 @@ def broken_links():
     return [f"{rel}: ({target}): {why}" for rel, target, why in check_links.broken_links(ROOT)]
 
 
-def check(build=None):
-    """[(part, [problem])] of every part that is not current."""
+def check(build=None, tour_failed=None):
+    """[(part, [problem])] of every part that is not current. tour_failed:
+    what write_tour returned, when the tables were just written (then the
+    tour is not run again)."""
     parts = [("stage diffs", stale_stage_diffs()), ("reading lists", stale_reading_lists())]
-    if build:
-        stale, failed = tour(build, "--check-readmes")
+    if build and tour_failed is None:
+        stale, failed = check_tour(build)
         parts += [("tour tables", stale), ("tour run", failed)]
+    elif tour_failed:
+        parts.append(("tour run", tour_failed))
     parts += [("lab references", stale_lab_references()), ("links", broken_links())]
     return [(name, problems) for name, problems in parts if problems]
 
 
 def write(build=None):
+    """Rewrites the generated parts; returns write_tour's failures (None without a build)."""
     stage_diffs.write(ROOT)
     reading_list.main_write()
-    if build:
-        for line in tour(build, "--write-readmes")[1]:
-            print(line, file=sys.stderr)
+    return write_tour(build) if build else None
 
 
 def report(stale, build):
@@ -115,9 +128,8 @@ def main(argv=None):
         print(f"docs.py: error: --build {args.build}: no such folder (build first: scripts/build.sh)",
               file=sys.stderr)
         return 2
-    if args.mode == "write":
-        write(args.build)
-    stale = check(args.build)
+    tour_failed = write(args.build) if args.mode == "write" else None
+    stale = check(args.build, tour_failed)
     if stale:
         report(stale, args.build)
         return 1

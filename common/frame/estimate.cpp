@@ -35,12 +35,10 @@ StageEstimate estimate_from_sizes(Stage stage, const TrainConfig& cfg, const Mod
   est.sizes = z;
   const OffloadOptions& off = cfg.offload;
   const bool offload = stage == Stage::offload;
-  StateOptions so;
-  so.no_sync = is_fsdp_family(stage) && cfg.fsdp.no_sync;
-  so.offload_params = offload && off.offload_params;
-  so.delay_update = offload && off.delay_update;
-  so.disk_tier = offload && !off.offload_dir.empty();
-  est.states = model_state_bytes(stage, cfg.precision, z, so);
+  // model_state_bytes reads each flag only for the stages that have it.
+  est.states = model_state_bytes(stage, cfg.precision, z,
+                                 {.offload_params = off.offload_params, .delay_update = off.delay_update,
+                                  .no_sync = cfg.fsdp.no_sync, .disk_tier = !off.offload_dir.empty()});
   const double e = double(dtype_size(storage_dtype(cfg.precision)));
   const double S = z.shard, Pp = z.padded, K = cfg.grad_accum;
 
@@ -95,13 +93,6 @@ StageEstimate estimate_from_sizes(Stage stage, const TrainConfig& cfg, const Mod
   return est;
 }
 
-// The peak of stage 04's gathered units (04_fsdp/README.md's schedule),
-// with a the padded FSDP units in forward order: every unit at once without
-// resharding. Else the larger of: a run of w consecutive units, w = D + 1
-// (the unit and the D prefetched) capped at M; and at the backward's start,
-// the head (kept gathered since its forward, which M does not count) with
-// the D units before it, capped at M. A prefetch that reaches past the
-// head into the backward's order (D >= G - 1 for G units) is not modelled.
 // Each unit of `layout` padded to a multiple of N elements, in forward order.
 std::vector<double> padded_units(const ModelLayout& layout, int N) {
   std::vector<double> a;
@@ -109,6 +100,13 @@ std::vector<double> padded_units(const ModelLayout& layout, int N) {
   return a;
 }
 
+// The peak of stage 04's gathered units (04_fsdp/README.md's schedule),
+// with a the padded FSDP units in forward order: every unit at once without
+// resharding. Else the larger of: a run of w consecutive units, w = D + 1
+// (the unit and the D prefetched) capped at M; and at the backward's start,
+// the head (kept gathered since its forward, which M does not count) with
+// the D units before it, capped at M. A prefetch that reaches past the
+// head into the backward's order (D >= G - 1 for G units) is not modelled.
 std::optional<double> gathered_peak(const std::vector<double>& a, const FsdpOptions& f) {
   double total = 0;
   for (double x : a) total += x;

@@ -53,7 +53,6 @@ ModelSizes padded_sizes(const ModelLayout& layout, int ranks) {
 }
 
 ModelStateBytes model_state_bytes(Stage stage, Precision precision, const ModelSizes& z, const StateOptions& opt) {
-  const bool offload_params = opt.offload_params, delay_update = opt.delay_update;
   const double e = precision == Precision::fp32 ? 4 : 2;   // params and grads, compute dtype
   const double o = precision == Precision::fp32 ? 8 : 12;  // float32 moments (+ master in bf16)
   ModelStateBytes b;
@@ -78,13 +77,13 @@ ModelStateBytes model_state_bytes(Stage stage, Precision precision, const ModelS
       // of the parameters: on the device, and in bf16 on the host as well
       // (in fp32 the float32 shard is that copy).
       b.host = {4 * z.shard + (e == 4 ? 0 : e * z.shard), 4 * z.shard, 8 * z.shard};
-      if (!offload_params) b.device = {e * z.shard, 0, 0};
+      if (!opt.offload_params) b.device = {e * z.shard, 0, 0};
       // The delayed update reads one gradient buffer while the next step
       // fills the other; with the parameters on the host, the all-gathers
       // read a copy of their own while it writes the first.
-      if (delay_update) {
+      if (opt.delay_update) {
         b.host.grads += 4 * z.shard;
-        if (offload_params) b.host.params += e * z.shard;
+        if (opt.offload_params) b.host.params += e * z.shard;
       }
       break;
   }
@@ -98,7 +97,7 @@ ModelStateBytes model_state_bytes(Stage stage, Precision precision, const ModelS
     // The host streams them through two chunks of each array: a chunk is
     // kDiskChunkElems floats, or the shard rounded up to kDiskAlignElems
     // when it is smaller (05_offload/disk_tier.h).
-    const bool master_on_disk = offload_params && precision == Precision::bf16;
+    const bool master_on_disk = opt.offload_params && precision == Precision::bf16;
     const double arrays = master_on_disk ? 3 : 2;
     const double chunk = std::min(double(kDiskChunkElems), std::ceil(z.shard / kDiskAlignElems) * kDiskAlignElems);
     b.disk.optimizer = 8 * z.shard;

@@ -114,6 +114,17 @@ class MpiSignals : public test::TempDirTest {
   std::string command() const {
     return mpirun(2) + dp() + " --model tiny --batch 1 --steps 1000000 --quiet --log-json " + log_ + " --save " + ck_;
   }
+  // Runs the job, sends SIGTERM to rank 0 or to the other rank after a few
+  // steps, expects the run to stop on it; *out: what the job printed.
+  void sigterm_to_rank(bool zero, std::string* out) {
+    ChildProcess job(command(), path("out.txt"));
+    ASSERT_TRUE(job.wait_until([&] { return test::logged_lines(log_) >= 3; }, 60)) << job.output();
+    const pid_t rank = rank_pid(job, zero);
+    ASSERT_GT(rank, 0);
+    ::kill(rank, SIGTERM);
+    EXPECT_EQ(job.wait(60), 128 + SIGTERM) << job.output();
+    *out = job.output();
+  }
   std::string log_, ck_;
 };
 
@@ -133,13 +144,9 @@ TEST_F(MpiSignals, Sigusr1ToMpirunStopsEveryRankAndSaves) {
 }
 
 TEST_F(MpiSignals, ASignalToOneRankStopsThemAllAfterTheSameStep) {
-  ChildProcess job(command(), path("out.txt"));
-  ASSERT_TRUE(job.wait_until([&] { return test::logged_lines(log_) >= 3; }, 60)) << job.output();
-  const pid_t other = rank_pid(job, false);
-  ASSERT_GT(other, 0);
-  ::kill(other, SIGTERM);
-  EXPECT_EQ(job.wait(60), 128 + SIGTERM) << job.output();
-  EXPECT_NE(job.output().find("dp: stopped by SIGTERM after step"), std::string::npos) << job.output();
+  std::string out;
+  ASSERT_NO_FATAL_FAILURE(sigterm_to_rank(false, &out));
+  EXPECT_NE(out.find("dp: stopped by SIGTERM after step"), std::string::npos) << out;
   expect_nothing_lost();
 }
 
@@ -147,14 +154,10 @@ TEST_F(MpiSignals, ASignalToOneRankStopsThemAllAfterTheSameStep) {
 // second later: rank 0, given a SIGTERM, says so and how to stop instead
 // (SIGUSR1 to mpirun); SIGUSR1 itself gets no such line.
 TEST_F(MpiSignals, SigtermUnderMpirunNamesSigusr1) {
-  ChildProcess job(command(), path("out.txt"));
-  ASSERT_TRUE(job.wait_until([&] { return test::logged_lines(log_) >= 3; }, 60)) << job.output();
-  const pid_t rank0 = rank_pid(job, true);
-  ASSERT_GT(rank0, 0);
-  ::kill(rank0, SIGTERM);
-  EXPECT_EQ(job.wait(60), 128 + SIGTERM) << job.output();
-  EXPECT_NE(job.output().find("mpirun kills every rank about a second later"), std::string::npos) << job.output();
-  EXPECT_NE(job.output().find("kill -USR1"), std::string::npos) << job.output();
+  std::string out;
+  ASSERT_NO_FATAL_FAILURE(sigterm_to_rank(true, &out));
+  EXPECT_NE(out.find("mpirun kills every rank about a second later"), std::string::npos) << out;
+  EXPECT_NE(out.find("kill -USR1"), std::string::npos) << out;
   expect_nothing_lost();
 }
 
