@@ -241,6 +241,15 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
       "Processes sharing a GPU get an NCCL_HOSTID each (correctness only). --comm-timeout, else\n"
       "ZF_COMM_TIMEOUT_S (default 600 s), bounds every wait for the other ranks (NCCL's too;\n"
       "NCCL alone: ZF_NCCL_TIMEOUT_S when neither is given).");
+  app.add_option("--clock", cfg.clock,
+                 "wall, or modeled: each step timed as it would run on --hardware's GPUs (every op a roofline "
+                 "time, every collective NCCL's ring over NVLink or the network, every copy PCIe), from the "
+                 "stage's own order of issues and waits; the same on any machine")
+      ->capture_default_str();
+  CLI::Option* hardware_option = path_options.emplace_back(app.add_option(
+      "--hardware", cfg.hardware,
+      "with --clock modeled: the modeled machine, a profile of hardware/ (h100-sxm, h200, a100-sxm, l40s; "
+      "default h100-sxm) or the path of a profile file"));
   app.add_option("--inject-fault", fault,
                  "RANK:STEP: that rank throws during that step; RANK:STEP:stall: it stops there for "
                  "good, and the others' collectives time out (tests, demos)")
@@ -417,6 +426,19 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
     cfg.comm_timeout_s = parse_comm_timeout("--comm-timeout", comm_timeout);
   } else if (const char* env = std::getenv("ZF_COMM_TIMEOUT_S"); env && *env) {
     cfg.comm_timeout_s = parse_comm_timeout("ZF_COMM_TIMEOUT_S", env);
+  }
+  USAGE_REQUIRE(cfg.clock == "wall" || cfg.clock == "modeled",
+                "--clock must be wall or modeled (got '" << cfg.clock << "')");
+  USAGE_REQUIRE(hardware_option->count() == 0 || cfg.clock == "modeled",
+                "--hardware " << cfg.hardware << " is the machine of the modeled clock: add --clock modeled");
+  if (cfg.clock == "modeled") {
+    if (cfg.hardware.empty()) cfg.hardware = "h100-sxm";
+    USAGE_REQUIRE(cfg.device == "cpu", "--clock modeled models a GPU from a run on the CPU device; with --device "
+                                       "cuda the wall clock is the GPU's own: leave --clock out");
+    USAGE_REQUIRE(!offload, "--clock modeled does not model stage 05's host work yet (the CPU optimizer, its "
+                            "copies, the disk): model stage 04 instead, or leave --clock out");
+    USAGE_REQUIRE(cfg.trace.empty(), "--trace draws the wall clock, not the modeled one: give one of --trace and "
+                                     "--clock modeled");
   }
   if (!fault.empty()) {
     const std::string how = "--inject-fault wants RANK:STEP or RANK:STEP:stall (got '" + fault + "')";

@@ -1,6 +1,7 @@
 // device_profile.cpp: ProfilingDevice, a Device that times every op of
 // another (device_profile.h).
 #include "device_profile.h"
+#include "device_decorator.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -18,11 +19,9 @@ bool profiling_requested() {
 
 namespace {
 
-class ProfilingDevice final : public Device {
+class ProfilingDevice final : public DeviceDecorator {
  public:
-  ProfilingDevice(std::unique_ptr<Device> inner, bool print) : in_(std::move(inner)), print_(print) {
-    compute_ = in_->compute_dtype();
-  }
+  ProfilingDevice(std::unique_ptr<Device> inner, bool print) : DeviceDecorator(std::move(inner)), print_(print) {}
   ~ProfilingDevice() override {
     try {
       collect();
@@ -31,24 +30,6 @@ class ProfilingDevice final : public Device {
     }
   }
 
-  std::string name() const override { return in_->name(); }
-  bool is_cuda() const override { return in_->is_cuda(); }
-  void* native_stream() const override { return in_->native_stream(); }
-  void make_current() override { in_->make_current(); }
-  int ordinal() const override { return in_->ordinal(); }
-  void set_compute_dtype(DType dtype) override {
-    in_->set_compute_dtype(dtype);
-    compute_ = dtype;
-  }
-  void set_attention(AttentionForm form) override {
-    in_->set_attention(form);
-    attention_ = form;
-  }
-
-  void* allocate(size_t bytes) override { return in_->allocate(bytes); }
-  void release(void* p) override { in_->release(p); }
-  void* allocate_pinned(size_t bytes, std::string* why) override { return in_->allocate_pinned(bytes, why); }
-  void release_pinned(void* p, size_t bytes) override { in_->release_pinned(p, bytes); }
   void zero(void* p, size_t bytes) override { timed("zero", [&] { in_->zero(p, bytes); }); }
   void copy(void* dst, const void* src, size_t bytes) override {
     timed("copy", [&] { in_->copy(dst, src, bytes); });
@@ -59,12 +40,6 @@ class ProfilingDevice final : public Device {
     in_->to_device(dst, src, bytes);
     collect();
   }
-  // The copy queue is not profiled: its copies overlap the ops timed here.
-  // An observer goes to the device that runs the copies, which times them.
-  void set_copy_observer(CopyObserver observer) override { in_->set_copy_observer(std::move(observer)); }
-  Transfer copy_async(void* dst, const void* src, size_t bytes, bool to_device, CopyRecord*) override {
-    return to_device ? in_->to_device_async(dst, src, bytes) : in_->to_host_async(dst, src, bytes);
-  }
   void to_host(void* dst, const void* src, size_t bytes) override {
     in_->to_host(dst, src, bytes);
     collect();
@@ -73,9 +48,6 @@ class ProfilingDevice final : public Device {
     in_->synchronize();
     collect();
   }
-  size_t mark() override { return in_->mark(); }
-  double elapsed_ms(size_t from, size_t to) override { return in_->elapsed_ms(from, to); }
-  void forget_marks() override { in_->forget_marks(); }
 
   void widen(const bf16* in, float* out, size_t n) override { timed("widen", [&] { in_->widen(in, out, n); }); }
   void narrow(const float* in, bf16* out, size_t n) override {
@@ -93,7 +65,6 @@ class ProfilingDevice final : public Device {
                   const AdamWConfig& cfg, long step, float scale, bool decay) override {
     timed("adamw", [&] { in_->adamw_copy(param, grad, gdt, m, v, out, out_dtype, n, cfg, step, scale, decay); });
   }
-  std::string optimizer_description() const override { return in_->optimizer_description(); }
 
   void sum_squares(const void* x, DType dtype, size_t n, SumOfSquares& acc) override {
     timed("sum_squares", [&] { in_->sum_squares(x, dtype, n, acc); });
@@ -123,10 +94,6 @@ class ProfilingDevice final : public Device {
   void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                        const void* weight, int N, int IC, int OC) override {
     timed("matmul_backward", [&] { in_->matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC); });
-  }
-  size_t attention_saved_bytes(int B, int T, int H) const override { return in_->attention_saved_bytes(B, T, H); }
-  size_t attention_scratch_floats(int B, int T, int H) const override {
-    return in_->attention_scratch_floats(B, T, H);
   }
   void attention_forward(void* out, void* saved, float* scratch, const void* qkv, int B, int T, int C,
                          int H) override {
@@ -201,7 +168,6 @@ class ProfilingDevice final : public Device {
     std::fflush(stdout);
   }
 
-  std::unique_ptr<Device> in_;
   bool print_;
   std::vector<Pending> pending_;
   std::map<std::string, Total> totals_;

@@ -28,6 +28,7 @@
 #include "launch.h"
 
 #include "device_profile.h"
+#include "modeled_clock.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -486,6 +487,7 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
   // each step (rank.h; none on a GPU until the GPU path has been run,
   // docs/GPU.md).
   std::vector<std::unique_ptr<Communicator>> comms, controls;
+  const std::shared_ptr<ClockGroup> clock_group = opt.hardware ? make_clock_group(N) : nullptr;
   try {
     comms = opt.device == "cuda" ? make_gpu_thread_communicators(gpu_devices, opt.comm_timeout_s)
                                  : make_thread_communicators(N, opt.comm_timeout_s);
@@ -528,13 +530,17 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
     std::unique_ptr<Communicator> comm = std::move(comms[r]);
     std::unique_ptr<Communicator> control = controls.empty() ? nullptr : std::move(controls[r]);
     const bool all_started = wait_for_gate();  // else the group is aborted: nothing to run
+    // --clock modeled: the device and the communicator charge the rank's clock.
+    std::unique_ptr<RankClock> clock = opt.hardware ? std::make_unique<RankClock>(*opt.hardware) : nullptr;
+    if (clock) comm = make_modeled_communicator(std::move(comm), clock_group, r, *clock);
     try {
       std::unique_ptr<Device> dev =
           maybe_profiled(gpu_devices.empty() ? make_cpu_device() : std::move(gpu_devices[r]), r);
+      if (clock) dev = make_modeled_device(std::move(dev), *clock);
       dev->make_current();
       MemoryTracker mem(r, opt.device_budget);
       mem.set_device(dev.get());
-      RankContext ctx{r, N, *comm, mem, *dev, control.get(), N};
+      RankContext ctx{r, N, *comm, mem, *dev, control.get(), N, clock.get()};
       if (all_started) fn(ctx);
     } catch (...) {
       Failure f{r, std::current_exception(), "", false};

@@ -43,6 +43,7 @@
 
 #include "comm.h"
 #include "device.h"
+#include "hardware.h"
 #include "config.h"
 #include "memory.h"
 #include "rank.h"
@@ -56,6 +57,9 @@ struct LaunchOptions {
   // How long a rank waits for the others in a collective (--comm-timeout),
   // then the job is aborted; 0: kDefaultCommTimeoutS (NCCL: ZF_NCCL_TIMEOUT_S).
   double comm_timeout_s = 0;
+  // --clock modeled: the machine every rank's device and communicator are
+  // charged on (modeled_clock.h); null: the wall clock. Thread ranks only.
+  const Hardware* hardware = nullptr;
 };
 
 // How the environment is read: std::getenv, or a map in tests.

@@ -61,6 +61,12 @@ StepReporter::StepReporter(const TrainConfig& cfg, size_t params)
   if (!cfg.log_json.empty()) json_.open(cfg.log_json, "the run log --log-json");
 }
 
+void StepReporter::set_modeled(const std::string& clock, double peak_flops) {
+  clock_ = clock;
+  peak_flops_ = peak_flops;
+  flops_per_token_ = flops_per_token(build_layout(cfg_.model));
+}
+
 void StepReporter::write_json(const std::string& line) {
   if (!json_.is_open() || !json_.error().empty()) return;
   if (json_.write(line + "\n")) return;
@@ -72,8 +78,10 @@ void StepReporter::step(int step, float loss, float grad_norm, double ms, size_t
                         const StepPhases& phases) {
   std::lock_guard<std::mutex> lock(mu_);
   double tps = ms > 0 ? tokens_per_step(cfg_) / (ms / 1000.0) : 0.0;
+  const double mfu = peak_flops_ > 0 ? tps * flops_per_token_ / peak_flops_ : 0.0;
   if (json_.is_open()) {
     nlohmann::json j = {{"step", step}, {"loss", loss}, {"grad_norm", grad_norm}, {"ms", ms}, {"tokens_per_s", tps}};
+    if (peak_flops_ > 0) j["mfu"] = mfu;
     if (!phases.empty()) {
       nlohmann::json split = nlohmann::json::object();
       for (const auto& [name, t] : phases) split[name] = t;
@@ -87,9 +95,11 @@ void StepReporter::step(int step, float loss, float grad_norm, double ms, size_t
     // The last line says how long the steps took instead of what is left.
     const std::string time_left =
         last ? "took " + format_duration(eta_.elapsed_s()) : "ETA " + format_duration(eta_s);
-    std::printf("step %5d/%d | loss %.4f | grad norm %.4f | %8.2f ms | %9.0f tok/s | model states %s per rank | %s\n",
-                step, cfg_.steps, loss, grad_norm, ms, tps, format_bytes(model_state_bytes).c_str(),
-                time_left.c_str());
+    char mfu_text[32] = "";
+    if (peak_flops_ > 0) std::snprintf(mfu_text, sizeof mfu_text, " | MFU %.1f%%", 100.0 * mfu);
+    std::printf("step %5d/%d | loss %.4f | grad norm %.4f | %8.2f ms%s | %9.0f tok/s%s | model states %s per rank | %s\n",
+                step, cfg_.steps, loss, grad_norm, ms, peak_flops_ > 0 ? " modeled" : "", tps, mfu_text,
+                format_bytes(model_state_bytes).c_str(), time_left.c_str());
     if (!phases.empty()) {
       std::printf("           ");
       for (const auto& [name, t] : phases) std::printf(" | %s %.2f ms", name.c_str(), t);
@@ -147,6 +157,7 @@ nlohmann::json summary_json(const RunResult& run) {
             {"steps", cfg.steps},
             {"first_step", run.ranks.empty() ? 0 : run.ranks[0].first_step},
             {"blas", run.blas},
+            {"clock", cfg.clock},
             {"median_ms", med},
             {"tokens_per_s", med > 0 ? tokens_per_step(cfg) / (med / 1000.0) : 0.0},
             // Model FLOPs of one token's forward + backward (model.h): with
@@ -163,7 +174,13 @@ nlohmann::json summary_json(const RunResult& run) {
 void StepReporter::summary(const RunResult& run) {
   std::lock_guard<std::mutex> lock(mu_);
   if (json_.is_open()) {
-    write_json(summary_json(run).dump());
+    nlohmann::json j = summary_json(run);
+    if (peak_flops_ > 0) {
+      const double med = median(run.ranks.empty() ? std::vector<double>{} : run.ranks[0].step_ms);
+      j["summary"]["clock_detail"] = clock_;
+      j["summary"]["mfu"] = med > 0 ? tokens_per_step(cfg_) / (med / 1000.0) * flops_per_token_ / peak_flops_ : 0.0;
+    }
+    write_json(j.dump());
     const bool ok_before = json_.error().empty();
     if (!json_.close() && ok_before)  // the close found what the writes did not
       std::fprintf(stderr, "%s: error: %s\n", program_.c_str(), json_.error().c_str());
@@ -173,7 +190,8 @@ void StepReporter::summary(const RunResult& run) {
   print_comm_table(run, stdout);
   std::vector<double> ms = run.ranks.empty() ? std::vector<double>{} : run.ranks[0].step_ms;
   double med = median(ms);
-  std::printf("\nmedian step %.2f ms, %.0f tokens/s; final parameters hash %s\n", med,
+  std::printf("\nmedian step %.2f ms%s, %.0f tokens/s; final parameters hash %s\n", med,
+              peak_flops_ > 0 ? (" (" + clock_ + ")").c_str() : "",
               med > 0 ? tokens_per_step(cfg_) / (med / 1000.0) : 0.0,
               run.ranks.empty() ? "-" : hash_hex(run.ranks[0].param_hash).c_str());
   if (!run.ranks.empty() && !run.ranks[0].host_optimizer.empty())

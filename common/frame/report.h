@@ -48,6 +48,10 @@ class StepReporter final : public StepLog {
   // Prints the closing tables, writes the summary object and closes the
   // run log.
   void summary(const RunResult& run);
+  // --clock modeled: the step times are modeled on `clock` ("modeled on H100
+  // SXM x8"), whose GPUs' peak is `peak_flops` in all: MFU in the step line
+  // and the run log.
+  void set_modeled(const std::string& clock, double peak_flops);
   // Why the run log is incomplete, or "" (log_file.h). A failed write is
   // also said on stderr when it happens, once.
   const std::string& log_error() const { return json_.error(); }
@@ -60,6 +64,8 @@ class StepReporter final : public StepLog {
   StepEta eta_;
   LogFile json_;
   std::string program_;  // the message prefix ("dp")
+  std::string clock_;    // set_modeled's
+  double peak_flops_ = 0, flops_per_token_ = 0;
   std::mutex mu_;
 };
 

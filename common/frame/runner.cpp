@@ -13,6 +13,8 @@
 #include "check.h"
 #include "checkpoint.h"
 #include "gradnorm.h"
+#include "hardware.h"
+#include "modeled_clock.h"
 #include "output_paths.h"
 #include "stop_request.h"
 #include "trace.h"
@@ -63,6 +65,13 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   const World world = resolve_world(cfg.ranks, cfg.device);
   validate_for_world(cfg, world.size);
   check_output_paths(cfg, world.prints());
+  std::optional<Hardware> hardware;
+  if (cfg.clock == "modeled") {
+    USAGE_REQUIRE(!world.multi_process(), "--clock modeled runs its ranks as threads of one process (their "
+                                          "collectives' modeled start is shared there): run it without "
+                                              << world.launcher);
+    hardware = load_hardware(cfg.hardware);
+  }
   TokenData data = cfg.data.empty() ? builtin_corpus() : load_token_file(cfg.data);
   Sampler check(data, cfg.model.T, cfg.model.V);  // refuses short files and foreign vocabularies up front
   ModelLayout layout = build_layout(cfg.model);
@@ -86,6 +95,10 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
     report_cfg.log_json.clear();
   }
   StepReporter reporter(report_cfg, layout.numel);
+  if (hardware) {
+    const double peak = cfg.compute == DType::bf16 ? hardware->peak_tflops_bf16 : hardware->peak_tflops_f32;
+    reporter.set_modeled(modeled_clock_description(*hardware, world.size), peak * 1e12 * world.size);
+  }
   if (!report_cfg.quiet) {
     std::printf("zero-to-fsdp %s | model %s (P = %zu, V=%d T=%d L=%d H=%d C=%d) | %s | "
                 "B=%d K=%d, %lld tokens/step | %s (compute %s%s%s%s) | data: %s (%zu tokens)\n",
@@ -96,6 +109,9 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
                 cfg.recompute == Recompute::none ? "" : ", recompute ",
                 cfg.recompute == Recompute::none ? "" : recompute_name(cfg.recompute), data.source.c_str(), data.tokens.size());
     std::printf("BLAS: %s\n", run.blas.c_str());
+    if (hardware)
+      std::printf("clock: %s (%s): every time below is modeled, not measured\n",
+                  modeled_clock_description(*hardware, world.size).c_str(), hardware->profile.c_str());
     std::fflush(stdout);
   }
 
@@ -104,6 +120,7 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   opt.device_budget = cfg.device_mem;
   opt.device = cfg.device;
   opt.comm_timeout_s = cfg.comm_timeout_s;
+  opt.hardware = hardware ? &*hardware : nullptr;
   // --trace: every rank's schedule, against one clock for the process (trace.h).
   const auto origin = std::chrono::steady_clock::now();
   std::vector<std::string> trace_events(size_t(world.size));

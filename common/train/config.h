@@ -77,6 +77,10 @@ struct TrainConfig {
   // others in a collective before the job is aborted (0: neither given, the
   // backend's default, kDefaultCommTimeoutS; NCCL's ZF_NCCL_TIMEOUT_S).
   double comm_timeout_s = 0;
+  // --clock modeled: steps timed on a modeled machine, --hardware's profile
+  // (frame/modeled_clock.h); "wall": the wall clock.
+  std::string clock = "wall";
+  std::string hardware;
   FsdpOptions fsdp;               // the FSDP flags (defaults elsewhere)
   OffloadOptions offload;         // the offload flags
 

@@ -8,6 +8,7 @@
 #include "comm.h"
 #include "device.h"
 #include "memory.h"
+#include "step_log.h"
 
 namespace zf {
 
@@ -25,6 +26,9 @@ struct RankContext {
   // The job's ranks on this host, which share its cores (threads: all of
   // them); 0 where the launcher does not say.
   int host_ranks = 0;
+  // --clock modeled: the rank's modeled clock, which its Device and
+  // communicator charge (frame/modeled_clock.h); null on the wall clock.
+  StepClock* clock = nullptr;
 };
 
 }  // namespace zf

@@ -16,6 +16,16 @@ namespace zf {
 // not split their steps.
 using StepPhases = std::vector<std::pair<std::string, double>>;
 
+// A clock other than the wall's (--clock modeled, frame/modeled_clock.h):
+// at the end of each step the run asks it how long the step took and where
+// the time went, in place of what the stage measured.
+class StepClock {
+ public:
+  virtual ~StepClock() = default;
+  // Milliseconds since the last lap, and where they went (replaces `phases`).
+  virtual double lap(StepPhases& phases) = 0;
+};
+
 class StepLog {
  public:
   virtual ~StepLog() = default;

@@ -29,11 +29,14 @@ TrainingRun::TrainingRun(const TrainConfig& cfg, const ModelLayout& layout, Rank
     ctx.comm.barrier();  // the file is complete before anyone goes on
     ctx.comm.restore_counts(training);
   }
+  skip_clock();  // loading is not step 0's time
 }
 
-void TrainingRun::end_step(int step, float loss, float grad_norm, double ms, const StepPhases& phases) {
+void TrainingRun::end_step(int step, float loss, float grad_norm, double ms, const StepPhases& measured) {
   // The schedule's mark that the optimizer is done (a recorded run only).
   if (RecordingCommunicator* rec = find_recorder(ctx_.comm)) rec->step_ended(step);
+  StepPhases phases = measured;
+  if (ctx_.clock) ms = ctx_.clock->lap(phases);  // the modeled step, in place of the wall's
   result_.losses.push_back(loss);
   result_.grad_norms.push_back(grad_norm);
   result_.step_ms.push_back(ms);
@@ -43,6 +46,13 @@ void TrainingRun::end_step(int step, float loss, float grad_norm, double ms, con
   if (result_.stop_signal != 0) result_.stopped_after = done;
   const bool due = done == cfg_.steps || (cfg_.save_every > 0 && done % cfg_.save_every == 0);
   if (!cfg_.save.empty() && (due || result_.stop_signal != 0)) save(done);
+  skip_clock();
+}
+
+// The stop vote and saving are not training: the next step's modeled time starts after them.
+void TrainingRun::skip_clock() {
+  StepPhases ignored;
+  if (ctx_.clock) ctx_.clock->lap(ignored);
 }
 
 int TrainingRun::vote_to_stop() {

@@ -65,6 +65,7 @@ class TrainingRun {
   // Then the ranks vote on ctx.control whether any has received a stop
   // signal; if one has, every rank saves (--save) and keep_going() says no.
   // phases: where the step's time went (a stage that times its phases), for the step line and the run log.
+  // Under --clock modeled, ms and phases are the modeled clock's (rank.h).
   void end_step(int step, float loss, float grad_norm, double ms, const StepPhases& phases = {});
 
   // The end of the run: the memory and communication counters as the
@@ -74,6 +75,7 @@ class TrainingRun {
  private:
   void save(int steps_done);
   int vote_to_stop();
+  void skip_clock();
 
   RankFailureGuard guard_;  // first: a failure anywhere in the run stops the group before anything is freed
   const TrainConfig& cfg_;

@@ -1,0 +1,138 @@
+// hardware.cpp: reading a profile of a modeled machine (hardware.h).
+#include "hardware.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <dirent.h>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "check.h"
+
+#ifndef ZF_HARDWARE_DIR
+#define ZF_HARDWARE_DIR "hardware"
+#endif
+
+namespace zf {
+
+namespace {
+
+std::string trim(const std::string& s) {
+  const size_t a = s.find_first_not_of(" \t\r");
+  if (a == std::string::npos) return "";
+  return s.substr(a, s.find_last_not_of(" \t\r") + 1 - a);
+}
+
+// Every numeric key and where its value goes.
+std::map<std::string, double Hardware::*> numeric_keys() {
+  return {{"peak_tflops_bf16", &Hardware::peak_tflops_bf16},
+          {"peak_tflops_f32", &Hardware::peak_tflops_f32},
+          {"hbm_gb_per_s", &Hardware::hbm_gb_per_s},
+          {"memory_gib", &Hardware::memory_gib},
+          {"compute_efficiency", &Hardware::compute_efficiency},
+          {"memory_efficiency", &Hardware::memory_efficiency},
+          {"launch_us", &Hardware::launch_us},
+          {"intra_node_busbw_gb_per_s", &Hardware::intra_node_busbw_gb_per_s},
+          {"intra_node_latency_us", &Hardware::intra_node_latency_us},
+          {"inter_node_busbw_gb_per_s", &Hardware::inter_node_busbw_gb_per_s},
+          {"inter_node_latency_us", &Hardware::inter_node_latency_us},
+          {"pcie_pinned_gb_per_s", &Hardware::pcie_pinned_gb_per_s},
+          {"pcie_pageable_gb_per_s", &Hardware::pcie_pageable_gb_per_s},
+          {"pcie_latency_us", &Hardware::pcie_latency_us},
+          {"host_adamw_params_per_s", &Hardware::host_adamw_params_per_s},
+          {"nvme_gb_per_s", &Hardware::nvme_gb_per_s}};
+}
+
+}  // namespace
+
+std::string hardware_dir() { return ZF_HARDWARE_DIR; }
+
+Hardware parse_hardware(const std::string& text, const std::string& where) {
+  const auto numeric = numeric_keys();
+  Hardware hw;
+  std::map<std::string, int> seen;  // key -> line
+  std::istringstream in(text);
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    const std::string body = trim(line.substr(0, line.find('#')));
+    if (body.empty()) continue;
+    const size_t eq = body.find('=');
+    USAGE_REQUIRE(eq != std::string::npos,
+                  where << ":" << n << ": expected `key = value`, got '" << body << "'");
+    const std::string key = trim(body.substr(0, eq)), value = trim(body.substr(eq + 1));
+    const bool known = key == "name" || key == "gpus_per_node" || numeric.count(key);
+    USAGE_REQUIRE(known, where << ":" << n << ": unknown key '" << key << "' (the keys are in hardware/README.md)");
+    USAGE_REQUIRE(!seen.count(key), where << ":" << n << ": '" << key << "' is given twice (first on line "
+                                          << seen[key] << ")");
+    seen[key] = n;
+    USAGE_REQUIRE(!value.empty(), where << ":" << n << ": '" << key << "' has no value");
+    if (key == "name") {
+      hw.name = value;
+      continue;
+    }
+    errno = 0;
+    char* end = nullptr;
+    const double v = std::strtod(value.c_str(), &end);
+    USAGE_REQUIRE(errno == 0 && end && *end == '\0' && std::isfinite(v) && v > 0,
+                  where << ":" << n << ": '" << key << "' must be a positive number (got '" << value << "')");
+    if (key == "gpus_per_node") {
+      USAGE_REQUIRE(v == std::floor(v) && v <= 1e6,
+                    where << ":" << n << ": 'gpus_per_node' must be a whole number (got '" << value << "')");
+      hw.gpus_per_node = int(v);
+    } else {
+      USAGE_REQUIRE(!(key.find("efficiency") != std::string::npos && v > 1),
+                    where << ":" << n << ": '" << key << "' is a fraction of peak, at most 1 (got " << value << ")");
+      hw.*numeric.at(key) = v;
+    }
+  }
+  std::vector<std::string> missing;
+  for (const char* k : {"name", "gpus_per_node"})
+    if (!seen.count(k)) missing.push_back(k);
+  for (const auto& [k, member] : numeric)
+    if (!seen.count(k)) missing.push_back(k);
+  if (!missing.empty()) {
+    std::string list;
+    for (const std::string& k : missing) list += (list.empty() ? "" : ", ") + k;
+    throw UsageError(where + ": missing key" + (missing.size() > 1 ? "s " : " ") + list +
+                     " (every key is described in hardware/README.md)");
+  }
+  return hw;
+}
+
+std::vector<std::string> hardware_names(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string f = e->d_name;
+      if (f.size() > 3 && f.compare(f.size() - 3, 3, ".hw") == 0) names.push_back(f.substr(0, f.size() - 3));
+    }
+    ::closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+Hardware load_hardware(const std::string& name_or_path, const std::string& dir) {
+  const bool is_path = name_or_path.find('/') != std::string::npos ||
+                       (name_or_path.size() > 3 && name_or_path.compare(name_or_path.size() - 3, 3, ".hw") == 0);
+  const std::string path = is_path ? name_or_path : dir + "/" + name_or_path + ".hw";
+  std::ifstream f(path);
+  if (!f) {
+    std::string names;
+    for (const std::string& n : hardware_names(dir)) names += (names.empty() ? "" : ", ") + n;
+    throw UsageError("--hardware " + name_or_path + ": cannot read " + path + " (" + std::strerror(errno) +
+                     "); the profiles are " + (names.empty() ? "(none found in " + dir + ")" : names) +
+                     ", or give the path of a profile file (hardware/README.md)");
+  }
+  std::stringstream text;
+  text << f.rdbuf();
+  Hardware hw = parse_hardware(text.str(), path);
+  hw.profile = name_or_path;
+  return hw;
+}
+
+}  // namespace zf

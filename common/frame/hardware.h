@@ -1,0 +1,45 @@
+// hardware.h: a modeled machine (--hardware), read from a profile file.
+//
+// A profile is a text file of `key = value` lines, each value a number (but
+// `name`), with `#` comments saying where each number comes from; the
+// profiles shipped with the project are hardware/*.hw, and every key is
+// described in hardware/README.md. --hardware takes a profile's name (the
+// file hardware/NAME.hw) or a path. Every key below must be given once; an
+// unknown key, a missing one, a value that is not a positive number, is an
+// error naming the file, the line and the key.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace zf {
+
+struct Hardware {
+  std::string name;      // "H100 SXM"
+  std::string profile;   // what --hardware said: "h100-sxm", or the file's path
+  int gpus_per_node = 0;
+  double peak_tflops_bf16 = 0, peak_tflops_f32 = 0;  // dense, per GPU
+  double hbm_gb_per_s = 0;
+  double memory_gib = 0;
+  // The model's only knobs: the fraction of peak FLOPs and of memory
+  // bandwidth an op reaches, the same for every op of a profile.
+  double compute_efficiency = 0, memory_efficiency = 0;
+  double launch_us = 0;                                  // added to every op of the device
+  double intra_node_busbw_gb_per_s = 0, intra_node_latency_us = 0;  // a collective inside a node
+  double inter_node_busbw_gb_per_s = 0, inter_node_latency_us = 0;  // one that crosses nodes
+  double pcie_pinned_gb_per_s = 0, pcie_pageable_gb_per_s = 0, pcie_latency_us = 0;
+  double host_adamw_params_per_s = 0;
+  double nvme_gb_per_s = 0;
+};
+
+// The folder of the profiles shipped with the project.
+std::string hardware_dir();
+// Parses the text of a profile; `where` names it in errors.
+Hardware parse_hardware(const std::string& text, const std::string& where);
+// --hardware: a profile's name in `dir` (NAME.hw) or a path to a file.
+// Throws UsageError saying what was wrong, and the names there are.
+Hardware load_hardware(const std::string& name_or_path, const std::string& dir = hardware_dir());
+// The names of the profiles in `dir`, sorted.
+std::vector<std::string> hardware_names(const std::string& dir = hardware_dir());
+
+}  // namespace zf

@@ -1,0 +1,469 @@
+// modeled_clock.cpp: the modeled clock's costs, timelines and the two
+// decorators that charge them (modeled_clock.h).
+#include "modeled_clock.h"
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "device_decorator.h"
+#include "internal/comm_state.h"
+
+namespace zf {
+
+// ---- costs
+
+double op_seconds(const Hardware& hw, double flops, double bytes, bool tensor, DType compute) {
+  const double peak = (tensor && compute == DType::bf16 ? hw.peak_tflops_bf16 : hw.peak_tflops_f32) * 1e12;
+  const double math = flops / (peak * hw.compute_efficiency);
+  const double memory = bytes / (hw.hbm_gb_per_s * 1e9 * hw.memory_efficiency);
+  return std::max(math, memory) + hw.launch_us * 1e-6;
+}
+
+double collective_seconds(const Hardware& hw, CollectiveKind kind, size_t bytes, int n, bool crosses_nodes) {
+  if (n <= 1) return 0.0;
+  const double busbw = (crosses_nodes ? hw.inter_node_busbw_gb_per_s : hw.intra_node_busbw_gb_per_s) * 1e9;
+  const double latency = (crosses_nodes ? hw.inter_node_latency_us : hw.intra_node_latency_us) * 1e-6;
+  const double moved = ring_bytes(kind, bytes, n) / busbw;
+  // A ring takes n-1 steps (a reduce-scatter or an all-gather), twice that
+  // for an all-reduce (one of each); a tree all-reduce 2·log2(n) hops.
+  const double steps = kind == CollectiveKind::all_reduce ? 2.0 * (n - 1) : double(n - 1);
+  const double ring = steps * latency + moved;
+  if (kind == CollectiveKind::all_reduce && crosses_nodes)
+    return std::min(ring, 2.0 * std::ceil(std::log2(double(n))) * latency + moved);
+  return ring;
+}
+
+double copy_seconds(const Hardware& hw, size_t bytes, bool pinned) {
+  const double bw = (pinned ? hw.pcie_pinned_gb_per_s : hw.pcie_pageable_gb_per_s) * 1e9;
+  return hw.pcie_latency_us * 1e-6 + double(bytes) / bw;
+}
+
+std::string modeled_clock_description(const Hardware& hw, int world) {
+  const int nodes = (world + hw.gpus_per_node - 1) / hw.gpus_per_node;
+  std::string s = "modeled on " + hw.name + " x" + std::to_string(world);
+  if (nodes > 1) s += ", " + std::to_string(nodes) + " nodes of " + std::to_string(hw.gpus_per_node);
+  return s;
+}
+
+// ---- timelines
+
+void RankClock::compute(double s) {
+  compute_ = std::max(compute_, host_) + s;
+  compute_busy_ += s;
+}
+
+void RankClock::blocking_copy(double s) {
+  const double start = std::max({host_, compute_, copy_});
+  host_ = compute_ = start + s;
+  copy_busy_ += s;
+}
+
+double RankClock::async_copy(double s, bool to_host) {
+  const double start = std::max({copy_, host_, to_host ? compute_ : 0.0});
+  copy_ = start + s;
+  copy_busy_ += s;
+  return copy_;
+}
+
+void RankClock::wait_collective(double t) {
+  const double ready = std::max(compute_, host_);
+  if (t > ready) exposed_comm_ += t - ready;
+  compute_ = std::max(compute_, t);
+  host_ = std::max(host_, t);
+}
+
+void RankClock::synchronize() { host_ = std::max({host_, compute_, copy_}); }
+
+void RankClock::idle_until(double t) { host_ = compute_ = copy_ = std::max({host_, compute_, copy_, t}); }
+
+double RankClock::lap(StepPhases& phases) {
+  idle_until(0);
+  if (align_) align_();  // every rank's step ends when the slowest rank's does
+  const double t = host_;
+  const Mark now{t, compute_busy_, comm_busy_, copy_busy_, exposed_comm_};
+  phases = {{"compute", (now.compute_busy - last_.compute_busy) * 1e3},
+            {"comm", (now.comm_busy - last_.comm_busy) * 1e3},
+            {"exposed comm", (now.exposed_comm - last_.exposed_comm) * 1e3}};
+  if (now.copy_busy > last_.copy_busy) phases.emplace_back("copy", (now.copy_busy - last_.copy_busy) * 1e3);
+  const double ms = (now.t - last_.t) * 1e3;
+  last_ = now;
+  return ms;
+}
+
+// ---- the group's shared queue
+
+class ClockGroup {
+ public:
+  explicit ClockGroup(int size) : world_ranks_(size_t(size), -1) {}
+
+  void join(int member, int world_rank) {
+    std::lock_guard<std::mutex> lock(mu_);
+    world_ranks_[size_t(member)] = world_rank;
+  }
+
+  // Member's collective number `seq` on this queue, issued when its compute queue was at `ready`.
+  // free: a meeting of the ranks that takes no time (RankClock's lap).
+  void post(uint64_t seq, double ready, CollectiveKind kind, size_t bytes, bool free = false) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Entry& e = entries_[seq];
+    e.ready = std::max(e.ready, ready);
+    e.posted++;
+    e.kind = kind;
+    e.bytes = bytes;
+    e.free = free;
+  }
+
+  // When `seq` ends and how long it ran: the queue's collectives in order,
+  // each starting when every member has issued it and the one before has
+  // ended. Called once the backend's collective is done, so every member
+  // has posted it and every earlier one.
+  std::pair<double, double> end_of(uint64_t seq, const Hardware& hw) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int n = int(world_ranks_.size());
+    for (; resolved_ <= seq; ++resolved_) {
+      auto it = entries_.find(resolved_);
+      REQUIRE(it != entries_.end() && it->second.posted == n,
+              "modeled clock: collective #" << resolved_ << " was not issued by all " << n
+                                            << " ranks when a later one completed");
+      Entry& e = it->second;
+      e.seconds = e.free ? 0.0 : collective_seconds(hw, e.kind, e.bytes, n, crosses_nodes(hw));
+      e.end = std::max(queue_end_, e.ready) + e.seconds;
+      queue_end_ = e.end;
+    }
+    auto it = entries_.find(seq);
+    REQUIRE(it != entries_.end(), "modeled clock: collective #" << seq << " was waited for by more ranks than "
+                                                                 << n);
+    const std::pair<double, double> r{it->second.end, it->second.seconds};
+    if (++it->second.reads == n) entries_.erase(it);  // a collective never waited for stays: a few bytes
+    return r;
+  }
+
+  // The group of the members that passed `color` to their split number `split_no`.
+  std::shared_ptr<ClockGroup> child(uint64_t split_no, int color, int size) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::shared_ptr<ClockGroup>& c = children_[{split_no, color}];
+    if (!c) c = std::make_shared<ClockGroup>(size);
+    return c;
+  }
+
+ private:
+  struct Entry {
+    double ready = 0, end = 0, seconds = 0;
+    int posted = 0, reads = 0;
+    bool free = false;
+    CollectiveKind kind = CollectiveKind::barrier;
+    size_t bytes = 0;
+  };
+  bool crosses_nodes(const Hardware& hw) const {
+    const int node = world_ranks_[0] / hw.gpus_per_node;
+    for (int r : world_ranks_)
+      if (r / hw.gpus_per_node != node) return true;
+    return false;
+  }
+
+  std::mutex mu_;
+  std::vector<int> world_ranks_;  // by member
+  std::map<uint64_t, Entry> entries_;
+  uint64_t resolved_ = 0;
+  double queue_end_ = 0;
+  std::map<std::pair<uint64_t, int>, std::shared_ptr<ClockGroup>> children_;
+};
+
+std::shared_ptr<ClockGroup> make_clock_group(int world) {
+  auto g = std::make_shared<ClockGroup>(world);
+  for (int r = 0; r < world; ++r) g->join(r, r);
+  return g;
+}
+
+namespace {
+
+// ---- the communicator
+
+class ModeledCommunicator final : public Communicator {
+ public:
+  ModeledCommunicator(std::unique_ptr<Communicator> inner, std::shared_ptr<ClockGroup> group, int world_rank,
+                      RankClock& clock)
+      : in_(std::move(inner)), group_(std::move(group)), world_rank_(world_rank), clock_(clock) {}
+
+  int rank() const override { return in_->rank(); }
+  int size() const override { return in_->size(); }
+  const char* backend() const override { return in_->backend(); }
+
+  CommHandle all_reduce_async(void* buf, size_t count, DType dt, ReduceOp op) override {
+    const size_t bytes = count * dtype_size(dt);
+    const uint64_t seq = post(CollectiveKind::all_reduce, bytes);
+    return modeled(CollectiveKind::all_reduce, bytes, seq, in_->all_reduce_async(buf, count, dt, op));
+  }
+  CommHandle reduce_scatter_async(const void* send, void* recv, size_t recv_count, DType dt,
+                                  ReduceOp op) override {
+    const size_t bytes = size_t(size()) * recv_count * dtype_size(dt);
+    const uint64_t seq = post(CollectiveKind::reduce_scatter, bytes);
+    return modeled(CollectiveKind::reduce_scatter, bytes, seq,
+                   in_->reduce_scatter_async(send, recv, recv_count, dt, op));
+  }
+  CommHandle all_gather_async(const void* send, void* recv, size_t send_count, DType dt) override {
+    const size_t bytes = size_t(size()) * send_count * dtype_size(dt);
+    const uint64_t seq = post(CollectiveKind::all_gather, bytes);
+    return modeled(CollectiveKind::all_gather, bytes, seq, in_->all_gather_async(send, recv, send_count, dt));
+  }
+  CommHandle broadcast_async(void* buf, size_t count, DType dt, int root) override {
+    const size_t bytes = count * dtype_size(dt);
+    const uint64_t seq = post(CollectiveKind::broadcast, bytes);
+    return modeled(CollectiveKind::broadcast, bytes, seq, in_->broadcast_async(buf, count, dt, root));
+  }
+  void barrier() override {
+    const uint64_t seq = post(CollectiveKind::barrier, 0);
+    in_->barrier();
+    finish(CollectiveKind::barrier, seq);
+  }
+  void abort(const std::string& reason) override { in_->abort(reason); }
+
+  // The ranks meet, at no cost: each waits until the last has got here.
+  void align() {
+    group_->post(issued_++, clock_.compute_now(), CollectiveKind::barrier, 0, /*free*/ true);
+    in_->barrier();
+    clock_.idle_until(group_->end_of(issued_ - 1, clock_.hardware()).first);
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    std::unique_ptr<Communicator> inner = in_->split(color, key);
+    std::shared_ptr<ClockGroup> child = group_->child(splits_++, color, inner->size());
+    child->join(inner->rank(), world_rank_);
+    return std::make_unique<ModeledCommunicator>(std::move(inner), std::move(child), world_rank_, clock_);
+  }
+
+ private:
+  uint64_t post(CollectiveKind kind, size_t bytes) {
+    {  // counted as the threads backend counts them (comm.h)
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      stats_.add(kind, ring_bytes(kind, bytes, size()));
+    }
+    group_->post(issued_, clock_.compute_now(), kind, bytes);
+    return issued_++;
+  }
+
+  // The backend's collective is done: charge its modeled end to the rank.
+  void finish(CollectiveKind kind, uint64_t seq) {
+    const auto [end, seconds] = group_->end_of(seq, clock_.hardware());
+    clock_.wait_collective(end);
+    clock_.add_comm_busy(seconds);
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.seconds[int(kind)] += seconds;
+  }
+
+  // A handle whose first wait waits for the backend's, then charges the clock.
+  CommHandle modeled(CollectiveKind kind, size_t, uint64_t seq, CommHandle inner) {
+    auto outer = std::make_shared<CommHandle::State>();
+    CommHandle::State* self = outer.get();
+    outer->on_wait = [this, kind, seq, self, inner]() mutable {
+      {
+        std::lock_guard<std::mutex> lock(self->mu);
+        if (self->done) return;
+      }
+      inner.wait_host();
+      finish(kind, seq);
+      self->finish();
+    };
+    return CommHandle(outer);
+  }
+
+  std::unique_ptr<Communicator> in_;
+  std::shared_ptr<ClockGroup> group_;
+  int world_rank_;
+  RankClock& clock_;
+  uint64_t issued_ = 0, splits_ = 0;
+};
+
+// ---- the device
+
+// Bytes of an element in the compute dtype.
+double esize(DType compute) { return double(dtype_size(compute)); }
+
+class ModeledDevice final : public DeviceDecorator {
+ public:
+  ModeledDevice(std::unique_ptr<Device> inner, RankClock& clock) : DeviceDecorator(std::move(inner)), clock_(clock) {}
+
+  void* allocate_pinned(size_t bytes, std::string* why) override {
+    void* p = in_->allocate_pinned(bytes, why);
+    if (p) pinned_[reinterpret_cast<uintptr_t>(p)] = bytes;
+    return p;
+  }
+  void release_pinned(void* p, size_t bytes) override {
+    pinned_.erase(reinterpret_cast<uintptr_t>(p));
+    in_->release_pinned(p, bytes);
+  }
+  void zero(void* p, size_t bytes) override {
+    in_->zero(p, bytes);
+    op(0, double(bytes));
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    in_->copy(dst, src, bytes);
+    op(0, 2.0 * double(bytes));
+  }
+  void to_device(void* dst, const void* src, size_t bytes) override {
+    in_->to_device(dst, src, bytes);
+    clock_.blocking_copy(copy_seconds(clock_.hardware(), bytes, is_pinned(src)));
+  }
+  void to_host(void* dst, const void* src, size_t bytes) override {
+    in_->to_host(dst, src, bytes);
+    clock_.blocking_copy(copy_seconds(clock_.hardware(), bytes, is_pinned(dst)));
+  }
+  void synchronize() override {
+    in_->synchronize();
+    clock_.synchronize();
+  }
+  Transfer copy_async(void* dst, const void* src, size_t bytes, bool to_device, CopyRecord*) override {
+    const bool pinned = is_pinned(to_device ? src : dst);
+    const double end = clock_.async_copy(copy_seconds(clock_.hardware(), bytes, pinned), !to_device);
+    auto inner = std::make_shared<Transfer>(to_device ? in_->to_device_async(dst, src, bytes)
+                                                      : in_->to_host_async(dst, src, bytes));
+    return Transfer([inner, end, &clock = clock_] {
+      inner->wait();
+      clock.host_waits(end);
+    });
+  }
+
+  void widen(const bf16* in, float* out, size_t n) override {
+    in_->widen(in, out, n);
+    op(0, 6.0 * double(n));
+  }
+  void narrow(const float* in, bf16* out, size_t n) override {
+    in_->narrow(in, out, n);
+    op(0, 6.0 * double(n));
+  }
+  void fold(bf16* dst, const float* src, size_t n) override {
+    in_->fold(dst, src, n);
+    op(double(n), 8.0 * double(n));
+  }
+  void add(void* dst, const void* src, DType dtype, size_t n) override {
+    in_->add(dst, src, dtype, n);
+    op(double(n), 3.0 * double(n * dtype_size(dtype)));
+  }
+  // Reads the parameter, gradient and moments, writes them back (and the copy).
+  void adamw(float* param, const void* grad, DType gdt, float* m, float* v, size_t n, const AdamWConfig& cfg,
+             long step, float scale, bool decay) override {
+    in_->adamw(param, grad, gdt, m, v, n, cfg, step, scale, decay);
+    op(kAdamWFlops * double(n), double(n) * (24.0 + double(dtype_size(gdt))));
+  }
+  void adamw_copy(float* param, const void* grad, DType gdt, float* m, float* v, void* out, DType out_dtype, size_t n,
+                  const AdamWConfig& cfg, long step, float scale, bool decay) override {
+    in_->adamw_copy(param, grad, gdt, m, v, out, out_dtype, n, cfg, step, scale, decay);
+    op(kAdamWFlops * double(n),
+       double(n) * (24.0 + double(dtype_size(gdt)) + (out ? double(dtype_size(out_dtype)) : 0.0)));
+  }
+  void sum_squares(const void* x, DType dtype, size_t n, SumOfSquares& acc) override {
+    in_->sum_squares(x, dtype, n, acc);
+    op(2.0 * double(n), double(n * dtype_size(dtype)));
+  }
+
+  void encoder_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T,
+                       int C) override {
+    in_->encoder_forward(out, tokens, wte, wpe, B, T, C);
+    op(double(B) * T * C, 3.0 * B * T * C * e() + 4.0 * B * T);
+  }
+  void encoder_backward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens, int B, int T,
+                        int C) override {
+    in_->encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
+    op(2.0 * B * T * C, 5.0 * B * T * C * e() + 4.0 * B * T);
+  }
+  void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* weight,
+                         const void* bias, int N, int C) override {
+    in_->layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+    op(8.0 * N * C, (2.0 * N * C + 2.0 * C) * e() + 8.0 * N);
+  }
+  void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                          const void* weight, const float* mean, const float* rstd, int N, int C) override {
+    in_->layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+    op(14.0 * N * C, (4.0 * N * C + 5.0 * C) * e() + 8.0 * N);
+  }
+  // out[N,OC] = inp[N,IC] · weight[OC,IC]^T + bias: 2·N·IC·OC FLOPs.
+  void matmul_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
+                      int OC) override {
+    in_->matmul_forward(out, inp, weight, bias, N, IC, OC);
+    op(2.0 * N * IC * OC, (double(N) * IC + double(IC) * OC + double(N) * OC + OC) * e(), true);
+  }
+  // dinp and dweight: two products of the forward's size (added into).
+  void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                       const void* weight, int N, int IC, int OC) override {
+    in_->matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+    op(4.0 * N * IC * OC,
+       (double(N) * OC + 3.0 * N * IC + 3.0 * IC * OC + 2.0 * OC) * e(), true);
+  }
+  // Q·K^T and P·V over [B,H,T,T]: 4·B·T²·C FLOPs for the whole square (the
+  // simple form, whose probabilities are written and kept), half of it for
+  // the causal triangle flash computes; its backward recomputes the scores.
+  void attention_forward(void* out, void* saved, float* scratch, const void* qkv, int B, int T, int C,
+                         int H) override {
+    in_->attention_forward(out, saved, scratch, qkv, B, T, C, H);
+    const double io = 4.0 * B * T * C * e();
+    if (attention_ == AttentionForm::flash) op(2.0 * B * T * double(T) * C, io + 4.0 * B * H * T, true);
+    else op(4.0 * B * T * double(T) * C, io + double(B) * H * T * T * e(), true);
+  }
+  void attention_backward(void* dqkv, float* scratch, const void* dout, const void* out, const void* qkv,
+                          const void* saved, int B, int T, int C, int H) override {
+    in_->attention_backward(dqkv, scratch, dout, out, qkv, saved, B, T, C, H);
+    const double io = 11.0 * B * T * C * e();
+    if (attention_ == AttentionForm::flash) op(5.0 * B * T * double(T) * C, io + 4.0 * B * H * T, true);
+    else op(8.0 * B * T * double(T) * C, io + double(B) * H * T * T * e(), true);
+  }
+  void gelu_forward(void* out, const void* inp, size_t n) override {
+    in_->gelu_forward(out, inp, n);
+    op(10.0 * double(n), 2.0 * double(n) * e());
+  }
+  void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n) override {
+    in_->gelu_backward(dinp, inp, dout, n);
+    op(20.0 * double(n), 4.0 * double(n) * e());
+  }
+  void residual_forward(void* out, const void* a, const void* b, size_t n) override {
+    in_->residual_forward(out, a, b, n);
+    op(double(n), 3.0 * double(n) * e());
+  }
+  void softmax_cross_entropy_forward(float* lse, float* losses, const void* logits, const int32_t* targets,
+                                     int N, int V) override {
+    in_->softmax_cross_entropy_forward(lse, losses, logits, targets, N, V);
+    op(4.0 * N * double(V), double(N) * V * e() + 12.0 * N);
+  }
+  void softmax_cross_entropy_backward(void* dlogits, const void* logits, const float* lse,
+                                      const int32_t* targets, float dloss, int N, int V) override {
+    in_->softmax_cross_entropy_backward(dlogits, logits, lse, targets, dloss, N, V);
+    op(4.0 * N * double(V), 2.0 * N * double(V) * e() + 8.0 * N);
+  }
+
+ private:
+  static constexpr double kAdamWFlops = 12.0;  // per element: moments, bias corrections, the step
+
+  double e() const { return esize(compute_); }
+  void op(double flops, double bytes, bool tensor = false) {
+    clock_.compute(op_seconds(clock_.hardware(), flops, bytes, tensor, compute_));
+  }
+  bool is_pinned(const void* host) const {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(host);
+    auto it = pinned_.upper_bound(p);
+    if (it == pinned_.begin()) return false;
+    --it;
+    return p < it->first + it->second;
+  }
+
+  RankClock& clock_;
+  std::map<uintptr_t, size_t> pinned_;  // pinned allocations: start -> bytes
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_modeled_device(std::unique_ptr<Device> inner, RankClock& clock) {
+  return std::make_unique<ModeledDevice>(std::move(inner), clock);
+}
+
+std::unique_ptr<Communicator> make_modeled_communicator(std::unique_ptr<Communicator> inner,
+                                                        std::shared_ptr<ClockGroup> group, int world_rank,
+                                                        RankClock& clock) {
+  auto comm = std::make_unique<ModeledCommunicator>(std::move(inner), std::move(group), world_rank, clock);
+  clock.set_align([c = comm.get()] { c->align(); });
+  return comm;
+}
+
+}  // namespace zf

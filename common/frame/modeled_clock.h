@@ -1,0 +1,117 @@
+// modeled_clock.h: --clock modeled --hardware NAME: the time a step would
+// take on a modeled GPU cluster, out of the stage's own order of issues and
+// waits.
+//
+// The rank's Device and communicator are wrapped (as the op profile wraps
+// the Device): every call still runs as before, bit for bit, and is also
+// charged a modeled duration on a timeline of the rank's RankClock:
+//
+//   compute   every op of the device: a roofline time,
+//             max(flops / (peak · compute_efficiency),
+//                 bytes / (HBM bandwidth · memory_efficiency)) + launch,
+//             peak the bf16 tensor cores for a matrix product or attention
+//             computed in bf16, else the FP32 rate; it starts when the
+//             compute queue and the host are both there.
+//   comm      each communicator is a queue of its own, shared by the group:
+//             a collective starts once every member has issued it (each
+//             member's compute queue as it was at the issue: a rank that is
+//             late makes the others wait) and the queue is free, and takes
+//             NCCL's ring time, steps · latency + ring bytes / bus bandwidth
+//             (comm.h's ring bytes; all-reduce across nodes the faster of
+//             ring and tree), over NVLink when the group lies inside one
+//             node, else over the network.
+//   copy      host<->device copies: PCIe, pinned or pageable host memory; an
+//             async copy to the host starts after the ops issued before it.
+//   host      what the host waits for: a blocking copy, a collective or a
+//             copy waited for; it issues the device's ops, which never start
+//             before it.
+// A wait joins two timelines: the compute queue waits for the collective,
+// and the time it stood idle is exposed communication. A step ends when
+// every timeline of every rank has got there (as if each rank ended it with
+// a device synchronize and the ranks then met): its time is that, less
+// where the last step ended.
+//
+// The numbers come from the profile (hardware.h) and from the shapes of
+// the calls, never from the machine the run is on: the same flags give the
+// same modeled times on any machine, at any load. Collectives not waited
+// for by the end of a step are not in its time.
+//
+// Thread ranks only: a group's members share their issue times in this
+// process (--clock modeled under mpirun is refused).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "comm.h"
+#include "device.h"
+#include "hardware.h"
+#include "step_log.h"
+
+namespace zf {
+
+// ---- the costs, in seconds (tested against hand computation)
+// A device op of `flops` and `bytes` of memory traffic; tensor: a matrix
+// product or attention, on the tensor cores when compute is bf16.
+double op_seconds(const Hardware& hw, double flops, double bytes, bool tensor, DType compute);
+// One collective of `bytes` (comm.h's full buffer) over n ranks.
+double collective_seconds(const Hardware& hw, CollectiveKind kind, size_t bytes, int n, bool crosses_nodes);
+// One copy between host and device memory.
+double copy_seconds(const Hardware& hw, size_t bytes, bool pinned);
+
+// One rank's timelines (seconds since the run began).
+class RankClock final : public StepClock {
+ public:
+  explicit RankClock(const Hardware& hw) : hw_(hw) {}
+  const Hardware& hardware() const { return hw_; }
+
+  // An op of the device that takes `s`.
+  void compute(double s);
+  // A blocking copy: after everything on the device, then the host goes on.
+  void blocking_copy(double s);
+  // An async copy; returns when it ends. to_host: after the ops issued before it.
+  double async_copy(double s, bool to_host);
+  // The host waits until `t` (a copy it waited for).
+  void host_waits(double t) { host_ = std::max(host_, t); }
+  // The device and the host wait for a collective that ends at `t`, which ran `s`.
+  void wait_collective(double t);
+  // The host waits for the device.
+  void synchronize();
+  // Where the compute queue has got to (a collective issued now starts no earlier).
+  double compute_now() const { return std::max(compute_, host_); }
+  void add_comm_busy(double s) { comm_busy_ += s; }
+  // Every timeline waits until `t` (not counted as exposed communication).
+  void idle_until(double t);
+  // How the ranks meet at the end of a lap (the world communicator's; none: alone).
+  void set_align(std::function<void()> align) { align_ = std::move(align); }
+
+  double lap(StepPhases& phases) override;
+
+ private:
+  const Hardware& hw_;
+  std::function<void()> align_;
+  double host_ = 0, compute_ = 0, copy_ = 0;
+  double compute_busy_ = 0, comm_busy_ = 0, copy_busy_ = 0, exposed_comm_ = 0;
+  struct Mark {
+    double t = 0, compute_busy = 0, comm_busy = 0, copy_busy = 0, exposed_comm = 0;
+  } last_;
+};
+
+// What the members of one communicator share: their issue times, and so
+// each collective's start and end. Made by the launcher for all ranks;
+// split() makes the children's.
+class ClockGroup;
+std::shared_ptr<ClockGroup> make_clock_group(int world);
+
+std::unique_ptr<Device> make_modeled_device(std::unique_ptr<Device> inner, RankClock& clock);
+// `world_rank`: this rank in the run (where it sits in the nodes).
+std::unique_ptr<Communicator> make_modeled_communicator(std::unique_ptr<Communicator> inner,
+                                                        std::shared_ptr<ClockGroup> group, int world_rank,
+                                                        RankClock& clock);
+
+// "modeled on H100 SXM ×16, 2 nodes of 8"
+std::string modeled_clock_description(const Hardware& hw, int world);
+
+}  // namespace zf

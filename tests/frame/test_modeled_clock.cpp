@@ -1,0 +1,451 @@
+// The modeled clock (frame/modeled_clock.h) against times computed here by
+// hand from a profile with round numbers: one op, one collective on a link
+// inside a node and across nodes, overlap (prefetch) against no overlap, a
+// late rank, and the same numbers whatever the threads' timing. Then the
+// profiles: every shipped one reads, and a wrong one is refused by key.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "comm_threads.h"
+#include "hardware.h"
+#include "modeled_clock.h"
+#include "test_util.h"
+
+namespace zf {
+namespace {
+
+// Round numbers, so that every expected time below is a short sum.
+const char* kProfile = R"(# a machine of round numbers
+name = Round
+gpus_per_node = 4
+peak_tflops_bf16 = 100
+peak_tflops_f32 = 10
+hbm_gb_per_s = 1000
+memory_gib = 16
+compute_efficiency = 0.5
+memory_efficiency = 0.5
+launch_us = 2
+intra_node_busbw_gb_per_s = 100
+intra_node_latency_us = 1
+inter_node_busbw_gb_per_s = 10
+inter_node_latency_us = 10
+pcie_pinned_gb_per_s = 20
+pcie_pageable_gb_per_s = 5
+pcie_latency_us = 3
+host_adamw_params_per_s = 1e9
+nvme_gb_per_s = 2
+)";
+
+Hardware round_machine() { return parse_hardware(kProfile, "round.hw"); }
+
+// The seconds of a matmul_forward of N x IC x OC in f32 on the round machine:
+// 2·N·IC·OC FLOPs at 10 TFLOP/s · 0.5, or its bytes (inputs, weight, output,
+// bias, 4 bytes each) at 1000 GB/s · 0.5, whichever is longer, plus 2 µs.
+double round_matmul_f32(double N, double IC, double OC) {
+  const double math = 2 * N * IC * OC / 5e12;
+  const double memory = (N * IC + IC * OC + N * OC + OC) * 4 / 500e9;
+  return std::max(math, memory) + 2e-6;
+}
+
+// One rank of a modeled run by hand: its clock, device and communicator.
+struct Rank {
+  RankClock clock;
+  std::unique_ptr<Device> dev;
+  std::unique_ptr<Communicator> comm;
+  Rank(const Hardware& hw, std::unique_ptr<Communicator> inner, std::shared_ptr<ClockGroup> group, int r)
+      : clock(hw), dev(make_modeled_device(make_cpu_device(), clock)),
+        comm(make_modeled_communicator(std::move(inner), std::move(group), r, clock)) {}
+  double lap_ms() {
+    StepPhases p;
+    return clock.lap(p);
+  }
+  double phase(const char* name) {
+    StepPhases p;
+    clock.lap(p);
+    for (const auto& [n, t] : p)
+      if (n == name) return t;
+    return -1;
+  }
+};
+
+// Runs fn(rank, r) on N modeled ranks as threads; returns each rank's lap in ms.
+std::vector<double> run_modeled(const Hardware& hw, int N, const std::function<void(Rank&, int)>& fn,
+                                std::function<std::unique_ptr<Communicator>(std::unique_ptr<Communicator>, int)>
+                                    wrap = nullptr) {
+  auto comms = make_thread_communicators(N);
+  auto group = make_clock_group(N);
+  std::vector<double> ms(static_cast<size_t>(N), 0.0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < N; ++r)
+    threads.emplace_back([&, r] {
+      std::unique_ptr<Communicator> inner = std::move(comms[size_t(r)]);
+      if (wrap) inner = wrap(std::move(inner), r);
+      Rank rank(hw, std::move(inner), group, r);
+      fn(rank, r);
+      ms[size_t(r)] = rank.lap_ms();
+    });
+  for (auto& t : threads) t.join();
+  return ms;
+}
+
+// A matmul on the rank's device (buffers of its own).
+void matmul(Rank& rank, int N, int IC, int OC) {
+  std::vector<float> in(size_t(N) * IC, 1.0f), w(size_t(IC) * OC, 0.5f), out(size_t(N) * OC);
+  rank.dev->matmul_forward(out.data(), in.data(), w.data(), nullptr, N, IC, OC);
+}
+
+TEST(ModeledClock, OneMatmulIsItsRooflineTime) {
+  const Hardware hw = round_machine();
+  RankClock clock(hw);
+  auto dev = make_modeled_device(make_cpu_device(), clock);
+  std::vector<float> in(64 * 128, 1.0f), w(128 * 256, 0.5f), out(64 * 256);
+  dev->matmul_forward(out.data(), in.data(), w.data(), nullptr, 64, 128, 256);
+  StepPhases p;
+  // 2·64·128·256 = 4,194,304 FLOPs / 5e12 = 0.839 µs; 230,400 bytes / 500e9 = 0.461 µs: compute-bound.
+  EXPECT_DOUBLE_EQ(clock.lap(p), (4194304.0 / 5e12 + 2e-6) * 1e3);
+  EXPECT_DOUBLE_EQ(round_matmul_f32(64, 128, 256) * 1e3, (4194304.0 / 5e12 + 2e-6) * 1e3);
+}
+
+TEST(ModeledClock, AnElementwiseOpIsItsBytesTime) {
+  const Hardware hw = round_machine();
+  RankClock clock(hw);
+  auto dev = make_modeled_device(make_cpu_device(), clock);
+  const size_t n = 1 << 20;
+  std::vector<float> a(n, 1.0f), b(n, 2.0f), out(n);
+  dev->residual_forward(out.data(), a.data(), b.data(), n);
+  StepPhases p;
+  // Two inputs and the output, 4 bytes each, at 500 GB/s; its n additions would take 0.2 µs.
+  EXPECT_DOUBLE_EQ(clock.lap(p), (12.0 * n / 500e9 + 2e-6) * 1e3);
+  EXPECT_EQ(out[5], 3.0f);
+}
+
+TEST(ModeledClock, AllGatherInsideANodeIsTheRingOverNvlink) {
+  const Hardware hw = round_machine();
+  const int N = 4;
+  const size_t send = 1 << 16;  // floats per rank: the full buffer is 4 · 65536 · 4 = 1 MiB
+  const double S = double(N) * send * 4;
+  const auto ms = run_modeled(hw, N, [&](Rank& rank, int r) {
+    std::vector<float> mine(send, float(r)), all(N * send);
+    rank.comm->all_gather_async(mine.data(), all.data(), send, DType::f32).wait();
+    EXPECT_EQ(all[send * 3], 3.0f);  // the collective itself still ran
+  });
+  // (N-1) steps of 1 µs, and (N-1)/N of the buffer at 100 GB/s.
+  const double expected = (3 * 1e-6 + 0.75 * S / 100e9) * 1e3;
+  for (double m : ms) EXPECT_DOUBLE_EQ(m, expected);
+}
+
+TEST(ModeledClock, PrefetchOverlapsTheGatherWithCompute) {
+  const Hardware hw = round_machine();
+  const int N = 4;
+  const size_t send = 1 << 16;
+  const double gather = 3 * 1e-6 + 0.75 * (4.0 * send * 4) / 100e9;
+  const double mm = round_matmul_f32(512, 512, 512);
+  ASSERT_GT(mm, gather / 2);  // comparable, so that both orders differ
+  // Issued before the compute: the step is the longer of the two.
+  auto prefetched = run_modeled(hw, N, [&](Rank& rank, int r) {
+    std::vector<float> mine(send, float(r)), all(N * send);
+    CommHandle h = rank.comm->all_gather_async(mine.data(), all.data(), send, DType::f32);
+    matmul(rank, 512, 512, 512);
+    h.wait();
+  });
+  // Issued after it: the sum.
+  auto serial = run_modeled(hw, N, [&](Rank& rank, int r) {
+    std::vector<float> mine(send, float(r)), all(N * send);
+    matmul(rank, 512, 512, 512);
+    rank.comm->all_gather_async(mine.data(), all.data(), send, DType::f32).wait();
+  });
+  for (int r = 0; r < N; ++r) {
+    EXPECT_DOUBLE_EQ(prefetched[r], std::max(gather, mm) * 1e3);
+    EXPECT_DOUBLE_EQ(serial[r], (mm + gather) * 1e3);
+  }
+}
+
+TEST(ModeledClock, ExposedCommIsTheComputeQueuesWait) {
+  const Hardware hw = round_machine();
+  const size_t send = 1 << 16;
+  const double gather = 1e-6 + 0.5 * (2.0 * send * 4) / 100e9;  // N = 2
+  const double mm = round_matmul_f32(64, 128, 256);
+  ASSERT_LT(mm, gather);
+  std::vector<double> exposed(2);
+  run_modeled(hw, 2, [&](Rank& rank, int r) {
+    std::vector<float> mine(send, 1.0f), all(2 * send);
+    CommHandle h = rank.comm->all_gather_async(mine.data(), all.data(), send, DType::f32);
+    matmul(rank, 64, 128, 256);
+    h.wait();
+    exposed[size_t(r)] = rank.phase("exposed comm");
+  });
+  for (double e : exposed) EXPECT_DOUBLE_EQ(e, (gather - mm) * 1e3);
+}
+
+TEST(ModeledClock, HybridGroupsInsideANodeUseNvlinkAcrossNodesTheNetwork) {
+  const Hardware hw = round_machine();  // 4 GPUs per node: ranks 0-3 and 4-7
+  const int N = 8;
+  const size_t send = 1 << 14;
+  std::vector<double> inside(N), across(N);
+  run_modeled(hw, N, [&](Rank& rank, int r) {
+    auto shard = rank.comm->split(r / 4, r);   // {0..3}, {4..7}: one node each
+    auto replica = rank.comm->split(r % 4, r);  // {0,4}, {1,5}, ...: two nodes
+    rank.lap_ms();
+    std::vector<float> mine(send, 1.0f), all(4 * send);
+    shard->all_gather_async(mine.data(), all.data(), send, DType::f32).wait();
+    inside[size_t(r)] = rank.lap_ms();
+    replica->all_gather_async(mine.data(), all.data(), send, DType::f32).wait();
+    across[size_t(r)] = rank.lap_ms();
+  });
+  const double in_node = 3 * 1e-6 + 0.75 * (4.0 * send * 4) / 100e9;
+  const double between = 1 * 10e-6 + 0.5 * (2.0 * send * 4) / 10e9;
+  for (int r = 0; r < N; ++r) {
+    EXPECT_DOUBLE_EQ(inside[r], in_node * 1e3) << "rank " << r;
+    EXPECT_DOUBLE_EQ(across[r], between * 1e3) << "rank " << r;
+  }
+}
+
+TEST(ModeledClock, AllReduceAcrossNodesTakesTheTreeWhenItIsFaster) {
+  const Hardware hw = round_machine();
+  const int N = 8;  // two nodes
+  const size_t n = 16;  // 64 bytes: latency-bound
+  const auto ms = run_modeled(hw, N, [&](Rank& rank, int) {
+    std::vector<float> x(n, 1.0f);
+    rank.comm->all_reduce_async(x.data(), n, DType::f32, ReduceOp::sum).wait();
+    EXPECT_EQ(x[0], 8.0f);
+  });
+  const double moved = 2.0 * 7 / 8 * 64 / 10e9;
+  const double ring = 14 * 10e-6 + moved, tree = 2 * 3 * 10e-6 + moved;
+  ASSERT_LT(tree, ring);
+  for (double m : ms) EXPECT_DOUBLE_EQ(m, tree * 1e3);
+}
+
+TEST(ModeledClock, TheLastRankToArriveSetsTheCollectivesStart) {
+  const Hardware hw = round_machine();
+  const int N = 4;
+  const size_t n = 1 << 10;
+  // Rank 2 computes a matmul first (a bigger shard, say); the others wait for it.
+  const auto ms = run_modeled(hw, N, [&](Rank& rank, int r) {
+    if (r == 2) matmul(rank, 256, 256, 256);
+    std::vector<float> x(n, 1.0f);
+    rank.comm->all_reduce_async(x.data(), n, DType::f32, ReduceOp::sum).wait();
+  });
+  const double ar = 6 * 1e-6 + 2.0 * 3 / 4 * (n * 4.0) / 100e9;
+  for (double m : ms) EXPECT_DOUBLE_EQ(m, (round_matmul_f32(256, 256, 256) + ar) * 1e3);
+}
+
+// Holds each collective back a while (a rank-dependent, varying delay) before
+// handing it on: the real timing changes, the modeled one must not.
+class DelayingCommunicator final : public Communicator {
+ public:
+  DelayingCommunicator(std::unique_ptr<Communicator> in, int r) : in_(std::move(in)), r_(r) {}
+  int rank() const override { return in_->rank(); }
+  int size() const override { return in_->size(); }
+  const char* backend() const override { return in_->backend(); }
+  CommHandle all_reduce_async(void* b, size_t n, DType dt, ReduceOp op) override {
+    nap();
+    return in_->all_reduce_async(b, n, dt, op);
+  }
+  CommHandle reduce_scatter_async(const void* s, void* r, size_t n, DType dt, ReduceOp op) override {
+    nap();
+    return in_->reduce_scatter_async(s, r, n, dt, op);
+  }
+  CommHandle all_gather_async(const void* s, void* r, size_t n, DType dt) override {
+    nap();
+    return in_->all_gather_async(s, r, n, dt);
+  }
+  CommHandle broadcast_async(void* b, size_t n, DType dt, int root) override {
+    nap();
+    return in_->broadcast_async(b, n, dt, root);
+  }
+  void barrier() override {
+    nap();
+    in_->barrier();
+  }
+  void abort(const std::string& why) override { in_->abort(why); }
+
+ private:
+  void nap() { std::this_thread::sleep_for(std::chrono::milliseconds((r_ * 7 + calls_++ * 3) % 11)); }
+  std::unique_ptr<Communicator> in_;
+  int r_, calls_ = 0;
+};
+
+TEST(ModeledClock, TheSameWhateverTheThreadsTiming) {
+  const Hardware hw = round_machine();
+  const int N = 4;
+  auto schedule = [&](Rank& rank, int r) {
+    std::vector<float> mine(4096, float(r)), all(N * 4096), x(256, 1.0f);
+    for (int unit = 0; unit < 3; ++unit) {
+      CommHandle g = rank.comm->all_gather_async(mine.data(), all.data(), 4096, DType::f32);
+      matmul(rank, 128 + 64 * r, 128, 128);  // unequal work per rank
+      g.wait();
+      CommHandle a = rank.comm->all_reduce_async(x.data(), 256, DType::f32, ReduceOp::sum);
+      matmul(rank, 64, 128, 128);
+      a.wait();
+    }
+  };
+  const auto plain = run_modeled(hw, N, schedule);
+  const auto delayed = run_modeled(hw, N, schedule, [](std::unique_ptr<Communicator> in, int r) {
+    return std::unique_ptr<Communicator>(new DelayingCommunicator(std::move(in), r));
+  });
+  for (int r = 0; r < N; ++r) EXPECT_EQ(plain[r], delayed[r]) << "rank " << r;
+}
+
+TEST(ModeledClock, CopiesArePcieTimePinnedOrNot) {
+  const Hardware hw = round_machine();
+  RankClock clock(hw);
+  auto dev = make_modeled_device(make_cpu_device(), clock);
+  const size_t bytes = 1 << 20;
+  void* d = dev->allocate(bytes);
+  std::vector<char> pageable(bytes);
+  dev->to_device(d, pageable.data(), bytes);
+  StepPhases p;
+  EXPECT_DOUBLE_EQ(clock.lap(p), (3e-6 + bytes / 5e9) * 1e3);
+  std::string why;
+  void* pinned = dev->allocate_pinned(bytes, &why);
+  if (pinned) {  // refused where the limit on locked memory is low
+    dev->to_host_async(pinned, d, bytes).wait();
+    EXPECT_DOUBLE_EQ(clock.lap(p), (3e-6 + bytes / 20e9) * 1e3);
+    dev->release_pinned(pinned, bytes);
+  }
+  dev->release(d);
+}
+
+// ---- the profiles
+
+TEST(Hardware, EveryShippedProfileReads) {
+  const std::vector<std::string> names = hardware_names();
+  for (const char* must : {"a100-sxm", "h100-sxm", "h200", "l40s"})
+    EXPECT_NE(std::find(names.begin(), names.end(), must), names.end()) << must;
+  for (const std::string& n : names) {
+    const Hardware hw = load_hardware(n);
+    EXPECT_FALSE(hw.name.empty()) << n;
+    EXPECT_GT(hw.gpus_per_node, 0) << n;
+  }
+}
+
+// The text of kProfile with `key`'s line replaced by `line` ("" drops it).
+std::string with_line(const std::string& key, const std::string& line) {
+  std::string out, l;
+  std::istringstream in(kProfile);
+  while (std::getline(in, l)) out += (l.rfind(key + " =", 0) == 0 ? line : l) + "\n";
+  return out;
+}
+
+std::string error_of(const std::string& text) {
+  try {
+    parse_hardware(text, "x.hw");
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Hardware, AWrongProfileIsRefusedNamingTheKey) {
+  EXPECT_NE(error_of(with_line("hbm_gb_per_s", "")).find("missing key hbm_gb_per_s"), std::string::npos);
+  EXPECT_NE(error_of(with_line("launch_us", "launch_us = fast")).find("'launch_us' must be a positive number"),
+            std::string::npos);
+  EXPECT_NE(error_of(with_line("launch_us", "launch_us = -1")).find("launch_us"), std::string::npos);
+  EXPECT_NE(error_of(with_line("memory_efficiency", "memory_efficiency = 1.5")).find("at most 1"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string(kProfile) + "nvlink_speed = 3\n").find("unknown key 'nvlink_speed'"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string(kProfile) + "launch_us = 3\n").find("'launch_us' is given twice"),
+            std::string::npos);
+  EXPECT_NE(error_of(with_line("gpus_per_node", "gpus_per_node = 2.5")).find("whole number"), std::string::npos);
+  EXPECT_NE(error_of(with_line("name", "name stuff")).find("x.hw:2: expected `key = value`"), std::string::npos);
+  EXPECT_EQ(error_of(kProfile), "");
+}
+
+TEST(Hardware, AnUnknownNameListsTheProfiles) {
+  try {
+    load_hardware("h900");
+    FAIL() << "h900 was accepted";
+  } catch (const UsageError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("--hardware h900"), std::string::npos) << what;
+    EXPECT_NE(what.find("h100-sxm"), std::string::npos) << what;
+  }
+}
+
+}  // namespace
+}  // namespace zf
+
+// ---- whole runs (stage 04, and every stage at once)
+#include "cli.h"
+#include "fsdp.h"
+#include "zero3.h"
+#include "data_parallel.h"
+
+namespace zf {
+namespace {
+
+TrainConfig modeled(const std::string& model, int N, const std::string& hw) {
+  TrainConfig cfg = test::quiet_config(model, N, 2, 3);
+  cfg.clock = "modeled";
+  cfg.hardware = hw;
+  return cfg;
+}
+
+TEST(ModeledRun, SameBitsAsTheWallClockAndTheSameTimesEveryRun) {
+  TrainConfig cfg = modeled("tiny", 4, "h100-sxm");
+  const RunResult a = run_training(cfg, train_fsdp), b = run_training(cfg, train_fsdp);
+  cfg.clock = "wall";
+  const RunResult wall = run_training(cfg, train_fsdp);
+  EXPECT_EQ(a.ranks[0].param_hash, wall.ranks[0].param_hash);
+  EXPECT_EQ(a.ranks[0].losses, wall.ranks[0].losses);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(a.ranks[r].step_ms, b.ranks[r].step_ms) << "rank " << r;
+    EXPECT_EQ(a.ranks[r].step_ms, a.ranks[0].step_ms) << "rank " << r;  // the step ends together
+  }
+  // Modeled: a step of tiny on H100s is well under a millisecond; the wall's here is not.
+  EXPECT_LT(a.ranks[0].step_ms[1], 1.0);
+  EXPECT_GT(a.ranks[0].step_ms[1], 0.0);
+}
+
+TEST(ModeledRun, PrefetchHidesTheGathersWhereTheLinkIsSlow) {
+  TrainConfig cfg = modeled("small", 4, "l40s");
+  cfg.fsdp.prefetch = 0;
+  const double none = run_training(cfg, train_fsdp).ranks[0].step_ms[1];
+  cfg.fsdp.prefetch = 1;
+  const double one = run_training(cfg, train_fsdp).ranks[0].step_ms[1];
+  EXPECT_LT(one, none);
+}
+
+TEST(ModeledRun, ZeroThreeCostsMoreThanDataParallelOverPcieThanOverNvlink) {
+  // ZeRO-3 sends 1.5x data parallel's bytes: over a slow link that shows in
+  // the step; over NVLink much less of it does.
+  auto ratio = [](const std::string& hw) {
+    const TrainConfig cfg = modeled("small", 8, hw);
+    return run_training(cfg, train_zero3).ranks[0].step_ms[1] /
+           run_training(cfg, train_data_parallel).ranks[0].step_ms[1];
+  };
+  EXPECT_GT(ratio("l40s"), ratio("h100-sxm"));
+}
+
+// parse_flags on `args` after the program name; "" when accepted, else the error.
+std::string flags_error(std::vector<std::string> args, StageFlags flags = StageFlags::fsdp) {
+  args.insert(args.begin(), "fsdp");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  try {
+    parse_flags(int(argv.size()), argv.data(), StageInfo{"fsdp", "stage 04: FSDP", flags});
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ModeledRun, FlagsItRefusesSayWhy) {
+  EXPECT_EQ(flags_error({"--clock", "modeled"}), "");
+  EXPECT_EQ(flags_error({"--clock", "modeled", "--hardware", "a100-sxm"}), "");
+  EXPECT_NE(flags_error({"--clock", "fast"}).find("--clock must be wall or modeled"), std::string::npos);
+  EXPECT_NE(flags_error({"--hardware", "h200"}).find("add --clock modeled"), std::string::npos);
+  EXPECT_NE(flags_error({"--clock", "modeled", "--trace", "t.json"}).find("--trace"), std::string::npos);
+  EXPECT_NE(flags_error({"--clock", "modeled"}, StageFlags::offload).find("stage 05"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace zf
