@@ -17,7 +17,8 @@ namespace zf {
 // ---------------------------------------------------------------- presets and layout
 
 const std::vector<std::string>& model_preset_names() {
-  static const std::vector<std::string> names = {"tiny", "small", "gpt2"};
+  static const std::vector<std::string> names = {"tiny",     "small",    "gpt2",   "gpt2-medium",
+                                                  "gpt2-large", "gpt2-xl", "gpt-7b", "gpt-70b"};
   return names;
 }
 
@@ -25,7 +26,18 @@ ModelConfig model_preset(const std::string& name) {
   if (name == "tiny") return {"tiny", 256, 64, 2, 4, 64};
   if (name == "small") return {"small", 256, 128, 4, 4, 128};
   if (name == "gpt2") return {"gpt2", 50304, 1024, 12, 12, 768};
-  throw UsageError("unknown model preset '" + name + "': use tiny, small or gpt2");
+  // GPT-2's larger sizes (355M, 774M, 1.5B), then two shapes of the size of
+  // the 7B and 70B models people train with FSDP, in this GPT's form (GELU
+  // MLP of 4C, learned positions): for the modeled clock's dry runs, as
+  // few machines hold them.
+  if (name == "gpt2-medium") return {"gpt2-medium", 50304, 1024, 24, 16, 1024};
+  if (name == "gpt2-large") return {"gpt2-large", 50304, 1024, 36, 20, 1280};
+  if (name == "gpt2-xl") return {"gpt2-xl", 50304, 1024, 48, 25, 1600};
+  if (name == "gpt-7b") return {"gpt-7b", 50304, 2048, 32, 32, 4096};
+  if (name == "gpt-70b") return {"gpt-70b", 50304, 2048, 80, 64, 8192};
+  std::string names;
+  for (const std::string& n : model_preset_names()) names += (names.empty() ? "" : ", ") + n;
+  throw UsageError("unknown model preset '" + name + "': use one of " + names);
 }
 
 namespace {

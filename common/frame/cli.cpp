@@ -20,6 +20,9 @@ namespace zf {
 
 namespace {
 
+// A dry run's ranks are threads that only meet: many more fit than real ones.
+constexpr int kMaxDryRanks = 4096;
+
 // The offload flags. The folder of --offload-dir is checked where the files
 // are made, before step 0 (frame/entry/offload_files.h).
 void validate_offload_flags(const TrainConfig& cfg) {
@@ -179,7 +182,7 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
                  "ZF_OVERSUBSCRIBE=1 in the environment (ignored under mpirun/srun or RANK/WORLD_SIZE, "
                  "which say how many)")
       ->capture_default_str();
-  app.add_option("--model", model, "model preset: tiny, small or gpt2")->capture_default_str();
+  app.add_option("--model", model, "model preset: tiny, small, gpt2; for --dry-run also gpt2-medium, gpt2-large, gpt2-xl, gpt-7b, gpt-70b")->capture_default_str();
   app.add_option("--steps", cfg.steps, "optimizer steps")->capture_default_str();
   app.add_option("--batch", cfg.batch, "micro-batch per rank (sequences)")->capture_default_str();
   app.add_option("--grad-accum", cfg.grad_accum, "micro-steps per optimizer step")->capture_default_str();
@@ -250,6 +253,9 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
       "--hardware", cfg.hardware,
       "with --clock modeled: the modeled machine, a profile of hardware/ (h100-sxm, h200, a100-sxm, l40s; "
       "default h100-sxm) or the path of a profile file"));
+  app.add_flag("--dry-run", cfg.dry_run,
+               "with --clock modeled: model the steps without computing them (no arithmetic, no data moved, "
+               "memory counted as in a real run; no final hash): any model preset, --ranks up to 4096");
   app.add_option("--inject-fault", fault,
                  "RANK:STEP: that rank throws during that step; RANK:STEP:stall: it stops there for "
                  "good, and the others' collectives time out (tests, demos)")
@@ -342,8 +348,19 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
                        << ", or leave the flag out (is a shell variable unset?)");
 
   cfg.model = model_preset(model);
-  USAGE_REQUIRE(cfg.ranks >= 1 && cfg.ranks <= 1024, "--ranks must be between 1 and 1024 (got " << cfg.ranks << ")");
-  {
+  if (cfg.dry_run) {
+    USAGE_REQUIRE(cfg.clock == "modeled", "--dry-run models the steps instead of running them: add --clock modeled");
+    USAGE_REQUIRE(cfg.ranks >= 1 && cfg.ranks <= kMaxDryRanks,
+                  "--ranks must be between 1 and " << kMaxDryRanks << " in a dry run (got " << cfg.ranks << ")");
+    for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"--save", &cfg.save},
+                                      {"--save-init", &cfg.save_init}, {"--resume", &cfg.resume},
+                                      {"--init", &cfg.init}})
+      USAGE_REQUIRE(value->empty(), flag << " reads or writes a model's values, and a dry run has none: leave out "
+                                         << flag << " or --dry-run");
+  } else {
+    USAGE_REQUIRE(cfg.ranks >= 1 && cfg.ranks <= 1024, "--ranks must be between 1 and 1024 (got " << cfg.ranks << ")");
+  }
+  if (!cfg.dry_run) {
     const int cores = hardware_cores(), most = kRanksPerCore * cores;
     const char* over = std::getenv("ZF_OVERSUBSCRIBE");
     USAGE_REQUIRE(cfg.ranks <= most || (over && std::string(over) == "1"),

@@ -28,6 +28,7 @@
 #include "launch.h"
 
 #include "device_profile.h"
+#include "dry_device.h"
 #include "modeled_clock.h"
 
 #include <algorithm>
@@ -486,16 +487,29 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
   // And, on the CPU device, a second group for the stop vote at the end of
   // each step (rank.h; none on a GPU until the GPU path has been run,
   // docs/GPU.md).
+  // A dry run has no backend: its ranks only meet in the modeled clock's groups.
   std::vector<std::unique_ptr<Communicator>> comms, controls;
-  const std::shared_ptr<ClockGroup> clock_group = opt.hardware ? make_clock_group(N) : nullptr;
   try {
-    comms = opt.device == "cuda" ? make_gpu_thread_communicators(gpu_devices, opt.comm_timeout_s)
-                                 : make_thread_communicators(N, opt.comm_timeout_s);
-    if (opt.device != "cuda") controls = make_thread_communicators(N, opt.comm_timeout_s);
+    if (opt.dry_run)
+      comms.resize(size_t(N));
+    else
+      comms = opt.device == "cuda" ? make_gpu_thread_communicators(gpu_devices, opt.comm_timeout_s)
+                                   : make_thread_communicators(N, opt.comm_timeout_s);
+    if (opt.device != "cuda" && !opt.dry_run) controls = make_thread_communicators(N, opt.comm_timeout_s);
   } catch (const std::system_error& e) {
     throw Error("could not make the communicators of the " + std::to_string(N) +
                 " ranks (each has a thread; the system could not make another: " + e.what() +
                 "); ask for fewer --ranks, or raise the limits on threads and memory (ulimit -u, ulimit -v)");
+  }
+
+  // --clock modeled: each rank's clock, which its device and communicator charge.
+  std::vector<std::unique_ptr<RankClock>> clocks;
+  if (opt.hardware) {
+    const std::shared_ptr<ClockGroup> group = make_clock_group(N, opt.comm_timeout_s);
+    for (int r = 0; r < N; r++) {
+      clocks.push_back(std::make_unique<RankClock>(*opt.hardware));
+      comms[r] = make_modeled_communicator(std::move(comms[r]), group, r, *clocks[r]);
+    }
   }
 
   // Guards failures and returned; done_cv tells run_ranks a rank returned.
@@ -530,17 +544,17 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
     std::unique_ptr<Communicator> comm = std::move(comms[r]);
     std::unique_ptr<Communicator> control = controls.empty() ? nullptr : std::move(controls[r]);
     const bool all_started = wait_for_gate();  // else the group is aborted: nothing to run
-    // --clock modeled: the device and the communicator charge the rank's clock.
-    std::unique_ptr<RankClock> clock = opt.hardware ? std::make_unique<RankClock>(*opt.hardware) : nullptr;
-    if (clock) comm = make_modeled_communicator(std::move(comm), clock_group, r, *clock);
+    RankClock* clock = clocks.empty() ? nullptr : clocks[r].get();
     try {
-      std::unique_ptr<Device> dev =
-          maybe_profiled(gpu_devices.empty() ? make_cpu_device() : std::move(gpu_devices[r]), r);
+      std::unique_ptr<Device> dev = opt.dry_run ? make_dry_device()
+                                                : maybe_profiled(gpu_devices.empty() ? make_cpu_device()
+                                                                                     : std::move(gpu_devices[r]),
+                                                                 r);
       if (clock) dev = make_modeled_device(std::move(dev), *clock);
       dev->make_current();
       MemoryTracker mem(r, opt.device_budget);
       mem.set_device(dev.get());
-      RankContext ctx{r, N, *comm, mem, *dev, control.get(), N, clock.get()};
+      RankContext ctx{r, N, *comm, mem, *dev, control.get(), N, clock};
       if (all_started) fn(ctx);
     } catch (...) {
       Failure f{r, std::current_exception(), "", false};

@@ -60,6 +60,9 @@ struct LaunchOptions {
   // --clock modeled: the machine every rank's device and communicator are
   // charged on (modeled_clock.h); null: the wall clock. Thread ranks only.
   const Hardware* hardware = nullptr;
+  // --dry-run (with hardware): no arithmetic, no data moved, memory counted
+  // (dry_device.h); the communicators are the modeled clock's alone.
+  bool dry_run = false;
 };
 
 // How the environment is read: std::getenv, or a map in tests.

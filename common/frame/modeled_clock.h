@@ -87,11 +87,15 @@ class RankClock final : public StepClock {
   // How the ranks meet at the end of a lap (the world communicator's; none: alone).
   void set_align(std::function<void()> align) { align_ = std::move(align); }
 
+  // Before start() nothing is charged, and collectives take no time.
+  void start() override { running_ = true; }
+  bool running() const { return running_; }
   double lap(StepPhases& phases) override;
 
  private:
   const Hardware& hw_;
   std::function<void()> align_;
+  bool running_ = false;
   double host_ = 0, compute_ = 0, copy_ = 0;
   double compute_busy_ = 0, comm_busy_ = 0, copy_busy_ = 0, exposed_comm_ = 0;
   struct Mark {
@@ -102,11 +106,14 @@ class RankClock final : public StepClock {
 // What the members of one communicator share: their issue times, and so
 // each collective's start and end. Made by the launcher for all ranks;
 // split() makes the children's.
+// timeout_s: how long a dry run's rank waits for the others (--comm-timeout; 0: the default).
 class ClockGroup;
-std::shared_ptr<ClockGroup> make_clock_group(int world);
+std::shared_ptr<ClockGroup> make_clock_group(int world, double timeout_s = 0);
 
 std::unique_ptr<Device> make_modeled_device(std::unique_ptr<Device> inner, RankClock& clock);
-// `world_rank`: this rank in the run (where it sits in the nodes).
+// `world_rank`: this rank in the run (where it sits in the nodes). inner
+// null: a dry run's communicator, whose collectives move nothing (the
+// members only meet, in `group`).
 std::unique_ptr<Communicator> make_modeled_communicator(std::unique_ptr<Communicator> inner,
                                                         std::shared_ptr<ClockGroup> group, int world_rank,
                                                         RankClock& clock);

@@ -80,7 +80,11 @@ void StepReporter::step(int step, float loss, float grad_norm, double ms, size_t
   double tps = ms > 0 ? tokens_per_step(cfg_) / (ms / 1000.0) : 0.0;
   const double mfu = peak_flops_ > 0 ? tps * flops_per_token_ / peak_flops_ : 0.0;
   if (json_.is_open()) {
-    nlohmann::json j = {{"step", step}, {"loss", loss}, {"grad_norm", grad_norm}, {"ms", ms}, {"tokens_per_s", tps}};
+    nlohmann::json j = {{"step", step}, {"ms", ms}, {"tokens_per_s", tps}};
+    if (!cfg_.dry_run) {  // a dry run computes neither
+      j["loss"] = loss;
+      j["grad_norm"] = grad_norm;
+    }
     if (peak_flops_ > 0) j["mfu"] = mfu;
     if (!phases.empty()) {
       nlohmann::json split = nlohmann::json::object();
@@ -97,8 +101,10 @@ void StepReporter::step(int step, float loss, float grad_norm, double ms, size_t
         last ? "took " + format_duration(eta_.elapsed_s()) : "ETA " + format_duration(eta_s);
     char mfu_text[32] = "";
     if (peak_flops_ > 0) std::snprintf(mfu_text, sizeof mfu_text, " | MFU %.1f%%", 100.0 * mfu);
-    std::printf("step %5d/%d | loss %.4f | grad norm %.4f | %8.2f ms%s | %9.0f tok/s%s | model states %s per rank | %s\n",
-                step, cfg_.steps, loss, grad_norm, ms, peak_flops_ > 0 ? " modeled" : "", tps, mfu_text,
+    char values[64] = "dry run (nothing computed)";
+    if (!cfg_.dry_run) std::snprintf(values, sizeof values, "loss %.4f | grad norm %.4f", loss, grad_norm);
+    std::printf("step %5d/%d | %s | %8.2f ms%s | %9.0f tok/s%s | model states %s per rank | %s\n", step,
+                cfg_.steps, values, ms, peak_flops_ > 0 ? " modeled" : "", tps, mfu_text,
                 format_bytes(model_state_bytes).c_str(), time_left.c_str());
     if (!phases.empty()) {
       std::printf("           ");
@@ -163,10 +169,11 @@ nlohmann::json summary_json(const RunResult& run) {
             // Model FLOPs of one token's forward + backward (model.h): with
             // tokens_per_s and the card's peak, bench/mfu.py's MFU.
             {"flops_per_token", flops_per_token(build_layout(cfg.model))},
-            {"final_loss", run.ranks.empty() || run.ranks[0].losses.empty() ? 0.0 : run.ranks[0].losses.back()},
+            {"final_loss", run.ranks.empty() || run.ranks[0].losses.empty() || cfg.dry_run ? 0.0 : run.ranks[0].losses.back()},
             {"memory", memory},
             {"comm", comm},
-            {"param_hash", run.ranks.empty() ? std::string() : hash_hex(run.ranks[0].param_hash)}};
+            {"param_hash", run.ranks.empty() || cfg.dry_run ? std::string() : hash_hex(run.ranks[0].param_hash)}};
+  if (cfg.dry_run) s["dry_run"] = true;
   if (!run.ranks.empty() && !run.ranks[0].host_optimizer.empty()) s["host_optimizer"] = run.ranks[0].host_optimizer;
   return {{"summary", s}};
 }
@@ -193,7 +200,8 @@ void StepReporter::summary(const RunResult& run) {
   std::printf("\nmedian step %.2f ms%s, %.0f tokens/s; final parameters hash %s\n", med,
               peak_flops_ > 0 ? (" (" + clock_ + ")").c_str() : "",
               med > 0 ? tokens_per_step(cfg_) / (med / 1000.0) : 0.0,
-              run.ranks.empty() ? "-" : hash_hex(run.ranks[0].param_hash).c_str());
+              run.ranks.empty() || cfg_.dry_run ? "- (a dry run has no values)"
+                                                : hash_hex(run.ranks[0].param_hash).c_str());
   if (!run.ranks.empty() && !run.ranks[0].host_optimizer.empty())
     std::printf("CPU AdamW: %s per rank%s\n", run.ranks[0].host_optimizer.c_str(),
                 cfg_.offload.delay_update ? ", one step delayed from the second step on" : "");

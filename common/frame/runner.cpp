@@ -121,6 +121,7 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   opt.device = cfg.device;
   opt.comm_timeout_s = cfg.comm_timeout_s;
   opt.hardware = hardware ? &*hardware : nullptr;
+  opt.dry_run = cfg.dry_run;
   // --trace: every rank's schedule, against one clock for the process (trace.h).
   const auto origin = std::chrono::steady_clock::now();
   std::vector<std::string> trace_events(size_t(world.size));

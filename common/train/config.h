@@ -81,6 +81,10 @@ struct TrainConfig {
   // (frame/modeled_clock.h); "wall": the wall clock.
   std::string clock = "wall";
   std::string hardware;
+  // --dry-run: the modeled clock's step with no arithmetic and no data moved
+  // (memory counted, states never filled, no final hash): a model or a
+  // --ranks far beyond this machine, in seconds.
+  bool dry_run = false;
   FsdpOptions fsdp;               // the FSDP flags (defaults elsewhere)
   OffloadOptions offload;         // the offload flags
 

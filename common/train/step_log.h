@@ -22,7 +22,9 @@ using StepPhases = std::vector<std::pair<std::string, double>>;
 class StepClock {
  public:
   virtual ~StepClock() = default;
-  // Milliseconds since the last lap, and where they went (replaces `phases`).
+  // The steps begin: nothing before (loading the states) counts.
+  virtual void start() = 0;
+  // Milliseconds since the last lap (or the start), and where they went (replaces `phases`).
   virtual double lap(StepPhases& phases) = 0;
 };
 

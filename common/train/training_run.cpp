@@ -14,6 +14,10 @@ namespace zf {
 TrainingRun::TrainingRun(const TrainConfig& cfg, const ModelLayout& layout, RankContext& ctx, StepLog& log,
                          ModelStates& states)
     : guard_(ctx.comm), cfg_(cfg), layout_(layout), ctx_(ctx), log_(log), states_(states) {
+  if (cfg.dry_run) {  // its states hold no values (config.h): nothing to fill them with
+    ctx.clock->start();
+    return;
+  }
   const InitialState init(cfg, layout, ctx);  // lives only while the states are filled
   result_.first_step = init.first_step();
   states.load(init);
@@ -29,7 +33,7 @@ TrainingRun::TrainingRun(const TrainConfig& cfg, const ModelLayout& layout, Rank
     ctx.comm.barrier();  // the file is complete before anyone goes on
     ctx.comm.restore_counts(training);
   }
-  skip_clock();  // loading is not step 0's time
+  if (ctx.clock) ctx.clock->start();  // loading is not step 0's time
 }
 
 void TrainingRun::end_step(int step, float loss, float grad_norm, double ms, const StepPhases& measured) {
@@ -99,6 +103,7 @@ RankResult TrainingRun::finish() {
   const TransferStats& t = ctx_.dev.transfers();
   result_.transfers = {t.to_device_bytes - loaded_.to_device_bytes, t.to_host_bytes - loaded_.to_host_bytes,
                        t.to_device_copies - loaded_.to_device_copies, t.to_host_copies - loaded_.to_host_copies};
+  if (cfg_.dry_run) return result_;  // no values, no hash
   const std::vector<float> params = states_.full(StateKind::params, true);
   result_.param_hash = hash_params(params.data(), params.size());
   return result_;
