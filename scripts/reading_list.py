@@ -127,6 +127,7 @@ HARNESS = [
     ("common/frame/memory_model.h", "each stage's model-state bytes, per place and category"),
     ("common/frame/estimate.h", "the same bytes without running: tools/memory_estimate"),
     ("common/frame/trace.h", "--trace: the timeline of ops and collectives"),
+    ("common/frame/modeled_clock.h", "--clock modeled: a step's time on a modeled GPU cluster, from the stage's own schedule"),
     ("common/io/checkpoint.h", "the training checkpoint, read back with every check"),
     ("common/io/output_file.h", "outputs checked before step 0, written atomically"),
     ("common/cpu/kernels.h", "what every op computes, on the CPU"),
