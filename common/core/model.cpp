@@ -27,14 +27,14 @@ ModelConfig model_preset(const std::string& name) {
   if (name == "small") return {"small", 256, 128, 4, 4, 128};
   if (name == "gpt2") return {"gpt2", 50304, 1024, 12, 12, 768};
   // GPT-2's larger sizes (355M, 774M, 1.5B), then two shapes of the size of
-  // the 7B and 70B models people train with FSDP, in this GPT's form (GELU
-  // MLP of 4C, learned positions): for the modeled clock's dry runs, as
-  // few machines hold them.
+  // Llama 2's 7B and 70B (their layers, width and context), in this GPT's
+  // form (GELU MLP of 4C, learned positions, full attention): for the
+  // modeled clock's dry runs, as few machines hold them.
   if (name == "gpt2-medium") return {"gpt2-medium", 50304, 1024, 24, 16, 1024};
   if (name == "gpt2-large") return {"gpt2-large", 50304, 1024, 36, 20, 1280};
   if (name == "gpt2-xl") return {"gpt2-xl", 50304, 1024, 48, 25, 1600};
-  if (name == "gpt-7b") return {"gpt-7b", 50304, 2048, 32, 32, 4096};
-  if (name == "gpt-70b") return {"gpt-70b", 50304, 2048, 80, 64, 8192};
+  if (name == "gpt-7b") return {"gpt-7b", 50304, 4096, 32, 32, 4096};
+  if (name == "gpt-70b") return {"gpt-70b", 50304, 4096, 80, 64, 8192};
   std::string names;
   for (const std::string& n : model_preset_names()) names += (names.empty() ? "" : ", ") + n;
   throw UsageError("unknown model preset '" + name + "': use one of " + names);

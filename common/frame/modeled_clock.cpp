@@ -25,18 +25,23 @@ double op_seconds(const Hardware& hw, double flops, double bytes, bool tensor, D
   return std::max(math, memory) + hw.launch_us * 1e-6;
 }
 
-double collective_seconds(const Hardware& hw, CollectiveKind kind, size_t bytes, int n, bool crosses_nodes) {
+double collective_seconds(const Hardware& hw, CollectiveKind kind, size_t bytes, int n, int nodes, int per_node) {
   if (n <= 1) return 0.0;
-  const double busbw = (crosses_nodes ? hw.inter_node_busbw_gb_per_s : hw.intra_node_busbw_gb_per_s) * 1e9;
-  const double latency = (crosses_nodes ? hw.inter_node_latency_us : hw.intra_node_latency_us) * 1e-6;
+  const double intra_lat = hw.intra_node_latency_us * 1e-6, inter_lat = hw.inter_node_latency_us * 1e-6;
+  // Across nodes NCCL spreads its rings over the NICs of the group's GPUs
+  // in a node, each GPU's own: per_node of them, at most NVLink's rate.
+  const double busbw = (nodes > 1 ? std::min(hw.intra_node_busbw_gb_per_s, per_node * hw.inter_node_busbw_gb_per_s)
+                                  : hw.intra_node_busbw_gb_per_s) * 1e9;
   const double moved = ring_bytes(kind, bytes, n) / busbw;
   // A ring takes n-1 steps (a reduce-scatter or an all-gather), twice that
-  // for an all-reduce (one of each); a tree all-reduce 2·log2(n) hops.
-  const double steps = kind == CollectiveKind::all_reduce ? 2.0 * (n - 1) : double(n - 1);
-  const double ring = steps * latency + moved;
-  if (kind == CollectiveKind::all_reduce && crosses_nodes)
-    return std::min(ring, 2.0 * std::ceil(std::log2(double(n))) * latency + moved);
-  return ring;
+  // for an all-reduce (one of each); nodes-1 of each n-1 cross a node.
+  const double pass = double(n - nodes) * intra_lat + double(nodes - 1) * inter_lat;
+  const double ring = (kind == CollectiveKind::all_reduce ? 2.0 : 1.0) * pass + moved;
+  if (kind != CollectiveKind::all_reduce || nodes == 1) return ring;
+  // A tree all-reduce: up and down a tree of the nodes, and of a node's GPUs.
+  const double tree = 2.0 * (std::ceil(std::log2(double(nodes))) * inter_lat +
+                             std::ceil(std::log2(double(n) / nodes)) * intra_lat) + moved;
+  return std::min(ring, tree);
 }
 
 double copy_seconds(const Hardware& hw, size_t bytes, bool pinned) {
@@ -165,7 +170,8 @@ class ClockGroup : public std::enable_shared_from_this<ClockGroup> {
               "modeled clock: collective #" << resolved_ << " was not issued by all " << n
                                             << " ranks when a later one completed");
       Entry& e = it->second;
-      e.seconds = e.free ? 0.0 : collective_seconds(hw, e.kind, e.bytes, n, crosses_nodes(hw));
+      const auto [nodes, per_node] = placement(hw);
+      e.seconds = e.free ? 0.0 : collective_seconds(hw, e.kind, e.bytes, n, nodes, per_node);
       e.end = std::max(queue_end_, e.ready) + e.seconds;
       queue_end_ = e.end;
     }
@@ -268,11 +274,13 @@ class ClockGroup : public std::enable_shared_from_this<ClockGroup> {
     std::lock_guard<std::mutex> lock(family_->mu);
     return family_->aborted;
   }
-  bool crosses_nodes(const Hardware& hw) const {
-    const int node = world_ranks_[0] / hw.gpus_per_node;
-    for (int r : world_ranks_)
-      if (r / hw.gpus_per_node != node) return true;
-    return false;
+  // The nodes the members are on, and the fewest members on one of them.
+  std::pair<int, int> placement(const Hardware& hw) const {
+    std::map<int, int> on;
+    for (int r : world_ranks_) on[r / hw.gpus_per_node]++;
+    int fewest = size();
+    for (const auto& [node, k] : on) fewest = std::min(fewest, k);
+    return {int(on.size()), fewest};
   }
 
   std::mutex mu_;

@@ -16,10 +16,12 @@
 //             a collective starts once every member has issued it (each
 //             member's compute queue as it was at the issue: a rank that is
 //             late makes the others wait) and the queue is free, and takes
-//             NCCL's ring time, steps · latency + ring bytes / bus bandwidth
-//             (comm.h's ring bytes; all-reduce across nodes the faster of
+//             NCCL's ring time: its steps' latencies (NVLink's, the
+//             network's for a step that crosses nodes) + ring bytes / bus
+//             bandwidth (comm.h's ring bytes; all-reduce across nodes the faster of
 //             ring and tree), over NVLink when the group lies inside one
-//             node, else over the network.
+//             node, else over the network: the NICs of the group's GPUs in
+//             a node, one each (NCCL spreads its rings over them).
 //   copy      host<->device copies: PCIe, pinned or pageable host memory; an
 //             async copy to the host starts after the ops issued before it.
 //   host      what the host waits for: a blocking copy, a collective or a
@@ -56,8 +58,9 @@ namespace zf {
 // A device op of `flops` and `bytes` of memory traffic; tensor: a matrix
 // product or attention, on the tensor cores when compute is bf16.
 double op_seconds(const Hardware& hw, double flops, double bytes, bool tensor, DType compute);
-// One collective of `bytes` (comm.h's full buffer) over n ranks.
-double collective_seconds(const Hardware& hw, CollectiveKind kind, size_t bytes, int n, bool crosses_nodes);
+// One collective of `bytes` (comm.h's full buffer) over n ranks on `nodes`
+// nodes, per_node of them on the node that has the fewest.
+double collective_seconds(const Hardware& hw, CollectiveKind kind, size_t bytes, int n, int nodes, int per_node);
 // One copy between host and device memory.
 double copy_seconds(const Hardware& hw, size_t bytes, bool pinned);
 

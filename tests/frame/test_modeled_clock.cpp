@@ -204,11 +204,29 @@ TEST(ModeledClock, HybridGroupsInsideANodeUseNvlinkAcrossNodesTheNetwork) {
     across[size_t(r)] = rank.lap_ms();
   });
   const double in_node = 3 * 1e-6 + 0.75 * (4.0 * send * 4) / 100e9;
-  const double between = 1 * 10e-6 + 0.5 * (2.0 * send * 4) / 10e9;
+  const double between = 1 * 10e-6 + 0.5 * (2.0 * send * 4) / 10e9;  // one GPU per node: one NIC, 10 GB/s
   for (int r = 0; r < N; ++r) {
     EXPECT_DOUBLE_EQ(inside[r], in_node * 1e3) << "rank " << r;
     EXPECT_DOUBLE_EQ(across[r], between * 1e3) << "rank " << r;
   }
+}
+
+TEST(ModeledClock, AGroupAcrossNodesUsesTheNicsOfItsGpusInANode) {
+  const Hardware hw = round_machine();  // NVLink 100 GB/s, a NIC 10 GB/s, 4 GPUs per node
+  const size_t send = 1 << 14;
+  // Eight ranks on two nodes, four on each: four NICs a node, 40 GB/s.
+  const auto eight = run_modeled(hw, 8, [&](Rank& rank, int) {
+    std::vector<float> mine(send, 1.0f), all(8 * send);
+    rank.comm->all_gather_async(mine.data(), all.data(), send, DType::f32).wait();
+  });
+  // Of the ring's 7 steps, 6 stay in a node (1 µs) and 1 crosses (10 µs).
+  for (double m : eight) EXPECT_DOUBLE_EQ(m, (6 * 1e-6 + 10e-6 + 7.0 / 8 * (8.0 * send * 4) / 40e9) * 1e3);
+  // Six ranks: four on the first node, two on the second: the second's two NICs set the pace.
+  const auto six = run_modeled(hw, 6, [&](Rank& rank, int) {
+    std::vector<float> mine(send, 1.0f), all(6 * send);
+    rank.comm->all_gather_async(mine.data(), all.data(), send, DType::f32).wait();
+  });
+  for (double m : six) EXPECT_DOUBLE_EQ(m, (4 * 1e-6 + 10e-6 + 5.0 / 6 * (6.0 * send * 4) / 20e9) * 1e3);
 }
 
 TEST(ModeledClock, AllReduceAcrossNodesTakesTheTreeWhenItIsFaster) {
@@ -220,8 +238,9 @@ TEST(ModeledClock, AllReduceAcrossNodesTakesTheTreeWhenItIsFaster) {
     rank.comm->all_reduce_async(x.data(), n, DType::f32, ReduceOp::sum).wait();
     EXPECT_EQ(x[0], 8.0f);
   });
-  const double moved = 2.0 * 7 / 8 * 64 / 10e9;
-  const double ring = 14 * 10e-6 + moved, tree = 2 * 3 * 10e-6 + moved;
+  const double moved = 2.0 * 7 / 8 * 64 / 40e9;  // four NICs a node
+  // Ring: twice 6 steps in a node and 1 across; tree: up and down 1 level of nodes, 2 in a node.
+  const double ring = 2 * (6 * 1e-6 + 10e-6) + moved, tree = 2 * (1 * 10e-6 + 2 * 1e-6) + moved;
   ASSERT_LT(tree, ring);
   for (double m : ms) EXPECT_DOUBLE_EQ(m, tree * 1e3);
 }

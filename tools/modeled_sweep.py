@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""modeled_sweep.py: the time side of every stage, on a modeled cluster.
+
+Runs stages 00-04 as dry runs on the modeled clock (docs/SPEC.md section 13:
+no arithmetic, every op, collective and copy charged on the profile's
+hardware) for a few model shapes over a range of rank counts, and writes
+what a cluster plan needs: per run, the modeled step time, MFU, the exposed
+communication and the peak device memory per rank against the card's. Then
+stage 04's knobs (prefetch, resharding, hybrid sharding) and ZeRO-3 on a
+card without NVLink. Every number comes from a run log; none is typed here.
+Every time is modeled, not measured.
+
+    tools/modeled_sweep.py --out /tmp/m                      # the default sweep
+    tools/modeled_sweep.py --out /tmp/m --models gpt2-xl --ranks 8,64
+    tools/modeled_sweep.py --out /tmp/m --no-plots
+
+The output folder gets logs/ (one run log per run), modeled.md (the tables),
+modeled.json (every number) and, with matplotlib, scaling.png and knobs.png.
+A folder that holds anything but an earlier sweep's output is refused.
+Exit status: 0 done, 1 a run failed, 2 a usage error.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STAGES = [("dp", "00_data_parallel/dp"), ("zero1", "01_zero1/zero1"), ("zero2", "02_zero2/zero2"),
+          ("zero3", "03_zero3/zero3"), ("fsdp", "04_fsdp/fsdp")]
+# Micro-batch per rank for each shape: what a card of its size is given in practice.
+BATCH = {"gpt2": 16, "gpt2-medium": 16, "gpt2-large": 8, "gpt2-xl": 8, "gpt-7b": 2, "gpt-70b": 1}
+# Every run: the bf16 recipe on tensor cores, flash attention, full recomputation.
+COMMON = ["--precision", "bf16", "--compute", "bf16", "--attention", "flash", "--recompute", "full",
+          "--steps", "2", "--clock", "modeled", "--dry-run", "--quiet"]
+OWN = {"logs", "modeled.md", "modeled.json", "scaling.png", "knobs.png"}
+
+
+def run(build, exe, args, log):
+    cmd = [os.path.join(build, exe)] + args + ["--log-json", log]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(" ".join(cmd) + "\n" + p.stderr.strip())
+    steps, summary = [], None
+    with open(log) as f:
+        for line in f:
+            j = json.loads(line)
+            if "summary" in j:
+                summary = j["summary"]
+            else:
+                steps.append(j)
+    last = steps[-1]  # the second step: the first has nothing of the step before it to overlap
+    return {"ms": last["ms"], "mfu": last["mfu"], "exposed_ms": last["phases_ms"]["exposed comm"],
+            "comm_ms": last["phases_ms"]["comm"], "compute_ms": last["phases_ms"]["compute"],
+            "peak_gib": max(m["device"]["peak_total"] for m in summary["memory"]) / 2**30,
+            "tokens_per_s": last["tokens_per_s"], "clock": summary["clock_detail"]}
+
+
+def memory_gib(hardware):
+    with open(os.path.join(ROOT, "hardware", hardware + ".hw")) as f:
+        for line in f:
+            key, _, value = line.split("#")[0].partition("=")
+            if key.strip() == "memory_gib":
+                return float(value)
+    raise SystemExit("modeled_sweep: no memory_gib in hardware/%s.hw" % hardware)
+
+
+def sweep(build, out, models, ranks, hardware):
+    rows = []
+    for model in models:
+        for stage, exe in STAGES:
+            for n in ranks:
+                args = ["--model", model, "--ranks", str(n), "--batch", str(BATCH.get(model, 4)),
+                        "--hardware", hardware] + COMMON
+                r = run(build, exe, args, os.path.join(out, "logs", "%s_%s_%s_%d.json" % (hardware, model, stage, n)))
+                r.update(model=model, stage=stage, ranks=n, hardware=hardware, mode="")
+                rows.append(r)
+                print("%-8s %-12s %-6s N=%-5d %10.1f ms  MFU %5.1f%%  exposed %8.1f ms  peak %7.1f GiB" %
+                      (hardware, model, stage, n, r["ms"], 100 * r["mfu"], r["exposed_ms"], r["peak_gib"]), flush=True)
+    return rows
+
+
+def knobs(build, out, model, n):
+    """Stage 04's modes and ZeRO-3 without NVLink, at one size."""
+    rows = []
+    modes = [("prefetch 0", ["--prefetch", "0"]), ("prefetch 1", ["--prefetch", "1"]),
+             ("prefetch 2", ["--prefetch", "2", "--max-gathered", "3"]),
+             ("no reshard", ["--reshard-after-forward", "false"]), ("HSDP S=8", ["--shard-group", "8"])]
+    for hardware in ("h100-sxm", "l40s"):
+        for name, extra in [("zero3", None)] + modes:
+            exe = "03_zero3/zero3" if extra is None else "04_fsdp/fsdp"
+            args = ["--model", model, "--ranks", str(n), "--batch", str(BATCH.get(model, 4)),
+                    "--hardware", hardware] + COMMON + (extra or [])
+            log = os.path.join(out, "logs", "knob_%s_%s.json" % (hardware, name.replace(" ", "_").replace("=", "")))
+            r = run(build, exe, args, log)
+            r.update(model=model, stage="zero3" if extra is None else "fsdp", ranks=n, hardware=hardware, mode=name)
+            rows.append(r)
+            print("%-8s %-12s %-12s N=%-5d %10.1f ms  MFU %5.1f%%  exposed %8.1f ms" %
+                  (hardware, model, name, n, r["ms"], 100 * r["mfu"], r["exposed_ms"]), flush=True)
+    return rows
+
+
+def table(rows, mem):
+    lines = ["| hardware | model | stage | mode | N | step ms | MFU | exposed comm ms | peak GiB/rank | fits |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        lines.append("| %s | %s | %s | %s | %d | %.1f | %.1f%% | %.1f | %.1f | %s |" % (
+            r["hardware"], r["model"], r["stage"], r["mode"] or "", r["ranks"], r["ms"], 100 * r["mfu"],
+            r["exposed_ms"], r["peak_gib"], "yes" if r["peak_gib"] <= mem[r["hardware"]] else "no"))
+    return "\n".join(lines) + "\n"
+
+
+def plots(rows, knob_rows, out, mem):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    models = sorted({r["model"] for r in rows}, key=lambda m: list(BATCH).index(m) if m in BATCH else 99)
+    fig, axes = plt.subplots(2, len(models), figsize=(4.2 * len(models), 7), squeeze=False)
+    for i, model in enumerate(models):
+        for stage, _ in STAGES:
+            rs = [r for r in rows if r["model"] == model and r["stage"] == stage]
+            fits = [r["peak_gib"] <= mem[r["hardware"]] for r in rs]
+            for ax, key, scale in ((axes[0][i], "ms", 1.0), (axes[1][i], "mfu", 100.0)):
+                line, = ax.plot([r["ranks"] for r in rs], [r[key] * scale for r in rs], marker="o", label=stage)
+                # Hollow markers where the run does not fit the card's memory.
+                ax.plot([r["ranks"] for r, f in zip(rs, fits) if not f],
+                        [r[key] * scale for r, f in zip(rs, fits) if not f], "o", mfc="white",
+                        color=line.get_color())
+        axes[0][i].set_title("%s, B=%d per rank" % (model, BATCH.get(model, 4)), fontsize=10)
+        axes[0][i].set_ylabel("modeled step, ms")
+        axes[1][i].set_ylabel("modeled MFU, %")
+        for ax in (axes[0][i], axes[1][i]):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("ranks (GPUs)")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("Modeled on %s (hollow: does not fit its %g GiB)" % (rows[0]["clock"].split(" x")[0]
+                                                                     .replace("modeled on ", ""),
+                                                                     mem[rows[0]["hardware"]]), fontsize=11)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "scaling.png"), dpi=110)
+    plt.close(fig)
+    if not knob_rows:
+        return
+    fig, ax = plt.subplots(figsize=(8, 4))
+    names = [r["mode"] for r in knob_rows if r["hardware"] == "h100-sxm"]
+    width = 0.38
+    for k, hw in enumerate(("h100-sxm", "l40s")):
+        rs = [r for r in knob_rows if r["hardware"] == hw]
+        xs = [i + (k - 0.5) * width for i in range(len(rs))]
+        ax.bar(xs, [r["compute_ms"] for r in rs], width, color="C%d" % k, alpha=0.5,
+               label="%s: compute" % hw)
+        ax.bar(xs, [r["exposed_ms"] for r in rs], width, bottom=[r["compute_ms"] for r in rs], color="C%d" % k,
+               label="%s: exposed comm" % hw, hatch="//", alpha=0.9)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, fontsize=9)
+    ax.set_ylabel("modeled step, ms")
+    ax.set_title("%s, N=%d: ZeRO-3 and stage 04's knobs, NVLink (H100) against PCIe (L40S)" % (
+        knob_rows[0]["model"], knob_rows[0]["ranks"]), fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "knobs.png"), dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--hardware", default="h100-sxm")
+    ap.add_argument("--models", default="gpt2-xl,gpt-7b,gpt-70b")
+    ap.add_argument("--ranks", default="8,64,512")
+    ap.add_argument("--knobs-model", default="gpt2-xl")
+    ap.add_argument("--knobs-ranks", type=int, default=16)
+    ap.add_argument("--no-knobs", action="store_true")
+    ap.add_argument("--no-plots", action="store_true")
+    a = ap.parse_args(argv)
+    try:
+        ranks = [int(x) for x in a.ranks.split(",")]
+    except ValueError:
+        ap.error("--ranks takes numbers separated by commas (got %r)" % a.ranks)
+    if os.path.exists(a.out) and set(os.listdir(a.out)) - OWN:
+        ap.error("%s holds files this tool did not write: give an empty or new folder" % a.out)
+    os.makedirs(os.path.join(a.out, "logs"), exist_ok=True)
+    start = time.time()
+    try:
+        rows = sweep(a.build, a.out, a.models.split(","), ranks, a.hardware)
+        knob_rows = [] if a.no_knobs else knobs(a.build, a.out, a.knobs_model, a.knobs_ranks)
+    except RuntimeError as e:
+        print("modeled_sweep: a run failed: %s" % e, file=sys.stderr)
+        return 1
+    mem = {hw: memory_gib(hw) for hw in {r["hardware"] for r in rows + knob_rows}}
+    with open(os.path.join(a.out, "modeled.json"), "w") as f:
+        json.dump({"runs": rows, "knobs": knob_rows}, f, indent=1)
+    with open(os.path.join(a.out, "modeled.md"), "w") as f:
+        f.write("Modeled, not measured (docs/SPEC.md section 13): dry runs, `%s`.\n\n" % " ".join(COMMON))
+        f.write(table(rows, mem))
+        if knob_rows:
+            f.write("\n" + table(knob_rows, mem))
+    if not a.no_plots:
+        plots(rows, knob_rows, a.out, mem)
+    print("modeled_sweep: %d runs in %.0f s -> %s" % (len(rows) + len(knob_rows), time.time() - start, a.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
