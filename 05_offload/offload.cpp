@@ -89,7 +89,7 @@ struct OffloadStates final : ModelStates {
   OffloadStates(const FsdpUnits& units, const ShardLayout& shards, const TrainConfig& cfg, RankContext& ctx,
                 FsdpComms& comms)
       : units(units), shards(shards), comm(*comms.group), precision(cfg.precision),
-        host(make_cpu_device(optimizer_threads(cfg, ctx))),
+        host(make_host_device(ctx, optimizer_threads(cfg, ctx))),
         params(shards, storage_dtype(cfg.precision), cfg.fsdp, units.last(), ctx.mem, ctx.dev, *host, *comms.group,
                cfg.offload.offload_params, !cfg.offload.no_pin, cfg.offload.delay_update, master_on_disk(cfg)),
         grads(shards, storage_dtype(cfg.precision), reduce_dtype(cfg), cfg.fsdp.no_sync, ctx.mem, ctx.dev,

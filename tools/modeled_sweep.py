@@ -6,8 +6,8 @@ no arithmetic, every op, collective and copy charged on the profile's
 hardware) for a few model shapes over a range of rank counts, and writes
 what a cluster plan needs: per run, the modeled step time, MFU, the exposed
 communication and the peak device memory per rank against the card's. Then
-stage 04's knobs (prefetch, resharding, hybrid sharding) and ZeRO-3 on a
-card without NVLink. Every number comes from a run log; none is typed here.
+ZeRO-3, stage 04's knobs (prefetch, resharding, hybrid sharding) and stage
+05's offload, on NVLink and on a card without it. Every number comes from a run log; none is typed here.
 Every time is modeled, not measured.
 
     tools/modeled_sweep.py --out /tmp/m                      # the default sweep
@@ -82,19 +82,22 @@ def sweep(build, out, models, ranks, hardware):
 
 
 def knobs(build, out, model, n):
-    """Stage 04's modes and ZeRO-3 without NVLink, at one size."""
+    """ZeRO-3, stage 04's modes and stage 05's offload, with and without NVLink, at one size."""
     rows = []
-    modes = [("prefetch 0", ["--prefetch", "0"]), ("prefetch 1", ["--prefetch", "1"]),
-             ("prefetch 2", ["--prefetch", "2", "--max-gathered", "3"]),
-             ("no reshard", ["--reshard-after-forward", "false"]), ("HSDP S=8", ["--shard-group", "8"])]
+    modes = [("zero3", "03_zero3/zero3", []),
+             ("prefetch 0", "04_fsdp/fsdp", ["--prefetch", "0"]), ("prefetch 1", "04_fsdp/fsdp", ["--prefetch", "1"]),
+             ("prefetch 2", "04_fsdp/fsdp", ["--prefetch", "2", "--max-gathered", "3"]),
+             ("no reshard", "04_fsdp/fsdp", ["--reshard-after-forward", "false"]),
+             ("HSDP S=8", "04_fsdp/fsdp", ["--shard-group", "8"]),
+             ("offload", "05_offload/offload", []),
+             ("offload params", "05_offload/offload", ["--offload-params"])]
     for hardware in ("h100-sxm", "l40s"):
-        for name, extra in [("zero3", None)] + modes:
-            exe = "03_zero3/zero3" if extra is None else "04_fsdp/fsdp"
+        for name, exe, extra in modes:
             args = ["--model", model, "--ranks", str(n), "--batch", str(BATCH.get(model, 4)),
-                    "--hardware", hardware] + COMMON + (extra or [])
+                    "--hardware", hardware] + COMMON + extra
             log = os.path.join(out, "logs", "knob_%s_%s.json" % (hardware, name.replace(" ", "_").replace("=", "")))
             r = run(build, exe, args, log)
-            r.update(model=model, stage="zero3" if extra is None else "fsdp", ranks=n, hardware=hardware, mode=name)
+            r.update(model=model, stage=os.path.basename(exe), ranks=n, hardware=hardware, mode=name)
             rows.append(r)
             print("%-8s %-12s %-12s N=%-5d %10.1f ms  MFU %5.1f%%  exposed %8.1f ms" %
                   (hardware, model, name, n, r["ms"], 100 * r["mfu"], r["exposed_ms"]), flush=True)
@@ -149,14 +152,14 @@ def plots(rows, knob_rows, out, mem):
     for k, hw in enumerate(("h100-sxm", "l40s")):
         rs = [r for r in knob_rows if r["hardware"] == hw]
         xs = [i + (k - 0.5) * width for i in range(len(rs))]
-        ax.bar(xs, [r["compute_ms"] for r in rs], width, color="C%d" % k, alpha=0.5,
-               label="%s: compute" % hw)
-        ax.bar(xs, [r["exposed_ms"] for r in rs], width, bottom=[r["compute_ms"] for r in rs], color="C%d" % k,
-               label="%s: exposed comm" % hw, hatch="//", alpha=0.9)
+        ax.bar(xs, [r["ms"] - r["exposed_ms"] for r in rs], width, color="C%d" % k, alpha=0.5,
+               label="%s: the rest of the step" % hw)
+        ax.bar(xs, [r["exposed_ms"] for r in rs], width, bottom=[r["ms"] - r["exposed_ms"] for r in rs],
+               color="C%d" % k, label="%s: exposed comm" % hw, hatch="//", alpha=0.9)
     ax.set_xticks(range(len(names)))
-    ax.set_xticklabels(names, fontsize=9)
+    ax.set_xticklabels(names, fontsize=8)
     ax.set_ylabel("modeled step, ms")
-    ax.set_title("%s, N=%d: ZeRO-3 and stage 04's knobs, NVLink (H100) against PCIe (L40S)" % (
+    ax.set_title("%s, N=%d: ZeRO-3, stage 04's knobs and offload, NVLink (H100) against PCIe (L40S)" % (
         knob_rows[0]["model"], knob_rows[0]["ranks"]), fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -171,7 +174,7 @@ def main(argv=None):
     ap.add_argument("--hardware", default="h100-sxm")
     ap.add_argument("--models", default="gpt2-xl,gpt-7b,gpt-70b")
     ap.add_argument("--ranks", default="8,64,512")
-    ap.add_argument("--knobs-model", default="gpt2-xl")
+    ap.add_argument("--knobs-model", default="gpt2-medium")
     ap.add_argument("--knobs-ranks", type=int, default=16)
     ap.add_argument("--no-knobs", action="store_true")
     ap.add_argument("--no-plots", action="store_true")

@@ -44,6 +44,7 @@ std::map<std::string, double Hardware::*> numeric_keys() {
           {"pcie_pageable_gb_per_s", &Hardware::pcie_pageable_gb_per_s},
           {"pcie_latency_us", &Hardware::pcie_latency_us},
           {"host_adamw_params_per_s", &Hardware::host_adamw_params_per_s},
+          {"host_memory_gb_per_s", &Hardware::host_memory_gb_per_s},
           {"nvme_gb_per_s", &Hardware::nvme_gb_per_s}};
 }
 

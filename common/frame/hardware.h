@@ -28,7 +28,8 @@ struct Hardware {
   double intra_node_busbw_gb_per_s = 0, intra_node_latency_us = 0;  // a collective inside a node
   double inter_node_busbw_gb_per_s = 0, inter_node_latency_us = 0;  // one that crosses nodes
   double pcie_pinned_gb_per_s = 0, pcie_pageable_gb_per_s = 0, pcie_latency_us = 0;
-  double host_adamw_params_per_s = 0;
+  double host_adamw_params_per_s = 0;  // the host's CPU AdamW (stage 05)
+  double host_memory_gb_per_s = 0;     // the host's other work on its memory (stage 05's norm, casts)
   double nvme_gb_per_s = 0;
 };
 

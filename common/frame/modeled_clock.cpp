@@ -9,6 +9,7 @@
 #include <tuple>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "device_decorator.h"
@@ -89,17 +90,24 @@ void RankClock::wait_collective(double t) {
 
 void RankClock::synchronize() { host_ = std::max({host_, compute_, copy_}); }
 
+void RankClock::host_work(double s) {
+  if (!running_) return;
+  host_ += s;
+  host_busy_ += s;
+}
+
 void RankClock::idle_until(double t) { host_ = compute_ = copy_ = std::max({host_, compute_, copy_, t}); }
 
 double RankClock::lap(StepPhases& phases) {
   idle_until(0);
   if (align_) align_();  // every rank's step ends when the slowest rank's does
   const double t = host_;
-  const Mark now{t, compute_busy_, comm_busy_, copy_busy_, exposed_comm_};
+  const Mark now{t, compute_busy_, comm_busy_, copy_busy_, host_busy_, exposed_comm_};
   phases = {{"compute", (now.compute_busy - last_.compute_busy) * 1e3},
             {"comm", (now.comm_busy - last_.comm_busy) * 1e3},
             {"exposed comm", (now.exposed_comm - last_.exposed_comm) * 1e3}};
   if (now.copy_busy > last_.copy_busy) phases.emplace_back("copy", (now.copy_busy - last_.copy_busy) * 1e3);
+  if (now.host_busy > last_.host_busy) phases.emplace_back("host", (now.host_busy - last_.host_busy) * 1e3);
   const double ms = (now.t - last_.t) * 1e3;
   last_ = now;
   return ms;
@@ -594,7 +602,79 @@ class ModeledDevice final : public DeviceDecorator {
   std::map<uintptr_t, size_t> pinned_;  // pinned allocations: start -> bytes
 };
 
+// The host's CPU as a device (stage 05's optimizer): every call runs, and
+// the rank's host is busy for it: AdamW at the profile's rate, the rest at
+// the host's memory bandwidth, each the rank's share of its node's host.
+// The rank's thread alone calls it.
+class ModeledHostDevice final : public DeviceDecorator {
+ public:
+  ModeledHostDevice(std::unique_ptr<Device> inner, RankClock& clock)
+      : DeviceDecorator(std::move(inner)), clock_(clock), owner_(std::this_thread::get_id()) {}
+
+  void zero(void* p, size_t bytes) override {
+    in_->zero(p, bytes);
+    memory(double(bytes));
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    in_->copy(dst, src, bytes);
+    memory(2.0 * double(bytes));
+  }
+  void to_device(void* dst, const void* src, size_t bytes) override {
+    in_->to_device(dst, src, bytes);
+    memory(2.0 * double(bytes));
+  }
+  void to_host(void* dst, const void* src, size_t bytes) override {
+    in_->to_host(dst, src, bytes);
+    memory(2.0 * double(bytes));
+  }
+  void widen(const bf16* in, float* out, size_t n) override {
+    in_->widen(in, out, n);
+    memory(6.0 * double(n));
+  }
+  void narrow(const float* in, bf16* out, size_t n) override {
+    in_->narrow(in, out, n);
+    memory(6.0 * double(n));
+  }
+  void fold(bf16* dst, const float* src, size_t n) override {
+    in_->fold(dst, src, n);
+    memory(8.0 * double(n));
+  }
+  void add(void* dst, const void* src, DType dtype, size_t n) override {
+    in_->add(dst, src, dtype, n);
+    memory(3.0 * double(n * dtype_size(dtype)));
+  }
+  void sum_squares(const void* x, DType dtype, size_t n, SumOfSquares& acc) override {
+    in_->sum_squares(x, dtype, n, acc);
+    memory(double(n * dtype_size(dtype)));
+  }
+  void adamw(float* param, const void* grad, DType gdt, float* m, float* v, size_t n, const AdamWConfig& cfg,
+             long step, float scale, bool decay) override {
+    in_->adamw(param, grad, gdt, m, v, n, cfg, step, scale, decay);
+    work(double(n) / (clock_.hardware().host_adamw_params_per_s * clock_.host_share()));
+  }
+  void adamw_copy(float* param, const void* grad, DType gdt, float* m, float* v, void* out, DType out_dtype, size_t n,
+                  const AdamWConfig& cfg, long step, float scale, bool decay) override {
+    in_->adamw_copy(param, grad, gdt, m, v, out, out_dtype, n, cfg, step, scale, decay);
+    work(double(n) / (clock_.hardware().host_adamw_params_per_s * clock_.host_share()));
+  }
+
+ private:
+  void memory(double bytes) { work(bytes / (clock_.hardware().host_memory_gb_per_s * 1e9 * clock_.host_share())); }
+  void work(double s) {
+    REQUIRE(std::this_thread::get_id() == owner_,
+            "modeled clock: the host's work on a thread of its own (--delay-update) is not modeled");
+    clock_.host_work(s);
+  }
+
+  RankClock& clock_;
+  std::thread::id owner_;
+};
+
 }  // namespace
+
+std::unique_ptr<Device> RankClock::on_host(std::unique_ptr<Device> cpu) {
+  return std::make_unique<ModeledHostDevice>(std::move(cpu), *this);
+}
 
 std::unique_ptr<Device> make_modeled_device(std::unique_ptr<Device> inner, RankClock& clock) {
   return std::make_unique<ModeledDevice>(std::move(inner), clock);

@@ -25,8 +25,10 @@
 //   copy      host<->device copies: PCIe, pinned or pageable host memory; an
 //             async copy to the host starts after the ops issued before it.
 //   host      what the host waits for: a blocking copy, a collective or a
-//             copy waited for; it issues the device's ops, which never start
-//             before it.
+//             copy waited for; its own work (stage 05's CPU AdamW at the
+//             profile's rate, its other work at the host's memory
+//             bandwidth, each shared by the node's ranks); it issues the
+//             device's ops, which never start before it.
 // A wait joins two timelines: the compute queue waits for the collective,
 // and the time it stood idle is exposed communication. A step ends when
 // every timeline of every rank has got there (as if each rank ended it with
@@ -42,6 +44,7 @@
 // process (--clock modeled under mpirun is refused).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -67,8 +70,12 @@ double copy_seconds(const Hardware& hw, size_t bytes, bool pinned);
 // One rank's timelines (seconds since the run began).
 class RankClock final : public StepClock {
  public:
-  explicit RankClock(const Hardware& hw) : hw_(hw) {}
+  // world: the run's ranks, of which min(world, gpus_per_node) share a host's CPU.
+  explicit RankClock(const Hardware& hw, int world = 1)
+      : hw_(hw), host_share_(1.0 / std::max(1, std::min(world, hw.gpus_per_node))) {}
   const Hardware& hardware() const { return hw_; }
+  // This rank's part of its host's CPU (the host's rates are the whole CPU's).
+  double host_share() const { return host_share_; }
 
   // An op of the device that takes `s`.
   void compute(double s);
@@ -90,19 +97,23 @@ class RankClock final : public StepClock {
   // How the ranks meet at the end of a lap (the world communicator's; none: alone).
   void set_align(std::function<void()> align) { align_ = std::move(align); }
 
+  // Work of the host itself (stage 05's CPU optimizer): the host is busy `s`.
+  void host_work(double s);
   // Before start() nothing is charged, and collectives take no time.
   void start() override { running_ = true; }
+  std::unique_ptr<Device> on_host(std::unique_ptr<Device> cpu) override;
   bool running() const { return running_; }
   double lap(StepPhases& phases) override;
 
  private:
   const Hardware& hw_;
+  double host_share_;
   std::function<void()> align_;
   bool running_ = false;
   double host_ = 0, compute_ = 0, copy_ = 0;
-  double compute_busy_ = 0, comm_busy_ = 0, copy_busy_ = 0, exposed_comm_ = 0;
+  double compute_busy_ = 0, comm_busy_ = 0, copy_busy_ = 0, host_busy_ = 0, exposed_comm_ = 0;
   struct Mark {
-    double t = 0, compute_busy = 0, comm_busy = 0, copy_busy = 0, exposed_comm = 0;
+    double t = 0, compute_busy = 0, comm_busy = 0, copy_busy = 0, host_busy = 0, exposed_comm = 0;
   } last_;
 };
 

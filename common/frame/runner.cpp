@@ -9,11 +9,14 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "blas.h"
 #include "check.h"
 #include "checkpoint.h"
 #include "gradnorm.h"
 #include "hardware.h"
+#include "memory_model.h"
 #include "modeled_clock.h"
 #include "output_paths.h"
 #include "stop_request.h"
@@ -54,6 +57,21 @@ void report_stop(const RunResult& run) {
                      : "");
 }
 
+// A dry run of stage 05 keeps its host memory real (the host's optimizer
+// runs on it): refused before any rank allocates it when the ranks' host
+// states would not fit in the memory this machine has free.
+void check_dry_host_memory(const TrainConfig& cfg, const ModelLayout& layout, int ranks) {
+  const StateOptions opt{cfg.offload.offload_params, false, cfg.fsdp.no_sync, false};
+  const double need =
+      model_state_bytes(Stage::offload, cfg.precision, padded_sizes(layout, ranks), opt).host.total() * ranks;
+  const double free_bytes = double(::sysconf(_SC_AVPHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
+  USAGE_REQUIRE(need <= 0.8 * free_bytes,
+                "--dry-run: stage 05's host states are real memory even in a dry run (its CPU optimizer runs on "
+                "them), " << format_bytes(size_t(need)) << " for " << ranks << " ranks, and this machine has "
+                          << format_bytes(size_t(free_bytes))
+                          << " free: dry-run stage 04 for the device side, or a smaller model or fewer ranks");
+}
+
 }  // namespace
 
 RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
@@ -82,6 +100,7 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   if (!cfg.resume.empty()) CheckpointReader(cfg.resume, layout);
   else if (!cfg.init.empty()) check_model_file(cfg.init, layout);
   const CheckedOnce checked(!cfg.resume.empty() ? cfg.resume : cfg.init);
+  if (cfg.dry_run && cfg.stage == "offload") check_dry_host_memory(cfg, layout, world.size);
 
   RunResult run;
   run.cfg = cfg;

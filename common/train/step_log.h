@@ -4,9 +4,12 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "device.h"
 
 namespace zf {
 
@@ -26,6 +29,9 @@ class StepClock {
   virtual void start() = 0;
   // Milliseconds since the last lap (or the start), and where they went (replaces `phases`).
   virtual double lap(StepPhases& phases) = 0;
+  // `cpu` wrapped so that its work (stage 05's CPU optimizer) is charged to
+  // the rank's host, which issues the device's work too.
+  virtual std::unique_ptr<Device> on_host(std::unique_ptr<Device> cpu) = 0;
 };
 
 class StepLog {

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <tuple>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -40,6 +41,7 @@ pcie_pinned_gb_per_s = 20
 pcie_pageable_gb_per_s = 5
 pcie_latency_us = 3
 host_adamw_params_per_s = 1e9
+host_memory_gb_per_s = 50
 nvme_gb_per_s = 2
 )";
 
@@ -337,6 +339,32 @@ TEST(ModeledClock, CopiesArePcieTimePinnedOrNot) {
   dev->release(d);
 }
 
+TEST(ModeledClock, TheHostsAdamWIsItsRateOnTheHost) {
+  const Hardware hw = round_machine();  // 1e9 parameters/s, host memory 50 GB/s
+  RankClock clock(hw);
+  clock.start();
+  auto host = clock.on_host(make_cpu_device());
+  auto dev = make_modeled_device(make_cpu_device(), clock);
+  const size_t n = 1 << 16;
+  std::vector<float> p(n, 1.0f), g(n, 0.5f), m(n), v(n);
+  host->adamw(p.data(), g.data(), DType::f32, m.data(), v.data(), n, AdamWConfig{}, 1, 1.0f, true);
+  StepPhases phases;
+  EXPECT_DOUBLE_EQ(clock.lap(phases), n / 1e9 * 1e3);
+  EXPECT_NE(p[0], 1.0f);  // it ran
+  // The host's norm reads the shard at 50 GB/s; a device op issued after it starts after it.
+  SumOfSquares acc;
+  host->sum_squares(g.data(), DType::f32, n, acc);
+  std::vector<float> out(n);
+  dev->residual_forward(out.data(), p.data(), g.data(), n);
+  EXPECT_DOUBLE_EQ(clock.lap(phases), (4.0 * n / 50e9 + 12.0 * n / 500e9 + 2e-6) * 1e3);
+  // In a run of 8 ranks, 4 to a node, four ranks share a host: a quarter of its rate each.
+  RankClock shared(hw, 8);
+  shared.start();
+  auto shared_host = shared.on_host(make_cpu_device());
+  shared_host->adamw(p.data(), g.data(), DType::f32, m.data(), v.data(), n, AdamWConfig{}, 2, 1.0f, true);
+  EXPECT_DOUBLE_EQ(shared.lap(phases), n / (1e9 / 4) * 1e3);
+}
+
 // ---- the profiles
 
 TEST(Hardware, EveryShippedProfileReads) {
@@ -401,6 +429,7 @@ TEST(Hardware, AnUnknownNameListsTheProfiles) {
 #include "cli.h"
 #include "data_parallel.h"
 #include "fsdp.h"
+#include "offload.h"
 #include "zero1.h"
 #include "zero2.h"
 #include "zero3.h"
@@ -440,6 +469,15 @@ TEST(ModeledRun, PrefetchHidesTheGathersWhereTheLinkIsSlow) {
   EXPECT_LT(one, none);
 }
 
+TEST(ModeledRun, OffloadPaysForPcieAndTheHostsOptimizer) {
+  TrainConfig cfg = modeled("gpt2", 8, "h100-sxm");
+  cfg.dry_run = true;
+  cfg.precision = Precision::bf16;
+  const double fsdp = run_training(cfg, train_fsdp).ranks[0].step_ms[1];
+  const double offload = run_training(cfg, train_offload).ranks[0].step_ms[1];
+  EXPECT_GT(offload, fsdp);
+}
+
 TEST(ModeledRun, ZeroThreeCostsMoreThanDataParallelOverPcieThanOverNvlink) {
   // ZeRO-3 sends 1.5x data parallel's bytes: over a slow link that shows in
   // the step; over NVLink much less of it does.
@@ -455,14 +493,16 @@ TEST(ModeledRun, ZeroThreeCostsMoreThanDataParallelOverPcieThanOverNvlink) {
 // and the same memory peaks, rank by rank, in every stage; at N = 3 the
 // shards of tiny are unequal (padding), and the step still ends together.
 TEST(ModeledRun, ADryRunGivesTheRealRunsTimesAndMemory) {
-  const std::vector<std::pair<const char*, StageFn>> stages = {
-      {"dp", train_data_parallel}, {"zero1", train_zero1}, {"zero2", train_zero2},
-      {"zero3", train_zero3},      {"fsdp", train_fsdp}};
-  for (const auto& [name, fn] : stages)
+  const std::vector<std::tuple<const char*, StageFn, bool>> stages = {
+      {"dp", train_data_parallel, false}, {"zero1", train_zero1, false}, {"zero2", train_zero2, false},
+      {"zero3", train_zero3, false},      {"fsdp", train_fsdp, false},    {"offload", train_offload, false},
+      {"offload --offload-params", train_offload, true}};
+  for (const auto& [name, fn, offload_params] : stages)
     for (int N : {2, 3, 4}) {
       TrainConfig cfg = modeled("tiny", N, "a100-sxm");
       cfg.precision = Precision::bf16;
       cfg.steps = 2;
+      cfg.offload.offload_params = offload_params;
       const RunResult real = run_training(cfg, fn);
       cfg.dry_run = true;
       const RunResult dry = run_training(cfg, fn);
@@ -496,7 +536,11 @@ TEST(ModeledRun, FlagsItRefusesSayWhy) {
   EXPECT_NE(flags_error({"--clock", "fast"}).find("--clock must be wall or modeled"), std::string::npos);
   EXPECT_NE(flags_error({"--hardware", "h200"}).find("add --clock modeled"), std::string::npos);
   EXPECT_NE(flags_error({"--clock", "modeled", "--trace", "t.json"}).find("--trace"), std::string::npos);
-  EXPECT_NE(flags_error({"--clock", "modeled"}, StageFlags::offload).find("stage 05"), std::string::npos);
+  EXPECT_EQ(flags_error({"--clock", "modeled"}, StageFlags::offload), "");
+  EXPECT_NE(flags_error({"--clock", "modeled", "--delay-update"}, StageFlags::offload).find("--delay-update"),
+            std::string::npos);
+  EXPECT_NE(flags_error({"--clock", "modeled", "--offload-dir", "d"}, StageFlags::offload).find("--offload-dir"),
+            std::string::npos);
   EXPECT_NE(flags_error({"--dry-run"}).find("add --clock modeled"), std::string::npos);
   EXPECT_EQ(flags_error({"--clock", "modeled", "--dry-run", "--ranks", "4096", "--model", "gpt-70b"}), "");
   EXPECT_NE(flags_error({"--clock", "modeled", "--dry-run", "--ranks", "4097"}).find("4096"), std::string::npos);
