@@ -57,13 +57,26 @@ def run(build, exe, args, log):
             "tokens_per_s": last["tokens_per_s"], "clock": summary["clock_detail"]}
 
 
+def profile_path(hardware):
+    """--hardware's file: a path as given, else a profile of hardware/ (as the stages read it)."""
+    if "/" in hardware or hardware.endswith(".hw"):
+        return hardware
+    return os.path.join(ROOT, "hardware", hardware + ".hw")
+
+
+def label(hardware):
+    """A profile's name for file names and tables: "h100-sxm" for hardware/h100-sxm.hw or a path to it."""
+    name = os.path.basename(hardware)
+    return name[:-3] if name.endswith(".hw") else name
+
+
 def memory_gib(hardware):
-    with open(os.path.join(ROOT, "hardware", hardware + ".hw")) as f:
+    with open(profile_path(hardware)) as f:
         for line in f:
             key, _, value = line.split("#")[0].partition("=")
             if key.strip() == "memory_gib":
                 return float(value)
-    raise SystemExit("modeled_sweep: no memory_gib in hardware/%s.hw" % hardware)
+    raise SystemExit("modeled_sweep: no memory_gib in %s" % profile_path(hardware))
 
 
 def sweep(build, out, models, ranks, hardware):
@@ -73,11 +86,11 @@ def sweep(build, out, models, ranks, hardware):
             for n in ranks:
                 args = ["--model", model, "--ranks", str(n), "--batch", str(BATCH.get(model, 4)),
                         "--hardware", hardware] + COMMON
-                r = run(build, exe, args, os.path.join(out, "logs", "%s_%s_%s_%d.json" % (hardware, model, stage, n)))
+                r = run(build, exe, args, os.path.join(out, "logs", "%s_%s_%s_%d.json" % (label(hardware), model, stage, n)))
                 r.update(model=model, stage=stage, ranks=n, hardware=hardware, mode="")
                 rows.append(r)
                 print("%-8s %-12s %-6s N=%-5d %10.1f ms  MFU %5.1f%%  exposed %8.1f ms  peak %7.1f GiB" %
-                      (hardware, model, stage, n, r["ms"], 100 * r["mfu"], r["exposed_ms"], r["peak_gib"]), flush=True)
+                      (label(hardware), model, stage, n, r["ms"], 100 * r["mfu"], r["exposed_ms"], r["peak_gib"]), flush=True)
     return rows
 
 
@@ -109,7 +122,7 @@ def table(rows, mem):
              "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         lines.append("| %s | %s | %s | %s | %d | %.1f | %.1f%% | %.1f | %.1f | %s |" % (
-            r["hardware"], r["model"], r["stage"], r["mode"] or "", r["ranks"], r["ms"], 100 * r["mfu"],
+            label(r["hardware"]), r["model"], r["stage"], r["mode"] or "", r["ranks"], r["ms"], 100 * r["mfu"],
             r["exposed_ms"], r["peak_gib"], "yes" if r["peak_gib"] <= mem[r["hardware"]] else "no"))
     return "\n".join(lines) + "\n"
 

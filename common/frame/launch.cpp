@@ -477,6 +477,7 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
   if (world.multi_process())
     return world.mpi ? run_mpi_process_rank(opt, world, fn) : run_env_process_rank(opt, world, fn);
   const int N = opt.ranks;
+  REQUIRE(!opt.dry_run || opt.hardware, "a dry run is the modeled clock's: it needs the hardware it models");
   // GPU ranks get their devices first: their communicators are ordered
   // after the devices' compute streams.
   std::vector<std::unique_ptr<Device>> gpu_devices;

@@ -141,10 +141,17 @@ class ClockGroup : public std::enable_shared_from_this<ClockGroup> {
   void post(uint64_t seq, double ready, CollectiveKind kind, size_t bytes, bool free = false) {
     std::lock_guard<std::mutex> lock(mu_);
     Entry& e = entries_[seq];
+    if (e.posted == 0) {
+      e.kind = kind;
+      e.bytes = bytes;
+      e.free = free;
+    }
+    // What the backend checks in a real run; a dry run has only this.
+    REQUIRE(e.kind == kind && e.bytes == bytes && e.free == free,
+            "collective #" << seq << " on this communicator: this rank issued " << collective_name(kind) << " of "
+                           << bytes << " bytes, another rank " << collective_name(e.kind) << " of " << e.bytes
+                           << " bytes: every rank must issue the same collectives in the same order");
     e.ready = std::max(e.ready, ready);
-    e.kind = kind;
-    e.bytes = bytes;
-    e.free = free;
     if (++e.posted == size()) cv_.notify_all();
   }
 
@@ -179,7 +186,11 @@ class ClockGroup : public std::enable_shared_from_this<ClockGroup> {
                                             << " ranks when a later one completed");
       Entry& e = it->second;
       const auto [nodes, per_node] = placement(hw);
-      e.seconds = e.free ? 0.0 : collective_seconds(hw, e.kind, e.bytes, n, nodes, per_node);
+      if (e.free) {  // the ranks meet: when the last is there, whatever the queue still runs
+        e.end = e.ready;
+        continue;
+      }
+      e.seconds = collective_seconds(hw, e.kind, e.bytes, n, nodes, per_node);
       e.end = std::max(queue_end_, e.ready) + e.seconds;
       queue_end_ = e.end;
     }
@@ -381,6 +392,7 @@ class ModeledCommunicator final : public Communicator {
 
  private:
   uint64_t post(CollectiveKind kind, size_t bytes) {
+    if (owner_ == std::thread::id()) owner_ = std::this_thread::get_id();
     {  // counted as the threads backend counts them (comm.h)
       std::lock_guard<std::mutex> lock(stats_mu_);
       stats_.add(kind, ring_bytes(kind, bytes, size()));
@@ -409,6 +421,8 @@ class ModeledCommunicator final : public Communicator {
     auto outer = std::make_shared<CommHandle::State>();
     CommHandle::State* self = outer.get();
     outer->on_wait = [this, kind, seq, self, inner]() mutable {
+      REQUIRE(std::this_thread::get_id() == owner_,
+              "modeled clock: a collective waited for on another thread than its rank's");
       {
         std::lock_guard<std::mutex> lock(self->mu);
         if (self->done) return;
@@ -425,6 +439,7 @@ class ModeledCommunicator final : public Communicator {
   std::shared_ptr<ClockGroup> group_;
   int rank_, world_rank_;
   RankClock& clock_;
+  std::thread::id owner_;  // the rank's thread, which alone charges its clock: the one that issues
   uint64_t issued_ = 0, splits_ = 0;
 };
 

@@ -61,9 +61,21 @@ StepReporter::StepReporter(const TrainConfig& cfg, size_t params)
   if (!cfg.log_json.empty()) json_.open(cfg.log_json, "the run log --log-json");
 }
 
-void StepReporter::set_modeled(const std::string& clock, double peak_flops) {
+namespace {
+
+// The largest peak of device bytes over the ranks.
+double device_peak(const RunResult& run) {
+  size_t peak = 0;
+  for (const RankResult& r : run.ranks) peak = std::max(peak, r.memory.peak_total[int(Place::device)]);
+  return double(peak);
+}
+
+}  // namespace
+
+void StepReporter::set_modeled(const std::string& clock, double peak_flops, double memory_bytes) {
   clock_ = clock;
   peak_flops_ = peak_flops;
+  memory_bytes_ = memory_bytes;
   flops_per_token_ = flops_per_token(build_layout(cfg_.model));
 }
 
@@ -94,7 +106,11 @@ void StepReporter::step(int step, float loss, float grad_norm, double ms, size_t
     write_json(j.dump());
   }
   bool last = step + 1 == cfg_.steps;
-  const double eta_s = eta_.after_step(ms, cfg_.steps - step - 1);
+  // The time left is the wall's, whatever clock the steps are timed on.
+  const auto now = std::chrono::steady_clock::now();
+  const double wall_ms = std::chrono::duration<double, std::milli>(now - last_report_).count();
+  last_report_ = now;
+  const double eta_s = eta_.after_step(peak_flops_ > 0 ? wall_ms : ms, cfg_.steps - step - 1);
   if (!cfg_.quiet && (step % cfg_.log_every == 0 || last)) {
     // The last line says how long the steps took instead of what is left.
     const std::string time_left =
@@ -185,6 +201,7 @@ void StepReporter::summary(const RunResult& run) {
     if (peak_flops_ > 0) {
       const double med = median(run.ranks.empty() ? std::vector<double>{} : run.ranks[0].step_ms);
       j["summary"]["clock_detail"] = clock_;
+      j["summary"]["fits_device_memory"] = device_peak(run) <= memory_bytes_;
       j["summary"]["mfu"] = med > 0 ? tokens_per_step(cfg_) / (med / 1000.0) * flops_per_token_ / peak_flops_ : 0.0;
     }
     write_json(j.dump());
@@ -202,6 +219,10 @@ void StepReporter::summary(const RunResult& run) {
               med > 0 ? tokens_per_step(cfg_) / (med / 1000.0) : 0.0,
               run.ranks.empty() || cfg_.dry_run ? "- (a dry run has no values)"
                                                 : hash_hex(run.ranks[0].param_hash).c_str());
+  if (peak_flops_ > 0 && device_peak(run) > memory_bytes_)
+    std::printf("note: the device peak of %s per rank does not fit the modeled GPU's %s: on that GPU this run "
+                "would stop out of memory\n", format_bytes(size_t(device_peak(run))).c_str(),
+                format_bytes(size_t(memory_bytes_)).c_str());
   if (!run.ranks.empty() && !run.ranks[0].host_optimizer.empty())
     std::printf("CPU AdamW: %s per rank%s\n", run.ranks[0].host_optimizer.c_str(),
                 cfg_.offload.delay_update ? ", one step delayed from the second step on" : "");

@@ -50,8 +50,9 @@ class StepReporter final : public StepLog {
   void summary(const RunResult& run);
   // --clock modeled: the step times are modeled on `clock` ("modeled on H100
   // SXM x8"), whose GPUs' peak is `peak_flops` in all: MFU in the step line
-  // and the run log.
-  void set_modeled(const std::string& clock, double peak_flops);
+  // and the run log; each GPU has `memory_bytes`, which the summary holds
+  // every rank's device peak against.
+  void set_modeled(const std::string& clock, double peak_flops, double memory_bytes);
   // Why the run log is incomplete, or "" (log_file.h). A failed write is
   // also said on stderr when it happens, once.
   const std::string& log_error() const { return json_.error(); }
@@ -65,7 +66,8 @@ class StepReporter final : public StepLog {
   LogFile json_;
   std::string program_;  // the message prefix ("dp")
   std::string clock_;    // set_modeled's
-  double peak_flops_ = 0, flops_per_token_ = 0;
+  double peak_flops_ = 0, flops_per_token_ = 0, memory_bytes_ = 0;
+  std::chrono::steady_clock::time_point last_report_ = std::chrono::steady_clock::now();  // the ETA's, modeled
   std::mutex mu_;
 };
 

@@ -116,7 +116,8 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   StepReporter reporter(report_cfg, layout.numel);
   if (hardware) {
     const double peak = cfg.compute == DType::bf16 ? hardware->peak_tflops_bf16 : hardware->peak_tflops_f32;
-    reporter.set_modeled(modeled_clock_description(*hardware, world.size), peak * 1e12 * world.size);
+    reporter.set_modeled(modeled_clock_description(*hardware, world.size), peak * 1e12 * world.size,
+                         hardware->memory_gib * double(size_t(1) << 30));
   }
   if (!report_cfg.quiet) {
     std::printf("zero-to-fsdp %s | model %s (P = %zu, V=%d T=%d L=%d H=%d C=%d) | %s | "
@@ -206,7 +207,8 @@ int stage_main(int argc, char** argv, const StageInfo& info, const StageFn& stag
     if (!cfg) return 0;
     // Signals stop at a step boundary on the CPU device; a GPU run keeps the
     // default (stop at once) until the GPU path has been run (docs/GPU.md).
-    if (cfg->device == "cpu") install_stop_handlers(info.exe, cfg->save, speaks, killed_note);
+    // A dry run has nothing to save: a signal stops it at once, as by default.
+    if (cfg->device == "cpu" && !cfg->dry_run) install_stop_handlers(info.exe, cfg->save, speaks, killed_note);
     const RunResult run = run_training(*cfg, stage);
     for (const std::string& what : run.not_written)
       std::fprintf(stderr, "%s: error: not written: %s\n", info.exe.c_str(), what.c_str());
