@@ -456,8 +456,6 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
                                              "leave out one of them");
     USAGE_REQUIRE(cfg.offload.offload_dir.empty(), "--clock modeled does not model --offload-dir's disk yet: "
                                                    "leave out one of them");
-    USAGE_REQUIRE(cfg.trace.empty(), "--trace draws the wall clock, not the modeled one: give one of --trace and "
-                                     "--clock modeled");
   }
   if (!fault.empty()) {
     const std::string how = "--inject-fault wants RANK:STEP or RANK:STEP:stall (got '" + fault + "')";

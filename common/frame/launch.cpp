@@ -509,6 +509,7 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
     const std::shared_ptr<ClockGroup> group = make_clock_group(N, opt.comm_timeout_s);
     for (int r = 0; r < N; r++) {
       clocks.push_back(std::make_unique<RankClock>(*opt.hardware, N));
+      if (r < opt.record_clock) clocks.back()->record();
       comms[r] = make_modeled_communicator(std::move(comms[r]), group, r, *clocks[r]);
     }
   }

@@ -63,6 +63,8 @@ struct LaunchOptions {
   // --dry-run (with hardware): no arithmetic, no data moved, memory counted
   // (dry_device.h); the communicators are the modeled clock's alone.
   bool dry_run = false;
+  // With hardware: the clocks of ranks below this record their spans (--trace).
+  int record_clock = 0;
 };
 
 // How the environment is read: std::getenv, or a map in tests.

@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "device_decorator.h"
 #include "internal/comm_state.h"
 
@@ -57,19 +59,68 @@ std::string modeled_clock_description(const Hardware& hw, int world) {
   return s;
 }
 
-// ---- timelines
-
-void RankClock::compute(double s) {
-  if (!running_) return;
-  compute_ = std::max(compute_, host_) + s;
-  compute_busy_ += s;
+std::string modeled_trace_events(int rank, const RankClock& clock) {
+  using nlohmann::json;
+  int queues = 0;
+  bool copies = false, host = false;
+  for (const RankClock::Span& sp : clock.spans()) {
+    if (sp.track >= RankClock::kCommTrack) queues = std::max(queues, sp.track - RankClock::kCommTrack + 1);
+    copies = copies || sp.track == RankClock::kCopyTrack;
+    host = host || sp.track == RankClock::kHostTrack;
+  }
+  // Tids as trace.h's: compute 0, the queues 1.., then copy, then host.
+  auto tid = [&](int track) {
+    if (track == RankClock::kComputeTrack) return 0;
+    if (track >= RankClock::kCommTrack) return 1 + track - RankClock::kCommTrack;
+    return track == RankClock::kCopyTrack ? 1 + queues : 2 + queues;
+  };
+  auto category = [](const RankClock::Span& sp) -> std::string {
+    const std::string name = sp.name;
+    if (sp.track == RankClock::kCopyTrack) return "copy";
+    if (sp.track >= RankClock::kCommTrack) return "comm";
+    if (name.find("forward") != std::string::npos) return "forward";
+    if (name.find("backward") != std::string::npos) return "backward";
+    if (name.find("adamw") != std::string::npos || name.find("sum_squares") != std::string::npos) return "optimizer";
+    return "other";
+  };
+  json events = json::array();
+  auto name_track = [&](int t, const std::string& name) {
+    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", t}, {"args", {{"name", name}}}});
+    events.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", rank}, {"tid", t},
+                      {"args", {{"sort_index", t}}}});
+  };
+  events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"tid", 0},
+                    {"args", {{"name", "rank " + std::to_string(rank)}}}});
+  name_track(0, "compute");
+  for (int q = 0; q < queues; ++q) name_track(1 + q, q == 0 ? "comm" : "comm q" + std::to_string(q));
+  if (copies) name_track(1 + queues, "copy");
+  if (host) name_track(2 + queues, "host");
+  for (const RankClock::Span& sp : clock.spans()) {
+    // Whole nanoseconds, as trace.h's times.
+    const int64_t start_ns = std::llround(sp.start * 1e9), end_ns = std::llround(sp.end * 1e9);
+    events.push_back({{"ph", "X"}, {"name", sp.name}, {"cat", category(sp)}, {"pid", rank}, {"tid", tid(sp.track)},
+                      {"ts", double(start_ns) / 1000.0}, {"dur", double(end_ns - start_ns) / 1000.0},
+                      {"args", {{"step", sp.step}}}});
+  }
+  return events.dump();
 }
 
-void RankClock::blocking_copy(double s) {
+// ---- timelines
+
+void RankClock::compute(double s, const char* name) {
+  if (!running_) return;
+  const double start = std::max(compute_, host_);
+  compute_ = start + s;
+  compute_busy_ += s;
+  span(kComputeTrack, name, start, compute_);
+}
+
+void RankClock::blocking_copy(double s, bool to_host) {
   if (!running_) return;
   const double start = std::max({host_, compute_, copy_});
   host_ = compute_ = start + s;
   copy_busy_ += s;
+  span(kCopyTrack, to_host ? "d2h" : "h2d", start, host_);
 }
 
 double RankClock::async_copy(double s, bool to_host) {
@@ -77,7 +128,18 @@ double RankClock::async_copy(double s, bool to_host) {
   const double start = std::max({copy_, host_, to_host ? compute_ : 0.0});
   copy_ = start + s;
   copy_busy_ += s;
+  span(kCopyTrack, to_host ? "d2h" : "h2d", start, copy_);
   return copy_;
+}
+
+void RankClock::collective(int queue, CollectiveKind kind, double seconds, double end) {
+  if (!running_) return;
+  comm_busy_ += seconds;
+  span(kCommTrack + queue, collective_name(kind), end - seconds, end);
+}
+
+void RankClock::span(int track, const char* name, double start, double end) {
+  if (recording_) spans_.push_back({track, name, start, end, step_});
 }
 
 void RankClock::wait_collective(double t) {
@@ -90,17 +152,25 @@ void RankClock::wait_collective(double t) {
 
 void RankClock::synchronize() { host_ = std::max({host_, compute_, copy_}); }
 
-void RankClock::host_work(double s) {
+void RankClock::host_work(double s, const char* name) {
   if (!running_) return;
   host_ += s;
   host_busy_ += s;
+  span(kHostTrack, name, host_ - s, host_);
 }
 
 void RankClock::idle_until(double t) { host_ = compute_ = copy_ = std::max({host_, compute_, copy_, t}); }
 
+void RankClock::skip() {
+  StepPhases ignored;
+  lap(ignored);
+  --step_;
+}
+
 double RankClock::lap(StepPhases& phases) {
   idle_until(0);
   if (align_) align_();  // every rank's step ends when the slowest rank's does
+  ++step_;
   const double t = host_;
   const Mark now{t, compute_busy_, comm_busy_, copy_busy_, host_busy_, exposed_comm_};
   phases = {{"compute", (now.compute_busy - last_.compute_busy) * 1e3},
@@ -330,9 +400,11 @@ namespace {
 // the members only meet in their ClockGroup.
 class ModeledCommunicator final : public Communicator {
  public:
+  // queue: its track in a trace (0: the world's; a split's, its number on the rank).
   ModeledCommunicator(std::unique_ptr<Communicator> inner, std::shared_ptr<ClockGroup> group, int rank,
-                      int world_rank, RankClock& clock)
-      : in_(std::move(inner)), group_(std::move(group)), rank_(rank), world_rank_(world_rank), clock_(clock) {}
+                      int world_rank, RankClock& clock, int queue)
+      : in_(std::move(inner)), group_(std::move(group)), rank_(rank), world_rank_(world_rank), clock_(clock),
+        queue_(queue) {}
 
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
@@ -381,13 +453,15 @@ class ModeledCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key) override {
     if (!in_) {
       ClockGroup::Split mine = group_->split(splits_++, rank_, color, key);
-      return std::make_unique<ModeledCommunicator>(nullptr, std::move(mine.group), mine.rank, world_rank_, clock_);
+      return std::make_unique<ModeledCommunicator>(nullptr, std::move(mine.group), mine.rank, world_rank_, clock_,
+                                                   clock_.new_queue());
     }
     std::unique_ptr<Communicator> inner = in_->split(color, key);
     std::shared_ptr<ClockGroup> child = group_->child(splits_++, color, inner->size());
     child->join(inner->rank(), world_rank_);
     const int rank = inner->rank();
-    return std::make_unique<ModeledCommunicator>(std::move(inner), std::move(child), rank, world_rank_, clock_);
+    return std::make_unique<ModeledCommunicator>(std::move(inner), std::move(child), rank, world_rank_, clock_,
+                                                 clock_.new_queue());
   }
 
  private:
@@ -405,7 +479,7 @@ class ModeledCommunicator final : public Communicator {
   void finish(CollectiveKind kind, uint64_t seq) {
     const auto [end, seconds] = group_->end_of(seq, clock_.hardware());
     clock_.wait_collective(end);
-    if (clock_.running()) clock_.add_comm_busy(seconds);
+    clock_.collective(queue_, kind, seconds, end);
     std::lock_guard<std::mutex> lock(stats_mu_);
     stats_.seconds[int(kind)] += seconds;
   }
@@ -439,6 +513,7 @@ class ModeledCommunicator final : public Communicator {
   std::shared_ptr<ClockGroup> group_;
   int rank_, world_rank_;
   RankClock& clock_;
+  int queue_;
   std::thread::id owner_;  // the rank's thread, which alone charges its clock: the one that issues
   uint64_t issued_ = 0, splits_ = 0;
 };
@@ -463,19 +538,19 @@ class ModeledDevice final : public DeviceDecorator {
   }
   void zero(void* p, size_t bytes) override {
     in_->zero(p, bytes);
-    op(0, double(bytes));
+    op("zero", 0, double(bytes));
   }
   void copy(void* dst, const void* src, size_t bytes) override {
     in_->copy(dst, src, bytes);
-    op(0, 2.0 * double(bytes));
+    op("copy", 0, 2.0 * double(bytes));
   }
   void to_device(void* dst, const void* src, size_t bytes) override {
     in_->to_device(dst, src, bytes);
-    clock_.blocking_copy(copy_seconds(clock_.hardware(), bytes, is_pinned(src)));
+    clock_.blocking_copy(copy_seconds(clock_.hardware(), bytes, is_pinned(src)), false);
   }
   void to_host(void* dst, const void* src, size_t bytes) override {
     in_->to_host(dst, src, bytes);
-    clock_.blocking_copy(copy_seconds(clock_.hardware(), bytes, is_pinned(dst)));
+    clock_.blocking_copy(copy_seconds(clock_.hardware(), bytes, is_pinned(dst)), true);
   }
   void synchronize() override {
     in_->synchronize();
@@ -494,68 +569,69 @@ class ModeledDevice final : public DeviceDecorator {
 
   void widen(const bf16* in, float* out, size_t n) override {
     in_->widen(in, out, n);
-    op(0, 6.0 * double(n));
+    op("widen", 0, 6.0 * double(n));
   }
   void narrow(const float* in, bf16* out, size_t n) override {
     in_->narrow(in, out, n);
-    op(0, 6.0 * double(n));
+    op("narrow", 0, 6.0 * double(n));
   }
   void fold(bf16* dst, const float* src, size_t n) override {
     in_->fold(dst, src, n);
-    op(double(n), 8.0 * double(n));
+    op("fold", double(n), 8.0 * double(n));
   }
   void add(void* dst, const void* src, DType dtype, size_t n) override {
     in_->add(dst, src, dtype, n);
-    op(double(n), 3.0 * double(n * dtype_size(dtype)));
+    op("add", double(n), 3.0 * double(n * dtype_size(dtype)));
   }
   // Reads the parameter, gradient and moments, writes them back (and the copy).
   void adamw(float* param, const void* grad, DType gdt, float* m, float* v, size_t n, const AdamWConfig& cfg,
              long step, float scale, bool decay) override {
     in_->adamw(param, grad, gdt, m, v, n, cfg, step, scale, decay);
-    op(kAdamWFlops * double(n), double(n) * (24.0 + double(dtype_size(gdt))));
+    op("adamw", kAdamWFlops * double(n), double(n) * (24.0 + double(dtype_size(gdt))));
   }
   void adamw_copy(float* param, const void* grad, DType gdt, float* m, float* v, void* out, DType out_dtype, size_t n,
                   const AdamWConfig& cfg, long step, float scale, bool decay) override {
     in_->adamw_copy(param, grad, gdt, m, v, out, out_dtype, n, cfg, step, scale, decay);
-    op(kAdamWFlops * double(n),
+    op("adamw_copy", kAdamWFlops * double(n),
        double(n) * (24.0 + double(dtype_size(gdt)) + (out ? double(dtype_size(out_dtype)) : 0.0)));
   }
   void sum_squares(const void* x, DType dtype, size_t n, SumOfSquares& acc) override {
     in_->sum_squares(x, dtype, n, acc);
-    op(2.0 * double(n), double(n * dtype_size(dtype)));
+    op("sum_squares", 2.0 * double(n), double(n * dtype_size(dtype)));
   }
 
   void encoder_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T,
                        int C) override {
     in_->encoder_forward(out, tokens, wte, wpe, B, T, C);
-    op(double(B) * T * C, 3.0 * B * T * C * e() + 4.0 * B * T);
+    op("encoder_forward", double(B) * T * C, 3.0 * B * T * C * e() + 4.0 * B * T);
   }
   void encoder_backward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens, int B, int T,
                         int C) override {
     in_->encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
-    op(2.0 * B * T * C, 5.0 * B * T * C * e() + 4.0 * B * T);
+    op("encoder_backward", 2.0 * B * T * C, 5.0 * B * T * C * e() + 4.0 * B * T);
   }
   void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* weight,
                          const void* bias, int N, int C) override {
     in_->layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
-    op(8.0 * N * C, (2.0 * N * C + 2.0 * C) * e() + 8.0 * N);
+    op("layernorm_forward", 8.0 * N * C, (2.0 * N * C + 2.0 * C) * e() + 8.0 * N);
   }
   void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                           const void* weight, const float* mean, const float* rstd, int N, int C) override {
     in_->layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
-    op(14.0 * N * C, (4.0 * N * C + 5.0 * C) * e() + 8.0 * N);
+    op("layernorm_backward", 14.0 * N * C, (4.0 * N * C + 5.0 * C) * e() + 8.0 * N);
   }
   // out[N,OC] = inp[N,IC] · weight[OC,IC]^T + bias: 2·N·IC·OC FLOPs.
   void matmul_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
                       int OC) override {
     in_->matmul_forward(out, inp, weight, bias, N, IC, OC);
-    op(2.0 * N * IC * OC, (double(N) * IC + double(IC) * OC + double(N) * OC + OC) * e(), true);
+    op("matmul_forward", 2.0 * N * IC * OC, (double(N) * IC + double(IC) * OC + double(N) * OC + OC) * e(),
+       true);
   }
   // dinp and dweight: two products of the forward's size (added into).
   void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                        const void* weight, int N, int IC, int OC) override {
     in_->matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
-    op(4.0 * N * IC * OC,
+    op("matmul_backward", 4.0 * N * IC * OC,
        (double(N) * OC + 3.0 * N * IC + 3.0 * IC * OC + 2.0 * OC) * e(), true);
   }
   // Q·K^T and P·V over [B,H,T,T]: 4·B·T²·C FLOPs for the whole square (the
@@ -565,45 +641,50 @@ class ModeledDevice final : public DeviceDecorator {
                          int H) override {
     in_->attention_forward(out, saved, scratch, qkv, B, T, C, H);
     const double io = 4.0 * B * T * C * e();
-    if (attention_ == AttentionForm::flash) op(2.0 * B * T * double(T) * C, io + 4.0 * B * H * T, true);
-    else op(4.0 * B * T * double(T) * C, io + double(B) * H * T * T * e(), true);
+    if (attention_ == AttentionForm::flash)
+      op("attention_forward", 2.0 * B * T * double(T) * C, io + 4.0 * B * H * T, true);
+    else
+      op("attention_forward", 4.0 * B * T * double(T) * C, io + double(B) * H * double(T) * T * e(), true);
   }
   void attention_backward(void* dqkv, float* scratch, const void* dout, const void* out, const void* qkv,
                           const void* saved, int B, int T, int C, int H) override {
     in_->attention_backward(dqkv, scratch, dout, out, qkv, saved, B, T, C, H);
     const double io = 11.0 * B * T * C * e();
-    if (attention_ == AttentionForm::flash) op(5.0 * B * T * double(T) * C, io + 4.0 * B * H * T, true);
-    else op(8.0 * B * T * double(T) * C, io + double(B) * H * T * T * e(), true);
+    // The simple form reads the probabilities and writes their gradient through the softmax's.
+    if (attention_ == AttentionForm::flash)
+      op("attention_backward", 5.0 * B * T * double(T) * C, io + 4.0 * B * H * T, true);
+    else
+      op("attention_backward", 8.0 * B * T * double(T) * C, io + 3.0 * B * H * double(T) * T * e(), true);
   }
   void gelu_forward(void* out, const void* inp, size_t n) override {
     in_->gelu_forward(out, inp, n);
-    op(10.0 * double(n), 2.0 * double(n) * e());
+    op("gelu_forward", 10.0 * double(n), 2.0 * double(n) * e());
   }
   void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n) override {
     in_->gelu_backward(dinp, inp, dout, n);
-    op(20.0 * double(n), 4.0 * double(n) * e());
+    op("gelu_backward", 20.0 * double(n), 4.0 * double(n) * e());
   }
   void residual_forward(void* out, const void* a, const void* b, size_t n) override {
     in_->residual_forward(out, a, b, n);
-    op(double(n), 3.0 * double(n) * e());
+    op("residual_forward", double(n), 3.0 * double(n) * e());
   }
   void softmax_cross_entropy_forward(float* lse, float* losses, const void* logits, const int32_t* targets,
                                      int N, int V) override {
     in_->softmax_cross_entropy_forward(lse, losses, logits, targets, N, V);
-    op(4.0 * N * double(V), double(N) * V * e() + 12.0 * N);
+    op("softmax_cross_entropy_forward", 4.0 * N * double(V), double(N) * V * e() + 12.0 * N);
   }
   void softmax_cross_entropy_backward(void* dlogits, const void* logits, const float* lse,
                                       const int32_t* targets, float dloss, int N, int V) override {
     in_->softmax_cross_entropy_backward(dlogits, logits, lse, targets, dloss, N, V);
-    op(4.0 * N * double(V), 2.0 * N * double(V) * e() + 8.0 * N);
+    op("softmax_cross_entropy_backward", 4.0 * N * double(V), 2.0 * N * double(V) * e() + 8.0 * N);
   }
 
  private:
   static constexpr double kAdamWFlops = 12.0;  // per element: moments, bias corrections, the step
 
   double e() const { return esize(compute_); }
-  void op(double flops, double bytes, bool tensor = false) {
-    clock_.compute(op_seconds(clock_.hardware(), flops, bytes, tensor, compute_));
+  void op(const char* name, double flops, double bytes, bool tensor = false) {
+    clock_.compute(op_seconds(clock_.hardware(), flops, bytes, tensor, compute_), name);
   }
   bool is_pinned(const void* host) const {
     const uintptr_t p = reinterpret_cast<uintptr_t>(host);
@@ -628,57 +709,59 @@ class ModeledHostDevice final : public DeviceDecorator {
 
   void zero(void* p, size_t bytes) override {
     in_->zero(p, bytes);
-    memory(double(bytes));
+    memory("host zero", double(bytes));
   }
   void copy(void* dst, const void* src, size_t bytes) override {
     in_->copy(dst, src, bytes);
-    memory(2.0 * double(bytes));
+    memory("host copy", 2.0 * double(bytes));
   }
   void to_device(void* dst, const void* src, size_t bytes) override {
     in_->to_device(dst, src, bytes);
-    memory(2.0 * double(bytes));
+    memory("host to_device", 2.0 * double(bytes));
   }
   void to_host(void* dst, const void* src, size_t bytes) override {
     in_->to_host(dst, src, bytes);
-    memory(2.0 * double(bytes));
+    memory("host to_host", 2.0 * double(bytes));
   }
   void widen(const bf16* in, float* out, size_t n) override {
     in_->widen(in, out, n);
-    memory(6.0 * double(n));
+    memory("host widen", 6.0 * double(n));
   }
   void narrow(const float* in, bf16* out, size_t n) override {
     in_->narrow(in, out, n);
-    memory(6.0 * double(n));
+    memory("host narrow", 6.0 * double(n));
   }
   void fold(bf16* dst, const float* src, size_t n) override {
     in_->fold(dst, src, n);
-    memory(8.0 * double(n));
+    memory("host fold", 8.0 * double(n));
   }
   void add(void* dst, const void* src, DType dtype, size_t n) override {
     in_->add(dst, src, dtype, n);
-    memory(3.0 * double(n * dtype_size(dtype)));
+    memory("host add", 3.0 * double(n * dtype_size(dtype)));
   }
   void sum_squares(const void* x, DType dtype, size_t n, SumOfSquares& acc) override {
     in_->sum_squares(x, dtype, n, acc);
-    memory(double(n * dtype_size(dtype)));
+    memory("host sum_squares", double(n * dtype_size(dtype)));
   }
   void adamw(float* param, const void* grad, DType gdt, float* m, float* v, size_t n, const AdamWConfig& cfg,
              long step, float scale, bool decay) override {
     in_->adamw(param, grad, gdt, m, v, n, cfg, step, scale, decay);
-    work(double(n) / (clock_.hardware().host_adamw_params_per_s * clock_.host_share()));
+    work("cpu adamw", double(n) / (clock_.hardware().host_adamw_params_per_s * clock_.host_share()));
   }
   void adamw_copy(float* param, const void* grad, DType gdt, float* m, float* v, void* out, DType out_dtype, size_t n,
                   const AdamWConfig& cfg, long step, float scale, bool decay) override {
     in_->adamw_copy(param, grad, gdt, m, v, out, out_dtype, n, cfg, step, scale, decay);
-    work(double(n) / (clock_.hardware().host_adamw_params_per_s * clock_.host_share()));
+    work("cpu adamw_copy", double(n) / (clock_.hardware().host_adamw_params_per_s * clock_.host_share()));
   }
 
  private:
-  void memory(double bytes) { work(bytes / (clock_.hardware().host_memory_gb_per_s * 1e9 * clock_.host_share())); }
-  void work(double s) {
+  void memory(const char* name, double bytes) {
+    work(name, bytes / (clock_.hardware().host_memory_gb_per_s * 1e9 * clock_.host_share()));
+  }
+  void work(const char* name, double s) {
     REQUIRE(std::this_thread::get_id() == owner_,
             "modeled clock: the host's work on a thread of its own (--delay-update) is not modeled");
-    clock_.host_work(s);
+    clock_.host_work(s, name);
   }
 
   RankClock& clock_;
@@ -698,7 +781,8 @@ std::unique_ptr<Device> make_modeled_device(std::unique_ptr<Device> inner, RankC
 std::unique_ptr<Communicator> make_modeled_communicator(std::unique_ptr<Communicator> inner,
                                                         std::shared_ptr<ClockGroup> group, int world_rank,
                                                         RankClock& clock) {
-  auto comm = std::make_unique<ModeledCommunicator>(std::move(inner), std::move(group), world_rank, world_rank, clock);
+  auto comm =
+      std::make_unique<ModeledCommunicator>(std::move(inner), std::move(group), world_rank, world_rank, clock, 0);
   clock.set_align([c = comm.get()] { c->align(); });
   return comm;
 }

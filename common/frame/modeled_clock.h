@@ -41,7 +41,8 @@
 // for by the end of a step are not in its time.
 //
 // Thread ranks only: a group's members share their issue times in this
-// process (--clock modeled under mpirun is refused).
+// process (--clock modeled under mpirun is refused). With --trace the
+// clock records every charge as a span (modeled_trace_events).
 #pragma once
 
 #include <algorithm>
@@ -49,6 +50,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm.h"
 #include "device.h"
@@ -78,9 +80,9 @@ class RankClock final : public StepClock {
   double host_share() const { return host_share_; }
 
   // An op of the device that takes `s`.
-  void compute(double s);
+  void compute(double s, const char* name = "op");
   // A blocking copy: after everything on the device, then the host goes on.
-  void blocking_copy(double s);
+  void blocking_copy(double s, bool to_host);
   // An async copy; returns when it ends. to_host: after the ops issued before it.
   double async_copy(double s, bool to_host);
   // The host waits until `t` (a copy it waited for).
@@ -91,25 +93,47 @@ class RankClock final : public StepClock {
   void synchronize();
   // Where the compute queue has got to (a collective issued now starts no earlier).
   double compute_now() const { return std::max(compute_, host_); }
-  void add_comm_busy(double s) { comm_busy_ += s; }
+  // Communicator `queue`'s collective ran `seconds`, ending at `end`.
+  void collective(int queue, CollectiveKind kind, double seconds, double end);
+  // A new communicator of the rank (a split): its queue's number.
+  int new_queue() { return ++queues_; }
   // Every timeline waits until `t` (not counted as exposed communication).
   void idle_until(double t);
   // How the ranks meet at the end of a lap (the world communicator's; none: alone).
   void set_align(std::function<void()> align) { align_ = std::move(align); }
 
   // Work of the host itself (stage 05's CPU optimizer): the host is busy `s`.
-  void host_work(double s);
+  void host_work(double s, const char* name);
   // Before start() nothing is charged, and collectives take no time.
-  void start() override { running_ = true; }
+  void start(int first_step) override {
+    running_ = true;
+    step_ = first_step;
+  }
+  void skip() override;
+  void stop() override { running_ = false; }
   std::unique_ptr<Device> on_host(std::unique_ptr<Device> cpu) override;
   bool running() const { return running_; }
   double lap(StepPhases& phases) override;
+
+  // --trace: every charge as a span of a track, the steps' numbers with them.
+  static constexpr int kComputeTrack = 0, kCopyTrack = 1, kHostTrack = 2, kCommTrack = 3;  // + the queue
+  struct Span {
+    int track;
+    const char* name;
+    double start, end;
+    int step;
+  };
+  void record() { recording_ = true; }
+  const std::vector<Span>& spans() const { return spans_; }
 
  private:
   const Hardware& hw_;
   double host_share_;
   std::function<void()> align_;
-  bool running_ = false;
+  bool running_ = false, recording_ = false;
+  int step_ = 0, queues_ = 0;
+  std::vector<Span> spans_;
+  void span(int track, const char* name, double start, double end);
   double host_ = 0, compute_ = 0, copy_ = 0;
   double compute_busy_ = 0, comm_busy_ = 0, copy_busy_ = 0, host_busy_ = 0, exposed_comm_ = 0;
   struct Mark {
@@ -134,5 +158,10 @@ std::unique_ptr<Communicator> make_modeled_communicator(std::unique_ptr<Communic
 
 // "modeled on H100 SXM ×16, 2 nodes of 8"
 std::string modeled_clock_description(const Hardware& hw, int world);
+
+// --trace under the modeled clock: rank's spans as trace events (trace.h's
+// format: a compute track of ops, a track per communicator, copy, host),
+// in microseconds of the modeled clock.
+std::string modeled_trace_events(int rank, const RankClock& clock);
 
 }  // namespace zf

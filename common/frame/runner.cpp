@@ -57,6 +57,10 @@ void report_stop(const RunResult& run) {
                      : "");
 }
 
+// --trace under the modeled clock: the timelines of the first ranks alone
+// (a dry run may have thousands, each with every op of every step).
+constexpr int kTracedModeledRanks = 16;
+
 // A dry run of stage 05 keeps its host memory real (the host's optimizer
 // runs on it): refused before any rank allocates it when the ranks' host
 // states would not fit in the memory this machine has free.
@@ -142,6 +146,7 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   opt.comm_timeout_s = cfg.comm_timeout_s;
   opt.hardware = hardware ? &*hardware : nullptr;
   opt.dry_run = cfg.dry_run;
+  opt.record_clock = hardware && !cfg.trace.empty() ? kTracedModeledRanks : 0;
   // --trace: every rank's schedule, against one clock for the process (trace.h).
   const auto origin = std::chrono::steady_clock::now();
   std::vector<std::string> trace_events(size_t(world.size));
@@ -150,8 +155,14 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   try {
     run_ranks(opt, [&](RankContext& ctx) {
       auto body = [&](RankContext& c) { return stage(run.cfg, c, data, reporter); };
-      run.ranks[ctx.rank] = cfg.trace.empty() ? body(ctx)
-                                              : run_traced_rank(ctx, origin, layout, body, &trace_events[ctx.rank]);
+      if (hardware && !cfg.trace.empty()) {  // the modeled clock's own timeline
+        run.ranks[ctx.rank] = body(ctx);
+        if (ctx.rank < kTracedModeledRanks)
+          trace_events[ctx.rank] = modeled_trace_events(ctx.rank, static_cast<RankClock&>(*ctx.clock));
+      } else {
+        run.ranks[ctx.rank] = cfg.trace.empty() ? body(ctx)
+                                                : run_traced_rank(ctx, origin, layout, body, &trace_events[ctx.rank]);
+      }
       if (world.multi_process()) share_rank_results(ctx, run.ranks);  // rank 0's tables list all
       if (world.multi_process() && !cfg.trace.empty())
         trace_events = gather_trace_events(ctx.comm, ctx.dev, trace_events[ctx.rank]);

@@ -245,7 +245,10 @@ std::string trace_document(const std::vector<std::string>& rank_events, const Tr
              {"steps", cfg.steps},
              {"precision", precision_name(cfg.precision)},
              {"device", cfg.device},
-             {"clock", "microseconds since the ranks were started (steady clock)"}}}};
+             {"clock", cfg.clock == "modeled"
+                           ? "modeled, not measured: microseconds of the modeled clock (docs/SPEC.md section 13) "
+                             "on --hardware " + cfg.hardware
+                           : "microseconds since the ranks were started (steady clock)"}}}};
   return doc.dump();
 }
 

@@ -50,6 +50,9 @@
 // wait on NCCL, becomes a host wait, so a traced GPU run shows the order of
 // the work, not an untraced run's overlap.
 //
+// Under --clock modeled the file is the modeled clock's timeline instead
+// (modeled_clock.h: modeled_trace_events), in the same format.
+//
 // Ranks as processes (MPI, the env launch): each process records its own
 // rank against its own start, then the ranks' events are gathered to every
 // process over the communicator (as bytes, after the stage is done, not

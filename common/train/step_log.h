@@ -25,10 +25,14 @@ using StepPhases = std::vector<std::pair<std::string, double>>;
 class StepClock {
  public:
   virtual ~StepClock() = default;
-  // The steps begin: nothing before (loading the states) counts.
-  virtual void start() = 0;
+  // The steps begin, from `first_step`: nothing before (loading the states) counts.
+  virtual void start(int first_step) = 0;
   // Milliseconds since the last lap (or the start), and where they went (replaces `phases`).
   virtual double lap(StepPhases& phases) = 0;
+  // What ran since the last lap (the stop vote, a save) is no step's.
+  virtual void skip() = 0;
+  // The steps are over: nothing after (the final hash's gather) counts.
+  virtual void stop() = 0;
   // `cpu` wrapped so that its work (stage 05's CPU optimizer) is charged to
   // the rank's host, which issues the device's work too.
   virtual std::unique_ptr<Device> on_host(std::unique_ptr<Device> cpu) = 0;

@@ -15,7 +15,7 @@ TrainingRun::TrainingRun(const TrainConfig& cfg, const ModelLayout& layout, Rank
                          ModelStates& states)
     : guard_(ctx.comm), cfg_(cfg), layout_(layout), ctx_(ctx), log_(log), states_(states) {
   if (cfg.dry_run) {  // its states hold no values (config.h): nothing to fill them with
-    ctx.clock->start();
+    ctx.clock->start(0);
     return;
   }
   const InitialState init(cfg, layout, ctx);  // lives only while the states are filled
@@ -33,7 +33,7 @@ TrainingRun::TrainingRun(const TrainConfig& cfg, const ModelLayout& layout, Rank
     ctx.comm.barrier();  // the file is complete before anyone goes on
     ctx.comm.restore_counts(training);
   }
-  if (ctx.clock) ctx.clock->start();  // loading is not step 0's time
+  if (ctx.clock) ctx.clock->start(result_.first_step);  // loading is not step 0's time
 }
 
 void TrainingRun::end_step(int step, float loss, float grad_norm, double ms, const StepPhases& measured) {
@@ -55,8 +55,7 @@ void TrainingRun::end_step(int step, float loss, float grad_norm, double ms, con
 
 // The stop vote and saving are not training: the next step's modeled time starts after them.
 void TrainingRun::skip_clock() {
-  StepPhases ignored;
-  if (ctx_.clock) ctx_.clock->lap(ignored);
+  if (ctx_.clock) ctx_.clock->skip();
 }
 
 int TrainingRun::vote_to_stop() {
@@ -90,6 +89,7 @@ void TrainingRun::save(int steps_done) {
 }
 
 RankResult TrainingRun::finish() {
+  if (ctx_.clock) ctx_.clock->stop();
   result_.memory = ctx_.mem.counts();
   result_.comm = ctx_.comm.stats();
   for (Communicator* c : extra_) {

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
+#include <nlohmann/json.hpp>
 #include <tuple>
 #include <sstream>
 #include <thread>
@@ -64,7 +66,7 @@ struct Rank {
   Rank(const Hardware& hw, std::unique_ptr<Communicator> inner, std::shared_ptr<ClockGroup> group, int r)
       : clock(hw), dev(make_modeled_device(make_cpu_device(), clock)),
         comm(make_modeled_communicator(std::move(inner), std::move(group), r, clock)) {
-    clock.start();
+    clock.start(0);
   }
   double lap_ms() {
     StepPhases p;
@@ -108,7 +110,7 @@ void matmul(Rank& rank, int N, int IC, int OC) {
 TEST(ModeledClock, OneMatmulIsItsRooflineTime) {
   const Hardware hw = round_machine();
   RankClock clock(hw);
-  clock.start();
+  clock.start(0);
   auto dev = make_modeled_device(make_cpu_device(), clock);
   std::vector<float> in(64 * 128, 1.0f), w(128 * 256, 0.5f), out(64 * 256);
   dev->matmul_forward(out.data(), in.data(), w.data(), nullptr, 64, 128, 256);
@@ -120,7 +122,7 @@ TEST(ModeledClock, OneMatmulIsItsRooflineTime) {
 TEST(ModeledClock, AnElementwiseOpIsItsBytesTime) {
   const Hardware hw = round_machine();
   RankClock clock(hw);
-  clock.start();
+  clock.start(0);
   auto dev = make_modeled_device(make_cpu_device(), clock);
   const size_t n = 1 << 20;
   std::vector<float> a(n, 1.0f), b(n, 2.0f), out(n);
@@ -320,7 +322,7 @@ TEST(ModeledClock, TheSameWhateverTheThreadsTiming) {
 TEST(ModeledClock, CopiesArePcieTimePinnedOrNot) {
   const Hardware hw = round_machine();
   RankClock clock(hw);
-  clock.start();
+  clock.start(0);
   auto dev = make_modeled_device(make_cpu_device(), clock);
   const size_t bytes = 1 << 20;
   void* d = dev->allocate(bytes);
@@ -393,7 +395,7 @@ TEST(ModeledClock, ADryRunRefusesMismatchedCollectives) {
 TEST(ModeledClock, TheHostsAdamWIsItsRateOnTheHost) {
   const Hardware hw = round_machine();  // 1e9 parameters/s, host memory 50 GB/s
   RankClock clock(hw);
-  clock.start();
+  clock.start(0);
   auto host = clock.on_host(make_cpu_device());
   auto dev = make_modeled_device(make_cpu_device(), clock);
   const size_t n = 1 << 16;
@@ -410,7 +412,7 @@ TEST(ModeledClock, TheHostsAdamWIsItsRateOnTheHost) {
   EXPECT_DOUBLE_EQ(clock.lap(phases), (4.0 * n / 50e9 + 12.0 * n / 500e9 + 2e-6) * 1e3);
   // In a run of 8 ranks, 4 to a node, four ranks share a host: a quarter of its rate each.
   RankClock shared(hw, 8);
-  shared.start();
+  shared.start(0);
   auto shared_host = shared.on_host(make_cpu_device());
   shared_host->adamw(p.data(), g.data(), DType::f32, m.data(), v.data(), n, AdamWConfig{}, 2, 1.0f, true);
   EXPECT_DOUBLE_EQ(shared.lap(phases), n / (1e9 / 4) * 1e3);
@@ -568,6 +570,36 @@ TEST(ModeledRun, ADryRunGivesTheRealRunsTimesAndMemory) {
     }
 }
 
+// --trace under the modeled clock draws the modeled timelines: each step's
+// spans end, at the latest, where the step ends, and one of them there.
+TEST(ModeledRun, TheTraceIsTheModeledTimeline) {
+  TrainConfig cfg = modeled("tiny", 2, "h100-sxm");
+  cfg.steps = 3;
+  cfg.trace = test::temp_dir() + "/t.json";
+  const RunResult run = run_training(cfg, train_fsdp);
+  std::ifstream f(cfg.trace);
+  const nlohmann::json doc = nlohmann::json::parse(f);
+  EXPECT_EQ(doc["otherData"]["clock"].get<std::string>().rfind("modeled, not measured", 0), 0u);
+  std::vector<double> last_end(3, 0.0), first_start(3, 1e300);
+  std::set<std::string> tracks;
+  for (const auto& e : doc["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "thread_name") tracks.insert(e["args"]["name"].get<std::string>());
+    if (e["ph"] != "X") continue;
+    const int step = e["args"]["step"];
+    ASSERT_GE(step, 0);
+    ASSERT_LT(step, 3);
+    last_end[size_t(step)] = std::max(last_end[size_t(step)], e["ts"].get<double>() + e["dur"].get<double>());
+    first_start[size_t(step)] = std::min(first_start[size_t(step)], e["ts"].get<double>());
+  }
+  EXPECT_TRUE(tracks.count("compute") && tracks.count("comm")) << tracks.size();
+  double end_ms = 0;
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_NEAR(first_start[size_t(s)] / 1e3, end_ms, 1e-6) << "step " << s << " starts where the last ended";
+    end_ms += run.ranks[0].step_ms[size_t(s)];
+    EXPECT_NEAR(last_end[size_t(s)] / 1e3, end_ms, 1e-6) << "step " << s;
+  }
+}
+
 // parse_flags on `args` after the program name; "" when accepted, else the error.
 std::string flags_error(std::vector<std::string> args, StageFlags flags = StageFlags::fsdp) {
   args.insert(args.begin(), "fsdp");
@@ -586,7 +618,7 @@ TEST(ModeledRun, FlagsItRefusesSayWhy) {
   EXPECT_EQ(flags_error({"--clock", "modeled", "--hardware", "a100-sxm"}), "");
   EXPECT_NE(flags_error({"--clock", "fast"}).find("--clock must be wall or modeled"), std::string::npos);
   EXPECT_NE(flags_error({"--hardware", "h200"}).find("add --clock modeled"), std::string::npos);
-  EXPECT_NE(flags_error({"--clock", "modeled", "--trace", "t.json"}).find("--trace"), std::string::npos);
+  EXPECT_EQ(flags_error({"--clock", "modeled", "--trace", "t.json"}), "");
   EXPECT_EQ(flags_error({"--clock", "modeled"}, StageFlags::offload), "");
   EXPECT_NE(flags_error({"--clock", "modeled", "--delay-update"}, StageFlags::offload).find("--delay-update"),
             std::string::npos);
