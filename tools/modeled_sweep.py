@@ -13,6 +13,7 @@ Every time is modeled, not measured.
     tools/modeled_sweep.py --out /tmp/m                      # the default sweep
     tools/modeled_sweep.py --out /tmp/m --models gpt2-xl --ranks 8,64
     tools/modeled_sweep.py --out /tmp/m --no-plots
+    tools/modeled_sweep.py --out /tmp/m --write-docs docs/tour   # docs/tour/modeled.md and its pictures
 
 The output folder gets logs/ (one run log per run), modeled.md (the tables),
 modeled.json (every number) and, with matplotlib, scaling.png and knobs.png.
@@ -180,6 +181,65 @@ def plots(rows, knob_rows, out, mem):
     plt.close(fig)
 
 
+def timelines(build, out, docs):
+    """One modeled step of stage 04 on 8 L40S (PCIe), without prefetch and with it, drawn by trace_gantt.py."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import trace_gantt
+    drawn = []
+    for depth in (0, 1):
+        trace = os.path.join(out, "logs", "timeline_prefetch%d.json" % depth)
+        args = ["--model", "gpt2", "--ranks", "8", "--batch", "16", "--hardware", "l40s",
+                "--prefetch", str(depth), "--trace", trace] + COMMON
+        run(build, "04_fsdp/fsdp", args, os.path.join(out, "logs", "timeline_prefetch%d.jsonl" % depth))
+        events = trace_gantt.load_trace(trace)
+        rows = [r for r in trace_gantt.rows_of(events, 1) if r[0][0] < 2]  # ranks 0 and 1: the rest alike
+        png = os.path.join(docs, "modeled_prefetch%d.png" % depth)
+        trace_gantt.draw(rows, {}, png, "fsdp, gpt2 on 8 L40S (PCIe), --prefetch %d: step 1, modeled" % depth, 1)
+        drawn.append(png)
+    return drawn
+
+
+def docs_page(rows, knob_rows, mem, pictures):
+    """docs/tour/modeled.md: what the sweep shows, with its pictures and tables."""
+    names = [os.path.basename(p) for p in pictures]
+    return "\n".join([
+        "# The tour, on a modeled cluster: the time side of every stage",
+        "",
+        "Every number here is **modeled, not measured** (docs/SPEC.md section 13): the stages run as dry runs "
+        "on `--clock modeled`, which charges each op, collective, copy and host job from the stage's own "
+        "order of issues and waits to the machine of a profile in hardware/. Written by "
+        "`tools/modeled_sweep.py --out DIR --write-docs docs/tour`; the same command gives the same numbers "
+        "on any machine. Every run: `%s`." % " ".join(COMMON),
+        "",
+        "## Every stage against the number of GPUs",
+        "",
+        "![modeled step and MFU per stage](%s)" % names[0],
+        "",
+        "Data parallel keeps the whole model and optimizer on every GPU (hollow: it does not fit) and pays "
+        "its AdamW over all of P on each; ZeRO-1 and -2 shard the optimizer but all-gather the parameters "
+        "after it, exposed; ZeRO-3 and FSDP gather each unit ahead of its use, and that hides behind the "
+        "compute until the ring's latency over hundreds of GPUs outgrows a unit's compute.",
+        "",
+        "## ZeRO-3, stage 04's knobs and offload, with NVLink and without",
+        "",
+        "![the knobs on H100 and L40S](%s)" % names[1],
+        "",
+        "## One step of FSDP on 8 L40S (no NVLink), without prefetch and with it",
+        "",
+        "![prefetch 0](%s)" % names[2],
+        "",
+        "![prefetch 1](%s)" % names[3],
+        "",
+        "Without prefetch each unit's all-gather is issued when the unit is needed and the compute waits for "
+        "it; with `--prefetch 1` the next unit's is issued first and runs under this unit's compute.",
+        "",
+        "## The numbers",
+        "",
+        table(rows, mem),
+        table(knob_rows, mem) if knob_rows else "",
+    ])
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -191,6 +251,8 @@ def main(argv=None):
     ap.add_argument("--knobs-ranks", type=int, default=16)
     ap.add_argument("--no-knobs", action="store_true")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--write-docs", metavar="DIR",
+                    help="also write DIR/modeled.md and its pictures (modeled_*.png), and two step timelines")
     a = ap.parse_args(argv)
     try:
         ranks = [int(x) for x in a.ranks.split(",")]
@@ -216,6 +278,17 @@ def main(argv=None):
             f.write("\n" + table(knob_rows, mem))
     if not a.no_plots:
         plots(rows, knob_rows, a.out, mem)
+    if a.write_docs:
+        if a.no_plots or a.no_knobs:
+            ap.error("--write-docs draws the pictures and the knobs: leave out --no-plots and --no-knobs")
+        import shutil
+        pictures = []
+        for name in ("scaling.png", "knobs.png"):
+            pictures.append(os.path.join(a.write_docs, "modeled_" + name))
+            shutil.copyfile(os.path.join(a.out, name), pictures[-1])
+        pictures += timelines(a.build, a.out, a.write_docs)
+        with open(os.path.join(a.write_docs, "modeled.md"), "w") as f:
+            f.write(docs_page(rows, knob_rows, mem, pictures))
     print("modeled_sweep: %d runs in %.0f s -> %s" % (len(rows) + len(knob_rows), time.time() - start, a.out))
     return 0
 

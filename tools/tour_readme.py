@@ -127,7 +127,8 @@ def tour_markdown(records, cfg, skipped):
     parts += ["Commands: " + "; ".join(f"`{r['command']}`" for r in records[:1]) +
               " and the same with each stage's executable and flags (tour.json has every command; OUT is "
               "the output folder). Step times: the median step, on "
-              f"{platform.machine()} with {os.cpu_count()} cores, the ranks as threads sharing them.", ""]
+              f"{platform.machine()} with {os.cpu_count()} cores, the ranks as threads sharing them: the "
+              "time side of each stage on GPUs is [modeled.md](modeled.md), on a modeled cluster.", ""]
     return "\n".join(parts)
 
 

@@ -116,8 +116,12 @@ def draw(rows, memory, out_path, title, step=None):
     t0 = 0.0 if step is None else min((s[0] for _, _, sp in rows for s in sp), default=0.0)
     t1 = max((s[0] + s[1] for _, _, sp in rows for s in sp), default=1.0)
     width_ms = max(t1 - t0, 1.0) / 1000.0
-    fig, (ax, mem_ax) = plt.subplots(2, 1, figsize=(14, 1.0 + 0.55 * len(rows) + 2.2), sharex=True,
-                                     gridspec_kw={"height_ratios": [max(len(rows), 1), 2.5]})
+    if memory:
+        fig, (ax, mem_ax) = plt.subplots(2, 1, figsize=(14, 1.0 + 0.55 * len(rows) + 2.2), sharex=True,
+                                         gridspec_kw={"height_ratios": [max(len(rows), 1), 2.5]})
+    else:  # a trace without the counter (the modeled clock's): the spans alone
+        fig, ax = plt.subplots(figsize=(14, 1.0 + 0.55 * len(rows) + 0.6))
+        mem_ax = ax
     kinds = set()
     for i, (_, _, spans) in enumerate(rows):
         y = len(rows) - 1 - i
@@ -133,6 +137,13 @@ def draw(rows, memory, out_path, title, step=None):
     ax.set_title(title)
     ax.legend(handles=[Patch(color=COLORS.get(k, "#bab0ac"), label=k) for k in sorted(kinds)],
               loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    if not memory:
+        ax.set_xlabel("ms since the run started" if step is None else f"ms since step {step} started")
+        ax.set_xlim(0, width_ms)
+        fig.tight_layout()
+        fig.savefig(out_path, dpi=120)
+        plt.close(fig)
+        return
     for r, samples in sorted(memory.items()):
         before = [(t0, b) for t, b in samples if t < t0][-1:]  # the value the window starts with
         inside = before + [(t, b) for t, b in samples if t0 <= t <= t1]
