@@ -600,6 +600,30 @@ TEST(ModeledRun, TheTraceIsTheModeledTimeline) {
   }
 }
 
+// Shards that do not divide evenly (tiny over 3 ranks is padded) give the
+// ranks unequal optimizer work: each rank's own work ends at another time,
+// and the step ends with the slowest, on every rank.
+TEST(ModeledRun, TheSlowestRankSetsTheStep) {
+  TrainConfig cfg = modeled("tiny", 3, "h100-sxm");
+  cfg.steps = 2;
+  cfg.trace = test::temp_dir() + "/t.json";
+  const RunResult run = run_training(cfg, train_zero3);
+  std::ifstream f(cfg.trace);
+  const nlohmann::json doc = nlohmann::json::parse(f);
+  std::vector<double> work_end(3, 0.0);  // where each rank's own work of step 1 ends, in ms
+  for (const auto& e : doc["traceEvents"])
+    if (e["ph"] == "X" && e["args"]["step"] == 1 && e["cat"] != "comm") {
+      double& end = work_end[e["pid"].get<size_t>()];
+      end = std::max(end, (e["ts"].get<double>() + e["dur"].get<double>()) / 1e3);
+    }
+  const double step_end = run.ranks[0].step_ms[0] + run.ranks[0].step_ms[1];
+  const double slowest = *std::max_element(work_end.begin(), work_end.end());
+  const double fastest = *std::min_element(work_end.begin(), work_end.end());
+  EXPECT_LT(fastest, slowest) << "the shards are unequal, so is the work";
+  EXPECT_NEAR(slowest, step_end, 1e-6) << "the step ends with the slowest rank's work";
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(run.ranks[r].step_ms, run.ranks[0].step_ms) << "rank " << r;
+}
+
 // parse_flags on `args` after the program name; "" when accepted, else the error.
 std::string flags_error(std::vector<std::string> args, StageFlags flags = StageFlags::fsdp) {
   args.insert(args.begin(), "fsdp");
