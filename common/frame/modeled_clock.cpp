@@ -131,7 +131,7 @@ void RankClock::collective(int queue, CollectiveKind kind, double seconds, doubl
 }
 
 void RankClock::span(int track, const char* name, double start, double end) {
-  if (recording_) spans_.push_back({track, name, start, end, step_});
+  if (recording_) spans_.push_back({track, name, start, end, between_ ? -1 : step_});
 }
 
 void RankClock::wait_collective(double t) {
@@ -157,12 +157,14 @@ void RankClock::skip() {
   StepPhases ignored;
   lap(ignored);
   --step_;
+  between_ = false;
 }
 
 double RankClock::lap(StepPhases& phases) {
   idle_until(0);
   if (align_) align_();  // every rank's step ends when the slowest rank's does
   ++step_;
+  between_ = true;  // until skip(): the stop vote, a save
   const double t = host_;
   const Mark now{t, compute_busy_, comm_busy_, copy_busy_, host_busy_, exposed_comm_};
   phases = {{"compute", (now.compute_busy - last_.compute_busy) * 1e3},

@@ -115,7 +115,8 @@ class RankClock final : public StepClock {
   bool running() const { return running_; }
   double lap(StepPhases& phases) override;
 
-  // --trace: every charge as a span of a track, the steps' numbers with them.
+  // --trace: every charge as a span of a track, with its step (-1: between
+  // steps, a save).
   static constexpr int kComputeTrack = 0, kCopyTrack = 1, kHostTrack = 2, kCommTrack = 3;  // + the queue
   struct Span {
     int track;
@@ -132,6 +133,7 @@ class RankClock final : public StepClock {
   std::function<void()> align_;
   bool running_ = false, recording_ = false;
   int step_ = 0, queues_ = 0;
+  bool between_ = false;  // between a step's lap and skip(): spans of no step (-1)
   std::vector<Span> spans_;
   void span(int track, const char* name, double start, double end);
   double host_ = 0, compute_ = 0, copy_ = 0;

@@ -2,6 +2,8 @@
 #include "runner.h"
 
 #include <chrono>
+#include <csignal>
+#include <fstream>
 #include <cstdio>
 #include <mutex>
 #include <optional>
@@ -61,14 +63,28 @@ void report_stop(const RunResult& run) {
 // (a dry run may have thousands, each with every op of every step).
 constexpr int kTracedModeledRanks = 16;
 
+// MemAvailable of /proc/meminfo (what can be had without swapping, page
+// cache included); the free pages where it cannot be read.
+double available_memory_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  while (f >> key >> kib) {
+    if (key == "MemAvailable:") return kib * 1024.0;
+    f.ignore(256, '\n');
+  }
+  return double(::sysconf(_SC_AVPHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
+}
+
 // A dry run of stage 05 keeps its host memory real (the host's optimizer
 // runs on it): refused before any rank allocates it when the ranks' host
 // states would not fit in the memory this machine has free.
 void check_dry_host_memory(const TrainConfig& cfg, const ModelLayout& layout, int ranks) {
   const StateOptions opt{cfg.offload.offload_params, false, cfg.fsdp.no_sync, false};
+  const int S = cfg.fsdp.shard_group > 0 ? cfg.fsdp.shard_group : ranks;  // each rank holds 1/S of the model
   const double need =
-      model_state_bytes(Stage::offload, cfg.precision, padded_sizes(layout, ranks), opt).host.total() * ranks;
-  const double free_bytes = double(::sysconf(_SC_AVPHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
+      model_state_bytes(Stage::offload, cfg.precision, padded_sizes(layout, S), opt).host.total() * ranks;
+  const double free_bytes = available_memory_bytes();
   USAGE_REQUIRE(need <= 0.8 * free_bytes,
                 "--dry-run: stage 05's host states are real memory even in a dry run (its CPU optimizer runs on "
                 "them), " << format_bytes(size_t(need)) << " for " << ranks << " ranks, and this machine has "
@@ -218,8 +234,11 @@ int stage_main(int argc, char** argv, const StageInfo& info, const StageFn& stag
     if (!cfg) return 0;
     // Signals stop at a step boundary on the CPU device; a GPU run keeps the
     // default (stop at once) until the GPU path has been run (docs/GPU.md).
-    // A dry run has nothing to save: a signal stops it at once, as by default.
+    // A dry run has nothing to save: a signal stops it at once, even where
+    // the shell that started it had the signal ignored.
     if (cfg->device == "cpu" && !cfg->dry_run) install_stop_handlers(info.exe, cfg->save, speaks, killed_note);
+    if (cfg->dry_run)
+      for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, SIG_DFL);
     const RunResult run = run_training(*cfg, stage);
     for (const std::string& what : run.not_written)
       std::fprintf(stderr, "%s: error: not written: %s\n", info.exe.c_str(), what.c_str());
