@@ -3,6 +3,8 @@
 # runs: every run's numbers reach the table and the JSON as the run logs
 # wrote them, the step's MFU agrees with its tokens/s, a folder holding
 # other files is refused, and bench/modeled_vs_published.py's cases all run.
+# Then tools/calibrate_machine.py: the benchmarks' output read as printed,
+# the profile it writes read by a stage, a profile it did not write kept.
 #
 #   meson test -C build modeled_sweep_py
 #   ZF_BUILD=build python3 tests/python/test_modeled_sweep.py [--xml FILE]
@@ -57,6 +59,66 @@ class SweepTest(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         rows = [line for line in p.stdout.split("\n") if line.startswith("| ") and "---" not in line]
         self.assertEqual(len(rows), 1 + 4)  # the header and four cases
+
+
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import calibrate_machine  # noqa: E402
+
+KERNELS = """BLAS: OpenBLAS
+matrix kernels           shape                             ms   GFLOP/s vs 1024^3
+--------------------------------------------------------------------------------------
+sgemm, 1 thread          1024 x 1024 x 1024            20.000     107.4      100%
+sgemm, 2 threads         1024 x 1024 x 1024            10.000     214.7      200%
+
+other kernels            shape                             ms      GB/s
+--------------------------------------------------------------------------------------
+gelu fwd                 131072                         0.100      10.0
+residual fwd             131072                         0.050      30.0
+layernorm fwd            1024 x 128                     0.020      20.0
+"""
+COMM = """# threads backend, float32, sum.
+
+# all_reduce, 2 ranks
+      size   count(f32)   time(us)  algbw(GB/s)  busbw(GB/s) memcpy(GB/s) bus/memcpy
+  64.00 KiB        16384       16.0         4.10         4.10        20.00       0.20
+  64.00 MiB     16777216     6710.9        10.00        10.00        20.00       0.50
+
+# all_reduce, 4 ranks
+"""
+
+
+class CalibrateTest(unittest.TestCase):
+    def test_the_benchmarks_are_read_as_printed(self):
+        run = calibrate_machine.run
+        try:
+            calibrate_machine.run = lambda cmd: KERNELS if cmd[0].endswith("bench_kernels") else COMM
+            self.assertEqual(calibrate_machine.kernels("b"), (107.4, 20.0))  # the median of 10, 20, 30
+            busbw, latency, memcpy = calibrate_machine.comm("b")
+        finally:
+            calibrate_machine.run = run
+        self.assertEqual((busbw, memcpy), (10.0, 20.0))
+        # 16 us, less 65,536 bytes at 10 GB/s (6.5536 us), over the all-reduce's 2 ring steps
+        self.assertAlmostEqual(latency, (16.0 - 6.5536) / 2)
+
+    def test_the_profile_it_writes_is_one_the_stages_read(self):
+        with tempfile.TemporaryDirectory() as d:
+            hw = os.path.join(d, "m.hw")
+            with open(hw, "w") as f:
+                f.write(calibrate_machine.profile_text(100.0, 20.0, 10.0, 4.0, 20.0, 2e9, 2))
+            p = subprocess.run([os.path.join(BUILD, "04_fsdp", "fsdp"), "--model", "tiny", "--steps", "1",
+                                "--clock", "modeled", "--hardware", hw, "--quiet"], capture_output=True, text=True)
+            self.assertEqual(p.returncode, 0, p.stderr)
+
+    def test_a_profile_it_did_not_write_is_kept(self):
+        with tempfile.TemporaryDirectory() as d:
+            hw = os.path.join(d, "mine.hw")
+            with open(hw, "w") as f:
+                f.write("name = mine\n")
+            p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "calibrate_machine.py"), "--build", BUILD,
+                                "--out", hw], capture_output=True, text=True)
+            self.assertEqual(p.returncode, 2)
+            self.assertIn("not written by this tool", p.stderr)
+            self.assertEqual(open(hw).read(), "name = mine\n")
 
 
 if __name__ == "__main__":
