@@ -1,0 +1,200 @@
+// Whole runs on the modeled clock (frame/modeled_clock.h): the same bits as
+// the wall clock and the same modeled times every time; what the knobs do to
+// the time; a dry run equal to the real run; the trace; the flags.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli.h"
+#include "data_parallel.h"
+#include "fsdp.h"
+#include "offload.h"
+#include "zero1.h"
+#include "zero2.h"
+#include "zero3.h"
+#include "test_util.h"
+
+namespace zf {
+namespace {
+
+TrainConfig modeled(const std::string& model, int N, const std::string& hw) {
+  TrainConfig cfg = test::quiet_config(model, N, 2, 3);
+  cfg.clock = "modeled";
+  cfg.hardware = hw;
+  return cfg;
+}
+
+TEST(ModeledRun, SameBitsAsTheWallClockAndTheSameTimesEveryRun) {
+  TrainConfig cfg = modeled("tiny", 4, "h100-sxm");
+  const RunResult a = run_training(cfg, train_fsdp), b = run_training(cfg, train_fsdp);
+  cfg.clock = "wall";
+  const RunResult wall = run_training(cfg, train_fsdp);
+  EXPECT_EQ(a.ranks[0].param_hash, wall.ranks[0].param_hash);
+  EXPECT_EQ(a.ranks[0].losses, wall.ranks[0].losses);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(a.ranks[r].step_ms, b.ranks[r].step_ms) << "rank " << r;
+    EXPECT_EQ(a.ranks[r].step_ms, a.ranks[0].step_ms) << "rank " << r;  // the step ends together
+  }
+  // Modeled: a step of tiny on H100s is well under a millisecond; the wall's here is not.
+  EXPECT_LT(a.ranks[0].step_ms[1], 1.0);
+  EXPECT_GT(a.ranks[0].step_ms[1], 0.0);
+}
+
+TEST(ModeledRun, PrefetchHidesTheGathersWhereTheLinkIsSlow) {
+  TrainConfig cfg = modeled("small", 4, "l40s");
+  cfg.fsdp.prefetch = 0;
+  const double none = run_training(cfg, train_fsdp).ranks[0].step_ms[1];
+  cfg.fsdp.prefetch = 1;
+  const double one = run_training(cfg, train_fsdp).ranks[0].step_ms[1];
+  EXPECT_LT(one, none);
+}
+
+TEST(ModeledRun, OffloadPaysForPcieAndTheHostsOptimizer) {
+  TrainConfig cfg = modeled("gpt2", 8, "h100-sxm");
+  cfg.dry_run = true;
+  cfg.precision = Precision::bf16;
+  const double fsdp = run_training(cfg, train_fsdp).ranks[0].step_ms[1];
+  const double offload = run_training(cfg, train_offload).ranks[0].step_ms[1];
+  EXPECT_GT(offload, fsdp);
+  // At least each rank's CPU AdamW: its shard (P/8, padded up) at an eighth
+  // of the host's 2e9 parameters/s (hardware/h100-sxm.hw: 8 ranks a host).
+  const double shard = double(build_layout(cfg.model).numel) / 8;
+  EXPECT_GT(offload - fsdp, shard / (2e9 / 8) * 1e3 * 0.9);
+}
+
+TEST(ModeledRun, ZeroThreeCostsMoreThanDataParallelOverPcieThanOverNvlink) {
+  // ZeRO-3 sends 1.5x data parallel's bytes: over a slow link that shows in
+  // the step; over NVLink much less of it does.
+  auto ratio = [](const std::string& hw) {
+    const TrainConfig cfg = modeled("small", 8, hw);
+    return run_training(cfg, train_zero3).ranks[0].step_ms[1] /
+           run_training(cfg, train_data_parallel).ranks[0].step_ms[1];
+  };
+  EXPECT_GT(ratio("l40s"), ratio("h100-sxm"));
+}
+
+// A dry run is the real run without its arithmetic: the same modeled times
+// and the same memory peaks, rank by rank, in every stage; at N = 3 the
+// shards of tiny are unequal (padding), and the step still ends together.
+TEST(ModeledRun, ADryRunGivesTheRealRunsTimesAndMemory) {
+  const std::vector<std::tuple<const char*, StageFn, bool>> stages = {
+      {"dp", train_data_parallel, false}, {"zero1", train_zero1, false}, {"zero2", train_zero2, false},
+      {"zero3", train_zero3, false},      {"fsdp", train_fsdp, false},    {"offload", train_offload, false},
+      {"offload --offload-params", train_offload, true}};
+  for (const auto& [name, fn, offload_params] : stages)
+    for (int N : {2, 3, 4}) {
+      TrainConfig cfg = modeled("tiny", N, "a100-sxm");
+      cfg.precision = Precision::bf16;
+      cfg.steps = 2;
+      cfg.offload.offload_params = offload_params;
+      const RunResult real = run_training(cfg, fn);
+      cfg.dry_run = true;
+      const RunResult dry = run_training(cfg, fn);
+      for (int r = 0; r < N; ++r) {
+        SCOPED_TRACE(std::string(name) + " N=" + std::to_string(N) + " rank " + std::to_string(r));
+        EXPECT_EQ(dry.ranks[r].step_ms, real.ranks[r].step_ms);
+        EXPECT_EQ(real.ranks[r].step_ms, real.ranks[0].step_ms);
+        EXPECT_EQ(dry.ranks[r].memory.peak, real.ranks[r].memory.peak);
+        EXPECT_EQ(dry.ranks[r].memory.peak_total, real.ranks[r].memory.peak_total);
+        EXPECT_EQ(dry.ranks[r].comm.bytes, real.ranks[r].comm.bytes);
+      }
+    }
+}
+
+// --trace under the modeled clock draws the modeled timelines: each step's
+// spans fill its modeled time exactly, and a save between steps is no step's.
+TEST(ModeledRun, TheTraceIsTheModeledTimeline) {
+  TrainConfig cfg = modeled("tiny", 2, "h100-sxm");
+  cfg.steps = 3;
+  const std::string dir = test::temp_dir();
+  cfg.trace = dir + "/t.json";
+  cfg.save = dir + "/ck.st";  // a save between steps: its spans are no step's
+  cfg.save_every = 1;
+  const RunResult run = run_training(cfg, train_offload);
+  std::ifstream f(cfg.trace);
+  const nlohmann::json doc = nlohmann::json::parse(f);
+  EXPECT_EQ(doc["otherData"]["clock"].get<std::string>().rfind("modeled, not measured", 0), 0u);
+  std::vector<double> last_end(3, 0.0), first_start(3, 1e300);
+  std::set<std::string> tracks;
+  for (const auto& e : doc["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "thread_name") tracks.insert(e["args"]["name"].get<std::string>());
+    if (e["ph"] != "X") continue;
+    const int step = e["args"]["step"];
+    ASSERT_GE(step, -1);
+    ASSERT_LT(step, 3);
+    if (step < 0) continue;
+    last_end[size_t(step)] = std::max(last_end[size_t(step)], e["ts"].get<double>() + e["dur"].get<double>());
+    first_start[size_t(step)] = std::min(first_start[size_t(step)], e["ts"].get<double>());
+  }
+  EXPECT_TRUE(tracks.count("compute") && tracks.count("comm") && tracks.count("copy") && tracks.count("host"))
+      << tracks.size();
+  for (int s = 0; s < 3; ++s) {
+    // A step's spans run from its start (its first op) to its end (the last rank's last work).
+    EXPECT_NEAR((last_end[size_t(s)] - first_start[size_t(s)]) / 1e3, run.ranks[0].step_ms[size_t(s)], 1e-6)
+        << "step " << s;
+    if (s > 0) EXPECT_GE(first_start[size_t(s)], last_end[size_t(s - 1)]) << "step " << s << " after the last";
+  }
+}
+
+// Shards that do not divide evenly (tiny over 3 ranks is padded) give the
+// ranks unequal optimizer work: each rank's own work ends at another time,
+// and the step ends with the slowest, on every rank.
+TEST(ModeledRun, TheSlowestRankSetsTheStep) {
+  TrainConfig cfg = modeled("tiny", 3, "h100-sxm");
+  cfg.steps = 2;
+  cfg.trace = test::temp_dir() + "/t.json";
+  const RunResult run = run_training(cfg, train_zero3);
+  std::ifstream f(cfg.trace);
+  const nlohmann::json doc = nlohmann::json::parse(f);
+  std::vector<double> work_end(3, 0.0);  // where each rank's own work of step 1 ends, in ms
+  for (const auto& e : doc["traceEvents"])
+    if (e["ph"] == "X" && e["args"]["step"] == 1 && e["cat"] != "comm") {
+      double& end = work_end[e["pid"].get<size_t>()];
+      end = std::max(end, (e["ts"].get<double>() + e["dur"].get<double>()) / 1e3);
+    }
+  const double step_end = run.ranks[0].step_ms[0] + run.ranks[0].step_ms[1];
+  const double slowest = *std::max_element(work_end.begin(), work_end.end());
+  const double fastest = *std::min_element(work_end.begin(), work_end.end());
+  EXPECT_LT(fastest, slowest) << "the shards are unequal, so is the work";
+  EXPECT_NEAR(slowest, step_end, 1e-6) << "the step ends with the slowest rank's work";
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(run.ranks[r].step_ms, run.ranks[0].step_ms) << "rank " << r;
+}
+
+// parse_flags on `args` after the program name; "" when accepted, else the error.
+std::string flags_error(std::vector<std::string> args, StageFlags flags = StageFlags::fsdp) {
+  args.insert(args.begin(), "fsdp");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  try {
+    parse_flags(int(argv.size()), argv.data(), StageInfo{"fsdp", "stage 04: FSDP", flags});
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ModeledRun, FlagsItRefusesSayWhy) {
+  EXPECT_EQ(flags_error({"--clock", "modeled"}), "");
+  EXPECT_EQ(flags_error({"--clock", "modeled", "--hardware", "a100-sxm"}), "");
+  EXPECT_NE(flags_error({"--clock", "fast"}).find("--clock must be wall or modeled"), std::string::npos);
+  EXPECT_NE(flags_error({"--hardware", "h200"}).find("add --clock modeled"), std::string::npos);
+  EXPECT_EQ(flags_error({"--clock", "modeled", "--trace", "t.json"}), "");
+  EXPECT_EQ(flags_error({"--clock", "modeled"}, StageFlags::offload), "");
+  EXPECT_NE(flags_error({"--clock", "modeled", "--delay-update"}, StageFlags::offload).find("--delay-update"),
+            std::string::npos);
+  EXPECT_NE(flags_error({"--clock", "modeled", "--offload-dir", "d"}, StageFlags::offload).find("--offload-dir"),
+            std::string::npos);
+  EXPECT_NE(flags_error({"--dry-run"}).find("add --clock modeled"), std::string::npos);
+  EXPECT_EQ(flags_error({"--clock", "modeled", "--dry-run", "--ranks", "4096", "--model", "gpt-70b"}), "");
+  EXPECT_NE(flags_error({"--clock", "modeled", "--dry-run", "--ranks", "4097"}).find("4096"), std::string::npos);
+  EXPECT_NE(flags_error({"--clock", "modeled", "--dry-run", "--save", "x.bin"}).find("--save"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace zf
