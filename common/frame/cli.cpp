@@ -359,8 +359,6 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
                                          << flag << " or --dry-run");
   } else {
     USAGE_REQUIRE(cfg.ranks >= 1 && cfg.ranks <= 1024, "--ranks must be between 1 and 1024 (got " << cfg.ranks << ")");
-  }
-  if (!cfg.dry_run) {
     const int cores = hardware_cores(), most = kRanksPerCore * cores;
     const char* over = std::getenv("ZF_OVERSUBSCRIBE");
     USAGE_REQUIRE(cfg.ranks <= most || (over && std::string(over) == "1"),

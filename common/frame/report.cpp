@@ -196,13 +196,14 @@ nlohmann::json summary_json(const RunResult& run) {
 
 void StepReporter::summary(const RunResult& run) {
   std::lock_guard<std::mutex> lock(mu_);
+  const double med = median(run.ranks.empty() ? std::vector<double>{} : run.ranks[0].step_ms);
+  const double tps = med > 0 ? tokens_per_step(cfg_) / (med / 1000.0) : 0.0;
   if (json_.is_open()) {
     nlohmann::json j = summary_json(run);
     if (peak_flops_ > 0) {
-      const double med = median(run.ranks.empty() ? std::vector<double>{} : run.ranks[0].step_ms);
       j["summary"]["clock_detail"] = clock_;
       j["summary"]["fits_device_memory"] = device_peak(run) <= memory_bytes_;
-      j["summary"]["mfu"] = med > 0 ? tokens_per_step(cfg_) / (med / 1000.0) * flops_per_token_ / peak_flops_ : 0.0;
+      j["summary"]["mfu"] = tps * flops_per_token_ / peak_flops_;
     }
     write_json(j.dump());
     const bool ok_before = json_.error().empty();
@@ -212,11 +213,8 @@ void StepReporter::summary(const RunResult& run) {
   if (cfg_.quiet) return;
   print_memory_table(run, stdout);
   print_comm_table(run, stdout);
-  std::vector<double> ms = run.ranks.empty() ? std::vector<double>{} : run.ranks[0].step_ms;
-  double med = median(ms);
   std::printf("\nmedian step %.2f ms%s, %.0f tokens/s; final parameters hash %s\n", med,
-              peak_flops_ > 0 ? (" (" + clock_ + ")").c_str() : "",
-              med > 0 ? tokens_per_step(cfg_) / (med / 1000.0) : 0.0,
+              peak_flops_ > 0 ? (" (" + clock_ + ")").c_str() : "", tps,
               run.ranks.empty() || cfg_.dry_run ? "- (a dry run has no values)"
                                                 : hash_hex(run.ranks[0].param_hash).c_str());
   if (peak_flops_ > 0 && device_peak(run) > memory_bytes_)

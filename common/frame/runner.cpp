@@ -134,10 +134,10 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
     report_cfg.log_json.clear();
   }
   StepReporter reporter(report_cfg, layout.numel);
+  const std::string modeled_on = hardware ? modeled_clock_description(*hardware, world.size) : "";
   if (hardware) {
     const double peak = cfg.compute == DType::bf16 ? hardware->peak_tflops_bf16 : hardware->peak_tflops_f32;
-    reporter.set_modeled(modeled_clock_description(*hardware, world.size), peak * 1e12 * world.size,
-                         hardware->memory_gib * double(size_t(1) << 30));
+    reporter.set_modeled(modeled_on, peak * 1e12 * world.size, hardware->memory_gib * double(size_t(1) << 30));
   }
   if (!report_cfg.quiet) {
     std::printf("zero-to-fsdp %s | model %s (P = %zu, V=%d T=%d L=%d H=%d C=%d) | %s | "
@@ -150,8 +150,8 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
                 cfg.recompute == Recompute::none ? "" : recompute_name(cfg.recompute), data.source.c_str(), data.tokens.size());
     std::printf("BLAS: %s\n", run.blas.c_str());
     if (hardware)
-      std::printf("clock: %s (%s): every time below is modeled, not measured\n",
-                  modeled_clock_description(*hardware, world.size).c_str(), hardware->profile.c_str());
+      std::printf("clock: %s (%s): every time below is modeled, not measured\n", modeled_on.c_str(),
+                  hardware->profile.c_str());
     std::fflush(stdout);
   }
 
