@@ -90,8 +90,6 @@ RankResult train_data_parallel(const TrainConfig& cfg, RankContext& ctx, const T
   auto rc = make_rank_compute(cfg, layout, ctx, data);
   TrainingRun run(cfg, layout, ctx, log, states);  // the initial model, or --resume's checkpoint
 
-  AdamWConfig adam;
-  adam.lr = cfg.lr;
   std::vector<CommHandle> pending(U);
   for (int step = run.first_step(); run.keep_going(step); ++step) {
     Timer timer;
@@ -119,7 +117,9 @@ RankResult train_data_parallel(const TrainConfig& cfg, RankContext& ctx, const T
     ctx.dev.sum_squares(states.grads.data(), dt, layout.numel, sq);
     const GradClip clip = grad_clip(std::sqrt(sq.value()), cfg.clip);
 
-    // AdamW on the whole model, one parameter tensor at a time (decay or not).
+    // AdamW on the whole model, one parameter tensor at a time (decay or not),
+    // at this step's learning rate (lr_schedule.h).
+    const AdamWConfig adam = run.adamw(step);
     float* p32 = states.fp32_params();
     for (int u = 0; u < U; ++u)
       for (const auto& p : layout.units[u].params) {

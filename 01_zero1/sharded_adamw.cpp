@@ -11,21 +11,19 @@
 namespace zf {
 
 ShardedAdamW::ShardedAdamW(const ModelLayout& layout, const ShardLayout& shards, Precision precision,
-                           MemoryTracker& mem, Device& dev, float lr)
+                           MemoryTracker& mem, Device& dev)
     : ShardedAdamW(layout, shards, precision,
                    Tensor(mem, Place::device, Category::optimizer, DType::f32, shards.shard_total),
                    Tensor(mem, Place::device, Category::optimizer, DType::f32, shards.shard_total),
                    precision == Precision::bf16
                        ? Tensor(mem, Place::device, Category::optimizer, DType::f32, shards.shard_total)
                        : Tensor(),
-                   dev, dev, lr) {}
+                   dev, dev) {}
 
 ShardedAdamW::ShardedAdamW(const ModelLayout& layout, const ShardLayout& shards, Precision precision, Tensor m,
-                           Tensor v, Tensor master, Device& dev, Device& comm_dev, float lr)
+                           Tensor v, Tensor master, Device& dev, Device& comm_dev)
     : layout_(layout), shards_(shards), precision_(precision), dev_(dev), comm_dev_(comm_dev),
-      m_(std::move(m)), v_(std::move(v)), master_(std::move(master)) {
-  adam_.lr = lr;
-}
+      m_(std::move(m)), v_(std::move(v)), master_(std::move(master)) {}
 
 void ShardedAdamW::load(const InitialState& init) {
   for (size_t u = 0; u < layout_.units.size(); ++u) {
@@ -55,8 +53,8 @@ GradClip ShardedAdamW::clip_scale(Communicator& comm, const std::function<const 
   return zf::clip_scale(shards_, dev_, comm_dev_, comm, grad_piece, storage_dtype(precision_), clip);
 }
 
-void ShardedAdamW::update(int u, const void* grad_piece, void* param_piece, long step, float scale,
-                          bf16* rounded) {
+void ShardedAdamW::update(int u, const void* grad_piece, void* param_piece, const AdamWConfig& adam, long step,
+                          float scale, bf16* rounded) {
   const UnitShard& us = shards_.units[u];
   float* m = m_.as<float>() + us.shard_offset;
   float* v = v_.as<float>() + us.shard_offset;
@@ -69,7 +67,7 @@ void ShardedAdamW::update(int u, const void* grad_piece, void* param_piece, long
     size_t i = lo - us.begin;  // index within the piece
     const DType gdt = storage_dtype(precision_);
     dev_.adamw_copy(w + i, static_cast<const char*>(grad_piece) + i * dtype_size(gdt), gdt, m + i, v + i,
-                    rounded ? rounded + i : nullptr, DType::bf16, hi - lo, adam_, step, scale, p.decay);
+                    rounded ? rounded + i : nullptr, DType::bf16, hi - lo, adam, step, scale, p.decay);
   }
   if (precision_ == Precision::bf16) dev_.narrow(w, static_cast<bf16*>(param_piece), us.end - us.begin);
 }

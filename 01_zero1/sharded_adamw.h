@@ -23,7 +23,7 @@ class ShardedAdamW {
  public:
   // The state on the device, where dev computes.
   ShardedAdamW(const ModelLayout& layout, const ShardLayout& shards, Precision precision,
-               MemoryTracker& mem, Device& dev, float lr);
+               MemoryTracker& mem, Device& dev);
   virtual ~ShardedAdamW() = default;
 
   // Fills this rank's pieces from the initial state: the float32 master (bf16
@@ -38,11 +38,12 @@ class ShardedAdamW {
   GradClip clip_scale(Communicator& comm, const std::function<const void*(int)>& grad_piece,
                       float clip) const;
 
-  // AdamW on this rank's piece of unit u (padding skipped). fp32: param_piece
-  // (float) is updated in place. bf16: the master is updated and param_piece
-  // (bf16) receives it rounded.
-  void update(int u, const void* grad_piece, void* param_piece, long step, float scale) {
-    update(u, grad_piece, param_piece, step, scale, nullptr);
+  // AdamW on this rank's piece of unit u (padding skipped), with this step's
+  // settings (adam: its learning rate). fp32: param_piece (float) is updated
+  // in place. bf16: the master is updated and param_piece (bf16) receives it
+  // rounded.
+  void update(int u, const void* grad_piece, void* param_piece, const AdamWConfig& adam, long step, float scale) {
+    update(u, grad_piece, param_piece, adam, step, scale, nullptr);
   }
 
   // The float32 values of this rank's piece of unit u (device memory): the
@@ -62,11 +63,12 @@ class ShardedAdamW {
   // dev computes where they live, and comm_dev is the rank's device, which
   // the collectives stage through.
   ShardedAdamW(const ModelLayout& layout, const ShardLayout& shards, Precision precision, Tensor m, Tensor v,
-               Tensor master, Device& dev, Device& comm_dev, float lr);
+               Tensor master, Device& dev, Device& comm_dev);
   // update(), and with `rounded` the updated float32 values rounded to bf16
   // into it too, in the same pass (Device::adamw_copy): what such a subclass
   // sends to the device when its float32 values live elsewhere.
-  void update(int u, const void* grad_piece, void* param_piece, long step, float scale, bf16* rounded);
+  void update(int u, const void* grad_piece, void* param_piece, const AdamWConfig& adam, long step, float scale,
+              bf16* rounded);
 
  private:
   const ModelLayout& layout_;
@@ -74,7 +76,6 @@ class ShardedAdamW {
   Precision precision_;
   Device& dev_;
   Device& comm_dev_;
-  AdamWConfig adam_;
   Tensor m_, v_, master_;  // shard_total float32 each; master only in bf16
 };
 

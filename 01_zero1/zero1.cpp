@@ -36,7 +36,7 @@ struct Zero1States final : ModelStates {
       : layout(layout), shards(shards), comm(ctx.comm), dev(ctx.dev), dt(storage_dtype(cfg.precision)),
         params(ctx.mem, Place::device, Category::params, dt, shards.padded_total),
         grads(ctx.mem, Place::device, Category::grads, dt, shards.padded_total),
-        opt(layout, shards, cfg.precision, ctx.mem, ctx.dev, cfg.lr) {}
+        opt(layout, shards, cfg.precision, ctx.mem, ctx.dev) {}
 
   // Unit u's parameters and gradients inside the whole (padded) buffers.
   char* unit_params(int u) { return params.at(shards.units[u].padded_offset); }
@@ -99,9 +99,10 @@ RankResult train_zero1(const TrainConfig& cfg, RankContext& ctx, const TokenData
     // Clip with the norm of the whole gradient, summed exactly from the pieces.
     const GradClip clip =
         states.opt.clip_scale(ctx.comm, [&](int u) { return states.my_grad_piece(u); }, cfg.clip);
+    const AdamWConfig adam = run.adamw(step);  // this step's learning rate (lr_schedule.h)
     // New: each rank updates its piece, then the pieces are all-gathered (in place).
     for (int u = 0; u < U; ++u) {
-      states.opt.update(u, states.my_grad_piece(u), states.my_param_piece(u), step + 1, clip.scale);
+      states.opt.update(u, states.my_grad_piece(u), states.my_param_piece(u), adam, step + 1, clip.scale);
       pending[u] = ctx.comm.all_gather_async(states.my_param_piece(u), states.unit_params(u),
                                              shards.units[u].shard, dt);
     }

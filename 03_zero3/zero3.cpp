@@ -36,7 +36,7 @@ struct Zero3States final : ModelStates {
       : layout(layout), shards(shards), comm(ctx.comm), dev(ctx.dev), dt(storage_dtype(cfg.precision)),
         params(shards, dt, ctx.mem, ctx.comm),
         grads(shards, dt, ctx.mem, ctx.dev, ctx.comm),
-        opt(layout, shards, cfg.precision, ctx.mem, ctx.dev, cfg.lr) {}
+        opt(layout, shards, cfg.precision, ctx.mem, ctx.dev) {}
 
   // New: each rank loads only its pieces of the parameters (drawing a piece
   // of the seeded model alone gives the same values as drawing it whole).
@@ -94,9 +94,10 @@ RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData
     // Clip with the norm of the whole gradient, summed exactly from the pieces.
     const GradClip clip =
         states.opt.clip_scale(ctx.comm, [&](int u) { return states.grads.piece(u); }, cfg.clip);
+    const AdamWConfig adam = run.adamw(step);  // this step's learning rate (lr_schedule.h)
     // Each rank updates its piece, which is all it keeps of the parameters: no all-gather.
     for (int u = 0; u < U; ++u)
-      states.opt.update(u, states.grads.piece(u), states.params.piece(u), step + 1, clip.scale);
+      states.opt.update(u, states.grads.piece(u), states.params.piece(u), adam, step + 1, clip.scale);
     states.grads.zero();
     run.end_step(step, loss, clip.norm, timer.ms());
   }

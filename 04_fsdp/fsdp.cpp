@@ -51,7 +51,7 @@ struct FsdpStates final : ModelStates {
         grads(shards, storage_dtype(cfg.precision), cfg.fsdp.reduce_dtype.value_or(storage_dtype(cfg.precision)),
               cfg.fsdp.no_sync, ctx.mem, ctx.dev, *comms.reduce_queue, comms.across.get()),
         // The float32 shard is its own master: AdamW as in the fp32 recipe.
-        opt(units.flat, shards, Precision::fp32, ctx.mem, ctx.dev, cfg.lr) {}
+        opt(units.flat, shards, Precision::fp32, ctx.mem, ctx.dev) {}
 
   void load(const InitialState& init) override {
     for (int g = 0; g < units.size(); ++g)
@@ -143,8 +143,9 @@ RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData&
     // The norm over my group's pieces: every group holds the whole (summed) gradient.
     const GradClip clip =
         states.opt.clip_scale(*comms.group, [&](int g) { return states.grads.piece(g); }, cfg.clip);
+    const AdamWConfig adam = run.adamw(step);  // this step's learning rate (lr_schedule.h)
     for (int g = 0; g < G; ++g)
-      states.opt.update(g, states.grads.piece(g), states.params.piece(g), step + 1, clip.scale);
+      states.opt.update(g, states.grads.piece(g), states.params.piece(g), adam, step + 1, clip.scale);
     states.grads.zero();
     run.end_step(step, loss, clip.norm, timer.ms());
   }

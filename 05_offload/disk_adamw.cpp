@@ -30,12 +30,10 @@ void for_each_span(const ModelLayout& flat, const ShardLayout& shards, size_t lo
 }  // namespace
 
 DiskAdamW::DiskAdamW(const ModelLayout& flat, const ShardLayout& shards, const std::string& dir, int rank,
-                     MemoryTracker& mem, Device& host, float lr, bool master_on_disk, size_t chunk_elems)
+                     MemoryTracker& mem, Device& host, bool master_on_disk, size_t chunk_elems)
     : flat_(flat), shards_(shards), host_(host), master_on_disk_(master_on_disk),
       tier_(dir, rank, master_on_disk ? std::vector<std::string>{"m", "v", "master"} : std::vector<std::string>{"m", "v"},
-            shards.shard_total, chunk_elems, mem) {
-  adam_.lr = lr;
-}
+            shards.shard_total, chunk_elems, mem) {}
 
 void DiskAdamW::load(const InitialState& init, bf16* copy) {
   for (size_t u = 0; u < shards_.units.size(); ++u) {
@@ -54,12 +52,13 @@ void DiskAdamW::load(const InitialState& init, bf16* copy) {
   }
 }
 
-void DiskAdamW::update(float* master, const float* grads, bf16* copy, long step, float scale) {
+void DiskAdamW::update(float* master, const float* grads, bf16* copy, const AdamWConfig& adam, long step,
+                       float scale) {
   tier_.for_each_chunk([&](size_t begin, size_t n, float* const* a) {
     for_each_span(flat_, shards_, begin, begin + n, [&](size_t i, size_t len, bool decay) {
       float* p = master_on_disk_ ? a[2] + (i - begin) : master + i;
       host_.adamw_copy(p, grads + i, DType::f32, a[0] + (i - begin), a[1] + (i - begin), copy ? copy + i : nullptr,
-                       DType::bf16, len, adam_, step, scale, decay);
+                       DType::bf16, len, adam, step, scale, decay);
     });
   });
 }

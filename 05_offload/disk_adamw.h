@@ -34,7 +34,7 @@ class DiskAdamW {
   // host: the CPU device that computes on host memory.
   // master_on_disk: the float32 shards in a file too (see above).
   DiskAdamW(const ModelLayout& flat, const ShardLayout& shards, const std::string& dir, int rank, MemoryTracker& mem,
-            Device& host, float lr, bool master_on_disk = false, size_t chunk_elems = kChunkElems);
+            Device& host, bool master_on_disk = false, size_t chunk_elems = kChunkElems);
 
   // On --resume, the moments from the checkpoint into the files (a fresh
   // run's files are zeros); with the master on disk, the parameters too,
@@ -43,8 +43,9 @@ class DiskAdamW {
   // AdamW on every element of my shard with grads (shard_total float32,
   // host): master (the same layout, host) updated in place, or the file's
   // streamed (master_on_disk); each updated piece rounded into `copy` (the
-  // bf16 recipe's host copy; nullptr in fp32) in the same pass.
-  void update(float* master, const float* grads, bf16* copy, long step, float scale);
+  // bf16 recipe's host copy; nullptr in fp32) in the same pass, with the
+  // step's settings `adam`.
+  void update(float* master, const float* grads, bf16* copy, const AdamWConfig& adam, long step, float scale);
   // The whole model's float32 values of `kind` (m, v; params with the
   // master on disk), from every rank's files (ModelStates::full).
   std::vector<float> gather(StateKind kind, Communicator& comm, Device& comm_dev);
@@ -55,7 +56,6 @@ class DiskAdamW {
   const ModelLayout& flat_;
   const ShardLayout& shards_;
   Device& host_;
-  AdamWConfig adam_;
   bool master_on_disk_;
   DiskTier tier_;  // arrays 0: m, 1: v, 2: the master (master_on_disk)
 };

@@ -43,12 +43,11 @@ namespace {
 // the same pass. The float32 shard is its own master: the fp32 recipe.
 class HostAdamW final : public ShardedAdamW {
  public:
-  HostAdamW(const ModelLayout& flat, const ShardLayout& shards, MemoryTracker& mem, Device& host, Device& dev,
-            float lr)
+  HostAdamW(const ModelLayout& flat, const ShardLayout& shards, MemoryTracker& mem, Device& host, Device& dev)
       : ShardedAdamW(flat, shards, Precision::fp32,
                      Tensor(mem, Place::host, Category::optimizer, DType::f32, shards.shard_total),
                      Tensor(mem, Place::host, Category::optimizer, DType::f32, shards.shard_total), Tensor(),
-                     /*dev: computes where the state is*/ host, /*comm_dev: the rank's device*/ dev, lr) {}
+                     /*dev: computes where the state is*/ host, /*comm_dev: the rank's device*/ dev) {}
   using ShardedAdamW::update;  // with the bf16 copy to round into (nullptr in fp32)
 };
 
@@ -96,9 +95,9 @@ struct OffloadStates final : ModelStates {
               *comms.reduce_queue, comms.across.get(), !cfg.offload.no_pin, cfg.offload.delay_update ? 2 : 1),
         comm_dev(ctx.dev) {
     if (cfg.offload.offload_dir.empty())
-      opt.emplace(units.flat, shards, ctx.mem, *host, ctx.dev, cfg.lr);
+      opt.emplace(units.flat, shards, ctx.mem, *host, ctx.dev);
     else
-      disk.emplace(units.flat, shards, cfg.offload.offload_dir, ctx.rank, ctx.mem, *host, cfg.lr, master_on_disk(cfg));
+      disk.emplace(units.flat, shards, cfg.offload.offload_dir, ctx.rank, ctx.mem, *host, master_on_disk(cfg));
   }
 
   // --offload-dir with --offload-params in bf16: the float32 shards go to
@@ -158,22 +157,23 @@ struct OffloadStates final : ModelStates {
                       max_norm);
   }
   // CPU AdamW on unit g's float32 shard with the gradients of `buffer`, and
-  // its rounding into the bf16 copy the device receives (moments in memory).
-  void update(int g, int buffer, long t, float scale) {
-    opt->update(g, grads.piece(g, buffer), params.piece(g), t, scale, bf16_copy(g));
+  // its rounding into the bf16 copy the device receives (moments in memory),
+  // with the settings of step t (its learning rate).
+  void update(int g, int buffer, const AdamWConfig& adam, long t, float scale) {
+    opt->update(g, grads.piece(g, buffer), params.piece(g), adam, t, scale, bf16_copy(g));
   }
   // Every unit: unit by unit, or one stream over the shard when the
   // moments are on disk. With --delay-update this runs on the worker: it
   // touches only the host's float32 shards, moments, bf16 copy and that
   // buffer; the rank's thread meanwhile reads the device's copy (or the
   // all-gathers' second host copy) and fills the other buffer.
-  void update_all(int buffer, long t, float scale) {
+  void update_all(int buffer, const AdamWConfig& adam, long t, float scale) {
     if (opt) {
-      for (int g = 0; g < units.size(); ++g) update(g, buffer, t, scale);
+      for (int g = 0; g < units.size(); ++g) update(g, buffer, adam, t, scale);
       return;
     }
-    disk->update(params.shards_on_disk() ? nullptr : params.piece(0), grads.piece(0, buffer), bf16_copy(0), t,
-                 scale);
+    disk->update(params.shards_on_disk() ? nullptr : params.piece(0), grads.piece(0, buffer), bf16_copy(0), adam,
+                 t, scale);
   }
   // Where unit g's update is rounded to: the bf16 copy (nullptr in fp32, where the float32 shard is the copy).
   bf16* bf16_copy(int g) { return precision == Precision::bf16 ? static_cast<bf16*>(params.host_copy(g)) : nullptr; }
@@ -187,17 +187,17 @@ struct OffloadStates final : ModelStates {
   // This step's update, now: CPU AdamW unit by unit, each unit's upload
   // overlapping the next one's update (moments on disk: one stream over the
   // shard first, then the uploads); the step waits for the uploads.
-  void update_now(long t, float scale, Phases& ph) {
+  void update_now(const AdamWConfig& adam, long t, float scale, Phases& ph) {
     const int G = units.size(), b = grads.current();
     std::vector<Transfer> uploads(G);
     if (disk) {
       Timer cpu;
-      update_all(b, t, scale);
+      update_all(b, adam, t, scale);
       ph.optimizer += cpu.ms();
     }
     for (int g = 0; g < G; ++g) {
       Timer cpu;
-      if (!disk) update(g, b, t, scale);
+      if (!disk) update(g, b, adam, t, scale);
       ph.optimizer += cpu.ms();
       uploads[g] = params.upload(g);
     }
@@ -210,7 +210,8 @@ struct OffloadStates final : ModelStates {
   // --delay-update, from the second step on: the previous step's update is
   // this step's parameters; this one's runs on the worker meanwhile. The
   // last step's update is waited for within it, so the run ends with it.
-  void update_delayed(long t, float scale, bool last, Phases& ph) {
+  // adam and t are the update's step's (its learning rate, one step stale).
+  void update_delayed(const AdamWConfig& adam, long t, float scale, bool last, Phases& ph) {
     ph.delayed = true;
     Timer wait;
     pending.finish();
@@ -221,8 +222,8 @@ struct OffloadStates final : ModelStates {
       ph.to_device = h2d.ms();
     }
     const int filled = grads.flip();
-    pending.launch([this, filled, t, scale] {
-      update_all(filled, t, scale);
+    pending.launch([this, filled, adam, t, scale] {
+      update_all(filled, adam, t, scale);
       grads.zero(filled);  // for the step after next
     });
     if (last) {
@@ -266,10 +267,11 @@ RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenDa
     const float loss = global_mean_loss(ctx.comm, ctx.dev, loss_sum, K);
 
     const GradClip clip = states.clip(cfg.clip);
+    const AdamWConfig adam = run.adamw(step);  // this step's learning rate (lr_schedule.h)
     if (!cfg.offload.delay_update || step == run.first_step())
-      states.update_now(step + 1, clip.scale, t);
+      states.update_now(adam, step + 1, clip.scale, t);
     else
-      states.update_delayed(step + 1, clip.scale, step + 1 == cfg.steps, t);
+      states.update_delayed(adam, step + 1, clip.scale, step + 1 == cfg.steps, t);
     const double ms = timer.ms();
     run.end_step(step, loss, clip.norm, ms, t.finish(ms));  // a checkpoint waits for the update
   }

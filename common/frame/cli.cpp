@@ -176,6 +176,7 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   // are refused (an unset shell variable, say), never silently dropped.
   std::vector<CLI::Option*> path_options;
   std::string model = "small", precision = "fp32", compute = "auto", attention = "simple", recompute = "none",
+              lr_schedule = "constant",
               device_mem, fault, comm_timeout, seed = std::to_string(cfg.seed);
   app.add_option("--ranks", cfg.ranks,
                  "ranks, as threads of this process, 1 to 1024; more than 4 per core only with "
@@ -186,7 +187,18 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   app.add_option("--steps", cfg.steps, "optimizer steps")->capture_default_str();
   app.add_option("--batch", cfg.batch, "micro-batch per rank (sequences)")->capture_default_str();
   app.add_option("--grad-accum", cfg.grad_accum, "micro-steps per optimizer step")->capture_default_str();
-  app.add_option("--lr", cfg.lr, "AdamW learning rate")->capture_default_str();
+  app.add_option("--lr", cfg.lr, "AdamW learning rate (the peak, after --warmup)")->capture_default_str();
+  app.add_option("--lr-schedule", lr_schedule,
+                 "constant, cosine or linear: after --warmup, keep --lr, or decay it to --min-lr at the last step")
+      ->capture_default_str();
+  app.add_option("--warmup", cfg.warmup, "steps of linear warmup to --lr (step s gets lr * (s + 1) / warmup)")
+      ->capture_default_str();
+  CLI::Option* min_lr_option =
+      app.add_option("--min-lr", cfg.min_lr, "with --lr-schedule cosine or linear: the rate the decay ends at")
+          ->capture_default_str();
+  app.add_option("--weight-decay", cfg.weight_decay,
+                 "AdamW's decoupled weight decay, on the weight matrices and embeddings (not biases or LayerNorm)")
+      ->capture_default_str();
   app.add_option("--clip", cfg.clip, "clip the global gradient L2 norm to this (0: off)")->capture_default_str();
   CLI::Option* seed_option = app.add_option("--seed", seed, "seed of the initial model, 0 to 2^64-1")->capture_default_str();
   app.add_option("--precision", precision, "fp32, or bf16 (bf16 params/grads, fp32 master and moments)")
@@ -376,6 +388,19 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   USAGE_REQUIRE(cfg.batch >= 1, "--batch must be at least 1 sequence per rank (got " << cfg.batch << ")");
   USAGE_REQUIRE(cfg.grad_accum >= 1, "--grad-accum must be at least 1 (got " << cfg.grad_accum << ")");
   USAGE_REQUIRE(cfg.lr > 0 && std::isfinite(cfg.lr), "--lr must be a positive number (got " << cfg.lr << ")");
+  if (lr_schedule == "constant") cfg.lr_schedule = LrDecay::constant;
+  else if (lr_schedule == "cosine") cfg.lr_schedule = LrDecay::cosine;
+  else if (lr_schedule == "linear") cfg.lr_schedule = LrDecay::linear;
+  else throw UsageError("--lr-schedule must be constant, cosine or linear (got '" + lr_schedule + "')");
+  USAGE_REQUIRE(cfg.warmup >= 0, "--warmup must be 0 (none) or more steps (got " << cfg.warmup << ")");
+  USAGE_REQUIRE(cfg.min_lr >= 0 && cfg.min_lr <= cfg.lr,
+                "--min-lr must be between 0 and --lr (" << cfg.lr << "), where the decay starts (got " << cfg.min_lr
+                                                        << ")");
+  USAGE_REQUIRE(min_lr_option->count() == 0 || cfg.lr_schedule != LrDecay::constant,
+                "--min-lr is where a decay ends, and --lr-schedule is constant: add --lr-schedule cosine or "
+                "linear, or drop --min-lr");
+  USAGE_REQUIRE(cfg.weight_decay >= 0 && std::isfinite(cfg.weight_decay),
+                "--weight-decay must be 0 (none) or a positive number (got " << cfg.weight_decay << ")");
   USAGE_REQUIRE(cfg.clip >= 0 && std::isfinite(cfg.clip),
                 "--clip must be 0 (off) or a positive norm (got " << cfg.clip << ")");
   USAGE_REQUIRE(cfg.save_every >= 0, "--save-every must be 0 (only at the end) or more (got " << cfg.save_every << ")");

@@ -86,13 +86,13 @@ void StepReporter::write_json(const std::string& line) {
                "the run will end with exit status 4\n", program_.c_str(), json_.error().c_str());
 }
 
-void StepReporter::step(int step, float loss, float grad_norm, double ms, size_t model_state_bytes,
+void StepReporter::step(int step, float loss, float grad_norm, float lr, double ms, size_t model_state_bytes,
                         const StepPhases& phases) {
   std::lock_guard<std::mutex> lock(mu_);
   double tps = ms > 0 ? tokens_per_step(cfg_) / (ms / 1000.0) : 0.0;
   const double mfu = peak_flops_ > 0 ? tps * flops_per_token_ / peak_flops_ : 0.0;
   if (json_.is_open()) {
-    nlohmann::json j = {{"step", step}, {"ms", ms}, {"tokens_per_s", tps}};
+    nlohmann::json j = {{"step", step}, {"lr", lr}, {"ms", ms}, {"tokens_per_s", tps}};
     if (!cfg_.dry_run) {  // a dry run computes neither
       j["loss"] = loss;
       j["grad_norm"] = grad_norm;
@@ -117,8 +117,9 @@ void StepReporter::step(int step, float loss, float grad_norm, double ms, size_t
         last ? "took " + format_duration(eta_.elapsed_s()) : "ETA " + format_duration(eta_s);
     char mfu_text[32] = "";
     if (peak_flops_ > 0) std::snprintf(mfu_text, sizeof mfu_text, " | MFU %.1f%%", 100.0 * mfu);
-    char values[64] = "dry run (nothing computed)";
-    if (!cfg_.dry_run) std::snprintf(values, sizeof values, "loss %.4f | grad norm %.4f", loss, grad_norm);
+    char values[80] = "dry run (nothing computed)";
+    if (!cfg_.dry_run)
+      std::snprintf(values, sizeof values, "loss %.4f | grad norm %.4f | lr %.3e", loss, grad_norm, lr);
     std::printf("step %5d/%d | %s | %8.2f ms%s | %9.0f tok/s%s | model states %s per rank | %s\n", step,
                 cfg_.steps, values, ms, peak_flops_ > 0 ? " modeled" : "", tps, mfu_text,
                 format_bytes(model_state_bytes).c_str(), time_left.c_str());

@@ -43,7 +43,7 @@ class StepReporter final : public StepLog {
 
   // Called by rank 0 after each step with the global-batch mean loss and the
   // global gradient norm before clipping.
-  void step(int step, float loss, float grad_norm, double ms, size_t model_state_bytes_per_rank,
+  void step(int step, float loss, float grad_norm, float lr, double ms, size_t model_state_bytes_per_rank,
             const StepPhases& phases) override;
   // Prints the closing tables, writes the summary object and closes the
   // run log.

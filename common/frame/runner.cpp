@@ -149,6 +149,9 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
                 cfg.recompute == Recompute::none ? "" : ", recompute ",
                 cfg.recompute == Recompute::none ? "" : recompute_name(cfg.recompute), data.source.c_str(), data.tokens.size());
     std::printf("BLAS: %s\n", run.blas.c_str());
+    std::printf("AdamW: lr %s | weight decay %g | ", cfg.schedule().describe().c_str(), cfg.weight_decay);
+    if (cfg.clip > 0) std::printf("clip to norm %g\n", cfg.clip);
+    else std::printf("no clipping\n");
     if (hardware)
       std::printf("clock: %s (%s): every time below is modeled, not measured\n", modeled_on.c_str(),
                   hardware->profile.c_str());

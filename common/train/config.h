@@ -9,6 +9,7 @@
 
 #include "comm.h"
 #include "device.h"
+#include "lr_schedule.h"
 #include "memory.h"
 #include "model.h"
 #include "precision.h"
@@ -45,7 +46,11 @@ struct TrainConfig {
   int steps = 50;
   int batch = 4;                  // micro-batch per rank (B)
   int grad_accum = 1;             // micro-steps per step (K)
-  float lr = 3e-4f;
+  float lr = 3e-4f;               // the peak learning rate, reached after --warmup
+  LrDecay lr_schedule = LrDecay::constant;  // --lr-schedule (lr_schedule.h)
+  int warmup = 0;                 // --warmup: steps of linear warmup
+  float min_lr = 0.0f;            // --min-lr: where cosine and linear decay end
+  float weight_decay = 0.1f;      // --weight-decay: AdamW's decoupled decay (matrices only)
   float clip = 1.0f;              // 0: no clipping
   uint64_t seed = 1337;
   bool seed_given = false;        // --seed was on the command line (a resumed run says it is not used)
@@ -89,6 +94,7 @@ struct TrainConfig {
   OffloadOptions offload;         // the offload flags
 
   int64_t global_batch() const { return int64_t(ranks) * batch * grad_accum; }  // G = N*B*K
+  LrSchedule schedule() const { return {lr, lr_schedule, warmup, min_lr, steps}; }
   std::string data_name() const { return data.empty() ? "(built-in corpus)" : data; }
 };
 

@@ -32,6 +32,11 @@ void say_resuming(const TrainConfig& cfg, const CheckpointReader& ckpt, int worl
     std::printf("note: the checkpoint was trained with --precision %s; this run goes on in %s, so its steps "
                 "round otherwise than an uninterrupted run's\n",
                 said("precision").c_str(), precision_name(cfg.precision));
+  const std::string schedule = lr_schedule_text(cfg.schedule(), cfg.weight_decay);
+  if (said("lr_schedule") != "?" && said("lr_schedule") != schedule)
+    std::printf("note: the checkpoint was trained with lr %s; this run goes on with lr %s, so its steps "
+                "differ from an uninterrupted run's\n",
+                said("lr_schedule").c_str(), schedule.c_str());
   if (cfg.seed_given && said("seed") != std::to_string(cfg.seed))
     std::printf("note: --seed %llu is not used: a resumed run goes on from the checkpoint's model (seed %s)\n",
                 (unsigned long long)cfg.seed, said("seed").c_str());

@@ -42,8 +42,9 @@ class StepLog {
  public:
   virtual ~StepLog() = default;
   // step counts from 0; loss is the global-batch mean; grad_norm the global
-  // L2 norm of the averaged gradient before clipping; ms the step's wall time.
-  virtual void step(int step, float loss, float grad_norm, double ms, size_t model_state_bytes_per_rank,
+  // L2 norm of the averaged gradient before clipping; lr the step's learning
+  // rate; ms the step's wall time.
+  virtual void step(int step, float loss, float grad_norm, float lr, double ms, size_t model_state_bytes_per_rank,
                     const StepPhases& phases) = 0;
 };
 

@@ -36,6 +36,13 @@ TrainingRun::TrainingRun(const TrainConfig& cfg, const ModelLayout& layout, Rank
   if (ctx.clock) ctx.clock->start(result_.first_step);  // loading is not step 0's time
 }
 
+AdamWConfig TrainingRun::adamw(int step) const {
+  AdamWConfig adam;
+  adam.lr = cfg_.schedule().at(step);
+  adam.weight_decay = cfg_.weight_decay;
+  return adam;
+}
+
 void TrainingRun::end_step(int step, float loss, float grad_norm, double ms, const StepPhases& measured) {
   // The schedule's mark that the optimizer is done (a recorded run only).
   if (RecordingCommunicator* rec = find_recorder(ctx_.comm)) rec->step_ended(step);
@@ -44,7 +51,9 @@ void TrainingRun::end_step(int step, float loss, float grad_norm, double ms, con
   result_.losses.push_back(loss);
   result_.grad_norms.push_back(grad_norm);
   result_.step_ms.push_back(ms);
-  if (ctx_.rank == 0) log_.step(step, loss, grad_norm, ms, ctx_.mem.counts().model_states(Place::device), phases);
+  if (ctx_.rank == 0)
+    log_.step(step, loss, grad_norm, cfg_.schedule().at(step), ms, ctx_.mem.counts().model_states(Place::device),
+              phases);
   const int done = step + 1;
   result_.stop_signal = vote_to_stop();
   if (result_.stop_signal != 0) result_.stopped_after = done;
@@ -83,7 +92,8 @@ void TrainingRun::save(int steps_done) {
                      {"precision", precision_name(cfg_.precision)},
                      {"global_batch", std::to_string((long long)ctx_.world * cfg_.batch * cfg_.grad_accum)},
                      {"data", cfg_.data_name()},
-                     {"seed", std::to_string(cfg_.seed)}});
+                     {"seed", std::to_string(cfg_.seed)},
+                     {"lr_schedule", lr_schedule_text(cfg_.schedule(), cfg_.weight_decay)}});
   ctx_.comm.restore_counts(training);
   for (size_t i = 0; i < extra_.size(); ++i) extra_[i]->restore_counts(extra_training[i]);
 }

@@ -18,6 +18,7 @@
 
 #include <vector>
 
+#include "adamw.h"
 #include "config.h"
 #include "initial_state.h"
 #include "model.h"
@@ -48,6 +49,10 @@ class TrainingRun {
               ModelStates& states);
 
   int first_step() const { return result_.first_step; }
+
+  // AdamW's settings for step `step`: its learning rate on the schedule
+  // (lr_schedule.h) and --weight-decay.
+  AdamWConfig adamw(int step) const;
 
   // Whether to train step `step`: below --steps, and the ranks have not
   // agreed to stop after a signal (stop_request.h).

@@ -217,6 +217,15 @@ TEST(Cli, RecomputeIsLogged) {
   EXPECT_NE(text.find("\"recompute\":\"attn\""), std::string::npos) << text;
 }
 
+TEST(Cli, BadLrSchedule) {
+  expect_usage_error("--lr-schedule step", {"--lr-schedule", "step", "constant, cosine or linear"});
+}
+TEST(Cli, NegativeWarmup) { expect_usage_error("--warmup -1", {"--warmup", "got -1"}); }
+TEST(Cli, MinLrAboveLr) { expect_usage_error("--lr-schedule cosine --min-lr 1e-3", {"--min-lr", "--lr", "0.001"}); }
+TEST(Cli, MinLrNeedsADecay) { expect_usage_error("--min-lr 1e-5", {"--min-lr", "constant", "cosine"}); }
+TEST(Cli, NegativeWeightDecay) { expect_usage_error("--weight-decay -0.1", {"--weight-decay", "-0.1"}); }
+TEST(Cli, NonNumberWeightDecay) { expect_usage_error("--weight-decay nan", {"--weight-decay", "nan"}); }
+
 TEST(Cli, SaveEveryNeedsSave) { expect_usage_error("--save-every 5", {"--save-every", "--save FILE"}); }
 TEST(Cli, SaveWithNoStepsSaysToUseSaveInit) {
   expect_usage_error("--steps 0 --save ck.safetensors", {"--steps 0", "--save-init"});

@@ -138,7 +138,9 @@ TEST(ModeledRun, TheTraceIsTheModeledTimeline) {
     // A step's spans run from its start (its first op) to its end (the last rank's last work).
     EXPECT_NEAR((last_end[size_t(s)] - first_start[size_t(s)]) / 1e3, run.ranks[0].step_ms[size_t(s)], 1e-6)
         << "step " << s;
-    if (s > 0) EXPECT_GE(first_start[size_t(s)], last_end[size_t(s - 1)]) << "step " << s << " after the last";
+    if (s > 0) {
+      EXPECT_GE(first_start[size_t(s)], last_end[size_t(s - 1)]) << "step " << s << " after the last";
+    }
   }
 }
 

@@ -65,10 +65,24 @@ inline TrainConfig config(const ModelConfig& m, int N, int batch, int steps, Pre
 }
 
 inline std::string describe(const TrainConfig& c) {
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "model %s, N=%d, B=%d, K=%d, %s, clip %g", c.model.name.c_str(), c.ranks,
-                c.batch, c.grad_accum, precision_name(c.precision), double(c.clip));
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "model %s, N=%d, B=%d, K=%d, %s, clip %g, lr %s, weight decay %g",
+                c.model.name.c_str(), c.ranks, c.batch, c.grad_accum, precision_name(c.precision), double(c.clip),
+                c.schedule().describe().c_str(), double(c.weight_decay));
   return buf;
+}
+
+// A schedule whose rate changes within a short run (lr_schedule.h): one
+// step of warmup (the full rate, doubled), then cosine towards a twentieth
+// of it, so that steps 1 and 2 of 3 differ; and another weight decay than
+// the default.
+inline TrainConfig with_schedule(TrainConfig cfg) {
+  cfg.lr = 2 * cfg.lr;
+  cfg.lr_schedule = LrDecay::cosine;
+  cfg.warmup = 1;
+  cfg.min_lr = cfg.lr / 20;
+  cfg.weight_decay = 0.05f;
+  return cfg;
 }
 
 // ================================================================== sizes
@@ -153,12 +167,14 @@ inline std::string parity_case_name(const ::testing::TestParamInfo<ParityCase>& 
 // (reduce_scatter + all_gather is all_reduce bit for bit, comm.h), clips by
 // an exact norm (gradnorm.h) and runs the same AdamW on each element, so the
 // losses, the gradient norms and the final parameters are stage 00's to the
-// bit. Both recipes, with two clip norms that really clip (ClippingBites).
+// bit. Both recipes, with two clip norms that really clip (ClippingBites),
+// the second with a learning rate that changes within the run.
 inline void expect_bit_identical_to_dp(const ParityCase& pc, const StageFn& fn, const char* stage) {
   for (Precision p : {Precision::fp32, Precision::bf16})
     for (float clip : {1.0f, 0.05f}) {
       TrainConfig cfg = config(model_named(pc.model), pc.N, 1, 3, p);
       cfg.clip = clip;
+      if (clip < 1.0f) cfg = with_schedule(cfg);
       SCOPED_TRACE(describe(cfg));
       const RunResult ref = run_training(cfg, train_data_parallel);
       expect_bit_identical(ref, run_training(cfg, fn), stage);
@@ -481,9 +497,9 @@ inline void expect_resume_continues_bit_for_bit(const StageFn& fn, const std::st
 // A rank fails in step 5 of 6 with --save-every 2: the file holds step 4
 // (saved after steps 2 and 4 completed, the second replacing the first; a
 // save after every step would have left 5), and resuming from it finishes
-// the run as if nothing had happened.
+// the run as if nothing had happened, its learning-rate schedule included.
 inline void expect_save_every_keeps_work_when_a_rank_fails(const StageFn& fn, const std::string& dir) {
-  TrainConfig cfg = quiet_config("tiny", 2, 2, 6);
+  TrainConfig cfg = with_schedule(quiet_config("tiny", 2, 2, 6));
   const RunResult whole = run_training(cfg, fn);
   TrainConfig failing = cfg;
   failing.save = dir + "/ck.safetensors";

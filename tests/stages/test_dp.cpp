@@ -265,6 +265,56 @@ TEST_F(DataParallelCheckpoint, SaveEveryKeepsWorkWhenARankFails) {
   test::expect_save_every_keeps_work_when_a_rank_fails(train_data_parallel, dir_);
 }
 
+// The schedule reaches AdamW: a run with warmup and cosine decay equals,
+// bit for bit, a chain of one-step runs resumed from each other, each at a
+// constant --lr, the rate the test computes for that step from the formula
+// (docs/SPEC.md §3) in double. Both decays, with a weight decay of its own.
+TEST_F(DataParallelCheckpoint, EachStepTrainsAtItsScheduledRate) {
+  const int S = 5, W = 2;
+  for (LrDecay decay : {LrDecay::cosine, LrDecay::linear}) {
+    SCOPED_TRACE(lr_decay_name(decay));
+    TrainConfig cfg = quiet_config("tiny", 2, 2, S);
+    cfg.lr = 2e-3f;
+    cfg.lr_schedule = decay;
+    cfg.warmup = W;
+    cfg.min_lr = 1e-4f;
+    cfg.weight_decay = 0.2f;
+    const RunResult whole = run_training(cfg, train_data_parallel);
+    const double r = double(cfg.min_lr) / double(cfg.lr);
+    std::vector<float> losses;
+    uint64_t hash = 0;
+    for (int s = 0; s < S; ++s) {
+      const double p = double(s - W) / (S - W);
+      const double f = s < W ? (s + 1.0) / W
+                             : r + (1 - r) * (decay == LrDecay::cosine ? 0.5 * (1 + std::cos(M_PI * p)) : 1 - p);
+      TrainConfig one = cfg;
+      one.lr_schedule = LrDecay::constant;
+      one.warmup = 0;
+      one.min_lr = 0;
+      one.lr = float(double(cfg.lr) * f);
+      one.steps = s + 1;
+      one.resume = s == 0 ? "" : dir_ + "/ck" + std::to_string(s - 1) + ".safetensors";
+      one.save = dir_ + "/ck" + std::to_string(s) + ".safetensors";
+      const RunResult part = run_training(one, train_data_parallel);
+      losses.push_back(part.ranks[0].losses.at(0));
+      hash = part.ranks[0].param_hash;
+    }
+    EXPECT_EQ(losses, whole.ranks[0].losses);
+    EXPECT_EQ(hash, whole.ranks[0].param_hash);
+  }
+}
+
+// --weight-decay reaches AdamW: 0 and the default 0.1 train differently
+// (the stages' parity tests then run another value against this stage).
+TEST(DataParallel, WeightDecayIsTheFlags) {
+  TrainConfig cfg = quiet_config("tiny", 1, 2, 2);
+  const uint64_t dflt = run_training(cfg, train_data_parallel).ranks[0].param_hash;
+  cfg.weight_decay = 0.1f;
+  EXPECT_EQ(run_training(cfg, train_data_parallel).ranks[0].param_hash, dflt) << "0.1 is the default";
+  cfg.weight_decay = 0.0f;
+  EXPECT_NE(run_training(cfg, train_data_parallel).ranks[0].param_hash, dflt);
+}
+
 TEST_F(DataParallelCheckpoint, SavingIsNotCountedAsTrainingTraffic) {
   test::expect_saving_is_not_counted_as_training_traffic(train_data_parallel, dir_);
 }

@@ -383,9 +383,11 @@ TEST_F(OffloadDisk, ChunkedUpdateEqualsTheInMemoryOptimizer) {
     MemoryTracker mem;
     auto host = make_cpu_device();
     mem.set_device(host.get());
-    ShardedAdamW ref(flat, shards, Precision::fp32, mem, *host, 1e-3f);
-    DiskAdamW disk(flat, shards, dir_, 0, mem, *host, 1e-3f, /*master_on_disk=*/false, 1024);
+    ShardedAdamW ref(flat, shards, Precision::fp32, mem, *host);
+    DiskAdamW disk(flat, shards, dir_, 0, mem, *host, /*master_on_disk=*/false, 1024);
     ASSERT_GT(shards.shard_total, 3 * 1024u) << "several chunks";
+    AdamWConfig adam;
+    adam.lr = 1e-3f;
     std::vector<float> p0(shards.shard_total), p1, g(shards.shard_total);
     uint64_t x = 88172645463325252ull;
     auto next = [&] { x ^= x << 13, x ^= x >> 7, x ^= x << 17; return float(int64_t(x % 2001) - 1000) / 997.0f; };
@@ -394,9 +396,9 @@ TEST_F(OffloadDisk, ChunkedUpdateEqualsTheInMemoryOptimizer) {
     for (long step = 1; step <= 3; ++step) {
       for (float& v : g) v = next();
       for (size_t u = 0; u < shards.units.size(); ++u)
-        ref.update(int(u), g.data() + shards.units[u].shard_offset, p0.data() + shards.units[u].shard_offset, step,
-                   0.5f);
-      disk.update(p1.data(), g.data(), nullptr, step, 0.5f);
+        ref.update(int(u), g.data() + shards.units[u].shard_offset, p0.data() + shards.units[u].shard_offset, adam,
+                   step, 0.5f);
+      disk.update(p1.data(), g.data(), nullptr, adam, step, 0.5f);
     }
     EXPECT_EQ(p0, p1) << "N = " << N;
     auto one = make_thread_communicators(1);  // the gathers of a one-rank run
@@ -417,8 +419,10 @@ TEST_F(OffloadDisk, ChunkedUpdateWithTheMasterOnDiskWritesTheBf16Copy) {
   MemoryTracker mem;
   auto host = make_cpu_device();
   mem.set_device(host.get());
-  ShardedAdamW ref(flat, shards, Precision::fp32, mem, *host, 1e-3f);
-  DiskAdamW disk(flat, shards, dir_, 0, mem, *host, 1e-3f, /*master_on_disk=*/true, 1024);
+  ShardedAdamW ref(flat, shards, Precision::fp32, mem, *host);
+  DiskAdamW disk(flat, shards, dir_, 0, mem, *host, /*master_on_disk=*/true, 1024);
+  AdamWConfig adam;
+  adam.lr = 1e-3f;
   std::vector<float> p(shards.shard_total), g(shards.shard_total);
   for (size_t i = 0; i < p.size(); ++i) p[i] = float(int(i % 97) - 48) / 50.0f;
   auto one = make_thread_communicators(1);
@@ -427,8 +431,9 @@ TEST_F(OffloadDisk, ChunkedUpdateWithTheMasterOnDiskWritesTheBf16Copy) {
   for (long step = 1; step <= 2; ++step) {
     for (size_t i = 0; i < g.size(); ++i) g[i] = float(int((i * 7 + step) % 101) - 50) / 40.0f;
     for (size_t u = 0; u < shards.units.size(); ++u)
-      ref.update(int(u), g.data() + shards.units[u].shard_offset, p.data() + shards.units[u].shard_offset, step, 1.0f);
-    disk.update(nullptr, g.data(), copy.data(), step, 1.0f);
+      ref.update(int(u), g.data() + shards.units[u].shard_offset, p.data() + shards.units[u].shard_offset, adam, step,
+                 1.0f);
+    disk.update(nullptr, g.data(), copy.data(), adam, step, 1.0f);
   }
   float_to_bf16(p.data(), want.data(), p.size());
   EXPECT_EQ(std::memcmp(copy.data(), want.data(), copy.size() * sizeof(bf16)), 0) << "the bf16 copy";
