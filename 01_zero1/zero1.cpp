@@ -109,6 +109,13 @@ RankResult train_zero1(const TrainConfig& cfg, RankContext& ctx, const TokenData
     for (auto& h : pending) h.wait();
     ctx.dev.zero(states.grads.data(), states.grads.bytes());
     run.end_step(step, loss, clip.norm, timer.ms());
+    // --val-every: the held-out loss, a forward only (every rank holds every parameter).
+    run.validate(step, [&](int b) {
+      rc->load_val(b);
+      float val = 0.0f;
+      for (int u = 0; u < U; ++u) rc->forward(u, states.unit_params(u), &val);
+      return val;
+    });
   }
   return run.finish();
 }

@@ -51,6 +51,19 @@ struct Zero3States final : ModelStates {
   }
 };
 
+// One micro-batch's forward, unit by unit, each unit's parameters gathered
+// just before it computes and freed just after; returns the loss.
+float forward(Zero3States& states, RankCompute& rc, int U) {
+  float loss = 0.0f;
+  states.params.unshard(0);
+  for (int u = 0; u < U; ++u) {
+    if (u + 1 < U) states.params.unshard(u + 1);  // new: prefetch the next unit while this one computes
+    rc.forward(u, states.params.wait_for_unshard(u), &loss);
+    states.params.reshard(u);
+  }
+  return loss;
+}
+
 }  // namespace
 
 RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData& data,
@@ -70,14 +83,7 @@ RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData
     float loss_sum = 0.0f;
     for (int k = 0; k < K; ++k) {
       rc->load(step, k);
-      float loss = 0.0f;
-      states.params.unshard(0);
-      for (int u = 0; u < U; ++u) {
-        if (u + 1 < U) states.params.unshard(u + 1);  // new: prefetch the next unit while this one computes
-        rc->forward(u, states.params.wait_for_unshard(u), &loss);
-        states.params.reshard(u);
-      }
-      loss_sum += loss;
+      loss_sum += forward(states, *rc, U);
 
       // Backward, last unit first.
       states.params.unshard(U - 1);
@@ -100,6 +106,11 @@ RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData
       states.opt.update(u, states.grads.piece(u), states.params.piece(u), adam, step + 1, clip.scale);
     states.grads.zero();
     run.end_step(step, loss, clip.norm, timer.ms());
+    // --val-every: the held-out loss, gathering each unit as the forward does (and no backward).
+    run.validate(step, [&](int b) {
+      rc->load_val(b);
+      return forward(states, *rc, U);
+    });
   }
   return run.finish();
 }

@@ -99,6 +99,13 @@ float fsdp_forward(FlatParams& params, const FsdpUnits& units, RankCompute& rc, 
   return loss;
 }
 
+float fsdp_evaluate(FlatParams& params, const FsdpUnits& units, RankCompute& rc, size_t esize, int D) {
+  const float loss = fsdp_forward(params, units, rc, esize, D);
+  for (int g = 0; g < units.size(); ++g)  // no backward will use the units the forward kept
+    if (params.kept(g)) params.reshard(g);
+  return loss;
+}
+
 void fsdp_backward(FlatParams& params, FlatReducer& grads, const FsdpUnits& units, RankCompute& rc, size_t esize,
                    int D, bool sync) {
   // Last unit first; the head (and, without resharding, every unit) is still gathered.
@@ -148,6 +155,10 @@ RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData&
       states.opt.update(g, states.grads.piece(g), states.params.piece(g), adam, step + 1, clip.scale);
     states.grads.zero();
     run.end_step(step, loss, clip.norm, timer.ms());
+    run.validate(step, [&](int b) {  // --val-every: the held-out loss, a forward only
+      rc->load_val(b);
+      return fsdp_evaluate(states.params, units, *rc, esize, D);
+    });
   }
   RankResult result = run.finish();
   if (comms.across) result.comm_cross_group = comms.across->stats();

@@ -49,6 +49,9 @@ struct FsdpComms {
 // prefetch D ahead, compute, reshard unless kept. Returns the loss summed.
 // esize: bytes per element of the gathered parameters and full gradients.
 float fsdp_forward(FlatParams& params, const FsdpUnits& units, RankCompute& rc, size_t esize, int D);
+// The forward of an evaluation (--val-every): fsdp_forward, then the units
+// it kept for a backward resharded, as no backward follows.
+float fsdp_evaluate(FlatParams& params, const FsdpUnits& units, RankCompute& rc, size_t esize, int D);
 // Its backward, last unit first: unshard, prefetch D behind, compute into
 // the unit's full gradient, reshard, reduce-scatter (when sync) and, at the
 // end, wait for every reduction still in flight.

@@ -274,6 +274,12 @@ RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenDa
       states.update_delayed(adam, step + 1, clip.scale, step + 1 == cfg.steps, t);
     const double ms = timer.ms();
     run.end_step(step, loss, clip.norm, ms, t.finish(ms));  // a checkpoint waits for the update
+    // --val-every: the held-out loss on the parameters the device has (with
+    // --delay-update, one update behind: the ones the next step computes with).
+    run.validate(step, [&](int b) {
+      rc->load_val(b);
+      return fsdp_evaluate(states.params, units, *rc, esize, D);
+    });
   }
   RankResult result = run.finish();
   if (comms.across) result.comm_cross_group = comms.across->stats();  // stage 04's split, as its run log shows it

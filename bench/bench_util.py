@@ -104,7 +104,7 @@ def read_log(path):
             obj = json.loads(line)
             if "summary" in obj:
                 summary = obj["summary"]
-            else:
+            elif "step" in obj:  # not an evaluation's {"val": ...}
                 steps.append(obj)
     return steps, summary
 

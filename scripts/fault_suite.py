@@ -107,7 +107,7 @@ def read_log(path):
             j = json.loads(line)
             if "summary" in j:
                 digest = j["summary"]["param_hash"]
-            else:
+            elif "step" in j:  # not an evaluation's {"val": ...}
                 steps += 1
     return {"steps": steps, "hash": digest}
 

@@ -101,7 +101,7 @@ class RunLog:
                 obj = json.loads(line)
                 if "summary" in obj:
                     self.summary = obj["summary"]
-                else:
+                elif "step" in obj:  # not an evaluation's {"val": ...}
                     self.steps.append(obj)
         if self.summary is None:
             raise RuntimeError(f"{path}: no summary line")

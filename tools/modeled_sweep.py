@@ -49,7 +49,7 @@ def run(build, exe, args, log):
             j = json.loads(line)
             if "summary" in j:
                 summary = j["summary"]
-            else:
+            elif "step" in j:  # not an evaluation's {"val": ...}
                 steps.append(j)
     last = steps[-1]  # the second step: the first has nothing of the step before it to overlap
     return {"ms": last["ms"], "mfu": last["mfu"], "exposed_ms": last["phases_ms"]["exposed comm"],

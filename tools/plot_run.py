@@ -5,7 +5,8 @@ Compare runs of any stage, number of ranks or precision side by side. For each
 run log given, the PNG shows
 
   1. the loss against the step (one line per log, labelled
-     "stage NN (exe), N ranks, precision");
+     "stage NN (exe), N ranks, precision"), and the held-out loss of each
+     evaluation (--val-every) as dashed points at the steps it followed;
   2. the peak device memory per rank, as a bar stacked by category (params,
      grads, optimizer, activations, comm, workspace), rank 0 only unless
      --all-ranks; a black tick marks the peak of the total, which is below the
@@ -89,9 +90,10 @@ def stage_label(stage):
 class Run:
     """One run log: its steps and its summary."""
 
-    def __init__(self, path, steps, summary):
+    def __init__(self, path, steps, summary, val=()):
         self.path = path
         self.steps = steps  # list of (step, loss)
+        self.val = list(val)  # list of (steps done, held-out loss)
         self.s = summary
         self.label = self.base_label()
 
@@ -121,7 +123,7 @@ def load_run(path):
             lines = f.readlines()
     except (OSError, UnicodeDecodeError) as e:
         raise LogError(f"{path}: cannot read it ({e})") from None
-    steps, summary = [], None
+    steps, val, summary = [], [], None
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -139,9 +141,11 @@ def load_run(path):
             summary = obj["summary"]
         elif "step" in obj and "loss" in obj:
             steps.append((obj["step"], obj["loss"]))
+        elif isinstance(obj.get("val"), dict) and "after_step" in obj["val"] and "loss" in obj["val"]:
+            val.append((obj["val"]["after_step"], obj["val"]["loss"]))
         else:
-            raise LogError(f"{path}, line {i}: neither a step (step, loss, ms, tokens_per_s) nor a "
-                           f"summary; keys: {', '.join(sorted(obj)) or 'none'}")
+            raise LogError(f"{path}, line {i}: neither a step (step, loss, ms, tokens_per_s), an evaluation "
+                           f"(val) nor a summary; keys: {', '.join(sorted(obj)) or 'none'}")
     if summary is None:
         if not steps:
             what = "it is empty" if not any(l.strip() for l in lines) else "it has no step lines either"
@@ -157,7 +161,7 @@ def load_run(path):
     for key in ("memory", "comm"):
         if not isinstance(summary[key], list) or not summary[key]:
             raise LogError(f"{path}: the summary's \"{key}\" should be a non-empty list, one entry per rank")
-    return Run(path, steps, summary)
+    return Run(path, steps, summary, val)
 
 
 def unique_labels(runs):
@@ -211,12 +215,13 @@ def print_tables(runs, all_ranks, place, out=sys.stdout):
         rows.append([r.label, r.path, s.get("model", "-"), s["params"],
                      s.get("steps", len(r.steps)),
                      f"{final:.4f}" if isinstance(final, (int, float)) else "-",
+                     f"{r.val[-1][1]:.4f}" if r.val else "-",
                      f"{s['median_ms']:.2f}" if "median_ms" in s else "-",
                      f"{s['tokens_per_s']:.0f}" if "tokens_per_s" in s else "-",
                      s.get("param_hash", "-")])
     print("runs", file=out)
-    print_table(["run", "file", "model", "P", "steps", "final loss", "median ms", "tokens/s",
-                 "param hash"], rows, out, left=(0, 1, 2, 8))
+    print_table(["run", "file", "model", "P", "steps", "final loss", "val loss", "median ms", "tokens/s",
+                 "param hash"], rows, out, left=(0, 1, 2, 9))
 
     which = "all ranks" if all_ranks else "rank 0"
     print(f"\npeak {place} memory per rank by category ({which}; "
@@ -314,11 +319,15 @@ def plot(runs, all_ranks, place, out_path):
         if r.steps:
             xs, ys = zip(*r.steps)
             marker = "o" if len(xs) <= 40 else None
-            ax_loss.plot(xs, ys, label=f"{r.label}  (final {ys[-1]:.4f})", marker=marker, markersize=3,
-                         linewidth=1.4)
+            line, = ax_loss.plot(xs, ys, label=f"{r.label}  (final {ys[-1]:.4f})", marker=marker, markersize=3,
+                                 linewidth=1.4)
+            if r.val:
+                vx, vy = zip(*r.val)
+                ax_loss.plot(vx, vy, linestyle="--", marker="s", markersize=4, color=line.get_color(),
+                             label=f"{r.label}, held out  (final {vy[-1]:.4f})")
     ax_loss.set_xlabel("step")
     ax_loss.set_ylabel("loss (global-batch mean)")
-    ax_loss.set_title("Training loss")
+    ax_loss.set_title("Training loss" + (" and held-out loss (dashed)" if any(r.val for r in runs) else ""))
     ax_loss.grid(True, alpha=0.3)
     ax_loss.legend(fontsize=small, loc="upper right")
 

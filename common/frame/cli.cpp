@@ -219,6 +219,15 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
       ->capture_default_str();
   path_options.push_back(
       app.add_option("--data", cfg.data, "token file (raw bytes or llm.c .bin); default: built-in corpus"));
+  path_options.push_back(app.add_option(
+      "--val-data", cfg.val_data,
+      "validation token file (raw bytes or llm.c .bin); default: the last tenth of the data, held out of training"));
+  app.add_option("--val-every", cfg.val_every,
+                 "the held-out loss (a forward only) after every this many steps and after the last; 0: never")
+      ->capture_default_str();
+  app.add_option("--val-batches", cfg.val_batches,
+                 "held-out batches per evaluation, each N x --batch sequences, the same ones every time")
+      ->capture_default_str();
   app.add_option("--device", cfg.device, "cpu or cuda")->capture_default_str();
   path_options.push_back(
       app.add_option("--device-mem", device_mem, "device memory budget per rank, e.g. 512KiB, 64MiB, 2GiB"));
@@ -369,6 +378,8 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
                                       {"--init", &cfg.init}})
       USAGE_REQUIRE(value->empty(), flag << " reads or writes a model's values, and a dry run has none: leave out "
                                          << flag << " or --dry-run");
+    USAGE_REQUIRE(cfg.val_every == 0, "--val-every computes a loss, and a dry run computes none: leave out "
+                                      "--val-every or --dry-run");
   } else {
     USAGE_REQUIRE(cfg.ranks >= 1 && cfg.ranks <= 1024, "--ranks must be between 1 and 1024 (got " << cfg.ranks << ")");
     const int cores = hardware_cores(), most = kRanksPerCore * cores;
@@ -382,6 +393,9 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   cfg.seed = parse_u64("--seed", seed);
   cfg.seed_given = seed_option->count() > 0;
   require_regular_file("--data", cfg.data);
+  require_regular_file("--val-data", cfg.val_data);
+  USAGE_REQUIRE(cfg.val_every >= 0, "--val-every must be 0 (never) or more steps (got " << cfg.val_every << ")");
+  USAGE_REQUIRE(cfg.val_batches >= 1, "--val-batches must be at least 1 (got " << cfg.val_batches << ")");
   require_regular_file("--init", cfg.init);
   require_regular_file("--resume", cfg.resume);
   USAGE_REQUIRE(cfg.steps >= 0, "--steps must be 0 or more (got " << cfg.steps << ")");

@@ -67,7 +67,8 @@ void check_output_paths(const TrainConfig& cfg, bool writes) {
                                       {"--save-init", cfg.save_init, WriteMode::by_rename},
                                       {"--log-json", cfg.log_json},
                                       {"--trace", cfg.trace}};
-  const std::vector<Named> inputs = {{"--data", cfg.data}, {"--init", cfg.init}, {"--resume", cfg.resume}};
+  const std::vector<Named> inputs = {
+      {"--data", cfg.data}, {"--val-data", cfg.val_data}, {"--init", cfg.init}, {"--resume", cfg.resume}};
   // The disk tier makes and removes folders under --offload-dir: nothing the run
   // reads or writes may be there, or be the folder itself.
   const std::string& offload = cfg.offload.offload_dir;

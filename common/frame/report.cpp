@@ -132,6 +132,34 @@ void StepReporter::step(int step, float loss, float grad_norm, float lr, double 
   }
 }
 
+namespace {
+
+// {"all_reduce": bytes, ...}: the collectives that were called.
+nlohmann::json bytes_by_collective(const CommStats& s, double per) {
+  nlohmann::json by = nlohmann::json::object();
+  for (int k = 0; k < kNumCollectives; ++k)
+    if (s.calls[k]) by[collective_name(CollectiveKind(k))] = s.bytes[k] / per;
+  return by;
+}
+
+}  // namespace
+
+void StepReporter::validation(int steps_done, float loss, long sequences, double ms, const CommStats& comm) {
+  std::lock_guard<std::mutex> lock(mu_);
+  write_json(nlohmann::json{{"val",
+                             {{"after_step", steps_done},
+                              {"loss", loss},
+                              {"sequences", sequences},
+                              {"ms", ms},
+                              {"bytes", comm.total_bytes()},
+                              {"by_collective", bytes_by_collective(comm, 1.0)}}}}
+                 .dump());
+  if (cfg_.quiet) return;
+  std::printf("val   after %d steps | val loss %.4f | %ld held-out sequences, %.2f ms, %s sent per rank\n",
+              steps_done, loss, sequences, ms, format_bytes(size_t(comm.total_bytes())).c_str());
+  std::fflush(stdout);
+}
+
 nlohmann::json summary_json(const RunResult& run) {
   using nlohmann::json;
   const auto& cfg = run.cfg;
@@ -150,10 +178,11 @@ nlohmann::json summary_json(const RunResult& run) {
     memory.push_back(entry);
     const auto& s = run.ranks[r].comm;
     double steps = std::max<size_t>(1, run.ranks[r].losses.size());  // the steps this run trained
-    json by;
-    for (int k = 0; k < kNumCollectives; ++k)
-      if (s.calls[k]) by[collective_name(CollectiveKind(k))] = s.bytes[k] / steps;
-    json entry_comm = {{"rank", r}, {"bytes_per_step", s.total_bytes() / steps}, {"by_collective", by}};
+    json entry_comm = {{"rank", r}, {"bytes_per_step", s.total_bytes() / steps},
+                       {"by_collective", bytes_by_collective(s, steps)}};
+    const size_t evals = run.ranks[r].val_losses.size();
+    if (evals > 0)  // --val-every: the evaluations' collectives, apart from training's
+      entry_comm["val_bytes_per_eval"] = run.ranks[r].val_comm.total_bytes() / double(evals);
     const TransferStats& t = run.ranks[r].transfers;
     if (t.to_device_copies + t.to_host_copies > 0)  // offload: the host<->device copies
       entry_comm["transfers_per_step"] = {{"to_device_bytes", t.to_device_bytes / steps},
@@ -191,6 +220,7 @@ nlohmann::json summary_json(const RunResult& run) {
             {"comm", comm},
             {"param_hash", run.ranks.empty() || cfg.dry_run ? std::string() : hash_hex(run.ranks[0].param_hash)}};
   if (cfg.dry_run) s["dry_run"] = true;
+  if (!run.ranks.empty() && !run.ranks[0].val_losses.empty()) s["final_val_loss"] = run.ranks[0].val_losses.back().second;
   if (!run.ranks.empty() && !run.ranks[0].host_optimizer.empty()) s["host_optimizer"] = run.ranks[0].host_optimizer;
   return {{"summary", s}};
 }

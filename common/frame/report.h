@@ -45,6 +45,8 @@ class StepReporter final : public StepLog {
   // global gradient norm before clipping.
   void step(int step, float loss, float grad_norm, float lr, double ms, size_t model_state_bytes_per_rank,
             const StepPhases& phases) override;
+  // After an evaluation (--val-every): a line, and a {"val": ...} object in the run log.
+  void validation(int steps_done, float loss, long sequences, double ms, const CommStats& comm) override;
   // Prints the closing tables, writes the summary object and closes the
   // run log.
   void summary(const RunResult& run);

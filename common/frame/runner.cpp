@@ -111,7 +111,9 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
     hardware = load_hardware(cfg.hardware);
   }
   TokenData data = cfg.data.empty() ? builtin_corpus() : load_token_file(cfg.data);
+  hold_out_validation(data, cfg.val_data, cfg.model.T, cfg.val_every > 0);
   Sampler check(data, cfg.model.T, cfg.model.V);  // refuses short files and foreign vocabularies up front
+  if (data.held_out > 0) Sampler check_val(data, cfg.model.T, cfg.model.V, Sampler::Split::val);
   ModelLayout layout = build_layout(cfg.model);
   // The file the model starts from, checked whole (names and shapes, every
   // value, the checksums) before any rank allocates a model for it: a
@@ -147,7 +149,11 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
                 cfg.grad_accum, (long long)(run.cfg.global_batch() * cfg.model.T), precision_name(cfg.precision),
                 dtype_name(cfg.compute), cfg.attention == AttentionForm::flash ? ", flash attention" : "",
                 cfg.recompute == Recompute::none ? "" : ", recompute ",
-                cfg.recompute == Recompute::none ? "" : recompute_name(cfg.recompute), data.source.c_str(), data.tokens.size());
+                cfg.recompute == Recompute::none ? "" : recompute_name(cfg.recompute), data.source.c_str(),
+                data.train_tokens());
+    if (data.held_out > 0)
+      std::printf("validation: %zu tokens held out of training, %s%s\n", data.held_out, data.val_source.c_str(),
+                  cfg.val_every > 0 ? "" : " (--val-every to evaluate on them)");
     std::printf("BLAS: %s\n", run.blas.c_str());
     std::printf("AdamW: lr %s | weight decay %g | ", cfg.schedule().describe().c_str(), cfg.weight_decay);
     if (cfg.clip > 0) std::printf("clip to norm %g\n", cfg.clip);

@@ -20,6 +20,7 @@ class FaultyCompute final : public RankCompute {
     step_ = step;
     in_->load(step, micro);
   }
+  void load_val(int b) override { in_->load_val(b); }
   void forward(int u, const void* params, float* loss) override { in_->forward(u, params, loss); }
   void backward(int u, const void* params, void* grads) override {
     in_->backward(u, params, grads);
@@ -52,6 +53,7 @@ class RecordedCompute final : public RankCompute {
     rec_.loaded(step, micro);
     in_->load(step, micro);
   }
+  void load_val(int b) override { in_->load_val(b); }
   void forward(int u, const void* params, float* loss) override {
     rec_.compute(ScheduleEvent::forward_begin, u);
     in_->forward(u, params, loss);

@@ -61,6 +61,9 @@ struct TrainConfig {
   AttentionForm attention = AttentionForm::simple;  // --attention (device.h)
   Recompute recompute = Recompute::none;            // --recompute (model.h)
   std::string data;               // empty: the built-in corpus
+  std::string val_data;           // --val-data: the validation tokens (empty: the last tenth of the data)
+  int val_every = 0;              // --val-every: the held-out loss after every this many steps and the last (0: never)
+  int val_batches = 4;            // --val-batches: batches of N*B held-out sequences per evaluation
   std::string device = "cpu";
   std::optional<size_t> device_mem;
   std::string init;               // consolidated safetensors to start from
@@ -103,6 +106,8 @@ struct RankResult {
   std::vector<float> losses;      // global-batch mean loss per step (same on every rank)
   std::vector<float> grad_norms;  // global gradient norm per step, before clipping (same on every rank)
   std::vector<double> step_ms;    // wall time per step
+  std::vector<std::pair<int, float>> val_losses;  // (steps done, held-out loss) of each evaluation (same on every rank)
+  CommStats val_comm;             // the evaluations' collectives (not in `comm`)
   MemoryCounts memory;            // at the end of the run
   CommStats comm;                 // over the whole run, every communicator of the rank
   CommStats comm_cross_group;     // hybrid sharding: the part of comm across the shard groups

@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstdlib>
 #include <cerrno>
@@ -65,10 +66,16 @@ constexpr size_t kLlmcHeaderBytes = kLlmcHeaderInts * sizeof(int32_t);  // 1024
 // ---------------------------------------------------------------------------
 // 1. Token files
 
-// Reads the whole file, or throws UsageError saying why it cannot.
-std::vector<uint8_t> read_whole_file(const std::string& path) {
+// What to do about a token file given by `flag` that cannot be used.
+std::string leave_out_hint(const std::string& flag) {
+  return flag == "--data" ? "leave --data out to train on the built-in corpus"
+                          : "leave " + flag + " out to hold out the last tenth of the data";
+}
+
+// Reads the whole file (given by `flag`), or throws UsageError saying why it cannot.
+std::vector<uint8_t> read_whole_file(const std::string& path, const std::string& flag) {
   const std::string what = "token file '" + path + "'";
-  const char* hint = "; check the --data path, or leave --data out to train on the built-in corpus";
+  const std::string hint = "; check the " + flag + " path, or " + leave_out_hint(flag);
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
     int e = errno;
@@ -103,8 +110,8 @@ std::vector<uint8_t> read_whole_file(const std::string& path) {
     bytes.insert(bytes.end(), chunk, chunk + got);
   }
   ::close(fd);
-  USAGE_REQUIRE(!bytes.empty(), what << " is empty (0 bytes); give a file with at least a few "
-                                        "thousand tokens, or leave --data out to use the built-in corpus");
+  USAGE_REQUIRE(!bytes.empty(), what << " is empty (0 bytes); give a file with at least a few thousand tokens, or "
+                                      << leave_out_hint(flag));
   return bytes;
 }
 
@@ -408,11 +415,11 @@ TokenData load_token_bytes(const std::string& path, std::vector<uint8_t> bytes) 
 
 }  // namespace
 
-TokenData load_token_file(const std::string& path) {
+TokenData load_token_file(const std::string& path, const std::string& flag) {
   // The whole file is read, and each token takes 4 bytes: a file larger
   // than memory must say so, not fail as a bare std::bad_alloc.
   try {
-    return load_token_bytes(path, read_whole_file(path));
+    return load_token_bytes(path, read_whole_file(path, flag));
   } catch (const std::bad_alloc&) {
     struct stat st {};
     const long long size = ::stat(path.c_str(), &st) == 0 ? (long long)st.st_size : -1;
@@ -467,23 +474,49 @@ void write_llmc_token_file(const std::string& path, const std::vector<int32_t>& 
 // ---------------------------------------------------------------------------
 // 3. The sampler
 
-Sampler::Sampler(const TokenData& data, int T, int V) : data_(data), T_(T) {
+void hold_out_validation(TokenData& data, const std::string& val_file, int T, bool needed) {
+  if (!val_file.empty()) {
+    const TokenData val = load_token_file(val_file, "--val-data");
+    data.tokens.insert(data.tokens.end(), val.tokens.begin(), val.tokens.end());
+    data.max_token = std::max(data.max_token, val.max_token);
+    data.held_out = val.tokens.size();
+    data.val_source = val_file;
+    return;
+  }
+  const size_t tenth = data.tokens.size() / 10;
+  if (tenth >= size_t(T) + 2) {
+    data.held_out = tenth;
+    data.val_source = "the last tenth of " + std::string(data.format == "built-in" ? "the " : "") + data.source;
+    return;
+  }
+  USAGE_REQUIRE(!needed, "--val-every: the token data from "
+                             << data.source << " has " << data.tokens.size()
+                             << " tokens, too few to hold out a tenth for validation (a tenth must hold a "
+                                "sequence of T + 1 tokens and one more, T + 2 = "
+                             << T + 2 << "): give the validation tokens with --val-data FILE");
+}
+
+Sampler::Sampler(const TokenData& data, int T, int V, Split split)
+    : data_(data), T_(T), begin_(split == Split::train ? 0 : data.train_tokens()),
+      n_(int64_t(split == Split::train ? data.train_tokens() : data.held_out)) {
   REQUIRE(T > 0 && V > 0, "Sampler needs T > 0 and V > 0, got T=" << T << " V=" << V);
-  const int64_t n = int64_t(data.tokens.size());
+  const int64_t n = n_;
+  const std::string source = split == Split::train ? data.source : data.val_source;
   USAGE_REQUIRE(n >= int64_t(T) + 2,
-                "the token data from " << data.source << " (" << data.format << ") has " << n
+                "the " << (split == Split::train ? "token data" : "validation tokens") << " from " << source
+                       << " (" << data.format << ") has " << n
                        << " tokens, but the model's context T=" << T << " needs at least T + 2 = "
                        << int64_t(T) + 2 << " (one sequence of T+1 tokens and a positive number of offsets)"
                        << "; use a longer token file or a --model with a smaller context");
   int32_t mx = 0;
   int64_t where = 0;
   for (int64_t i = 0; i < n; ++i) {
-    int32_t t = data.tokens[size_t(i)];
-    USAGE_REQUIRE(t >= 0, "the data from " << data.source << " holds a negative token id " << t
+    int32_t t = data.tokens[begin_ + size_t(i)];
+    USAGE_REQUIRE(t >= 0, "the data from " << source << " holds a negative token id " << t
                                            << " at position " << i);
     if (t > mx) { mx = t; where = i; }
   }
-  USAGE_REQUIRE(mx < V, "the token data from " << data.source << " (" << data.format << ") holds token id " << mx
+  USAGE_REQUIRE(mx < V, "the token data from " << source << " (" << data.format << ") holds token id " << mx
                                << " (at position " << where << "), but the model's vocabulary has only V=" << V
                                << " tokens (ids 0.." << V - 1
                                << (V >= 50304 ? "); no preset's vocabulary covers it (gpt2's, the largest, has "
@@ -497,7 +530,7 @@ void Sampler::sequence(int64_t j, int32_t* inputs, int32_t* targets) const {
   const int64_t m = n_tokens() - T_ - 1;  // > 0, checked by the constructor
   // o = (j*T) mod m, computed without overflowing for any j.
   const int64_t o = int64_t((static_cast<unsigned __int128>(j) * unsigned(T_)) % uint64_t(m));
-  const int32_t* tok = data_.tokens.data() + o;
+  const int32_t* tok = data_.tokens.data() + begin_ + o;
   for (int t = 0; t < T_; ++t) {
     inputs[t] = tok[t];
     targets[t] = tok[t + 1];

@@ -10,6 +10,11 @@
 // [o, o+T+1) with o = (j*T) mod (n_tokens - T - 1); step s uses global
 // indices s*G .. s*G+G-1 with G = N*B*K; micro-step k of rank r takes the B
 // indices starting at s*G + k*N*B + r*B.
+//
+// The validation split is held out of training: the data's last tenth
+// (hold_out_validation), or the tokens of --val-data placed after the
+// training tokens. Its sampler draws from it by the same rule, evaluation
+// batch b being its step b with K = 1.
 #pragma once
 
 #include <cstdint>
@@ -23,11 +28,23 @@ struct TokenData {
   std::string source;     // the file path, or "built-in corpus"
   std::string format;     // "raw bytes", "llm.c tokens", "built-in"
   int32_t max_token = 0;  // largest token id present
+  size_t held_out = 0;    // the last held_out tokens are the validation split, never trained on
+  std::string val_source;  // where they come from: "the last tenth of ...", or --val-data's path
+
+  size_t train_tokens() const { return tokens.size() - held_out; }
 };
+
+// Splits off the validation tokens: val_file's (raw bytes or llm.c tokens,
+// as load_token_file) appended after the data, or else the data's last
+// tenth when that holds a sequence (T + 2 tokens). `needed`: validation is
+// asked for, so data with no room for a tenth is a UsageError saying to give
+// a file.
+void hold_out_validation(TokenData& data, const std::string& val_file, int T, bool needed);
 
 // Reads a token file. Throws UsageError naming the path and what is wrong
 // (missing, unreadable, bad llm.c header, truncated, empty).
-TokenData load_token_file(const std::string& path);
+// flag: the option that named the file, for the messages.
+TokenData load_token_file(const std::string& path, const std::string& flag = "--data");
 
 // What kind of special file `path` is, for a message ("a directory", "a FIFO
 // (named pipe)", "a character device", ...), found by stat: "" for a regular
@@ -46,11 +63,12 @@ void write_llmc_token_file(const std::string& path, const std::vector<int32_t>& 
 
 class Sampler {
  public:
-  // Throws UsageError if the data has fewer than T + 2 tokens, or a token id
+  enum class Split { train, val };
+  // Throws UsageError if the split has fewer than T + 2 tokens, or a token id
   // >= V (the model's vocabulary), naming both numbers and the source.
-  Sampler(const TokenData& data, int T, int V);
+  Sampler(const TokenData& data, int T, int V, Split split = Split::train);
   // The sampler keeps a reference to the data: a temporary would dangle.
-  Sampler(TokenData&&, int, int) = delete;
+  Sampler(TokenData&&, int, int, Split = Split::train) = delete;
 
   // Sequence with global index j: inputs[t] = tok[o+t], targets[t] = tok[o+t+1], t < T.
   void sequence(int64_t j, int32_t* inputs, int32_t* targets) const;
@@ -60,11 +78,13 @@ class Sampler {
   void micro_batch(int64_t step, int micro, int rank, int nranks, int B, int K,
                    int32_t* inputs, int32_t* targets) const;
 
-  int64_t n_tokens() const { return int64_t(data_.tokens.size()); }
+  int64_t n_tokens() const { return n_; }
 
  private:
   const TokenData& data_;
   int T_;
+  size_t begin_;  // the split's first token
+  int64_t n_;     // and its number of tokens
 };
 
 }  // namespace zf

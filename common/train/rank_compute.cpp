@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "check.h"
@@ -22,15 +23,22 @@ class ModelCompute final : public RankCompute {
         gpt_(layout, ctx.mem, ctx.dev, cfg.batch, cfg.attention, cfg.recompute),
         inputs_(ctx.mem, Place::device, Category::activations, DType::i32, size_t(cfg.batch) * cfg.model.T),
         targets_(ctx.mem, Place::device, Category::activations, DType::i32, size_t(cfg.batch) * cfg.model.T),
-        host_inputs_(size_t(cfg.batch) * cfg.model.T), host_targets_(size_t(cfg.batch) * cfg.model.T) {}
+        host_inputs_(size_t(cfg.batch) * cfg.model.T), host_targets_(size_t(cfg.batch) * cfg.model.T) {
+    if (data.held_out > 0) val_sampler_.emplace(data, cfg.model.T, cfg.model.V, Sampler::Split::val);
+  }
 
   void load(int step, int micro) override {
     set_current_step(step);  // named by a collective's timeout message
     // The sampler writes host memory; the tokens then go to the device.
     sampler_.micro_batch(step, micro, ctx_.rank, ctx_.world, cfg_.batch, cfg_.grad_accum, host_inputs_.data(),
                          host_targets_.data());
-    ctx_.dev.to_device(inputs_.data(), host_inputs_.data(), inputs_.bytes());
-    ctx_.dev.to_device(targets_.data(), host_targets_.data(), targets_.bytes());
+    to_device();
+  }
+
+  void load_val(int b) override {
+    REQUIRE(val_sampler_, "load_val: the data holds no validation split");
+    val_sampler_->micro_batch(b, 0, ctx_.rank, ctx_.world, cfg_.batch, 1, host_inputs_.data(), host_targets_.data());
+    to_device();
   }
 
   void forward(int u, const void* params, float* loss) override {
@@ -48,6 +56,11 @@ class ModelCompute final : public RankCompute {
   }
 
  private:
+  void to_device() {
+    ctx_.dev.to_device(inputs_.data(), host_inputs_.data(), inputs_.bytes());
+    ctx_.dev.to_device(targets_.data(), host_targets_.data(), targets_.bytes());
+  }
+
   static size_t largest_unit(const ModelLayout& layout) {
     size_t n = 0;
     for (const auto& u : layout.units) n = std::max(n, u.numel);
@@ -58,6 +71,7 @@ class ModelCompute final : public RankCompute {
   const ModelLayout& layout_;
   RankContext& ctx_;
   Sampler sampler_;
+  std::optional<Sampler> val_sampler_;  // when the data holds a validation split
   UnitCompute unit_;
   Gpt gpt_;
   Tensor inputs_, targets_;                          // on the device

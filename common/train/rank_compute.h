@@ -6,6 +6,7 @@
 //   rc->load(step, k)              this rank's micro-batch k of the step
 //   rc->forward(u, params, &loss)  unit u, first to last (the head sets loss)
 //   rc->backward(u, params, grads) unit u, last to first, adding into grads
+//   rc->load_val(b)                this rank's part of held-out batch b (a forward only)
 //
 // make_rank_compute builds the model's compute and wraps it in what the run
 // asks for around it, as frame/device_profile.h wraps a Device: the fault
@@ -28,6 +29,9 @@ class RankCompute {
   virtual ~RankCompute() = default;
   // Loads this rank's micro-batch `micro` of step `step` (docs/SPEC.md's sampler).
   virtual void load(int step, int micro) = 0;
+  // Loads this rank's B sequences of validation batch b (data.h's validation
+  // split, sampled as step b with K = 1), for a forward without a backward.
+  virtual void load_val(int b) = 0;
   // Forward of unit u on its parameters (the recipe's dtype); the head sets *loss.
   virtual void forward(int u, const void* params, float* loss) = 0;
   // Backward of unit u, adding into grads (the recipe's dtype). The objective

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm.h"
 #include "device.h"
 
 namespace zf {
@@ -46,6 +47,9 @@ class StepLog {
   // rate; ms the step's wall time.
   virtual void step(int step, float loss, float grad_norm, float lr, double ms, size_t model_state_bytes_per_rank,
                     const StepPhases& phases) = 0;
+  // The held-out loss after `steps_done` steps, over `sequences` sequences;
+  // ms its wall time; comm its collectives' bytes and calls (not training's).
+  virtual void validation(int steps_done, float loss, long sequences, double ms, const CommStats& comm) = 0;
 };
 
 }  // namespace zf

@@ -11,6 +11,19 @@
 
 namespace zf {
 
+namespace {
+
+// into += after - before, collective by collective.
+void add_difference(CommStats& into, const CommStats& after, const CommStats& before = {}) {
+  for (int k = 0; k < kNumCollectives; ++k) {
+    into.bytes[k] += after.bytes[k] - before.bytes[k];
+    into.calls[k] += after.calls[k] - before.calls[k];
+    into.seconds[k] += after.seconds[k] - before.seconds[k];
+  }
+}
+
+}  // namespace
+
 TrainingRun::TrainingRun(const TrainConfig& cfg, const ModelLayout& layout, RankContext& ctx, StepLog& log,
                          ModelStates& states)
     : guard_(ctx.comm), cfg_(cfg), layout_(layout), ctx_(ctx), log_(log), states_(states) {
@@ -62,6 +75,29 @@ void TrainingRun::end_step(int step, float loss, float grad_norm, double ms, con
   skip_clock();
 }
 
+void TrainingRun::validate(int step, const std::function<float(int b)>& forward) {
+  const int done = step + 1;
+  if (cfg_.val_every <= 0 || result_.stop_signal != 0 || (done % cfg_.val_every != 0 && done != cfg_.steps)) return;
+  std::vector<Communicator*> comms{&ctx_.comm};
+  comms.insert(comms.end(), extra_.begin(), extra_.end());
+  std::vector<CommStats> training;
+  for (Communicator* c : comms) training.push_back(c->stats());
+  Timer timer;
+  float sum = 0.0f;
+  for (int b = 0; b < cfg_.val_batches; ++b) sum += forward(b);
+  const float loss = global_mean_loss(ctx_.comm, ctx_.dev, sum, cfg_.val_batches);  // over N x batches
+  const double ms = timer.ms();
+  CommStats used;
+  for (size_t i = 0; i < comms.size(); ++i) {
+    add_difference(used, comms[i]->stats(), training[i]);
+    comms[i]->restore_counts(training[i]);
+  }
+  add_difference(result_.val_comm, used);
+  result_.val_losses.emplace_back(done, loss);
+  if (ctx_.rank == 0) log_.validation(done, loss, long(cfg_.val_batches) * ctx_.world * cfg_.batch, ms, used);
+  skip_clock();
+}
+
 // The stop vote and saving are not training: the next step's modeled time starts after them.
 void TrainingRun::skip_clock() {
   if (ctx_.clock) ctx_.clock->skip();
@@ -102,14 +138,7 @@ RankResult TrainingRun::finish() {
   if (ctx_.clock) ctx_.clock->stop();
   result_.memory = ctx_.mem.counts();
   result_.comm = ctx_.comm.stats();
-  for (Communicator* c : extra_) {
-    const CommStats s = c->stats();
-    for (int k = 0; k < kNumCollectives; ++k) {
-      result_.comm.bytes[k] += s.bytes[k];
-      result_.comm.calls[k] += s.calls[k];
-      result_.comm.seconds[k] += s.seconds[k];
-    }
-  }
+  for (Communicator* c : extra_) add_difference(result_.comm, c->stats());
   const TransferStats& t = ctx_.dev.transfers();
   result_.transfers = {t.to_device_bytes - loaded_.to_device_bytes, t.to_host_bytes - loaded_.to_host_bytes,
                        t.to_device_copies - loaded_.to_device_copies, t.to_host_copies - loaded_.to_host_copies};

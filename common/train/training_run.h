@@ -16,6 +16,7 @@
 // back the whole model for --save and the hash.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "adamw.h"
@@ -57,6 +58,14 @@ class TrainingRun {
   // Whether to train step `step`: below --steps, and the ranks have not
   // agreed to stop after a signal (stop_request.h).
   bool keep_going(int step) const { return step < cfg_.steps && result_.stop_signal == 0; }
+
+  // --val-every: after step `step`, when due (every --val-every steps and
+  // after the last), the held-out loss: forward(b) loads validation batch b
+  // (RankCompute::load_val) and returns this rank's loss of it, computed
+  // with a forward only; the mean over --val-batches batches and the ranks
+  // is recorded and reported. Its collectives are counted apart from
+  // training's, and its time is in no step's.
+  void validate(int step, const std::function<float(int b)>& forward);
 
   // A communicator the stage split from ctx.comm (a sub-group, a second
   // queue): its counters are added to the run's, and saving is not counted

@@ -226,6 +226,34 @@ TEST(Cli, MinLrNeedsADecay) { expect_usage_error("--min-lr 1e-5", {"--min-lr", "
 TEST(Cli, NegativeWeightDecay) { expect_usage_error("--weight-decay -0.1", {"--weight-decay", "-0.1"}); }
 TEST(Cli, NonNumberWeightDecay) { expect_usage_error("--weight-decay nan", {"--weight-decay", "nan"}); }
 
+TEST(Cli, NegativeValEvery) { expect_usage_error("--val-every -1", {"--val-every", "got -1"}); }
+TEST(Cli, ZeroValBatches) { expect_usage_error("--val-every 1 --val-batches 0", {"--val-batches", "got 0"}); }
+TEST(Cli, MissingValData) {
+  expect_usage_error("--val-every 1 --val-data /nonexistent/val.bin", {"--val-data", "/nonexistent/val.bin"});
+}
+TEST(Cli, ValEveryInADryRun) {
+  expect_usage_error("--clock modeled --dry-run --val-every 1", {"--val-every", "--dry-run"});
+}
+// --val-data is an input: the run log may not be written over it.
+TEST(Cli, ValDataIsNotAnOutput) {
+  const std::string dir = test::temp_dir(), val = dir + "/val.bin";
+  std::ofstream(val) << std::string(1000, 'a');
+  expect_usage_error("--val-every 1 --val-data " + val + " --log-json " + val, {"--val-data", "--log-json"});
+  std::ifstream in(val);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), std::string(1000, 'a'));
+  std::filesystem::remove_all(dir);
+}
+// Data too short to hold out a tenth trains on all of it, and is refused
+// only when validation is asked for, saying to give --val-data.
+TEST(Cli, DataTooShortForAValidationTenth) {
+  const std::string dir = test::temp_dir(), data = dir + "/short.bin";
+  std::ofstream(data) << std::string(500, 'a');  // a tenth is 50 < T + 2 = 66 (tiny)
+  auto r = run_command(dp() + " --data " + data);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  expect_usage_error("--val-every 1 --data " + data, {"--val-every", "500", "--val-data"});
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Cli, SaveEveryNeedsSave) { expect_usage_error("--save-every 5", {"--save-every", "--save FILE"}); }
 TEST(Cli, SaveWithNoStepsSaysToUseSaveInit) {
   expect_usage_error("--steps 0 --save ck.safetensors", {"--steps 0", "--save-init"});

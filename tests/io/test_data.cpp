@@ -373,6 +373,46 @@ TEST_F(DataTest, SamplerOverRawFile) {
   EXPECT_EQ(in[0], 48);  // (3*16) mod (300-17) = 48
 }
 
+// The validation split: the last tenth (n / 10 tokens, rounded down) held
+// out, the training sampler's modulus shrunk to the rest, the validation
+// sampler drawing by the same rule from the tail; or --val-data's tokens
+// placed after all of the data; data with no room for a tenth keeps
+// everything, and is refused only when validation is asked for.
+TEST_F(DataTest, ValidationIsHeldOutOfTraining) {
+  const int T = 16;
+  TokenData d = make_data(1005, 256);  // tokens 0, 1, ..., 1004 (mod 256)
+  hold_out_validation(d, "", T, true);
+  ASSERT_EQ(d.held_out, 100u);
+  EXPECT_EQ(d.train_tokens(), 905u);
+  Sampler train(d, T, 256), val(d, T, 256, Sampler::Split::val);
+  EXPECT_EQ(train.n_tokens(), 905);
+  EXPECT_EQ(val.n_tokens(), 100);
+  std::vector<int32_t> in(T), tg(T);
+  val.sequence(0, in.data(), tg.data());
+  EXPECT_EQ(in[0], 905 % 256);  // the first held-out token
+  val.sequence(7, in.data(), tg.data());
+  EXPECT_EQ(in[0], (905 + (7 * T) % (100 - T - 1)) % 256);  // the same rule, over the tail
+  EXPECT_EQ(tg[T - 1], (in[0] + T) % 256);
+  for (int64_t j = 0; j < 200; ++j) {  // offsets modulo 905 - T - 1: training never reaches the tail
+    train.sequence(j, in.data(), tg.data());
+    EXPECT_EQ(in[0], (j * T) % (905 - T - 1) % 256) << j;
+  }
+
+  TokenData with_file = make_data(300, 256);
+  const std::string v = write_bytes("val.bin", std::vector<uint8_t>(40, 7));
+  hold_out_validation(with_file, v, T, true);
+  EXPECT_EQ(with_file.held_out, 40u);
+  EXPECT_EQ(with_file.train_tokens(), 300u);  // all of --data trains
+  EXPECT_EQ(with_file.val_source, v);
+  Sampler(with_file, T, 256, Sampler::Split::val).sequence(3, in.data(), tg.data());
+  EXPECT_EQ(in, std::vector<int32_t>(T, 7));
+
+  TokenData small = make_data(10 * (T + 2) - 1, 256);  // a tenth of 179 is 17 < T + 2
+  hold_out_validation(small, "", T, false);
+  EXPECT_EQ(small.held_out, 0u);
+  expect_usage_error([&] { hold_out_validation(small, "", T, true); }, {"--val-every", "179", "--val-data"});
+}
+
 // ---------------------------------------------------------------------------
 // The built-in corpus
 

@@ -145,6 +145,7 @@ inline void expect_bit_identical(const RunResult& ref, const RunResult& got, con
     EXPECT_EQ(got.ranks[r].losses, ref.ranks[0].losses) << stage << ", rank " << r;
     EXPECT_EQ(got.ranks[r].grad_norms, ref.ranks[0].grad_norms) << stage << ", rank " << r;
     EXPECT_EQ(got.ranks[r].param_hash, ref.ranks[0].param_hash) << stage << ", rank " << r;
+    EXPECT_EQ(got.ranks[r].val_losses, ref.ranks[0].val_losses) << stage << ", rank " << r;
   }
 }
 
@@ -168,13 +169,18 @@ inline std::string parity_case_name(const ::testing::TestParamInfo<ParityCase>& 
 // an exact norm (gradnorm.h) and runs the same AdamW on each element, so the
 // losses, the gradient norms and the final parameters are stage 00's to the
 // bit. Both recipes, with two clip norms that really clip (ClippingBites),
-// the second with a learning rate that changes within the run.
+// the second with a learning rate that changes within the run and the
+// held-out loss after steps 2 and 3 (--val-every 2).
 inline void expect_bit_identical_to_dp(const ParityCase& pc, const StageFn& fn, const char* stage) {
   for (Precision p : {Precision::fp32, Precision::bf16})
     for (float clip : {1.0f, 0.05f}) {
       TrainConfig cfg = config(model_named(pc.model), pc.N, 1, 3, p);
       cfg.clip = clip;
-      if (clip < 1.0f) cfg = with_schedule(cfg);
+      if (clip < 1.0f) {
+        cfg = with_schedule(cfg);
+        cfg.val_every = 2;
+        cfg.val_batches = 2;
+      }
       SCOPED_TRACE(describe(cfg));
       const RunResult ref = run_training(cfg, train_data_parallel);
       expect_bit_identical(ref, run_training(cfg, fn), stage);
@@ -444,6 +450,49 @@ inline void for_each_ring_case(const StageFn& fn, const std::function<void(const
 
 inline void expect_bytes(double got, double want, const char* what) {
   EXPECT_NEAR(got, want, 1e-12 * std::max(1.0, want)) << what;
+}
+
+// ================================================================== validation
+
+// --val-every changes nothing of training (the same losses, norms, final
+// parameters and training counters as without it); every rank has the same
+// held-out losses, after steps 2 and 4 of 4; and the evaluations'
+// collectives are counted apart: per evaluation, for each of its batches,
+// `gathers` all-gathers of the padded model (0 where every rank holds every
+// parameter, 1 where each unit is gathered for its forward), and the loss's
+// all-reduce once. gathers < 0: not checked (the caller does).
+inline void expect_validation_is_apart(const StageFn& fn, int gathers) {
+  for (int N : {2, 3})
+    for (Precision p : {Precision::fp32, Precision::bf16}) {
+      TrainConfig cfg = config(model_preset("tiny"), N, 2, 4, p);
+      SCOPED_TRACE(describe(cfg));
+      const RunResult plain = run_training(cfg, fn);
+      cfg.val_every = 2;
+      cfg.val_batches = 3;
+      const RunResult got = run_training(cfg, fn);
+      for (size_t r = 0; r < got.ranks.size(); ++r) {
+        EXPECT_EQ(got.ranks[r].losses, plain.ranks[r].losses) << "rank " << r;
+        EXPECT_EQ(got.ranks[r].param_hash, plain.ranks[r].param_hash) << "rank " << r;
+        EXPECT_EQ(got.ranks[r].comm.bytes, plain.ranks[r].comm.bytes) << "rank " << r;
+        EXPECT_EQ(got.ranks[r].comm.calls, plain.ranks[r].comm.calls) << "rank " << r;
+        EXPECT_EQ(got.ranks[r].val_losses, got.ranks[0].val_losses) << "rank " << r;
+      }
+      const auto& v = got.ranks[0].val_losses;
+      ASSERT_EQ(v.size(), 2u);
+      EXPECT_EQ(v[0].first, 2);
+      EXPECT_EQ(v[1].first, 4);
+      EXPECT_LT(v[1].second, v[0].second) << "it learns";
+      if (gathers < 0) continue;
+      const double f = double(N - 1) / N, e = double(esize(p));
+      const CommStats& c = got.ranks[0].val_comm;
+      // Counted as differences of the run's totals: exact up to their rounding.
+      const double tol = 1e-12 * (got.ranks[0].comm.total_bytes() + c.total_bytes());
+      EXPECT_NEAR(c.bytes[int(CollectiveKind::all_gather)],
+                  2 * 3 * gathers * f * e * double(sizes_of(cfg.model, N).padded), tol) << "all-gathers";
+      EXPECT_NEAR(c.bytes[int(CollectiveKind::all_reduce)], 2 * 2 * f * 4, tol) << "the loss's all-reduce";
+      EXPECT_NEAR(c.total_bytes(), c.bytes[int(CollectiveKind::all_gather)] + c.bytes[int(CollectiveKind::all_reduce)],
+                  tol) << "nothing else";
+    }
 }
 
 // The bytes a run moves per kind of collective (0 for a kind it never issues).

@@ -89,6 +89,10 @@ TEST(DataParallel, ClippingChangesTheUpdate) {
 // clip, and the logged norm is the one before clipping (stage_test_util.h).
 TEST(DataParallel, ClippingBites) { test::expect_clipping_bites(train_data_parallel); }
 
+// --val-every changes nothing of training and counts its collectives apart:
+// the evaluation's only collective is the loss's all-reduce.
+TEST(DataParallel, ValidationIsApart) { test::expect_validation_is_apart(train_data_parallel, 0); }
+
 // Every step of the run log carries the grad_norm the run recorded.
 TEST(DataParallel, RunLogCarriesTheGradNorm) { test::expect_run_log_carries_the_grad_norm(train_data_parallel); }
 
@@ -302,6 +306,31 @@ TEST_F(DataParallelCheckpoint, EachStepTrainsAtItsScheduledRate) {
     EXPECT_EQ(losses, whole.ranks[0].losses);
     EXPECT_EQ(hash, whole.ranks[0].param_hash);
   }
+}
+
+// The held-out loss is the loss of the held-out sequences: after 3 steps it
+// equals, bit for bit, the first training loss of a run that starts from
+// the model of step 3 (--init) and trains on the held-out tokens alone (the
+// built-in corpus's last tenth, cut here): batch 0 of both is the same
+// sequences (docs/SPEC.md §5), and the training path computes its loss.
+TEST_F(DataParallelCheckpoint, ValidationLossIsTheLossOfTheHeldOutSequences) {
+  TrainConfig a = quiet_config("tiny", 2, 2, 3);
+  a.val_every = 3;
+  a.val_batches = 1;
+  a.save = dir_ + "/ck.safetensors";
+  const RunResult ra = run_training(a, train_data_parallel);
+  ASSERT_EQ(ra.ranks[0].val_losses.size(), 1u);
+  const TokenData corpus = builtin_corpus();
+  const size_t tenth = corpus.tokens.size() / 10;
+  const std::string held = dir_ + "/held.bin";
+  write_llmc_token_file(held, std::vector<int32_t>(corpus.tokens.end() - long(tenth), corpus.tokens.end()));
+  TrainConfig b = quiet_config("tiny", 2, 2, 1);
+  b.data = held;
+  b.val_data = held;  // validation tokens of its own: none of --data is held out
+  b.init = a.save;
+  const RunResult rb = run_training(b, train_data_parallel);
+  EXPECT_EQ(rb.ranks[0].losses.at(0), ra.ranks[0].val_losses[0].second);
+  EXPECT_NE(ra.ranks[0].losses.back(), ra.ranks[0].val_losses[0].second) << "not the training batch's loss";
 }
 
 // --weight-decay reaches AdamW: 0 and the default 0.1 train differently

@@ -83,16 +83,25 @@ TEST(FsdpParity, EveryKnobIsBitIdentical) {
   };
   for (int N : {3, 4})
     for (Precision p : {Precision::fp32, Precision::bf16}) {
-      const TrainConfig base = fsdp_config(odd4(), N, p);
+      TrainConfig base = fsdp_config(odd4(), N, p);
+      base.val_every = 1;  // the held-out loss after every step, bit-identical too
       const RunResult ref = run_training(base, train_data_parallel);
       for (const Knob& k : knobs) {
         TrainConfig cfg = base;
         k.set(cfg.fsdp);
         SCOPED_TRACE(describe(cfg));
-        test::expect_bit_identical(ref, run_training(cfg, train_fsdp), k.what);
+        const RunResult got = run_training(cfg, train_fsdp);
+        test::expect_bit_identical(ref, got, k.what);
+        // An evaluation has no backward: the units its forward kept (the
+        // head; every unit without resharding) are resharded after it.
+        for (const auto& r : got.ranks) EXPECT_EQ(r.memory.cur(Place::device, Category::gathered), 0u) << k.what;
       }
     }
 }
+
+// --val-every changes nothing of training and counts its collectives apart
+// (stage_test_util.h; the bytes are FSDP's flat units', checked above by value).
+TEST(FsdpParity, ValidationIsApart) { test::expect_validation_is_apart(train_fsdp, -1); }
 
 // --no-sync: every rank adds each micro-step's gradient into its unsharded
 // buffer and the sum over ranks comes once, at the end: stage 00's sum over

@@ -99,6 +99,10 @@ TEST(OffloadParity, OptimizerThreadsAreBitIdentical) {
 
 TEST(OffloadParity, ClippingBites) { test::expect_clipping_bites(train_offload); }
 
+// --val-every changes nothing of training and counts its collectives apart;
+// its bytes are FSDP's, checked in test_fsdp.cpp.
+TEST(OffloadParity, ValidationIsApart) { test::expect_validation_is_apart(train_offload, -1); }
+
 // Hybrid sharding, bit for bit against stage 00 adding in the same two hops
 // (fsdp_test_util.h), with and without --offload-params.
 TEST(OffloadParity, HybridShardingIsStage00InTwoHops) {

@@ -43,6 +43,10 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Zero1BitParity, ::testing::ValuesIn(test::parity
 
 TEST(Zero1Parity, ClippingBites) { test::expect_clipping_bites(train_zero1); }
 
+// --val-every changes nothing of training and counts its collectives apart;
+// every rank holds every parameter: the evaluation's only collective is the loss's all-reduce.
+TEST(Zero1Parity, ValidationIsApart) { test::expect_validation_is_apart(train_zero1, 0); }
+
 TEST(Zero1Parity, RunLogCarriesTheGradNorm) { test::expect_run_log_carries_the_grad_norm(train_zero1); }
 
 // K = 2: stage 00 and ZeRO-1 both accumulate each rank's full gradient over

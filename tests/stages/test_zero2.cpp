@@ -51,6 +51,10 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Zero2BitParity, ::testing::ValuesIn(test::parity
 
 TEST(Zero2Parity, ClippingBites) { test::expect_clipping_bites(train_zero2); }
 
+// --val-every changes nothing of training and counts its collectives apart;
+// every rank holds every parameter: the evaluation's only collective is the loss's all-reduce.
+TEST(Zero2Parity, ValidationIsApart) { test::expect_validation_is_apart(train_zero2, 0); }
+
 TEST(Zero2Parity, RunLogCarriesTheGradNorm) { test::expect_run_log_carries_the_grad_norm(train_zero2); }
 
 // K = 2: ZeRO-2 reduce-scatters every micro-step and accumulates the reduced

@@ -54,6 +54,10 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Zero3BitParity, ::testing::ValuesIn(test::parity
 
 TEST(Zero3Parity, ClippingBites) { test::expect_clipping_bites(train_zero3); }
 
+// --val-every changes nothing of training and counts its collectives apart;
+// each unit is all-gathered once per held-out batch, as in the forward, and never for a backward.
+TEST(Zero3Parity, ValidationIsApart) { test::expect_validation_is_apart(train_zero3, 1); }
+
 TEST(Zero3Parity, RunLogCarriesTheGradNorm) { test::expect_run_log_carries_the_grad_norm(train_zero3); }
 
 // K = 2: ZeRO-3 reduce-scatters every micro-step and accumulates the reduced
