@@ -74,6 +74,14 @@ RankResult train_zero1(const TrainConfig& cfg, RankContext& ctx, const TokenData
   TrainingRun run(cfg, layout, ctx, log, states);  // the initial model, or --resume's checkpoint
 
   std::vector<CommHandle> pending(U);
+  // A forward without a backward (every rank holds every parameter): the
+  // held-out loss and the text samples of --val-every and --sample-every.
+  const auto forward_only = [&] {
+    float loss = 0.0f;
+    for (int u = 0; u < U; ++u) rc->forward(u, states.unit_params(u), &loss);
+    return loss;
+  };
+  run.evaluate(run.first_step(), *rc, forward_only);
   for (int step = run.first_step(); run.keep_going(step); ++step) {
     Timer timer;
     float loss_sum = 0.0f;
@@ -109,13 +117,7 @@ RankResult train_zero1(const TrainConfig& cfg, RankContext& ctx, const TokenData
     for (auto& h : pending) h.wait();
     ctx.dev.zero(states.grads.data(), states.grads.bytes());
     run.end_step(step, loss, clip.norm, timer.ms());
-    // --val-every: the held-out loss, a forward only (every rank holds every parameter).
-    run.validate(step, [&](int b) {
-      rc->load_val(b);
-      float val = 0.0f;
-      for (int u = 0; u < U; ++u) rc->forward(u, states.unit_params(u), &val);
-      return val;
-    });
+    run.evaluate(step + 1, *rc, forward_only);
   }
   return run.finish();
 }

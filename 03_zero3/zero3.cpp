@@ -78,6 +78,10 @@ RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData
   auto rc = make_rank_compute(cfg, layout, ctx, data);
   TrainingRun run(cfg, layout, ctx, log, states);  // the initial model, or --resume's checkpoint
 
+  // A forward without a backward, gathering each unit as the step's does:
+  // the held-out loss and the text samples of --val-every and --sample-every.
+  const auto forward_only = [&] { return forward(states, *rc, U); };
+  run.evaluate(run.first_step(), *rc, forward_only);
   for (int step = run.first_step(); run.keep_going(step); ++step) {
     Timer timer;
     float loss_sum = 0.0f;
@@ -106,11 +110,7 @@ RankResult train_zero3(const TrainConfig& cfg, RankContext& ctx, const TokenData
       states.opt.update(u, states.grads.piece(u), states.params.piece(u), adam, step + 1, clip.scale);
     states.grads.zero();
     run.end_step(step, loss, clip.norm, timer.ms());
-    // --val-every: the held-out loss, gathering each unit as the forward does (and no backward).
-    run.validate(step, [&](int b) {
-      rc->load_val(b);
-      return forward(states, *rc, U);
-    });
+    run.evaluate(step + 1, *rc, forward_only);
   }
   return run.finish();
 }

@@ -137,6 +137,9 @@ RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData&
   comms.count_in(run);
   const size_t esize = dtype_size(storage_dtype(cfg.precision));
 
+  // A forward without a backward: the held-out loss and the text samples.
+  const auto forward_only = [&] { return fsdp_evaluate(states.params, units, *rc, esize, D); };
+  run.evaluate(run.first_step(), *rc, forward_only);
   for (int step = run.first_step(); run.keep_going(step); ++step) {
     Timer timer;
     float loss_sum = 0.0f;
@@ -155,10 +158,7 @@ RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData&
       states.opt.update(g, states.grads.piece(g), states.params.piece(g), adam, step + 1, clip.scale);
     states.grads.zero();
     run.end_step(step, loss, clip.norm, timer.ms());
-    run.validate(step, [&](int b) {  // --val-every: the held-out loss, a forward only
-      rc->load_val(b);
-      return fsdp_evaluate(states.params, units, *rc, esize, D);
-    });
+    run.evaluate(step + 1, *rc, forward_only);
   }
   RankResult result = run.finish();
   if (comms.across) result.comm_cross_group = comms.across->stats();

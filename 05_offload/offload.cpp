@@ -250,6 +250,10 @@ RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenDa
   comms.count_in(run);
   const size_t esize = dtype_size(storage_dtype(cfg.precision));
 
+  // A forward without a backward, on the parameters the device has (with
+  // --delay-update one update behind: those the next step computes with).
+  const auto forward_only = [&] { return fsdp_evaluate(states.params, units, *rc, esize, D); };
+  run.evaluate(run.first_step(), *rc, forward_only);
   for (int step = run.first_step(); run.keep_going(step); ++step) {
     Timer timer;
     Phases t;
@@ -274,12 +278,7 @@ RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenDa
       states.update_delayed(adam, step + 1, clip.scale, step + 1 == cfg.steps, t);
     const double ms = timer.ms();
     run.end_step(step, loss, clip.norm, ms, t.finish(ms));  // a checkpoint waits for the update
-    // --val-every: the held-out loss on the parameters the device has (with
-    // --delay-update, one update behind: the ones the next step computes with).
-    run.validate(step, [&](int b) {
-      rc->load_val(b);
-      return fsdp_evaluate(states.params, units, *rc, esize, D);
-    });
+    run.evaluate(step + 1, *rc, forward_only);
   }
   RankResult result = run.finish();
   if (comms.across) result.comm_cross_group = comms.across->stats();  // stage 04's split, as its run log shows it

@@ -143,9 +143,11 @@ def load_run(path):
             steps.append((obj["step"], obj["loss"]))
         elif isinstance(obj.get("val"), dict) and "after_step" in obj["val"] and "loss" in obj["val"]:
             val.append((obj["val"]["after_step"], obj["val"]["loss"]))
+        elif isinstance(obj.get("sample"), dict):
+            pass  # a text sample: nothing to draw
         else:
             raise LogError(f"{path}, line {i}: neither a step (step, loss, ms, tokens_per_s), an evaluation "
-                           f"(val) nor a summary; keys: {', '.join(sorted(obj)) or 'none'}")
+                           f"(val), a sample nor a summary; keys: {', '.join(sorted(obj)) or 'none'}")
     if summary is None:
         if not steps:
             what = "it is empty" if not any(l.strip() for l in lines) else "it has no step lines either"

@@ -144,8 +144,10 @@ def train(run, index, total, cfg, build, out, tty):
     key, name, folder, flags, _ = run
     slug = key.replace(" ", "_")
     log = os.path.join(out, "logs", slug + ".jsonl")
+    # The held-out loss halfway and at the end, on two batches: the loss picture's squares.
     cmd = [executable(build, folder, name)] + common_flags(cfg) + flags + [
-        "--steps", str(cfg["steps"]), "--log-every", "1", "--log-json", log]
+        "--steps", str(cfg["steps"]), "--val-every", str(max(1, cfg["steps"] // 2)), "--val-batches", "2",
+        "--log-every", "1", "--log-json", log]
     if key in TRACED:
         cmd += ["--trace", os.path.join(out, "traces", slug + ".json")]
     head = f"[{index}/{total}] {key:<14}"
@@ -198,7 +200,7 @@ def record(run, log, cmd, est, dp, out):
     rec = {
         "key": run[0], "stage": run[1], "folder": run[2], "flags": run[3], "what": run[4],
         "command": " ".join(shown_path(c, out) for c in cmd),
-        "log": os.path.basename(log), "losses": losses, "final_loss": s["final_loss"],
+        "log": os.path.basename(log), "losses": losses, "final_loss": s["final_loss"], "val": r.val,
         "param_hash": s["param_hash"], "median_ms": s["median_ms"], "params": s["params"],
         "device": {c: dev[c]["peak"] for c in plot_run.CATEGORIES if c in dev},
         "device_model_states": dev["model_states"], "device_peak": dev["peak_total"],
@@ -215,7 +217,7 @@ def record(run, log, cmd, est, dp, out):
     if dp is None:
         rec["same_as_00"] = True
     else:
-        rec["same_as_00"] = rec["param_hash"] == dp["param_hash"] and losses == dp["losses"]
+        rec["same_as_00"] = rec["param_hash"] == dp["param_hash"] and losses == dp["losses"] and r.val == dp["val"]
     return rec
 
 

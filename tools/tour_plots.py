@@ -3,7 +3,8 @@
 estimator:
 
   loss.png         loss against step, one line per group of runs whose
-                   losses are the same at every step (the point: one line)
+                   losses (and held-out losses, the squares) are the same
+                   at every step (the point: one line)
   memory.png       device bytes per rank by category, per run, with the
                    formula's model states marked
   stage_NN.png     the same for stages 00 to NN only (each stage README's)
@@ -53,18 +54,21 @@ def save(fig, path):
 
 
 def loss_chart(records, path):
-    groups = []  # [losses, [keys]]
+    groups = []  # [losses, held-out losses, [keys]]
     for r in records:
         for g in groups:
-            if g[0] == r["losses"]:
-                g[1].append(r["key"])
+            if g[0] == r["losses"] and g[1] == r["val"]:
+                g[2].append(r["key"])
                 break
         else:
-            groups.append([r["losses"], [r["key"]]])
+            groups.append([r["losses"], r["val"], [r["key"]]])
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for i, (losses, keys) in enumerate(groups):
-        ax.plot(range(len(losses)), losses, lw=2.5 if i == 0 else 1.2, ls="-" if i == 0 else "--",
-                label=("runs " if len(keys) > 1 else "run ") + ", ".join(keys))
+    for i, (losses, val, keys) in enumerate(groups):
+        line, = ax.plot(range(len(losses)), losses, lw=2.5 if i == 0 else 1.2, ls="-" if i == 0 else "--",
+                        label=("runs " if len(keys) > 1 else "run ") + ", ".join(keys))
+        if val:  # after s steps: beside the loss of step s, computed on the same parameters
+            ax.plot([s for s, _ in val], [v for _, v in val], ls="none", marker="s", ms=7 if i == 0 else 4,
+                    color=line.get_color(), label="held-out loss" if i == 0 else None)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     n = len(records)

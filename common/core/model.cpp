@@ -260,6 +260,18 @@ float Gpt::head_forward(const void* params, const int32_t* targets) {
   return float(sum / N);
 }
 
+void Gpt::logits_at(size_t position, float* out) const {
+  const size_t V = size_t(layout_.cfg.V);
+  const void* row = static_cast<const char*>(logits_.data()) + position * V * esize_;
+  if (act_ == DType::f32) {
+    dev_.to_host(out, row, V * sizeof(float));
+    return;
+  }
+  std::vector<bf16> raw(V);
+  dev_.to_host(raw.data(), row, V * sizeof(bf16));
+  bf16_to_float(raw.data(), out, V);
+}
+
 // ---------------------------------------------------------------- backward
 
 void Gpt::head_backward(const void* params, void* grads, float dloss) {

@@ -114,6 +114,10 @@ class Gpt {
                     float* loss);
   void backward_unit(int unit, const void* params, void* grads, float dloss);
 
+  // After a forward: the V logits of row `position` of the [B*T] positions
+  // (sequence b's position t is b*T + t), as float32, into out (host).
+  void logits_at(size_t position, float* out) const;
+
   const ModelLayout& layout() const { return layout_; }
   int batch() const { return B_; }
   DType compute_dtype() const { return act_; }

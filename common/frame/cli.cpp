@@ -223,7 +223,21 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
       "--val-data", cfg.val_data,
       "validation token file (raw bytes or llm.c .bin); default: the last tenth of the data, held out of training"));
   app.add_option("--val-every", cfg.val_every,
-                 "the held-out loss (a forward only) after every this many steps and after the last; 0: never")
+                 "the held-out loss (a forward only) before the first step, after every this many steps and "
+                 "after the last; 0: never")
+      ->capture_default_str();
+  app.add_option("--sample-every", cfg.sample_every,
+                 "print a text sample (the model continuing --sample-prompt) at the same points; 0: never. With "
+                 "--steps 0 and --init FILE: generate from that model (a --save checkpoint too)")
+      ->capture_default_str();
+  app.add_option("--sample-prompt", cfg.sample.prompt, "the text a sample starts from (its bytes are tokens)")
+      ->capture_default_str();
+  app.add_option("--sample-length", cfg.sample.length, "tokens a sample generates")->capture_default_str();
+  app.add_option("--temperature", cfg.sample.temperature, "a sample's softmax temperature; 0: the likeliest token")
+      ->capture_default_str();
+  app.add_option("--top-k", cfg.sample.top_k, "draw among the k likeliest tokens only; 0: among all")
+      ->capture_default_str();
+  app.add_option("--sample-seed", cfg.sample.seed, "the seed of a sample's draws: the same text in every stage")
       ->capture_default_str();
   app.add_option("--val-batches", cfg.val_batches,
                  "held-out batches per evaluation, each N x --batch sequences, the same ones every time")
@@ -378,8 +392,9 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
                                       {"--init", &cfg.init}})
       USAGE_REQUIRE(value->empty(), flag << " reads or writes a model's values, and a dry run has none: leave out "
                                          << flag << " or --dry-run");
-    USAGE_REQUIRE(cfg.val_every == 0, "--val-every computes a loss, and a dry run computes none: leave out "
-                                      "--val-every or --dry-run");
+    USAGE_REQUIRE(cfg.val_every == 0 && cfg.sample_every == 0,
+                  (cfg.val_every ? "--val-every" : "--sample-every")
+                      << " computes with the model, and a dry run computes nothing: leave it out or --dry-run");
   } else {
     USAGE_REQUIRE(cfg.ranks >= 1 && cfg.ranks <= 1024, "--ranks must be between 1 and 1024 (got " << cfg.ranks << ")");
     const int cores = hardware_cores(), most = kRanksPerCore * cores;
@@ -396,6 +411,14 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   require_regular_file("--val-data", cfg.val_data);
   USAGE_REQUIRE(cfg.val_every >= 0, "--val-every must be 0 (never) or more steps (got " << cfg.val_every << ")");
   USAGE_REQUIRE(cfg.val_batches >= 1, "--val-batches must be at least 1 (got " << cfg.val_batches << ")");
+  USAGE_REQUIRE(cfg.sample_every >= 0, "--sample-every must be 0 (never) or more steps (got " << cfg.sample_every << ")");
+  USAGE_REQUIRE(!cfg.sample.prompt.empty(), "--sample-prompt must hold at least one character: a sample "
+                                            "continues it");
+  USAGE_REQUIRE(cfg.sample.length >= 1, "--sample-length must be at least 1 token (got " << cfg.sample.length << ")");
+  USAGE_REQUIRE(cfg.sample.temperature >= 0 && std::isfinite(cfg.sample.temperature),
+                "--temperature must be 0 (the likeliest token) or a positive number (got " << cfg.sample.temperature
+                                                                                         << ")");
+  USAGE_REQUIRE(cfg.sample.top_k >= 0, "--top-k must be 0 (every token) or more (got " << cfg.sample.top_k << ")");
   require_regular_file("--init", cfg.init);
   require_regular_file("--resume", cfg.resume);
   USAGE_REQUIRE(cfg.steps >= 0, "--steps must be 0 or more (got " << cfg.steps << ")");

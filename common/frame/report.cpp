@@ -160,6 +160,14 @@ void StepReporter::validation(int steps_done, float loss, long sequences, double
   std::fflush(stdout);
 }
 
+void StepReporter::sample(int steps_done, const std::string& prompt, const std::string& text) {
+  std::lock_guard<std::mutex> lock(mu_);
+  write_json(nlohmann::json{{"sample", {{"after_step", steps_done}, {"prompt", prompt}, {"text", text}}}}.dump());
+  if (cfg_.quiet) return;
+  std::printf("sample after %d steps ----\n%s%s\n----\n", steps_done, prompt.c_str(), text.c_str());
+  std::fflush(stdout);
+}
+
 nlohmann::json summary_json(const RunResult& run) {
   using nlohmann::json;
   const auto& cfg = run.cfg;

@@ -47,6 +47,8 @@ class StepReporter final : public StepLog {
             const StepPhases& phases) override;
   // After an evaluation (--val-every): a line, and a {"val": ...} object in the run log.
   void validation(int steps_done, float loss, long sequences, double ms, const CommStats& comm) override;
+  // After a sample (--sample-every): the text, and a {"sample": ...} object in the run log.
+  void sample(int steps_done, const std::string& prompt, const std::string& text) override;
   // Prints the closing tables, writes the summary object and closes the
   // run log.
   void summary(const RunResult& run);

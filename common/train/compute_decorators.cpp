@@ -21,6 +21,8 @@ class FaultyCompute final : public RankCompute {
     in_->load(step, micro);
   }
   void load_val(int b) override { in_->load_val(b); }
+  void load_context(const std::vector<int32_t>& tokens) override { in_->load_context(tokens); }
+  void logits(int t, float* out) override { in_->logits(t, out); }
   void forward(int u, const void* params, float* loss) override { in_->forward(u, params, loss); }
   void backward(int u, const void* params, void* grads) override {
     in_->backward(u, params, grads);
@@ -54,6 +56,8 @@ class RecordedCompute final : public RankCompute {
     in_->load(step, micro);
   }
   void load_val(int b) override { in_->load_val(b); }
+  void load_context(const std::vector<int32_t>& tokens) override { in_->load_context(tokens); }
+  void logits(int t, float* out) override { in_->logits(t, out); }
   void forward(int u, const void* params, float* loss) override {
     rec_.compute(ScheduleEvent::forward_begin, u);
     in_->forward(u, params, loss);

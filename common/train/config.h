@@ -10,6 +10,7 @@
 #include "comm.h"
 #include "device.h"
 #include "lr_schedule.h"
+#include "sample.h"
 #include "memory.h"
 #include "model.h"
 #include "precision.h"
@@ -62,8 +63,10 @@ struct TrainConfig {
   Recompute recompute = Recompute::none;            // --recompute (model.h)
   std::string data;               // empty: the built-in corpus
   std::string val_data;           // --val-data: the validation tokens (empty: the last tenth of the data)
-  int val_every = 0;              // --val-every: the held-out loss after every this many steps and the last (0: never)
+  int val_every = 0;              // --val-every: the held-out loss before the first step, after every this many and after the last (0: never)
   int val_batches = 4;            // --val-batches: batches of N*B held-out sequences per evaluation
+  int sample_every = 0;           // --sample-every: a text sample at the same points (0: never)
+  SampleConfig sample;            // --sample-prompt, --sample-length, --temperature, --top-k, --sample-seed
   std::string device = "cpu";
   std::optional<size_t> device_mem;
   std::string init;               // consolidated safetensors to start from
@@ -108,6 +111,7 @@ struct RankResult {
   std::vector<double> step_ms;    // wall time per step
   std::vector<std::pair<int, float>> val_losses;  // (steps done, held-out loss) of each evaluation (same on every rank)
   CommStats val_comm;             // the evaluations' collectives (not in `comm`)
+  std::vector<std::pair<int, std::vector<int32_t>>> samples;  // (steps done, tokens generated) (same on every rank)
   MemoryCounts memory;            // at the end of the run
   CommStats comm;                 // over the whole run, every communicator of the rank
   CommStats comm_cross_group;     // hybrid sharding: the part of comm across the shard groups

@@ -41,6 +41,17 @@ class ModelCompute final : public RankCompute {
     to_device();
   }
 
+  void load_context(const std::vector<int32_t>& tokens) override {
+    const size_t T = size_t(cfg_.model.T);
+    REQUIRE(!tokens.empty() && tokens.size() <= T, "load_context: 1 to T tokens, got " << tokens.size());
+    std::fill(host_inputs_.begin(), host_inputs_.end(), 0);
+    std::fill(host_targets_.begin(), host_targets_.end(), 0);
+    for (int b = 0; b < cfg_.batch; ++b) std::copy(tokens.begin(), tokens.end(), host_inputs_.begin() + long(b * T));
+    to_device();
+  }
+
+  void logits(int t, float* out) override { gpt_.logits_at(size_t(t), out); }
+
   void forward(int u, const void* params, float* loss) override {
     gpt_.forward_unit(u, unit_.params(params, layout_.units[u].numel), inputs_.as<int32_t>(),
                       targets_.as<int32_t>(), loss);

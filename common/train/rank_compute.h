@@ -7,6 +7,8 @@
 //   rc->forward(u, params, &loss)  unit u, first to last (the head sets loss)
 //   rc->backward(u, params, grads) unit u, last to first, adding into grads
 //   rc->load_val(b)                this rank's part of held-out batch b (a forward only)
+//   rc->load_context(tokens)       a text sample's context; then a forward, then
+//   rc->logits(t, out)             the next token's logits at position t
 //
 // make_rank_compute builds the model's compute and wraps it in what the run
 // asks for around it, as frame/device_profile.h wraps a Device: the fault
@@ -16,6 +18,7 @@
 
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "config.h"
 #include "data.h"
@@ -32,6 +35,12 @@ class RankCompute {
   // Loads this rank's B sequences of validation batch b (data.h's validation
   // split, sampled as step b with K = 1), for a forward without a backward.
   virtual void load_val(int b) = 0;
+  // Loads `tokens` (1 to T of them) as the start of every sequence of the
+  // micro-batch, the rest 0: a sample's context (causal attention: what
+  // follows position t never changes its logits).
+  virtual void load_context(const std::vector<int32_t>& tokens) = 0;
+  // After a forward: the V logits at position t of sequence 0, float32.
+  virtual void logits(int t, float* out) = 0;
   // Forward of unit u on its parameters (the recipe's dtype); the head sets *loss.
   virtual void forward(int u, const void* params, float* loss) = 0;
   // Backward of unit u, adding into grads (the recipe's dtype). The objective

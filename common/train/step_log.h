@@ -50,6 +50,8 @@ class StepLog {
   // The held-out loss after `steps_done` steps, over `sequences` sequences;
   // ms its wall time; comm its collectives' bytes and calls (not training's).
   virtual void validation(int steps_done, float loss, long sequences, double ms, const CommStats& comm) = 0;
+  // A text sample after `steps_done` steps: the prompt and what the model wrote after it.
+  virtual void sample(int steps_done, const std::string& prompt, const std::string& text) = 0;
 };
 
 }  // namespace zf

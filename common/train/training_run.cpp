@@ -4,6 +4,8 @@
 #include <string>
 
 #include "checkpoint.h"
+#include "rank_compute.h"
+#include "sample.h"
 #include "comm_recording.h"
 #include "host_collectives.h"
 #include "stop_request.h"
@@ -75,27 +77,78 @@ void TrainingRun::end_step(int step, float loss, float grad_norm, double ms, con
   skip_clock();
 }
 
-void TrainingRun::validate(int step, const std::function<float(int b)>& forward) {
-  const int done = step + 1;
-  if (cfg_.val_every <= 0 || result_.stop_signal != 0 || (done % cfg_.val_every != 0 && done != cfg_.steps)) return;
+void TrainingRun::evaluate(int done, RankCompute& rc, const std::function<float()>& forward) {
+  if (result_.stop_signal != 0) return;
+  auto due = [&](int every) {
+    return every > 0 && (done == result_.first_step || done % every == 0 || done == cfg_.steps);
+  };
+  const bool val = due(cfg_.val_every), sample = due(cfg_.sample_every);
+  if (val) validate(done, rc, forward);
+  if (sample) generate(done, rc, forward);
+  if (val || sample) skip_clock();
+}
+
+CommStats TrainingRun::apart(const std::function<void()>& work) {
   std::vector<Communicator*> comms{&ctx_.comm};
   comms.insert(comms.end(), extra_.begin(), extra_.end());
   std::vector<CommStats> training;
   for (Communicator* c : comms) training.push_back(c->stats());
-  Timer timer;
-  float sum = 0.0f;
-  for (int b = 0; b < cfg_.val_batches; ++b) sum += forward(b);
-  const float loss = global_mean_loss(ctx_.comm, ctx_.dev, sum, cfg_.val_batches);  // over N x batches
-  const double ms = timer.ms();
+  const TransferStats copies = ctx_.dev.transfers();
+  work();
   CommStats used;
   for (size_t i = 0; i < comms.size(); ++i) {
     add_difference(used, comms[i]->stats(), training[i]);
     comms[i]->restore_counts(training[i]);
   }
+  const TransferStats& now = ctx_.dev.transfers();
+  evaluated_.to_device_bytes += now.to_device_bytes - copies.to_device_bytes;
+  evaluated_.to_host_bytes += now.to_host_bytes - copies.to_host_bytes;
+  evaluated_.to_device_copies += now.to_device_copies - copies.to_device_copies;
+  evaluated_.to_host_copies += now.to_host_copies - copies.to_host_copies;
+  return used;
+}
+
+void TrainingRun::validate(int done, RankCompute& rc, const std::function<float()>& forward) {
+  Timer timer;
+  float loss = 0.0f;
+  const CommStats used = apart([&] {
+    float sum = 0.0f;
+    for (int b = 0; b < cfg_.val_batches; ++b) {
+      rc.load_val(b);
+      sum += forward();
+    }
+    loss = global_mean_loss(ctx_.comm, ctx_.dev, sum, cfg_.val_batches);  // over N x batches
+  });
+  const double ms = timer.ms();
   add_difference(result_.val_comm, used);
   result_.val_losses.emplace_back(done, loss);
   if (ctx_.rank == 0) log_.validation(done, loss, long(cfg_.val_batches) * ctx_.world * cfg_.batch, ms, used);
-  skip_clock();
+}
+
+// No KV cache: each token is one more forward over the whole window, the
+// forward every stage already has, with its gathers; a cache would be a
+// second forward path (and, sharded, a cache per rank) for a few samples.
+void TrainingRun::generate(int done, RankCompute& rc, const std::function<float()>& forward) {
+  const SampleConfig& sc = cfg_.sample;
+  const size_t T = size_t(cfg_.model.T);
+  std::vector<int32_t> tokens(sc.prompt.begin(), sc.prompt.end()), made;
+  for (int32_t& t : tokens) t &= 0xff;  // the prompt's bytes
+  const std::string prompt = tokens_to_text(tokens);
+  std::vector<float> logits(size_t(cfg_.model.V));
+  apart([&] {
+    for (int i = 0; i < sc.length; ++i) {
+      const size_t start = tokens.size() > T ? tokens.size() - T : 0;  // the last T tokens
+      rc.load_context(std::vector<int32_t>(tokens.begin() + long(start), tokens.end()));
+      forward();
+      rc.logits(int(tokens.size() - start) - 1, logits.data());
+      const int32_t next = sample_token(logits.data(), cfg_.model.V, sc.temperature, sc.top_k,
+                                        sample_uniform(sc.seed, uint64_t(i)));
+      tokens.push_back(next);
+      made.push_back(next);
+    }
+  });
+  result_.samples.emplace_back(done, made);
+  if (ctx_.rank == 0) log_.sample(done, prompt, tokens_to_text(made));
 }
 
 // The stop vote and saving are not training: the next step's modeled time starts after them.
@@ -140,8 +193,11 @@ RankResult TrainingRun::finish() {
   result_.comm = ctx_.comm.stats();
   for (Communicator* c : extra_) add_difference(result_.comm, c->stats());
   const TransferStats& t = ctx_.dev.transfers();
-  result_.transfers = {t.to_device_bytes - loaded_.to_device_bytes, t.to_host_bytes - loaded_.to_host_bytes,
-                       t.to_device_copies - loaded_.to_device_copies, t.to_host_copies - loaded_.to_host_copies};
+  // The steps' copies: neither the initial load's nor the evaluations'.
+  result_.transfers = {t.to_device_bytes - loaded_.to_device_bytes - evaluated_.to_device_bytes,
+                       t.to_host_bytes - loaded_.to_host_bytes - evaluated_.to_host_bytes,
+                       t.to_device_copies - loaded_.to_device_copies - evaluated_.to_device_copies,
+                       t.to_host_copies - loaded_.to_host_copies - evaluated_.to_host_copies};
   if (cfg_.dry_run) return result_;  // no values, no hash
   const std::vector<float> params = states_.full(StateKind::params, true);
   result_.param_hash = hash_params(params.data(), params.size());

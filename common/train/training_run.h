@@ -4,9 +4,11 @@
 //   Zero1States states(...);                  the stage's model states (a ModelStates)
 //   TrainingRun run(cfg, layout, ctx, log, states);   load them, --save-init; a
 //                                             failing rank from here on stops the group (comm.h)
+//   run.evaluate(run.first_step(), rc, forward_only);   --val-every, --sample-every
 //   for (int step = run.first_step(); run.keep_going(step); ++step) {
 //     ...                                     the stage's step
 //     run.end_step(step, loss, grad_norm, ms);  record, report, --save when due
+//     run.evaluate(step + 1, rc, forward_only);  and again when due
 //   }
 //   return run.finish();                      counters, final parameter hash
 //
@@ -26,7 +28,10 @@
 #include "rank.h"
 #include "step_log.h"
 
+
 namespace zf {
+
+class RankCompute;
 
 class ModelStates {
  public:
@@ -59,13 +64,14 @@ class TrainingRun {
   // agreed to stop after a signal (stop_request.h).
   bool keep_going(int step) const { return step < cfg_.steps && result_.stop_signal == 0; }
 
-  // --val-every: after step `step`, when due (every --val-every steps and
-  // after the last), the held-out loss: forward(b) loads validation batch b
-  // (RankCompute::load_val) and returns this rank's loss of it, computed
-  // with a forward only; the mean over --val-batches batches and the ranks
-  // is recorded and reported. Its collectives are counted apart from
-  // training's, and its time is in no step's.
-  void validate(int step, const std::function<float(int b)>& forward);
+  // --val-every and --sample-every, after `done` steps (before the first
+  // step this run trains, after every S steps, and after the last): the
+  // held-out loss, the mean over --val-batches batches and the ranks; and a
+  // text sample (sample.h), generated token by token. forward() runs a
+  // forward only over the micro-batch rc holds and returns this rank's
+  // loss of it. Recorded and reported; the collectives and copies are
+  // counted apart from training's, and the time is in no step's.
+  void evaluate(int done, RankCompute& rc, const std::function<float()>& forward);
 
   // A communicator the stage split from ctx.comm (a sub-group, a second
   // queue): its counters are added to the run's, and saving is not counted
@@ -88,6 +94,11 @@ class TrainingRun {
 
  private:
   void save(int steps_done);
+  // Runs work, and gives back the collectives it issued, taken out of the
+  // training counters as its host<->device copies are.
+  CommStats apart(const std::function<void()>& work);
+  void validate(int done, RankCompute& rc, const std::function<float()>& forward);
+  void generate(int done, RankCompute& rc, const std::function<float()>& forward);
   int vote_to_stop();
   void skip_clock();
 
@@ -99,6 +110,7 @@ class TrainingRun {
   ModelStates& states_;
   std::vector<Communicator*> extra_;
   TransferStats loaded_;  // the device's copies once the states were loaded
+  TransferStats evaluated_;  // the evaluations' copies (--val-every), not training's
   RankResult result_;
 };
 

@@ -254,6 +254,30 @@ TEST(Cli, DataTooShortForAValidationTenth) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Cli, SampleFlagsAreChecked) {
+  expect_usage_error("--sample-every -2", {"--sample-every", "got -2"});
+  expect_usage_error("--sample-every 1 --sample-prompt ''", {"--sample-prompt"});
+  expect_usage_error("--sample-every 1 --sample-length 0", {"--sample-length", "got 0"});
+  expect_usage_error("--sample-every 1 --temperature -1", {"--temperature", "got -1"});
+  expect_usage_error("--sample-every 1 --top-k -3", {"--top-k", "got -3"});
+  expect_usage_error("--clock modeled --dry-run --sample-every 1", {"--sample-every", "--dry-run"});
+}
+// --steps 0 --init FILE --sample-every 1: the saved model writes a sample,
+// on stdout and in the run log, and nothing is trained.
+TEST(Cli, GeneratesFromASavedModel) {
+  const std::string dir = test::temp_dir(), ck = dir + "/ck.safetensors", log = dir + "/gen.jsonl";
+  ASSERT_EQ(run_command(dp() + " --steps 3 --save " + ck).exit_code, 0);
+  auto r = run_command(test::dp_binary() + " --model tiny --steps 0 --init " + ck +
+                       " --sample-every 1 --sample-prompt 'Once' --sample-length 8 --log-json " + log);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("sample after 0 steps ----\nOnce"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("\nstep "), std::string::npos) << r.output;  // no step line
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("{\"sample\":{\"after_step\":0,\"prompt\":\"Once\",\"text\":"), std::string::npos) << text;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Cli, SaveEveryNeedsSave) { expect_usage_error("--save-every 5", {"--save-every", "--save FILE"}); }
 TEST(Cli, SaveWithNoStepsSaysToUseSaveInit) {
   expect_usage_error("--steps 0 --save ck.safetensors", {"--steps 0", "--save-init"});

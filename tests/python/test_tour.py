@@ -54,9 +54,15 @@ def read_log(path):
             obj = json.loads(line)
             if "summary" in obj:
                 summary = obj["summary"]
-            else:
+            elif "step" in obj:
                 steps.append(obj["loss"])
     return steps, summary
+
+
+def read_val(path):
+    """The (steps done, held-out loss) of each evaluation in a run log."""
+    with open(path) as f:
+        return [[o["val"]["after_step"], o["val"]["loss"]] for o in map(json.loads, f) if "val" in o]
 
 
 def markdown_rows(text, first_header):
@@ -112,7 +118,11 @@ class Tour(unittest.TestCase):
                 self.assertEqual(rec["host_model_states"], s["memory"][0]["host"]["model_states"])
                 self.assertEqual(rec["comm"]["total"], s["comm"][0]["bytes_per_step"])
                 self.assertEqual(rec["comm"]["by_collective"], s["comm"][0]["by_collective"])
-                same = losses == dp_losses and s["param_hash"] == dp_summary["param_hash"]
+                val = read_val(os.path.join(self.out, "logs", rec["log"]))
+                self.assertEqual([list(v) for v in rec["val"]], val)
+                self.assertEqual([v[0] for v in val], [0, 10, 20])  # --steps 20: before, halfway and at the end
+                same = (losses == dp_losses and s["param_hash"] == dp_summary["param_hash"]
+                        and val == read_val(os.path.join(self.out, "logs", "00.jsonl")))
                 self.assertEqual(rec["same_as_00"], same)
         # The point of the ladder, as the logs have it: bit-identical but for
         # hybrid sharding, which adds in another order (04_fsdp/README.md).

@@ -170,7 +170,7 @@ inline std::string parity_case_name(const ::testing::TestParamInfo<ParityCase>& 
 // losses, the gradient norms and the final parameters are stage 00's to the
 // bit. Both recipes, with two clip norms that really clip (ClippingBites),
 // the second with a learning rate that changes within the run and the
-// held-out loss after steps 2 and 3 (--val-every 2).
+// held-out loss before step 0 and after steps 2 and 3 (--val-every 2).
 inline void expect_bit_identical_to_dp(const ParityCase& pc, const StageFn& fn, const char* stage) {
   for (Precision p : {Precision::fp32, Precision::bf16})
     for (float clip : {1.0f, 0.05f}) {
@@ -455,8 +455,9 @@ inline void expect_bytes(double got, double want, const char* what) {
 // ================================================================== validation
 
 // --val-every changes nothing of training (the same losses, norms, final
-// parameters and training counters as without it); every rank has the same
-// held-out losses, after steps 2 and 4 of 4; and the evaluations'
+// parameters and training counters, host<->device copies included, as
+// without it); every rank has the same held-out losses, before the first
+// step and after steps 2 and 4 of 4; and the evaluations'
 // collectives are counted apart: per evaluation, for each of its batches,
 // `gathers` all-gathers of the padded model (0 where every rank holds every
 // parameter, 1 where each unit is gathered for its forward), and the loss's
@@ -475,21 +476,26 @@ inline void expect_validation_is_apart(const StageFn& fn, int gathers) {
         EXPECT_EQ(got.ranks[r].param_hash, plain.ranks[r].param_hash) << "rank " << r;
         EXPECT_EQ(got.ranks[r].comm.bytes, plain.ranks[r].comm.bytes) << "rank " << r;
         EXPECT_EQ(got.ranks[r].comm.calls, plain.ranks[r].comm.calls) << "rank " << r;
+        const TransferStats &a = got.ranks[r].transfers, &b = plain.ranks[r].transfers;
+        EXPECT_EQ(a.to_device_bytes, b.to_device_bytes) << "rank " << r;
+        EXPECT_EQ(a.to_host_bytes, b.to_host_bytes) << "rank " << r;
+        EXPECT_EQ(a.to_device_copies + a.to_host_copies, b.to_device_copies + b.to_host_copies) << "rank " << r;
         EXPECT_EQ(got.ranks[r].val_losses, got.ranks[0].val_losses) << "rank " << r;
       }
       const auto& v = got.ranks[0].val_losses;
-      ASSERT_EQ(v.size(), 2u);
-      EXPECT_EQ(v[0].first, 2);
-      EXPECT_EQ(v[1].first, 4);
-      EXPECT_LT(v[1].second, v[0].second) << "it learns";
+      ASSERT_EQ(v.size(), 3u);
+      EXPECT_EQ(v[0].first, 0);
+      EXPECT_EQ(v[1].first, 2);
+      EXPECT_EQ(v[2].first, 4);
+      EXPECT_LT(v[2].second, v[0].second) << "it learns";
       if (gathers < 0) continue;
       const double f = double(N - 1) / N, e = double(esize(p));
       const CommStats& c = got.ranks[0].val_comm;
       // Counted as differences of the run's totals: exact up to their rounding.
       const double tol = 1e-12 * (got.ranks[0].comm.total_bytes() + c.total_bytes());
       EXPECT_NEAR(c.bytes[int(CollectiveKind::all_gather)],
-                  2 * 3 * gathers * f * e * double(sizes_of(cfg.model, N).padded), tol) << "all-gathers";
-      EXPECT_NEAR(c.bytes[int(CollectiveKind::all_reduce)], 2 * 2 * f * 4, tol) << "the loss's all-reduce";
+                  3 * 3 * gathers * f * e * double(sizes_of(cfg.model, N).padded), tol) << "all-gathers";
+      EXPECT_NEAR(c.bytes[int(CollectiveKind::all_reduce)], 3 * 2 * f * 4, tol) << "the loss's all-reduce";
       EXPECT_NEAR(c.total_bytes(), c.bytes[int(CollectiveKind::all_gather)] + c.bytes[int(CollectiveKind::all_reduce)],
                   tol) << "nothing else";
     }

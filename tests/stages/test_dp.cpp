@@ -319,7 +319,8 @@ TEST_F(DataParallelCheckpoint, ValidationLossIsTheLossOfTheHeldOutSequences) {
   a.val_batches = 1;
   a.save = dir_ + "/ck.safetensors";
   const RunResult ra = run_training(a, train_data_parallel);
-  ASSERT_EQ(ra.ranks[0].val_losses.size(), 1u);
+  ASSERT_EQ(ra.ranks[0].val_losses.size(), 2u);  // before step 0, after step 2
+  ASSERT_EQ(ra.ranks[0].val_losses[1].first, 3);
   const TokenData corpus = builtin_corpus();
   const size_t tenth = corpus.tokens.size() / 10;
   const std::string held = dir_ + "/held.bin";
@@ -329,8 +330,8 @@ TEST_F(DataParallelCheckpoint, ValidationLossIsTheLossOfTheHeldOutSequences) {
   b.val_data = held;  // validation tokens of its own: none of --data is held out
   b.init = a.save;
   const RunResult rb = run_training(b, train_data_parallel);
-  EXPECT_EQ(rb.ranks[0].losses.at(0), ra.ranks[0].val_losses[0].second);
-  EXPECT_NE(ra.ranks[0].losses.back(), ra.ranks[0].val_losses[0].second) << "not the training batch's loss";
+  EXPECT_EQ(rb.ranks[0].losses.at(0), ra.ranks[0].val_losses[1].second);
+  EXPECT_NE(ra.ranks[0].losses.back(), ra.ranks[0].val_losses[1].second) << "not the training batch's loss";
 }
 
 // --weight-decay reaches AdamW: 0 and the default 0.1 train differently

@@ -45,6 +45,13 @@ namespace {
 
 using namespace fsdp_test;
 
+// Stage 05 with --offload-params, whatever the configuration says.
+RankResult train_offload_params(const TrainConfig& c, RankContext& ctx, const TokenData& d, StepLog& r) {
+  TrainConfig cfg = c;
+  cfg.offload.offload_params = true;
+  return train_offload(cfg, ctx, d, r);
+}
+
 RunResult with_params_offloaded(TrainConfig cfg) {
   cfg.offload.offload_params = true;
   return run_training(cfg, train_offload);
@@ -102,6 +109,11 @@ TEST(OffloadParity, ClippingBites) { test::expect_clipping_bites(train_offload);
 // --val-every changes nothing of training and counts its collectives apart;
 // its bytes are FSDP's, checked in test_fsdp.cpp.
 TEST(OffloadParity, ValidationIsApart) { test::expect_validation_is_apart(train_offload, -1); }
+// With the parameter shards on the host the evaluation's gathers copy them
+// to the device: copies of the evaluation's, not in the steps' transfers.
+TEST(OffloadParity, ValidationWithOffloadParamsIsApart) {
+  test::expect_validation_is_apart(train_offload_params, -1);
+}
 
 // Hybrid sharding, bit for bit against stage 00 adding in the same two hops
 // (fsdp_test_util.h), with and without --offload-params.
@@ -479,13 +491,7 @@ TEST_F(OffloadCheckpoint, ResumeWithTheMomentsOnDiskContinuesBitForBit) {
 TEST_F(OffloadCheckpoint, ResumeContinuesBitForBit) { test::expect_resume_continues_bit_for_bit(train_offload, dir_); }
 
 TEST_F(OffloadCheckpoint, ResumeWithOffloadParamsContinuesBitForBit) {
-  test::expect_resume_continues_bit_for_bit(
-      [](const TrainConfig& c, RankContext& ctx, const TokenData& d, StepLog& r) {
-        TrainConfig cfg = c;
-        cfg.offload.offload_params = true;
-        return train_offload(cfg, ctx, d, r);
-      },
-      dir_);
+  test::expect_resume_continues_bit_for_bit(train_offload_params, dir_);
 }
 
 }  // namespace
