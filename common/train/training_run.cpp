@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "check.h"
 #include "checkpoint.h"
 #include "rank_compute.h"
 #include "sample.h"
@@ -83,6 +84,7 @@ void TrainingRun::evaluate(int done, RankCompute& rc, const std::function<float(
     return every > 0 && (done == result_.first_step || done % every == 0 || done == cfg_.steps);
   };
   const bool val = due(cfg_.val_every), sample = due(cfg_.sample_every);
+  if (val || sample) set_current_step(-1);  // a collective's timeout in here names no training step
   if (val) validate(done, rc, forward);
   if (sample) generate(done, rc, forward);
   if (val || sample) skip_clock();
