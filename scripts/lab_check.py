@@ -10,7 +10,7 @@ run at the same flags. Standard library only.
 
     python3 scripts/lab_check.py LAB [--build DIR] [--binary PATH] [--predict KEY=VALUE ...]
                                  [--ranks N] [--precision fp32|bf16] [--grad-accum K] [--model tiny|small]
-                                 [--stage-flags "FLAGS"] [--logs DIR] [--tests]
+                                 [--stage-flags "FLAGS"] [--reference PATH] [--logs DIR] [--tests]
     python3 scripts/lab_check.py --check-refs [LAB_FILE ...]
     python3 scripts/lab_check.py --list
 
@@ -171,7 +171,9 @@ def fmt(x):
 
 def parse_stage_flags(lab, text):
     """--stage-flags: the lab's extra flags, those its formulas know."""
-    words = shlex.split(text or "")
+    words = []
+    for w in shlex.split(text or ""):  # --recompute=full is --recompute full
+        words += w.split("=", 1) if w.startswith("--") and "=" in w else [w]
     opts, i = {}, 0
     while i < len(words):
         w = words[i]

@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import matplotlib
 
@@ -83,7 +84,10 @@ def loss_chart(records, path):
 def stacked_chart(records, path, title, ylabel, parts, colours, formula, formula_label, peak=None):
     """One bar per run, stacked by parts(r) (name -> bytes), with the formula's
     value (formula(r), or None) in red and, when given, peak(r) in black."""
-    fig, ax = plt.subplots(figsize=(max(6.5, 2.8 + 0.9 * len(records)), 4.8))
+    width = max(6.5, 2.8 + 0.9 * len(records))
+    fig, ax = plt.subplots(figsize=(width, 4.8))
+    # A narrow chart (the first stages' alone) wraps its title rather than cut it off.
+    title = "\n".join(textwrap.fill(line, int(width * 9)) for line in title.split("\n"))
     top = max(max(sum(parts(r).values()), peak(r) if peak else 0) for r in records) or 1
     div, unit = plot_run.byte_unit(top)
     for i, r in enumerate(records):
@@ -175,7 +179,8 @@ def draw_all(records, out, build, fit_mem=FIT["device_mem"]):
     for k in range(6):
         key = f"{k:02d}"
         mine = [r for r in records if r["key"][:2] <= key]
-        memory_chart(mine, os.path.join(out, f"stage_{key}.png"), MEMORY_TITLE.format(what=f"stages 00 to {key}"))
+        what = "stage 00" if k == 0 else f"stages 00 to {key}"
+        memory_chart(mine, os.path.join(out, f"stage_{key}.png"), MEMORY_TITLE.format(what=what))
     comm_chart(records, os.path.join(out, "comm.png"))
     for key in ("03", "04"):
         trace = os.path.join(out, "traces", key + ".json")

@@ -123,7 +123,7 @@ class EveryLabPassesOnItsStage(LabTestCase):
                     f"all_gather={2 / 3 * 2 * padded!r}")
 
     def test_fsdp_knobs(self):
-        self.passes(5, "--stage-flags=--prefetch 0", "--predict", f"gathered_peak={2 * BLOCK}")  # one block, bf16
+        self.passes(5, "--stage-flags=--prefetch=0", "--predict", f"gathered_peak={2 * BLOCK}")  # one block, bf16
         self.passes(5, "--stage-flags=--reduce-dtype fp32", "--predict", f"reduce_scatter={3 / 4 * 4 * P!r}")
         self.passes(5, "--stage-flags=--reshard-after-forward false", "--predict",
                     f"all_gather={3 / 4 * 2 * P!r}", f"gathered_peak={2 * P}")
