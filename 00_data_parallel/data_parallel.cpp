@@ -91,22 +91,21 @@ RankResult train_data_parallel(const TrainConfig& cfg, RankContext& ctx, const T
   TrainingRun run(cfg, layout, ctx, log, states);  // the initial model, or --resume's checkpoint
 
   std::vector<CommHandle> pending(U);
-  // A forward without a backward (every rank holds every parameter): the
-  // held-out loss and the text samples of --val-every and --sample-every.
-  const auto forward_only = [&] {
+  // The forward of the micro-batch rc holds, unit by unit (every rank holds
+  // every parameter): the step's, and alone the held-out loss's and the
+  // text samples' of --val-every and --sample-every.
+  const auto forward = [&] {
     float loss = 0.0f;
     for (int u = 0; u < U; ++u) rc->forward(u, states.unit_params(u), &loss);
     return loss;
   };
-  run.evaluate(run.first_step(), *rc, forward_only);
+  run.evaluate(run.first_step(), *rc, forward);
   for (int step = run.first_step(); run.keep_going(step); ++step) {
     Timer timer;
     float loss_sum = 0.0f;
     for (int k = 0; k < K; ++k) {
       rc->load(step, k);
-      float loss = 0.0f;
-      for (int u = 0; u < U; ++u) rc->forward(u, states.unit_params(u), &loss);
-      loss_sum += loss;
+      loss_sum += forward();
 
       // Backward, last unit first.
       for (int u = U - 1; u >= 0; --u) {
@@ -138,7 +137,7 @@ RankResult train_data_parallel(const TrainConfig& cfg, RankContext& ctx, const T
     if (cfg.precision == Precision::bf16) ctx.dev.narrow(p32, states.params.as<bf16>(), layout.numel);
     ctx.dev.zero(states.grads.data(), states.grads.bytes());
     run.end_step(step, loss, clip.norm, timer.ms());
-    run.evaluate(step + 1, *rc, forward_only);
+    run.evaluate(step + 1, *rc, forward);
   }
   return run.finish();
 }

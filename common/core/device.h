@@ -61,6 +61,17 @@ class Transfer {
 struct TransferStats {
   uint64_t to_device_bytes = 0, to_host_bytes = 0;
   uint64_t to_device_copies = 0, to_host_copies = 0;
+
+  // The copies between two readings (a later minus an earlier), and their sum.
+  TransferStats operator-(const TransferStats& o) const {
+    return {to_device_bytes - o.to_device_bytes, to_host_bytes - o.to_host_bytes,
+            to_device_copies - o.to_device_copies, to_host_copies - o.to_host_copies};
+  }
+  TransferStats& operator+=(const TransferStats& o) {
+    to_device_bytes += o.to_device_bytes, to_host_bytes += o.to_host_bytes;
+    to_device_copies += o.to_device_copies, to_host_copies += o.to_host_copies;
+    return *this;
+  }
 };
 
 // One asynchronous copy as its device saw it, for a copy observer

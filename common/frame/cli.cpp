@@ -226,6 +226,9 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
                  "the held-out loss (a forward only) before the first step, after every this many steps and "
                  "after the last; 0: never")
       ->capture_default_str();
+  app.add_option("--val-batches", cfg.val_batches,
+                 "held-out batches per evaluation, each N x --batch sequences, the same ones every time")
+      ->capture_default_str();
   app.add_option("--sample-every", cfg.sample_every,
                  "print a text sample (the model continuing --sample-prompt) at the same points; 0: never. With "
                  "--steps 0 and --init FILE: generate from that model (a --save checkpoint too)")
@@ -238,9 +241,6 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   app.add_option("--top-k", cfg.sample.top_k, "draw among the k likeliest tokens only; 0: among all")
       ->capture_default_str();
   app.add_option("--sample-seed", cfg.sample.seed, "the seed of a sample's draws: the same text in every stage")
-      ->capture_default_str();
-  app.add_option("--val-batches", cfg.val_batches,
-                 "held-out batches per evaluation, each N x --batch sequences, the same ones every time")
       ->capture_default_str();
   app.add_option("--device", cfg.device, "cpu or cuda")->capture_default_str();
   path_options.push_back(

@@ -102,11 +102,7 @@ CommStats TrainingRun::apart(const std::function<void()>& work) {
     add_difference(used, comms[i]->stats(), training[i]);
     comms[i]->restore_counts(training[i]);
   }
-  const TransferStats& now = ctx_.dev.transfers();
-  evaluated_.to_device_bytes += now.to_device_bytes - copies.to_device_bytes;
-  evaluated_.to_host_bytes += now.to_host_bytes - copies.to_host_bytes;
-  evaluated_.to_device_copies += now.to_device_copies - copies.to_device_copies;
-  evaluated_.to_host_copies += now.to_host_copies - copies.to_host_copies;
+  evaluated_ += ctx_.dev.transfers() - copies;
   return used;
 }
 
@@ -194,12 +190,8 @@ RankResult TrainingRun::finish() {
   result_.memory = ctx_.mem.counts();
   result_.comm = ctx_.comm.stats();
   for (Communicator* c : extra_) add_difference(result_.comm, c->stats());
-  const TransferStats& t = ctx_.dev.transfers();
   // The steps' copies: neither the initial load's nor the evaluations'.
-  result_.transfers = {t.to_device_bytes - loaded_.to_device_bytes - evaluated_.to_device_bytes,
-                       t.to_host_bytes - loaded_.to_host_bytes - evaluated_.to_host_bytes,
-                       t.to_device_copies - loaded_.to_device_copies - evaluated_.to_device_copies,
-                       t.to_host_copies - loaded_.to_host_copies - evaluated_.to_host_copies};
+  result_.transfers = ctx_.dev.transfers() - loaded_ - evaluated_;
   if (cfg_.dry_run) return result_;  // no values, no hash
   const std::vector<float> params = states_.full(StateKind::params, true);
   result_.param_hash = hash_params(params.data(), params.size());

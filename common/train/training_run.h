@@ -4,11 +4,11 @@
 //   Zero1States states(...);                  the stage's model states (a ModelStates)
 //   TrainingRun run(cfg, layout, ctx, log, states);   load them, --save-init; a
 //                                             failing rank from here on stops the group (comm.h)
-//   run.evaluate(run.first_step(), rc, forward_only);   --val-every, --sample-every
+//   run.evaluate(run.first_step(), rc, forward);   --val-every, --sample-every
 //   for (int step = run.first_step(); run.keep_going(step); ++step) {
 //     ...                                     the stage's step
 //     run.end_step(step, loss, grad_norm, ms);  record, report, --save when due
-//     run.evaluate(step + 1, rc, forward_only);  and again when due
+//     run.evaluate(step + 1, rc, forward);  and again when due
 //   }
 //   return run.finish();                      counters, final parameter hash
 //

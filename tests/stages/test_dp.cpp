@@ -27,6 +27,7 @@
 #include "stages/schedule_util.h"
 #include "stages/gradient_check.h"
 #include "stages/stage_test_util.h"
+#include "stages/validation_checks.h"
 #include "test_util.h"
 
 namespace zf {

@@ -36,6 +36,7 @@
 #include "memory_model.h"
 #include "stages/fsdp_test_util.h"
 #include "stages/stage_test_util.h"
+#include "stages/validation_checks.h"
 #include "test_util.h"
 
 namespace zf {

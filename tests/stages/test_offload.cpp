@@ -35,6 +35,7 @@
 #include "sharded_adamw.h"
 #include "stages/fsdp_test_util.h"
 #include "stages/stage_test_util.h"
+#include "stages/validation_checks.h"
 #include "test_util.h"
 #include "zero1.h"
 #include "zero2.h"
