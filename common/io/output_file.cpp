@@ -202,4 +202,93 @@ std::vector<std::string> remove_stale_save_temps(const std::string& target, std:
   return removed;
 }
 
+AtomicFile::AtomicFile(const std::string& path, const std::string& what)
+    : path_(path), what_(what), target_(write_target(path)) {
+  via_ = target_ == path ? "" : " (through the symlink, to '" + target_ + "')";
+  struct stat tst;
+  if (::stat(target_.c_str(), &tst) == 0 && !S_ISREG(tst.st_mode))
+    throw Error("cannot write " + what + " '" + path + "'" + via_ + ": it is a " + file_kind(tst.st_mode) +
+                ", not a regular file; give the path of a regular file");
+  std::vector<std::string> others;
+  for (const std::string& stale : remove_stale_save_temps(target_, &others))
+    std::fprintf(stderr, "note: removed %s, the temporary of a save whose process died before finishing it\n",
+                 stale.c_str());
+  for (const std::string& other : others)
+    std::fprintf(stderr, "note: %s is not a %s (the temporary of another save, running or "
+                         "interrupted); it is never read, remove it once no run saves to '%s'\n",
+                 other.c_str(), what.c_str(), target_.c_str());
+  // Unique to this process and call: concurrent saves to one path never
+  // share a temporary, and the lock tells a cleaner this one is alive.
+  tmp_ = save_temp_name(target_);
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd_ < 0) {
+    const int e = errno;
+    const bool user = e == EACCES || e == ENOENT || e == ENOTDIR || e == EROFS || e == EISDIR || e == EPERM;
+    std::string m = "cannot write " + what + " '" + path + "'" + via_ + ": creating '" + tmp_ + "' failed (" +
+                    std::strerror(e) + ")";
+    // The run checked this path before step 0 (frame/output_paths.h): a
+    // failure here is the disk's or another process's doing, a failed run.
+    if (user) m += "; choose a path in an existing, writable directory";
+    throw Error(m);
+  }
+  ::flock(fd_, LOCK_EX | LOCK_NB);  // best effort: not every file system locks
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ < 0) return;
+  ::close(fd_);
+  ::unlink(tmp_.c_str());
+}
+
+void AtomicFile::fail(const char* doing, int err) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  ::unlink(tmp_.c_str());
+  throw Error("writing " + what_ + " '" + path_ + "'" + via_ + " failed while " + doing + " (" +
+              std::strerror(err) + "); the previous file, if any, is unchanged");
+}
+
+void AtomicFile::write(const void* data, size_t n, const char* doing) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd_, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) fail(doing, w < 0 ? errno : EIO);
+    p += w;
+    n -= size_t(w);
+  }
+}
+
+void AtomicFile::write_at(uint64_t offset, const void* data, size_t n, const char* doing) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd_, p, n, off_t(offset));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) fail(doing, w < 0 ? errno : EIO);
+    p += w;
+    n -= size_t(w);
+    offset += uint64_t(w);
+  }
+}
+
+void AtomicFile::commit() {
+  if (::fsync(fd_) != 0) fail("syncing to disk", errno);
+  const int rc = ::close(fd_);
+  fd_ = -1;
+  if (rc != 0) fail("closing", errno);
+  if (std::rename(tmp_.c_str(), target_.c_str()) != 0) fail("renaming the temporary file into place", errno);
+  // Make the rename itself durable (best effort: not every file system allows it).
+  const int dfd = ::open(parent_dir(target_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+void write_file_atomically(const std::string& path, const std::string& text, const std::string& what) {
+  AtomicFile f(path, what);
+  f.write(text.data(), text.size());
+  f.commit();
+}
+
 }  // namespace zf

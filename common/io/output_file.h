@@ -7,6 +7,8 @@
 // device node costs the run its work or the machine its files.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -54,5 +56,35 @@ bool is_save_temp_name(const std::string& path);
 // one holds the file's lock): removed, and their names returned. Other
 // temporaries of `target` are left as they are, and returned in `others`.
 std::vector<std::string> remove_stale_save_temps(const std::string& target, std::vector<std::string>* others);
+
+// A file written whole or not at all: the bytes go to a temporary beside
+// the target (save_temp_name, locked while written so no cleaner takes it),
+// which commit() fsyncs and renames over the target, then fsyncs the
+// folder. Until then the target is as it was; a failure (Error, naming the
+// file as `what` '<path>' and what was being done) or a destructor without
+// commit() removes the temporary. A symlink at the path is written through
+// to its target; a directory, FIFO or device there is refused. Temporaries
+// of the same target left by a dead process of this host are removed first.
+class AtomicFile {
+ public:
+  AtomicFile(const std::string& path, const std::string& what);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void write(const void* data, size_t n, const char* doing = "writing");
+  // Overwrites bytes already written (a header whose checksums were not known before the data).
+  void write_at(uint64_t offset, const void* data, size_t n, const char* doing = "writing");
+  void commit();
+
+ private:
+  [[noreturn]] void fail(const char* doing, int err);
+
+  std::string path_, what_, target_, via_, tmp_;
+  int fd_ = -1;
+};
+
+// `text` as the whole of `path`, by AtomicFile.
+void write_file_atomically(const std::string& path, const std::string& text, const std::string& what);
 
 }  // namespace zf

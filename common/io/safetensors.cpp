@@ -81,6 +81,12 @@ bool checked_bytes(const std::vector<int64_t>& shape, size_t elem_size, uint64_t
   return true;
 }
 
+size_t numel_of(const std::vector<int64_t>& shape) {
+  size_t n = 1;
+  for (int64_t d : shape) n *= size_t(d < 0 ? 0 : d);
+  return n;
+}
+
 // "fnv1a64:" and the hash as 16 lowercase hex digits: the value of a
 // "checksum.<name>" metadata key.
 constexpr const char* kChecksumScheme = "fnv1a64:";
@@ -149,7 +155,7 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 // ---------------------------------------------------------------------------
 // Writer
 
-void write_safetensors(const std::string& path, const std::vector<TensorRef>& tensors,
+void write_safetensors(const std::string& path, const std::vector<TensorSpec>& tensors, const TensorFill& fill,
                        const std::map<std::string, std::string>& metadata) {
   // Check everything before touching the disk, so a bad call changes nothing.
   nlohmann::ordered_json entries = nlohmann::ordered_json::object();
@@ -162,99 +168,69 @@ void write_safetensors(const std::string& path, const std::vector<TensorRef>& te
   std::set<std::string> names;
   std::vector<uint64_t> sizes;
   uint64_t offset = 0;
-  for (const TensorRef& t : tensors) {
+  for (const TensorSpec& t : tensors) {
     REQUIRE(!t.name.empty() && t.name != "__metadata__",
             "writing '" << path << "': invalid tensor name '" << t.name << "'");
     REQUIRE(names.insert(t.name).second, "writing '" << path << "': tensor '" << t.name << "' given twice");
     uint64_t bytes = 0;
     REQUIRE(checked_bytes(t.shape, dtype_size(t.dtype), bytes),
             "writing '" << path << "': tensor '" << t.name << "' has an invalid shape " << shape_str(t.shape));
-    REQUIRE(bytes == 0 || t.data != nullptr,
-            "writing '" << path << "': tensor '" << t.name << "' has no data pointer");
     entries[t.name] = {{"dtype", st_dtype_name(t.dtype)},
                        {"shape", t.shape},
                        {"data_offsets", {offset, offset + bytes}}};
-    meta[kChecksumPrefix + t.name] = checksum_text(fnv1a64(t.data, bytes));
+    meta[kChecksumPrefix + t.name] = checksum_text(0);  // its width: the real one is known after the data
     sizes.push_back(bytes);
     offset += bytes;
   }
   // Metadata first, as Python writes it.
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!meta.empty()) header["__metadata__"] = std::move(meta);
-  for (auto it = entries.begin(); it != entries.end(); ++it) header[it.key()] = std::move(it.value());
-  std::string json = header.dump();
-  json.append((8 - json.size() % 8) % 8, ' ');  // data section starts 8-byte aligned
-  uint8_t len_bytes[8];
-  uint64_t n = json.size();
-  std::memcpy(len_bytes, &n, 8);
-
-  // A symlink is saved through, to the file it names; a directory, a FIFO
-  // or a device is never replaced by a regular file.
-  const std::string target = write_target(path);
-  const std::string via = target == path ? "" : " (through the symlink, to '" + target + "')";
-  struct stat tst;
-  if (::stat(target.c_str(), &tst) == 0 && !S_ISREG(tst.st_mode))
-    throw Error("cannot write checkpoint '" + path + "'" + via + ": it is a " + file_kind(tst.st_mode) +
-                ", not a regular file; give the path of a regular file");
-  std::vector<std::string> others;
-  for (const std::string& stale : remove_stale_save_temps(target, &others))
-    std::fprintf(stderr, "note: removed %s, the temporary of a save whose process died before finishing it\n",
-                 stale.c_str());
-  for (const std::string& other : others)
-    std::fprintf(stderr, "note: %s is not a checkpoint (the temporary of another save, running or "
-                         "interrupted); it is never read, remove it once no run saves to '%s'\n",
-                 other.c_str(), target.c_str());
-
-  // Unique to this process and call: concurrent saves to one path never
-  // share a temporary, and the lock tells a cleaner this one is alive.
-  const std::string tmp = save_temp_name(target);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) {
-    int e = errno;
-    bool user = e == EACCES || e == ENOENT || e == ENOTDIR || e == EROFS || e == EISDIR || e == EPERM;
-    std::ostringstream m;
-    m << "cannot write checkpoint '" << path << "'" << via << ": creating '" << tmp << "' failed ("
-      << std::strerror(e) << ")";
-    // The run checked this path before step 0 (frame/output_paths.h): a
-    // failure here is the disk's or another process's doing, a failed run.
-    if (user) m << "; choose a path in an existing, writable directory";
-    throw Error(m.str());
-  }
-  ::flock(fd, LOCK_EX | LOCK_NB);  // best effort: not every file system locks
-  // From here on, any failure removes the temporary file and leaves PATH as it was.
-  auto fail = [&](const char* doing, int e) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    std::ostringstream m;
-    m << "writing checkpoint '" << path << "'" << via << " failed while " << doing << " (" << std::strerror(e)
-      << "); the previous file, if any, is unchanged";
-    throw Error(m.str());
+  auto header_bytes = [&] {
+    nlohmann::ordered_json header = nlohmann::ordered_json::object();
+    if (!meta.empty()) header["__metadata__"] = meta;
+    for (auto it = entries.begin(); it != entries.end(); ++it) header[it.key()] = it.value();
+    std::string json = header.dump();
+    json.append((8 - json.size() % 8) % 8, ' ');  // data section starts 8-byte aligned
+    const uint64_t n = json.size();
+    std::string out(8, '\0');
+    std::memcpy(out.data(), &n, 8);
+    return out + json;
   };
-  auto put = [&](const void* data, size_t n, const char* doing) {
-    const char* p = static_cast<const char*>(data);
-    while (n > 0) {
-      const ssize_t w = ::write(fd, p, n);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) fail(doing, w < 0 ? errno : EIO);
-      p += w;
-      n -= size_t(w);
-    }
-  };
-  put(len_bytes, 8, "writing the header");
-  put(json.data(), json.size(), "writing the header");
-  for (size_t i = 0; i < tensors.size(); ++i)
-    if (sizes[i] > 0) put(tensors[i].data, sizes[i], "writing tensor data");
-  if (::fsync(fd) != 0) fail("syncing to disk", errno);
-  const int rc = ::close(fd);
-  fd = -1;
-  if (rc != 0) fail("closing", errno);
-  if (std::rename(tmp.c_str(), target.c_str()) != 0) fail("renaming the temporary file into place", errno);
-  // Make the rename itself durable (best effort: not every file system allows it).
-  int dfd = ::open(parent_dir(target).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
+  const std::string placeholder = header_bytes();
+
+  // The data streams through once; each tensor's checksum is taken on the
+  // way and the header rewritten with them (the same length: every
+  // checksum has 16 hex digits), so no tensor need be whole in memory.
+  AtomicFile file(path, "checkpoint");
+  file.write(placeholder.data(), placeholder.size(), "writing the header");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    uint64_t h = kFnv1aBasis, got = 0;
+    fill(i, [&](const void* data, size_t n) {
+      REQUIRE(got + n <= sizes[i], "writing '" << path << "': tensor '" << tensors[i].name << "' given more than "
+                                               << sizes[i] << " bytes");
+      h = fnv1a64(data, n, h);
+      got += n;
+      if (n > 0) file.write(data, n, "writing tensor data");
+    });
+    REQUIRE(got == sizes[i], "writing '" << path << "': tensor '" << tensors[i].name << "' given " << got
+                                         << " of its " << sizes[i] << " bytes");
+    meta[kChecksumPrefix + tensors[i].name] = checksum_text(h);
   }
+  const std::string header = header_bytes();
+  REQUIRE(header.size() == placeholder.size(), "writing '" << path << "': the header changed length");
+  file.write_at(0, header.data(), header.size(), "writing the header");
+  file.commit();
+}
+
+void write_safetensors(const std::string& path, const std::vector<TensorRef>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSpec> specs;
+  for (const TensorRef& t : tensors) {
+    REQUIRE(t.data != nullptr || numel_of(t.shape) == 0,
+            "writing '" << path << "': tensor '" << t.name << "' has no data pointer");
+    specs.push_back({t.name, t.dtype, t.shape});
+  }
+  write_safetensors(path, specs, [&](size_t i, const std::function<void(const void*, size_t)>& put) {
+    put(tensors[i].data, numel_of(tensors[i].shape) * dtype_size(tensors[i].dtype));
+  }, metadata);
 }
 
 // ---------------------------------------------------------------------------

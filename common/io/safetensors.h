@@ -33,7 +33,13 @@ struct TensorInfo {
   size_t numel() const;
 };
 
-// A tensor to write: the data pointer must hold numel(shape) elements of dtype.
+// A tensor to write: its name, dtype and shape.
+struct TensorSpec {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+};
+// One in memory: data holds numel(shape) elements of dtype.
 struct TensorRef {
   std::string name;
   DType dtype;
@@ -49,6 +55,13 @@ struct TensorRef {
 // every failure.
 // METADATA must not use the "checksum." prefix: the writer fills it.
 void write_safetensors(const std::string& path, const std::vector<TensorRef>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+// The same, streamed: fill(i, put) gives tensor i's bytes in order, in as
+// many put(data, n) calls as it likes, so that a file larger than memory (a
+// checkpoint consolidated from shards) needs only a buffer. The bytes are
+// those the call above writes for the same tensors.
+using TensorFill = std::function<void(size_t i, const std::function<void(const void*, size_t)>& put)>;
+void write_safetensors(const std::string& path, const std::vector<TensorSpec>& tensors, const TensorFill& fill,
                        const std::map<std::string, std::string>& metadata = {});
 
 // The metadata key of a tensor's checksum is this + its name; the hash is
