@@ -17,6 +17,7 @@
 #include "precision.h"
 #include "rank_compute.h"
 #include "training.h"
+#include "shard.h"
 #include "training_run.h"
 
 namespace zf {
@@ -33,9 +34,11 @@ struct Replica final : ModelStates {
   Tensor grads;    // P, dt                                       category grads
   Tensor master;   // P float32, bf16 recipe only                 category optimizer
   Tensor m, v;     // P float32 AdamW moments                     category optimizer
+  ShardLayout cut;  // what this rank writes of a sharded checkpoint
 
   Replica(const ModelLayout& layout, Precision prec, RankContext& ctx)
-      : layout(layout), rank(ctx.rank), dev(ctx.dev), dt(storage_dtype(prec)) {
+      : layout(layout), rank(ctx.rank), dev(ctx.dev), dt(storage_dtype(prec)),
+        cut(make_shard_layout(layout, ctx.world, ctx.rank)) {
     const size_t P = layout.numel;
     params = Tensor(ctx.mem, Place::device, Category::params, dt, P);
     grads = Tensor(ctx.mem, Place::device, Category::grads, dt, P);
@@ -73,6 +76,13 @@ struct Replica final : ModelStates {
     dev.to_host(out.data(), kind == StateKind::params ? fp32_params() : moment(kind).data(),
                 out.size() * sizeof(float));
     return out;
+  }
+  // A sharded checkpoint: every rank writes its 1/N cut of the same values.
+  const ShardLayout* share() const override { return &cut; }
+  void copy_piece(StateKind kind, int u, float* host) override {
+    const float* all = kind == StateKind::params ? fp32_params() : moment(kind).as<float>();
+    const UnitShard& us = cut.units[u];
+    dev.to_host(host, all + layout.units[u].offset + us.begin, (us.end - us.begin) * sizeof(float));
   }
 };
 

@@ -93,12 +93,21 @@ std::vector<float> gather_full_model(Communicator& comm, Device& dev, const Mode
   return full;
 }
 
+const float* ShardedAdamW::state_piece(StateKind kind, int u, const void* param_piece) const {
+  if (kind == StateKind::params) return fp32_piece(u, param_piece);
+  return (kind == StateKind::m ? m_ : v_).as<float>() + shards_.units[u].shard_offset;
+}
+
 std::vector<float> ShardedAdamW::gather(StateKind kind, Communicator& comm,
                                         const std::function<const void*(int)>& param_piece) const {
-  return gather_full_model(comm, comm_dev_, layout_, shards_, [&](int u) -> const float* {
-    if (kind == StateKind::params) return fp32_piece(u, param_piece(u));
-    return (kind == StateKind::m ? m_ : v_).as<float>() + shards_.units[u].shard_offset;
+  return gather_full_model(comm, comm_dev_, layout_, shards_, [&](int u) {
+    return state_piece(kind, u, param_piece(u));
   }, &dev_);
+}
+
+void ShardedAdamW::copy_piece(StateKind kind, int u, const void* param_piece, float* host) const {
+  const UnitShard& us = shards_.units[u];
+  dev_.to_host(host, state_piece(kind, u, param_piece), (us.end - us.begin) * sizeof(float));
 }
 
 }  // namespace zf

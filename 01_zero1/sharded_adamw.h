@@ -56,6 +56,9 @@ class ShardedAdamW {
   // piece of unit u's parameters, as update() takes it.
   std::vector<float> gather(StateKind kind, Communicator& comm,
                             const std::function<const void*(int)>& param_piece) const;
+  // This rank's piece of unit u of the same, into host: what it writes of a
+  // sharded checkpoint (ModelStates::copy_piece).
+  void copy_piece(StateKind kind, int u, const void* param_piece, float* host) const;
 
  protected:
   // For a subclass that keeps the state somewhere other than the rank's
@@ -71,6 +74,8 @@ class ShardedAdamW {
               bf16* rounded);
 
  private:
+  const float* state_piece(StateKind kind, int u, const void* param_piece) const;
+
   const ModelLayout& layout_;
   const ShardLayout& shards_;
   Precision precision_;

@@ -54,6 +54,9 @@ struct Zero2States final : ModelStates {
   std::vector<float> full(StateKind kind, bool) override {
     return opt.gather(kind, comm, [&](int u) { return my_param_piece(u); });
   }
+  // A sharded checkpoint: my pieces, as the optimizer holds them.
+  const ShardLayout* share() const override { return &shards; }
+  void copy_piece(StateKind kind, int u, float* host) override { opt.copy_piece(kind, u, my_param_piece(u), host); }
 };
 
 }  // namespace

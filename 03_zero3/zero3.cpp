@@ -49,6 +49,9 @@ struct Zero3States final : ModelStates {
   std::vector<float> full(StateKind kind, bool) override {
     return opt.gather(kind, comm, [&](int u) { return params.piece(u); });
   }
+  // A sharded checkpoint: my pieces, as the optimizer holds them.
+  const ShardLayout* share() const override { return &shards; }
+  void copy_piece(StateKind kind, int u, float* host) override { opt.copy_piece(kind, u, params.piece(u), host); }
 };
 
 // One micro-batch's forward, unit by unit, each unit's parameters gathered

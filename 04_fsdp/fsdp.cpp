@@ -39,6 +39,7 @@ struct FsdpStates final : ModelStates {
   const FsdpUnits& units;
   const ShardLayout& shards;
   Communicator& comm;  // the shard group
+  int replica;         // which copy of the shards (hybrid sharding; else 0)
   Device& dev;
   FlatParams params;  // new: float32 shards, gathered in the parameter dtype   category params (gathered)
   FlatGrads grads;    // new: float32 shards, reduced in the reduce dtype       category grads (comm)
@@ -46,7 +47,8 @@ struct FsdpStates final : ModelStates {
 
   FsdpStates(const FsdpUnits& units, const ShardLayout& shards, const TrainConfig& cfg, RankContext& ctx,
              FsdpComms& comms)
-      : units(units), shards(shards), comm(*comms.group), dev(ctx.dev),
+      : units(units), shards(shards), comm(*comms.group), replica(comms.across ? comms.across->rank() : 0),
+        dev(ctx.dev),
         params(shards, storage_dtype(cfg.precision), cfg.fsdp, units.last(), ctx.mem, ctx.dev, *comms.group),
         grads(shards, storage_dtype(cfg.precision), cfg.fsdp.reduce_dtype.value_or(storage_dtype(cfg.precision)),
               cfg.fsdp.no_sync, ctx.mem, ctx.dev, *comms.reduce_queue, comms.across.get()),
@@ -62,6 +64,9 @@ struct FsdpStates final : ModelStates {
   std::vector<float> full(StateKind kind, bool) override {
     return opt.gather(kind, comm, [&](int g) { return params.piece(g); });
   }
+  // A sharded checkpoint: my pieces, written by the first shard group alone.
+  const ShardLayout* share() const override { return replica == 0 ? &shards : nullptr; }
+  void copy_piece(StateKind kind, int g, float* host) override { opt.copy_piece(kind, g, params.piece(g), host); }
 };
 
 }  // namespace

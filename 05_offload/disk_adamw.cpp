@@ -66,12 +66,16 @@ void DiskAdamW::update(float* master, const float* grads, bf16* copy, const Adam
 std::vector<float> DiskAdamW::gather(StateKind kind, Communicator& comm, Device& comm_dev) {
   std::vector<float> piece;
   return gather_full_model(comm, comm_dev, flat_, shards_, [&](int u) -> const float* {
-    const UnitShard& us = shards_.units[u];
-    piece.assign(us.shard, 0.0f);
-    REQUIRE(kind != StateKind::params || master_on_disk_, "the parameters are not on disk");
-    tier_.read(kind == StateKind::m ? 0 : kind == StateKind::v ? 1 : 2, us.shard_offset, us.end - us.begin, piece.data());
+    piece.assign(shards_.units[u].shard, 0.0f);
+    copy_piece(kind, u, piece.data());
     return piece.data();
   }, &host_);
+}
+
+void DiskAdamW::copy_piece(StateKind kind, int u, float* host) {
+  const UnitShard& us = shards_.units[u];
+  REQUIRE(kind != StateKind::params || master_on_disk_, "the parameters are not on disk");
+  tier_.read(kind == StateKind::m ? 0 : kind == StateKind::v ? 1 : 2, us.shard_offset, us.end - us.begin, host);
 }
 
 }  // namespace zf

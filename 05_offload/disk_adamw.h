@@ -49,6 +49,8 @@ class DiskAdamW {
   // The whole model's float32 values of `kind` (m, v; params with the
   // master on disk), from every rank's files (ModelStates::full).
   std::vector<float> gather(StateKind kind, Communicator& comm, Device& comm_dev);
+  // My piece of unit u of the same, from the files, into host (ModelStates::copy_piece).
+  void copy_piece(StateKind kind, int u, float* host);
 
   DiskTier& tier() { return tier_; }
 

@@ -74,6 +74,7 @@ struct OffloadStates final : ModelStates {
   const FsdpUnits& units;
   const ShardLayout& shards;
   Communicator& comm;  // the shard group
+  int replica;         // which copy of the shards (hybrid sharding; else 0)
   Precision precision;
   std::unique_ptr<Device> host;  // the CPU, computing on host memory (AdamW on --optimizer-threads)
   OffloadParams params;  // new: float32 shards on the host; the device's copy    category params (host, device)
@@ -87,7 +88,8 @@ struct OffloadStates final : ModelStates {
 
   OffloadStates(const FsdpUnits& units, const ShardLayout& shards, const TrainConfig& cfg, RankContext& ctx,
                 FsdpComms& comms)
-      : units(units), shards(shards), comm(*comms.group), precision(cfg.precision),
+      : units(units), shards(shards), comm(*comms.group), replica(comms.across ? comms.across->rank() : 0),
+        precision(cfg.precision),
         host(make_host_device(ctx, optimizer_threads(cfg, ctx))),
         params(shards, storage_dtype(cfg.precision), cfg.fsdp, units.last(), ctx.mem, ctx.dev, *host, *comms.group,
                cfg.offload.offload_params, !cfg.offload.no_pin, cfg.offload.delay_update, master_on_disk(cfg)),
@@ -149,6 +151,15 @@ struct OffloadStates final : ModelStates {
     if (opt) return opt->gather(kind, comm, [&](int g) { return params.piece(g); });
     if (kind != StateKind::params || params.shards_on_disk()) return disk->gather(kind, comm, comm_dev);
     return gather_full_model(comm, comm_dev, units.flat, shards, [&](int g) { return params.piece(g); }, host.get());
+  }
+  // A sharded checkpoint: my pieces from where they live (host memory, or
+  // the disk tier), written by the first shard group alone.
+  const ShardLayout* share() const override { return replica == 0 ? &shards : nullptr; }
+  void copy_piece(StateKind kind, int g, float* host) override {
+    pending.finish();
+    if (opt) return opt->copy_piece(kind, g, params.piece(g), host);
+    if (kind != StateKind::params || params.shards_on_disk()) return disk->copy_piece(kind, g, host);
+    std::copy_n(static_cast<const float*>(params.piece(g)), shards.units[g].end - shards.units[g].begin, host);
   }
 
   // The norm of the step's gradient over my group's pieces, on the host.

@@ -177,12 +177,40 @@ def forever(ctx, exe="dp", extra="--ranks 2", model=MODEL):
             f"--save ck.st {extra}")
 
 
-def leaves(case_command, model=MODEL):
-    """A command whose run leaves ck.st, which must then resume bit for bit."""
+def leaves(case_command, model=MODEL, name="ck.st"):
+    """A command whose run leaves `name` (a file, or a sharded folder), which must then resume bit for bit."""
     def command(ctx):
-        ctx.left_checkpoints.append((ctx.path("ck.st"), model))
+        ctx.left_checkpoints.append((ctx.path(name), model))
         return case_command(ctx)
     return command
+
+
+def sharded(ctx, exe, extra=""):
+    """forever(), saving a sharded folder ck/ after every step."""
+    return forever(ctx, exe=exe, extra=f"--ranks 2 --save-every 1 --save-format sharded {extra}").replace(
+        "--save ck.st", "--save ck")
+
+
+def shard_good(ctx, damage=None):
+    """good.st cut into sharded/ (2 files), then `damage` applied to its step folder."""
+    ctx.env.run_ok(f"{ctx.env.bins['checkpoint']} shard {ctx.path('good.st')} {ctx.path('sharded')} --ranks 2")
+    if damage:
+        damage(os.path.join(ctx.path("sharded"), "step-00000002"))
+
+
+def flip_rank_file(step_folder):
+    p = os.path.join(step_folder, "rank-00001-of-00002.safetensors")
+    with open(p, "r+b") as f:
+        f.seek(-5, os.SEEK_END)
+        b = f.read(1)
+        f.seek(-5, os.SEEK_END)
+        f.write(bytes([b[0] ^ 0x04]))
+
+
+def uncommitted(step_folder):
+    """As a kill before the index leaves a save: no index.json, no latest."""
+    os.remove(os.path.join(step_folder, "index.json"))
+    os.remove(os.path.join(os.path.dirname(step_folder), "latest"))
 
 
 def rank_pid(mpirun_pid, rank):
@@ -262,6 +290,14 @@ def cases(env):
              leaves(lambda x: forever(x, extra="--ranks 2 --save-every 1", model="--model small --batch 1"),
                     model="--model small --batch 1"),
              (137,), [], signals=[(3, signal.SIGKILL, None, 0)]))
+    add(Case("signal", "kill -9 during sharded saves", "zero3, SIGKILL after 3 steps, `--save-format sharded --save-every 1`",
+             leaves(lambda x: sharded(x, "zero3"), name="ck"), (137,), [], signals=[(3, signal.SIGKILL, None, 0)]))
+    add(Case("signal", "kill -9 during async saves", "fsdp, SIGKILL after 4 steps, `--save-format sharded --save-async`",
+             leaves(lambda x: sharded(x, "fsdp", "--save-async"), name="ck"), (137,), [],
+             signals=[(4, signal.SIGKILL, None, 0)]))
+    add(Case("signal", "SIGTERM during sharded saves", "fsdp, SIGTERM after 4 steps, `--save-format sharded --save-every 1`",
+             leaves(lambda x: sharded(x, "fsdp"), name="ck"), (143,), ["stopped by SIGTERM"],
+             signals=[(4, signal.SIGTERM, None, 0)]))
     add(Case("signal", "SIGUSR1 to mpirun", "`mpirun -np 2 dp`, SIGUSR1 to mpirun after 3 steps",
              leaves(lambda x: f"{mpi} " + forever(x, extra="")), (138,), ["stopped by SIGUSR1"],
              signals=[(3, signal.SIGUSR1, None, 0)], skip=no_mpirun))
@@ -312,6 +348,12 @@ def cases(env):
     add(Case("checkpoint", "a save's temporary", "`--resume good.st.tmp.<pid>.<host>.<hex>`",
              lambda x: f"{dp} {MODEL} --steps 4 --resume {tmp_name}", (2,), ["temporary"], max_seconds=5,
              setup=lambda x: shutil.copy(x.path("good.st"), x.path(tmp_name))))
+    add(Case("checkpoint", "a flipped bit in a rank's file", "good.st sharded in 2, one bit of rank 1's data",
+             lambda x: f"{dp} {MODEL} --ranks 3 --steps 4 --resume sharded", (2,), ["rank-00001-of-00002", "checksum"],
+             setup=lambda x: shard_good(x, flip_rank_file), max_seconds=10))
+    add(Case("checkpoint", "a sharded save that never committed", "a step folder without index.json or latest",
+             lambda x: f"{dp} {MODEL} --ranks 3 --steps 4 --resume sharded", (2,), ["no save to it finished"],
+             setup=lambda x: shard_good(x, uncommitted), max_seconds=10))
     add(Case("checkpoint", "nothing left to train", "`--resume good.st --steps 2`",
              lambda x: f"{dp} {MODEL} --steps 2 --resume good.st", (2,), ["nothing left to train"], max_seconds=5))
 

@@ -46,7 +46,8 @@ class Env:
         self.bins = {"dp": binary("ZF_DP_BIN", "00_data_parallel/dp"),
                      "zero3": binary("ZF_ZERO3_BIN", "03_zero3/zero3"),
                      "fsdp": binary("ZF_FSDP_BIN", "04_fsdp/fsdp"),
-                     "offload": binary("ZF_OFFLOAD_BIN", "05_offload/offload")}
+                     "offload": binary("ZF_OFFLOAD_BIN", "05_offload/offload"),
+                     "checkpoint": binary("ZF_CHECKPOINT_BIN", "tools/checkpoint")}
         self.mpirun = os.environ.get("ZF_MPIRUN") or shutil.which("mpirun")
         self.work = work
         self.env = dict(os.environ)
@@ -113,10 +114,15 @@ def read_log(path):
 
 
 def checkpoint_step(path):
-    """The step a training checkpoint says (its optim.step tensor), or None if it does not parse."""
+    """The step a training checkpoint says (its optim.step tensor; a sharded folder's index, through its
+    `latest`), or None if it does not parse."""
     import json
     import struct
     try:
+        if os.path.isdir(path):
+            with open(os.path.join(path, "latest")) as f:
+                with open(os.path.join(path, f.read().strip(), "index.json")) as g:
+                    return int(json.load(g)["step"])
         with open(path, "rb") as f:
             n = struct.unpack("<Q", f.read(8))[0]
             header = json.loads(f.read(n))

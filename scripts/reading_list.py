@@ -129,6 +129,7 @@ HARNESS = [
     ("common/frame/trace.h", "--trace: the timeline of ops and collectives"),
     ("common/frame/modeled_clock.h", "--clock modeled: a step's time on a modeled GPU cluster, from the stage's own schedule"),
     ("common/io/checkpoint.h", "the training checkpoint, read back with every check"),
+    ("common/io/sharded_checkpoint.h", "--save-format sharded: each rank writes its pieces, any N reads them back"),
     ("common/io/output_file.h", "outputs checked before step 0, written atomically"),
     ("common/cpu/kernels.h", "what every op computes, on the CPU"),
     ("common/cpu/blas.h", "which OpenBLAS kernels run, and why it matters"),

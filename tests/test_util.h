@@ -8,10 +8,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <initializer_list>
 #include <string>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "config.h"
 #include "data_parallel.h"
 #include "runner.h"
@@ -27,6 +30,24 @@ inline TrainConfig quiet_config(const std::string& model, int ranks, int batch, 
   cfg.steps = steps;
   cfg.quiet = true;
   return cfg;
+}
+
+// The message of the UsageError fn throws, or "" (with a failure) if none.
+inline std::string refusal(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const UsageError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not a UsageError: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "accepted";
+  return "";
+}
+
+inline void expect_has(const std::string& msg, std::initializer_list<std::string> fragments) {
+  for (const std::string& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << "lacks '" << f << "': " << msg;
 }
 
 // A fresh directory for this test's files.

@@ -108,9 +108,12 @@ double parse_comm_timeout(const std::string& what, const std::string& text) {
 // them: opening a FIFO with no writer blocks forever, and a device such as
 // /dev/zero never ends. A path that does not exist is left to its reader,
 // whose message says so.
-void require_regular_file(const char* flag, const std::string& path) {
+// A folder is a sharded checkpoint's (io/sharded_checkpoint.h), where the
+// flag reads one.
+void require_regular_file(const char* flag, const std::string& path, bool folder_ok = false) {
   if (path.empty()) return;
   const std::string kind = special_file_kind(path);
+  if (folder_ok && kind == "a directory") return;
   USAGE_REQUIRE(kind.empty(),
                 flag << " " << path << " is " << kind << ", not a regular file: give the path of a file");
 }
@@ -245,7 +248,7 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   app.add_option("--device", cfg.device, "cpu or cuda")->capture_default_str();
   path_options.push_back(
       app.add_option("--device-mem", device_mem, "device memory budget per rank, e.g. 512KiB, 64MiB, 2GiB"));
-  path_options.push_back(app.add_option("--init", cfg.init, "start from this consolidated safetensors model"));
+  path_options.push_back(app.add_option("--init", cfg.init, "start from this model: a safetensors file, or a --save checkpoint of either format (its parameters)"));
   path_options.push_back(
       app.add_option("--save-init", cfg.save_init, "write the initial model to this safetensors file"));
   path_options.push_back(app.add_option("--save", cfg.save,
@@ -253,8 +256,18 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
                  "--save-every steps; --resume continues from it"));
   app.add_option("--save-every", cfg.save_every, "with --save: also write it after every this many steps")
       ->capture_default_str();
+  std::string save_format = "consolidated";
+  CLI::Option* save_format_option =
+      app.add_option("--save-format", save_format,
+                     "consolidated: --save is one file, gathered on rank 0; sharded: a folder in which every rank "
+                     "writes what it holds (step-S/ per save, `latest` the newest)")
+          ->capture_default_str();
+  app.add_flag("--save-async", cfg.save_async,
+               "with --save-format sharded: copy the states to host memory and write them in the background "
+               "while training goes on");
   path_options.push_back(app.add_option("--resume", cfg.resume,
-                 "continue a run from a --save checkpoint: its model, AdamW state and step; the run "
+                 "continue a run from a --save checkpoint (a file, or a sharded folder): its model, AdamW state "
+                 "and step; the run "
                  "trains the steps from there up to --steps"));
   path_options.push_back(app.add_option("--log-json", cfg.log_json, "write the run log (JSON lines) to this file"));
   path_options.push_back(app.add_option("--trace", cfg.trace,
@@ -419,8 +432,8 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
                 "--temperature must be 0 (the likeliest token) or a positive number (got " << cfg.sample.temperature
                                                                                          << ")");
   USAGE_REQUIRE(cfg.sample.top_k >= 0, "--top-k must be 0 (every token) or more (got " << cfg.sample.top_k << ")");
-  require_regular_file("--init", cfg.init);
-  require_regular_file("--resume", cfg.resume);
+  require_regular_file("--init", cfg.init, true);
+  require_regular_file("--resume", cfg.resume, true);
   USAGE_REQUIRE(cfg.steps >= 0, "--steps must be 0 or more (got " << cfg.steps << ")");
   USAGE_REQUIRE(cfg.batch >= 1, "--batch must be at least 1 sequence per rank (got " << cfg.batch << ")");
   USAGE_REQUIRE(cfg.grad_accum >= 1, "--grad-accum must be at least 1 (got " << cfg.grad_accum << ")");
@@ -443,6 +456,13 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   USAGE_REQUIRE(cfg.save_every >= 0, "--save-every must be 0 (only at the end) or more (got " << cfg.save_every << ")");
   USAGE_REQUIRE(cfg.save_every == 0 || !cfg.save.empty(),
                 "--save-every " << cfg.save_every << " needs --save FILE (where to write the checkpoint)");
+  USAGE_REQUIRE(save_format == "consolidated" || save_format == "sharded",
+                "--save-format must be consolidated or sharded (got '" << save_format << "')");
+  cfg.save_sharded = save_format == "sharded";
+  USAGE_REQUIRE(!cfg.save_async || cfg.save_sharded,
+                "--save-async writes a sharded checkpoint in the background: add --save-format sharded (and --save DIR)");
+  USAGE_REQUIRE(save_format_option->count() == 0 || !cfg.save.empty(),
+                "--save-format " << save_format << " says how --save writes: give --save too");
   USAGE_REQUIRE(cfg.save.empty() || cfg.steps > 0,
                 "--save writes the training state after the last step, and --steps 0 trains none: use "
                 "--save-init FILE to write the initial model");

@@ -11,6 +11,7 @@
 
 #include "check.h"
 #include "output_file.h"
+#include "sharded_checkpoint.h"
 
 namespace zf {
 
@@ -63,7 +64,9 @@ bool same_file(const std::string& a, const std::string& b) {
 }
 
 void check_output_paths(const TrainConfig& cfg, bool writes) {
-  const std::vector<Named> outputs = {{"--save", cfg.save, WriteMode::by_rename},
+  // A sharded --save is a folder of folders (check_save_folder): it may be
+  // the folder --resume reads, as no save writes over a committed checkpoint.
+  const std::vector<Named> outputs = {{"--save", cfg.save_sharded ? "" : cfg.save, WriteMode::by_rename},
                                       {"--save-init", cfg.save_init, WriteMode::by_rename},
                                       {"--log-json", cfg.log_json},
                                       {"--trace", cfg.trace}};
@@ -72,7 +75,8 @@ void check_output_paths(const TrainConfig& cfg, bool writes) {
   // The disk tier makes and removes folders under --offload-dir: nothing the run
   // reads or writes may be there, or be the folder itself.
   const std::string& offload = cfg.offload.offload_dir;
-  for (const std::vector<Named>* list : {&inputs, &outputs})
+  const std::vector<Named> folders = {{"--save", cfg.save_sharded ? cfg.save : ""}};
+  for (const std::vector<Named>* list : {&inputs, &outputs, &folders})
     for (const Named& f : *list)
       USAGE_REQUIRE(!same_file(f.path, offload) && !lies_in(f.path, offload, list == &outputs),
                     f.flag << " " << f.path << " lies in --offload-dir " << offload
@@ -96,6 +100,26 @@ void check_output_paths(const TrainConfig& cfg, bool writes) {
     const std::string problem = output_problem(out.path, out.mode);
     USAGE_REQUIRE(problem.empty(), out.flag << " " << problem);
   }
+}
+
+void check_save_folder(const std::string& dir, long first_step) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) == 0) {
+    USAGE_REQUIRE(S_ISDIR(st.st_mode), "--save " << dir << " is a " << file_kind(st.st_mode)
+                                                 << ", and --save-format sharded writes a folder: give the path of "
+                                                    "a folder (it is made if missing), or leave out --save-format");
+    const std::string problem = output_problem(dir + "/latest", WriteMode::by_rename);
+    USAGE_REQUIRE(problem.empty(), "--save " << problem);
+  } else {
+    const std::string problem = output_problem(dir, WriteMode::by_rename);
+    USAGE_REQUIRE(problem.empty(), "--save " << problem);
+  }
+  const long last = last_committed_step(dir);
+  USAGE_REQUIRE(last <= first_step,
+                "--save " << dir << " already holds the checkpoint of step " << last << ", after this run's first "
+                          << "step " << first_step << ": the run would write beside it checkpoints that `latest` "
+                          << "would then point to in place of it; give --save another folder, or --resume from "
+                          << dir);
 }
 
 }  // namespace zf

@@ -23,4 +23,9 @@ bool same_file(const std::string& a, const std::string& b);
 // that is a directory, a FIFO or a device; the check leaves no file behind.
 void check_output_paths(const TrainConfig& cfg, bool writes);
 
+// --save DIR with --save-format sharded (io/sharded_checkpoint.h), on the
+// process that writes: DIR a writable folder, or creatable, and holding no
+// checkpoint of a step after `first_step` (the run's, from --resume).
+void check_save_folder(const std::string& dir, long first_step);
+
 }  // namespace zf

@@ -168,6 +168,19 @@ void StepReporter::sample(int steps_done, const std::string& prompt, const std::
   std::fflush(stdout);
 }
 
+void StepReporter::saved(int steps_done, const std::string& path, double stall_ms, double write_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  write_json(nlohmann::json{{"save", {{"after_step", steps_done}, {"path", path}, {"ms", stall_ms}, {"write_ms", write_ms}}}}
+                 .dump());
+  if (cfg_.quiet) return;
+  if (stall_ms == write_ms)
+    std::printf("save  after %d steps | %s | %.1f ms\n", steps_done, path.c_str(), stall_ms);
+  else
+    std::printf("save  after %d steps | %s | the steps waited %.1f ms; written in the background in %.1f ms\n",
+                steps_done, path.c_str(), stall_ms, write_ms);
+  std::fflush(stdout);
+}
+
 nlohmann::json summary_json(const RunResult& run) {
   using nlohmann::json;
   const auto& cfg = run.cfg;

@@ -49,6 +49,7 @@ class StepReporter final : public StepLog {
   void validation(int steps_done, float loss, long sequences, double ms, const CommStats& comm) override;
   // After a sample (--sample-every): the text, and a {"sample": ...} object in the run log.
   void sample(int steps_done, const std::string& prompt, const std::string& text) override;
+  void saved(int steps_done, const std::string& path, double stall_ms, double write_ms) override;
   // Prints the closing tables, writes the summary object and closes the
   // run log.
   void summary(const RunResult& run);

@@ -16,6 +16,7 @@
 #include "blas.h"
 #include "check.h"
 #include "checkpoint.h"
+#include "sharded_checkpoint.h"
 #include "gradnorm.h"
 #include "hardware.h"
 #include "memory_model.h"
@@ -51,8 +52,10 @@ void report_stop(const RunResult& run) {
   if (cfg.save.empty())
     std::fprintf(stderr, "; nothing was saved (no --save)\n");
   else
-    std::fprintf(stderr, "; saved %s: to go on, run the same command with --resume %s and another --save "
-                 "(a run never writes the file it reads)%s\n", cfg.save.c_str(), cfg.save.c_str(),
+    std::fprintf(stderr, "; saved %s: to go on, run the same command with --resume %s%s%s\n", cfg.save.c_str(),
+                 cfg.save.c_str(),
+                 cfg.save_sharded ? " (it saves beside the checkpoint it reads)"
+                                  : " and another --save (a run never writes the file it reads)",
                  cfg.offload.delay_update
                      ? ". With --delay-update the resumed run starts the delay again (its first step waits for "
                        "its update), so from there its steps differ from an uninterrupted run's"
@@ -119,9 +122,12 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   // value, the checksums) before any rank allocates a model for it: a
   // mismatched --init must not cost the minutes of a large model's set-up.
   // The ranks then skip what was read here (CheckedOnce).
-  if (!cfg.resume.empty()) CheckpointReader(cfg.resume, layout);
+  long first_step = 0;
+  if (!cfg.resume.empty()) first_step = open_checkpoint(cfg.resume, layout)->step();
+  else if (is_sharded_checkpoint_path(cfg.init)) open_checkpoint(cfg.init, layout);
   else if (!cfg.init.empty()) check_model_file(cfg.init, layout);
   const CheckedOnce checked(!cfg.resume.empty() ? cfg.resume : cfg.init);
+  if (cfg.save_sharded && world.prints()) check_save_folder(cfg.save, first_step);
   if (cfg.dry_run && cfg.stage == "offload") check_dry_host_memory(cfg, layout, world.size);
 
   RunResult run;

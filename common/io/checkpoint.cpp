@@ -16,10 +16,10 @@
 
 #include "adamw.h"
 #include "check.h"
+#include "checkpoint_checks.h"
+#include "sharded_checkpoint.h"
 
 namespace zf {
-
-namespace {
 
 std::string state_name(StateKind kind, const std::string& param) {
   switch (kind) {
@@ -28,6 +28,8 @@ std::string state_name(StateKind kind, const std::string& param) {
     default: return param;
   }
 }
+
+namespace {
 
 constexpr const char* kStepName = "optim.step";
 
@@ -106,7 +108,7 @@ void check_metadata_numbers(const std::string& path, const std::map<std::string,
 // negative. A NaN in a row no batch touches would otherwise be trained on
 // and copied into the next checkpoint; one anywhere else ends the first step
 // with a non-finite gradient that says nothing of the file.
-using FileId = std::tuple<dev_t, ino_t, off_t, long long>;
+using FileId = CheckedOnce::FileId;
 
 // The file at `path` as it is now (device, inode, size, modification time), if it exists.
 bool file_id(const std::string& path, FileId* id) {
@@ -219,6 +221,23 @@ void check_metadata_words(const std::string& path, const std::map<std::string, s
 
 }  // namespace
 
+void check_metadata(const std::string& path, const std::map<std::string, std::string>& meta,
+                    const ModelLayout& layout) {
+  check_metadata_numbers(path, meta);
+  check_metadata_words(path, meta, layout);
+}
+
+bool check_file_values(const SafetensorsReader& reader) { return check_values(reader); }
+
+void check_step(const std::string& path, int64_t steps, bool moments) {
+  USAGE_REQUIRE(steps >= 0, "checkpoint " << path << " says it was saved after " << steps
+                                          << " steps: the file is damaged");
+  USAGE_REQUIRE(steps > 0 || !moments,
+                "checkpoint " << path << " says it was saved after 0 steps, but AdamW's moments in it are not "
+                                 "all zero, as they are before the first step: the file is damaged or was edited; "
+                                 "use an earlier checkpoint");
+}
+
 void save_model(const std::string& path, const ModelLayout& layout, const float* flat,
                 const std::map<std::string, std::string>& metadata) {
   std::vector<TensorRef> refs;
@@ -230,24 +249,27 @@ void save_model(const std::string& path, const ModelLayout& layout, const float*
 }
 
 CheckedOnce::CheckedOnce(const std::string& path) {
-  FileId id;
-  if (!file_id(path, &id)) return;
+  std::vector<std::string> files{path};
+  if (is_sharded_checkpoint_path(path)) files = sharded_checkpoint_files(path);
   std::lock_guard<std::mutex> lock(checked_mu);
-  checked[id]++;
-  id_ = std::make_unique<FileId>(id);
+  for (const std::string& f : files) {
+    FileId id;
+    if (!file_id(f, &id)) continue;
+    checked[id]++;
+    ids_.push_back(id);
+  }
 }
 
 CheckedOnce::~CheckedOnce() {
-  if (!id_) return;
   std::lock_guard<std::mutex> lock(checked_mu);
-  if (--checked[*id_] == 0) checked.erase(*id_);
+  for (const FileId& id : ids_)
+    if (--checked[id] == 0) checked.erase(id);
 }
 
 void check_model_file(const std::string& path, const ModelLayout& layout) {
   SafetensorsReader reader(path);
   check_tensors(reader, layout, {StateKind::params}, {}, /*optim_ok=*/true);
-  check_metadata_numbers(path, reader.metadata());
-  check_metadata_words(path, reader.metadata(), layout);
+  check_metadata(path, reader.metadata(), layout);
   check_values(reader);
 }
 
@@ -273,15 +295,14 @@ void save_checkpoint(const std::string& path, const ModelLayout& layout, const f
 }
 
 CheckpointReader::CheckpointReader(const std::string& path, const ModelLayout& layout)
-    : layout_(layout), reader_(path) {
+    : CheckpointSource(layout), reader_(path) {
   USAGE_REQUIRE(reader_.has(kStepName),
                 "checkpoint " << path << " holds a model but no optimizer state (no '" << kStepName
                               << "'): it was written by --save-init or another program. Start from it with "
                                  "--init (a fresh AdamW), or resume from a file written by --save");
   check_tensors(reader_, layout, {StateKind::params, StateKind::m, StateKind::v}, {kStepName},
                 /*optim_ok=*/false);
-  check_metadata_numbers(path, reader_.metadata());
-  check_metadata_words(path, reader_.metadata(), layout);
+  check_metadata(path, reader_.metadata(), layout);
   const TensorInfo& step_info = reader_.info(kStepName);
   USAGE_REQUIRE(step_info.dtype == DType::i64 && step_info.shape == std::vector<int64_t>{1},
                 "checkpoint " << path << " has '" << kStepName << "' as " << dtype_name(step_info.dtype) << " "
@@ -290,27 +311,27 @@ CheckpointReader::CheckpointReader(const std::string& path, const ModelLayout& l
   const bool moments = check_values(reader_);
   int64_t steps = 0;
   reader_.read(kStepName, {1}, DType::i64, &steps);
-  USAGE_REQUIRE(steps >= 0, "checkpoint " << path << " says it was saved after " << steps
-                                          << " steps: the file is damaged");
-  USAGE_REQUIRE(steps > 0 || !moments,
-                "checkpoint " << path << " says it was saved after 0 steps, but AdamW's moments in it are not "
-                                 "all zero, as they are before the first step: the file is damaged or was edited; "
-                                 "use an earlier checkpoint");
+  check_step(path, steps, moments);
   step_ = long(steps);
 }
 
-void CheckpointReader::read_unit(int u, StateKind kind, size_t begin, size_t end, float* dst) const {
+void CheckpointSource::read_unit(int u, StateKind kind, size_t begin, size_t end, float* dst) const {
   const UnitLayout& unit = layout_.units.at(u);
   for (const auto& p : unit.params) {  // the parameters overlapping [begin, end)
     const size_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
     if (lo >= hi) continue;
-    reader_.read_elements(state_name(kind, p.name), p.shape, DType::f32, lo - p.offset, hi - lo, dst + (lo - begin));
+    read_elements(state_name(kind, p.name), p.shape, lo - p.offset, hi - lo, dst + (lo - begin));
   }
 }
 
-void CheckpointReader::read_all(StateKind kind, float* flat) const {
+void CheckpointSource::read_all(StateKind kind, float* flat) const {
   for (size_t u = 0; u < layout_.units.size(); ++u)
     read_unit(int(u), kind, 0, layout_.units[u].numel, flat + layout_.units[u].offset);
+}
+
+std::unique_ptr<CheckpointSource> open_checkpoint(const std::string& path, const ModelLayout& layout) {
+  if (is_sharded_checkpoint_path(path)) return std::make_unique<ShardedCheckpointReader>(path, layout);
+  return std::make_unique<CheckpointReader>(path, layout);
 }
 
 }  // namespace zf

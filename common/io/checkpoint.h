@@ -25,6 +25,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "adamw.h"
 #include "model.h"
@@ -47,13 +48,15 @@ void check_model_file(const std::string& path, const ModelLayout& layout);
 // then its ranks, which read the same file, do not read it whole again.
 class CheckedOnce {
  public:
-  explicit CheckedOnce(const std::string& path);  // after the file was checked
+  // After the file was checked; a sharded checkpoint's folder: all its files.
+  explicit CheckedOnce(const std::string& path);
   ~CheckedOnce();
   CheckedOnce(const CheckedOnce&) = delete;
   CheckedOnce& operator=(const CheckedOnce&) = delete;
+  using FileId = std::tuple<dev_t, ino_t, off_t, long long>;
 
  private:
-  std::unique_ptr<std::tuple<dev_t, ino_t, off_t, long long>> id_;
+  std::vector<FileId> ids_;
 };
 
 // params, m, v: the whole model's values of each kind in consolidated order;
@@ -61,25 +64,52 @@ class CheckedOnce {
 void save_checkpoint(const std::string& path, const ModelLayout& layout, const float* params, const float* m,
                      const float* v, long step, const std::map<std::string, std::string>& metadata = {});
 
-// Reads a training checkpoint back, whole or a piece at a time (a sharded
-// stage reads only its pieces). The constructor checks every name and shape
-// against the model and that the optimizer state is there, with a message
-// that says what is wrong and what to do.
-class CheckpointReader {
+// A training checkpoint opened for reading, whole or a piece at a time (a
+// sharded stage reads only its pieces): one consolidated file
+// (CheckpointReader) or a sharded folder (sharded_checkpoint.h). Opening
+// checks every name and shape against the model, that the optimizer state
+// is there, and every value (as check_model_file does), with a message that
+// says what is wrong and what to do.
+class CheckpointSource {
  public:
-  CheckpointReader(const std::string& path, const ModelLayout& layout);
+  virtual ~CheckpointSource() = default;
   long step() const { return step_; }
-  const std::map<std::string, std::string>& metadata() const { return reader_.metadata(); }
+  // The metadata it was written with (SPEC §6), less the checksums.
+  virtual const std::map<std::string, std::string>& metadata() const = 0;
   // Elements [begin, end) of unit u's flat values of `kind` (its parameters
   // in order, as in the unit's flat buffer), as float32, into dst.
   void read_unit(int u, StateKind kind, size_t begin, size_t end, float* dst) const;
   // The whole model's values of `kind` in consolidated order (layout.numel floats).
   void read_all(StateKind kind, float* flat) const;
 
- private:
+ protected:
+  explicit CheckpointSource(const ModelLayout& layout) : layout_(layout) {}
+  // Elements [first, first + count) of tensor `name` (of shape `shape`) as float32.
+  virtual void read_elements(const std::string& name, const std::vector<int64_t>& shape, size_t first,
+                             size_t count, float* dst) const = 0;
   const ModelLayout& layout_;
-  SafetensorsReader reader_;
   long step_ = 0;
 };
+
+// The consolidated training checkpoint.
+class CheckpointReader final : public CheckpointSource {
+ public:
+  CheckpointReader(const std::string& path, const ModelLayout& layout);
+  const std::map<std::string, std::string>& metadata() const override { return reader_.metadata(); }
+
+ private:
+  void read_elements(const std::string& name, const std::vector<int64_t>& shape, size_t first, size_t count,
+                     float* dst) const override {
+    reader_.read_elements(name, shape, DType::f32, first, count, dst);
+  }
+  SafetensorsReader reader_;
+};
+
+// A file is read as a consolidated checkpoint, a folder as a sharded one.
+std::unique_ptr<CheckpointSource> open_checkpoint(const std::string& path, const ModelLayout& layout);
+
+// The name of `kind`'s tensor for parameter `param`: "<param>",
+// "optim.m.<param>" or "optim.v.<param>".
+std::string state_name(StateKind kind, const std::string& param);
 
 }  // namespace zf

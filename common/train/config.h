@@ -69,10 +69,12 @@ struct TrainConfig {
   SampleConfig sample;            // --sample-prompt, --sample-length, --temperature, --top-k, --sample-seed
   std::string device = "cpu";
   std::optional<size_t> device_mem;
-  std::string init;               // consolidated safetensors to start from
+  std::string init;               // a model file or checkpoint (either kind) to start from
   std::string save_init;          // write the initial model here first
   std::string save;               // training checkpoint (checkpoint.h): written at the end...
   int save_every = 0;             // ...and after every this many steps (0: only at the end)
+  bool save_sharded = false;      // --save-format sharded: --save is a folder of per-rank files (sharded_checkpoint.h)
+  bool save_async = false;        // --save-async: sharded saves written in the background (sharded_saver.h)
   std::string resume;             // training checkpoint to continue from (its step, model, AdamW state)
   std::string log_json;
   std::string trace;              // --trace: the run's timeline, Chrome trace-event JSON (frame/trace.h)

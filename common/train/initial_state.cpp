@@ -6,6 +6,7 @@
 
 #include "check.h"
 #include "checkpoint.h"
+#include "sharded_checkpoint.h"
 #include "precision.h"
 #include "rng.h"
 
@@ -15,7 +16,7 @@ namespace {
 
 // Rank 0's notes when the checkpoint was trained otherwise than this run
 // goes on: other batches, another precision, another seed.
-void say_resuming(const TrainConfig& cfg, const CheckpointReader& ckpt, int world) {
+void say_resuming(const TrainConfig& cfg, const CheckpointSource& ckpt, int world) {
   const auto& meta = ckpt.metadata();
   auto said = [&](const char* key) {
     auto it = meta.find(key);
@@ -48,7 +49,7 @@ void say_resuming(const TrainConfig& cfg, const CheckpointReader& ckpt, int worl
 InitialState::InitialState(const TrainConfig& cfg, const ModelLayout& layout, const RankContext& ctx)
     : cfg_(cfg), layout_(layout) {
   if (!cfg.resume.empty()) {
-    checkpoint_ = std::make_unique<CheckpointReader>(cfg.resume, layout);
+    checkpoint_ = open_checkpoint(cfg.resume, layout);
     const long step = checkpoint_->step();
     USAGE_REQUIRE(step < cfg.steps, "--resume " << cfg.resume << ": the checkpoint was saved after " << step
                                                 << " steps and --steps is " << cfg.steps
@@ -57,6 +58,8 @@ InitialState::InitialState(const TrainConfig& cfg, const ModelLayout& layout, co
                                                 << step);
     first_step_ = int(step);
     if (ctx.rank == 0 && !cfg.quiet) say_resuming(cfg, *checkpoint_, ctx.world);
+  } else if (is_sharded_checkpoint_path(cfg.init)) {
+    model_ = open_checkpoint(cfg.init, layout);  // its parameters, read where they lie
   } else if (!cfg.init.empty()) {
     file_model_.resize(layout.numel);
     load_model(cfg.init, layout, file_model_.data());
@@ -73,7 +76,9 @@ void InitialState::read(int u, StateKind kind, size_t begin, size_t end, float* 
     return;
   }
   REQUIRE(kind == StateKind::params, "InitialState::read: AdamW's moments come only from --resume");
-  if (!file_model_.empty())
+  if (model_)
+    model_->read_unit(u, kind, begin, end, host);
+  else if (!file_model_.empty())
     std::copy(file_model_.begin() + unit.offset + begin, file_model_.begin() + unit.offset + end, host);
   else
     init_unit_range(unit, cfg_.model, cfg_.seed, begin, end, host);

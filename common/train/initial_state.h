@@ -1,9 +1,11 @@
 // initial_state.h: where a run's first values come from, for every stage
 // alike. In order of precedence:
 //
-//   --resume FILE   a training checkpoint: the model, AdamW's moments, and
-//                   the step to go on from (io/checkpoint.h)
-//   --init FILE     a model file: the parameters only
+//   --resume PATH   a training checkpoint, a file or a sharded folder: the
+//                   model, AdamW's moments, and the step to go on from
+//                   (io/checkpoint.h, io/sharded_checkpoint.h)
+//   --init PATH     a model file, or either kind of checkpoint: the
+//                   parameters only
 //   neither         docs/SPEC.md's seeded initialisation, drawn from each
 //                   parameter's name and element index (core/rng.h), so any
 //                   range of any unit is drawn alone and equals the same
@@ -27,7 +29,7 @@
 
 namespace zf {
 
-class CheckpointReader;  // io/checkpoint.h
+class CheckpointSource;  // io/checkpoint.h
 
 class InitialState {
  public:
@@ -49,8 +51,9 @@ class InitialState {
  private:
   const TrainConfig& cfg_;
   const ModelLayout& layout_;
-  std::unique_ptr<CheckpointReader> checkpoint_;  // --resume
-  std::vector<float> file_model_;                 // --init: the whole file, read once
+  std::unique_ptr<CheckpointSource> checkpoint_;  // --resume
+  std::unique_ptr<CheckpointSource> model_;       // --init from a sharded checkpoint: read a range at a time
+  std::vector<float> file_model_;                 // --init from a file: the whole file, read once
   int first_step_ = 0;
 };
 

@@ -52,6 +52,10 @@ class StepLog {
   virtual void validation(int steps_done, float loss, long sequences, double ms, const CommStats& comm) = 0;
   // A text sample after `steps_done` steps: the prompt and what the model wrote after it.
   virtual void sample(int steps_done, const std::string& prompt, const std::string& text) = 0;
+  // A checkpoint of `steps_done` steps is on disk at `path`: the training
+  // waited stall_ms for it, and writing it took write_ms (the same, unless
+  // it was written in the background, --save-async).
+  virtual void saved(int steps_done, const std::string& path, double stall_ms, double write_ms) = 0;
 };
 
 }  // namespace zf

@@ -34,6 +34,7 @@ TrainingRun::TrainingRun(const TrainConfig& cfg, const ModelLayout& layout, Rank
     ctx.clock->start(0);
     return;
   }
+  if (cfg.save_sharded) sharded_ = std::make_unique<ShardedSaver>(cfg.save, cfg.save_async, layout, ctx, states, log);
   const InitialState init(cfg, layout, ctx);  // lives only while the states are filled
   result_.first_step = init.first_step();
   states.load(init);
@@ -72,6 +73,7 @@ void TrainingRun::end_step(int step, float loss, float grad_norm, double ms, con
               phases);
   const int done = step + 1;
   result_.stop_signal = vote_to_stop();
+  if (sharded_ && all_written_) uncounted([&] { sharded_->commit(); });  // every rank's file of a save in flight
   if (result_.stop_signal != 0) result_.stopped_after = done;
   const bool due = done == cfg_.steps || (cfg_.save_every > 0 && done % cfg_.save_every == 0);
   if (!cfg_.save.empty() && (due || result_.stop_signal != 0)) save(done);
@@ -155,37 +157,60 @@ void TrainingRun::skip_clock() {
 }
 
 int TrainingRun::vote_to_stop() {
-  if (ctx_.control == nullptr) return ctx_.world == 1 ? stop_signal_received() : 0;
+  // With a sharded save in flight, each rank also says whether its file is on disk.
+  const int64_t written = sharded_ ? int64_t(sharded_->written()) : 1;
+  if (ctx_.control == nullptr) {
+    all_written_ = ctx_.world == 1 && written;
+    return ctx_.world == 1 ? stop_signal_received() : 0;
+  }
   // Each rank's signal (0: none), in rank order on every rank: all pick the
   // same one, the first in rank order, so they stop after the same step.
-  const int64_t mine = stop_signal_received();
-  std::vector<int64_t> all(size_t(ctx_.world));
-  all_gather_host(*ctx_.control, ctx_.dev, &mine, all.data(), 1, DType::i64);
-  for (int64_t s : all)
-    if (s != 0) return int(s);
-  return 0;
+  const int64_t mine[2] = {stop_signal_received(), written};
+  std::vector<int64_t> all(2 * size_t(ctx_.world));
+  all_gather_host(*ctx_.control, ctx_.dev, mine, all.data(), 2, DType::i64);
+  all_written_ = true;
+  int signal = 0;
+  for (int r = 0; r < ctx_.world; ++r) {
+    if (signal == 0 && all[2 * size_t(r)] != 0) signal = int(all[2 * size_t(r)]);
+    all_written_ = all_written_ && all[2 * size_t(r) + 1] != 0;
+  }
+  return signal;
 }
 
-void TrainingRun::save(int steps_done) {
+std::map<std::string, std::string> TrainingRun::checkpoint_metadata() const {
+  return {{"stage", cfg_.stage},
+          {"ranks", std::to_string(ctx_.world)},
+          {"precision", precision_name(cfg_.precision)},
+          {"global_batch", std::to_string((long long)ctx_.world * cfg_.batch * cfg_.grad_accum)},
+          {"data", cfg_.data_name()},
+          {"seed", std::to_string(cfg_.seed)},
+          {"lr_schedule", lr_schedule_text(cfg_.schedule(), cfg_.weight_decay)}};
+}
+
+void TrainingRun::uncounted(const std::function<void()>& work) {
   const CommStats training = ctx_.comm.stats();
   std::vector<CommStats> extra_training;
   for (Communicator* c : extra_) extra_training.push_back(c->stats());
-  const std::vector<float> params = states_.full(StateKind::params, false),
-                           m = states_.full(StateKind::m, false), v = states_.full(StateKind::v, false);
-  if (ctx_.rank == 0)
-    save_checkpoint(cfg_.save, layout_, params.data(), m.data(), v.data(), steps_done,
-                    {{"stage", cfg_.stage},
-                     {"ranks", std::to_string(ctx_.world)},
-                     {"precision", precision_name(cfg_.precision)},
-                     {"global_batch", std::to_string((long long)ctx_.world * cfg_.batch * cfg_.grad_accum)},
-                     {"data", cfg_.data_name()},
-                     {"seed", std::to_string(cfg_.seed)},
-                     {"lr_schedule", lr_schedule_text(cfg_.schedule(), cfg_.weight_decay)}});
+  work();
   ctx_.comm.restore_counts(training);
   for (size_t i = 0; i < extra_.size(); ++i) extra_[i]->restore_counts(extra_training[i]);
 }
 
+void TrainingRun::save(int steps_done) {
+  uncounted([&] {
+    if (sharded_) return sharded_->save(steps_done, checkpoint_metadata());
+    Timer timer;
+    const std::vector<float> params = states_.full(StateKind::params, false),
+                             m = states_.full(StateKind::m, false), v = states_.full(StateKind::v, false);
+    if (ctx_.rank == 0) {
+      save_checkpoint(cfg_.save, layout_, params.data(), m.data(), v.data(), steps_done, checkpoint_metadata());
+      log_.saved(steps_done, cfg_.save, timer.ms(), timer.ms());
+    }
+  });
+}
+
 RankResult TrainingRun::finish() {
+  if (sharded_) uncounted([&] { sharded_->finish(); });  // a save still in flight
   if (ctx_.clock) ctx_.clock->stop();
   result_.memory = ctx_.mem.counts();
   result_.comm = ctx_.comm.stats();

@@ -15,10 +15,14 @@
 // A stage's states differ in what each rank keeps (whole or a piece, which
 // dtype); two things every stage does with them alike are the ModelStates
 // interface: fill them from the initial state (initial_state.h), and give
-// back the whole model for --save and the hash.
+// back the whole model for --save and the hash, or each rank's piece for a
+// sharded --save.
 #pragma once
 
 #include <functional>
+#include <map>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "adamw.h"
@@ -26,6 +30,8 @@
 #include "initial_state.h"
 #include "model.h"
 #include "rank.h"
+#include "shard.h"
+#include "sharded_saver.h"
 #include "step_log.h"
 
 
@@ -45,6 +51,15 @@ class ModelStates {
   // ranks may then return nothing). Every rank calls it: a sharded stage
   // gathers the pieces.
   virtual std::vector<float> full(StateKind kind, bool every_rank) = 0;
+  // What this rank writes of a sharded checkpoint (io/sharded_checkpoint.h):
+  // its piece of every unit as this cut gives them (shard.h), or nullptr
+  // when another rank writes the same values (a replica of its shard group
+  // under hybrid sharding). A stage that keeps whole copies cuts them among
+  // its N ranks, so each writes 1/N all the same.
+  virtual const ShardLayout* share() const = 0;
+  // The float32 values of `kind` (as full() gives them) of this rank's
+  // piece of unit u in share()'s cut, into host.
+  virtual void copy_piece(StateKind kind, int u, float* host) = 0;
 };
 
 class TrainingRun {
@@ -94,6 +109,9 @@ class TrainingRun {
 
  private:
   void save(int steps_done);
+  std::map<std::string, std::string> checkpoint_metadata() const;
+  // Runs work (a save) with the collectives it issues left out of the counters.
+  void uncounted(const std::function<void()>& work);
   // Runs work, and gives back the collectives it issued, taken out of the
   // training counters as its host<->device copies are.
   CommStats apart(const std::function<void()>& work);
@@ -111,6 +129,8 @@ class TrainingRun {
   std::vector<Communicator*> extra_;
   TransferStats loaded_;  // the device's copies once the states were loaded
   TransferStats evaluated_;  // the evaluations' copies (--val-every), not training's
+  std::unique_ptr<ShardedSaver> sharded_;  // --save-format sharded
+  bool all_written_ = true;                // the last vote: no rank has a sharded save in flight
   RankResult result_;
 };
 

@@ -54,7 +54,7 @@ Log read_log(const std::string& path) {
     json j = json::parse(line, nullptr, false);
     if (j.is_discarded()) { log.whole = false; continue; }
     if (j.contains("summary")) log.summary = j["summary"];
-    else { log.steps++; log.last_step = j["step"].get<int>(); }
+    else if (j.contains("step")) { log.steps++; log.last_step = j["step"].get<int>(); }  // not a {"save": ...}
   }
   return log;
 }

@@ -73,23 +73,8 @@ std::string join(std::string header, const std::string& data) {
   return le64(header.size()) + header + data;
 }
 
-// The message of the UsageError fn throws, or "" (with a failure) if none.
-std::string refusal(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const UsageError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "not a UsageError: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "accepted";
-  return "";
-}
-
-void expect_has(const std::string& msg, std::initializer_list<std::string> fragments) {
-  for (const std::string& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << "lacks '" << f << "': " << msg;
-}
+using test::expect_has;
+using test::refusal;
 
 class CheckpointValues : public test::TempDirTest {
  protected:

@@ -94,6 +94,8 @@ struct DelayedReplica final : ModelStates {
     dev.to_host(out.data(), t.data(), t.bytes());
     return out;
   }
+  const ShardLayout* share() const override { return nullptr; }  // saves consolidated only
+  void copy_piece(StateKind, int, float*) override {}
 };
 
 // The recurrence of offload.h, written the plain way: the update is applied
