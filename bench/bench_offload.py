@@ -75,7 +75,7 @@ def main():
     folder = os.path.join(tmp, "offload")
     os.makedirs(folder)
     R.title("E. Offload: stage 05 beside stage 04, %s, B=%d per rank, %s" % (MODEL, BATCH, PRECISION))
-    R.note("CPU: %s; %d cores; load before: %s" % (cpu_model(), os.cpu_count() or 0, rb.loadavg()))
+    R.note("CPU: %s; %d cores; load before: %s" % (rb.cpu_model(), os.cpu_count() or 0, rb.loadavg()))
     ok_all = True
     for ranks in [int(x) for x in args.ranks.split(",")]:
         results = {}
@@ -111,17 +111,6 @@ def main():
     if args.markdown:
         R.write(args.markdown)
     return 0 if ok_all else 1
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":

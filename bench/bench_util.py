@@ -68,6 +68,17 @@ class Report:
 R = Report()
 
 
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
 def loadavg():
     try:
         return "%.2f" % os.getloadavg()[0]

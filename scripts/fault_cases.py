@@ -315,6 +315,13 @@ def cases(env):
                                         "s=$?; cp disk/ck.st kept.st; exit $s")(x)
     add(Case("disk", "full disk while saving", "room for one checkpoint, `--save-every 2`", full_disk_save, (1,),
              ["No space left on device"], skip=no_mount))
+    def full_disk_sharded(x):
+        size = os.path.getsize(x.path("good.st")) * 3 // 2
+        x.left_checkpoints.append((x.path("kept"), MODEL))
+        return on_tmpfs(size, lambda y: f"{dp} {MODEL} --ranks 2 --quiet --steps 6 --save-every 2 --save disk/ck "
+                                        "--save-format sharded; s=$?; cp -r disk/ck kept; exit $s")(x)
+    add(Case("disk", "full disk while saving sharded", "room for one checkpoint, `--save-format sharded --save-every 2`",
+             full_disk_sharded, (1,), ["No space left on device"], skip=no_mount))
     add(Case("disk", "output folder missing", "`--save no/such/ck.st`",
              lambda x: f"{dp} {MODEL} --steps 20 --save no/such/ck.st", (2,), ["--save"], max_seconds=5))
     add(Case("disk", "output is a folder", "`--log-json .`",

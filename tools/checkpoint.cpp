@@ -10,7 +10,8 @@
 //
 // Either result resumes (--resume) in any stage at any N. Every check a
 // resume makes runs on the input first; the output is written whole or not
-// at all, and never over a file or checkpoint that exists.
+// at all: a consolidated file only where nothing is, a step folder as a
+// save writes one (never over a checkpoint).
 // Exit status: 0 ok, 2 a usage error (the message says what and why), 1 a
 // failure while writing.
 #include <CLI/CLI.hpp>
@@ -48,8 +49,8 @@ int run(int argc, char** argv) {
   }
   struct stat st;
   if (*consolidate) {
-    USAGE_REQUIRE(::stat(out.c_str(), &st) != 0, out << " exists: the consolidated file is written only where "
-                                                        "nothing is; give a new name");
+    USAGE_REQUIRE(::lstat(out.c_str(), &st) != 0, out << " exists: the consolidated file is written only where "
+                                                         "nothing is (not through a link either); give a new name");
     USAGE_REQUIRE(buffer_mib > 0 && buffer_mib <= 65536, "--buffer-mib must be above 0 and at most 65536 (got "
                                                              << buffer_mib << ")");
     const size_t floats = size_t(buffer_mib * 1024 * 1024 / sizeof(float));

@@ -110,6 +110,8 @@ void check_save_folder(const std::string& dir, long first_step) {
                                                     "a folder (it is made if missing), or leave out --save-format");
     const std::string problem = output_problem(dir + "/latest", WriteMode::by_rename);
     USAGE_REQUIRE(problem.empty(), "--save " << problem);
+    const std::string latest = latest_problem(dir);
+    USAGE_REQUIRE(latest.empty(), "--save " << latest);
   } else {
     const std::string problem = output_problem(dir, WriteMode::by_rename);
     USAGE_REQUIRE(problem.empty(), "--save " << problem);
@@ -119,7 +121,7 @@ void check_save_folder(const std::string& dir, long first_step) {
                 "--save " << dir << " already holds the checkpoint of step " << last << ", after this run's first "
                           << "step " << first_step << ": the run would write beside it checkpoints that `latest` "
                           << "would then point to in place of it; give --save another folder, or --resume from "
-                          << dir);
+                          << dir << "/" << step_folder_name(last));
 }
 
 }  // namespace zf

@@ -181,6 +181,14 @@ void StepReporter::saved(int steps_done, const std::string& path, double stall_m
   std::fflush(stdout);
 }
 
+void StepReporter::loaded(const std::string& path, double ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  write_json(nlohmann::json{{"load", {{"path", path}, {"ms", ms}}}}.dump());
+  if (cfg_.quiet) return;
+  std::printf("load  %s | %.1f ms on rank 0\n", path.c_str(), ms);
+  std::fflush(stdout);
+}
+
 nlohmann::json summary_json(const RunResult& run) {
   using nlohmann::json;
   const auto& cfg = run.cfg;

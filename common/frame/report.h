@@ -50,6 +50,7 @@ class StepReporter final : public StepLog {
   // After a sample (--sample-every): the text, and a {"sample": ...} object in the run log.
   void sample(int steps_done, const std::string& prompt, const std::string& text) override;
   void saved(int steps_done, const std::string& path, double stall_ms, double write_ms) override;
+  void loaded(const std::string& path, double ms) override;
   // Prints the closing tables, writes the summary object and closes the
   // run log.
   void summary(const RunResult& run);

@@ -119,13 +119,19 @@ std::string resolve_sharded_checkpoint(const std::string& path) {
   if (exists(path + "/" + kIndexName)) return path;
   const std::string latest = path + "/" + kLatestName;
   if (!exists(latest)) {
-    std::string unfinished;
-    for (const std::string& name : list_dir(path))
-      if (parse_step_folder(name) >= 0) unfinished = name;
-    USAGE_REQUIRE(unfinished.empty(), what << " has no '" << kLatestName << "' and its " << unfinished
-                                           << " has no " << kIndexName
-                                           << ": no save to it finished, so it holds no checkpoint; resume from "
-                                              "an earlier one");
+    std::string base = path;
+    while (base.size() > 1 && base.back() == '/') base.pop_back();
+    base = base.substr(base.find_last_of('/') == std::string::npos ? 0 : base.find_last_of('/') + 1);
+    USAGE_REQUIRE(parse_step_folder(base) < 0,
+                  what << " is the step folder of a save that did not finish (it has no " << kIndexName
+                       << "), never a checkpoint: give its parent folder (its `latest`), or another step folder");
+    // A crash between a first save's index and its `latest`, or step folders copied without it.
+    const long last = last_committed_step(path);
+    if (last >= 0) return path + "/" + step_folder_name(last);
+    bool unfinished = false;
+    for (const std::string& name : list_dir(path)) unfinished = unfinished || parse_step_folder(name) >= 0;
+    USAGE_REQUIRE(!unfinished, what << " has step folders but no " << kIndexName << " in any: no save to it "
+                                    << "finished, so it holds no checkpoint; resume from an earlier one");
     USAGE_REQUIRE(false, what << " is not a sharded checkpoint: it has neither '" << kLatestName << "' nor "
                               << kIndexName << "; give the folder --save wrote with --save-format sharded, "
                                  "one of its step folders, or a consolidated .safetensors file");
@@ -140,6 +146,17 @@ std::string resolve_sharded_checkpoint(const std::string& path) {
                 latest << " names " << name << ", which holds no " << kIndexName
                        << " (removed, or damaged): give one of the other step folders in " << path);
   return folder;
+}
+
+std::string latest_problem(const std::string& dir) {
+  const std::string latest = dir + "/" + kLatestName;
+  struct stat st;
+  if (::lstat(latest.c_str(), &st) != 0) return "";
+  std::string text = S_ISREG(st.st_mode) && st.st_size <= 64 ? read_text(latest, 64) : "";
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  if (S_ISREG(st.st_mode) && parse_step_folder(text) >= 0) return "";
+  return latest + " is not the pointer a save writes (a regular file holding step-<digits>): a save would "
+         "replace it; give --save a folder of its own";
 }
 
 std::vector<std::string> sharded_checkpoint_files(const std::string& path) {
@@ -266,6 +283,8 @@ void commit_sharded_checkpoint(const std::string& dir, long step, int writers, c
   for (size_t i = 0; i < tensors.size(); ++i) index += (i ? ",\n  " : "\n  ") + tensors[i].dump();
   index += "\n ]\n}\n";
   write_file_atomically(folder + "/" + kIndexName, index, "checkpoint index");
+  const std::string problem = latest_problem(dir);  // checked before step 0 too; a file put there since is kept
+  if (!problem.empty()) throw Error(problem);
   write_file_atomically(dir + "/" + kLatestName, step_folder_name(step) + "\n", "checkpoint pointer");
 }
 
@@ -283,6 +302,15 @@ void remove_step_folder(const std::string& dir, long step) {
 
 ShardedCheckpointReader::ShardedCheckpointReader(const std::string& path, const ModelLayout& layout)
     : CheckpointSource(layout), folder_(resolve_sharded_checkpoint(path)) {
+  try {
+    open(layout);
+  } catch (const nlohmann::json::exception& e) {  // a field of another type than the index's
+    throw UsageError("checkpoint index " + folder_ + "/" + kIndexName + " is damaged (" + e.what() +
+                     "): resume from an earlier checkpoint");
+  }
+}
+
+void ShardedCheckpointReader::open(const ModelLayout& layout) {
   const std::string index_path = folder_ + "/" + kIndexName;
   const std::string bad = "checkpoint index " + index_path + " ";
   nlohmann::json index;
@@ -401,8 +429,14 @@ void ShardedCheckpointReader::read_elements(const std::string& name, const std::
 size_t consolidate_checkpoint(const std::string& sharded, const std::string& out, size_t buffer_floats) {
   const std::string folder = resolve_sharded_checkpoint(sharded);
   const std::string model = [&] {
-    const nlohmann::json index = nlohmann::json::parse(read_text(folder + "/" + kIndexName, size_t(1) << 30));
-    return index.at("metadata").at("model").get<std::string>();
+    const std::string index_path = folder + "/" + kIndexName;
+    try {
+      const nlohmann::json index = nlohmann::json::parse(read_text(index_path, size_t(1) << 30));
+      return index.at("metadata").at("model").get<std::string>();
+    } catch (const nlohmann::json::exception& e) {
+      throw UsageError("checkpoint index " + index_path + " does not say which model it holds (" + e.what() +
+                       "): the file is damaged or was not written by --save");
+    }
   }();
   const ModelLayout layout = build_layout(model_preset(model));
   const ShardedCheckpointReader reader(folder, layout);  // every check a resume makes
@@ -442,6 +476,8 @@ size_t shard_checkpoint(const std::string& file, const std::string& dir, int wri
   USAGE_REQUIRE(reader.step() > 0, file << " was saved after 0 steps; a sharded checkpoint holds a trained state");
   USAGE_REQUIRE(last_committed_step(dir) < reader.step(),
                 dir << " already holds a checkpoint at or after step " << reader.step() << ": give another folder");
+  const std::string latest = latest_problem(dir);
+  USAGE_REQUIRE(latest.empty(), latest);
   const std::string folder = prepare_step_folder(dir, reader.step());
   size_t largest = 0;
   for (int w = 0; w < writers; ++w) {

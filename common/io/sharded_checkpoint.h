@@ -40,14 +40,17 @@ std::string step_folder_name(long step);
 // Whether `path` names a sharded checkpoint rather than a file: a folder.
 bool is_sharded_checkpoint_path(const std::string& path);
 
-// The committed step folder that `path` (DIR, through its `latest`, or a
-// step folder itself) names, and its files (every rank's and the index).
-// UsageError, saying why, when it names none.
+// The committed step folder that `path` (DIR, through its `latest`, else
+// its newest committed step folder; or a step folder itself) names, and its
+// files (every rank's and the index). UsageError, saying why, when it names none.
 std::string resolve_sharded_checkpoint(const std::string& path);
 std::vector<std::string> sharded_checkpoint_files(const std::string& path);
 
 // The highest step of a committed checkpoint in DIR, or -1 (none, or no DIR).
 long last_committed_step(const std::string& dir);
+// Why DIR/latest cannot be replaced by a save (it is not the pointer a save
+// writes: a link, a folder, another file), or "".
+std::string latest_problem(const std::string& dir);
 
 // Saving, in three moves every rank makes in turn (TrainingRun::save):
 //
@@ -84,6 +87,7 @@ class ShardedCheckpointReader final : public CheckpointSource {
   }
 
  private:
+  void open(const ModelLayout& layout);
   struct Piece {
     int file;
     size_t offset, numel;

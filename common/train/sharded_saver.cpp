@@ -45,14 +45,18 @@ void ShardedSaver::save(int steps_done, const std::map<std::string, std::string>
     finish();
     return;
   }
-  // The copies, kind by kind and unit by unit: the only time the steps wait.
-  staged_.clear();
-  if (share)
+  // The copies, kind by kind and unit by unit: the only time the steps
+  // wait. The buffers stay for the next save (torchtitan keeps its pinned
+  // ones too): only the first save pays for their pages.
+  if (share) {
+    staged_.resize(3 * layout_.units.size());
+    size_t i = 0;
     for (StateKind kind : kKinds)
-      for (size_t u = 0; u < layout_.units.size(); ++u) {
-        staged_.emplace_back(share->units[u].end - share->units[u].begin);
-        states_.copy_piece(kind, int(u), staged_.back().data());
+      for (size_t u = 0; u < layout_.units.size(); ++u, ++i) {
+        staged_[i].resize(share->units[u].end - share->units[u].begin);
+        states_.copy_piece(kind, int(u), staged_[i].data());
       }
+  }
   stall_ms_ = timer.ms();
   done_ = false;
   writer_ = std::thread([this, folder, share, steps_done] {
@@ -103,8 +107,6 @@ void ShardedSaver::commit_now() {
   }
   committed_ = pending_;
   pending_ = -1;
-  staged_.clear();
-  staged_.shrink_to_fit();
 }
 
 }  // namespace zf

@@ -56,6 +56,8 @@ class StepLog {
   // waited stall_ms for it, and writing it took write_ms (the same, unless
   // it was written in the background, --save-async).
   virtual void saved(int steps_done, const std::string& path, double stall_ms, double write_ms) = 0;
+  // The states were read from `path` (--resume, --init) in ms, on rank 0.
+  virtual void loaded(const std::string& path, double ms) = 0;
 };
 
 }  // namespace zf

@@ -35,10 +35,13 @@ TrainingRun::TrainingRun(const TrainConfig& cfg, const ModelLayout& layout, Rank
     return;
   }
   if (cfg.save_sharded) sharded_ = std::make_unique<ShardedSaver>(cfg.save, cfg.save_async, layout, ctx, states, log);
+  Timer loading;
   const InitialState init(cfg, layout, ctx);  // lives only while the states are filled
   result_.first_step = init.first_step();
   states.load(init);
   loaded_ = ctx.dev.transfers();
+  const std::string& from = cfg.resume.empty() ? cfg.init : cfg.resume;
+  if (ctx.rank == 0 && !from.empty()) log.loaded(from, loading.ms());
   if (!cfg.save_init.empty()) {
     if (ctx.rank == 0) {  // the initial model is the same on every rank: rank 0 writes it alone
       std::vector<float> full(layout.numel);

@@ -120,7 +120,10 @@ class TrainingRun {
   int vote_to_stop();
   void skip_clock();
 
-  RankFailureGuard guard_;  // first: a failure anywhere in the run stops the group before anything is freed
+  // Before the guard, so freed after it: a rank that fails stops the group
+  // first, then waits for its own --save-async write to end.
+  std::unique_ptr<ShardedSaver> sharded_;  // --save-format sharded
+  RankFailureGuard guard_;  // a failure anywhere in the run stops the group before anything else is freed
   const TrainConfig& cfg_;
   const ModelLayout& layout_;
   RankContext& ctx_;
@@ -129,7 +132,6 @@ class TrainingRun {
   std::vector<Communicator*> extra_;
   TransferStats loaded_;  // the device's copies once the states were loaded
   TransferStats evaluated_;  // the evaluations' copies (--val-every), not training's
-  std::unique_ptr<ShardedSaver> sharded_;  // --save-format sharded
   bool all_written_ = true;                // the last vote: no rank has a sharded save in flight
   RankResult result_;
 };

@@ -50,7 +50,7 @@ TEST(Cli, QuietPrintsNothingOnStdout) {
   EXPECT_EQ(resumed.output, "");
   std::ifstream in(dir + "/log.jsonl");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 3) << text;  // steps 1, 2 and the summary
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 4) << text;  // the load, steps 1, 2 and the summary
   EXPECT_NE(text.find("\"summary\""), std::string::npos);
   std::filesystem::remove_all(dir);
   // And the help says so.
@@ -221,6 +221,12 @@ TEST(Cli, BadLrSchedule) {
   expect_usage_error("--lr-schedule step", {"--lr-schedule", "step", "constant, cosine or linear"});
 }
 TEST(Cli, NegativeWarmup) { expect_usage_error("--warmup -1", {"--warmup", "got -1"}); }
+TEST(Cli, SaveFormatIsOneOfTwoAndNeedsSave) {
+  expect_usage_error("--save ck --save-format zip", {"--save-format", "zip", "consolidated or sharded"});
+  expect_usage_error("--save-format sharded", {"--save-format", "--save"});
+  expect_usage_error("--save ck --save-async", {"--save-async", "--save-format sharded"});
+}
+
 TEST(Cli, MinLrAboveLr) { expect_usage_error("--lr-schedule cosine --min-lr 1e-3", {"--min-lr", "--lr", "0.001"}); }
 TEST(Cli, MinLrNeedsADecay) { expect_usage_error("--min-lr 1e-5", {"--min-lr", "constant", "cosine"}); }
 TEST(Cli, NegativeWeightDecay) { expect_usage_error("--weight-decay -0.1", {"--weight-decay", "-0.1"}); }

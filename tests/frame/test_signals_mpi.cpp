@@ -52,7 +52,7 @@ Log read_log(const std::string& path) {
   while (std::getline(in, line)) {
     const json j = json::parse(line);
     if (j.contains("summary")) log.hash = j["summary"]["param_hash"];
-    else log.steps++;
+    else if (j.contains("step")) log.steps++;  // not a {"save": ...}
   }
   return log;
 }
