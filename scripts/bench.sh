@@ -22,6 +22,13 @@
 #
 #   scripts/bench.sh --offload --repeats 3 --markdown /tmp/offload.md
 #
+# --checkpoint (first argument): save and load times and host memory of the
+# consolidated, sharded and async checkpoints (bench/bench_checkpoint.py; no
+# PyTorch needed, which is the peer when .venv-bench has it). About half an
+# hour for small and gpt2 at N = 1, 2, 4, 8 with two repeats.
+#
+#   scripts/bench.sh --checkpoint --repeats 2 --skip gpt2:8:consolidated --markdown /tmp/ck.md
+#
 # --adamw (first argument): the host AdamW (CpuAdamW) against torch.optim.AdamW
 # (fused, foreach) and DeepSpeedCPUAdam (bench/bench_adamw.py), in the venv
 # above (ZF_BENCH_VENV); deepspeed is pip-installed there when missing
@@ -37,6 +44,13 @@ if [[ "${1:-}" == "--offload" ]]; then
   scripts/install_deps.sh
   scripts/build.sh
   exec /usr/bin/python3 bench/bench_offload.py "$@"
+fi
+
+if [[ "${1:-}" == "--checkpoint" ]]; then
+  shift
+  scripts/install_deps.sh
+  scripts/build.sh
+  exec /usr/bin/python3 bench/bench_checkpoint.py "$@"
 fi
 
 if [[ "${1:-}" == "--adamw" ]]; then
