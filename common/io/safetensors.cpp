@@ -236,6 +236,34 @@ void write_safetensors(const std::string& path, const std::vector<TensorRef>& te
 // ---------------------------------------------------------------------------
 // Reader
 
+nlohmann::json parse_json_keys_once(const std::string& text, std::string* duplicate, std::string* owner) {
+  // JSON allows a key twice in an object and the parser would keep one of
+  // the values silently; in a header that is damage (a tensor or a metadata
+  // pair given twice), so the keys of every object are tracked as it is parsed.
+  std::vector<std::set<std::string>> keys;  // of each object open at this point
+  std::vector<std::string> owners;          // the key each open object is the value of
+  std::string last_key;
+  duplicate->clear();
+  auto track_keys = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& value) {
+    using Event = nlohmann::json::parse_event_t;
+    if (event == Event::object_start) {
+      keys.emplace_back();
+      owners.push_back(keys.size() == 1 ? "" : last_key);
+    } else if (event == Event::object_end && !keys.empty()) {
+      keys.pop_back();
+      owners.pop_back();
+    } else if (event == Event::key && !keys.empty()) {
+      last_key = value.get<std::string>();
+      if (!keys.back().insert(last_key).second && duplicate->empty()) {
+        *duplicate = last_key;
+        *owner = owners.back();
+      }
+    }
+    return true;
+  };
+  return nlohmann::json::parse(text, track_keys);
+}
+
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   File f = open_for_reading(path);
   const std::string bad = "'" + path + "' is not a safetensors file: ";
@@ -256,32 +284,10 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   data_start_ = 8 + n;
   const uint64_t data_size = size - data_start_;
 
-  // JSON allows a key twice in an object and the parser would keep one of
-  // the values silently; in a header that is damage (a tensor or a metadata
-  // pair given twice), so the keys of every object are tracked as it is parsed.
-  std::vector<std::set<std::string>> keys;  // of each object open at this point
-  std::vector<std::string> owners;          // the key each open object is the value of
-  std::string last_key, duplicate, duplicate_owner;
-  auto track_keys = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& value) {
-    using Event = nlohmann::json::parse_event_t;
-    if (event == Event::object_start) {
-      keys.emplace_back();
-      owners.push_back(keys.size() == 1 ? "" : last_key);
-    } else if (event == Event::object_end && !keys.empty()) {
-      keys.pop_back();
-      owners.pop_back();
-    } else if (event == Event::key && !keys.empty()) {
-      last_key = value.get<std::string>();
-      if (!keys.back().insert(last_key).second && duplicate.empty()) {
-        duplicate = last_key;
-        duplicate_owner = owners.back();
-      }
-    }
-    return true;
-  };
   nlohmann::json parsed;
+  std::string duplicate, duplicate_owner;
   try {
-    parsed = nlohmann::json::parse(text, track_keys);
+    parsed = parse_json_keys_once(text, &duplicate, &duplicate_owner);
   } catch (const nlohmann::json::exception& e) {
     USAGE_REQUIRE(false, bad << "its " << n << "-byte header is not valid JSON (" << e.what() << ")");
   }

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -114,5 +115,12 @@ class SafetensorsReader {
 };
 
 std::string shape_str(const std::vector<int64_t>& shape);  // "[768, 3072]"
+
+// JSON text parsed (nlohmann's exception if it is not JSON), with the first
+// key given twice in one object, if any, in *duplicate ("" if none) and the
+// key of the object that holds it in *owner ("" for the outermost): JSON
+// allows it and the parser would keep one value silently, where a file this
+// program wrote never has one.
+nlohmann::json parse_json_keys_once(const std::string& text, std::string* duplicate, std::string* owner);
 
 }  // namespace zf

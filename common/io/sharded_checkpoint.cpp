@@ -314,11 +314,15 @@ void ShardedCheckpointReader::open(const ModelLayout& layout) {
   const std::string index_path = folder_ + "/" + kIndexName;
   const std::string bad = "checkpoint index " + index_path + " ";
   nlohmann::json index;
+  std::string duplicate, owner;
   try {
-    index = nlohmann::json::parse(read_text(index_path, size_t(1) << 30));
+    index = parse_json_keys_once(read_text(index_path, size_t(1) << 30), &duplicate, &owner);
   } catch (const nlohmann::json::exception& e) {
     throw UsageError(bad + "is not JSON (" + e.what() + "): the file is damaged; resume from an earlier checkpoint");
   }
+  USAGE_REQUIRE(duplicate.empty(), bad << "gives the key \"" << duplicate << "\" twice in "
+                                       << (owner.empty() ? std::string("the index") : "\"" + owner + "\"")
+                                       << ": the file is damaged; resume from an earlier checkpoint");
   auto field = [&](const nlohmann::json& obj, const char* key, nlohmann::json::value_t type) -> const nlohmann::json& {
     USAGE_REQUIRE(obj.is_object() && obj.contains(key) && obj[key].type() == type,
                   bad << "has no '" << key << "' of the right type: the file is damaged or was not written by --save");

@@ -432,6 +432,10 @@ TEST_F(ShardedCheckpoint, DamagedFoldersAreRefused) {
   refused({"rank-00000-of-00002.safetensors", "says step '1' where its index says '2'", "another save"});
   edit_index("\"offset\":0,\"numel\":", "\"offset\":1,\"numel\":");
   refused({"leaving a gap"});
+  edit_index("\"step\": 1,", "\"step\": 1,\n \"step\": 1,");
+  refused({"gives the key \"step\" twice in the index"});
+  edit_index("\"seed\":\"1337\"", "\"seed\":\"1337\",\"seed\":\"7\"");
+  refused({"gives the key \"seed\" twice in \"metadata\""});
   edit_index("\"name\":\"wte.weight\"", "\"name\":\"wte.weights\"");
   refused({"does not hold", "'wte.weights' its index says it does"});
   edit_index("\"model\":\"tiny\"", "\"model\":\"small\"");
