@@ -79,8 +79,10 @@ const float* ShardedAdamW::fp32_piece(int u, const void* param_piece) const {
 
 std::vector<float> gather_full_model(Communicator& comm, Device& dev, const ModelLayout& layout,
                                      const ShardLayout& shards,
-                                     const std::function<const float*(int)>& fp32_piece, Device* piece_dev) {
-  std::vector<float> full(layout.numel);
+                                     const std::function<const float*(int)>& fp32_piece, Device* piece_dev,
+                                     bool every_rank) {
+  const bool keep = every_rank || comm.rank() == 0;
+  std::vector<float> full(keep ? layout.numel : 0);
   for (size_t u = 0; u < layout.units.size(); ++u) {
     const UnitShard& us = shards.units[u];
     // Host buffers: the threads and MPI communicators move host memory here
@@ -88,7 +90,7 @@ std::vector<float> gather_full_model(Communicator& comm, Device& dev, const Mode
     std::vector<float> piece(us.shard, 0.0f), gathered(us.padded());
     (piece_dev ? *piece_dev : dev).to_host(piece.data(), fp32_piece(int(u)), (us.end - us.begin) * sizeof(float));
     all_gather_host(comm, dev, piece.data(), gathered.data(), us.shard, DType::f32);
-    std::memcpy(full.data() + layout.units[u].offset, gathered.data(), us.numel * sizeof(float));
+    if (keep) std::memcpy(full.data() + layout.units[u].offset, gathered.data(), us.numel * sizeof(float));
   }
   return full;
 }
@@ -99,10 +101,10 @@ const float* ShardedAdamW::state_piece(StateKind kind, int u, const void* param_
 }
 
 std::vector<float> ShardedAdamW::gather(StateKind kind, Communicator& comm,
-                                        const std::function<const void*(int)>& param_piece) const {
+                                        const std::function<const void*(int)>& param_piece, bool every_rank) const {
   return gather_full_model(comm, comm_dev_, layout_, shards_, [&](int u) {
     return state_piece(kind, u, param_piece(u));
-  }, &dev_);
+  }, &dev_, every_rank);
 }
 
 void ShardedAdamW::copy_piece(StateKind kind, int u, const void* param_piece, float* host) const {

@@ -55,7 +55,7 @@ class ShardedAdamW {
   // for a stage that shards with this optimizer. param_piece(u): this rank's
   // piece of unit u's parameters, as update() takes it.
   std::vector<float> gather(StateKind kind, Communicator& comm,
-                            const std::function<const void*(int)>& param_piece) const;
+                            const std::function<const void*(int)>& param_piece, bool every_rank = true) const;
   // This rank's piece of unit u of the same, into host: what it writes of a
   // sharded checkpoint (ModelStates::copy_piece).
   void copy_piece(StateKind kind, int u, const void* param_piece, float* host) const;
@@ -91,13 +91,16 @@ GradClip clip_scale(const ShardLayout& shards, Device& dev, Device& comm_dev, Co
                     const std::function<const void*(int)>& grad_piece, DType dtype, float clip);
 
 // The whole model as float32 in consolidated order, gathered from every
-// rank's float32 pieces (one all_gather per unit). For the final parameter
-// hash and consolidated checkpoints; uses untracked host memory, so call it
-// after the memory counts are taken. fp32_piece(u) is memory of piece_dev
-// (default: dev, the rank's device, which the collectives stage through).
+// rank's float32 pieces (one all_gather per unit): on every rank, or, when
+// every_rank is false, on comm's rank 0 alone (the others pass each unit
+// through and return nothing: a checkpoint's write needs one copy, not N).
+// For the final parameter hash and consolidated checkpoints; uses untracked
+// host memory, so call it after the memory counts are taken. fp32_piece(u)
+// is memory of piece_dev (default: dev, the rank's device, which the
+// collectives stage through).
 std::vector<float> gather_full_model(Communicator& comm, Device& dev, const ModelLayout& layout,
                                      const ShardLayout& shards,
                                      const std::function<const float*(int)>& fp32_piece,
-                                     Device* piece_dev = nullptr);
+                                     Device* piece_dev = nullptr, bool every_rank = true);
 
 }  // namespace zf

@@ -53,8 +53,8 @@ struct Zero1States final : ModelStates {
     opt.load(init);
   }
   // The pieces of the updated model and of the moments, gathered.
-  std::vector<float> full(StateKind kind, bool) override {
-    return opt.gather(kind, comm, [&](int u) { return my_param_piece(u); });
+  std::vector<float> full(StateKind kind, bool every_rank) override {
+    return opt.gather(kind, comm, [&](int u) { return my_param_piece(u); }, every_rank);
   }
   // A sharded checkpoint: my pieces, as the optimizer holds them.
   const ShardLayout* share() const override { return &shards; }

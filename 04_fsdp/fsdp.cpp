@@ -61,8 +61,8 @@ struct FsdpStates final : ModelStates {
                 DType::f32);
     opt.load(init);
   }
-  std::vector<float> full(StateKind kind, bool) override {
-    return opt.gather(kind, comm, [&](int g) { return params.piece(g); });
+  std::vector<float> full(StateKind kind, bool every_rank) override {
+    return opt.gather(kind, comm, [&](int g) { return params.piece(g); }, every_rank);
   }
   // A sharded checkpoint: my pieces, written by the first shard group alone.
   const ShardLayout* share() const override { return replica == 0 ? &shards : nullptr; }

@@ -63,13 +63,13 @@ void DiskAdamW::update(float* master, const float* grads, bf16* copy, const Adam
   });
 }
 
-std::vector<float> DiskAdamW::gather(StateKind kind, Communicator& comm, Device& comm_dev) {
+std::vector<float> DiskAdamW::gather(StateKind kind, Communicator& comm, Device& comm_dev, bool every_rank) {
   std::vector<float> piece;
   return gather_full_model(comm, comm_dev, flat_, shards_, [&](int u) -> const float* {
     piece.assign(shards_.units[u].shard, 0.0f);
     copy_piece(kind, u, piece.data());
     return piece.data();
-  }, &host_);
+  }, &host_, every_rank);
 }
 
 void DiskAdamW::copy_piece(StateKind kind, int u, float* host) {

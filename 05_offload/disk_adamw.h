@@ -48,7 +48,7 @@ class DiskAdamW {
   void update(float* master, const float* grads, bf16* copy, const AdamWConfig& adam, long step, float scale);
   // The whole model's float32 values of `kind` (m, v; params with the
   // master on disk), from every rank's files (ModelStates::full).
-  std::vector<float> gather(StateKind kind, Communicator& comm, Device& comm_dev);
+  std::vector<float> gather(StateKind kind, Communicator& comm, Device& comm_dev, bool every_rank = true);
   // My piece of unit u of the same, from the files, into host (ModelStates::copy_piece).
   void copy_piece(StateKind kind, int u, float* host);
 

@@ -146,11 +146,12 @@ struct OffloadStates final : ModelStates {
       params.upload(g).wait();
     }
   }
-  std::vector<float> full(StateKind kind, bool) override {
+  std::vector<float> full(StateKind kind, bool every_rank) override {
     pending.finish();  // a checkpoint and the final hash hold every step's update
-    if (opt) return opt->gather(kind, comm, [&](int g) { return params.piece(g); });
-    if (kind != StateKind::params || params.shards_on_disk()) return disk->gather(kind, comm, comm_dev);
-    return gather_full_model(comm, comm_dev, units.flat, shards, [&](int g) { return params.piece(g); }, host.get());
+    if (opt) return opt->gather(kind, comm, [&](int g) { return params.piece(g); }, every_rank);
+    if (kind != StateKind::params || params.shards_on_disk()) return disk->gather(kind, comm, comm_dev, every_rank);
+    return gather_full_model(comm, comm_dev, units.flat, shards, [&](int g) { return params.piece(g); }, host.get(),
+                             every_rank);
   }
   // A sharded checkpoint: my pieces from where they live (host memory, or
   // the disk tier), written by the first shard group alone.
