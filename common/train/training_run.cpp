@@ -207,7 +207,8 @@ void TrainingRun::save(int steps_done) {
                              m = states_.full(StateKind::m, false), v = states_.full(StateKind::v, false);
     if (ctx_.rank == 0) {
       save_checkpoint(cfg_.save, layout_, params.data(), m.data(), v.data(), steps_done, checkpoint_metadata());
-      log_.saved(steps_done, cfg_.save, timer.ms(), timer.ms());
+      const double ms = timer.ms();
+      log_.saved(steps_done, cfg_.save, ms, ms);  // the steps waited for all of it
     }
   });
 }

@@ -140,7 +140,19 @@ TEST_F(ShardedCheckpoint, EveryStageResumesFromAnotherStagesFolder) {
   run_training(cfg, train_zero1);
   cfg.save = path("ck.safetensors");
   cfg.save_sharded = false;
+  cfg.log_json = path("log.jsonl");
   run_training(cfg, train_zero1);
+  {  // a save the steps wait for says so: its two times are one
+    std::ifstream in(cfg.log_json);
+    int saves = 0;
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (!j.contains("save")) continue;
+      EXPECT_EQ(j["save"]["ms"], j["save"]["write_ms"]) << line;
+      saves++;
+    }
+    EXPECT_EQ(saves, 1);
+  }
   for (const Stage& st : stages(dir_)) {
     SCOPED_TRACE(st.name);
     TrainConfig resume = quiet_config("tiny", 4, 1, 5);
