@@ -81,12 +81,6 @@ bool checked_bytes(const std::vector<int64_t>& shape, size_t elem_size, uint64_t
   return true;
 }
 
-size_t numel_of(const std::vector<int64_t>& shape) {
-  size_t n = 1;
-  for (int64_t d : shape) n *= size_t(d < 0 ? 0 : d);
-  return n;
-}
-
 // "fnv1a64:" and the hash as 16 lowercase hex digits: the value of a
 // "checksum.<name>" metadata key.
 constexpr const char* kChecksumScheme = "fnv1a64:";
@@ -138,11 +132,13 @@ File open_for_reading(const std::string& path) {
 
 }  // namespace
 
-size_t TensorInfo::numel() const {
+size_t numel_of(const std::vector<int64_t>& shape) {
   size_t n = 1;
-  for (int64_t d : shape) n *= size_t(d);
+  for (int64_t d : shape) n *= size_t(d < 0 ? 0 : d);
   return n;
 }
+
+size_t TensorInfo::numel() const { return numel_of(shape); }
 
 std::string shape_str(const std::vector<int64_t>& shape) {
   std::ostringstream s;

@@ -115,6 +115,7 @@ class SafetensorsReader {
 };
 
 std::string shape_str(const std::vector<int64_t>& shape);  // "[768, 3072]"
+size_t numel_of(const std::vector<int64_t>& shape);       // its elements (0 if a dimension is negative)
 
 // JSON text parsed (nlohmann's exception if it is not JSON), with the first
 // key given twice in one object, if any, in *duplicate ("" if none) and the

@@ -89,6 +89,13 @@ std::string read_text(const std::string& path, size_t most) {
   return text;
 }
 
+// What DIR/latest says, without its newline ("" if it says nothing a save writes).
+std::string latest_name(const std::string& latest) {
+  std::string name = read_text(latest, 64);
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  return name;
+}
+
 // Every parameter's tensor name of each kind, in consolidated order.
 std::vector<std::pair<std::string, std::vector<int64_t>>> consolidated_tensors(const ModelLayout& layout) {
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
@@ -96,12 +103,6 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> consolidated_tensors(c
     for (const auto& u : layout.units)
       for (const auto& p : u.params) out.emplace_back(state_name(kind, p.name), p.shape);
   return out;
-}
-
-size_t numel_of(const std::vector<int64_t>& shape) {
-  size_t n = 1;
-  for (int64_t d : shape) n *= size_t(d);
-  return n;
 }
 
 }  // namespace
@@ -136,8 +137,7 @@ std::string resolve_sharded_checkpoint(const std::string& path) {
                               << kIndexName << "; give the folder --save wrote with --save-format sharded, "
                                  "one of its step folders, or a consolidated .safetensors file");
   }
-  std::string name = read_text(latest, 64);
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  const std::string name = latest_name(latest);
   USAGE_REQUIRE(parse_step_folder(name) >= 0,
                 latest << " holds '" << printable(name) << "', not the name of a step folder (step-<digits>): "
                        << "the file is damaged; give one of the step folders in " << path << " instead");
@@ -152,9 +152,7 @@ std::string latest_problem(const std::string& dir) {
   const std::string latest = dir + "/" + kLatestName;
   struct stat st;
   if (::lstat(latest.c_str(), &st) != 0) return "";
-  std::string text = S_ISREG(st.st_mode) && st.st_size <= 64 ? read_text(latest, 64) : "";
-  while (!text.empty() && text.back() == '\n') text.pop_back();
-  if (S_ISREG(st.st_mode) && parse_step_folder(text) >= 0) return "";
+  if (S_ISREG(st.st_mode) && st.st_size <= 64 && parse_step_folder(latest_name(latest)) >= 0) return "";
   return latest + " is not the pointer a save writes (a regular file holding step-<digits>): a save would "
          "replace it; give --save a folder of its own";
 }
@@ -392,24 +390,24 @@ void ShardedCheckpointReader::open(const ModelLayout& layout) {
                   files_[f]->path() << " holds " << files_[f]->tensors().size() << " tensors and its index names "
                                     << used[f] << " of them: the file is from another save or damaged");
   // The model's names and shapes, before any value is read.
-  for (const auto& [name, shape] : consolidated_tensors(layout))
+  std::map<std::string, std::vector<int64_t>> model;
+  for (const auto& [name, shape] : consolidated_tensors(layout)) {
     USAGE_REQUIRE(pieces_.count(name), "checkpoint " << folder_ << " has no tensor '" << name << "' that the "
                                                      << layout.cfg.name << " model needs: was it saved for another "
                                                                            "model (--model)?");
+    model[name] = shape;
+  }
   for (const auto& t : index["tensors"]) {
     const std::string name = t["name"].get<std::string>();
     const auto shape = t["shape"].get<std::vector<int64_t>>();
-    bool known = false;
-    for (const auto& [n, s] : consolidated_tensors(layout))
-      if (n == name) {
-        USAGE_REQUIRE(s == shape, "tensor '" << name << "' in " << folder_ << " has shape " << shape_str(shape)
-                                             << " but the " << layout.cfg.name << " model's is " << shape_str(s)
-                                             << ": the checkpoint was written for a different model (check --model)");
-        known = true;
-      }
-    USAGE_REQUIRE(known, "checkpoint " << folder_ << " has a tensor '" << name << "' " << shape_str(shape)
-                                       << " that the " << layout.cfg.name
-                                       << " model does not have: was it saved for another model (--model)?");
+    auto it = model.find(name);
+    USAGE_REQUIRE(it != model.end(), "checkpoint " << folder_ << " has a tensor '" << name << "' " << shape_str(shape)
+                                                  << " that the " << layout.cfg.name
+                                                  << " model does not have: was it saved for another model (--model)?");
+    USAGE_REQUIRE(it->second == shape, "tensor '" << name << "' in " << folder_ << " has shape " << shape_str(shape)
+                                                  << " but the " << layout.cfg.name << " model's is "
+                                                  << shape_str(it->second)
+                                                  << ": the checkpoint was written for a different model (check --model)");
   }
   bool moments = false;
   for (const auto& f : files_) moments = check_file_values(*f) || moments;

@@ -80,7 +80,6 @@ class ShardedCheckpointReader final : public CheckpointSource {
   // tensor's pieces cover it once, and each file holds what the index says.
   ShardedCheckpointReader(const std::string& path, const ModelLayout& layout);
   const std::map<std::string, std::string>& metadata() const override { return metadata_; }
-  const std::string& folder() const { return folder_; }
   // Elements [first, first + count) of tensor `name`, in its row-major order.
   void read_tensor(const std::string& name, size_t first, size_t count, float* dst) const {
     read_elements(name, {}, first, count, dst);

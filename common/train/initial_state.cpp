@@ -50,6 +50,7 @@ InitialState::InitialState(const TrainConfig& cfg, const ModelLayout& layout, co
     : cfg_(cfg), layout_(layout) {
   if (!cfg.resume.empty()) {
     checkpoint_ = open_checkpoint(cfg.resume, layout);
+    moments_ = true;
     const long step = checkpoint_->step();
     USAGE_REQUIRE(step < cfg.steps, "--resume " << cfg.resume << ": the checkpoint was saved after " << step
                                                 << " steps and --steps is " << cfg.steps
@@ -59,7 +60,7 @@ InitialState::InitialState(const TrainConfig& cfg, const ModelLayout& layout, co
     first_step_ = int(step);
     if (ctx.rank == 0 && !cfg.quiet) say_resuming(cfg, *checkpoint_, ctx.world);
   } else if (is_sharded_checkpoint_path(cfg.init)) {
-    model_ = open_checkpoint(cfg.init, layout);  // its parameters, read where they lie
+    checkpoint_ = open_checkpoint(cfg.init, layout);  // its parameters alone, read where they lie
   } else if (!cfg.init.empty()) {
     file_model_.resize(layout.numel);
     load_model(cfg.init, layout, file_model_.data());
@@ -71,13 +72,9 @@ InitialState::~InitialState() = default;
 void InitialState::read(int u, StateKind kind, size_t begin, size_t end, float* host) const {
   const UnitLayout& unit = layout_.units[u];
   REQUIRE(begin <= end && end <= unit.numel, "InitialState::read: [" << begin << ", " << end << ") of unit " << u);
-  if (checkpoint_) {
+  REQUIRE(kind == StateKind::params || moments_, "InitialState::read: AdamW's moments come only from --resume");
+  if (checkpoint_)
     checkpoint_->read_unit(u, kind, begin, end, host);
-    return;
-  }
-  REQUIRE(kind == StateKind::params, "InitialState::read: AdamW's moments come only from --resume");
-  if (model_)
-    model_->read_unit(u, kind, begin, end, host);
   else if (!file_model_.empty())
     std::copy(file_model_.begin() + unit.offset + begin, file_model_.begin() + unit.offset + end, host);
   else

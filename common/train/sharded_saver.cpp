@@ -49,12 +49,12 @@ void ShardedSaver::save(int steps_done, const std::map<std::string, std::string>
   // wait. The buffers stay for the next save (torchtitan keeps its pinned
   // ones too): only the first save pays for their pages.
   if (share) {
-    staged_.resize(3 * layout_.units.size());
-    size_t i = 0;
+    staged_.resize(3 * layout_.units.size());  // by kind (params, m, v), then unit
     for (StateKind kind : kKinds)
-      for (size_t u = 0; u < layout_.units.size(); ++u, ++i) {
-        staged_[i].resize(share->units[u].end - share->units[u].begin);
-        states_.copy_piece(kind, int(u), staged_[i].data());
+      for (size_t u = 0; u < layout_.units.size(); ++u) {
+        std::vector<float>& piece = staged_[size_t(kind) * layout_.units.size() + u];
+        piece.resize(share->units[u].end - share->units[u].begin);
+        states_.copy_piece(kind, int(u), piece.data());
       }
   }
   stall_ms_ = timer.ms();
@@ -63,8 +63,7 @@ void ShardedSaver::save(int steps_done, const std::map<std::string, std::string>
     Timer writing;
     try {
       if (share) write_checkpoint_shard(folder, layout_, *share, [&](StateKind kind, int u, float* host) {
-        const std::vector<float>& piece = staged_[size_t(kind == StateKind::params ? 0 : kind == StateKind::m ? 1 : 2) *
-                                                      layout_.units.size() + size_t(u)];
+        const std::vector<float>& piece = staged_[size_t(kind) * layout_.units.size() + size_t(u)];
         std::memcpy(host, piece.data(), piece.size() * sizeof(float));
       }, steps_done);
     } catch (...) {
