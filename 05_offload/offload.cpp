@@ -22,6 +22,7 @@
 #include <optional>
 
 #include "check.h"
+#include "compute_decorators.h"
 #include "delayed_update.h"
 #include "disk_adamw.h"
 #include "fsdp.h"
@@ -51,20 +52,26 @@ class HostAdamW final : public ShardedAdamW {
   using ShardedAdamW::update;  // with the bf16 copy to round into (nullptr in fp32)
 };
 
-// Wall-clock phases of a step, accumulated as it runs. The copies to the
-// host overlap the backward and are waited for at its end: "bwd" holds them.
-// A delayed step's "cpu adamw" is the worker's time for the update that ran
-// during the step, off the rank's path; "adamw wait" the rank's wait for it.
+// Wall-clock phases of a step, accumulated as it runs: the forward and the
+// backward timed by a decorator of the rank's compute (compute_decorators.h),
+// the rest by the update's own steps below. The backward ends with its first
+// unit's: its last copies to the host are waited for in "wait", with the
+// loss and the norm. A delayed step's "cpu adamw" is the worker's time for
+// the update that ran during the step, off the rank's path; "adamw wait"
+// the rank's wait for it.
 struct Phases {
-  double forward = 0, backward = 0, optimizer = 0, to_device = 0, update_wait = 0;
+  StepTimes compute;
+  double optimizer = 0, to_device = 0, update_wait = 0;
   bool delayed = false;
-  StepPhases finish(double step_ms) const {
-    const double path = forward + backward + (delayed ? update_wait : optimizer) + to_device;
+  // The step's phases, and a fresh start for the next step.
+  StepPhases finish(double step_ms) {
+    const double path = compute.forward + compute.backward + (delayed ? update_wait : optimizer) + to_device;
     const double rest = step_ms - path;
-    StepPhases p = {{"fwd", forward}, {"bwd", backward}, {"cpu adamw", optimizer}};
+    StepPhases p = {{"fwd", compute.forward}, {"bwd", compute.backward}, {"cpu adamw", optimizer}};
     if (delayed) p.emplace_back("adamw wait", update_wait);
     p.emplace_back("h2d", to_device);
     p.emplace_back("wait", rest > 0 ? rest : 0.0);
+    *this = Phases();
     return p;
   }
 };
@@ -84,6 +91,7 @@ struct OffloadStates final : ModelStates {
   std::optional<HostAdamW> opt;
   std::optional<DiskAdamW> disk;
   Device& comm_dev;
+  Phases phases;          // where this step's wall time went
   DelayedUpdate pending;  // --delay-update: the update in flight (last: it is joined before the rest goes)
 
   OffloadStates(const FsdpUnits& units, const ShardLayout& shards, const TrainConfig& cfg, RankContext& ctx,
@@ -199,23 +207,23 @@ struct OffloadStates final : ModelStates {
   // This step's update, now: CPU AdamW unit by unit, each unit's upload
   // overlapping the next one's update (moments on disk: one stream over the
   // shard first, then the uploads); the step waits for the uploads.
-  void update_now(const AdamWConfig& adam, long t, float scale, Phases& ph) {
+  void update_now(const AdamWConfig& adam, long t, float scale) {
     const int G = units.size(), b = grads.current();
     std::vector<Transfer> uploads(G);
     if (disk) {
       Timer cpu;
       update_all(b, adam, t, scale);
-      ph.optimizer += cpu.ms();
+      phases.optimizer += cpu.ms();
     }
     for (int g = 0; g < G; ++g) {
       Timer cpu;
       if (!disk) update(g, b, adam, t, scale);
-      ph.optimizer += cpu.ms();
+      phases.optimizer += cpu.ms();
       uploads[g] = params.upload(g);
     }
     Timer h2d;
     for (Transfer& u : uploads) u.wait();
-    ph.to_device += h2d.ms();
+    phases.to_device += h2d.ms();
     grads.zero();
   }
 
@@ -223,15 +231,15 @@ struct OffloadStates final : ModelStates {
   // this step's parameters; this one's runs on the worker meanwhile. The
   // last step's update is waited for within it, so the run ends with it.
   // adam and t are the update's step's (its learning rate, one step stale).
-  void update_delayed(const AdamWConfig& adam, long t, float scale, bool last, Phases& ph) {
-    ph.delayed = true;
+  void update_delayed(const AdamWConfig& adam, long t, float scale, bool last) {
+    phases.delayed = true;
     Timer wait;
     pending.finish();
-    ph.update_wait = wait.ms();
-    if (pending.take(&ph.optimizer)) {
+    phases.update_wait = wait.ms();
+    if (pending.take(&phases.optimizer)) {
       Timer h2d;
       upload_all();
-      ph.to_device = h2d.ms();
+      phases.to_device = h2d.ms();
     }
     const int filled = grads.flip();
     pending.launch([this, filled, adam, t, scale] {
@@ -257,7 +265,7 @@ RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenDa
 
   OffloadStates::prepare_dir(cfg, shards, ctx);
   OffloadStates states(units, shards, cfg, ctx, comms);
-  auto rc = make_rank_compute(cfg, layout, ctx, data);
+  auto rc = timed(make_rank_compute(cfg, layout, ctx, data), states.phases.compute);  // the step's fwd, bwd
   TrainingRun run(cfg, units.flat, ctx, log, states);  // the initial model, or --resume's checkpoint
   comms.count_in(run);
   const size_t esize = dtype_size(storage_dtype(cfg.precision));
@@ -268,28 +276,22 @@ RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenDa
   run.evaluate(run.first_step(), *rc, forward_only);
   for (int step = run.first_step(); run.keep_going(step); ++step) {
     Timer timer;
-    Phases t;
     float loss_sum = 0.0f;
     for (int k = 0; k < K; ++k) {
       rc->load(step, k);
-      Timer fwd;
       loss_sum += fsdp_forward(states.params, units, *rc, esize, D);
-      t.forward += fwd.ms();
-      Timer bwd;
-      // Its last copies to the host are waited for at its end (grads.finish()).
       fsdp_backward(states.params, states.grads, units, *rc, esize, D, !opt.no_sync || k == K - 1);
-      t.backward += bwd.ms();
     }
     const float loss = global_mean_loss(ctx.comm, ctx.dev, loss_sum, K);
 
     const GradClip clip = states.clip(cfg.clip);
     const AdamWConfig adam = run.adamw(step);  // this step's learning rate (lr_schedule.h)
     if (!cfg.offload.delay_update || step == run.first_step())
-      states.update_now(adam, step + 1, clip.scale, t);
+      states.update_now(adam, step + 1, clip.scale);
     else
-      states.update_delayed(adam, step + 1, clip.scale, step + 1 == cfg.steps, t);
+      states.update_delayed(adam, step + 1, clip.scale, step + 1 == cfg.steps);
     const double ms = timer.ms();
-    run.end_step(step, loss, clip.norm, ms, t.finish(ms));  // a checkpoint waits for the update
+    run.end_step(step, loss, clip.norm, ms, states.phases.finish(ms));  // a checkpoint waits for the update
     run.evaluate(step + 1, *rc, forward_only);
   }
   RankResult result = run.finish();

@@ -20,8 +20,9 @@
 //   float32 shards) in files, streamed through a window of two chunks
 //   (disk_tier.h, disk_adamw.h);
 // - the step line and the run log split the step into phases: forward,
-//   backward (with its copies to the host), the CPU optimizer, the wait for
-//   a delayed update, host->device, waiting.
+//   backward (both timed by a decorator of the rank's compute), the CPU
+//   optimizer, the wait for a delayed update, host->device, and the rest
+//   (waiting: the last copies to the host among it).
 //
 // Model states per rank (S: my shard of the padded FSDP units):
 //   device   e * S params (e = 2 in bf16, 4 in fp32; 0 with --offload-params)

@@ -99,6 +99,7 @@ READING = [
         ("common/core/adamw.h", "CpuAdamW: AdamW on the host's cores"),
         ("01_zero1/sharded_adamw.h", "again, its protected part: the state given, AdamW where it lives"),
         ("common/train/step_log.h", "StepPhases: where the step's time went, for the step line"),
+        ("common/train/compute_decorators.h", "timed: the forward and backward's wall time, a decorator"),
         ("05_offload/offload_params.h", "float32 shards on the host, the device's copy, --offload-params"),
         ("05_offload/offload_params.cpp", "the host copy, its upload, the all-gather's input"),
         ("05_offload/host_grads.h", "reduced pieces copied device->host into float32 shards"),

@@ -13,8 +13,10 @@
 //                   and backward, begin and end, go into its log beside the
 //                   collectives, and so does the recomputation inside a
 //                   block's backward under --recompute
+//   timed           the wall time of a step's forward and backward, for a
+//                   stage that splits its step into phases (StepTimes)
 //
-// Each returns `inner` itself when the run does not ask for it.
+// maybe_* return `inner` itself when the run does not ask for it.
 #pragma once
 
 #include <memory>
@@ -29,5 +31,16 @@ namespace zf {
 std::unique_ptr<RankCompute> maybe_faulty(std::unique_ptr<RankCompute> inner, const TrainConfig& cfg,
                                           const ModelLayout& layout, int rank);
 std::unique_ptr<RankCompute> maybe_recorded(std::unique_ptr<RankCompute> inner, Communicator& comm);
+
+// Milliseconds on the rank's thread, summed over a step's micro-batches:
+// the forward, from the micro-batch's load to the end of its last unit's
+// forward (the all-gathers waited for on the way included), and the
+// backward, from there to the end of its first unit's backward. What the
+// stage waits for after that (the last reductions, their copies) is in
+// neither. Forwards of held-out batches and samples count in neither.
+struct StepTimes {
+  double forward = 0, backward = 0;
+};
+std::unique_ptr<RankCompute> timed(std::unique_ptr<RankCompute> inner, StepTimes& times);
 
 }  // namespace zf

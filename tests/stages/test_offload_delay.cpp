@@ -11,7 +11,9 @@
 //   memory      host grads 8S (two buffers), host params eS more with
 //               --offload-params; memory_model.h says the same
 //   transfers   the same bytes each way as without the delay
-//   phases      the run log's delayed steps carry the worker's time
+//   phases      the run log's delayed steps carry the worker's time; the
+//               decorator that times the forward and backward counts the
+//               waits between units with them, and no held-out forward
 //   checkpoint  saving changes nothing; a checkpoint written while an
 //               update is in flight (and a rank then failing) is the
 //               reference's, byte for byte, and a run resumed from it is
@@ -33,6 +35,7 @@
 
 #include "adamw.h"
 #include "check.h"
+#include "compute_decorators.h"
 #include "delayed_update.h"
 #include "fsdp.h"
 #include "gradnorm.h"
@@ -300,6 +303,45 @@ TEST_F(OffloadDelayFiles, TheRunLogShowsTheHiddenUpdate) {
     ++step;
   }
   EXPECT_EQ(step, 4);
+}
+
+// A compute that takes a known time per call: the decorator must count a
+// forward from the load, the gap before the first backward as the
+// backward's (the stage waits there for the head's gradient path), and a
+// held-out batch's or a sample's forward as nothing.
+TEST(TimedCompute, CountsTheWaitsBetweenUnitsAndNoHeldOutForward) {
+  using namespace std::chrono_literals;
+  struct Slow final : RankCompute {
+    void load(int, int) override {}
+    void load_val(int) override {}
+    void load_context(const std::vector<int32_t>&) override {}
+    void logits(int, float*) override {}
+    void forward(int, const void*, float*) override { std::this_thread::sleep_for(20ms); }
+    void backward(int, const void*, void*) override { std::this_thread::sleep_for(30ms); }
+  };
+  StepTimes t;
+  std::unique_ptr<RankCompute> rc = timed(std::make_unique<Slow>(), t);
+  rc->forward(0, nullptr, nullptr);  // before any load: set-up, no step's
+  EXPECT_EQ(t.forward, 0.0);
+  rc->load(0, 0);
+  rc->forward(0, nullptr, nullptr);
+  rc->forward(1, nullptr, nullptr);
+  std::this_thread::sleep_for(300ms);  // between the last forward and the first backward
+  rc->backward(1, nullptr, nullptr);
+  rc->backward(0, nullptr, nullptr);
+  EXPECT_GE(t.forward, 40.0);
+  EXPECT_LT(t.forward, 300.0);
+  EXPECT_GE(t.backward, 360.0);
+  const StepTimes step = t;
+  rc->load_val(0);
+  rc->forward(0, nullptr, nullptr);
+  rc->load_context({1, 2});
+  rc->forward(0, nullptr, nullptr);
+  EXPECT_EQ(t.forward, step.forward);
+  EXPECT_EQ(t.backward, step.backward);
+  rc->load(1, 0);  // the next micro-batch counts again
+  rc->forward(0, nullptr, nullptr);
+  EXPECT_GE(t.forward, step.forward + 20.0);
 }
 
 // ------------------------------------------------------------------ checkpoints
