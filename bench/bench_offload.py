@@ -95,7 +95,7 @@ def main():
             ok = None if label == "fsdp" else (ratio is not None and ratio <= TARGET_VS_FSDP)
             ok_all = ok_all and ok is not False
             ph = r["phases"]
-            order = ["fwd", "bwd", "d2h", "cpu adamw", "adamw wait", "h2d", "wait"]
+            order = ["fwd", "bwd", "cpu adamw", "adamw wait", "h2d", "wait"]
             names = [k for k in order if k in ph] + sorted(k for k in ph if k not in order)
             split = ", ".join("%s %s" % (k, rb.fmt_ms(ph[k])) for k in names) if ph else "-"
             t = r["transfers"]

@@ -1,5 +1,6 @@
 // compute_decorators.h: what can be wrapped around a rank's compute
-// (rank_compute.h) without the stage or the model knowing.
+// (rank_compute.h) without the model knowing: the first two by
+// make_rank_compute, without the stage knowing either; timed by a stage.
 //
 //   maybe_faulty    --inject-fault R:S: rank R throws in the middle of step S,
 //                   right after the head's backward (the first unit of the
@@ -33,11 +34,12 @@ std::unique_ptr<RankCompute> maybe_faulty(std::unique_ptr<RankCompute> inner, co
 std::unique_ptr<RankCompute> maybe_recorded(std::unique_ptr<RankCompute> inner, Communicator& comm);
 
 // Milliseconds on the rank's thread, summed over a step's micro-batches:
-// the forward, from the micro-batch's load to the end of its last unit's
-// forward (the all-gathers waited for on the way included), and the
-// backward, from there to the end of its first unit's backward. What the
-// stage waits for after that (the last reductions, their copies) is in
-// neither. Forwards of held-out batches and samples count in neither.
+// the forward, from the end of the micro-batch's load to the end of its
+// last unit's forward (the all-gathers waited for on the way included),
+// and the backward, from there to the end of unit 0's backward, the last
+// it computes. What the stage waits for after that (the last reductions,
+// their copies) is in neither. Forwards of held-out batches and samples
+// count in neither.
 struct StepTimes {
   double forward = 0, backward = 0;
 };
