@@ -15,6 +15,7 @@ DelayedUpdate::~DelayedUpdate() {
 void DelayedUpdate::launch(std::function<void()> update) {
   REQUIRE(!worker_.joinable() && !result_, "a delayed update is launched before the previous one was taken");
   error_ = nullptr;
+  if (clock_) update = clock_->fork(std::move(update));
   worker_ = std::thread([this, update = std::move(update)] {
     Timer t;
     try {
@@ -28,7 +29,10 @@ void DelayedUpdate::launch(std::function<void()> update) {
 }
 
 void DelayedUpdate::finish() {
-  if (worker_.joinable()) worker_.join();  // the join orders the worker's writes before what follows
+  if (worker_.joinable()) {
+    worker_.join();  // the join orders the worker's writes before what follows
+    if (clock_) clock_->join();
+  }
   if (error_) {
     result_ = false;
     std::rethrow_exception(std::exchange(error_, nullptr));

@@ -11,17 +11,21 @@
 // (RankFailureGuard); the destructor waits for the worker and drops its
 // error, so that a rank failing meanwhile for another reason neither
 // terminates the process nor frees the states under the running update.
+// Under the modeled clock the worker is a timeline of the host's own
+// (StepClock::fork), which the host waits for at finish().
 #pragma once
 
 #include <exception>
 #include <functional>
 #include <thread>
 
+#include "step_log.h"
+
 namespace zf {
 
 class DelayedUpdate {
  public:
-  DelayedUpdate() = default;
+  explicit DelayedUpdate(StepClock* clock) : clock_(clock) {}
   DelayedUpdate(const DelayedUpdate&) = delete;
   DelayedUpdate& operator=(const DelayedUpdate&) = delete;
   ~DelayedUpdate();
@@ -37,6 +41,7 @@ class DelayedUpdate {
   bool take(double* ms);
 
  private:
+  StepClock* clock_;  // null on the wall clock
   std::thread worker_;
   std::exception_ptr error_;
   double ms_ = 0;     // written by the worker, read after the join

@@ -54,9 +54,9 @@ class HostAdamW final : public ShardedAdamW {
 
 // Wall-clock phases of a step, accumulated as it runs: the forward and the
 // backward timed by a decorator of the rank's compute (compute_decorators.h),
-// the rest by the update's own steps below. The backward ends with its first
-// unit's: its last copies to the host are waited for in "wait", with the
-// loss and the norm. A delayed step's "cpu adamw" is the worker's time for
+// the rest by the update's own steps below. The backward ends with unit 0's:
+// its last reductions and copies to the host are waited for in "wait", with
+// the micro-batch's load, the loss and the norm. A delayed step's "cpu adamw" is the worker's time for
 // the update that ran during the step, off the rank's path; "adamw wait"
 // the rank's wait for it.
 struct Phases {
@@ -103,7 +103,7 @@ struct OffloadStates final : ModelStates {
                cfg.offload.offload_params, !cfg.offload.no_pin, cfg.offload.delay_update, master_on_disk(cfg)),
         grads(shards, storage_dtype(cfg.precision), reduce_dtype(cfg), cfg.fsdp.no_sync, ctx.mem, ctx.dev,
               *comms.reduce_queue, comms.across.get(), !cfg.offload.no_pin, cfg.offload.delay_update ? 2 : 1),
-        comm_dev(ctx.dev) {
+        comm_dev(ctx.dev), pending(ctx.clock) {
     if (cfg.offload.offload_dir.empty())
       opt.emplace(units.flat, shards, ctx.mem, *host, ctx.dev);
     else

@@ -7,7 +7,8 @@ hardware) for a few model shapes over a range of rank counts, and writes
 what a cluster plan needs: per run, the modeled step time, MFU, the exposed
 communication and the peak device memory per rank against the card's. Then
 ZeRO-3, stage 04's knobs (prefetch, resharding, hybrid sharding) and stage
-05's offload, on NVLink and on a card without it. Every number comes from a run log; none is typed here.
+05's offload (with and without the delayed update), on NVLink and on a card
+without it. Every number comes from a run log; none is typed here.
 Every time is modeled, not measured.
 
     tools/modeled_sweep.py --out /tmp/m                      # the default sweep
@@ -38,7 +39,10 @@ COMMON = ["--precision", "bf16", "--compute", "bf16", "--attention", "flash", "-
 OWN = {"logs", "modeled.md", "modeled.json", "scaling.png", "knobs.png"}
 
 
-def run(build, exe, args, log):
+def run(build, exe, args, log, steps=2):
+    """One dry run; the numbers of its last step, the first to overlap the step before it (with the
+    delayed update, steps=4: step 2 waits for step 1's update, and the last for its own too)."""
+    args = [str(steps) if i > 0 and args[i - 1] == "--steps" else a for i, a in enumerate(args)]
     cmd = [os.path.join(build, exe)] + args + ["--log-json", log]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
@@ -51,7 +55,7 @@ def run(build, exe, args, log):
                 summary = j["summary"]
             elif "step" in j:  # not an evaluation's {"val": ...}
                 steps.append(j)
-    last = steps[-1]  # the second step: the first has nothing of the step before it to overlap
+    last = steps[1] if len(steps) == 2 else steps[2]
     return {"ms": last["ms"], "mfu": last["mfu"], "exposed_ms": last["phases_ms"]["exposed comm"],
             "comm_ms": last["phases_ms"]["comm"], "compute_ms": last["phases_ms"]["compute"],
             "peak_gib": max(m["device"]["peak_total"] for m in summary["memory"]) / 2**30,
@@ -104,13 +108,14 @@ def knobs(build, out, model, n):
              ("no reshard", "04_fsdp/fsdp", ["--reshard-after-forward", "false"]),
              ("HSDP S=8", "04_fsdp/fsdp", ["--shard-group", "8"]),
              ("offload", "05_offload/offload", []),
-             ("offload params", "05_offload/offload", ["--offload-params"])]
+             ("offload params", "05_offload/offload", ["--offload-params"]),
+             ("offload delayed", "05_offload/offload", ["--delay-update"])]
     for hardware in ("h100-sxm", "l40s"):
         for name, exe, extra in modes:
             args = ["--model", model, "--ranks", str(n), "--batch", str(BATCH.get(model, 4)),
                     "--hardware", hardware] + COMMON + extra
             log = os.path.join(out, "logs", "knob_%s_%s.json" % (hardware, name.replace(" ", "_").replace("=", "")))
-            r = run(build, exe, args, log)
+            r = run(build, exe, args, log, steps=4 if "--delay-update" in extra else 2)
             r.update(model=model, stage=os.path.basename(exe), ranks=n, hardware=hardware, mode=name)
             rows.append(r)
             print("%-8s %-12s %-12s N=%-5d %10.1f ms  MFU %5.1f%%  exposed %8.1f ms" %
@@ -160,7 +165,7 @@ def plots(rows, knob_rows, out, mem):
     plt.close(fig)
     if not knob_rows:
         return
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(9, 4.4))
     names = [r["mode"] for r in knob_rows if r["hardware"] == "h100-sxm"]
     width = 0.38
     for k, hw in enumerate(("h100-sxm", "l40s")):
@@ -171,7 +176,7 @@ def plots(rows, knob_rows, out, mem):
         ax.bar(xs, [r["exposed_ms"] for r in rs], width, bottom=[r["ms"] - r["exposed_ms"] for r in rs],
                color="C%d" % k, label="%s: exposed comm" % hw, hatch="//", alpha=0.9)
     ax.set_xticks(range(len(names)))
-    ax.set_xticklabels(names, fontsize=8)
+    ax.set_xticklabels(names, fontsize=8, rotation=20, ha="right")
     ax.set_ylabel("modeled step, ms")
     ax.set_title("%s, N=%d: ZeRO-3, stage 04's knobs and offload, NVLink (H100) against PCIe (L40S)" % (
         knob_rows[0]["model"], knob_rows[0]["ranks"]), fontsize=10)
@@ -223,6 +228,12 @@ def docs_page(rows, knob_rows, mem, pictures):
         "## ZeRO-3, stage 04's knobs and offload, with NVLink and without",
         "",
         "![the knobs on H100 and L40S](%s)" % names[1],
+        "",
+        "Offload pays for its PCIe copies and, above all, for AdamW on the host's CPU, which the node's GPUs "
+        "share; the delayed update (`--delay-update`) runs a step's AdamW on a worker thread while the GPU "
+        "computes the next step, so a step costs about the longer of the two instead of their sum. Its runs "
+        "take `--steps 4` and show step 2, the first that waits for the update before it (the last waits "
+        "for its own too).",
         "",
         "## One step of FSDP on 8 L40S (no NVLink), without prefetch and with it",
         "",

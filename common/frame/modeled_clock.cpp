@@ -54,17 +54,19 @@ std::string modeled_clock_description(const Hardware& hw, int world) {
 std::string modeled_trace_events(int rank, const RankClock& clock) {
   using nlohmann::json;
   int queues = 0;
-  bool copies = false, host = false;
+  bool copies = false, host = false, worker = false;
   for (const RankClock::Span& sp : clock.spans()) {
     if (sp.track >= RankClock::kCommTrack) queues = std::max(queues, sp.track - RankClock::kCommTrack + 1);
     copies = copies || sp.track == RankClock::kCopyTrack;
     host = host || sp.track == RankClock::kHostTrack;
+    worker = worker || sp.track == RankClock::kWorkerTrack;
   }
-  // Tids as trace.h's: compute 0, the queues 1.., then copy, then host.
+  // Tids as trace.h's: compute 0, the queues 1.., then copy, then host, then its worker.
   auto tid = [&](int track) {
     if (track == RankClock::kComputeTrack) return 0;
     if (track >= RankClock::kCommTrack) return 1 + track - RankClock::kCommTrack;
-    return track == RankClock::kCopyTrack ? 1 + queues : 2 + queues;
+    if (track == RankClock::kCopyTrack) return 1 + queues;
+    return track == RankClock::kHostTrack ? 2 + queues : 3 + queues;
   };
   auto category = [](const RankClock::Span& sp) -> std::string {
     const std::string name = sp.name;
@@ -87,6 +89,7 @@ std::string modeled_trace_events(int rank, const RankClock& clock) {
   for (int q = 0; q < queues; ++q) name_track(1 + q, q == 0 ? "comm" : "comm q" + std::to_string(q));
   if (copies) name_track(1 + queues, "copy");
   if (host) name_track(2 + queues, "host");
+  if (worker) name_track(3 + queues, "host worker");
   for (const RankClock::Span& sp : clock.spans()) {
     // Whole nanoseconds, as trace.h's times.
     const int64_t start_ns = std::llround(sp.start * 1e9), end_ns = std::llround(sp.end * 1e9);
@@ -144,7 +147,38 @@ void RankClock::wait_collective(double t) {
 
 void RankClock::synchronize() { host_ = std::max({host_, compute_, copy_}); }
 
+namespace {
+// The clock whose forked work this thread runs, if any.
+thread_local RankClock* forked_on_this_thread = nullptr;
+}  // namespace
+
+std::function<void()> RankClock::fork(std::function<void()> work) {
+  if (!running_) return work;
+  worker_ = Worker{true, host_, 0, between_ ? -1 : step_, {}};
+  return [this, work = std::move(work)] {
+    forked_on_this_thread = this;
+    work();
+    forked_on_this_thread = nullptr;
+  };
+}
+
+bool RankClock::on_forked_thread() const { return forked_on_this_thread == this; }
+
+void RankClock::join() {
+  if (!worker_.forked) return;
+  worker_.forked = false;
+  host_ = std::max(host_, worker_.t);
+  host_busy_ += worker_.busy;
+  spans_.insert(spans_.end(), worker_.spans.begin(), worker_.spans.end());
+}
+
 void RankClock::host_work(double s, const char* name) {
+  if (on_forked_thread()) {
+    worker_.t += s;
+    worker_.busy += s;
+    if (recording_) worker_.spans.push_back({kWorkerTrack, name, worker_.t - s, worker_.t, worker_.step});
+    return;
+  }
   if (!running_) return;
   host_ += s;
   host_busy_ += s;

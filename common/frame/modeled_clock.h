@@ -29,6 +29,9 @@
 //             profile's rate, its other work at the host's memory
 //             bandwidth, each shared by the node's ranks); it issues the
 //             device's ops, which never start before it.
+//   worker    the host's work on a thread of its own (fork, join: stage
+//             05's delayed update): it starts where the host is at the
+//             fork, and the host waits for its end at the join.
 // A wait joins two timelines: the compute queue waits for the collective,
 // and the time it stood idle is exposed communication. A step ends when
 // every timeline of every rank has got there (as if each rank ended it with
@@ -102,8 +105,13 @@ class RankClock final : public StepClock {
   // How the ranks meet at the end of a lap (the world communicator's; none: alone).
   void set_align(std::function<void()> align) { align_ = std::move(align); }
 
-  // Work of the host itself (stage 05's CPU optimizer): the host is busy `s`.
+  // Work of the host itself (stage 05's CPU optimizer): the host is busy
+  // `s`, or the worker, when called on a forked work's thread.
   void host_work(double s, const char* name);
+  std::function<void()> fork(std::function<void()> work) override;
+  void join() override;
+  // Whether this thread runs this clock's forked work.
+  bool on_forked_thread() const;
   // Before start() nothing is charged, and collectives take no time.
   void start(int first_step) override {
     running_ = true;
@@ -117,7 +125,8 @@ class RankClock final : public StepClock {
 
   // --trace: every charge as a span of a track, with its step (-1: between
   // steps, a save).
-  static constexpr int kComputeTrack = 0, kCopyTrack = 1, kHostTrack = 2, kCommTrack = 3;  // + the queue
+  static constexpr int kComputeTrack = 0, kCopyTrack = 1, kHostTrack = 2, kWorkerTrack = 3,
+                       kCommTrack = 4;  // + the queue
   struct Span {
     int track;
     const char* name;
@@ -138,6 +147,13 @@ class RankClock final : public StepClock {
   void span(int track, const char* name, double start, double end);
   double host_ = 0, compute_ = 0, copy_ = 0;
   double compute_busy_ = 0, comm_busy_ = 0, copy_busy_ = 0, host_busy_ = 0, exposed_comm_ = 0;
+  // The forked work: touched by its thread alone between fork() and join().
+  struct Worker {
+    bool forked = false;
+    double t = 0, busy = 0;
+    int step = 0;
+    std::vector<Span> spans;
+  } worker_;
   struct Mark {
     double t = 0, compute_busy = 0, comm_busy = 0, copy_busy = 0, host_busy = 0, exposed_comm = 0;
   } last_;

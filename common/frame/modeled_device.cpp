@@ -253,8 +253,8 @@ class ModeledHostDevice final : public DeviceDecorator {
     work(name, bytes / (clock_.hardware().host_memory_gb_per_s * 1e9 * clock_.host_share()));
   }
   void work(const char* name, double s) {
-    REQUIRE(std::this_thread::get_id() == owner_,
-            "modeled clock: the host's work on a thread of its own (--delay-update) is not modeled");
+    REQUIRE(std::this_thread::get_id() == owner_ || clock_.on_forked_thread(),
+            "modeled clock: host work on a thread the clock was not told of (RankClock::fork)");
     clock_.host_work(s, name);
   }
 

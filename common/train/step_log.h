@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -15,9 +16,9 @@
 namespace zf {
 
 // Where a step's wall time went, phase by phase, in milliseconds (offload's:
-// forward, backward with its copies to the host, the CPU optimizer, the wait
-// for a delayed update, host->device, waiting); empty for the stages that do
-// not split their steps.
+// forward, backward, the CPU optimizer, the wait for a delayed update,
+// host->device, and the rest); empty for the stages that do not split
+// their steps.
 using StepPhases = std::vector<std::pair<std::string, double>>;
 
 // A clock other than the wall's (--clock modeled, frame/modeled_clock.h):
@@ -37,6 +38,12 @@ class StepClock {
   // `cpu` wrapped so that its work (stage 05's CPU optimizer) is charged to
   // the rank's host, which issues the device's work too.
   virtual std::unique_ptr<Device> on_host(std::unique_ptr<Device> cpu) = 0;
+  // A thread of the host's own (stage 05's delayed update): `work` wrapped
+  // so that the host work it charges goes on a timeline of its own, forked
+  // from the host's now; join(), once the thread is joined, makes the host
+  // wait for that timeline's end.
+  virtual std::function<void()> fork(std::function<void()> work) = 0;
+  virtual void join() = 0;
 };
 
 class StepLog {

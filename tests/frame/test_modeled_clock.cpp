@@ -417,6 +417,61 @@ TEST(ModeledClock, TheHostsAdamWIsItsRateOnTheHost) {
   EXPECT_DOUBLE_EQ(shared.lap(phases), n / (1e9 / 4) * 1e3);
 }
 
+// A forked work (stage 05's delayed update) runs on a timeline of its own
+// from where the host is at the fork: the device's op issued meanwhile
+// overlaps it, and the host waits for it at the join. Unforked, the op
+// waits for the host's work: the step is the sum.
+TEST(ModeledClock, AForkedWorkOverlapsTheDeviceUntilTheJoin) {
+  const Hardware hw = round_machine();  // 1e9 parameters/s, host memory 50 GB/s, HBM 1000 GB/s at 0.5
+  const size_t n = 1 << 16;
+  std::vector<float> p(n, 1.0f), g(n, 0.5f), mom(n), v(n);
+  const double norm = 4.0 * n / 50e9, adamw = n / 1e9;
+  // An op longer than the update, and one shorter.
+  for (const size_t m : {size_t(1) << 22, size_t(1) << 16})
+    for (bool forked : {true, false}) {
+      SCOPED_TRACE(std::string(forked ? "forked" : "on the host's thread") + ", op of " + std::to_string(m));
+      std::vector<float> a(m, 1.0f), b(m, 2.0f), out(m);
+      const double op = 12.0 * double(m) / 500e9 + 2e-6;
+      RankClock clock(hw);
+      clock.start(0);
+      auto host = clock.on_host(make_cpu_device());
+      auto dev = make_modeled_device(make_cpu_device(), clock);
+      SumOfSquares acc;
+      host->sum_squares(g.data(), DType::f32, n, acc);  // the host is at `norm`
+      auto update = [&] {
+        host->adamw(p.data(), g.data(), DType::f32, mom.data(), v.data(), n, AdamWConfig{}, 1, 1.0f, true);
+      };
+      if (forked) {
+        std::thread worker(clock.fork(update));
+        worker.join();
+      } else {
+        update();
+      }
+      dev->residual_forward(out.data(), a.data(), b.data(), m);
+      clock.join();
+      StepPhases phases;
+      EXPECT_DOUBLE_EQ(clock.lap(phases), (forked ? norm + std::max(adamw, op) : norm + adamw + op) * 1e3);
+      double host_ms = -1;
+      for (const auto& [name, ms] : phases)
+        if (name == "host") host_ms = ms;
+      EXPECT_DOUBLE_EQ(host_ms, (norm + adamw) * 1e3);  // the worker's work is the host's
+    }
+  // Host work on a thread the clock was not told of is refused.
+  RankClock clock(hw);
+  clock.start(0);
+  auto host = clock.on_host(make_cpu_device());
+  std::string error;
+  std::thread stray([&] {
+    try {
+      host->adamw(p.data(), g.data(), DType::f32, mom.data(), v.data(), n, AdamWConfig{}, 1, 1.0f, true);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  stray.join();
+  EXPECT_NE(error.find("not told of"), std::string::npos) << error;
+}
+
 // ---- the profiles
 
 TEST(Hardware, EveryShippedProfileReads) {
