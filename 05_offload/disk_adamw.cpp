@@ -30,10 +30,10 @@ void for_each_span(const ModelLayout& flat, const ShardLayout& shards, size_t lo
 }  // namespace
 
 DiskAdamW::DiskAdamW(const ModelLayout& flat, const ShardLayout& shards, const std::string& dir, int rank,
-                     MemoryTracker& mem, Device& host, bool master_on_disk, size_t chunk_elems)
+                     MemoryTracker& mem, Device& host, bool master_on_disk, size_t chunk_elems, StepClock* clock)
     : flat_(flat), shards_(shards), host_(host), master_on_disk_(master_on_disk),
       tier_(dir, rank, master_on_disk ? std::vector<std::string>{"m", "v", "master"} : std::vector<std::string>{"m", "v"},
-            shards.shard_total, chunk_elems, mem) {}
+            shards.shard_total, chunk_elems, mem, clock) {}
 
 void DiskAdamW::load(const InitialState& init, bf16* copy) {
   for (size_t u = 0; u < shards_.units.size(); ++u) {

@@ -33,8 +33,9 @@ class DiskAdamW {
   // flat: the FSDP units' layout (its ParamSpecs give the decay mask).
   // host: the CPU device that computes on host memory.
   // master_on_disk: the float32 shards in a file too (see above).
+  // clock: the modeled clock, which the tier's transfers are charged to (null on the wall clock).
   DiskAdamW(const ModelLayout& flat, const ShardLayout& shards, const std::string& dir, int rank, MemoryTracker& mem,
-            Device& host, bool master_on_disk = false, size_t chunk_elems = kChunkElems);
+            Device& host, bool master_on_disk = false, size_t chunk_elems = kChunkElems, StepClock* clock = nullptr);
 
   // On --resume, the moments from the checkpoint into the files (a fresh
   // run's files are zeros); with the master on disk, the parameters too,

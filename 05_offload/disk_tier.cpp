@@ -94,8 +94,8 @@ size_t DiskTier::checked_chunk(size_t chunk_elems, size_t elems) {
 }
 
 DiskTier::DiskTier(const std::string& dir, int rank, std::vector<std::string> names, size_t elems,
-                   size_t chunk_elems, MemoryTracker& mem)
-    : rank_(rank), elems_(elems), chunk_(checked_chunk(chunk_elems, elems)),
+                   size_t chunk_elems, MemoryTracker& mem, StepClock* clock)
+    : rank_(rank), clock_(clock), elems_(elems), chunk_(checked_chunk(chunk_elems, elems)),
       files_(dir, rank, names, elems * sizeof(float)) {
   for (Tensor& slot : slots_)
     slot = Tensor(mem, Place::host, Category::optimizer, DType::f32, names.size() * chunk_);
@@ -115,10 +115,14 @@ void DiskTier::transfer(bool is_read, int array, size_t begin, size_t n, float* 
   (is_read ? bytes_read_ : bytes_written_) += n * sizeof(float);
 }
 
-void DiskTier::read(int array, size_t begin, size_t n, float* dst) { transfer(true, array, begin, n, dst); }
+void DiskTier::read(int array, size_t begin, size_t n, float* dst) {
+  transfer(true, array, begin, n, dst);
+  if (clock_) clock_->wait_until(clock_->disk(n * sizeof(float)));
+}
 
 void DiskTier::write(int array, size_t begin, size_t n, const float* src) {
   transfer(false, array, begin, n, const_cast<float*>(src));  // pwrite only reads it
+  if (clock_) clock_->wait_until(clock_->disk(n * sizeof(float)));
   for (size_t c = begin / chunk_; n > 0 && c * chunk_ < begin + n; ++c) known_[size_t(array)][c] = 0;
 }
 
@@ -131,8 +135,14 @@ void DiskTier::for_each_chunk(const std::function<void(size_t, size_t, float* co
   std::vector<float*> arrays[2];
   for (int s = 0; s < 2; s++)
     for (size_t k = 0; k < K; k++) arrays[s].push_back(slots_[s].as<float>() + k * chunk_);
+  // A transfer in flight, and when it ends on the modeled clock.
+  struct InFlight {
+    std::future<void> done;
+    double ends = 0;
+  };
   auto submit = [&](bool is_read, size_t c) {
-    return io_->submit([this, is_read, c, K, n = count(c), bufs = arrays[c % 2]] {
+    const double ends = clock_ ? clock_->disk(K * count(c) * sizeof(float)) : 0.0;
+    return InFlight{io_->submit([this, is_read, c, K, n = count(c), bufs = arrays[c % 2]] {
       for (size_t k = 0; k < K; k++) {
         if (!is_read) {
           sums_[k][c] = chunk_sum(bufs[k], n);
@@ -146,36 +156,34 @@ void DiskTier::for_each_chunk(const std::function<void(size_t, size_t, float* co
                       " are not what this run wrote there: the file was changed by something outside this "
                       "run; " + OffloadFiles::kWhatToDo);
       }
-    });
+    }), ends};
+  };
+  auto finish = [&](std::deque<InFlight>& q) {
+    q.front().done.get();
+    if (clock_) clock_->wait_until(q.front().ends);
+    q.pop_front();
   };
   // Every future not yet waited on, so that an error never leaves a transfer
   // in flight into a slot (or out of one) after we return.
-  std::deque<std::future<void>> reads, writes;
+  std::deque<InFlight> reads, writes;
   try {
     reads.push_back(submit(true, 0));
     for (size_t c = 0; c < chunks; c++) {
-      reads.front().get();  // chunk c is in its slot (or its error is thrown)
-      reads.pop_front();
+      finish(reads);  // chunk c is in its slot (or its error is thrown)
       // The queue ran in order: chunk c-2's write-back came before chunk
       // c's read, so it is done too; collect its error, if any.
-      if (c >= 2) {
-        writes.front().get();
-        writes.pop_front();
-      }
+      if (c >= 2) finish(writes);
       // Into the other slot, queued after chunk c-1's write-back from it.
       if (c + 1 < chunks) reads.push_back(submit(true, c + 1));
       fn(c * chunk_, count(c), arrays[c % 2].data());
       writes.push_back(submit(false, c));
     }
-    while (!writes.empty()) {
-      writes.front().get();
-      writes.pop_front();
-    }
+    while (!writes.empty()) finish(writes);
   } catch (...) {
     for (auto& f : reads)
-      if (f.valid()) f.wait();  // the one whose get() threw is no longer valid
+      if (f.done.valid()) f.done.wait();  // the one whose get() threw is no longer valid
     for (auto& f : writes)
-      if (f.valid()) f.wait();
+      if (f.done.valid()) f.done.wait();
     throw;
   }
 }

@@ -15,6 +15,8 @@
 // an error naming the file, as is every failed read or write; an error on
 // the I/O thread is rethrown by for_each_chunk once no transfer is in
 // flight. A synchronous write() forgets the checksums of what it touches.
+// Under the modeled clock each transfer is charged to the clock's disk, in
+// the order issued, and waited for where the caller waits for it.
 #pragma once
 
 #include <atomic>
@@ -28,6 +30,7 @@
 #include "check.h"
 #include "memory.h"
 #include "offload_files.h"
+#include "step_log.h"
 #include "tensor.h"
 
 namespace zf {
@@ -44,9 +47,10 @@ class DiskTier {
   // zero-filled. The host window is 2 x K x chunk floats, chunk being
   // chunk_elems (a multiple of 1024), or less when the whole shard is
   // smaller. Throws UsageError naming --offload-dir if a file cannot be
-  // created or its space reserved (OffloadFiles).
+  // created or its space reserved (OffloadFiles). clock: the modeled clock
+  // (null on the wall clock).
   DiskTier(const std::string& dir, int rank, std::vector<std::string> names, size_t elems,
-           size_t chunk_elems, MemoryTracker& mem);
+           size_t chunk_elems, MemoryTracker& mem, StepClock* clock = nullptr);
   ~DiskTier();  // waits for the I/O thread; then the files go
   DiskTier(const DiskTier&) = delete;
   DiskTier& operator=(const DiskTier&) = delete;
@@ -86,6 +90,7 @@ class DiskTier {
   void transfer(bool is_read, int array, size_t begin, size_t n, float* buf);
 
   int rank_;
+  StepClock* clock_;
   size_t elems_;
   size_t chunk_;
   OffloadFiles files_;

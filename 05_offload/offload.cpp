@@ -107,7 +107,8 @@ struct OffloadStates final : ModelStates {
     if (cfg.offload.offload_dir.empty())
       opt.emplace(units.flat, shards, ctx.mem, *host, ctx.dev);
     else
-      disk.emplace(units.flat, shards, cfg.offload.offload_dir, ctx.rank, ctx.mem, *host, master_on_disk(cfg));
+      disk.emplace(units.flat, shards, cfg.offload.offload_dir, ctx.rank, ctx.mem, *host, master_on_disk(cfg),
+                   DiskAdamW::kChunkElems, ctx.clock);
   }
 
   // --offload-dir with --offload-params in bf16: the float32 shards go to

@@ -5,7 +5,8 @@ The trainers' `--trace FILE` writes Chrome trace-event JSON (docs/SPEC.md,
 "Timeline"): per rank a "compute" track (each unit's forward and backward,
 the optimizer), one track per communication queue ("comm", "comm q1", ...),
 a "copy" track where the device copied between host and device (stage 05:
-"h2d" and "d2h" spans) and a "device memory" counter. This draws one row per
+"h2d" and "d2h" spans) and a "device memory" counter; a modeled trace also
+has "host", "host worker" and "disk" tracks where there were any. This draws one row per
 rank and track, the spans colored by kind (forward, backward, optimizer,
 each collective, each copy direction), each collective and copy labelled
 with its kind, and below them each rank's total device bytes over time:
@@ -34,9 +35,10 @@ COLORS = {
     "barrier": "#9d755d",
     "h2d": "#72b7b2",
     "d2h": "#ff9da6",
+    "disk": "#8c6d31",
 }
 LABELS = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "broadcast": "BC", "barrier": "BAR",
-          "h2d": "H2D", "d2h": "D2H"}
+          "h2d": "H2D", "d2h": "D2H", "disk": "DISK"}
 NAMED_BY_KIND = ("comm", "copy")  # categories whose spans are named by their kind
 
 

@@ -532,8 +532,6 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
     if (cfg.hardware.empty()) cfg.hardware = "h100-sxm";
     USAGE_REQUIRE(cfg.device == "cpu", "--clock modeled models a GPU from a run on the CPU device; with --device "
                                        "cuda the wall clock is the GPU's own: leave --clock out");
-    USAGE_REQUIRE(cfg.offload.offload_dir.empty(), "--clock modeled does not model --offload-dir's disk yet: "
-                                                   "leave out one of them");
   }
   if (!fault.empty()) {
     const std::string how = "--inject-fault wants RANK:STEP or RANK:STEP:stall (got '" + fault + "')";

@@ -54,23 +54,23 @@ std::string modeled_clock_description(const Hardware& hw, int world) {
 std::string modeled_trace_events(int rank, const RankClock& clock) {
   using nlohmann::json;
   int queues = 0;
-  bool copies = false, host = false, worker = false;
+  bool copies = false, host = false, worker = false, disk = false;
   for (const RankClock::Span& sp : clock.spans()) {
     if (sp.track >= RankClock::kCommTrack) queues = std::max(queues, sp.track - RankClock::kCommTrack + 1);
     copies = copies || sp.track == RankClock::kCopyTrack;
     host = host || sp.track == RankClock::kHostTrack;
     worker = worker || sp.track == RankClock::kWorkerTrack;
+    disk = disk || sp.track == RankClock::kDiskTrack;
   }
-  // Tids as trace.h's: compute 0, the queues 1.., then copy, then host, then its worker.
+  // Tids as trace.h's: compute 0, the queues 1.., then copy, host, its worker, the disk.
   auto tid = [&](int track) {
     if (track == RankClock::kComputeTrack) return 0;
     if (track >= RankClock::kCommTrack) return 1 + track - RankClock::kCommTrack;
-    if (track == RankClock::kCopyTrack) return 1 + queues;
-    return track == RankClock::kHostTrack ? 2 + queues : 3 + queues;
+    return 1 + queues + (track - RankClock::kCopyTrack);
   };
   auto category = [](const RankClock::Span& sp) -> std::string {
     const std::string name = sp.name;
-    if (sp.track == RankClock::kCopyTrack) return "copy";
+    if (sp.track == RankClock::kCopyTrack || sp.track == RankClock::kDiskTrack) return "copy";
     if (sp.track >= RankClock::kCommTrack) return "comm";
     if (name.find("forward") != std::string::npos) return "forward";
     if (name.find("backward") != std::string::npos) return "backward";
@@ -90,6 +90,7 @@ std::string modeled_trace_events(int rank, const RankClock& clock) {
   if (copies) name_track(1 + queues, "copy");
   if (host) name_track(2 + queues, "host");
   if (worker) name_track(3 + queues, "host worker");
+  if (disk) name_track(4 + queues, "disk");
   for (const RankClock::Span& sp : clock.spans()) {
     // Whole nanoseconds, as trace.h's times.
     const int64_t start_ns = std::llround(sp.start * 1e9), end_ns = std::llround(sp.end * 1e9);
@@ -154,7 +155,7 @@ thread_local RankClock* forked_on_this_thread = nullptr;
 
 std::function<void()> RankClock::fork(std::function<void()> work) {
   if (!running_) return work;
-  worker_ = Worker{true, host_, 0, between_ ? -1 : step_, {}};
+  worker_ = Worker{true, host_, 0, 0, between_ ? -1 : step_, {}};
   return [this, work = std::move(work)] {
     forked_on_this_thread = this;
     work();
@@ -169,7 +170,29 @@ void RankClock::join() {
   worker_.forked = false;
   host_ = std::max(host_, worker_.t);
   host_busy_ += worker_.busy;
+  disk_busy_ += worker_.disk_busy;
   spans_.insert(spans_.end(), worker_.spans.begin(), worker_.spans.end());
+}
+
+double RankClock::disk(size_t bytes) {
+  const bool worker = on_forked_thread();
+  if (!worker && !running_) return 0;
+  const double s = double(bytes) / (hw_.nvme_gb_per_s * 1e9 * host_share_);
+  const double start = std::max(disk_, worker ? worker_.t : host_);
+  disk_ = start + s;
+  if (worker) {
+    worker_.disk_busy += s;
+    if (recording_) worker_.spans.push_back({kDiskTrack, "disk", start, disk_, worker_.step});
+  } else {
+    disk_busy_ += s;
+    span(kDiskTrack, "disk", start, disk_);
+  }
+  return disk_;
+}
+
+void RankClock::wait_until(double t) {
+  if (on_forked_thread()) worker_.t = std::max(worker_.t, t);
+  else if (running_) host_ = std::max(host_, t);
 }
 
 void RankClock::host_work(double s, const char* name) {
@@ -200,12 +223,13 @@ double RankClock::lap(StepPhases& phases) {
   ++step_;
   between_ = true;  // until skip(): the stop vote, a save
   const double t = host_;
-  const Mark now{t, compute_busy_, comm_busy_, copy_busy_, host_busy_, exposed_comm_};
+  const Mark now{t, compute_busy_, comm_busy_, copy_busy_, host_busy_, exposed_comm_, disk_busy_};
   phases = {{"compute", (now.compute_busy - last_.compute_busy) * 1e3},
             {"comm", (now.comm_busy - last_.comm_busy) * 1e3},
             {"exposed comm", (now.exposed_comm - last_.exposed_comm) * 1e3}};
   if (now.copy_busy > last_.copy_busy) phases.emplace_back("copy", (now.copy_busy - last_.copy_busy) * 1e3);
   if (now.host_busy > last_.host_busy) phases.emplace_back("host", (now.host_busy - last_.host_busy) * 1e3);
+  if (now.disk_busy > last_.disk_busy) phases.emplace_back("disk", (now.disk_busy - last_.disk_busy) * 1e3);
   const double ms = (now.t - last_.t) * 1e3;
   last_ = now;
   return ms;

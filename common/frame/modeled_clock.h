@@ -32,6 +32,11 @@
 //   worker    the host's work on a thread of its own (fork, join: stage
 //             05's delayed update): it starts where the host is at the
 //             fork, and the host waits for its end at the join.
+//   disk      transfers between host memory and files (stage 05's disk
+//             tier): one queue, in the order issued, each from when its
+//             issuer (the host or the worker) issued it, at the node's disk
+//             bandwidth shared by its ranks; the issuer waits for a
+//             transfer's end where it waits for the transfer.
 // A wait joins two timelines: the compute queue waits for the collective,
 // and the time it stood idle is exposed communication. A step ends when
 // every timeline of every rank has got there (as if each rank ended it with
@@ -112,6 +117,8 @@ class RankClock final : public StepClock {
   void join() override;
   // Whether this thread runs this clock's forked work.
   bool on_forked_thread() const;
+  double disk(size_t bytes) override;
+  void wait_until(double t) override;
   // Before start() nothing is charged, and collectives take no time.
   void start(int first_step) override {
     running_ = true;
@@ -125,8 +132,8 @@ class RankClock final : public StepClock {
 
   // --trace: every charge as a span of a track, with its step (-1: between
   // steps, a save).
-  static constexpr int kComputeTrack = 0, kCopyTrack = 1, kHostTrack = 2, kWorkerTrack = 3,
-                       kCommTrack = 4;  // + the queue
+  static constexpr int kComputeTrack = 0, kCopyTrack = 1, kHostTrack = 2, kWorkerTrack = 3, kDiskTrack = 4,
+                       kCommTrack = 5;  // + the queue
   struct Span {
     int track;
     const char* name;
@@ -147,15 +154,18 @@ class RankClock final : public StepClock {
   void span(int track, const char* name, double start, double end);
   double host_ = 0, compute_ = 0, copy_ = 0;
   double compute_busy_ = 0, comm_busy_ = 0, copy_busy_ = 0, host_busy_ = 0, exposed_comm_ = 0;
+  // The disk's queue: by the host, or by the forked work while it runs
+  // (the host then issues none; thread start and join order the two).
+  double disk_ = 0, disk_busy_ = 0;
   // The forked work: touched by its thread alone between fork() and join().
   struct Worker {
     bool forked = false;
-    double t = 0, busy = 0;
+    double t = 0, busy = 0, disk_busy = 0;
     int step = 0;
     std::vector<Span> spans;
   } worker_;
   struct Mark {
-    double t = 0, compute_busy = 0, comm_busy = 0, copy_busy = 0, host_busy = 0, exposed_comm = 0;
+    double t = 0, compute_busy = 0, comm_busy = 0, copy_busy = 0, host_busy = 0, exposed_comm = 0, disk_busy = 0;
   } last_;
 };
 

@@ -44,6 +44,12 @@ class StepClock {
   // wait for that timeline's end.
   virtual std::function<void()> fork(std::function<void()> work) = 0;
   virtual void join() = 0;
+  // A transfer of `bytes` between host memory and a file (stage 05's disk
+  // tier), issued now by the calling thread (the host, or a forked work)
+  // and queued behind the earlier ones on the disk: when it ends.
+  virtual double disk(size_t bytes) = 0;
+  // The calling thread's timeline waits until `t` (a transfer's end).
+  virtual void wait_until(double t) = 0;
 };
 
 class StepLog {

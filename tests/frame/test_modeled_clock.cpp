@@ -472,6 +472,47 @@ TEST(ModeledClock, AForkedWorkOverlapsTheDeviceUntilTheJoin) {
   EXPECT_NE(error.find("not told of"), std::string::npos) << error;
 }
 
+// The disk is one queue, in the order issued, at 2 GB/s: two transfers
+// issued at once end one after the other, and the host waits where it
+// waits for them, its own work under the second. A forked work's
+// transfers start where it is, and count once it is joined.
+TEST(ModeledClock, TheDiskIsOneQueueAtItsBandwidth) {
+  const Hardware hw = round_machine();  // nvme 2 GB/s, host memory 50 GB/s, 1e9 parameters/s
+  const size_t n = 1 << 16, b = 1 << 20;
+  std::vector<float> p(n, 1.0f), g(n, 0.5f), m(n), v(n);
+  const double norm = 4.0 * n / 50e9, adamw = n / 1e9, io = b / 2e9;
+  auto disk_ms = [](const StepPhases& phases) {
+    for (const auto& [name, ms] : phases)
+      if (name == "disk") return ms;
+    return -1.0;
+  };
+  RankClock clock(hw);
+  clock.start(0);
+  auto host = clock.on_host(make_cpu_device());
+  SumOfSquares acc;
+  host->sum_squares(g.data(), DType::f32, n, acc);  // the host is at `norm`
+  const double first = clock.disk(b), second = clock.disk(b);
+  EXPECT_DOUBLE_EQ(first, norm + io);
+  EXPECT_DOUBLE_EQ(second, norm + 2 * io);
+  clock.wait_until(first);
+  host->adamw(p.data(), g.data(), DType::f32, m.data(), v.data(), n, AdamWConfig{}, 1, 1.0f, true);
+  clock.wait_until(second);
+  StepPhases phases;
+  EXPECT_DOUBLE_EQ(clock.lap(phases), (norm + std::max(io + adamw, 2 * io)) * 1e3);
+  EXPECT_DOUBLE_EQ(disk_ms(phases), 2 * io * 1e3);
+  // Forked: the worker issues at its own time (the host's at the fork) and waits.
+  std::thread worker(clock.fork([&] {
+    host->adamw(p.data(), g.data(), DType::f32, m.data(), v.data(), n, AdamWConfig{}, 2, 1.0f, true);
+    clock.wait_until(clock.disk(b));
+  }));
+  worker.join();
+  clock.lap(phases);
+  EXPECT_EQ(disk_ms(phases), -1.0);  // not joined yet: not this step's
+  clock.join();
+  EXPECT_DOUBLE_EQ(clock.lap(phases), (adamw + io) * 1e3);
+  EXPECT_DOUBLE_EQ(disk_ms(phases), io * 1e3);
+}
+
 // ---- the profiles
 
 TEST(Hardware, EveryShippedProfileReads) {
