@@ -75,7 +75,9 @@ asan_tests=(comm launch data checkpoint faults offload mpi_comm_np2)
 # prefetch and queues on stage 00's frame) and comm's split-queue
 # scenarios'; nor checkpoint, whose files are written by one thread (full
 # runs them all).
-tsan_tests=(comm launch offload faults)
+# And clock: the modeled clock's worker timeline, charged from the delayed
+# update's thread while the rank's thread charges its device.
+tsan_tests=(comm launch offload faults clock)
 # Within those, not the tests that are long for their arithmetic alone and
 # run no thread code the others do not (TSan slows them by an order of
 # magnitude): each stage's gradient against the
@@ -91,6 +93,9 @@ tsan_gtest_filter+=":DataParallel.LossFallsOnBuiltInCorpus:Outputs.*"
 # memory-budget sweeps, and the timeout test that waits out its timeouts.
 tsan_gtest_filter+=":*Checkpoint.ResumeContinuesBitForBit:*Checkpoint.ResumeWith*:OffloadBudget.*"
 tsan_gtest_filter+=":DataParallel.FourRanksOfTwoEqualOneRankOfEight:CommTimeout.EnvironmentSetsItAndTheFlagWins"
+# In clock, the whole runs of the larger shapes (arithmetic and dry runs of
+# many steps); its unit tests and the delayed update on disk remain.
+tsan_gtest_filter+=":ModeledRun.*:ModeledFiles.ADryRun*:ModeledFiles.TheDiskTier*"
 
 sanitizer_env() {  # $1: asan|tsan, $2: the report folder
   local san=$1 rep=$2
@@ -185,7 +190,7 @@ if [[ $which == full ]]; then
   asan_tests=(memory kernels flash_attention comm launch data model optim adamw dp zero1 zero2 zero3 fsdp offload
               compute checkpoint recorder trace reference memory_model recompute cli faults signals mpi_comm_np2
               mpi_comm_np4 mpi_launch mpi_signals)
-  tsan_tests=(comm launch dp zero1 zero2 zero3 fsdp offload checkpoint faults signals)
+  tsan_tests=(comm launch dp zero1 zero2 zero3 fsdp offload checkpoint faults signals clock)
 fi
 status=0
 runs=()

@@ -39,10 +39,11 @@ COMMON = ["--precision", "bf16", "--compute", "bf16", "--attention", "flash", "-
 OWN = {"logs", "modeled.md", "modeled.json", "scaling.png", "knobs.png"}
 
 
-def run(build, exe, args, log, steps=2):
-    """One dry run; the numbers of its last step, the first to overlap the step before it (with the
-    delayed update, steps=4: step 2 waits for step 1's update, and the last for its own too)."""
-    args = [str(steps) if i > 0 and args[i - 1] == "--steps" else a for i, a in enumerate(args)]
+def run(build, exe, args, log, n_steps=2, shown=1):
+    """One dry run of `n_steps` steps; the numbers of step `shown`: by default the second, the first to
+    overlap the step before it (with the delayed update, 4 steps and step 2: the first that waits for
+    the update before it; the last waits for its own too)."""
+    args = [str(n_steps) if i > 0 and args[i - 1] == "--steps" else a for i, a in enumerate(args)]
     cmd = [os.path.join(build, exe)] + args + ["--log-json", log]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
@@ -55,7 +56,7 @@ def run(build, exe, args, log, steps=2):
                 summary = j["summary"]
             elif "step" in j:  # not an evaluation's {"val": ...}
                 steps.append(j)
-    last = steps[1] if len(steps) == 2 else steps[2]
+    last = steps[shown]
     return {"ms": last["ms"], "mfu": last["mfu"], "exposed_ms": last["phases_ms"]["exposed comm"],
             "comm_ms": last["phases_ms"]["comm"], "compute_ms": last["phases_ms"]["compute"],
             "peak_gib": max(m["device"]["peak_total"] for m in summary["memory"]) / 2**30,
@@ -115,7 +116,8 @@ def knobs(build, out, model, n):
             args = ["--model", model, "--ranks", str(n), "--batch", str(BATCH.get(model, 4)),
                     "--hardware", hardware] + COMMON + extra
             log = os.path.join(out, "logs", "knob_%s_%s.json" % (hardware, name.replace(" ", "_").replace("=", "")))
-            r = run(build, exe, args, log, steps=4 if "--delay-update" in extra else 2)
+            delayed = "--delay-update" in extra
+            r = run(build, exe, args, log, n_steps=4 if delayed else 2, shown=2 if delayed else 1)
             r.update(model=model, stage=os.path.basename(exe), ranks=n, hardware=hardware, mode=name)
             rows.append(r)
             print("%-8s %-12s %-12s N=%-5d %10.1f ms  MFU %5.1f%%  exposed %8.1f ms" %

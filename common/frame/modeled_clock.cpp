@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "check.h"
+
 namespace zf {
 
 // ---- costs
@@ -157,9 +159,11 @@ std::function<void()> RankClock::fork(std::function<void()> work) {
   if (!running_) return work;
   worker_ = Worker{true, host_, 0, 0, between_ ? -1 : step_, {}};
   return [this, work = std::move(work)] {
-    forked_on_this_thread = this;
+    struct OnThisThread {
+      explicit OnThisThread(RankClock* c) { forked_on_this_thread = c; }
+      ~OnThisThread() { forked_on_this_thread = nullptr; }
+    } on(this);
     work();
-    forked_on_this_thread = nullptr;
   };
 }
 
@@ -177,6 +181,7 @@ void RankClock::join() {
 double RankClock::disk(size_t bytes) {
   const bool worker = on_forked_thread();
   if (!worker && !running_) return 0;
+  REQUIRE(worker || !worker_.forked, "modeled clock: the host used the disk while a forked work may (join it first)");
   const double s = double(bytes) / (hw_.nvme_gb_per_s * 1e9 * host_share_);
   const double start = std::max(disk_, worker ? worker_.t : host_);
   disk_ = start + s;

@@ -40,8 +40,10 @@
 // A wait joins two timelines: the compute queue waits for the collective,
 // and the time it stood idle is exposed communication. A step ends when
 // every timeline of every rank has got there (as if each rank ended it with
-// a device synchronize and the ranks then met): its time is that, less
-// where the last step ended.
+// a device synchronize and the ranks then met), all but the worker and the
+// disk, which go on until the host waits for them: its time is that, less
+// where the last step ended. The worker's busy times count in the step
+// that joins it.
 //
 // The numbers come from the profile (hardware.h) and from the shapes of
 // the calls, never from the machine the run is on: the same flags give the
@@ -188,7 +190,8 @@ std::unique_ptr<Communicator> make_modeled_communicator(std::unique_ptr<Communic
 std::string modeled_clock_description(const Hardware& hw, int world);
 
 // --trace under the modeled clock: rank's spans as trace events (trace.h's
-// format: a compute track of ops, a track per communicator, copy, host),
+// format: a compute track of ops, a track per communicator, copy, host,
+// host worker, disk),
 // in microseconds of the modeled clock.
 std::string modeled_trace_events(int rank, const RankClock& clock);
 

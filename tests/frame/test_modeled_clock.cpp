@@ -441,13 +441,14 @@ TEST(ModeledClock, AForkedWorkOverlapsTheDeviceUntilTheJoin) {
       auto update = [&] {
         host->adamw(p.data(), g.data(), DType::f32, mom.data(), v.data(), n, AdamWConfig{}, 1, 1.0f, true);
       };
-      if (forked) {
+      if (forked) {  // the device's op issued while the worker runs
         std::thread worker(clock.fork(update));
+        dev->residual_forward(out.data(), a.data(), b.data(), m);
         worker.join();
       } else {
         update();
+        dev->residual_forward(out.data(), a.data(), b.data(), m);
       }
-      dev->residual_forward(out.data(), a.data(), b.data(), m);
       clock.join();
       StepPhases phases;
       EXPECT_DOUBLE_EQ(clock.lap(phases), (forked ? norm + std::max(adamw, op) : norm + adamw + op) * 1e3);
@@ -500,17 +501,24 @@ TEST(ModeledClock, TheDiskIsOneQueueAtItsBandwidth) {
   StepPhases phases;
   EXPECT_DOUBLE_EQ(clock.lap(phases), (norm + std::max(io + adamw, 2 * io)) * 1e3);
   EXPECT_DOUBLE_EQ(disk_ms(phases), 2 * io * 1e3);
-  // Forked: the worker issues at its own time (the host's at the fork) and waits.
+  // Forked: the worker's transfers queue behind the host's still on the
+  // disk, and count once it is joined; the step it ran in does not wait.
+  clock.disk(b);  // the host's, not waited for: the disk is busy until io from here
   std::thread worker(clock.fork([&] {
     host->adamw(p.data(), g.data(), DType::f32, m.data(), v.data(), n, AdamWConfig{}, 2, 1.0f, true);
-    clock.wait_until(clock.disk(b));
+    clock.wait_until(clock.disk(b));  // after the host's transfer: at 2 io, not adamw + io
   }));
   worker.join();
-  clock.lap(phases);
-  EXPECT_EQ(disk_ms(phases), -1.0);  // not joined yet: not this step's
+  EXPECT_DOUBLE_EQ(clock.lap(phases), 0.0);  // the host waited for nothing
+  EXPECT_DOUBLE_EQ(disk_ms(phases), io * 1e3);  // the host's transfer
   clock.join();
-  EXPECT_DOUBLE_EQ(clock.lap(phases), (adamw + io) * 1e3);
-  EXPECT_DOUBLE_EQ(disk_ms(phases), io * 1e3);
+  EXPECT_DOUBLE_EQ(clock.lap(phases), 2 * io * 1e3);
+  EXPECT_DOUBLE_EQ(disk_ms(phases), io * 1e3);  // the worker's
+  // The host may not use the disk while a forked work may.
+  std::thread idle(clock.fork([] {}));
+  EXPECT_THROW(clock.disk(b), Error);
+  idle.join();
+  clock.join();
 }
 
 // ---- the profiles

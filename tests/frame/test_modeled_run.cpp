@@ -124,6 +124,21 @@ TEST_F(ModeledFiles, TheDiskTierIsItsBytesAtTheNodesDiskRate) {
   EXPECT_NEAR(disk_phase, disk, 0.01 * disk);  // the shard's padding: under 1 %
   EXPECT_GT(on_disk, disk_phase);
   EXPECT_GT(on_disk, in_memory);
+  // AdamW (its shard at an eighth of 2e9 parameters/s) runs under the
+  // stream, all but its last chunk.
+  const double adamw = double(build_layout(cfg.model).numel) / 8 / (2e9 / 8) * 1e3;
+  EXPECT_LT(on_disk, in_memory + disk_phase - 0.5 * adamw);
+}
+
+// The delayed update's worker streaming the disk tier, with the I/O thread
+// and the rank threads: the same modeled times every run.
+TEST_F(ModeledFiles, ADelayedUpdateOnDiskHasTheSameTimesEveryRun) {
+  TrainConfig cfg = modeled("tiny", 2, "h100-sxm");
+  cfg.steps = 4;
+  cfg.offload.delay_update = true;
+  cfg.offload.offload_dir = dir_;
+  const std::vector<double> first = run_training(cfg, train_offload).ranks[0].step_ms;
+  EXPECT_EQ(run_training(cfg, train_offload).ranks[0].step_ms, first);
 }
 
 TEST(ModeledRun, ZeroThreeCostsMoreThanDataParallelOverPcieThanOverNvlink) {
@@ -141,15 +156,17 @@ TEST(ModeledRun, ZeroThreeCostsMoreThanDataParallelOverPcieThanOverNvlink) {
 // and the same memory peaks, rank by rank, in every stage; at N = 3 the
 // shards of tiny are unequal (padding), and the step still ends together.
 TEST_F(ModeledFiles, ADryRunGivesTheRealRunsTimesAndMemory) {
-  OffloadOptions none, params, delay, disk;
+  OffloadOptions none, params, delay, disk, both;
   params.offload_params = true;
   delay.delay_update = true;
   disk.offload_dir = dir_;
+  both.delay_update = true;
+  both.offload_dir = dir_;
   const std::vector<std::tuple<const char*, StageFn, OffloadOptions>> stages = {
       {"dp", train_data_parallel, none}, {"zero1", train_zero1, none}, {"zero2", train_zero2, none},
       {"zero3", train_zero3, none},      {"fsdp", train_fsdp, none},    {"offload", train_offload, none},
       {"offload --offload-params", train_offload, params}, {"offload --delay-update", train_offload, delay},
-      {"offload --offload-dir", train_offload, disk}};
+      {"offload --offload-dir", train_offload, disk}, {"offload --offload-dir --delay-update", train_offload, both}};
   for (const auto& [name, fn, offload] : stages)
     for (int N : {2, 3, 4}) {
       TrainConfig cfg = modeled("tiny", N, "a100-sxm");
