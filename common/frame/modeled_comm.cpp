@@ -87,7 +87,8 @@ class ClockGroup {
               "modeled clock: collective #" << resolved_ << " was not issued by all " << n
                                             << " ranks when a later one completed");
       Entry& e = it->second;
-      const auto [nodes, per_node] = placement(hw);
+      if (nodes_ == 0) std::tie(nodes_, per_node_) = placement(hw);  // the members are placed before any collective
+      const int nodes = nodes_, per_node = per_node_;
       if (e.free) {  // the ranks meet: when the last is there, whatever the queue still runs
         e.end = e.ready;
         continue;
@@ -210,6 +211,7 @@ class ClockGroup {
   std::shared_ptr<ClockFamily> family_;
   std::map<uint64_t, Entry> entries_;
   uint64_t resolved_ = 0;
+  int nodes_ = 0, per_node_ = 0;  // placement(), once
   double queue_end_ = 0;
   std::map<std::pair<uint64_t, int>, std::shared_ptr<ClockGroup>> children_;
   std::map<uint64_t, Meeting> meetings_;
