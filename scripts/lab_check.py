@@ -16,6 +16,9 @@ run at the same flags. Standard library only.
 
 LAB is 0-7 (or lab3, or a name: setup, dp, zero1, zero2, zero3, fsdp,
 offload, hybrid). A VALUE may be arithmetic (16*136960, 2*(4-1)/4*547840).
+A student's executable (--binary) in labs 2-6 is checked at the lab's
+rank count and again at --ranks 3, where tiny's units are padded (unless
+--ranks names one count).
 Exit 0 with "lab N: passed (k checks)"; 1 with one FAIL line per failed
 check (expected, measured, what to look at); 2 for a usage error.
 """
@@ -132,8 +135,10 @@ class Checks:
 
     def __init__(self):
         self.results = []
+        self.where = ""  # the configuration, when a lab is checked at more than one ("N=3: ")
 
     def add(self, ok, what, expected, measured, look):
+        what = self.where + what
         if ok:
             self.results.append((True, f"  ok    {what}: {measured}"))
         else:
@@ -142,7 +147,7 @@ class Checks:
     def prediction(self, key, predicted, measured, look):
         """A student's number: exact for bytes (up to the double division of (N-1)/N)."""
         ok = abs(float(predicted) - float(measured)) <= max(0.01, 1e-9 * abs(measured))
-        line = f"prediction {key}: predicted {fmt(predicted)}, measured {fmt(measured)}"
+        line = f"{self.where}prediction {key}: predicted {fmt(predicted)}, measured {fmt(measured)}"
         self.results.append((ok, f"  ok    {line}" if ok else f"  FAIL  {line}; look at {look}"))
 
     def equal(self, what, expected, measured, look, tol=0.01):
@@ -262,6 +267,28 @@ def check_refs(files):
     return 0
 
 
+def check_config(lab, cfg, opts, binary, dp, folder, checks, predictions, tag):
+    """The lab's runs at one configuration, and their checks (a line each, into checks)."""
+    try:
+        runs = {}
+        for name, who, extra in lab.runs(cfg, opts):
+            b = binary if who == "student" else dp
+            flags = extra if extra is not None else flags_of(cfg, opts, who == "student")
+            runs[name] = run_stage(b, flags, folder, tag + name)
+            print(f"  run   {name}: {os.path.relpath(b)} {shlex.join(flags)}")
+        values = {}
+        for name, r in runs.items():
+            for k, v in measured_values(r.summary).items():
+                values[f"{name}.{k}"] = v
+                if name == "main":
+                    values[k] = v
+        for key, predicted in predictions:
+            checks.prediction(key, predicted, values[key], lab.keys[key])
+        lab.properties(checks, runs, cfg, opts)
+    except RunFailed as e:
+        checks.add(False, "the run", "a run that trains", str(e), lab.on_failure)
+
+
 def check_lab(a):
     lab = by_name(a.lab)
     if lab is None:
@@ -298,24 +325,19 @@ def check_lab(a):
     os.makedirs(folder, exist_ok=True)
     checks = Checks()
     print(f"lab {lab.number} ({lab.title})")
+    # A student's executable is also checked where the preset's units are
+    # padded (a wrong cut of the shards passes where nothing is padded),
+    # unless --ranks names the one count to check.
+    configs = [cfg]
+    if a.binary and a.ranks is None and lab.padded_ranks:
+        configs.append(dict(cfg, ranks=lab.padded_ranks))
     try:
-        runs = {}
-        for name, who, extra in lab.runs(cfg, opts):
-            b = binary if who == "student" else dp
-            flags = extra if extra is not None else flags_of(cfg, opts, who == "student")
-            runs[name] = run_stage(b, flags, folder, name)
-            print(f"  run   {name}: {os.path.relpath(b)} {shlex.join(flags)}")
-        values = {}
-        for name, r in runs.items():
-            for k, v in measured_values(r.summary).items():
-                values[f"{name}.{k}"] = v
-                if name == "main":
-                    values[k] = v
-        for key, predicted in predictions:
-            checks.prediction(key, predicted, values[key], lab.keys[key])
-        lab.properties(checks, runs, cfg, opts)
-    except RunFailed as e:
-        checks.add(False, "the run", "a run that trains", str(e), lab.on_failure)
+        for i, c in enumerate(configs):
+            if i:
+                print(f"  at --ranks {c['ranks']}, where the units are padded")
+                checks.where = f"N={c['ranks']}: "
+            check_config(lab, c, opts, binary, dp, folder, checks, predictions if i == 0 else [],
+                         "padded_" if i else "")
     finally:
         if not a.logs:
             for f in os.listdir(folder):

@@ -100,6 +100,7 @@ class Lab:
     defaults = {}
     keys = {}               # prediction key -> where to look when it is wrong
     extra_flags = {}        # --stage-flags the formulas know: flag -> bool | int | (values)
+    padded_ranks = None     # where the preset's units are padded: a student's executable is checked there too
     on_failure = "the run's message"
 
     def runs(self, cfg, opts):
@@ -196,6 +197,7 @@ ZERO_PREDICT = ("P", "model_states", "params_bytes", "grads_bytes", "optimizer_b
 class Zero1(Lab):
     number, name, title, stage, test = 2, "zero1", "stage 01, ZeRO-1", "01_zero1/zero1", "zero1"
     defaults = dict(model="tiny", ranks=4, precision="bf16", grad_accum=1)
+    padded_ranks = 3  # tiny's embedding and blocks do not divide by 3
     keys = pick(*ZERO_PREDICT)
     look = "ShardedAdamW in 01_zero1/sharded_adamw.h: its m, v and master hold shard_total elements"
     comm_look = "the reduce_scatter_async after each unit's backward and the all_gather_async after the update"
@@ -256,6 +258,7 @@ FSDP_KEYS = pick(*ZERO_PREDICT, extra={"gathered_peak": "04_fsdp/README.md, Memo
 class Fsdp(Lab):
     number, name, title, stage, test = 5, "fsdp", "stage 04, FSDP", "04_fsdp/fsdp", "fsdp"
     defaults = dict(model="tiny", ranks=4, precision="bf16", grad_accum=1)
+    padded_ranks = 3
     keys = FSDP_KEYS
     extra_flags = {"--reduce-dtype": ("bf16", "fp32"), "--reshard-after-forward": ("true", "false"),
                    "--prefetch": ("0", "1"), "--no-sync": bool, "--wrap-blocks": int}

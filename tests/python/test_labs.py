@@ -212,6 +212,19 @@ class MadeUpVariants(LabTestCase):
         self.fails(2, "--binary", self.wrapper("zero1_off", body, stage=1),
                    naming=["final parameter hash", "loss and grad_norm at every step"])
 
+    def test_a_shard_cut_without_padding_fails_where_the_units_are_padded(self):
+        # A cut that ignores the padding (each unit's shard floor(numel/N)):
+        # right at N = 4, where tiny's units divide, and the optimizer's
+        # bytes wrong at N = 3. The check of a student's executable looks at both.
+        body = ("if summary['ranks'] == 3:\n"
+                "    for m in summary['memory']:\n"
+                f"        o = 12 * (2 * ({BLOCK} // 3) + 2 * 256 * 64 // 3 + {HEAD} // 3)\n"
+                "        m['device']['model_states'] += o - m['device']['optimizer']['current']\n"
+                "        m['device']['optimizer']['current'] = o")
+        cut = self.wrapper("zero1_cut", body, stage=1)
+        self.passes(2, "--binary", cut, "--ranks", 4)
+        self.fails(2, "--binary", cut, naming=[r"N=3: model states per rank", r"N=3: optimizer bytes"])
+
     def test_one_rank_that_differs(self):
         body = "summary['memory'][1]['device']['model_states'] += 2"
         self.fails(2, "--binary", self.wrapper("zero1_rank1", body, stage=1), naming=[r"model states per rank \(rank 1\)"])
