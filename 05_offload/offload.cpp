@@ -56,9 +56,9 @@ class HostAdamW final : public ShardedAdamW {
 // backward timed by a decorator of the rank's compute (compute_decorators.h),
 // the rest by the update's own steps below. The backward ends with unit 0's:
 // its last reductions and copies to the host are waited for in "wait", with
-// the micro-batch's load, the loss and the norm. A delayed step's "cpu adamw" is the worker's time for
-// the update that ran during the step, off the rank's path; "adamw wait"
-// the rank's wait for it.
+// the micro-batch's load, the loss and the norm. A delayed step's "cpu
+// adamw" is the worker's time for the update that ran during the step, off
+// the rank's path; "adamw wait" the rank's wait for it.
 struct Phases {
   StepTimes compute;
   double optimizer = 0, to_device = 0, update_wait = 0;

@@ -137,7 +137,9 @@ void RankClock::collective(int queue, CollectiveKind kind, double seconds, doubl
 }
 
 void RankClock::span(int track, const char* name, double start, double end) {
-  if (recording_) spans_.push_back({track, name, start, end, between_ ? -1 : step_});
+  if (!recording_) return;
+  if (on_forked_thread()) worker_.spans.push_back({track, name, start, end, worker_.step});  // kept until the join
+  else spans_.push_back({track, name, start, end, between_ ? -1 : step_});
 }
 
 void RankClock::wait_collective(double t) {
@@ -185,13 +187,8 @@ double RankClock::disk(size_t bytes) {
   const double s = double(bytes) / (hw_.nvme_gb_per_s * 1e9 * host_share_);
   const double start = std::max(disk_, worker ? worker_.t : host_);
   disk_ = start + s;
-  if (worker) {
-    worker_.disk_busy += s;
-    if (recording_) worker_.spans.push_back({kDiskTrack, "disk", start, disk_, worker_.step});
-  } else {
-    disk_busy_ += s;
-    span(kDiskTrack, "disk", start, disk_);
-  }
+  (worker ? worker_.disk_busy : disk_busy_) += s;
+  span(kDiskTrack, "disk", start, disk_);
   return disk_;
 }
 
@@ -204,7 +201,7 @@ void RankClock::host_work(double s, const char* name) {
   if (on_forked_thread()) {
     worker_.t += s;
     worker_.busy += s;
-    if (recording_) worker_.spans.push_back({kWorkerTrack, name, worker_.t - s, worker_.t, worker_.step});
+    span(kWorkerTrack, name, worker_.t - s, worker_.t);
     return;
   }
   if (!running_) return;
