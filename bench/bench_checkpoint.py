@@ -62,7 +62,8 @@ def measured(cmd, timeout):
 
 def log_lines(path, key):
     with open(path) as f:
-        return [json.loads(l)[key] for l in f if l.strip() and key in json.loads(l)]
+        records = [json.loads(line) for line in f if line.strip()]
+    return [r[key] for r in records if key in r]
 
 
 def run(args, model, n, extra, log, steps=1):
@@ -156,15 +157,6 @@ def peer(args, folder, params):
     return {"torch_save_ms": float(a), "safetensors_ms": float(b), "torch_load_ms": float(c), "torch": version}
 
 
-def params_of(args, model):
-    out = subprocess.run([os.path.join(args.build, "tools", "memory_estimate"), "--model", model, "--ranks", "1"],
-                         capture_output=True, text=True).stdout
-    for word in out.split():
-        if word.replace(",", "").isdigit() and int(word.replace(",", "")) > 1000:
-            return int(word.replace(",", ""))
-    return None
-
-
 def main():
     ap = argparse.ArgumentParser(description="What a checkpoint costs in each format: save, load, host memory.")
     ap.add_argument("--build", default="build")
@@ -206,7 +198,7 @@ def main():
             R.table(["N", "format", "on disk", "steps waited (ms)", "written in (ms)", "save: host peak above no save",
                      "load (ms, rank 0)", "load: host peak above seeded"], rows,
                     [">", "<", ">", ">", ">", ">", ">", ">"])
-            p = peer(args, folder, params_of(args, model))
+            p = peer(args, folder, rb.read_log(os.path.join(folder, "log.jsonl"))[1]["params"])  # save_and_load's
             if p and "error" not in p:
                 st = ("safetensors save_file %.0f ms, " % p["safetensors_ms"] if p["safetensors_ms"] >= 0
                       else "(no safetensors package), ")

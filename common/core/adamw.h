@@ -38,6 +38,7 @@ struct AdamWConfig {
 // What AdamW keeps of each parameter: the values it updates (the master in
 // the bf16 recipe) and its two moments. A checkpoint holds all three.
 enum class StateKind { params, m, v };
+constexpr StateKind kStateKinds[] = {StateKind::params, StateKind::m, StateKind::v};  // size_t(kind) is its index
 
 // The instruction sets the kernel is written for. x86-64 CPUs may have AVX2
 // and AVX-512F; elsewhere only the scalar form exists.

@@ -126,7 +126,7 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   if (!cfg.resume.empty()) first_step = open_checkpoint(cfg.resume, layout)->step();
   else if (is_sharded_checkpoint_path(cfg.init)) open_checkpoint(cfg.init, layout);
   else if (!cfg.init.empty()) check_model_file(cfg.init, layout);
-  const CheckedOnce checked(!cfg.resume.empty() ? cfg.resume : cfg.init);
+  const CheckedOnce checked(cfg.start_from());
   if (cfg.save_sharded && world.prints()) check_save_folder(cfg.save, first_step);
   if (cfg.dry_run && cfg.stage == "offload") check_dry_host_memory(cfg, layout, world.size);
 

@@ -29,7 +29,6 @@ constexpr const char* kLatestName = "latest";
 constexpr const char* kIndexFormat = "zero-to-fsdp sharded checkpoint";
 constexpr const char* kShardFormat = "zero-to-fsdp checkpoint shard";
 constexpr const char* kOffsetPrefix = "offset.";
-constexpr StateKind kKinds[] = {StateKind::params, StateKind::m, StateKind::v};
 
 bool is_dir(const std::string& path) {
   struct stat st;
@@ -99,7 +98,7 @@ std::string latest_name(const std::string& latest) {
 // Every parameter's tensor name of each kind, in consolidated order.
 std::vector<std::pair<std::string, std::vector<int64_t>>> consolidated_tensors(const ModelLayout& layout) {
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
-  for (StateKind kind : kKinds)
+  for (StateKind kind : kStateKinds)
     for (const auto& u : layout.units)
       for (const auto& p : u.params) out.emplace_back(state_name(kind, p.name), p.shape);
   return out;
@@ -214,7 +213,7 @@ void write_checkpoint_shard(const std::string& folder, const ModelLayout& layout
   std::vector<Slice> slices;
   std::map<std::string, std::string> meta = {
       {"format", kShardFormat}, {"model", layout.cfg.name}, {"step", std::to_string(step)}};
-  for (StateKind kind : kKinds)
+  for (StateKind kind : kStateKinds)
     for (size_t u = 0; u < layout.units.size(); ++u) {
       const UnitShard& us = share.units[u];
       for (const auto& p : layout.units[u].params) {

@@ -104,6 +104,8 @@ struct TrainConfig {
   int64_t global_batch() const { return int64_t(ranks) * batch * grad_accum; }  // G = N*B*K
   LrSchedule schedule() const { return {lr, lr_schedule, warmup, min_lr, steps}; }
   std::string data_name() const { return data.empty() ? "(built-in corpus)" : data; }
+  // What the states are read from: --resume's checkpoint, else --init's file ("": the seeded model).
+  const std::string& start_from() const { return resume.empty() ? init : resume; }
 };
 
 // What one rank gives back at the end of a run.

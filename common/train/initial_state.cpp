@@ -50,7 +50,6 @@ InitialState::InitialState(const TrainConfig& cfg, const ModelLayout& layout, co
     : cfg_(cfg), layout_(layout) {
   if (!cfg.resume.empty()) {
     checkpoint_ = open_checkpoint(cfg.resume, layout);
-    moments_ = true;
     const long step = checkpoint_->step();
     USAGE_REQUIRE(step < cfg.steps, "--resume " << cfg.resume << ": the checkpoint was saved after " << step
                                                 << " steps and --steps is " << cfg.steps
@@ -72,7 +71,7 @@ InitialState::~InitialState() = default;
 void InitialState::read(int u, StateKind kind, size_t begin, size_t end, float* host) const {
   const UnitLayout& unit = layout_.units[u];
   REQUIRE(begin <= end && end <= unit.numel, "InitialState::read: [" << begin << ", " << end << ") of unit " << u);
-  REQUIRE(kind == StateKind::params || moments_, "InitialState::read: AdamW's moments come only from --resume");
+  REQUIRE(kind == StateKind::params || has_moments(), "InitialState::read: AdamW's moments come only from --resume");
   if (checkpoint_)
     checkpoint_->read_unit(u, kind, begin, end, host);
   else if (!file_model_.empty())

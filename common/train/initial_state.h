@@ -39,7 +39,7 @@ class InitialState {
   // The first step this run trains: 0, or the checkpoint's step on --resume.
   int first_step() const { return first_step_; }
   // AdamW's moments come from the checkpoint (else they start at zero).
-  bool has_moments() const { return moments_; }
+  bool has_moments() const { return !cfg_.resume.empty(); }
 
   // Elements [begin, end) of unit u's flat float32 values of `kind` (its
   // parameters, in the unit's order; or a moment, --resume only) into host
@@ -54,7 +54,6 @@ class InitialState {
   // --resume, or --init from a sharded checkpoint (its parameters alone):
   // read a range at a time.
   std::unique_ptr<CheckpointSource> checkpoint_;
-  bool moments_ = false;           // --resume: AdamW's moments too
   std::vector<float> file_model_;  // --init from a file: the whole file, read once
   int first_step_ = 0;
 };

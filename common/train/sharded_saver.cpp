@@ -10,12 +10,6 @@
 
 namespace zf {
 
-namespace {
-
-constexpr StateKind kKinds[] = {StateKind::params, StateKind::m, StateKind::v};
-
-}  // namespace
-
 ShardedSaver::ShardedSaver(const std::string& dir, bool async, const ModelLayout& layout, RankContext& ctx,
                            ModelStates& states, StepLog& log)
     : dir_(dir), async_(async), layout_(layout), ctx_(ctx), states_(states), log_(log) {}
@@ -50,7 +44,7 @@ void ShardedSaver::save(int steps_done, const std::map<std::string, std::string>
   // ones too): only the first save pays for their pages.
   if (share) {
     staged_.resize(3 * layout_.units.size());  // by kind (params, m, v), then unit
-    for (StateKind kind : kKinds)
+    for (StateKind kind : kStateKinds)
       for (size_t u = 0; u < layout_.units.size(); ++u) {
         std::vector<float>& piece = staged_[size_t(kind) * layout_.units.size() + u];
         piece.resize(share->units[u].end - share->units[u].begin);

@@ -40,8 +40,7 @@ TrainingRun::TrainingRun(const TrainConfig& cfg, const ModelLayout& layout, Rank
   result_.first_step = init.first_step();
   states.load(init);
   loaded_ = ctx.dev.transfers();
-  const std::string& from = cfg.resume.empty() ? cfg.init : cfg.resume;
-  if (ctx.rank == 0 && !from.empty()) log.loaded(from, loading.ms());
+  if (ctx.rank == 0 && !cfg.start_from().empty()) log.loaded(cfg.start_from(), loading.ms());
   if (!cfg.save_init.empty()) {
     if (ctx.rank == 0) {  // the initial model is the same on every rank: rank 0 writes it alone
       std::vector<float> full(layout.numel);

@@ -248,8 +248,7 @@ TEST_F(ShardedCheckpoint, ConsolidationHoldsOnlyItsBuffer) {
     warm();
     const ShardedCheckpointReader reader(path("ck"), layout);
     std::vector<std::vector<float>> all(3, std::vector<float>(layout.numel));
-    for (StateKind kind : {StateKind::params, StateKind::m, StateKind::v})
-      reader.read_all(kind, all[size_t(kind == StateKind::params ? 0 : kind == StateKind::m ? 1 : 2)].data());
+    for (StateKind kind : kStateKinds) reader.read_all(kind, all[size_t(kind)].data());
   }) - idle;
   const auto file = long(fs::file_size(path("a.safetensors")));
   if (test::print_measures())
