@@ -54,11 +54,12 @@ common_setup=(-Dcuda=disabled -Dnccl=disabled -Dmpi=enabled --buildtype=custom -
 # recompute, memory, model, optim (the stage suites run the same kernels
 # and tensors), cli and signals (child processes running the same code as
 # faults), mpi_comm_np4 and mpi_launch (np2 runs the same code). What stays:
-# the communicators (threads and MPI), the launch, every parser of untrusted
+# the communicators (threads and MPI), the launch, the modeled clock (a dry
+# run's ranks are fibers, each on a stack of its own), every parser of untrusted
 # input (token files, checkpoints), the failure paths, and stage 05 (stage
 # 04's units and queues, transfers, pinned memory, the disk tier). scripts/sanitize.sh full runs
 # every suite.
-asan_tests=(comm launch data checkpoint faults offload mpi_comm_np2)
+asan_tests=(comm launch clock data checkpoint faults offload mpi_comm_np2)
 
 # TSan: the suites whose code runs threads: the threads communicator and its
 # rendezvous (comm, launch), every stage (N ranks as threads, the offload

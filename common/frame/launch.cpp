@@ -29,6 +29,7 @@
 
 #include "device_profile.h"
 #include "dry_device.h"
+#include "fibers.h"
 #include "modeled_clock.h"
 
 #include <algorithm>
@@ -195,6 +196,15 @@ void describe_exception(std::exception_ptr e, std::string& what, bool& aborted) 
   } catch (...) {
   }
   throw Error(msg);
+}
+
+// The first failure that is not an echo of another rank's (if every one is,
+// someone aborted the group from outside: the first of them), rethrown;
+// `stuck` names the ranks left behind.
+[[noreturn]] void throw_first_failure(const std::vector<Failure>& failures, const std::string& stuck = "") {
+  auto first = std::find_if(failures.begin(), failures.end(), [](const Failure& f) { return !f.aborted; });
+  if (first == failures.end()) first = failures.begin();
+  throw_rank_failure(first->rank, first->error, first->what + stuck);
 }
 
 // Joins the rank threads. Once a rank has failed (the group is aborted, so
@@ -414,7 +424,7 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
   // --clock modeled: each rank's clock, which its device and communicator charge.
   std::vector<std::unique_ptr<RankClock>> clocks;
   if (opt.hardware) {
-    const std::shared_ptr<ClockGroup> group = make_clock_group(N, opt.comm_timeout_s);
+    const std::shared_ptr<ClockGroup> group = make_clock_group(N);
     for (int r = 0; r < N; r++) {
       clocks.push_back(std::make_unique<RankClock>(*opt.hardware, N));
       if (r < opt.record_clock) clocks.back()->record();
@@ -491,6 +501,15 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
     done_cv.notify_all();
   };
 
+  // A dry run's ranks are fibers on this thread (fibers.h): thousands of
+  // them, each running until it waits for the others.
+  if (opt.dry_run) {
+    open_gate(true);
+    run_fibers(N, rank_main);
+    if (failures.empty()) return;
+    throw_first_failure(failures);
+  }
+
   // Starting the threads can fail part-way (the process's thread or memory
   // limits). The ranks already started wait at the gate; the group is
   // aborted through a rank that did not start, as a failing rank does, the
@@ -514,13 +533,7 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
                                               comm_timeout_or_default(opt.comm_timeout_s));
   if (!start_failure.empty()) throw Error(start_failure);
 
-  if (failures.empty()) return;
-  // The first failure that is not an echo of another rank's; if every one is
-  // (someone aborted the group from outside), the first of them.
-  auto first = std::find_if(failures.begin(), failures.end(),
-                            [](const Failure& f) { return !f.aborted; });
-  if (first == failures.end()) first = failures.begin();
-  throw_rank_failure(first->rank, first->error, first->what + stuck);
+  if (!failures.empty()) throw_first_failure(failures, stuck);
 }
 
 }  // namespace zf

@@ -173,10 +173,10 @@ class RankClock final : public StepClock {
 
 // What the members of one communicator share: their issue times, and so
 // each collective's start and end. Made by the launcher for all ranks;
-// split() makes the children's.
-// timeout_s: how long a dry run's rank waits for the others (--comm-timeout; 0: the default).
+// split() makes the children's. A dry run's members are fibers (fibers.h)
+// and wait for each other here.
 class ClockGroup;
-std::shared_ptr<ClockGroup> make_clock_group(int world, double timeout_s = 0);
+std::shared_ptr<ClockGroup> make_clock_group(int world);
 
 std::unique_ptr<Device> make_modeled_device(std::unique_ptr<Device> inner, RankClock& clock);
 // `world_rank`: this rank in the run (where it sits in the nodes). inner

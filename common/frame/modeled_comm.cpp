@@ -3,14 +3,13 @@
 #include "modeled_clock.h"
 
 #include <algorithm>
-#include <chrono>
-#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <thread>
 #include <tuple>
 #include <vector>
 
+#include "fibers.h"
 #include "internal/comm_state.h"
 
 namespace zf {
@@ -18,12 +17,11 @@ namespace zf {
 // ---- the group's shared queue
 
 // What every group of a run shares: whether the run was aborted (a dry
-// run's members wait for each other here, with no backend to wake them).
+// run's members wait for each other in their groups, with no backend to
+// wake them).
 struct ClockFamily {
   std::mutex mu;
   std::string aborted;  // the reason; empty while running
-  std::vector<std::weak_ptr<ClockGroup>> groups;
-  double timeout_s = kDefaultCommTimeoutS;
 };
 
 class ClockGroup {
@@ -54,24 +52,21 @@ class ClockGroup {
                            << bytes << " bytes, another rank " << collective_name(e.kind) << " of " << e.bytes
                            << " bytes: every rank must issue the same collectives in the same order");
     e.ready = std::max(e.ready, ready);
-    if (++e.posted == size()) cv_.notify_all();
+    ++e.posted;
   }
 
-  // A dry run's wait: until every member has posted `seq` and every one before it.
+  // A dry run's wait (its ranks are fibers, fibers.h): until every member
+  // has posted `seq` and every one before it.
   void wait_posted(uint64_t seq) {
-    std::unique_lock<std::mutex> lock(mu_);
-    const bool met = cv_.wait_for(lock, std::chrono::duration<double>(family_->timeout_s), [&] {
-      if (!aborted().empty()) return true;
-      for (uint64_t s = resolved_; s <= seq; ++s) {
-        auto it = entries_.find(s);
-        if (it == entries_.end() || it->second.posted < size()) return false;
-      }
-      return true;
+    const bool met = wait_on_fiber([&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      return !aborted().empty() || posted_through(seq);
     });
     if (!aborted().empty()) throw CommAborted(aborted());
     if (!met)
-      throw CommTimeout("dry run: collective #" + std::to_string(seq) + " waited " +
-                        std::to_string(int(family_->timeout_s)) + " s for the other ranks (raise --comm-timeout)");
+      throw CommTimeout("dry run: collective #" + std::to_string(seq) +
+                        " can never complete: every rank waits, and not every member of its group issued it "
+                        "(one returned, or waits on another collective)");
   }
 
   // When `seq` ends and how long it ran: the queue's collectives in order,
@@ -121,34 +116,22 @@ class ClockGroup {
     int rank = 0;
   };
   Split split(uint64_t split_no, int member, int color, int key) {
-    std::unique_lock<std::mutex> lock(mu_);
-    Meeting& m = meetings_[split_no];
-    m.arrivals.push_back({color, key, member});
-    if (int(m.arrivals.size()) == size()) {
-      std::sort(m.arrivals.begin(), m.arrivals.end(), [](const Arrival& a, const Arrival& b) {
-        return std::tie(a.color, a.key, a.member) < std::tie(b.color, b.key, b.member);
-      });
-      for (size_t i = 0; i < m.arrivals.size();) {
-        size_t j = i;
-        while (j < m.arrivals.size() && m.arrivals[j].color == m.arrivals[i].color) ++j;
-        if (m.arrivals[i].color >= 0) {
-          auto g = make_child(int(j - i));
-          for (size_t k = i; k < j; ++k) {
-            g->world_ranks_[k - i] = world_ranks_[size_t(m.arrivals[k].member)];
-            m.placed[m.arrivals[k].member] = {g, int(k - i)};
-          }
-        }
-        i = j;
-      }
-      cv_.notify_all();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Meeting& m = meetings_[split_no];
+      m.arrivals.push_back({color, key, member});
+      if (int(m.arrivals.size()) == size()) place(m);
     }
-    const bool met = cv_.wait_for(lock, std::chrono::duration<double>(family_->timeout_s), [&] {
-      return !aborted().empty() || int(m.arrivals.size()) == size();
+    const bool met = wait_on_fiber([&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      return !aborted().empty() || int(meetings_.at(split_no).arrivals.size()) == size();
     });
     if (!aborted().empty()) throw CommAborted(aborted());
-    if (!met) throw CommTimeout("dry run: a split waited " + std::to_string(int(family_->timeout_s)) +
-                                " s for the other ranks");
+    if (!met) throw CommTimeout("dry run: split #" + std::to_string(split_no) +
+                                " can never complete: every rank waits, and not every member of the group called it");
     REQUIRE(color >= 0, "split: color " << color << " < 0");
+    std::lock_guard<std::mutex> lock(mu_);
+    Meeting& m = meetings_.at(split_no);
     const Split mine = m.placed.at(member);
     if (++m.left == size()) meetings_.erase(split_no);
     return mine;
@@ -156,17 +139,8 @@ class ClockGroup {
 
   // Every wait of every group of the run raises CommAborted(reason).
   void abort(const std::string& reason) {
-    std::vector<std::shared_ptr<ClockGroup>> all;
-    {
-      std::lock_guard<std::mutex> lock(family_->mu);
-      if (family_->aborted.empty()) family_->aborted = reason.empty() ? "aborted" : reason;
-      for (auto& w : family_->groups)
-        if (auto g = w.lock()) all.push_back(g);
-    }
-    for (auto& g : all) {
-      std::lock_guard<std::mutex> lock(g->mu_);
-      g->cv_.notify_all();
-    }
+    std::lock_guard<std::mutex> lock(family_->mu);
+    if (family_->aborted.empty()) family_->aborted = reason.empty() ? "aborted" : reason;
   }
 
  private:
@@ -186,11 +160,33 @@ class ClockGroup {
     int left = 0;
   };
 
-  std::shared_ptr<ClockGroup> make_child(int size) {
-    auto c = std::make_shared<ClockGroup>(size, family_);
-    std::lock_guard<std::mutex> lock(family_->mu);
-    family_->groups.push_back(c);
-    return c;
+  std::shared_ptr<ClockGroup> make_child(int size) { return std::make_shared<ClockGroup>(size, family_); }
+
+  bool posted_through(uint64_t seq) const {
+    for (uint64_t s = resolved_; s <= seq; ++s) {
+      auto it = entries_.find(s);
+      if (it == entries_.end() || it->second.posted < size()) return false;
+    }
+    return true;
+  }
+
+  // Every member has arrived: the members of each color, by (key, member), are a group.
+  void place(Meeting& m) {
+    std::sort(m.arrivals.begin(), m.arrivals.end(), [](const Arrival& a, const Arrival& b) {
+      return std::tie(a.color, a.key, a.member) < std::tie(b.color, b.key, b.member);
+    });
+    for (size_t i = 0; i < m.arrivals.size();) {
+      size_t j = i;
+      while (j < m.arrivals.size() && m.arrivals[j].color == m.arrivals[i].color) ++j;
+      if (m.arrivals[i].color >= 0) {
+        auto g = make_child(int(j - i));
+        for (size_t k = i; k < j; ++k) {
+          g->world_ranks_[k - i] = world_ranks_[size_t(m.arrivals[k].member)];
+          m.placed[m.arrivals[k].member] = {g, int(k - i)};
+        }
+      }
+      i = j;
+    }
   }
   std::string aborted() const {
     std::lock_guard<std::mutex> lock(family_->mu);
@@ -206,7 +202,6 @@ class ClockGroup {
   }
 
   std::mutex mu_;
-  std::condition_variable cv_;
   std::vector<int> world_ranks_;  // by member
   std::shared_ptr<ClockFamily> family_;
   std::map<uint64_t, Entry> entries_;
@@ -217,11 +212,8 @@ class ClockGroup {
   std::map<uint64_t, Meeting> meetings_;
 };
 
-std::shared_ptr<ClockGroup> make_clock_group(int world, double timeout_s) {
-  auto family = std::make_shared<ClockFamily>();
-  family->timeout_s = comm_timeout_or_default(timeout_s);
-  auto g = std::make_shared<ClockGroup>(world, family);
-  family->groups.push_back(g);
+std::shared_ptr<ClockGroup> make_clock_group(int world) {
+  auto g = std::make_shared<ClockGroup>(world, std::make_shared<ClockFamily>());
   for (int r = 0; r < world; ++r) g->join(r, r);
   return g;
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "comm_threads.h"
+#include "fibers.h"
 #include "hardware.h"
 #include "modeled_clock.h"
 #include "test_util.h"
@@ -371,24 +372,43 @@ TEST(ModeledClock, ADryRunRefusesMismatchedCollectives) {
   const Hardware hw = round_machine();
   auto group = make_clock_group(2);
   std::vector<std::string> errors(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r)
-    threads.emplace_back([&, r] {
-      Rank rank(hw, nullptr, group, r);
-      try {
-        std::vector<float> x(64 + 16 * r);
-        rank.comm->all_reduce_async(x.data(), x.size(), DType::f32, ReduceOp::sum).wait();
-      } catch (const std::exception& e) {
-        errors[size_t(r)] = e.what();
-        rank.comm->abort(e.what());
-      }
-    });
-  for (auto& t : threads) t.join();
+  run_fibers(2, [&](int r) {  // as a dry run's ranks run
+    Rank rank(hw, nullptr, group, r);
+    try {
+      std::vector<float> x(64 + 16 * r);
+      rank.comm->all_reduce_async(x.data(), x.size(), DType::f32, ReduceOp::sum).wait();
+    } catch (const std::exception& e) {
+      errors[size_t(r)] = e.what();
+      rank.comm->abort(e.what());
+    }
+  });
   const std::string both = errors[0] + errors[1];
   EXPECT_NE(both.find("every rank must issue the same collectives"), std::string::npos) << both;
   EXPECT_NE(both.find("256 bytes"), std::string::npos) << both;
   EXPECT_NE(both.find("320 bytes"), std::string::npos) << both;
   EXPECT_FALSE(errors[0].empty() || errors[1].empty()) << "both ranks stop: " << both;
+}
+
+// A dry run's rank that stops issuing collectives (it returned) leaves the
+// others' waits with no end: they fail at once, saying so, and never hang.
+TEST(ModeledClock, ADryRunsWaitThatCanNeverEndFails) {
+  const Hardware hw = round_machine();
+  auto group = make_clock_group(3);
+  std::vector<std::string> errors(3);
+  run_fibers(3, [&](int r) {
+    Rank rank(hw, nullptr, group, r);
+    try {
+      std::vector<float> x(64);
+      for (int k = 0; k < (r == 2 ? 1 : 2); ++k)
+        rank.comm->all_reduce_async(x.data(), x.size(), DType::f32, ReduceOp::sum).wait();
+    } catch (const std::exception& e) {
+      errors[size_t(r)] = e.what();
+      rank.comm->abort(e.what());
+    }
+  });
+  EXPECT_TRUE(errors[2].empty()) << errors[2];
+  EXPECT_NE(errors[0].find("collective #1 can never complete"), std::string::npos) << errors[0];
+  EXPECT_FALSE(errors[1].empty()) << "the other waiting rank stops too";
 }
 
 TEST(ModeledClock, TheHostsAdamWIsItsRateOnTheHost) {

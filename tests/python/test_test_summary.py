@@ -103,6 +103,22 @@ class SummaryTest(unittest.TestCase):
         self.assertEqual((status, last), (1, "1 passed, 1 failed, 0 skipped"))
         self.assertIn("asan.42", failures[0])
 
+    def test_asans_swapcontext_notice_alone_is_not_a_finding(self):
+        run = make_run(self.top, "build-asan", {"a": ("OK", [("x", "ok")])})
+        reports = os.path.join(self.top, "build-asan", "sanitizer-reports")
+        os.makedirs(reports)
+        notice = ("==7==WARNING: ASan doesn't fully support makecontext/swapcontext functions and may produce "
+                  "false positives in some cases!\n")
+        with open(os.path.join(reports, "asan.7"), "w") as f:
+            f.write(notice)
+        status, last, _ = summary(run + ["--reports", reports])
+        self.assertEqual((status, last), (0, "1 passed, 0 failed, 0 skipped"))
+        with open(os.path.join(reports, "asan.8"), "w") as f:  # the notice, then a finding
+            f.write(notice + "==8==ERROR: AddressSanitizer: stack-buffer-overflow\n")
+        status, last, failures = summary(run + ["--reports", reports])
+        self.assertEqual((status, last), (1, "1 passed, 1 failed, 0 skipped"))
+        self.assertIn("asan.8", failures[0])
+
 
 if __name__ == "__main__":
     sys.exit(gtest_xml.main(__name__, "test_summary_py", "test_test_summary.py [--xml FILE]"))

@@ -1,0 +1,223 @@
+// fibers.cpp: the fibers of fibers.h, on POSIX ucontext. Each has a stack
+// of its own, reserved and not committed (a page is memory once touched),
+// with a guard page below it: an overflow faults instead of writing into
+// the next fiber's stack. The sanitizers are told of every switch, or they
+// would take another stack for a corrupted one.
+#include "fibers.h"
+
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <exception>
+#include <vector>
+
+#include "check.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define ZF_FIBERS_ASAN 1
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define ZF_FIBERS_TSAN 1
+#endif
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ZF_FIBERS_ASAN 1
+#endif
+#if __has_feature(thread_sanitizer)
+#define ZF_FIBERS_TSAN 1
+#endif
+#endif
+#ifdef ZF_FIBERS_ASAN
+#include <sanitizer/common_interface_defs.h>
+#endif
+#ifdef ZF_FIBERS_TSAN
+#include <sanitizer/tsan_interface.h>
+#endif
+
+namespace zf {
+
+namespace {
+
+// A rank's deepest stack is formatting a message inside a collective; a
+// thread gets 8 MiB, and only the touched pages of this are ever memory.
+constexpr size_t kStackBytes = size_t(8) << 20;
+
+struct Fiber {
+  ucontext_t context{};
+  char* memory = nullptr;  // the guard page, then the stack
+  const std::function<bool()>* ready = nullptr;  // what it waits for; null: it can run
+  bool verdict = true;  // what its wait returns
+  bool done = false;
+  int rank_tag = -1, step_tag = -1;  // its thread's tags (check.h), kept while another runs
+#ifdef ZF_FIBERS_TSAN
+  void* tsan = nullptr;
+#endif
+};
+
+struct Scheduler {
+  std::vector<Fiber> fibers;
+  const std::function<void(int)>* body = nullptr;
+  ucontext_t main{};
+  int current = -1;  // the fiber running; -1: the scheduler
+  std::exception_ptr first_error;
+  size_t page = 0;
+#ifdef ZF_FIBERS_ASAN
+  const void* main_bottom = nullptr;  // the scheduler's stack, learnt at a fiber's first switch
+  size_t main_size = 0;
+#endif
+#ifdef ZF_FIBERS_TSAN
+  void* main_tsan = nullptr;
+#endif
+};
+
+thread_local Scheduler* scheduler = nullptr;
+
+// From the scheduler into fiber i, until it waits or returns.
+void resume(Scheduler& s, int i) {
+  Fiber& f = s.fibers[size_t(i)];
+  s.current = i;
+  const int rank_tag = current_rank(), step_tag = current_step();
+  set_current_rank(f.rank_tag);
+  set_current_step(f.step_tag);
+#ifdef ZF_FIBERS_ASAN
+  void* fake_stack = nullptr;
+  __sanitizer_start_switch_fiber(&fake_stack, f.memory + s.page, kStackBytes);
+#endif
+#ifdef ZF_FIBERS_TSAN
+  __tsan_switch_to_fiber(f.tsan, 0);
+#endif
+  swapcontext(&s.main, &f.context);
+#ifdef ZF_FIBERS_ASAN
+  __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+#endif
+  f.rank_tag = current_rank();
+  f.step_tag = current_step();
+  set_current_rank(rank_tag);
+  set_current_step(step_tag);
+  s.current = -1;
+}
+
+// From the running fiber back to the scheduler; `finished`: for good.
+void to_scheduler(Scheduler& s, bool finished) {
+  Fiber& f = s.fibers[size_t(s.current)];
+#ifdef ZF_FIBERS_ASAN
+  void* fake_stack = nullptr;
+  __sanitizer_start_switch_fiber(finished ? nullptr : &fake_stack, s.main_bottom, s.main_size);
+#else
+  (void)finished;
+#endif
+#ifdef ZF_FIBERS_TSAN
+  __tsan_switch_to_fiber(s.main_tsan, 0);
+#endif
+  swapcontext(&f.context, &s.main);
+#ifdef ZF_FIBERS_ASAN
+  __sanitizer_finish_switch_fiber(fake_stack, &s.main_bottom, &s.main_size);
+#endif
+}
+
+void fiber_main() {
+  Scheduler& s = *scheduler;
+#ifdef ZF_FIBERS_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &s.main_bottom, &s.main_size);
+#endif
+  const int i = s.current;
+  try {
+    (*s.body)(i);
+  } catch (...) {
+    if (!s.first_error) s.first_error = std::current_exception();
+  }
+  s.fibers[size_t(i)].done = true;
+  to_scheduler(s, /*finished*/ true);
+}
+
+// Gives back every stack, and the thread's scheduler.
+struct Release {
+  Scheduler& s;
+  ~Release() {
+    for (Fiber& f : s.fibers) {
+      if (f.memory) munmap(f.memory, s.page + kStackBytes);
+#ifdef ZF_FIBERS_TSAN
+      if (f.tsan) __tsan_destroy_fiber(f.tsan);
+#endif
+    }
+    scheduler = nullptr;
+  }
+};
+
+}  // namespace
+
+void run_fibers(int n, const std::function<void(int)>& body) {
+  REQUIRE(scheduler == nullptr, "run_fibers: this thread already runs fibers");
+  Scheduler s;
+  s.body = &body;
+  s.page = size_t(sysconf(_SC_PAGESIZE));
+  s.fibers.resize(size_t(n));
+  Release release{s};
+#ifdef ZF_FIBERS_TSAN
+  s.main_tsan = __tsan_get_current_fiber();
+#endif
+  for (Fiber& f : s.fibers) {
+    void* m = mmap(nullptr, s.page + kStackBytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    if (m == MAP_FAILED)
+      throw Error("could not reserve the stacks of " + std::to_string(n) + " ranks (" +
+                  std::to_string(kStackBytes >> 20) + " MiB of address space each: " + std::strerror(errno) +
+                  "); ask for fewer --ranks, or raise the limit on address space (ulimit -v)");
+    f.memory = static_cast<char*>(m);
+    REQUIRE(mprotect(f.memory, s.page, PROT_NONE) == 0, "fibers: could not protect a guard page");
+    REQUIRE(getcontext(&f.context) == 0, "fibers: getcontext failed");
+    f.context.uc_stack.ss_sp = f.memory + s.page;
+    f.context.uc_stack.ss_size = kStackBytes;
+    f.context.uc_link = nullptr;
+    makecontext(&f.context, fiber_main, 0);
+#ifdef ZF_FIBERS_TSAN
+    f.tsan = __tsan_create_fiber(0);
+#endif
+  }
+  scheduler = &s;
+
+  // Turns in rank order; a waiting fiber's turn comes once its ready()
+  // holds. A round in which none could run is a wait that never ends: the
+  // first waiting fiber is told so (its failure aborts the others' waits).
+  int running = n;
+  while (running > 0) {
+    bool ran = false;
+    for (int i = 0; i < n; ++i) {
+      Fiber& f = s.fibers[size_t(i)];
+      if (f.done || (f.ready && !(*f.ready)())) continue;
+      f.ready = nullptr;
+      resume(s, i);
+      ran = true;
+      if (f.done) --running;
+    }
+    if (ran || running == 0) continue;
+    for (int i = 0; i < n; ++i) {
+      Fiber& f = s.fibers[size_t(i)];
+      if (f.done) continue;
+      f.ready = nullptr;
+      f.verdict = false;
+      resume(s, i);
+      f.verdict = true;
+      if (f.done) --running;
+      break;
+    }
+  }
+  if (s.first_error) std::rethrow_exception(s.first_error);
+}
+
+bool on_fiber() { return scheduler != nullptr && scheduler->current >= 0; }
+
+bool wait_on_fiber(const std::function<bool()>& ready) {
+  REQUIRE(on_fiber(), "wait_on_fiber: called off the fibers of run_fibers");
+  if (ready()) return true;
+  Scheduler& s = *scheduler;
+  Fiber& f = s.fibers[size_t(s.current)];
+  f.ready = &ready;
+  to_scheduler(s, /*finished*/ false);
+  return f.verdict;
+}
+
+}  // namespace zf

@@ -1,0 +1,91 @@
+// Tests of the fibers a dry run's ranks run on (common/frame/fibers.h):
+// every body runs to its end, a wait gives the others turns until it can go
+// on, a wait that never can returns false, and each fiber keeps its own
+// rank and step tags (check.h) across switches.
+// Run: build/tests/test_clock --gtest_filter='Fibers.*'
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "fibers.h"
+
+using namespace zf;
+
+// A barrier of n fibers: the order of arrivals and departures shows that
+// every fiber reached it before any left it, three times over.
+TEST(Fibers, AWaitLetsTheOthersRunUntilItCanGoOn) {
+  const int n = 50;
+  std::vector<int> arrived(3, 0);
+  std::vector<std::string> events;
+  EXPECT_FALSE(on_fiber());
+  run_fibers(n, [&](int i) {
+    EXPECT_TRUE(on_fiber());
+    for (int round = 0; round < 3; ++round) {
+      ++arrived[size_t(round)];
+      events.push_back("a" + std::to_string(round));
+      EXPECT_TRUE(wait_on_fiber([&] { return arrived[size_t(round)] == n; })) << i;
+      events.push_back("d" + std::to_string(round));
+    }
+  });
+  EXPECT_FALSE(on_fiber());
+  ASSERT_EQ(events.size(), size_t(6 * n));
+  for (int round = 0; round < 3; ++round) {
+    const std::string a = "a" + std::to_string(round), d = "d" + std::to_string(round);
+    size_t last_arrival = 0, first_departure = events.size();
+    for (size_t k = 0; k < events.size(); ++k) {
+      if (events[k] == a) last_arrival = k;
+      if (events[k] == d) first_departure = std::min(first_departure, k);
+    }
+    EXPECT_LT(last_arrival, first_departure) << "round " << round << ": every fiber arrives before any leaves";
+  }
+}
+
+// Fiber 1 waits for what only fiber 0 could do, and fiber 0 returned
+// without doing it: the wait ends, false, and the run returns.
+TEST(Fibers, AWaitThatCanNeverEndReturnsFalse) {
+  std::vector<int> verdict(3, -1);
+  bool done = false;
+  run_fibers(3, [&](int i) {
+    if (i == 0) return;
+    if (i == 1) verdict[1] = wait_on_fiber([&] { return done; });
+    if (i == 2) verdict[2] = wait_on_fiber([&] { return done || verdict[1] == 0; });
+  });
+  EXPECT_EQ(verdict[1], 0) << "nothing could make it ready";
+  EXPECT_EQ(verdict[2], 1) << "ready once fiber 1's wait failed";
+}
+
+TEST(Fibers, EachKeepsItsOwnRankAndStepTags) {
+  const int n = 8;
+  set_current_rank(-1);
+  int turn = 0;
+  std::vector<int> seen_rank(n), seen_step(n);
+  run_fibers(n, [&](int i) {
+    set_current_rank(i);
+    set_current_step(100 + i);
+    ++turn;
+    wait_on_fiber([&] { return turn == n; });
+    seen_rank[size_t(i)] = current_rank();
+    seen_step[size_t(i)] = current_step();
+  });
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(seen_rank[size_t(i)], i);
+    EXPECT_EQ(seen_step[size_t(i)], 100 + i);
+  }
+  EXPECT_EQ(current_rank(), -1) << "the thread's own tag is back";
+}
+
+TEST(Fibers, AnEscapingExceptionIsRethrownOnceAllReturned) {
+  int returned = 0;
+  EXPECT_THROW(run_fibers(4,
+                          [&](int i) {
+                            if (i == 1) throw std::runtime_error("fiber 1");
+                            ++returned;
+                          }),
+               std::runtime_error);
+  EXPECT_EQ(returned, 3);
+  EXPECT_THROW(wait_on_fiber([] { return true; }), Error) << "off the fibers";
+}
