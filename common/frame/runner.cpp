@@ -115,8 +115,8 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   }
   TokenData data = cfg.data.empty() ? builtin_corpus() : load_token_file(cfg.data);
   hold_out_validation(data, cfg.val_data, cfg.model.T, cfg.val_every > 0);
-  Sampler check(data, cfg.model.T, cfg.model.V);  // refuses short files and foreign vocabularies up front
-  if (data.held_out > 0) Sampler check_val(data, cfg.model.T, cfg.model.V, Sampler::Split::val);
+  Sampler::check_tokens(data, cfg.model.T, cfg.model.V);  // refuses short files and foreign vocabularies up front
+  if (data.held_out > 0) Sampler::check_tokens(data, cfg.model.T, cfg.model.V, Sampler::Split::val);
   ModelLayout layout = build_layout(cfg.model);
   // The file the model starts from, checked whole (names and shapes, every
   // value, the checksums) before any rank allocates a model for it: a

@@ -500,18 +500,22 @@ Sampler::Sampler(const TokenData& data, int T, int V, Split split)
     : data_(data), T_(T), begin_(split == Split::train ? 0 : data.train_tokens()),
       n_(int64_t(split == Split::train ? data.train_tokens() : data.held_out)) {
   REQUIRE(T > 0 && V > 0, "Sampler needs T > 0 and V > 0, got T=" << T << " V=" << V);
-  const int64_t n = n_;
   const std::string source = split == Split::train ? data.source : data.val_source;
-  USAGE_REQUIRE(n >= int64_t(T) + 2,
+  USAGE_REQUIRE(n_ >= int64_t(T) + 2,
                 "the " << (split == Split::train ? "token data" : "validation tokens") << " from " << source
-                       << " (" << data.format << ") has " << n
+                       << " (" << data.format << ") has " << n_
                        << " tokens, but the model's context T=" << T << " needs at least T + 2 = "
                        << int64_t(T) + 2 << " (one sequence of T+1 tokens and a positive number of offsets)"
                        << "; use a longer token file or a --model with a smaller context");
+}
+
+void Sampler::check_tokens(const TokenData& data, int T, int V, Split split) {
+  const Sampler sampler(data, T, V, split);
+  const std::string source = split == Split::train ? data.source : data.val_source;
   int32_t mx = 0;
   int64_t where = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    int32_t t = data.tokens[begin_ + size_t(i)];
+  for (int64_t i = 0; i < sampler.n_; ++i) {
+    int32_t t = data.tokens[sampler.begin_ + size_t(i)];
     USAGE_REQUIRE(t >= 0, "the data from " << source << " holds a negative token id " << t
                                            << " at position " << i);
     if (t > mx) { mx = t; where = i; }

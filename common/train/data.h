@@ -64,9 +64,13 @@ void write_llmc_token_file(const std::string& path, const std::vector<int32_t>& 
 class Sampler {
  public:
   enum class Split { train, val };
-  // Throws UsageError if the split has fewer than T + 2 tokens, or a token id
-  // >= V (the model's vocabulary), naming both numbers and the source.
+  // Throws UsageError if the split has fewer than T + 2 tokens, naming both
+  // numbers and the source.
   Sampler(const TokenData& data, int T, int V, Split split = Split::train);
+  // That, and a UsageError for a token id outside the model's vocabulary
+  // [0, V), naming it, where it is and the source. Once per run, before the
+  // ranks make their samplers (a scan of every token).
+  static void check_tokens(const TokenData& data, int T, int V, Split split = Split::train);
   // The sampler keeps a reference to the data: a temporary would dangle.
   Sampler(TokenData&&, int, int, Split = Split::train) = delete;
 

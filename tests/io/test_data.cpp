@@ -357,9 +357,9 @@ TEST(Sampler, RejectsTokensOutsideVocabulary) {
   TokenData d = make_data(1000, 1000);
   d.source = "/data/fineweb_train_000001.bin";
   d.format = "llm.c tokens";
-  expect_usage_error([&] { Sampler s(d, 64, 256); },
+  expect_usage_error([&] { Sampler::check_tokens(d, 64, 256); },
                      {"/data/fineweb_train_000001.bin", "999", "V=256", "--model", "50304"});
-  Sampler ok(d, 64, 1000);  // V = max token + 1 is enough
+  Sampler::check_tokens(d, 64, 1000);  // V = max token + 1 is enough
 }
 
 TEST_F(DataTest, SamplerOverRawFile) {
@@ -367,7 +367,7 @@ TEST_F(DataTest, SamplerOverRawFile) {
   for (int i = 0; i < 300; ++i) bytes.push_back(uint8_t(i % 200));
   TokenData d = zf::load_token_file(write_bytes("raw.bin", bytes));
   Sampler s(d, 16, 256);
-  expect_usage_error([&] { Sampler t(d, 16, 100); }, {path("raw.bin"), "199", "V=100"});
+  expect_usage_error([&] { Sampler::check_tokens(d, 16, 100); }, {path("raw.bin"), "199", "V=100"});
   std::vector<int32_t> in(16), tg(16);
   s.sequence(3, in.data(), tg.data());
   EXPECT_EQ(in[0], 48);  // (3*16) mod (300-17) = 48
