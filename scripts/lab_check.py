@@ -14,8 +14,8 @@ run at the same flags. Standard library only.
     python3 scripts/lab_check.py --check-refs [LAB_FILE ...]
     python3 scripts/lab_check.py --list
 
-LAB is 0-7 (or lab3, or a name: setup, dp, zero1, zero2, zero3, fsdp,
-offload, hybrid). A VALUE may be arithmetic (16*136960, 2*(4-1)/4*547840).
+LAB is 0-8 (or lab3, or a name: setup, dp, zero1, zero2, zero3, fsdp,
+offload, hybrid, time). A VALUE may be arithmetic (16*136960, 2*(4-1)/4*547840).
 A student's executable (--binary) in labs 2-6 is checked at the lab's
 rank count and again at --ranks 3, where tiny's units are padded (unless
 --ranks names one count).
@@ -37,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import lab_formulas as F  # noqa: E402
 import lab_refs  # noqa: E402
-from lab_specs import LABS, Usage, by_name  # noqa: E402
+from lab_specs import LABS, Usage, by_name, phases  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
 STEPS = 3   # enough for three updates, and quick
@@ -68,8 +68,9 @@ def arithmetic(text):
         raise Usage(f"--predict: '{text}' is not a number or arithmetic on numbers")
 
 
-def measured_values(summary):
-    """Every key a lab may accept, from rank 0's entries of the summary."""
+def measured_values(summary, steps=()):
+    """Every key a lab may accept, from rank 0's entries of the summary, and
+    the time lab's from its measured step (modeled times)."""
     mem, comm = summary["memory"][0], summary["comm"][0]
     dev, host = mem["device"], mem["host"]
     by = comm.get("by_collective", {})
@@ -90,6 +91,7 @@ def measured_values(summary):
         "bytes_per_step": comm["bytes_per_step"],
         "to_host_bytes": moved.get("to_host_bytes", 0.0),
         "to_device_bytes": moved.get("to_device_bytes", 0.0),
+        **(phases(steps) if steps else {}),
     }
 
 
@@ -150,9 +152,11 @@ class Checks:
         else:
             self.results.append((False, f"  FAIL  {what}: expected {expected}, measured {measured}; look at {look}"))
 
-    def prediction(self, key, predicted, measured, look):
-        """A student's number: exact for bytes (up to the double division of (N-1)/N)."""
-        ok = abs(float(predicted) - float(measured)) <= max(0.01, 1e-9 * abs(measured))
+    def prediction(self, key, predicted, measured, look, rel=None):
+        """A student's number: exact for bytes (up to the double division of (N-1)/N); a modeled
+        time within rel."""
+        ok = abs(float(predicted) - float(measured)) <= (rel * abs(measured) if rel else
+                                                         max(0.01, 1e-9 * abs(measured)))
         line = f"{self.where}prediction {key}: predicted {fmt(predicted)}, measured {fmt(measured)}"
         self.results.append((ok, f"  ok    {line}" if ok else f"  FAIL  {line}; look at {look}"))
 
@@ -226,7 +230,7 @@ def flags_of(cfg, opts, stage_specific=True):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="lab_check.py", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("lab", nargs="?", help="0-7, labN, or a name (--list shows them)")
+    ap.add_argument("lab", nargs="?", help="0-8, labN, or a name (--list shows them)")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"), help="the Meson build folder (default build/)")
     ap.add_argument("--binary", help="the executable to check instead of the lab's stage (yours)")
     ap.add_argument("--reference", help="the stage-00 executable the parity checks compare with "
@@ -250,7 +254,7 @@ def main(argv=None):
                 print(f"lab {lab.number} ({lab.name}): {lab.title}; keys: {', '.join(lab.keys)}")
             return 0
         if a.lab is None:
-            raise Usage("name a lab (0-7), or give --check-refs or --list")
+            raise Usage("name a lab (0-8), or give --check-refs or --list")
         return check_lab(a)
     except Usage as e:
         print(f"lab_check.py: error: {e}", file=sys.stderr)
@@ -273,23 +277,24 @@ def check_refs(files):
     return 0
 
 
-def check_config(lab, cfg, opts, binary, dp, folder, checks, predictions, tag):
+def check_config(lab, cfg, opts, binary, dp, folder, checks, predictions, tag, build):
     """The lab's runs at one configuration, and their checks (a line each, into checks)."""
     try:
         runs = {}
         for name, who, extra in lab.runs(cfg, opts):
-            b = binary if who == "student" else dp
+            b = binary if who == "student" else dp if who == "dp" else os.path.join(build, who)
             flags = extra if extra is not None else flags_of(cfg, opts, who == "student")
             runs[name] = run_stage(b, flags, folder, tag + name)
             print(f"  run   {name}: {os.path.relpath(b)} {shlex.join(flags)}")
         values = {}
         for name, r in runs.items():
-            for k, v in measured_values(r.summary).items():
+            for k, v in measured_values(r.summary, r.steps).items():
                 values[f"{name}.{k}"] = v
                 if name == "main":
                     values[k] = v
         for key, predicted in predictions:
-            checks.prediction(key, predicted, values[key], lab.keys[key])
+            checks.prediction(key, predicted, values[key], lab.keys[key],
+                              lab.time_rel if key.endswith("_ms") else None)
         lab.properties(checks, runs, cfg, opts)
     except RunFailed as e:
         checks.add(False, "the run", "a run that trains", str(e), lab.on_failure)
@@ -298,7 +303,7 @@ def check_config(lab, cfg, opts, binary, dp, folder, checks, predictions, tag):
 def check_lab(a):
     lab = by_name(a.lab)
     if lab is None:
-        raise Usage(f"no lab '{a.lab}': give 0-7, labN, or one of {', '.join(x.name for x in LABS)}")
+        raise Usage(f"no lab '{a.lab}': give 0-8, labN, or one of {', '.join(x.name for x in LABS)}")
     cfg = dict(lab.defaults)
     for k in ("ranks", "precision", "grad_accum", "model"):
         if getattr(a, k) is not None:
@@ -344,7 +349,7 @@ def check_lab(a):
                 print(f"  at --ranks {c['ranks']}, where the units are padded")
                 checks.where = f"N={c['ranks']}: "
             check_config(lab, c, opts, binary, dp, folder, checks, predictions if i == 0 else [],
-                         "padded_" if i else "")
+                         "padded_" if i else "", build)
     finally:
         if not a.logs:
             for f in os.listdir(folder):

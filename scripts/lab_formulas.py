@@ -6,6 +6,7 @@
 # a multiple of the ranks that share it). Standard library only.
 
 import math
+import os
 
 # Section 1's presets (gpt2 is left out: the labs run on the CPU).
 PRESETS = {
@@ -13,21 +14,42 @@ PRESETS = {
     "small": dict(V=256, T=128, L=4, H=4, C=128),
 }
 
+# The time lab's model: its runs are dry runs on the modeled clock (section
+# 13), where a preset's size costs nothing.
+MODELED = {"gpt2": dict(V=50304, T=1024, L=12, H=12, C=768)}
+SHAPES = dict(PRESETS, **MODELED)
+
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 LOSS_BYTES = 4      # the loss: one float32 all-reduced per step
 NORM_BYTES = 160    # the norm's partial sums: 20 int64 limbs, stages 01-04
 
 
+def hardware(name):
+    """hardware/NAME.hw's numbers: {key: float}, the name as text."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hardware", name + ".hw")
+    out = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            key, eq, value = line.split("#", 1)[0].partition("=")
+            if eq:
+                value = value.strip()
+                try:
+                    out[key.strip()] = float(value)
+                except ValueError:
+                    out[key.strip()] = value
+    return out
+
+
 def param_count(model):
     """P = 2VC + TC + L(12C^2 + 13C) + 2C (section 1)."""
-    m = PRESETS[model]
+    m = SHAPES[model]
     V, T, L, C = m["V"], m["T"], m["L"], m["C"]
     return 2 * V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
 
 
 def model_units(model):
     """Elements of each unit, in order: embedding (wte, wpe), h.0 .. h.L-1, head (ln_f, lm_head)."""
-    m = PRESETS[model]
+    m = SHAPES[model]
     V, T, L, C = m["V"], m["T"], m["L"], m["C"]
     return [V * C + T * C] + [12 * C * C + 13 * C] * L + [2 * C + V * C]
 
@@ -171,7 +193,7 @@ def hybrid_zero2(model, N, G, precision, K=1):
 
 def activation_peak(model, B, precision_compute="f32", attention="simple", recompute="none"):
     """Section 7's activation bytes of a rank: F + L(K + A), F + K + A, F + LK + A."""
-    m = PRESETS[model]
+    m = SHAPES[model]
     V, T, L, H, C = m["V"], m["T"], m["L"], m["H"], m["C"]
     e = 4 if precision_compute == "f32" else 2
     BT = B * T

@@ -104,9 +104,10 @@ class Lab:
     extra_flags = {}        # --stage-flags the formulas know: flag -> bool | int | (values)
     padded_ranks = None     # where the preset's units are padded: a student's executable is checked there too
     on_failure = "the run's message"
+    time_rel = None         # predictions of modeled times: their relative tolerance
 
     def runs(self, cfg, opts):
-        """(name, "student" | "dp", flags or None for the lab's own)."""
+        """(name, "student" | "dp" | a stage executable under the build, flags or None for the lab's own)."""
         return [("main", "student", None), ("dp", "dp", None)]
 
     def validate(self, cfg, opts):
@@ -363,7 +364,82 @@ class Hybrid(Lab):
                  norm_rel=HYBRID_BF16_NORM_REL if p == "bf16" else HYBRID_REL)
 
 
-LABS = [Setup(), DataParallel(), Zero1(), Zero2(), Zero3(), Fsdp(), Offload(), Hybrid()]
+# The time lab's runs: dry runs of GPT-2's shape on one modeled node of 8
+# GPUs (docs/SPEC.md section 13); the step measured is a middle one, where
+# a delayed update is in flight from the step before and waited for in this.
+TIME_STEPS, TIME_STEP = 4, 2
+TIME_RUNS = {  # name: (stage executable, hardware, its own flags)
+    "nvlink": ("03_zero3/zero3", "h100-sxm", []),
+    "pcie": ("03_zero3/zero3", "l40s", []),
+    "pcie_prefetch0": ("04_fsdp/fsdp", "l40s", ["--prefetch", "0"]),
+    "pcie_prefetch1": ("04_fsdp/fsdp", "l40s", ["--prefetch", "1"]),
+    "offload": ("05_offload/offload", "h100-sxm", []),
+    "offload_delayed": ("05_offload/offload", "h100-sxm", ["--delay-update"]),
+}
+TIME_KEYS = {
+    "step_ms": "the step: where the compute queue waited (exposed_ms) and what it ran",
+    "comm_ms": "docs/SPEC.md section 13, the communicators' row: per collective, its latency "
+               "(passes x (n-1) x the link's latency) and its ring bytes (section 8) / bus bandwidth; "
+               "count every collective of a step, the loss's and the norm's all-reduces too",
+    "exposed_ms": "the time the compute queue stood waiting for a collective",
+    "copy_ms": "docs/SPEC.md section 13, copy: latency + bytes / PCIe, per copy",
+    "host_ms": "docs/SPEC.md section 13, host: AdamW's S / (rate / r), the norm's 4S bytes / (bandwidth / r)",
+}
+
+
+class Time(Lab):
+    number, name, title = 8, "time", "time on a modeled cluster (--clock modeled)"
+    stage, test = "03_zero3/zero3", "clock"
+    defaults = dict(model="gpt2", ranks=8, precision="bf16", grad_accum=1)
+    keys = {f"{run}.{k}": TIME_KEYS[k] for run, ks in (
+        ("nvlink", ("comm_ms", "exposed_ms", "step_ms")), ("pcie", ("comm_ms", "exposed_ms", "step_ms")),
+        ("pcie_prefetch0", ("exposed_ms", "step_ms")), ("pcie_prefetch1", ("exposed_ms", "step_ms")),
+        ("offload", ("host_ms", "copy_ms", "step_ms")), ("offload_delayed", ("step_ms",))) for k in ks}
+    time_rel = 0.02  # a modeled time predicted by hand: within 2 %
+
+    def validate(self, cfg, opts):
+        if cfg["model"] != "gpt2" or cfg["precision"] != "bf16" or cfg["grad_accum"] != 1:
+            raise Usage("lab 8 runs GPT-2's shape in bf16 with --grad-accum 1: leave --model, --precision "
+                        "and --grad-accum out")
+        if not 2 <= cfg["ranks"] <= 8:
+            raise Usage("lab 8's runs sit on one node of 8 GPUs: --ranks 2 to 8")
+
+    def runs(self, cfg, opts):
+        common = ["--model", "gpt2", "--ranks", str(cfg["ranks"]), "--batch", "4", "--precision", "bf16",
+                  "--compute", "bf16", "--attention", "flash", "--steps", str(TIME_STEPS), "--clock", "modeled",
+                  "--dry-run"]
+        return [(name, exe, common + ["--hardware", hw] + own) for name, (exe, hw, own) in TIME_RUNS.items()]
+
+    def properties(self, checks, runs, cfg, opts):
+        ms = {name: phases(r.steps) for name, r in runs.items()}
+        look = "docs/SPEC.md section 13, and each run's --trace (tools/trace_gantt.py)"
+        checks.add(ms["pcie"]["exposed_ms"] > 2 * ms["nvlink"]["exposed_ms"],
+                   "ZeRO-3 over PCIe exposes its all-gathers: exposed comm more than twice NVLink's",
+                   f"> 2 x {ms['nvlink']['exposed_ms']:.3f} ms", f"{ms['pcie']['exposed_ms']:.3f} ms", look)
+        p0, p1 = ms["pcie_prefetch0"], ms["pcie_prefetch1"]
+        checks.add(p1["comm_ms"] == p0["comm_ms"] and p1["exposed_ms"] < p0["exposed_ms"],
+                   "prefetch moves no byte, it hides them: the same comm time, less of it exposed",
+                   f"comm {p0['comm_ms']:.3f} ms both, exposed < {p0['exposed_ms']:.3f} ms",
+                   f"comm {p1['comm_ms']:.3f} ms, exposed {p1['exposed_ms']:.3f} ms", look)
+        hw = F.hardware("h100-sxm")
+        _, _, S = F.fsdp_sizes("gpt2", cfg["ranks"])
+        adamw_ms = 1e3 * S / (hw["host_adamw_params_per_s"] / min(cfg["ranks"], hw["gpus_per_node"]))
+        d, u = ms["offload_delayed"]["step_ms"], ms["offload"]["step_ms"]
+        checks.add(adamw_ms <= d < u,
+                   "the delayed update hides the device's step under the CPU's AdamW, which still bounds the step",
+                   f"between AdamW's {adamw_ms:.3f} and the undelayed {u:.3f} ms", f"{d:.3f} ms",
+                   "05_offload/README.md, the delayed update")
+
+
+def phases(steps):
+    """The measured step's modeled times, in ms."""
+    s = steps[TIME_STEP] if len(steps) > TIME_STEP else steps[-1]
+    p = s.get("phases_ms", {})
+    return {"step_ms": s["ms"], "comm_ms": p.get("comm", 0.0), "exposed_ms": p.get("exposed comm", 0.0),
+            "copy_ms": p.get("copy", 0.0), "host_ms": p.get("host", 0.0)}
+
+
+LABS = [Setup(), DataParallel(), Zero1(), Zero2(), Zero3(), Fsdp(), Offload(), Hybrid(), Time()]
 
 
 def by_name(text):

@@ -69,6 +69,29 @@ PREDICTIONS = {
         "to_device_bytes": 2 * P / 2},
 }
 
+# Lab 8, by hand from SPEC section 13 and the profiles' numbers: GPT-2's
+# shape, bf16, N = 8 on one node, L + 2 = 14 units none padded.
+GPT2_P = 2 * 50304 * 768 + 1024 * 768 + 12 * (12 * 768 * 768 + 13 * 768) + 2 * 768
+UNITS, F8 = 14, 7 / 8
+
+
+def zero3_comm_ms(latency_us, busbw_gb_per_s):
+    """2U all-gathers and U reduce-scatters of one pass, the loss's and the norm's all-reduces of two."""
+    passes = 3 * UNITS + 2 * 2
+    ring_bytes = 3 * F8 * 2 * GPT2_P + 2 * F8 * (4 + 160)
+    return 1e3 * (passes * 7 * latency_us * 1e-6 + ring_bytes / (busbw_gb_per_s * 1e9))
+
+
+S8 = GPT2_P // 8
+TIME_PREDICTIONS = {
+    "nvlink.comm_ms": zero3_comm_ms(3, 460),   # h100-sxm
+    "pcie.comm_ms": zero3_comm_ms(6, 20),      # l40s
+    # AdamW at 2e9 params/s and the norm's 4S bytes at 100 GB/s, each shared by 8 GPUs
+    "offload.host_ms": 1e3 * (S8 / (2e9 / 8) + 4 * S8 / (100e9 / 8)),
+    # each unit's bf16 piece down and its bf16 shard up, 10 us and 55 GB/s a copy (the tokens left out)
+    "offload.copy_ms": 1e3 * (2 * UNITS * 10e-6 + 2 * 2 * S8 / 55e9),
+}
+
 
 def check(*argv):
     """lab_check.py's exit status and output, run in this process."""
@@ -116,6 +139,13 @@ class EveryLabPassesOnItsStage(LabTestCase):
                 for key in values:
                     self.assertRegex(out, rf"ok    prediction {key}: predicted [\d,.]+, measured [\d,.]+")
 
+    def test_time_lab(self):
+        out = self.passes(8, *predict(TIME_PREDICTIONS))
+        for key in TIME_PREDICTIONS:
+            self.assertRegex(out, rf"ok    prediction {key}: predicted [\d,.]+, measured [\d,.]+")
+        for what in ("ZeRO-3 over PCIe", "prefetch moves no byte", "the delayed update hides"):
+            self.assertRegex(out, "ok    " + what)
+
     def test_padding_counts_at_three_ranks(self):
         # tiny at N = 3: pieces of 6,827 (embedding), 16,662 (blocks), 5,504 (head)
         padded, shard = 3 * 6827 + 2 * 3 * 16662 + 3 * 5504, 6827 + 2 * 16662 + 5504
@@ -146,6 +176,11 @@ class WrongPredictionsFail(LabTestCase):
     def test_reduce_scatter_once_under_accumulation(self):
         # ZeRO-2 reduce-scatters on every micro-step: K = 2 of them
         self.fails(3, "--predict", f"reduce_scatter={3 / 4 * 2 * P!r}", naming=["prediction reduce_scatter"])
+
+    def test_time_without_the_latencies(self):
+        # the bytes over the bus bandwidth alone: a third of NVLink's time is its 3 us per ring step
+        bytes_only = zero3_comm_ms(0, 460)
+        self.fails(8, "--predict", f"nvlink.comm_ms={bytes_only!r}", naming=["prediction nvlink.comm_ms"])
 
     def test_fsdp_bf16_parameters_are_float32_shards(self):
         self.fails(5, "--predict", f"params_bytes={2 * P // 4}", naming=["prediction params_bytes"])
@@ -333,7 +368,7 @@ class Usage(unittest.TestCase):
 class References(unittest.TestCase):
     def test_every_lab_has_anchored_references(self):  # that they resolve: the docs test
         docs = lab_refs.lab_docs()
-        self.assertEqual(len(docs), 8, "docs/labs/lab0 ... lab7")
+        self.assertEqual(len(docs), 9, "docs/labs/lab0 ... lab8")
         for d in docs:
             self.assertGreaterEqual(len(lab_refs.references(d)), 3, f"{d}: a Read section of anchored references")
 
