@@ -10,10 +10,12 @@ The parts:
   reading lists   docs/ARCHITECTURE.md's tables (reading_list.py)
   tour tables     the stage READMEs' tour sections and docs/tour/ (tools/tour.py;
                   only with --build, since they are a run's numbers)
+  idea pictures   docs/labs/ideas/, drawn from the memory estimator's numbers
+                  (tools/idea_pictures.py; only with --build)
   lab references  every anchor the labs quote is still in its file (lab_refs.py)
   links           every relative link of every markdown file resolves (check_links.py)
 
-The first three are generated: `write` rewrites them. The last two are
+The first four are generated: `write` rewrites them. The last two are
 written by hand: `write` cannot mend them, so it checks them and names what
 to change. tests/python/test_docs.py runs `check` (with the build) as the
 one freshness test of the repository.
@@ -32,6 +34,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import check_links  # noqa: E402
+import idea_pictures  # noqa: E402
 import lab_refs  # noqa: E402
 import plot_run  # noqa: E402
 import reading_list  # noqa: E402
@@ -94,6 +97,8 @@ def check(build=None, tour_failed=None):
         parts += [("tour tables", stale), ("tour run", failed)]
     elif tour_failed:
         parts.append(("tour run", tour_failed))
+    if build:
+        parts.append(("idea pictures", idea_pictures.stale(build)))
     parts += [("lab references", stale_lab_references()), ("links", broken_links())]
     return [(name, problems) for name, problems in parts if problems]
 
@@ -102,6 +107,8 @@ def write(build=None):
     """Rewrites the generated parts; returns write_tour's failures (None without a build)."""
     stage_diffs.write(ROOT)
     reading_list.main_write()
+    if build:
+        idea_pictures.write(build, idea_pictures.OUT)
     return write_tour(build) if build else None
 
 

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "memory_estimate.h"
+#include "shard.h"
 
 namespace zf::tool {
 namespace {
@@ -129,9 +130,17 @@ void print_json(const Request& q) {
                         {"batch", c.batch},           {"grad_accum", c.grad_accum},
                         {"compute", dtype_name(c.compute)}, {"attention", attention_form_name(c.attention)},
                         {"recompute", recompute_name(c.recompute)}, {"padded_layout", q.shaped}};
-  if (q.shaped)
+  if (q.shaped) {
     out["model"] = {{"layers", c.model.L}, {"channels", c.model.C}, {"vocab", c.model.V}, {"seq", c.model.T},
                     {"heads", c.model.H}};
+    // The cut of stages 01-03 (shard.h): each unit padded to N pieces of S_u.
+    const ModelLayout layout = build_layout(c.model);
+    const ShardLayout cut = make_shard_layout(layout, c.ranks, 0);
+    nlohmann::json units = nlohmann::json::array();
+    for (size_t u = 0; u < cut.units.size(); ++u)
+      units.push_back({{"name", layout.units[u].name}, {"numel", cut.units[u].numel}, {"piece", cut.units[u].shard}});
+    out["units"] = units;
+  }
   nlohmann::json stages = nlohmann::json::array();
   for (Stage s : q.stages) {
     const StageEstimate e = estimate_for(q, s);

@@ -226,6 +226,16 @@ TEST(EstimateTool, JsonIsTheEstimate) {
   EXPECT_EQ(j["shard"].get<double>(), z.shard);
   EXPECT_EQ(j["ranks"], 3);
   EXPECT_EQ(j["precision"], "bf16");
+  // The cut, unit by unit (SPEC section 1's tiny: V 256, T 64, C 64): n_u and ceil(n_u / 3).
+  const std::vector<std::pair<std::string, size_t>> units = {
+      {"embedding", 256 * 64 + 64 * 64}, {"h.0", 12 * 64 * 64 + 13 * 64}, {"h.1", 12 * 64 * 64 + 13 * 64},
+      {"head", 2 * 64 + 256 * 64}};
+  ASSERT_EQ(j["units"].size(), units.size());
+  for (size_t u = 0; u < units.size(); ++u) {
+    EXPECT_EQ(j["units"][u]["name"], units[u].first);
+    EXPECT_EQ(j["units"][u]["numel"].get<size_t>(), units[u].second);
+    EXPECT_EQ(j["units"][u]["piece"].get<size_t>(), (units[u].second + 2) / 3) << units[u].first;
+  }
   ASSERT_EQ(j["stages"].size(), 6u);
   for (size_t i = 0; i < 6; ++i) {
     const Stage s = all_stages()[i];
@@ -267,6 +277,7 @@ TEST(EstimateTool, JsonIsTheEstimate) {
   // --params alone: no activations, said as null.
   const nlohmann::json u = run_json("--params 1e9 --ranks 4 --precision bf16 --json");
   EXPECT_TRUE(u["stages"][0]["device"]["activations"].is_null());
+  EXPECT_FALSE(u.contains("units")) << "no shape, no units";
   EXPECT_EQ(u["stages"][2]["device"]["model_states"].get<double>(), 5.5e9);
 }
 
