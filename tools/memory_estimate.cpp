@@ -84,7 +84,7 @@ int run(int argc, char** argv) {
   int L = 0, C = 0, V = 0, T = 0, H = 0;
   bool paper = false, deepspeed = false;
   app.add_option("--params", params_text, "model size P: 124000000, 1e9, 1.5e9 (no padding, no activations)");
-  app.add_option("--model", model, "model preset: tiny, small, gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt-7b, gpt-70b (units padded as the stages pad them)");
+  app.add_option("--model", model, "model preset: tiny, wide, small, gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt-7b, gpt-70b (units padded as the stages pad them)");
   auto* o_layers = app.add_option("--layers", L, "shape: blocks L (with --channels, --vocab, --seq, --heads)");
   auto* o_channels = app.add_option("--channels", C, "shape: channels C");
   auto* o_vocab = app.add_option("--vocab", V, "shape: vocabulary V");

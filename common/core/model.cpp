@@ -17,13 +17,16 @@ namespace zf {
 // ---------------------------------------------------------------- presets and layout
 
 const std::vector<std::string>& model_preset_names() {
-  static const std::vector<std::string> names = {"tiny",     "small",    "gpt2",   "gpt2-medium",
+  static const std::vector<std::string> names = {"tiny",       "wide",    "small",  "gpt2",   "gpt2-medium",
                                                   "gpt2-large", "gpt2-xl", "gpt-7b", "gpt-70b"};
   return names;
 }
 
 ModelConfig model_preset(const std::string& name) {
   if (name == "tiny") return {"tiny", 256, 64, 2, 4, 64};
+  // Wide and short: its model states outweigh its activations many times
+  // over, so what each stage saves shows in a memory picture.
+  if (name == "wide") return {"wide", 256, 32, 2, 4, 256};
   if (name == "small") return {"small", 256, 128, 4, 4, 128};
   if (name == "gpt2") return {"gpt2", 50304, 1024, 12, 12, 768};
   // GPT-2's larger sizes (355M, 774M, 1.5B), then two shapes of the size of

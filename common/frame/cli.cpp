@@ -186,7 +186,7 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
                  "ZF_OVERSUBSCRIBE=1 in the environment (ignored under mpirun/srun or RANK/WORLD_SIZE, "
                  "which say how many)")
       ->capture_default_str();
-  app.add_option("--model", model, "model preset: tiny, small, gpt2; for --dry-run also gpt2-medium, gpt2-large, gpt2-xl, gpt-7b, gpt-70b")->capture_default_str();
+  app.add_option("--model", model, "model preset: tiny, wide, small, gpt2; for --dry-run also gpt2-medium, gpt2-large, gpt2-xl, gpt-7b, gpt-70b")->capture_default_str();
   app.add_option("--steps", cfg.steps, "optimizer steps")->capture_default_str();
   app.add_option("--batch", cfg.batch, "micro-batch per rank (sequences)")->capture_default_str();
   app.add_option("--grad-accum", cfg.grad_accum, "micro-steps per optimizer step")->capture_default_str();

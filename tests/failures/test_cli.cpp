@@ -75,7 +75,7 @@ TEST(Cli, StepLinesShowTimeLeftThenTimeTaken) {
 }
 
 TEST(Cli, ZeroRanks) { expect_usage_error("--ranks 0", {"--ranks", "got 0"}); }
-TEST(Cli, UnknownPreset) { expect_usage_error("--model huge", {"huge", "tiny, small, gpt2, gpt2-medium"}); }
+TEST(Cli, UnknownPreset) { expect_usage_error("--model huge", {"huge", "tiny, wide, small, gpt2, gpt2-medium"}); }
 TEST(Cli, ZeroBatch) { expect_usage_error("--batch 0", {"--batch", "got 0"}); }
 TEST(Cli, NotANumber) { expect_usage_error("--steps many", {"--steps", "many"}); }
 TEST(Cli, UnknownFlag) { expect_usage_error("--zero-stage 3", {"--zero-stage"}); }

@@ -196,7 +196,7 @@ class Staleness(unittest.TestCase):
 
     def test_a_changed_number_is_stale(self):
         rel = os.path.join("02_zero2", "README.md")
-        cell = re.search(r"\| ([0-9.]+ KiB) ✓", self.blocks[rel]).group(1)
+        cell = re.search(r"\| ([0-9.]+ (?:KiB|MiB)) ✓", self.blocks[rel]).group(1)
         self.edit(rel, cell + " ✓", "1" + cell + " ✓")
         self.assertEqual(tour_readme.stale_readmes(self.root, self.blocks),
                          [f"{rel}'s tour section differs from a fresh tour"])
