@@ -16,9 +16,9 @@ run at the same flags. Standard library only.
 
 LAB is 0-8 (or lab3, or a name: setup, dp, zero1, zero2, zero3, fsdp,
 offload, hybrid, time). A VALUE may be arithmetic (16*136960, 2*(4-1)/4*547840).
-A student's executable (--binary) in labs 2-6 is checked at the lab's
-rank count and again at --ranks 3, where tiny's units are padded (unless
---ranks names one count).
+A student's executable (--binary) in labs 2-7 is checked at the lab's
+rank count and again at --ranks 3 (lab 7: --ranks 6 --shard-group 3),
+where tiny's units are padded (unless --ranks names one count).
 Exit 0 with "lab N: passed (k checks)"; 1 with one FAIL line per failed
 check (expected, measured, what to look at); 2 for a usage error.
 """
@@ -340,15 +340,16 @@ def check_lab(a):
     # A student's executable is also checked where the preset's units are
     # padded (a wrong cut of the shards passes where nothing is padded),
     # unless --ranks names the one count to check.
-    configs = [cfg]
+    configs = [(cfg, opts)]
     if a.binary and a.ranks is None and lab.padded_ranks:
-        configs.append(dict(cfg, ranks=lab.padded_ranks))
+        configs.append((dict(cfg, ranks=lab.padded_ranks), dict(opts, **lab.padded_flags)))
     try:
-        for i, c in enumerate(configs):
+        for i, (c, o) in enumerate(configs):
             if i:
-                print(f"  at --ranks {c['ranks']}, where the units are padded")
+                flags = "".join(f" {k} {v}" for k, v in lab.padded_flags.items())
+                print(f"  at --ranks {c['ranks']}{flags}, where the units are padded")
                 checks.where = f"N={c['ranks']}: "
-            check_config(lab, c, opts, binary, dp, folder, checks, predictions if i == 0 else [],
+            check_config(lab, c, o, binary, dp, folder, checks, predictions if i == 0 else [],
                          "padded_" if i else "", build)
     finally:
         if not a.logs:

@@ -103,6 +103,7 @@ class Lab:
     keys = {}               # prediction key -> where to look when it is wrong
     extra_flags = {}        # --stage-flags the formulas know: flag -> bool | int | (values)
     padded_ranks = None     # where the preset's units are padded: a student's executable is checked there too
+    padded_flags = {}       # and the --stage-flags of that check (lab 7: a shard group tiny's units do not divide)
     on_failure = "the run's message"
     time_rel = None         # predictions of modeled times: their relative tolerance
 
@@ -346,6 +347,7 @@ class Hybrid(Lab):
     defaults = dict(model="tiny", ranks=4, precision="fp32", grad_accum=1)
     keys = pick(*ZERO_PREDICT)
     extra_flags = {"--shard-group": int}
+    padded_ranks, padded_flags = 6, {"--shard-group": 3}  # two groups of 3: tiny's units do not divide by 3
     on_failure = "docs/labs/lab7_hybrid_zero2.md: does your train.cpp pass zf::StageFlags::fsdp (--shard-group)?"
 
     def validate(self, cfg, opts):

@@ -27,9 +27,10 @@ import gtest_xml  # noqa: E402
 
 BUILD = os.path.abspath(os.environ.get("ZF_BUILD") or os.path.join(ROOT, "build"))
 SOLUTIONS = os.path.join(ROOT, "docs", "labs", "solutions")
-# The executable a lab's change is made in: the stage before the lab's.
+# The executable a lab's change is made in: the stage before the lab's
+# (lab 7: the new stage its solution adds, a copy of stage 02).
 CHANGED = {2: "00_data_parallel/dp", 3: "01_zero1/zero1", 4: "02_zero2/zero2", 5: "03_zero3/zero3",
-           6: "04_fsdp/fsdp"}
+           6: "04_fsdp/fsdp", 7: "06_hybrid_zero2/hybrid_zero2"}
 
 
 def solutions():
@@ -92,7 +93,7 @@ class LabSolutions(unittest.TestCase):
             shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def test_there_is_a_solution(self):
-        for lab in (2, 3, 4, 5, 6):
+        for lab in (2, 3, 4, 5, 6, 7):
             self.assertIn(lab, self.found, f"docs/labs/solutions/lab{lab}_*.patch")
 
     def test_each_solution_applies_builds_and_passes_its_check(self):

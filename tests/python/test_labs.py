@@ -307,7 +307,7 @@ class MadeUpVariants(LabTestCase):
 
     def test_hybrid_lab_passes_with_the_hybrid_counters(self):
         good = 2 * (1 / 2) * (4 * P / 2) + 2 * 3 / 4 * 4 + 2 * 1 / 2 * 160
-        self.passes(7, "--binary", self.hybrid(good),
+        self.passes(7, "--binary", self.hybrid(good), "--ranks", 4,  # its counters are N = 4's
                     "--predict", f"model_states={10 * P}", f"all_reduce={good!r}")
 
     def test_hybrid_lab_fails_without_the_all_reduce_across_groups(self):
