@@ -16,9 +16,9 @@ size_t largest_shard(const ShardLayout& shards) {
 }  // namespace
 
 HostGrads::HostGrads(const ShardLayout& shards, DType grad_dtype, DType reduce_dtype, bool no_sync,
-                     MemoryTracker& mem, Device& dev, Communicator& comm, Communicator* replicate, bool pin,
-                     int buffers)
-    : FlatReducer(shards, grad_dtype, reduce_dtype, no_sync, mem, dev, comm, replicate) {
+                     MemoryTracker& mem, Device& dev, Device& host, Communicator& comm, Communicator* replicate,
+                     bool pin, int buffers)
+    : FlatReducer(shards, grad_dtype, reduce_dtype, no_sync, mem, dev, comm, replicate), host_(host) {
   REQUIRE(buffers == 1 || buffers == 2, "HostGrads keeps 1 or 2 gradient buffers, not " << buffers);
   for (int b = 0; b < buffers; ++b)
     shards_.emplace_back(mem, Place::host, Category::grads, DType::f32, shards.shard_total);
@@ -52,13 +52,8 @@ void HostGrads::land_oldest() {
   float* dst = piece(g);
   const size_t n = layout_.units[g].shard;
   // The arithmetic of stage 04's device shard, on the host: x + widen(piece).
-  if (reduce_dtype_ == DType::f32) {
-    const float* src = landing_[l.landing].as<float>();
-    for (size_t i = 0; i < n; ++i) dst[i] += src[i];
-  } else {
-    const bf16* src = landing_[l.landing].as<bf16>();
-    for (size_t i = 0; i < n; ++i) dst[i] += bf16_to_float(src[i]);
-  }
+  if (reduce_dtype_ == DType::f32) host_.add(dst, landing_[l.landing].data(), DType::f32, n);
+  else host_.accumulate(dst, landing_[l.landing].as<bf16>(), n);
   zero_kept(g);
   copies_.pop_front();  // the reduced buffer is freed here
 }

@@ -26,9 +26,10 @@ namespace zf {
 
 class HostGrads final : public FlatReducer {
  public:
-  // buffers: 1, or 2 for --delay-update (see above). pin: page-locked landing buffers.
+  // buffers: 1, or 2 for --delay-update (see above). pin: page-locked
+  // landing buffers. host: the CPU, which adds the landed pieces.
   HostGrads(const ShardLayout& shards, DType grad_dtype, DType reduce_dtype, bool no_sync, MemoryTracker& mem,
-            Device& dev, Communicator& comm, Communicator* replicate, bool pin, int buffers = 1);
+            Device& dev, Device& host, Communicator& comm, Communicator* replicate, bool pin, int buffers = 1);
 
   // My accumulated float32 gradient piece of unit g, on the host (S_g
   // elements): in the buffer the pieces land in now, or in `buffer`.
@@ -51,6 +52,7 @@ class HostGrads final : public FlatReducer {
   void drained() override;
   void land_oldest();
 
+  Device& host_;
   std::vector<Tensor> shards_;  // shard_total float32 each, 1 or 2 (host, grads)
   int current_ = 0;             // the buffer the pieces land in
   Tensor landing_[2];          // the largest S_g of the reduce dtype each (host, comm)

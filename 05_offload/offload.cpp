@@ -101,7 +101,7 @@ struct OffloadStates final : ModelStates {
         host(make_host_device(ctx, optimizer_threads(cfg, ctx))),
         params(shards, storage_dtype(cfg.precision), cfg.fsdp, units.last(), ctx.mem, ctx.dev, *host, *comms.group,
                cfg.offload.offload_params, !cfg.offload.no_pin, cfg.offload.delay_update, master_on_disk(cfg)),
-        grads(shards, storage_dtype(cfg.precision), reduce_dtype(cfg), cfg.fsdp.no_sync, ctx.mem, ctx.dev,
+        grads(shards, storage_dtype(cfg.precision), reduce_dtype(cfg), cfg.fsdp.no_sync, ctx.mem, ctx.dev, *host,
               *comms.reduce_queue, comms.across.get(), !cfg.offload.no_pin, cfg.offload.delay_update ? 2 : 1),
         comm_dev(ctx.dev), pending(ctx.clock) {
     if (cfg.offload.offload_dir.empty())

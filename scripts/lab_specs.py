@@ -385,7 +385,8 @@ TIME_KEYS = {
                "count every collective of a step, the loss's and the norm's all-reduces too",
     "exposed_ms": "the time the compute queue stood waiting for a collective",
     "copy_ms": "docs/SPEC.md section 13, copy: latency + bytes / PCIe, per copy",
-    "host_ms": "docs/SPEC.md section 13, host: AdamW's S / (rate / r), the norm's 4S bytes / (bandwidth / r)",
+    "host_ms": "docs/SPEC.md section 13, host: AdamW's S / (rate / r); the norm's 4S bytes and the landed "
+               "pieces' sum into the float32 shard, 10S bytes, / (bandwidth / r)",
 }
 
 

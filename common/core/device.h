@@ -150,6 +150,7 @@ class Device {
   virtual void narrow(const float* in, bf16* out, size_t n) = 0;   // f32 -> bf16, round to nearest even
   virtual void fold(bf16* dst, const float* src, size_t n) = 0;    // dst = bf16(f32(dst) + src)
   virtual void add(void* dst, const void* src, DType dtype, size_t n) = 0;  // dst += src, same dtype
+  virtual void accumulate(float* dst, const bf16* src, size_t n) = 0;       // dst += f32(src)
 
   // ---- the optimizer
   virtual void adamw(float* param, const void* grad, DType grad_dtype, float* m, float* v, size_t n,

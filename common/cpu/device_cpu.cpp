@@ -87,6 +87,9 @@ class CpuDevice final : public Device {
   void fold(bf16* dst, const float* src, size_t n) override {
     for (size_t i = 0; i < n; ++i) dst[i] = float_to_bf16(bf16_to_float(dst[i]) + src[i]);
   }
+  void accumulate(float* dst, const bf16* src, size_t n) override {
+    for (size_t i = 0; i < n; ++i) dst[i] += bf16_to_float(src[i]);
+  }
   void add(void* dst, const void* src, DType dtype, size_t n) override {
     if (dtype == DType::f32) {
       float* d = static_cast<float*>(dst);

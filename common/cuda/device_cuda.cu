@@ -56,6 +56,11 @@ __global__ void fold_kernel(__nv_bfloat16* dst, const float* src, size_t n) {
   if (i < n) dst[i] = __float2bfloat16_rn(__bfloat162float(dst[i]) + src[i]);
 }
 
+__global__ void accumulate_kernel(float* dst, const __nv_bfloat16* src, size_t n) {
+  size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] += __bfloat162float(src[i]);
+}
+
 unsigned blocks_for(size_t n, unsigned threads) { return unsigned((n + threads - 1) / threads); }
 
 class CudaDevice final : public Device {
@@ -197,6 +202,11 @@ class CudaDevice final : public Device {
   void fold(bf16* dst, const float* src, size_t n) override {
     if (n == 0) return;
     fold_kernel<<<blocks_for(n, 256), 256, 0, s()>>>(as_cuda(dst), src, n);
+    CUDA_CHECK(cudaGetLastError());
+  }
+  void accumulate(float* dst, const bf16* src, size_t n) override {
+    if (n == 0) return;
+    accumulate_kernel<<<blocks_for(n, 256), 256, 0, s()>>>(dst, as_cuda(src), n);
     CUDA_CHECK(cudaGetLastError());
   }
   void add(void* dst, const void* src, DType dtype, size_t n) override {

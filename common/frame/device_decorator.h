@@ -50,6 +50,7 @@ class DeviceDecorator : public Device {
   void narrow(const float* in, bf16* out, size_t n) override { in_->narrow(in, out, n); }
   void fold(bf16* dst, const float* src, size_t n) override { in_->fold(dst, src, n); }
   void add(void* dst, const void* src, DType dtype, size_t n) override { in_->add(dst, src, dtype, n); }
+  void accumulate(float* dst, const bf16* src, size_t n) override { in_->accumulate(dst, src, n); }
   void adamw(float* param, const void* grad, DType gdt, float* m, float* v, size_t n, const AdamWConfig& cfg,
              long step, float scale, bool decay) override {
     in_->adamw(param, grad, gdt, m, v, n, cfg, step, scale, decay);

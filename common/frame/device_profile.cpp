@@ -57,6 +57,9 @@ class ProfilingDevice final : public DeviceDecorator {
   void add(void* dst, const void* src, DType dtype, size_t n) override {
     timed("add", [&] { in_->add(dst, src, dtype, n); });
   }
+  void accumulate(float* dst, const bf16* src, size_t n) override {
+    timed("accumulate", [&] { in_->accumulate(dst, src, n); });
+  }
   void adamw(float* param, const void* grad, DType gdt, float* m, float* v, size_t n, const AdamWConfig& cfg,
              long step, float scale, bool decay) override {
     timed("adamw", [&] { in_->adamw(param, grad, gdt, m, v, n, cfg, step, scale, decay); });

@@ -37,6 +37,7 @@ class DryDevice final : public Device {
   void widen(const bf16*, float*, size_t) override {}
   void narrow(const float*, bf16*, size_t) override {}
   void fold(bf16*, const float*, size_t) override {}
+  void accumulate(float*, const bf16*, size_t) override {}
   void add(void*, const void*, DType, size_t) override {}
   void adamw(float*, const void*, DType, float*, float*, size_t, const AdamWConfig&, long, float, bool) override {}
   void adamw_copy(float*, const void*, DType, float*, float*, void*, DType, size_t, const AdamWConfig&, long, float,

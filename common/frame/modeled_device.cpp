@@ -77,6 +77,10 @@ class ModeledDevice final : public DeviceDecorator {
     in_->add(dst, src, dtype, n);
     op("add", double(n), 3.0 * double(n * dtype_size(dtype)));
   }
+  void accumulate(float* dst, const bf16* src, size_t n) override {  // reads 4 + 2, writes 4 bytes
+    in_->accumulate(dst, src, n);
+    op("accumulate", double(n), 10.0 * double(n));
+  }
   // Reads the parameter, gradient and moments, writes them back (and the copy).
   void adamw(float* param, const void* grad, DType gdt, float* m, float* v, size_t n, const AdamWConfig& cfg,
              long step, float scale, bool decay) override {
@@ -232,6 +236,10 @@ class ModeledHostDevice final : public DeviceDecorator {
   void add(void* dst, const void* src, DType dtype, size_t n) override {
     in_->add(dst, src, dtype, n);
     memory("host add", 3.0 * double(n * dtype_size(dtype)));
+  }
+  void accumulate(float* dst, const bf16* src, size_t n) override {
+    in_->accumulate(dst, src, n);
+    memory("host accumulate", 10.0 * double(n));
   }
   void sum_squares(const void* x, DType dtype, size_t n, SumOfSquares& acc) override {
     in_->sum_squares(x, dtype, n, acc);

@@ -18,6 +18,7 @@ namespace {
 TEST(CpuTransfers, CopiesRoundTripAndAreCounted) { test::expect_copies_round_trip(*make_cpu_device()); }
 TEST(CpuTransfers, CopiesAreOrdered) { test::expect_copies_ordered(*make_cpu_device()); }
 TEST(CpuTransfers, ADroppedTransferWaits) { test::expect_a_dropped_transfer_waits(*make_cpu_device()); }
+TEST(CpuDevice, AccumulateWidensAndAdds) { test::expect_accumulate_widens_and_adds(*make_cpu_device()); }
 
 // A device whose pinned allocations the host refuses, as a host at its
 // locked-memory limit does.
@@ -45,6 +46,7 @@ class RefusingDevice final : public Device {
   void narrow(const float*, bf16*, size_t) override {}
   void fold(bf16*, const float*, size_t) override {}
   void add(void*, const void*, DType, size_t) override {}
+  void accumulate(float*, const bf16*, size_t) override {}
   void adamw(float*, const void*, DType, float*, float*, size_t, const AdamWConfig&, long, float, bool) override {}
   void sum_squares(const void*, DType, size_t, SumOfSquares&) override {}
   void encoder_forward(void*, const int32_t*, const void*, const void*, int, int, int) override {}

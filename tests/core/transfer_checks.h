@@ -96,4 +96,31 @@ inline void expect_a_dropped_transfer_waits(Device& dev) {
   EXPECT_EQ(std::memcmp(src.data(), dst.data(), bytes), 0);
 }
 
+// accumulate (stage 05's sum of a landed bf16 piece into a float32 shard):
+// dst + the piece widened, one float32 rounding, against the sum computed
+// here from the bits (a bf16 is the high half of a float32).
+inline void expect_accumulate_widens_and_adds(Device& dev) {
+  MemoryTracker mem;
+  mem.set_device(&dev);
+  const size_t n = 100003;  // not a multiple of any block or vector width
+  std::vector<float> dst(n), want(n);
+  std::vector<bf16> src(n);
+  for (size_t i = 0; i < n; ++i) {
+    dst[i] = float(int(i % 2001) - 1000) / 64.0f + 1e-3f * float(i % 7);
+    src[i].bits = uint16_t(0x3c00u + (i * 40503u) % 0x0e00u) | uint16_t(i % 2 ? 0x8000u : 0u);
+    const uint32_t wide = uint32_t(src[i].bits) << 16;
+    float s;
+    std::memcpy(&s, &wide, sizeof s);
+    want[i] = dst[i] + s;
+  }
+  Tensor d_dst(mem, Place::device, Category::grads, DType::f32, n);
+  Tensor d_src(mem, Place::device, Category::comm, DType::bf16, n);
+  dev.to_device(d_dst.data(), dst.data(), n * sizeof(float));
+  dev.to_device(d_src.data(), src.data(), n * sizeof(bf16));
+  dev.accumulate(d_dst.as<float>(), d_src.as<bf16>(), n);
+  std::vector<float> got(n);
+  dev.to_host(got.data(), d_dst.data(), n * sizeof(float));
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0) << "dst + widen(src), bit for bit";
+}
+
 }  // namespace zf::test

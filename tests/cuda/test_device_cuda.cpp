@@ -210,3 +210,7 @@ TEST(CudaDeviceTransfers, ADroppedTransferWaits) {
   SKIP_WITHOUT_GPU();
   zf::test::expect_a_dropped_transfer_waits(*gpu0());
 }
+TEST(CudaDevice, AccumulateWidensAndAdds) {
+  SKIP_WITHOUT_GPU();
+  zf::test::expect_accumulate_widens_and_adds(*gpu0());
+}

@@ -429,6 +429,10 @@ TEST(ModeledClock, TheHostsAdamWIsItsRateOnTheHost) {
   std::vector<float> out(n);
   dev->residual_forward(out.data(), p.data(), g.data(), n);
   EXPECT_DOUBLE_EQ(clock.lap(phases), (4.0 * n / 50e9 + 12.0 * n / 500e9 + 2e-6) * 1e3);
+  // A landed bf16 piece added into a float32 shard: 4 + 2 bytes read, 4 written, at 50 GB/s.
+  std::vector<bf16> piece(n);
+  host->accumulate(g.data(), piece.data(), n);
+  EXPECT_DOUBLE_EQ(clock.lap(phases), 10.0 * n / 50e9 * 1e3);
   // In a run of 8 ranks, 4 to a node, four ranks share a host: a quarter of its rate each.
   RankClock shared(hw, 8);
   shared.start(0);

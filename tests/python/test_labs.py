@@ -86,8 +86,9 @@ S8 = GPT2_P // 8
 TIME_PREDICTIONS = {
     "nvlink.comm_ms": zero3_comm_ms(3, 460),   # h100-sxm
     "pcie.comm_ms": zero3_comm_ms(6, 20),      # l40s
-    # AdamW at 2e9 params/s and the norm's 4S bytes at 100 GB/s, each shared by 8 GPUs
-    "offload.host_ms": 1e3 * (S8 / (2e9 / 8) + 4 * S8 / (100e9 / 8)),
+    # AdamW at 2e9 params/s; the norm's 4S bytes and the landed bf16 piece added into the
+    # float32 shard (10S bytes) at 100 GB/s; each shared by 8 GPUs
+    "offload.host_ms": 1e3 * (S8 / (2e9 / 8) + (4 + 10) * S8 / (100e9 / 8)),
     # each unit's bf16 piece down and its bf16 shard up, 10 us and 55 GB/s a copy (the tokens left out)
     "offload.copy_ms": 1e3 * (2 * UNITS * 10e-6 + 2 * 2 * S8 / 55e9),
 }
