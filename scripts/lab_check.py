@@ -150,7 +150,10 @@ class Checks:
         if ok:
             self.results.append((True, f"  ok    {what}: {measured}"))
         else:
-            self.results.append((False, f"  FAIL  {what}: expected {expected}, measured {measured}; look at {look}"))
+            # A student's file is in their checkout; where it points into the stage, that is the
+            # stage's own version, to compare with.
+            where = f"compare with {look}" if self.student else f"look at {look}"
+            self.results.append((False, f"  FAIL  {what}: expected {expected}, measured {measured}; {where}"))
 
     def prediction(self, key, predicted, measured, look, rel=None):
         """A student's number: exact for bytes (up to the double division of (N-1)/N); a modeled
