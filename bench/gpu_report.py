@@ -22,6 +22,10 @@
 # tokens/s, the peak device memory per rank (the largest over the ranks, as
 # each rank's memory tracker counts it) and the model states per rank / P
 # beside docs/SPEC.md's formula.
+# Table 3, modeled against measured: for each --modeled log (the same stage
+# run as a dry run on the modeled clock, --clock modeled --hardware h200,
+# docs/SPEC.md section 13), the measured stage run of the same stage and
+# ranks beside it: ms/step of each and modeled / measured.
 #
 # A log that is missing or has no summary (the run failed) gives a row that
 # says so; the script itself fails only on bad arguments.
@@ -207,6 +211,28 @@ def stage_rows(paths, warmup):
     return text, data
 
 
+def modeled_rows(paths, measured):
+    """Table 3: each modeled run beside the measured stage run of its stage and ranks (stage_rows' data)."""
+    rows, data = [], []
+    for path in paths:
+        steps, summary = read_log(path)
+        if summary is None or summary.get("clock") != "modeled":
+            rows.append([os.path.basename(path), "", "not a modeled run's log (failed, or not run)", "", ""])
+            data.append({"log": path, "error": "no modeled summary"})
+            continue
+        stage, n = summary.get("stage"), summary.get("ranks", 1)
+        modeled = statistics.median(s["ms"] for s in steps) if steps else summary.get("median_ms")
+        m = next((d for d in measured if d.get("stage") == stage and d.get("ranks") == n and d.get("ms")), None)
+        ratio = modeled / m["ms"] if m and modeled else None
+        rows.append([stage, str(n), num(m["ms"] if m else None, "%.1f"), num(modeled, "%.1f"), num(ratio, "%.2f")])
+        data.append({"log": path, "stage": stage, "ranks": n, "measured_ms": m["ms"] if m else None,
+                     "modeled_ms": modeled, "modeled_over_measured": ratio,
+                     "modeled_on": summary.get("clock_detail")})
+    detail = next((d["modeled_on"] for d in data if d.get("modeled_on")), "the modeled clock")
+    text = table(["stage", "ranks", "measured ms/step", "modeled ms/step", "modeled/measured"], rows)
+    return text + "\nmodeled: " + detail + " (docs/SPEC.md section 13), dry runs of the same flags", data
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="gpu_check.sh's benchmark tables (see the header).")
     ap.add_argument("--gpu", default="", help="device name, as nvidia-smi prints it (for the peak)")
@@ -217,6 +243,8 @@ def main(argv=None):
     ap.add_argument("--label", help="title of the first table when neither log says what ran")
     ap.add_argument("--stage", action="append", default=[], help="run log of a stage run (repeat)")
     ap.add_argument("--stage-warmup", type=int, default=2, help="steps left out of the stage runs' median")
+    ap.add_argument("--modeled", action="append", default=[],
+                    help="run log of a stage run's dry run on the modeled clock (repeat): table 3")
     ap.add_argument("--json", help="also write the numbers here as JSON")
     args = ap.parse_args(argv)
     if args.warmup < 0 or args.stage_warmup < 0:
@@ -245,6 +273,11 @@ def main(argv=None):
         text, data = stage_rows(args.stage, args.stage_warmup)
         print(text)
         out["stages"] = data
+    if args.modeled:
+        print()
+        text, data = modeled_rows(args.modeled, out.get("stages", []))
+        print(text)
+        out["modeled"] = data
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

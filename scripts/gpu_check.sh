@@ -11,7 +11,9 @@
 # rank 1 dying (rank 0 must raise, not hang); then dp launched the same way
 # (RANK / WORLD_SIZE, no MPI) against dp --ranks 2; then every stage on the gpt2
 # preset (bf16) with 1 rank and with 4 virtual ranks on the one GPU (step time,
-# peak device memory per rank, model states / P); last, the gpt2 preset in
+# peak device memory per rank, model states / P), each 1-rank run also as a
+# dry run on the modeled clock (--hardware h200: modeled against measured);
+# last, the gpt2 preset in
 # bf16 with 1 rank timed against PyTorch eager on the same GPU, model, batch
 # and precision (bench/torch_ref.py --device cuda), in tokens/s, ms/step, MFU
 # (bench/mfu.py) and peak memory, then the same dp run's device time op by
@@ -79,6 +81,7 @@ failed=0
 device="?"
 gpu_name=""      # the card's name alone (nvidia-smi), for MFU's peak
 stage_logs=()    # run logs of the stage runs (step 6) and of the timing (step 7),
+modeled_logs=()  # the 1-rank stage runs' dry runs on the modeled clock (step 6),
 bench_logs=()    # for bench/gpu_report.py's tables at the end
 record() {  # record STEP RESULT SECONDS
   rows+=("$(printf '%-26s %-50s %5ss' "$1" "$2" "$3")")
@@ -96,6 +99,7 @@ finish() {
       echo
       local args=()
       for l in "${stage_logs[@]}"; do args+=(--stage "$l"); done
+      for l in "${modeled_logs[@]}"; do args+=(--modeled "$l"); done
       python3 "$root/bench/gpu_report.py" --gpu "$gpu_name" --warmup 5 --stage-warmup 2 \
         "${bench_logs[@]}" "${args[@]}" --json "$build/bench.json" 2>&1
     fi
@@ -454,6 +458,13 @@ for st in $stages; do
     echo "== $name gpt2 bf16 ranks=$n ==" >>"$slog"
     run_step "$name gpt2 bf16 ranks=$n" 120 "$slog" "$build/$st" --device cuda --model gpt2 --precision bf16 \
       --ranks "$n" --batch 4 --steps 6 --log-every 1 --log-json "$log"
+    if [[ $n == 1 ]]; then  # the same run, modeled on an H200 (on the CPU: a dry run, seconds)
+      mlog=$build/$name.1.modeled.jsonl
+      rm -f "$mlog"
+      modeled_logs+=("$mlog")
+      run_step "$name modeled on h200" 60 "$slog" "$build/$st" --model gpt2 --precision bf16 --compute bf16 \
+        --ranks 1 --batch 4 --steps 6 --clock modeled --hardware h200 --dry-run --log-every 1 --log-json "$mlog"
+    fi
   done
 done
 reserve=0

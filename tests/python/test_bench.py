@@ -203,6 +203,20 @@ class ReportTest(unittest.TestCase):
         self.assertIn("error", missing)
         self.assertIn("no summary in its log", text)
 
+    def test_modeled_against_measured(self):
+        measured = os.path.join(self.dir, "zero3.1.jsonl")
+        write_log(measured, [900, 300, 40, 50, 60], 4 * 1024, {"stage": "zero3", "ranks": 1, "precision": "bf16"})
+        modeled = os.path.join(self.dir, "zero3.1.modeled.jsonl")
+        write_log(modeled, [25.0, 25.0, 25.0], 4 * 1024,
+                  {"stage": "zero3", "ranks": 1, "clock": "modeled", "clock_detail": "modeled on H200 x1"})
+        data, text = self.run_report("--stage-warmup", "2", "--stage", measured, "--modeled", modeled,
+                                     "--modeled", os.path.join(self.dir, "dp.1.modeled.jsonl"))
+        row, missing = data["modeled"]
+        self.assertEqual((row["measured_ms"], row["modeled_ms"]), (50, 25.0))  # median of 40, 50, 60
+        self.assertEqual(row["modeled_over_measured"], 0.5)
+        self.assertIn("error", missing)
+        self.assertIn("modeled on H200 x1", text)
+
     def test_spec_formulas(self):
         # docs/SPEC.md's memory table at N = 4.
         expect = {("dp", "bf16"): 16, ("zero1", "bf16"): 7, ("zero2", "bf16"): 5.5, ("zero3", "bf16"): 4,
