@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <utility>
 #include <vector>
 
 #include "check.h"
@@ -43,13 +44,17 @@ namespace {
 
 // A rank's deepest stack is formatting a message inside a collective; a
 // thread gets 8 MiB, and only the touched pages of this are ever memory.
+// The guard below it is 64 KiB: a frame larger than one page would step
+// over a single guard page into the next fiber's stack.
 constexpr size_t kStackBytes = size_t(8) << 20;
+constexpr size_t kGuardBytes = size_t(64) << 10;
 
 struct Fiber {
   ucontext_t context{};
   char* memory = nullptr;  // the guard page, then the stack
   const std::function<bool()>* ready = nullptr;  // what it waits for; null: it can run
   bool verdict = true;  // what its wait returns
+  std::exception_ptr error;  // ready() threw on the scheduler's stack: rethrown by the wait, on the fiber's
   bool done = false;
   int rank_tag = -1, step_tag = -1;  // its thread's tags (check.h), kept while another runs
 #ifdef ZF_FIBERS_TSAN
@@ -63,7 +68,7 @@ struct Scheduler {
   ucontext_t main{};
   int current = -1;  // the fiber running; -1: the scheduler
   std::exception_ptr first_error;
-  size_t page = 0;
+  size_t guard = 0;  // kGuardBytes, in whole pages
 #ifdef ZF_FIBERS_ASAN
   const void* main_bottom = nullptr;  // the scheduler's stack, learnt at a fiber's first switch
   size_t main_size = 0;
@@ -84,7 +89,7 @@ void resume(Scheduler& s, int i) {
   set_current_step(f.step_tag);
 #ifdef ZF_FIBERS_ASAN
   void* fake_stack = nullptr;
-  __sanitizer_start_switch_fiber(&fake_stack, f.memory + s.page, kStackBytes);
+  __sanitizer_start_switch_fiber(&fake_stack, f.memory + s.guard, kStackBytes);
 #endif
 #ifdef ZF_FIBERS_TSAN
   __tsan_switch_to_fiber(f.tsan, 0);
@@ -138,7 +143,7 @@ struct Release {
   Scheduler& s;
   ~Release() {
     for (Fiber& f : s.fibers) {
-      if (f.memory) munmap(f.memory, s.page + kStackBytes);
+      if (f.memory) munmap(f.memory, s.guard + kStackBytes);
 #ifdef ZF_FIBERS_TSAN
       if (f.tsan) __tsan_destroy_fiber(f.tsan);
 #endif
@@ -151,25 +156,30 @@ struct Release {
 
 void run_fibers(int n, const std::function<void(int)>& body) {
   REQUIRE(scheduler == nullptr, "run_fibers: this thread already runs fibers");
+  REQUIRE(n >= 0, "run_fibers: " << n << " fibers");
   Scheduler s;
   s.body = &body;
-  s.page = size_t(sysconf(_SC_PAGESIZE));
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  s.guard = (kGuardBytes + page - 1) / page * page;
   s.fibers.resize(size_t(n));
   Release release{s};
 #ifdef ZF_FIBERS_TSAN
   s.main_tsan = __tsan_get_current_fiber();
 #endif
   for (Fiber& f : s.fibers) {
-    void* m = mmap(nullptr, s.page + kStackBytes, PROT_READ | PROT_WRITE,
+    void* m = mmap(nullptr, s.guard + kStackBytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
     if (m == MAP_FAILED)
       throw Error("could not reserve the stacks of " + std::to_string(n) + " ranks (" +
                   std::to_string(kStackBytes >> 20) + " MiB of address space each: " + std::strerror(errno) +
                   "); ask for fewer --ranks, or raise the limit on address space (ulimit -v)");
     f.memory = static_cast<char*>(m);
-    REQUIRE(mprotect(f.memory, s.page, PROT_NONE) == 0, "fibers: could not protect a guard page");
+    if (mprotect(f.memory, s.guard, PROT_NONE) != 0)
+      throw Error("could not protect the stack guard of rank " + std::to_string(&f - s.fibers.data()) + " of " +
+                  std::to_string(n) + " (" + std::strerror(errno) + "; the system's limit on memory maps, "
+                  "vm.max_map_count, may be too low for this many ranks): ask for fewer --ranks");
     REQUIRE(getcontext(&f.context) == 0, "fibers: getcontext failed");
-    f.context.uc_stack.ss_sp = f.memory + s.page;
+    f.context.uc_stack.ss_sp = f.memory + s.guard;
     f.context.uc_stack.ss_size = kStackBytes;
     f.context.uc_link = nullptr;
     makecontext(&f.context, fiber_main, 0);
@@ -187,7 +197,14 @@ void run_fibers(int n, const std::function<void(int)>& body) {
     bool ran = false;
     for (int i = 0; i < n; ++i) {
       Fiber& f = s.fibers[size_t(i)];
-      if (f.done || (f.ready && !(*f.ready)())) continue;
+      if (f.done) continue;
+      if (f.ready) {
+        try {
+          if (!(*f.ready)()) continue;
+        } catch (...) {  // rethrown on the fiber's own stack, where it can unwind
+          f.error = std::current_exception();
+        }
+      }
       f.ready = nullptr;
       resume(s, i);
       ran = true;
@@ -212,11 +229,15 @@ bool on_fiber() { return scheduler != nullptr && scheduler->current >= 0; }
 
 bool wait_on_fiber(const std::function<bool()>& ready) {
   REQUIRE(on_fiber(), "wait_on_fiber: called off the fibers of run_fibers");
+  // The exception being thrown or handled is the thread's, not the fiber's:
+  // another fiber would see it (fibers.h).
+  REQUIRE(std::uncaught_exceptions() == 0, "wait_on_fiber: a fiber may not wait while an exception unwinds it");
   if (ready()) return true;
   Scheduler& s = *scheduler;
   Fiber& f = s.fibers[size_t(s.current)];
   f.ready = &ready;
   to_scheduler(s, /*finished*/ false);
+  if (f.error) std::rethrow_exception(std::exchange(f.error, nullptr));
   return f.verdict;
 }
 

@@ -8,9 +8,17 @@
 // taking turns needs no lock.
 //
 // A fiber waits with wait_on_fiber(ready). The scheduler gives a waiting
-// fiber its turn again once ready() holds. When every fiber still running
-// waits and no ready() holds, none ever will (nothing else runs that could
-// change them): each wait then returns false, and its caller says why.
+// fiber its turn again once ready() holds (ready() runs on the scheduler's
+// stack; what it throws is rethrown by the wait). When every fiber still
+// running waits and no ready() holds, none ever will (nothing else runs
+// that could change them): the first waiting fiber's wait then returns
+// false, and its caller says why (in a dry run, its failure aborts the
+// others' waits).
+//
+// The thread's exception state is shared by its fibers: a fiber must not
+// wait in a catch block or in a destructor run by unwinding (the wait
+// refuses the latter). And a fiber that never waits nor returns holds the
+// thread: there is no timeout to stop it.
 #pragma once
 
 #include <functional>

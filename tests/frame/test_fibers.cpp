@@ -89,3 +89,25 @@ TEST(Fibers, AnEscapingExceptionIsRethrownOnceAllReturned) {
   EXPECT_EQ(returned, 3);
   EXPECT_THROW(wait_on_fiber([] { return true; }), Error) << "off the fibers";
 }
+
+// What a wait's ready() throws (it runs on the scheduler's stack) comes out
+// of that wait, on the fiber, which can then unwind and return.
+TEST(Fibers, WhatReadyThrowsComesOutOfTheWait) {
+  int turns = 0;
+  std::string caught;
+  run_fibers(2, [&](int i) {
+    if (i == 1) {
+      ++turns;
+      return;
+    }
+    try {
+      wait_on_fiber([&] {
+        if (turns > 0) throw std::runtime_error("ready threw");
+        return false;
+      });
+    } catch (const std::runtime_error& e) {
+      caught = e.what();
+    }
+  });
+  EXPECT_EQ(caught, "ready threw");
+}
