@@ -21,6 +21,7 @@
 #   meson test -C build two_hosts
 #   ZF_BUILD=build python3 tests/python/test_two_hosts.py [--xml FILE]
 
+import atexit
 import json
 import os
 import re
@@ -96,6 +97,10 @@ class TwoHosts(unittest.TestCase):
         cls.a, cls.b = f"zf{os.getpid()}a", f"zf{os.getpid()}b"
         cls.dev_a, cls.dev_b = f"zfv{os.getpid()}a", f"zfv{os.getpid()}b"
         cls.tmp = tempfile.mkdtemp(prefix="zf-two-hosts-")
+        # Whatever ends the test (a failure, meson's timeout's SIGTERM), the
+        # namespaces, the link and every process in them go.
+        atexit.register(cls.tearDownClass)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
         try:
             sh("ip", "netns", "add", cls.a)
             sh("ip", "netns", "add", cls.b)
@@ -117,15 +122,26 @@ class TwoHosts(unittest.TestCase):
             f.write("10.77.0.1 slots=2\n10.77.0.2 slots=2\n")
 
     @classmethod
-    def tearDownClass(cls):
+    def kill_all(cls):
+        """Every process in the two hosts' namespaces."""
         for ns in (cls.a, cls.b):
             for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split():
                 try:
                     os.kill(int(pid), signal.SIGKILL)
                 except (ValueError, ProcessLookupError):
                     pass
+
+    @classmethod
+    def tearDownClass(cls):
+        if not getattr(cls, "tmp", None):
+            return  # done already
+        cls.kill_all()
+        for ns in (cls.a, cls.b):
             subprocess.run(["ip", "netns", "del", ns], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # a link that never made it into a namespace
+        subprocess.run(["ip", "link", "del", cls.dev_a], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         shutil.rmtree(cls.tmp, ignore_errors=True)
+        cls.tmp = None
 
     def mpirun(self, stage_args):
         """The command of a 4-rank job across the two hosts, started in the first."""
@@ -136,7 +152,11 @@ class TwoHosts(unittest.TestCase):
                 *stage_args]
 
     def run_ok(self, cmd, timeout=120):
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        try:
+            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill_all()  # mpirun was killed; its daemon and ranks are not
+            raise
         self.assertEqual(p.returncode, 0, " ".join(cmd) + "\n" + p.stdout[-3000:])
         return p.stdout
 
