@@ -324,6 +324,8 @@ def check_lab(a):
             raise Usage(f"--predict {key}: lab {lab.number} accepts {', '.join(lab.keys)}")
         predictions.append((key, arithmetic(value)))
     build = os.path.abspath(a.build)
+    if a.binary and not lab.takes_binary:
+        raise Usage(f"lab {lab.number} runs the stages of the build, no executable of yours: leave --binary out")
     binary = a.binary or (os.path.join(build, lab.stage) if lab.stage else None)
     if binary is None:
         raise Usage(f"lab {lab.number} checks your executable: give --binary PATH")
