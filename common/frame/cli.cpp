@@ -281,8 +281,8 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
       "--comm-timeout", comm_timeout,
       "SECONDS a rank waits for the others in one collective (or barrier) before the job is "
       "aborted with a message naming the collective and the ranks that did not arrive; default "
-      "ZF_COMM_TIMEOUT_S, else 600. Also bounds NCCL's waits (else ZF_NCCL_TIMEOUT_S). A dry run "
-      "times no wait: one that can never end fails at once");
+      "ZF_COMM_TIMEOUT_S, else 600. Also bounds NCCL's waits (else ZF_NCCL_TIMEOUT_S). In a dry run "
+      "a wait that can never end fails at once, and a rank that runs this long without waiting stops the run");
   app.footer(
       "Several processes, one rank each: under mpirun or srun --mpi=pmix (a build with MPI), or,\n"
       "for --device cuda only, without MPI: set in every process RANK (0..N-1), WORLD_SIZE (N),\n"

@@ -9,9 +9,14 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <exception>
+#include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -68,6 +73,8 @@ struct Scheduler {
   ucontext_t main{};
   int current = -1;  // the fiber running; -1: the scheduler
   std::exception_ptr first_error;
+  std::atomic<uint64_t> turns{0};  // fibers resumed so far: the watchdog's sign of progress
+  std::atomic<int> running{-1};     // the fiber running, as the watchdog sees it
   size_t guard = 0;  // kGuardBytes, in whole pages
 #ifdef ZF_FIBERS_ASAN
   const void* main_bottom = nullptr;  // the scheduler's stack, learnt at a fiber's first switch
@@ -84,6 +91,8 @@ thread_local Scheduler* scheduler = nullptr;
 void resume(Scheduler& s, int i) {
   Fiber& f = s.fibers[size_t(i)];
   s.current = i;
+  s.running = i;
+  ++s.turns;
   const int rank_tag = current_rank(), step_tag = current_step();
   set_current_rank(f.rank_tag);
   set_current_step(f.step_tag);
@@ -103,6 +112,7 @@ void resume(Scheduler& s, int i) {
   set_current_rank(rank_tag);
   set_current_step(step_tag);
   s.current = -1;
+  s.running = -1;
 }
 
 // From the running fiber back to the scheduler; `finished`: for good.
@@ -138,6 +148,47 @@ void fiber_main() {
   to_scheduler(s, /*finished*/ true);
 }
 
+// Calls on_stall(fiber) from a thread of its own when one fiber has run
+// stall_s seconds without waiting or returning.
+class Watchdog {
+ public:
+  Watchdog(const Scheduler& s, double stall_s, const std::function<void(int)>& on_stall) {
+    if (stall_s <= 0 || !on_stall) return;
+    thread_ = std::thread([this, &s, stall_s, on_stall] {
+      using clock = std::chrono::steady_clock;
+      const auto stall = std::chrono::duration<double>(stall_s);
+      uint64_t seen = s.turns;
+      auto since = clock::now();
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!cv_.wait_for(lock, std::min<std::chrono::duration<double>>(stall / 4, std::chrono::seconds(1)),
+                           [&] { return stop_; })) {
+        if (s.turns != seen || s.running < 0) {
+          seen = s.turns;
+          since = clock::now();
+        } else if (clock::now() - since >= stall) {
+          on_stall(s.running);
+          return;
+        }
+      }
+    });
+  }
+  ~Watchdog() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 // Gives back every stack, and the thread's scheduler.
 struct Release {
   Scheduler& s;
@@ -154,7 +205,8 @@ struct Release {
 
 }  // namespace
 
-void run_fibers(int n, const std::function<void(int)>& body) {
+void run_fibers(int n, const std::function<void(int)>& body, double stall_s,
+                const std::function<void(int)>& on_stall) {
   REQUIRE(scheduler == nullptr, "run_fibers: this thread already runs fibers");
   REQUIRE(n >= 0, "run_fibers: " << n << " fibers");
   Scheduler s;
@@ -188,6 +240,7 @@ void run_fibers(int n, const std::function<void(int)>& body) {
 #endif
   }
   scheduler = &s;
+  const Watchdog watchdog(s, stall_s, on_stall);
 
   // Turns in rank order; a waiting fiber's turn comes once its ready()
   // holds. A round in which none could run is a wait that never ends: the

@@ -17,8 +17,8 @@
 //
 // The thread's exception state is shared by its fibers: a fiber must not
 // wait in a catch block or in a destructor run by unwinding (the wait
-// refuses the latter). And a fiber that never waits nor returns holds the
-// thread: there is no timeout to stop it.
+// refuses the latter). A fiber that never waits nor returns holds the
+// thread: a watchdog (stall_s) says which.
 #pragma once
 
 #include <functional>
@@ -27,8 +27,12 @@ namespace zf {
 
 // Runs body(0) ... body(n-1), each on a fiber of its own, on this thread,
 // in turns; returns when every one has returned. An exception escaping a
-// body is rethrown here (the first, once all have returned).
-void run_fibers(int n, const std::function<void(int)>& body);
+// body is rethrown here (the first, once all have returned). stall_s > 0:
+// when one fiber has run that long without waiting or returning, a
+// watchdog thread calls on_stall(that fiber) (which should end the
+// process: the fiber cannot be stopped).
+void run_fibers(int n, const std::function<void(int)>& body, double stall_s = 0,
+                const std::function<void(int)>& on_stall = nullptr);
 
 // Whether the caller runs on a fiber of run_fibers.
 bool on_fiber();

@@ -505,7 +505,15 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
   // them, each running until it waits for the others.
   if (opt.dry_run) {
     open_gate(true);
-    run_fibers(N, rank_main);
+    const double stall_s = comm_timeout_or_default(opt.comm_timeout_s);
+    run_fibers(N, rank_main, stall_s, [stall_s](int r) {
+      // The stuck rank holds the only thread: nothing can unwind it.
+      std::fprintf(stderr,
+                   "error: rank %d of the dry run has run %.0f s (--comm-timeout) without waiting for the others "
+                   "or returning: it is stuck (an endless loop?); stopping the process\n",
+                   r, stall_s);
+      std::_Exit(1);
+    });
     if (failures.empty()) return;
     throw_first_failure(failures);
   }

@@ -6,9 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "check.h"
 #include "fibers.h"
@@ -110,4 +114,39 @@ TEST(Fibers, WhatReadyThrowsComesOutOfTheWait) {
     }
   });
   EXPECT_EQ(caught, "ready threw");
+}
+
+// A fiber that never waits nor returns holds the thread; the watchdog names
+// it (the launcher's on_stall ends the process, as here).
+TEST(FibersDeathTest, AStuckFiberIsNamedByTheWatchdog) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  // Without the watchdog the child would spin for ever: the alarm kills it,
+  // and the test fails on its signal.
+  EXPECT_EXIT((alarm(10), run_fibers(
+                  3,
+                  [](int i) {
+                    if (i != 1) return;
+                    volatile bool forever = true;
+                    while (forever) {
+                    }
+                  },
+                  0.3,
+                  [](int r) {
+                    std::fprintf(stderr, "fiber %d is stuck\n", r);
+                    std::_Exit(3);
+                  })),
+              ::testing::ExitedWithCode(3), "fiber 1 is stuck");
+}
+
+// Fibers that wait and return in time never wake it.
+TEST(Fibers, TheWatchdogLeavesFibersThatWaitAlone) {
+  int turn = 0;
+  run_fibers(
+      4,
+      [&](int) {
+        ++turn;
+        wait_on_fiber([&] { return turn == 4; });
+      },
+      0.05, [](int) { std::_Exit(4); });
+  EXPECT_EQ(turn, 4);
 }
