@@ -179,6 +179,9 @@ run_sanitizer() {  # $1: asan|tsan
   local status=$?
   for r in "$dir"/sanitizer-reports/*; do
     [[ -s $r ]] || continue
+    # ASan's notice on swapcontext alone is no finding (the dry run's fibers
+    # tell it of every switch): scripts/test_summary.py's rule, the same.
+    grep -qvE "^==[0-9]+==WARNING: ASan doesn't fully support makecontext/swapcontext functions|^$" "$r" || continue
     status=1
     echo "=== $san finding: $r"
     head -n 80 "$r"
