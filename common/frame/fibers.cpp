@@ -62,9 +62,7 @@ struct Fiber {
   std::exception_ptr error;  // ready() threw on the scheduler's stack: rethrown by the wait, on the fiber's
   bool done = false;
   int rank_tag = -1, step_tag = -1;  // its thread's tags (check.h), kept while another runs
-#ifdef ZF_FIBERS_TSAN
-  void* tsan = nullptr;
-#endif
+  void* tsan = nullptr;              // its TSan fiber (a TSan build)
 };
 
 struct Scheduler {
@@ -76,16 +74,36 @@ struct Scheduler {
   std::atomic<uint64_t> turns{0};  // fibers resumed so far: the watchdog's sign of progress
   std::atomic<int> running{-1};     // the fiber running, as the watchdog sees it
   size_t guard = 0;  // kGuardBytes, in whole pages
-#ifdef ZF_FIBERS_ASAN
-  const void* main_bottom = nullptr;  // the scheduler's stack, learnt at a fiber's first switch
+  const void* main_bottom = nullptr;  // the scheduler's stack, learnt at a fiber's first switch (ASan)
   size_t main_size = 0;
-#endif
-#ifdef ZF_FIBERS_TSAN
-  void* main_tsan = nullptr;
-#endif
+  void* main_tsan = nullptr;          // the scheduler's TSan fiber
 };
 
 thread_local Scheduler* scheduler = nullptr;
+
+// Saves the running context in `from` and runs `to`, whose stack is
+// [bottom, bottom + size) and TSan fiber tsan_to, telling the sanitizers
+// (`final`: `from` never runs again); back here, came_bottom and came_size
+// (if given) learn the stack that switched back. Not inlined: swapcontext
+// returns twice, and the callers' locals must not live across it.
+[[gnu::noinline]] void switch_to(ucontext_t& from, ucontext_t& to, const void* bottom, size_t size, void* tsan_to, bool final,
+               const void** came_bottom = nullptr, size_t* came_size = nullptr) {
+#ifdef ZF_FIBERS_ASAN
+  void* fake_stack = nullptr;
+  __sanitizer_start_switch_fiber(final ? nullptr : &fake_stack, bottom, size);
+#else
+  (void)bottom, (void)size, (void)final, (void)came_bottom, (void)came_size;
+#endif
+#ifdef ZF_FIBERS_TSAN
+  __tsan_switch_to_fiber(tsan_to, 0);
+#else
+  (void)tsan_to;
+#endif
+  swapcontext(&from, &to);
+#ifdef ZF_FIBERS_ASAN
+  __sanitizer_finish_switch_fiber(fake_stack, came_bottom, came_size);
+#endif
+}
 
 // From the scheduler into fiber i, until it waits or returns.
 void resume(Scheduler& s, int i) {
@@ -96,17 +114,7 @@ void resume(Scheduler& s, int i) {
   const int rank_tag = current_rank(), step_tag = current_step();
   set_current_rank(f.rank_tag);
   set_current_step(f.step_tag);
-#ifdef ZF_FIBERS_ASAN
-  void* fake_stack = nullptr;
-  __sanitizer_start_switch_fiber(&fake_stack, f.memory + s.guard, kStackBytes);
-#endif
-#ifdef ZF_FIBERS_TSAN
-  __tsan_switch_to_fiber(f.tsan, 0);
-#endif
-  swapcontext(&s.main, &f.context);
-#ifdef ZF_FIBERS_ASAN
-  __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
-#endif
+  switch_to(s.main, f.context, f.memory + s.guard, kStackBytes, f.tsan, /*final*/ false);
   f.rank_tag = current_rank();
   f.step_tag = current_step();
   set_current_rank(rank_tag);
@@ -118,19 +126,7 @@ void resume(Scheduler& s, int i) {
 // From the running fiber back to the scheduler; `finished`: for good.
 void to_scheduler(Scheduler& s, bool finished) {
   Fiber& f = s.fibers[size_t(s.current)];
-#ifdef ZF_FIBERS_ASAN
-  void* fake_stack = nullptr;
-  __sanitizer_start_switch_fiber(finished ? nullptr : &fake_stack, s.main_bottom, s.main_size);
-#else
-  (void)finished;
-#endif
-#ifdef ZF_FIBERS_TSAN
-  __tsan_switch_to_fiber(s.main_tsan, 0);
-#endif
-  swapcontext(&f.context, &s.main);
-#ifdef ZF_FIBERS_ASAN
-  __sanitizer_finish_switch_fiber(fake_stack, &s.main_bottom, &s.main_size);
-#endif
+  switch_to(f.context, s.main, s.main_bottom, s.main_size, s.main_tsan, finished, &s.main_bottom, &s.main_size);
 }
 
 void fiber_main() {
@@ -189,6 +185,16 @@ class Watchdog {
   std::thread thread_;
 };
 
+// A context that starts fiber_main on the stack at `stack`. Not inlined:
+// getcontext returns twice, and the caller's locals must not live across it.
+[[gnu::noinline]] void start_context(ucontext_t& c, char* stack) {
+  REQUIRE(getcontext(&c) == 0, "fibers: getcontext failed");
+  c.uc_stack.ss_sp = stack;
+  c.uc_stack.ss_size = kStackBytes;
+  c.uc_link = nullptr;
+  makecontext(&c, fiber_main, 0);
+}
+
 // Gives back every stack, and the thread's scheduler.
 struct Release {
   Scheduler& s;
@@ -230,11 +236,7 @@ void run_fibers(int n, const std::function<void(int)>& body, double stall_s,
       throw Error("could not protect the stack guard of rank " + std::to_string(&f - s.fibers.data()) + " of " +
                   std::to_string(n) + " (" + std::strerror(errno) + "; the system's limit on memory maps, "
                   "vm.max_map_count, may be too low for this many ranks): ask for fewer --ranks");
-    REQUIRE(getcontext(&f.context) == 0, "fibers: getcontext failed");
-    f.context.uc_stack.ss_sp = f.memory + s.guard;
-    f.context.uc_stack.ss_size = kStackBytes;
-    f.context.uc_link = nullptr;
-    makecontext(&f.context, fiber_main, 0);
+    start_context(f.context, f.memory + s.guard);
 #ifdef ZF_FIBERS_TSAN
     f.tsan = __tsan_create_fiber(0);
 #endif
