@@ -366,21 +366,30 @@ TEST(ModeledClock, ACollectiveNotWaitedForIsNotInTheStep) {
   }
 }
 
-// A dry run has no backend to compare the ranks' collectives: the clock's
-// group does, and the run fails with a message naming both.
-TEST(ModeledClock, ADryRunRefusesMismatchedCollectives) {
+// Runs fn(rank, r) on N ranks of a dry run (fibers, no backend); each
+// rank's error, aborting the others, or "".
+std::vector<std::string> dry_run_errors(int N, const std::function<void(Rank&, int)>& fn) {
   const Hardware hw = round_machine();
-  auto group = make_clock_group(2);
-  std::vector<std::string> errors(2);
-  run_fibers(2, [&](int r) {  // as a dry run's ranks run
+  auto group = make_clock_group(N);
+  std::vector<std::string> errors(static_cast<size_t>(N));
+  run_fibers(N, [&](int r) {
     Rank rank(hw, nullptr, group, r);
     try {
-      std::vector<float> x(64 + 16 * r);
-      rank.comm->all_reduce_async(x.data(), x.size(), DType::f32, ReduceOp::sum).wait();
+      fn(rank, r);
     } catch (const std::exception& e) {
       errors[size_t(r)] = e.what();
       rank.comm->abort(e.what());
     }
+  });
+  return errors;
+}
+
+// A dry run has no backend to compare the ranks' collectives: the clock's
+// group does, and the run fails with a message naming both.
+TEST(ModeledClock, ADryRunRefusesMismatchedCollectives) {
+  const auto errors = dry_run_errors(2, [](Rank& rank, int r) {
+    std::vector<float> x(64 + 16 * r);
+    rank.comm->all_reduce_async(x.data(), x.size(), DType::f32, ReduceOp::sum).wait();
   });
   const std::string both = errors[0] + errors[1];
   EXPECT_NE(both.find("every rank must issue the same collectives"), std::string::npos) << both;
@@ -392,19 +401,10 @@ TEST(ModeledClock, ADryRunRefusesMismatchedCollectives) {
 // A dry run's rank that stops issuing collectives (it returned) leaves the
 // others' waits with no end: they fail at once, saying so, and never hang.
 TEST(ModeledClock, ADryRunsWaitThatCanNeverEndFails) {
-  const Hardware hw = round_machine();
-  auto group = make_clock_group(3);
-  std::vector<std::string> errors(3);
-  run_fibers(3, [&](int r) {
-    Rank rank(hw, nullptr, group, r);
-    try {
-      std::vector<float> x(64);
-      for (int k = 0; k < (r == 2 ? 1 : 2); ++k)
-        rank.comm->all_reduce_async(x.data(), x.size(), DType::f32, ReduceOp::sum).wait();
-    } catch (const std::exception& e) {
-      errors[size_t(r)] = e.what();
-      rank.comm->abort(e.what());
-    }
+  const auto errors = dry_run_errors(3, [](Rank& rank, int r) {
+    std::vector<float> x(64);
+    for (int k = 0; k < (r == 2 ? 1 : 2); ++k)
+      rank.comm->all_reduce_async(x.data(), x.size(), DType::f32, ReduceOp::sum).wait();
   });
   EXPECT_TRUE(errors[2].empty()) << errors[2];
   EXPECT_NE(errors[0].find("collective #1 can never complete"), std::string::npos) << errors[0];
