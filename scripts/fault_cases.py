@@ -26,7 +26,10 @@ class Context:
         self.data = os.path.join(folder, "tokens.txt")
         self.train_data = None      # the data a left checkpoint was trained on (None: built-in)
         self.may_change = set()     # files the case may rewrite (none: inputs never change)
-        self.left_checkpoints = []  # checkpoints the fault left, each must resume bit for bit
+        self.left_checkpoints = []  # (file, model, ranks) the fault left, each must resume bit for bit
+        self.checks = []            # more checks, each called after the run: a list of problems
+        self.cleanups = []          # called after the case, whatever happened
+        self.fault_at = None        # when the first signal was sent (time.monotonic())
 
     def path(self, name):
         return os.path.join(self.folder, name)
@@ -41,7 +44,8 @@ class Case:
     exit_codes: Tuple[int, ...]
     words: List[str] = field(default_factory=list)
     setup: Optional[Callable[[Context], None]] = None
-    # (log lines to wait for, signal, target pid or None, then seconds to wait)
+    # (log lines to wait for, signal, target pid or None, then seconds to wait); with signal None,
+    # target(context) is done instead of a signal
     signals: List[tuple] = field(default_factory=list)
     max_seconds: float = 60
     skip: Optional[Callable[[object], str]] = None
@@ -177,10 +181,11 @@ def forever(ctx, exe="dp", extra="--ranks 2", model=MODEL):
             f"--save ck.st {extra}")
 
 
-def leaves(case_command, model=MODEL, name="ck.st"):
-    """A command whose run leaves `name` (a file, or a sharded folder), which must then resume bit for bit."""
+def leaves(case_command, model=MODEL, name="ck.st", ranks=2):
+    """A command whose run leaves `name` (a file, or a sharded folder), which must then resume bit for bit
+    (on `ranks` ranks, as it was trained)."""
     def command(ctx):
-        ctx.left_checkpoints.append((ctx.path(name), model))
+        ctx.left_checkpoints.append((ctx.path(name), model, ranks))
         return case_command(ctx)
     return command
 
@@ -229,6 +234,45 @@ def rank_pid(mpirun_pid, rank):
         except (OSError, ValueError, IndexError):
             continue
     return None
+
+
+def across_hosts(ctx, timeout_s):
+    """forever() on 4 ranks across two hosts (network namespaces, scripts/two_hosts.py), two on each,
+    started through scripts/mpirun_hosts.sh; checks that every process on both hosts is gone within
+    timeout_s + 5 s of the link's cut (the cut: cut_link)."""
+    import shlex
+    import time
+    import two_hosts
+    hosts = two_hosts.Hosts()
+    ctx.cleanups.append(hosts.close)
+    ctx.hosts = hosts
+
+    def all_gone():
+        late = time.monotonic() - ctx.fault_at
+        problems = [f"mpirun ended {late:.1f} s after the cut, more than {timeout_s} + 5"] if late > timeout_s + 5 else []
+        left = hosts.pids()
+        for _ in range(25):  # the far host's daemon may take a moment more
+            if not left:
+                break
+            time.sleep(0.2)
+            left = hosts.pids()
+        late = time.monotonic() - ctx.fault_at
+        if left or late > timeout_s + 5:
+            problems.append(f"{len(left)} processes still in the two hosts {late:.1f} s after the cut")
+        return problems
+    ctx.checks.append(all_gone)
+    stage = forever(ctx, extra=f"--save-every 20 --comm-timeout {timeout_s}")
+    return shlex.join(hosts.mpirun(4, [])) + " " + stage
+
+
+def cut_link(ctx):
+    """An action in place of a signal (signal None): takes the link between the two hosts down."""
+    ctx.hosts.cut()
+
+
+def no_two_hosts(env):
+    import two_hosts
+    return no_mpirun(env) or two_hosts.unavailable(env.bins["dp"]) or ""
 
 
 def no_mpirun(env):
@@ -310,14 +354,14 @@ def cases(env):
 
     def full_disk_save(x):
         size = os.path.getsize(x.path("good.st")) * 3 // 2
-        x.left_checkpoints.append((x.path("kept.st"), MODEL))
+        x.left_checkpoints.append((x.path("kept.st"), MODEL, 2))
         return on_tmpfs(size, lambda y: f"{dp} {MODEL} --ranks 2 --quiet --steps 6 --save-every 2 --save disk/ck.st; "
                                         "s=$?; cp disk/ck.st kept.st; exit $s")(x)
     add(Case("disk", "full disk while saving", "room for one checkpoint, `--save-every 2`", full_disk_save, (1,),
              ["No space left on device"], skip=no_mount))
     def full_disk_sharded(x):
         size = os.path.getsize(x.path("good.st")) * 3 // 2
-        x.left_checkpoints.append((x.path("kept"), MODEL))
+        x.left_checkpoints.append((x.path("kept"), MODEL, 2))
         return on_tmpfs(size, lambda y: f"{dp} {MODEL} --ranks 2 --quiet --steps 6 --save-every 2 --save disk/ck "
                                         "--save-format sharded; s=$?; cp -r disk/ck kept; exit $s")(x)
     add(Case("disk", "full disk while saving sharded", "room for one checkpoint, `--save-format sharded --save-every 2`",
@@ -433,6 +477,11 @@ def cases(env):
              max_seconds=20))
 
     # Launchers.
+    add(Case("launch", "a link between hosts dies",
+             "`scripts/mpirun_hosts.sh -np 4`, two ranks on each of two hosts, host b's link down after 25 "
+             "steps, `--comm-timeout 10 --save-every 20`",
+             leaves(lambda x: across_hosts(x, 10), ranks=4), (205,), ["lost communication with a remote daemon"],
+             signals=[(25, None, cut_link, 0)], skip=no_two_hosts))
     add(Case("launch", "a Slurm task without MPI", "`SLURM_PROCID=1 SLURM_NTASKS=2`, no step id",
              lambda x: f"env SLURM_PROCID=1 SLURM_NTASKS=2 {dp} {MODEL} --steps 2", (2,), ["srun started 2 processes"],
              max_seconds=5))

@@ -2,7 +2,7 @@
 # fault_suite.py: every fault and bad input the project promises to survive,
 # tried on the real executables, each with the nothing-lost checks of
 # docs/RELIABILITY.md: the exit status and the words of the message; how long
-# the run took to stop; every file that was there before is there after with
+# the run took to stop (from the signal, where there is one); every file that was there before is there after with
 # the same bytes (inputs are never written); and the last good checkpoint
 # still loads and resumes bit for bit (its resume equals an uninterrupted
 # run's final parameters). A checkpoint the fault itself left (a signal's
@@ -79,22 +79,23 @@ class Env:
         self.run_ok(f"{self.bins['dp']} {model} --quiet {flags} --log-json {log}")
         return read_log(log)["hash"]
 
-    def straight_hash(self, steps, data, model=MODEL):
-        key = (steps, data, model)
+    def straight_hash(self, steps, data, model=MODEL, ranks=2):
+        key = (steps, data, model, ranks)
         if key not in self._straight:
-            self._straight[key] = self.final_hash(f"--ranks 2 --steps {steps}" + (f" --data {data}" if data else ""),
-                                                  model)
+            self._straight[key] = self.final_hash(
+                f"--ranks {ranks} --steps {steps}" + (f" --data {data}" if data else ""), model)
         return self._straight[key]
 
-    def resumes_bit_for_bit(self, checkpoint, data=None, model=MODEL, more=2):
-        """Whether `checkpoint` loads and its resume for `more` steps equals a run that never stopped."""
+    def resumes_bit_for_bit(self, checkpoint, data=None, model=MODEL, ranks=2, more=2):
+        """Whether `checkpoint` loads and its resume for `more` steps on `ranks` ranks equals a run that
+        never stopped."""
         step = checkpoint_step(checkpoint)
         if step is None:
             return False
-        flags = f"--ranks 2 --steps {step + more}" + (f" --data {data}" if data else "")
+        flags = f"--ranks {ranks} --steps {step + more}" + (f" --data {data}" if data else "")
         try:
             resumed = self.final_hash(flags + f" --resume {checkpoint}", model)
-            return resumed == self.straight_hash(step + more, data, model)
+            return resumed == self.straight_hash(step + more, data, model, ranks)
         except RuntimeError:
             return False
 
@@ -152,6 +153,14 @@ def run_case(env, case):
     shutil.copy(env.good, os.path.join(folder, "good.st"))
     shutil.copy(env.data, os.path.join(folder, "tokens.txt"))
     ctx = fault_cases.Context(env, folder)
+    try:
+        return run_in(env, case, folder, ctx)
+    finally:
+        for cleanup in ctx.cleanups:
+            cleanup()
+
+
+def run_in(env, case, folder, ctx):
     if case.setup:
         case.setup(ctx)
     before = snapshot(folder)
@@ -163,8 +172,8 @@ def run_case(env, case):
         r = subprocess.run(command, shell=True, capture_output=True, text=True, env=env.env, timeout=300,
                            cwd=folder)
         status, output = r.returncode, r.stdout + r.stderr
-    seconds = time.monotonic() - t0
-    problems = []
+    seconds = time.monotonic() - (ctx.fault_at or t0)  # from the signal, where there is one
+    problems = [p for check in ctx.checks for p in check()]
     if status not in case.exit_codes:
         problems.append(f"exit status {status}, expected {' or '.join(map(str, case.exit_codes))}")
     for w in case.words:
@@ -180,8 +189,8 @@ def run_case(env, case):
             problems.append(f"{os.path.relpath(p, folder)} was changed")
     if not env.resumes_bit_for_bit(os.path.join(folder, "good.st"), env.data):
         problems.append("the last good checkpoint no longer resumes bit for bit")
-    for left, model in ctx.left_checkpoints:
-        if not env.resumes_bit_for_bit(left, ctx.train_data, model):
+    for left, model, ranks in ctx.left_checkpoints:
+        if not env.resumes_bit_for_bit(left, ctx.train_data, model, ranks):
             problems.append(f"the checkpoint it left, {os.path.basename(left)}, does not resume bit for bit")
     if 2 in case.exit_codes and len(case.exit_codes) == 1:  # refused: before anything was written
         for p in sorted(set(after) - set(before)):
@@ -204,6 +213,11 @@ def run_signalled(env, command, signals, ctx):
             while time.monotonic() < deadline and proc.poll() is None and logged_lines(ctx.log) < lines:
                 time.sleep(0.005)
             time.sleep(delay)
+            if ctx.fault_at is None:
+                ctx.fault_at = time.monotonic()
+            if sig is None:
+                target(ctx)
+                continue
             pid = target(proc.pid) if callable(target) else proc.pid
             if not pid:
                 continue
@@ -231,13 +245,17 @@ def logged_lines(path):
 
 
 def first_message(output, status):
-    """The line that says what happened: the first error, stop or refusal."""
+    """The line that says what happened: the first error, stop or refusal, else mpirun's message."""
     for pattern in (r"stopped by|second signal: stopping now", r"error:"):
         for line in output.splitlines():
             if re.search(pattern, line):
                 line = re.sub(r"/tmp/[^ ]*/", "", line)
                 line = re.sub(r"zf-offload-[0-9]+-[0-9a-f]+-", "zf-offload-<pid>-<hex>-", line)
                 return line.strip()[:160]
+    lines = output.splitlines()
+    for i, line in enumerate(lines[:-1]):  # mpirun's own message, in its box of dashes
+        if re.fullmatch(r"-{20,}", line.strip()):
+            return next((x.strip()[:160] for x in lines[i + 1:] if x.strip()), "")
     if status > 128:
         return f"(killed by signal {status - 128}: nothing printed)"
     return "(trained to the end)" if output else "(no output)"
