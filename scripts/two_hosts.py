@@ -152,6 +152,12 @@ class Hosts:
         words = out.split()
         self.counts = {words[i]: int(words[i + 1]) for i in range(0, len(words) - 1, 2) if words[i + 1].isdigit()}
 
+    def link_bytes(self):
+        """Bytes host a's end of the link has sent and received, IP headers and all."""
+        import json
+        stats = json.loads(self.in_ns(self.a, "ip", "-s", "-j", "link", "show", "dev", self.dev_a).stdout)[0]["stats64"]
+        return stats["tx"]["bytes"] + stats["rx"]["bytes"]
+
     def cut(self, down=True):
         """Takes host b's end of the link down (or up again)."""
         self.in_ns(self.b, "ip", "link", "set", self.dev_b, "down" if down else "up")

@@ -6,7 +6,9 @@
 #   - every stage at N = 4 across the two hosts gives the threads run's
 #     final hash (--ranks 4, one process);
 #   - hybrid sharding with a group per host: the bytes across the groups
-#     are the all-reduce of my piece, 2 (G' - 1) / G' of it, G' = 2 groups;
+#     are the all-reduce of my piece, 2 (G' - 1) / G' of it, G' = 2 groups,
+#     in the run's counters and in the link's (under 5 % more: headers),
+#     and under half of what plain sharding sends across;
 #   - a slow, lossy link (20 ms more and 30 % of the packets lost toward
 #     one host; 5 % for ZeRO-3's many all-gathers) still trains to the same
 #     hash, with no false timeout and no keepalive taking it for dead.
@@ -99,12 +101,28 @@ class TwoHosts(unittest.TestCase):
     def test_hybrid_sharding_keeps_a_group_on_a_host(self):
         # ranks 0, 1 on the first host, 2, 3 on the second: --shard-group 2 puts a group on each,
         # and only the all-reduce of my piece across the two groups crosses the link:
-        # 2 (2 - 1) / 2 of the piece, P/2 float32 elements (tiny's units divide by 2).
+        # 2 (2 - 1) / 2 of the piece, P/2 float32 elements (tiny's units divide by 2), from each rank.
         exe = os.path.join(BUILD, "04_fsdp/fsdp")
+        piece_bytes = 4 * (P_TINY // 2)
+        per_rank = 2 * (2 - 1) / 2 * piece_bytes
         self.run_ok(self.mpirun([exe, *TINY, "--steps", "2", "--shard-group", "2", "--quiet",
                                  "--log-json", self.log("hsdp")]))
         for c in summary(self.log("hsdp"))["comm"]:
-            self.assertEqual(c["cross_group_bytes_per_step"], 2 * (2 - 1) / 2 * 4 * (P_TINY // 2), c)
+            self.assertEqual(c["cross_group_bytes_per_step"], per_rank, c)
+        # The link's own counters: what two more steps add, over two (start-up and the last
+        # step's gathers cancel), is 4 ranks' share plus the headers of TCP, IP and Ethernet.
+        def link_bytes_per_step(flags):
+            sent = []
+            for steps in (2, 4):
+                before = self.hosts.link_bytes()
+                self.run_ok(self.mpirun([exe, *TINY, "--steps", str(steps), "--quiet", *flags]))
+                sent.append(self.hosts.link_bytes() - before)
+            return (sent[1] - sent[0]) / 2
+        hsdp = link_bytes_per_step(["--shard-group", "2"])
+        self.assertGreaterEqual(hsdp, 4 * per_rank)
+        self.assertLess(hsdp, 4 * per_rank * 1.05)
+        # Without the groups, every all-gather and reduce-scatter ring crosses the link.
+        self.assertGreater(link_bytes_per_step([]), 2 * hsdp)
 
     def test_a_slow_lossy_link_trains_the_same(self):
         cases = [("00_data_parallel/dp", 0.3), ("03_zero3/zero3", 0.05)]
