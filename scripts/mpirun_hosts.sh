@@ -28,9 +28,15 @@
 # not taken for a dead one; on a link that loses more than a few percent of
 # its packets raise --comm-timeout.
 #
-# Under Slurm, srun needs none of this: slurmd on each node watches its
-# own tasks, and --kill-on-bad-exit=1 ends every task of the step when one
-# exits non-zero (the rank that timed out), on every node.
+# Under Slurm there is no daemon of mpirun's to keep alive: slurmd on each
+# node starts and watches that node's tasks. When the link dies, the ranks
+# on both sides stop by themselves within T (their next collective crosses
+# it and times out) and exit non-zero; with --kill-on-bad-exit=1, srun then
+# kills the step's other tasks on every node it can still reach. What srun
+# cannot know at once is that the far node's tasks are gone: it learns it
+# when that node reports again, or when Slurm declares the node down
+# (slurm.conf's SlurmdTimeout, set by the site); that wait holds srun, not
+# a rank. Not tried here: no Slurm on the test machine.
 set -euo pipefail
 
 timeout_s=""
