@@ -119,10 +119,10 @@ int run(int argc, char** argv) {
       app.add_option("--shard-group", cfg.fsdp.shard_group, "S: hybrid sharding, 16P/S")->group(g4),
       app.add_flag("--no-sync", cfg.fsdp.no_sync, "reduce-scatter once per step (with --grad-accum K > 1)")
           ->group(g4),
-      app.add_option("--prefetch", cfg.fsdp.prefetch, "units all-gathered ahead: changes only the gathered peak")
+      app.add_option("--prefetch", cfg.fsdp.prefetch, "units all-gathered ahead: changes only the gathered and transient peaks")
           ->group(g4),
       app.add_option("--max-gathered", cfg.fsdp.max_gathered,
-                     "the most units gathered at once: changes only the gathered peak")
+                     "the most units gathered at once: changes only the gathered and transient peaks")
           ->group(g4)};
   std::vector<CLI::Option*> offload_opts{
       app.add_flag("--offload-params", cfg.offload.offload_params, "parameter shards on the host too")->group(g5),
@@ -133,9 +133,9 @@ int run(int argc, char** argv) {
       app.add_flag("--no-pin", cfg.offload.no_pin, "accepted, changes no byte")->group(g5)};
   app.footer(
       "The trainers' other flags (--steps, --lr, --clip, --seed, --data, --log-json, --device-mem, ...) are\n"
-      "accepted and change nothing here, so a run's command line can be given as it is. Not counted:\n"
-      "communication buffers, workspaces, the gathered units of stages 03-05. tools/README.md has the\n"
-      "JSON keys and the --fit family. Exit status 2 for a bad flag.");
+      "accepted and change nothing here, so a run's command line can be given as it is. With a shape the\n"
+      "device peak is exact: transient buffers and workspace included. tools/README.md has the JSON keys\n"
+      "and the --fit family. Exit status 2 for a bad flag.");
   // The trainers' flags that change no byte counted here.
   std::string ignored;
   bool ignored_flag = false;

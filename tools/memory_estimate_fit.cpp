@@ -4,12 +4,11 @@
 // The models searched are one family, GPT-3's proportions on this code's
 // layout (docs/SPEC.md section 1): L blocks, C = 128 L channels, H = C / 128
 // = L heads of 128, V = 50304, T = 1024; P from the layout. A model fits
-// when its device model states (padded as the stage pads) plus its
-// activations for --batch, --recompute, --attention and --compute are at most
-// SIZE; in stages 04-05 with their gathered peak for --prefetch and
-// --max-gathered too. Not counted, as in the tables: communication buffers
-// (stage 03's gathered units among them) and workspaces, so the answer is an
-// upper bound.
+// when its device peak is at most SIZE: model states (padded as the stage
+// pads), activations for --batch, --recompute, --attention and --compute,
+// workspace, and the step's transient buffers (gathered units, communication
+// buffers) for the stage's schedule, --prefetch and --max-gathered included:
+// the tables' exact device peak.
 #include <cstdio>
 #include <iostream>
 
@@ -84,8 +83,8 @@ void print_fit(const Request& q) {
     std::cout << out.dump(2) << "\n";
     return;
   }
-  std::printf("The largest model that fits %s of device memory per rank (model states + activations + stages\n"
-              "04-05's gathered units; communication buffers not counted): %s\n",
+  std::printf("The largest model whose device peak fits %s per rank (model states + activations + workspace\n"
+              "+ the step's gathered units and communication buffers at their most at once): %s\n",
               both(q.fit_budget).c_str(), kFamily);
   std::printf("%s, batch %d, recompute %s, attention %s, compute %s; P (layers L)%s\n\n",
               precision_name(q.cfg.precision), q.cfg.batch, recompute_name(q.cfg.recompute),

@@ -76,9 +76,9 @@ void print_tables(const Request& q) {
   // activations without a shape, no host or disk bytes) is left out.
   std::vector<StageEstimate> all;
   std::vector<std::vector<std::string>> rows{{"stage", "device model states", "params", "grads", "optimizer",
-                                              "activations", "gathered", "host", "disk", "formula",
-                                              "device total (exact)"}};
-  bool host = false, disk = false, gathered = false;
+                                              "activations", "gathered", "workspace", "transient", "host",
+                                              "disk", "formula", "device peak (exact)"}};
+  bool host = false, disk = false, gathered = false, workspace = false;
   for (Stage s : q.stages) {
     const StageEstimate e = estimate_for(q, s);
     all.push_back(e);
@@ -87,19 +87,22 @@ void print_tables(const Request& q) {
     if (q.shaped) std::snprintf(exact, sizeof exact, "%.0f", e.device_total());
     host |= e.states.host.total() > 0;
     gathered |= e.gathered.has_value();
+    workspace |= e.workspace > 0;
     disk |= e.states.disk.total() > 0;
     rows.push_back({stage_label(s), both(d.total()), decimal(d.params), decimal(d.grads), decimal(d.optimizer),
                     e.activations ? both(*e.activations) : "", e.gathered ? both(*e.gathered) : "",
-                    both(e.states.host.total()), both(e.states.disk.total()), formula(s, c), exact});
+                    decimal(e.workspace), e.transient ? both(*e.transient) : "", both(e.states.host.total()),
+                    both(e.states.disk.total()), formula(s, c), exact});
   }
-  const bool shown[] = {true, true, true, true, true, q.shaped, gathered, host, disk, true, q.shaped};
-  const int width[] = {17, 24, 11, 11, 11, 24, 24, 24, 22, 0, 0};
+  const bool shown[] = {true, true, true, true, true, q.shaped, gathered, workspace, q.shaped, host, disk, true,
+                        q.shaped};
+  const int width[] = {17, 24, 11, 11, 11, 24, 24, 11, 24, 24, 22, 0, 0};
   for (const auto& row : rows) {
     std::string line;
     for (size_t i = 0; i < row.size(); ++i) {
       if (!shown[i]) continue;
       std::string cell = row[i];
-      if (i == 9 && q.shaped) cell.resize(std::max(cell.size(), size_t(40)), ' ');
+      if (i == 11 && q.shaped) cell.resize(std::max(cell.size(), size_t(40)), ' ');
       if (width[i] > 0) cell.resize(std::max(cell.size(), size_t(width[i])), ' ');
       line += cell + " ";
     }
@@ -118,8 +121,12 @@ void print_tables(const Request& q) {
   if (!q.shaped)
     std::printf("\nActivations are not counted without a shape (give --model or --layers/--channels/--vocab/--seq/"
                 "--heads); the kept head of stages 04-05 is counted as 0 in their all-gathers.\n");
-  std::printf("\nNot counted: communication buffers (stage 03's gathered units among them) and workspaces; "
-              "the device total (exact) adds activations and stages 04-05's gathered peak.\n");
+  if (q.shaped)
+    std::printf("\nThe device peak (exact) is the most a rank holds at once: the model states, the activations, the\n"
+                "workspace (bf16 with f32 compute widens a unit into two float32 buffers) and the transient peak:\n"
+                "the gathered units and communication buffers (gradients waiting for or in their reduce-scatter,\n"
+                "bf16 casts, float32 widenings) at their most at once, from the stage's order of allocations.\n"
+                "Gathered is that category's own peak, which may fall at another moment.\n");
 }
 
 void print_json(const Request& q) {
@@ -159,6 +166,8 @@ void print_json(const Request& q) {
         {"device",
          {{"params", number(d.params)}, {"grads", number(d.grads)}, {"optimizer", number(d.optimizer)},
           {"model_states", number(d.total())}, {"activations", act}, {"gathered", gathered},
+          {"workspace", number(e.workspace)},
+          {"transient", e.transient ? number(*e.transient) : nlohmann::json(nullptr)},
           {"total", number(e.device_total())}}},
         {"host",
          {{"params", number(h.params)}, {"grads", number(h.grads)}, {"optimizer", number(h.optimizer)},

@@ -69,7 +69,7 @@ def table(header, rows):
 
 def memory_table(records):
     header = ["run", "final loss", "= 00", "params", "grads", "optimizer", "model states (✓ = formula)",
-              "formula", "peak device", "activations", "host model states"]
+              "formula", "peak device (✓ = estimate)", "activations", "host model states"]
     rows = []
     for r in records:
         st = r["device_states"]
@@ -78,7 +78,7 @@ def memory_table(records):
             run_label(r), f"{r['final_loss']:.4f}", "yes" if r["same_as_00"] else "**no**",
             nbytes(st["params"]), nbytes(st["grads"]), nbytes(st["optimizer"]),
             checked(r["device_model_states"], est_device(r, "model_states")), est.get("formula", ""),
-            nbytes(r["device_peak"]), checked(r["device"].get("activations", 0), est_device(r, "activations")),
+            checked(r["device_peak"], est_device(r, "total")), checked(r["device"].get("activations", 0), est_device(r, "activations")),
             checked(r["host_model_states"], est.get("host", {}).get("model_states")),
         ])
     return table(header, rows)
@@ -152,13 +152,13 @@ def stage_block(records, folder, cfg):
 
 
 def top_block(records, cfg):
-    header = ["run", "= 00", "model states / rank (✓ = formula)", "formula", "peak device", "sent / step",
+    header = ["run", "= 00", "model states / rank (✓ = formula)", "formula", "peak device (✓ = estimate)", "sent / step",
               "host model states"]
     rows = []
     for r in records:
         rows.append([run_label(r), "yes" if r["same_as_00"] else "**no**",
                      checked(r["device_model_states"], est_device(r, "model_states")),
-                     r["estimate"].get("formula", ""), nbytes(r["device_peak"]), nbytes(r["comm"]["total"]),
+                     r["estimate"].get("formula", ""), checked(r["device_peak"], est_device(r, "total")), nbytes(r["comm"]["total"]),
                      nbytes(r["host_model_states"])])
     return "\n".join([
         BEGIN, "`python3 tools/tour.py` runs it all; `--write-readmes` wrote this table, the stage READMEs' "

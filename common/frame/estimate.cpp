@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
+#include <map>
 #include <optional>
 
 #include "check.h"
@@ -93,6 +95,15 @@ StageEstimate estimate_from_sizes(Stage stage, const TrainConfig& cfg, const Mod
   return est;
 }
 
+// The bf16 recipe with float32 compute widens each unit's parameters and
+// gradients into two float32 buffers of the largest unit (core/precision.h).
+double workspace_bytes(const TrainConfig& cfg, const ModelLayout& layout) {
+  if (cfg.precision != Precision::bf16 || cfg.compute != DType::f32) return 0;
+  double largest = 0;
+  for (const UnitLayout& u : layout.units) largest = std::max(largest, double(u.numel));
+  return 2 * 4 * largest;
+}
+
 // Each unit of `layout` padded to a multiple of N elements, in forward order.
 std::vector<double> padded_units(const ModelLayout& layout, int N) {
   std::vector<double> a;
@@ -123,6 +134,151 @@ std::optional<double> gathered_peak(const std::vector<double>& a, const FsdpOpti
   double head = a.back();
   for (size_t i = 1; i <= before && i < a.size(); ++i) head += a[a.size() - 1 - i];
   return std::max(peak, head);
+}
+
+// The step's transient device bytes (estimate.h), replayed allocation by
+// allocation in the order the stages make them (02_zero2/sharded_grads.cpp,
+// 03_zero3/gathered_params.cpp, 04_fsdp/flat_params.cpp and flat_grads.cpp,
+// 05_offload/host_grads.cpp and offload_params.cpp); the peak is the most
+// held just after an allocation.
+class Transients {
+ public:
+  double peak() const { return peak_; }
+  void alloc(double bytes) { peak_ = std::max(peak_, cur_ += bytes); }
+  void free(double bytes) { cur_ -= bytes; }
+
+ private:
+  double cur_ = 0, peak_ = 0;
+};
+
+// Gradients: each unit's whole gradient is made for its backward and handed
+// to its reduce-scatter; one reduction stays in flight behind the next
+// unit's backward (two with stage 05's landing: the piece copied to the
+// host frees its buffer when the next piece lands).
+struct GradFlow {
+  struct Reduction {
+    double bytes;  // its buffer
+    double after;  // what completing it allocates and frees again (stage 04's widened bf16 piece)
+  };
+  // landing: stage 05, whose HostGrads holds a reduced buffer until the next one lands.
+  explicit GradFlow(Transients& t, bool landing = false) : t(t), landing(landing) {}
+  Transients& t;
+  bool landing;
+  std::deque<Reduction> inflight;
+  std::deque<double> landed;
+  void reduce(double bytes, double after = 0) {
+    inflight.push_back({bytes, after});
+    while (inflight.size() > 1) complete();
+  }
+  void complete() {
+    const Reduction f = inflight.front();
+    inflight.pop_front();
+    t.alloc(f.after), t.free(f.after);
+    if (!landing) return t.free(f.bytes);
+    landed.push_back(f.bytes);
+    while (landed.size() > 1) t.free(landed.front()), landed.pop_front();
+  }
+  void finish() {
+    while (!inflight.empty()) complete();
+    for (double b : landed) t.free(b);
+    landed.clear();
+  }
+};
+
+// Stage 02: the backward's full gradients (a: padded units, e: bytes each).
+double zero2_transient(const std::vector<double>& a, double e) {
+  Transients t;
+  GradFlow grads(t);
+  for (size_t u = a.size(); u-- > 0;) t.alloc(e * a[u]), grads.reduce(e * a[u]);
+  grads.finish();
+  return t.peak();
+}
+
+// Stage 03: the gathered units, one prefetched ahead each way, and stage 02's gradients.
+double zero3_transient(const std::vector<double>& a, double e) {
+  Transients t;
+  const size_t U = a.size();
+  t.alloc(e * a[0]);
+  for (size_t u = 0; u < U; ++u) {
+    if (u + 1 < U) t.alloc(e * a[u + 1]);
+    t.free(e * a[u]);
+  }
+  GradFlow grads(t);
+  t.alloc(e * a[U - 1]);
+  for (size_t u = U; u-- > 0;) {
+    if (u > 0) t.alloc(e * a[u - 1]);
+    t.alloc(e * a[u]);  // the gradient
+    t.free(e * a[u]);   // reshard
+    grads.reduce(e * a[u]);
+  }
+  grads.finish();
+  return t.peak();
+}
+
+// Stages 04-05 (04_fsdp/fsdp.cpp's forward and backward): a: the padded FSDP
+// units, G_ranks the ranks sharing a shard, K micro-steps.
+double fsdp_transient(Stage stage, const TrainConfig& cfg, const std::vector<double>& a, int G_ranks) {
+  const FsdpOptions& f = cfg.fsdp;
+  const int G = int(a.size()), D = f.prefetch, M = f.max_gathered, K = cfg.grad_accum;
+  const double e = double(dtype_size(storage_dtype(cfg.precision))), r = reduce_bytes(cfg);
+  // The all-gather's input is a device buffer of its own: stage 04's bf16 cast of the
+  // float32 shard; stage 05's upload of the host shard with --offload-params.
+  const bool cast = stage == Stage::offload ? cfg.offload.offload_params : e != 4;
+  Transients t;
+  std::map<int, double> gathered, casts;  // unit -> bytes of its gathered buffer, of its cast input
+  const auto kept = [&](int g) { return !f.reshard_after_forward || g == G - 1; };
+  const auto counted = [&] {
+    int n = 0;
+    for (const auto& [g, b] : gathered) n += kept(g) ? 0 : 1;
+    return n;
+  };
+  const auto issue = [&](int g) {
+    t.alloc(gathered[g] = e * a[size_t(g)]);
+    if (cast) t.alloc(casts[g] = e * a[size_t(g)] / G_ranks);
+  };
+  const auto unshard = [&](int g) {
+    if (!gathered.count(g)) issue(g);
+  };
+  const auto prefetch = [&](int g) {
+    if (g < 0 || g >= G || gathered.count(g) || (M > 0 && !kept(g) && counted() >= M)) return;
+    issue(g);
+  };
+  const auto wait = [&](int g) {
+    if (casts.count(g)) t.free(casts[g]), casts.erase(g);
+  };
+  const auto reshard = [&](int g) {
+    wait(g);
+    t.free(gathered[g]), gathered.erase(g);
+  };
+  GradFlow grads(t, stage == Stage::offload);
+  for (int k = 0; k < K; ++k) {
+    for (int g = 0; g < G; ++g) {
+      unshard(g);
+      for (int d = 1; d <= D && g + d < G; ++d) prefetch(g + d);
+      wait(g);
+      if (!kept(g)) reshard(g);
+    }
+    const bool sync = !f.no_sync || k == K - 1;
+    for (int g = G - 1; g >= 0; --g) {
+      unshard(g);
+      for (int d = 1; d <= D && g - d >= 0; ++d) prefetch(g - d);
+      wait(g);
+      const double full = e * a[size_t(g)];
+      if (!f.no_sync) t.alloc(full);  // with --no-sync, each unit's gradient is kept (category grads)
+      reshard(g);
+      if (f.no_sync && !sync) continue;
+      double reduced = f.no_sync ? 0 : full;
+      if (r != e) {  // bf16 gradients reduced in float32: widened, the bf16 buffer freed
+        t.alloc(r * a[size_t(g)]);
+        t.free(reduced);
+        reduced = r * a[size_t(g)];
+      }
+      // Stage 04 widens its piece of a bf16 reduction to add it to the float32 shard.
+      grads.reduce(reduced, stage == Stage::fsdp && r != 4 ? 4 * a[size_t(g)] / G_ranks : 0);
+    }
+    grads.finish();
+  }
+  return t.peak();
 }
 
 }  // namespace
@@ -169,6 +325,10 @@ StageEstimate estimate_stage(Stage stage, const TrainConfig& cfg) {
   if (!is_fsdp_family(stage)) {
     StageEstimate est = estimate_from_sizes(stage, cfg, padded_sizes(layout, cfg.ranks), 0, 0);
     est.activations = activation_bytes(cfg.model, cfg.batch, cfg.compute, cfg.attention, cfg.recompute);
+    est.workspace = workspace_bytes(cfg, layout);
+    const double e = double(dtype_size(storage_dtype(cfg.precision)));
+    const std::vector<double> a = padded_units(layout, cfg.ranks);
+    est.transient = stage == Stage::zero2 ? zero2_transient(a, e) : stage == Stage::zero3 ? zero3_transient(a, e) : 0;
     if (stage == Stage::zero3) {  // stage 04's schedule at one unit of prefetch, no limit, nothing kept
       FsdpOptions one_ahead;
       one_ahead.prefetch = 1, one_ahead.max_gathered = 0, one_ahead.reshard_after_forward = true;
@@ -184,6 +344,8 @@ StageEstimate estimate_stage(Stage stage, const TrainConfig& cfg) {
   z.ranks = cfg.ranks;
   StageEstimate est = estimate_from_sizes(stage, cfg, z, head_shard * G, head_shard);
   est.activations = activation_bytes(cfg.model, cfg.batch, cfg.compute, cfg.attention, cfg.recompute);
+  est.workspace = workspace_bytes(cfg, layout);
+  est.transient = fsdp_transient(stage, cfg, padded_units(units, G), G);
   if (const std::optional<double> peak = gathered_peak(padded_units(units, G), cfg.fsdp))
     est.gathered = double(dtype_size(storage_dtype(cfg.precision))) * *peak;
   return est;

@@ -41,7 +41,19 @@ struct StageEstimate {
   // 03: two units, the one computing and the next); none in stages 00-02,
   // without a shape, or for a prefetch deeper than the model's units less one.
   std::optional<double> gathered;
-  double device_total() const { return states.device.total() + activations.value_or(0) + gathered.value_or(0); }
+  // Category workspace: the bf16 recipe's two float32 buffers of the largest
+  // unit, where compute widens (f32 compute); 0 otherwise.
+  double workspace = 0;
+  // The most bytes of the step's transient buffers at once: the gathered
+  // units and the communication buffers (gradients waiting for or in their
+  // reduce-scatter, bf16 casts, float32 widenings), replayed from the
+  // stage's order of allocations and frees; none without a shape, and 0 in
+  // stages 00-01. With the model states, the activations and the workspace,
+  // all held through the step, it is the device's peak: device_total().
+  std::optional<double> transient;
+  double device_total() const {
+    return states.device.total() + activations.value_or(0) + workspace + transient.value_or(0);
+  }
   std::array<double, kNumCollectives> comm{};  // ring-model bytes sent per optimizer step, by collective
   double comm_cross_group = 0;  // the part of comm's all_reduce across shard groups (--shard-group)
   double to_host = 0, to_device = 0;  // stage 05: host<->device bytes per step

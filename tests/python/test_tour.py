@@ -143,7 +143,7 @@ class Tour(unittest.TestCase):
                 self.assertTrue(mrow["run"].startswith(rec["key"] + " "))
                 self.assertAlmostEqual(float(mrow["final loss"]), s["final_loss"], delta=5e-5)
                 for cell, want in [(mrow["model states (✓ = formula)"], dev["model_states"]),
-                                   (mrow["peak device"], dev["peak_total"]),
+                                   (mrow["peak device (✓ = estimate)"], dev["peak_total"]),
                                    (mrow["activations"], dev["activations"]["peak"]),
                                    (mrow["params"], dev["params"]["current"]),
                                    (mrow["host model states"], s["memory"][0]["host"]["model_states"]),

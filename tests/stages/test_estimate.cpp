@@ -50,7 +50,8 @@ StageFn stage_fn(Stage s) {
 
 // The estimate of cfg's run of `stage` and the run itself, every rank:
 // model states at the end of the run (the counters' current bytes) exactly,
-// the activation peak exactly, and bytes per step (the run's total over its
+// the activation, gathered and workspace peaks and the device's peak of all
+// categories at once exactly, and bytes per step (the run's total over its
 // steps) to double rounding: the estimator multiplies where the run adds.
 void expect_estimate_matches_run(Stage stage, const TrainConfig& cfg) {
   SCOPED_TRACE(std::string(stage_label(stage)) + ", " + test::describe(cfg));
@@ -73,6 +74,10 @@ void expect_estimate_matches_run(Stage stage, const TrainConfig& cfg) {
     if (est.gathered || (stage != Stage::fsdp && stage != Stage::offload)) {
       EXPECT_EQ(double(m.pk(Place::device, Category::gathered)), est.gathered.value_or(0)) << "gathered";
     }
+    EXPECT_EQ(double(m.pk(Place::device, Category::workspace)), est.workspace) << "workspace";
+    // The device's peak, all categories at once: what "fits" must hold.
+    ASSERT_TRUE(est.transient.has_value());
+    EXPECT_EQ(double(m.peak_total[int(Place::device)]), est.device_total()) << "device peak";
     for (int k = 0; k < kNumCollectives; ++k)
       test::expect_bytes(rank.comm.bytes[k] / steps, est.comm[k], collective_name(CollectiveKind(k)));
     test::expect_bytes(rank.comm_cross_group.total_bytes() / steps, est.comm_cross_group, "across groups");
@@ -401,7 +406,8 @@ TEST(EstimateTool, FitIsTheLargestThatFits) {
       cfg.model = ModelConfig{"fit", 50304, 1024, layers, layers, 128 * layers};
       const StageEstimate e = estimate_stage(s, cfg);
       EXPECT_EQ(e.gathered.has_value(), s == Stage::zero3 || s == Stage::fsdp || s == Stage::offload);
-      return e.states.device.total() + *e.activations + e.gathered.value_or(0);
+      EXPECT_EQ(*e.transient > 0, s != Stage::dp && s != Stage::zero1);
+      return e.device_total();  // the device's peak, held to runs by EstimateVsRun
     };
     EXPECT_LE(device(L), 80e9);
     EXPECT_GT(device(L + 1), 80e9);
