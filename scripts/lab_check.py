@@ -84,6 +84,7 @@ def measured_values(summary, steps=()):
         "activations": dev["activations"]["peak"],
         "comm_peak": dev["comm"]["peak"],
         "gathered_peak": dev["gathered"]["peak"],
+        "device_peak": dev["peak_total"],
         "host_model_states": host["model_states"],
         "all_reduce": by.get("all_reduce", 0.0),
         "reduce_scatter": by.get("reduce_scatter", 0.0),
@@ -280,6 +281,21 @@ def check_refs(files):
     return 0
 
 
+def fits(checks, binary, flags, budget, look):
+    """What fits: the run trains within --device-mem of the device peak's formula, and stops out of
+    memory (exit 3, SPEC section 10) with one byte less."""
+    for size, want, what in ((budget, 0, "trains"), (budget - 1, 3, "stops out of memory (exit 3)")):
+        cmd = [binary] + flags + ["--quiet", "--device-mem", str(int(size))]
+        env = dict(os.environ, ZF_OVERSUBSCRIBE="1")
+        try:
+            p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, timeout=300)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise RunFailed(f"{shlex.join(cmd)}: {e}")
+        tail = (p.stderr.strip().splitlines() or ["(no message)"])[-1]
+        checks.add(p.returncode == want, f"--device-mem {int(size)} {what}", f"exit {want}",
+                   f"exit {p.returncode}" + (f" ({tail[:120]})" if p.returncode else ""), look)
+
+
 def check_config(lab, cfg, opts, binary, dp, folder, checks, predictions, tag, build):
     """The lab's runs at one configuration, and their checks (a line each, into checks)."""
     try:
@@ -299,6 +315,9 @@ def check_config(lab, cfg, opts, binary, dp, folder, checks, predictions, tag, b
             checks.prediction(key, predicted, values[key], lab.keys[key],
                               lab.time_rel if key.endswith("_ms") else None)
         lab.properties(checks, runs, cfg, opts)
+        budget = lab.device_budget(cfg, opts, runs)
+        if budget is not None:
+            fits(checks, binary, flags_of(cfg, opts), budget, lab.budget_look)
     except RunFailed as e:
         checks.add(False, "the run", "a run that trains", str(e), lab.on_failure)
 

@@ -135,6 +135,22 @@ def zero3_gathered_peak(model, N, precision):
     return DTYPE_BYTES[precision] * max(a + c for a, c in zip(g, g[1:]))
 
 
+def zero3_device_peak(model, N, precision, B, compute="f32", attention="simple", recompute="none"):
+    """Stage 03's device peak, everything at once: the model states and the
+    activations (held all step), the bf16 recipe's float32 workspace (two
+    buffers of the largest unit, when compute is f32), and the worst moment
+    of the backward: as unit u computes, u and the prefetched u-1 are
+    gathered, u's full gradient is being made and u+1's is still in its
+    reduce-scatter."""
+    units, e = model_units(model), DTYPE_BYTES[precision]
+    a = [N * piece(n, N) for n in units]
+    U = len(a)
+    states = sum(zero_memory(3, model, N, precision).values())
+    workspace = 2 * 4 * max(units) if precision == "bf16" and compute == "f32" else 0
+    moment = max(a[u] + (a[u - 1] if u > 0 else 0) + a[u] + (a[u + 1] if u + 1 < U else 0) for u in range(U))
+    return states + activation_peak(model, B, compute, attention, recompute) + workspace + e * moment
+
+
 def fsdp_sizes(model, N, wrap_blocks=1):
     """(padded FSDP units a_g, the head's padded size h, my shard S)."""
     units = fsdp_units(model, wrap_blocks)

@@ -115,6 +115,14 @@ class Lab:
     def validate(self, cfg, opts):
         pass
 
+    # What fits: the device peak's formula, given the main run (None: not checked); the check runs
+    # the lab's flags with --device-mem of exactly that (it must train) and one byte less (it must
+    # stop out of memory); budget_look says where to look when it does not.
+    budget_look = ""
+
+    def device_budget(self, cfg, opts, runs):
+        return None
+
     def properties(self, checks, runs, cfg, opts):
         raise NotImplementedError
 
@@ -248,13 +256,27 @@ class Zero3(Zero2):
     number, name, title, stage, test = 4, "zero3", "stage 03, ZeRO-3", "03_zero3/zero3", "zero3"
     defaults = dict(model="tiny", ranks=4, precision="fp32", grad_accum=1)
     keys = pick(*ZERO_PREDICT, extra={"gathered_peak": "03_zero3/README.md: the unit computing and the "
-                                                       "one prefetched"})
+                                                       "one prefetched",
+                                      "device_peak": "everything at once: the model states and activations, and "
+                                                     "at the backward's worst moment the units gathered and the "
+                                                     "gradients made or in their reduce-scatter"})
     look = "GatheredParams in 03_zero3/gathered_params.h: only my pieces of the parameters stay"
     comm_look = "unshard(u) before the forward and again before the backward (03_zero3/zero3.cpp)"
     peaks = (("peak gathered bytes (two units' full parameters)", F.zero3_gathered_peak, "gathered",
               "kZero3MaxGatheredUnits and reshard(u) before unshard(u+2) in 03_zero3/zero3.cpp"),
              ("peak comm bytes (two units' full gradients, as in stage 02)", F.zero2_comm_peak, "comm",
               "stage 02's ShardedGradients (02_zero2/sharded_grads.cpp)"))
+    budget_look = "the backward loop in 03_zero3/zero3.cpp: what is allocated before a unit computes, freed after"
+
+    def device_budget(self, cfg, opts, runs):
+        s = runs["main"].summary
+        return F.zero3_device_peak(cfg["model"], cfg["ranks"], cfg["precision"], s["batch"], s["compute"],
+                                   s["attention"], s["recompute"])
+
+    def properties(self, checks, runs, cfg, opts):
+        super().properties(checks, runs, cfg, opts)
+        each_rank(checks, runs["main"], "device peak, everything at once", self.device_budget(cfg, opts, runs),
+                  lambda mm, c: mm["device"]["peak_total"], self.budget_look)
 
 
 FSDP_KEYS = pick(*ZERO_PREDICT, extra={"gathered_peak": "04_fsdp/README.md, Memory of the gathered parameters"})
