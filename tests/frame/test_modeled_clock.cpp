@@ -1,9 +1,8 @@
 // The modeled clock (frame/modeled_clock.h) against times computed here by
 // hand from a profile with round numbers: one op, one collective on a link
 // inside a node and across nodes, overlap (prefetch) against no overlap, a
-// late rank, and the same numbers whatever the threads' timing. Then the
-// profiles: every shipped one reads, and a wrong one is refused by key.
-// Whole runs on the clock: test_modeled_run.cpp.
+// late rank, and the same numbers whatever the threads' timing. The
+// profiles: test_hardware.cpp. Whole runs on the clock: test_modeled_run.cpp.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -19,35 +18,13 @@
 #include "fibers.h"
 #include "hardware.h"
 #include "modeled_clock.h"
+#include "round_profile.h"
 #include "test_util.h"
 
 namespace zf {
 namespace {
 
-// Round numbers, so that every expected time below is a short sum.
-const char* kProfile = R"(# a machine of round numbers
-name = Round
-gpus_per_node = 4
-peak_tflops_bf16 = 100
-peak_tflops_f32 = 10
-hbm_gb_per_s = 1000
-memory_gib = 16
-compute_efficiency = 0.5
-memory_efficiency = 0.5
-launch_us = 2
-intra_node_busbw_gb_per_s = 100
-intra_node_latency_us = 1
-inter_node_busbw_gb_per_s = 10
-inter_node_latency_us = 10
-pcie_pinned_gb_per_s = 20
-pcie_pageable_gb_per_s = 5
-pcie_latency_us = 3
-host_adamw_params_per_s = 1e9
-host_memory_gb_per_s = 50
-nvme_gb_per_s = 2
-)";
-
-Hardware round_machine() { return parse_hardware(kProfile, "round.hw"); }
+Hardware round_machine() { return parse_hardware(test::kRoundProfile, "round.hw"); }
 
 // The seconds of a matmul_forward of N x IC x OC in f32 on the round machine:
 // 2·N·IC·OC FLOPs at 10 TFLOP/s · 0.5, or its bytes (inputs, weight, output,
@@ -543,63 +520,6 @@ TEST(ModeledClock, TheDiskIsOneQueueAtItsBandwidth) {
   EXPECT_THROW(clock.disk(b), Error);
   idle.join();
   clock.join();
-}
-
-// ---- the profiles
-
-TEST(Hardware, EveryShippedProfileReads) {
-  const std::vector<std::string> names = hardware_names();
-  for (const char* must : {"a100-sxm", "h100-sxm", "h200", "l40s"})
-    EXPECT_NE(std::find(names.begin(), names.end(), must), names.end()) << must;
-  for (const std::string& n : names) {
-    const Hardware hw = load_hardware(n);
-    EXPECT_FALSE(hw.name.empty()) << n;
-    EXPECT_GT(hw.gpus_per_node, 0) << n;
-  }
-}
-
-// The text of kProfile with `key`'s line replaced by `line` ("" drops it).
-std::string with_line(const std::string& key, const std::string& line) {
-  std::string out, l;
-  std::istringstream in(kProfile);
-  while (std::getline(in, l)) out += (l.rfind(key + " =", 0) == 0 ? line : l) + "\n";
-  return out;
-}
-
-std::string error_of(const std::string& text) {
-  try {
-    parse_hardware(text, "x.hw");
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "";
-}
-
-TEST(Hardware, AWrongProfileIsRefusedNamingTheKey) {
-  EXPECT_NE(error_of(with_line("hbm_gb_per_s", "")).find("missing key hbm_gb_per_s"), std::string::npos);
-  EXPECT_NE(error_of(with_line("launch_us", "launch_us = fast")).find("'launch_us' must be a positive number"),
-            std::string::npos);
-  EXPECT_NE(error_of(with_line("launch_us", "launch_us = -1")).find("launch_us"), std::string::npos);
-  EXPECT_NE(error_of(with_line("memory_efficiency", "memory_efficiency = 1.5")).find("at most 1"),
-            std::string::npos);
-  EXPECT_NE(error_of(std::string(kProfile) + "nvlink_speed = 3\n").find("unknown key 'nvlink_speed'"),
-            std::string::npos);
-  EXPECT_NE(error_of(std::string(kProfile) + "launch_us = 3\n").find("'launch_us' is given twice"),
-            std::string::npos);
-  EXPECT_NE(error_of(with_line("gpus_per_node", "gpus_per_node = 2.5")).find("whole number"), std::string::npos);
-  EXPECT_NE(error_of(with_line("name", "name stuff")).find("x.hw:2: expected `key = value`"), std::string::npos);
-  EXPECT_EQ(error_of(kProfile), "");
-}
-
-TEST(Hardware, AnUnknownNameListsTheProfiles) {
-  try {
-    load_hardware("h900");
-    FAIL() << "h900 was accepted";
-  } catch (const UsageError& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("--hardware h900"), std::string::npos) << what;
-    EXPECT_NE(what.find("h100-sxm"), std::string::npos) << what;
-  }
 }
 
 }  // namespace
