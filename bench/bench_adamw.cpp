@@ -8,7 +8,11 @@
 // (p, g, m, v read, p, m, v written: 28 bytes per parameter), without a copy,
 // with the bf16 copy sent to the device (30 bytes) and with bf16 gradients and
 // the bf16 copy (28 bytes); memcpy copies 16 bytes per parameter (what the
-// update reads) into another buffer on the same threads. Rates are
+// update reads) into another buffer on the same threads; and "the update's
+// traffic" reads and writes the f32 update's 28 bytes per parameter with one
+// addition each instead of AdamW's arithmetic: what the memory allows a pass
+// of that shape, so an update near it is bound by bandwidth, and two threads
+// can go no faster than that row's two-thread rate. Rates are
 // parameters per second of the fastest of --reps calls (the others measure
 // the neighbours as much as the code). bench/bench_adamw.py runs it beside
 // PyTorch's and DeepSpeed's CPU AdamW.
@@ -63,6 +67,28 @@ void parallel_memcpy(char* dst, const char* src, size_t n, int threads) {
     pool.emplace_back([=] { std::memcpy(dst + lo, src + lo, hi - lo); });
   }
   std::memcpy(dst, src, std::min(n, chunk));
+  for (auto& t : pool) t.join();
+}
+
+// p, m, v += g over [lo, hi): the f32 update's reads and writes, one add each.
+void traffic(float* p, const float* g, float* m, float* v, size_t lo, size_t hi) {
+  for (size_t i = lo; i < hi; ++i) {
+    const float gi = g[i];
+    p[i] += gi;
+    m[i] += gi;
+    v[i] += gi;
+  }
+}
+
+// traffic() over n elements split over `threads` threads, at 16-element boundaries.
+void parallel_traffic(float* p, const float* g, float* m, float* v, size_t n, int threads) {
+  const size_t chunk = (n / std::max(threads, 1) + 15) / 16 * 16;
+  std::vector<std::thread> pool;
+  for (int k = 1; k < threads; ++k) {
+    const size_t lo = std::min(n, k * chunk), hi = std::min(n, (k + 1) * chunk);
+    pool.emplace_back([=] { traffic(p, g, m, v, lo, hi); });
+  }
+  traffic(p, g, m, v, 0, std::min(n, chunk));
   for (auto& t : pool) t.join();
 }
 
@@ -123,6 +149,7 @@ int main(int argc, char** argv) {
     std::string name;
     int threads;
     double mps;
+    double bytes_per_param;  // read and written
   };
   std::vector<Row> rows;
   for (int t : thread_counts) {
@@ -134,24 +161,34 @@ int main(int argc, char** argv) {
       });
     };
     const std::string who = opt.describe();
-    rows.push_back({"ours f32 grad, no copy (" + who + ")", t, n / run(g.data(), zf::DType::f32, nullptr, zf::DType::f32) / 1e6});
-    rows.push_back({"ours f32 grad, bf16 copy (" + who + ")", t, n / run(g.data(), zf::DType::f32, out16.data(), zf::DType::bf16) / 1e6});
-    rows.push_back({"ours bf16 grad, bf16 copy (" + who + ")", t, n / run(g16.data(), zf::DType::bf16, out16.data(), zf::DType::bf16) / 1e6});
+    rows.push_back({"ours f32 grad, no copy (" + who + ")", t,
+                    n / run(g.data(), zf::DType::f32, nullptr, zf::DType::f32) / 1e6, 28});
+    rows.push_back({"ours f32 grad, bf16 copy (" + who + ")", t,
+                    n / run(g.data(), zf::DType::f32, out16.data(), zf::DType::bf16) / 1e6, 30});
+    rows.push_back({"ours bf16 grad, bf16 copy (" + who + ")", t,
+                    n / run(g16.data(), zf::DType::bf16, out16.data(), zf::DType::bf16) / 1e6, 28});
+    {
+      Buffer<float> tp(n), tm(n), tv(n);  // the update's state stays as it was
+      const double s = best_seconds(reps, [&] { parallel_traffic(tp.data(), g.data(), tm.data(), tv.data(), n, t); });
+      rows.push_back({"the update's traffic, no AdamW math", t, n / s / 1e6, 28});
+    }
     Buffer<char> copy_src(16 * n), copy_out(16 * n);  // only while measured: not in the way of the others
     const double s = best_seconds(reps, [&] { parallel_memcpy(copy_out.data(), copy_src.data(), 16 * n, t); });
-    rows.push_back({"memcpy 16 B/param", t, n / s / 1e6});
+    rows.push_back({"memcpy 16 B/param", t, n / s / 1e6, 32});
   }
 
   if (json) {
     std::printf("[");
     for (size_t i = 0; i < rows.size(); ++i)
-      std::printf("%s{\"name\": \"%s\", \"threads\": %d, \"mparams_per_s\": %.1f}", i ? ", " : "",
-                  rows[i].name.c_str(), rows[i].threads, rows[i].mps);
+      std::printf("%s{\"name\": \"%s\", \"threads\": %d, \"mparams_per_s\": %.1f, \"gb_per_s\": %.1f}",
+                  i ? ", " : "", rows[i].name.c_str(), rows[i].threads, rows[i].mps,
+                  rows[i].mps * rows[i].bytes_per_param / 1e3);
     std::printf("]\n");
   } else {
     std::printf("AdamW on %zu float32 parameters, best of %d calls\n", n, reps);
-    std::printf("%-48s %8s %14s\n", "case", "threads", "M params/s");
-    for (const Row& r : rows) std::printf("%-48s %8d %14.0f\n", r.name.c_str(), r.threads, r.mps);
+    std::printf("%-48s %8s %14s %10s\n", "case", "threads", "M params/s", "GB/s");
+    for (const Row& r : rows)
+      std::printf("%-48s %8d %14.0f %10.1f\n", r.name.c_str(), r.threads, r.mps, r.mps * r.bytes_per_param / 1e3);
   }
   return 0;
 }

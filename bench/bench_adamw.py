@@ -123,7 +123,7 @@ def main():
     print("| implementation | " + " | ".join("%d thread%s" % (t, "" if t == 1 else "s") for t in threads) + " |")
     print("| --- |" + " ---: |" * len(threads))
     order = [k for k in rates if k.startswith("ours")] + ["torch AdamW fused", "torch AdamW foreach",
-                                                          "DeepSpeedCPUAdam"] + [k for k in rates if k.startswith("memcpy")]
+                                                          "DeepSpeedCPUAdam"] + [k for k in rates if k.startswith(("the update", "memcpy"))]
     for name in order:
         cells = [rates[name].get(t) for t in threads]
         print("| %s | %s |" % (name, " | ".join(("%.0f" % c) if isinstance(c, float) else str(c) for c in cells)))
