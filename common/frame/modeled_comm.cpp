@@ -38,14 +38,16 @@ class ClockGroup {
   // Member's collective number `seq` on this queue, issued when its compute
   // queue was at `ready`. free: a meeting of the ranks that takes no time
   // (RankClock's lap).
-  void post(uint64_t seq, double ready, CollectiveKind kind, size_t bytes, bool free = false) {
+  void post(uint64_t seq, int member, double ready, CollectiveKind kind, size_t bytes, bool free = false) {
     std::lock_guard<std::mutex> lock(mu_);
     Entry& e = entries_[seq];
     if (e.posted == 0) {
       e.kind = kind;
       e.bytes = bytes;
       e.free = free;
+      e.by.assign(size_t(size()), 0);
     }
+    e.by[size_t(member)] = 1;
     // What the backend checks in a real run; a dry run has only this.
     REQUIRE(e.kind == kind && e.bytes == bytes && e.free == free,
             "collective #" << seq << " on this communicator: this rank issued " << collective_name(kind) << " of "
@@ -64,9 +66,8 @@ class ClockGroup {
     });
     if (!aborted().empty()) throw CommAborted(aborted());
     if (!met)
-      throw CommTimeout("dry run: collective #" + std::to_string(seq) +
-                        " can never complete: every rank waits, and not every member of its group issued it "
-                        "(one returned, or waits on another collective)");
+      throw CommTimeout("dry run: collective #" + std::to_string(seq) + " can never complete: every rank waits, and " +
+                        missing(seq) + " (each returned, or waits on another collective)");
   }
 
   // When `seq` ends and how long it ran: the queue's collectives in order,
@@ -148,6 +149,7 @@ class ClockGroup {
     double ready = 0, end = 0, seconds = 0;
     int posted = 0, reads = 0;
     bool free = false;
+    std::vector<char> by;  // by member: posted
     CollectiveKind kind = CollectiveKind::barrier;
     size_t bytes = 0;
   };
@@ -161,6 +163,24 @@ class ClockGroup {
   };
 
   std::shared_ptr<ClockGroup> make_child(int size) { return std::make_shared<ClockGroup>(size, family_); }
+
+  // Who never issued the first collective up to `seq` that not every member
+  // issued: "rank 3 never issued collective #5" (world ranks).
+  std::string missing(uint64_t seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint64_t s = resolved_; s <= seq; ++s) {
+      auto it = entries_.find(s);
+      std::vector<int> absent;
+      for (int m = 0; m < size(); ++m)
+        if (it == entries_.end() || !it->second.by[size_t(m)]) absent.push_back(world_ranks_[size_t(m)]);
+      if (absent.empty()) continue;
+      std::string who = absent.size() == 1 ? "rank " : "ranks ";
+      for (size_t i = 0; i < absent.size() && i < 8; ++i) who += (i ? ", " : "") + std::to_string(absent[i]);
+      if (absent.size() > 8) who += " and " + std::to_string(absent.size() - 8) + " more";
+      return who + " never issued collective #" + std::to_string(s) + " of this group";
+    }
+    return "not every member of its group issued it";
+  }
 
   bool posted_through(uint64_t seq) const {
     for (uint64_t s = resolved_; s <= seq; ++s) {
@@ -271,7 +291,7 @@ class ModeledCommunicator final : public Communicator {
 
   // The ranks meet, at no cost: each waits until the last has got here.
   void align() {
-    group_->post(issued_++, clock_.compute_now(), CollectiveKind::barrier, 0, /*free*/ true);
+    group_->post(issued_++, rank_, clock_.compute_now(), CollectiveKind::barrier, 0, /*free*/ true);
     meet(issued_ - 1);
     clock_.idle_until(group_->end_of(issued_ - 1, clock_.hardware()).first);
   }
@@ -297,7 +317,7 @@ class ModeledCommunicator final : public Communicator {
       std::lock_guard<std::mutex> lock(stats_mu_);
       stats_.add(kind, ring_bytes(kind, bytes, size()));
     }
-    group_->post(issued_, clock_.compute_now(), kind, bytes, /*free: before the steps*/ !clock_.running());
+    group_->post(issued_, rank_, clock_.compute_now(), kind, bytes, /*free: before the steps*/ !clock_.running());
     return issued_++;
   }
 

@@ -385,6 +385,7 @@ TEST(ModeledClock, ADryRunsWaitThatCanNeverEndFails) {
   });
   EXPECT_TRUE(errors[2].empty()) << errors[2];
   EXPECT_NE(errors[0].find("collective #1 can never complete"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("rank 2 never issued collective #1"), std::string::npos) << errors[0];
   EXPECT_FALSE(errors[1].empty()) << "the other waiting rank stops too";
 }
 
