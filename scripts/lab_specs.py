@@ -106,6 +106,7 @@ class Lab:
     padded_flags = {}       # and the --stage-flags of that check (lab 7: a shard group tiny's units do not divide)
     on_failure = "the run's message"
     time_rel = None         # predictions of modeled times: their relative tolerance
+    estimate_keys = ()      # keys a student estimates: reported with how far off, never failed
     takes_binary = True     # --binary: a student's executable in place of the lab's stage
 
     def runs(self, cfg, opts):
@@ -385,7 +386,10 @@ class Hybrid(Lab):
         memory(checks, r, mem, "your states: whole parameters, pieces of 1/G of the gradients and of AdamW")
         collectives(checks, r, comm, "reduce-scatter and all-gather within the group, "
                     "one all-reduce of the piece across the groups, the norm within the group")
-        close_to(checks, r, runs["dp"], HYBRID_REL, "the all-reduce across the groups (every group's piece summed)",
+        close_to(checks, r, runs["dp"], HYBRID_REL,
+                 "the all-reduce across the groups (every group's piece summed) and the norm's communicator "
+                 "(clip_scale over the group: over all N it counts the gradient N/G times, a norm sqrt(N/G) "
+                 "too large)",
                  norm_rel=HYBRID_BF16_NORM_REL if p == "bf16" else HYBRID_REL)
 
 
@@ -421,7 +425,11 @@ class Time(Lab):
         ("nvlink", ("comm_ms", "exposed_ms", "step_ms")), ("pcie", ("comm_ms", "exposed_ms", "step_ms")),
         ("pcie_prefetch0", ("exposed_ms", "step_ms")), ("pcie_prefetch1", ("exposed_ms", "step_ms")),
         ("offload", ("host_ms", "copy_ms", "step_ms")), ("offload_delayed", ("step_ms",))) for k in ks}
-    time_rel = 0.02  # a modeled time predicted by hand: within 2 %
+    # A modeled time computed by hand from SPEC section 13 and the profile: within 0.1 % (a dropped
+    # term, such as the batch's three pageable copies, is more). The steps and the exposed times
+    # are estimates: each is reported with how far off it is.
+    time_rel = 1e-3
+    estimate_keys = tuple(k for k in keys if k.endswith(("step_ms", "exposed_ms")))
     takes_binary = False
 
     def validate(self, cfg, opts):
