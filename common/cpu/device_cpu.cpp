@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "check.h"
@@ -48,19 +50,70 @@ class Arg {
   std::vector<float> copy_;
 };
 
+// What the simulated device frees, kept for the next allocation of the same
+// size, as a GPU's memory pool keeps it (device_cuda.cpp): a stage frees and
+// allocates each unit's gathered parameters and gradient every step, and
+// handing those back to the system would make every step fault their pages
+// in again. It keeps at most the most the device ever held at once, so the
+// process holds at most twice the tracker's device peak.
+class BlockCache {
+ public:
+  BlockCache() = default;
+  BlockCache(const BlockCache&) = delete;
+  BlockCache& operator=(const BlockCache&) = delete;
+  ~BlockCache() {
+    for (auto& [bytes, blocks] : free_)
+      for (void* p : blocks) std::free(p);
+  }
+
+  // 64-byte aligned (cache lines, AVX-512); the contents are undefined, as
+  // cudaMalloc's: the MemoryTracker zeroes what it allocates.
+  void* allocate(size_t bytes) {
+    const size_t padded = (bytes + 63) / 64 * 64;
+    std::lock_guard<std::mutex> lock(mu_);
+    void* p = nullptr;
+    auto it = free_.find(padded);
+    if (it != free_.end() && !it->second.empty()) {
+      p = it->second.back();
+      it->second.pop_back();
+      cached_ -= padded;
+    } else if ((p = std::aligned_alloc(64, padded == 0 ? 64 : padded)) == nullptr) {
+      return nullptr;
+    }
+    size_[p] = padded;
+    live_ += padded;
+    peak_ = std::max(peak_, live_);
+    return p;
+  }
+
+  void release(void* p) {
+    if (!p) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = size_.find(p);
+    REQUIRE(it != size_.end(), "cpu device: releasing memory it did not allocate");
+    const size_t padded = it->second;
+    size_.erase(it);
+    live_ -= padded;
+    if (cached_ + padded > peak_) return std::free(p);
+    free_[padded].push_back(p);
+    cached_ += padded;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<size_t, std::vector<void*>> free_;  // by size
+  std::unordered_map<void*, size_t> size_;                // of every live block
+  size_t live_ = 0, peak_ = 0, cached_ = 0;
+};
+
 class CpuDevice final : public Device {
  public:
   explicit CpuDevice(int optimizer_threads) : optimizer_(optimizer_threads) {}
   std::string name() const override { return "cpu (simulated device)"; }
   bool is_cuda() const override { return false; }
 
-  void* allocate(size_t bytes) override {
-    // 64-byte aligned (cache lines, AVX-512), zero-filled like cudaMalloc + memset.
-    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-    if (p) std::memset(p, 0, bytes);
-    return p;
-  }
-  void release(void* p) override { std::free(p); }
+  void* allocate(size_t bytes) override { return blocks_.allocate(bytes); }
+  void release(void* p) override { blocks_.release(p); }
   void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
   void copy(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
   void to_device(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
@@ -238,6 +291,7 @@ class CpuDevice final : public Device {
     return size_t(mx + 1);
   }
 
+  BlockCache blocks_;   // the device's memory
   CpuAdamW optimizer_;  // one fused pass per element, on the calling thread and optimizer_threads - 1 more
   CopyQueue copies_;  // declared last: destroyed first, after its copies finish
 };
