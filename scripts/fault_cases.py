@@ -248,17 +248,18 @@ def across_hosts(ctx, timeout_s):
     ctx.hosts = hosts
 
     def all_gone():
-        late = time.monotonic() - ctx.fault_at
-        problems = [f"mpirun ended {late:.1f} s after the cut, more than {timeout_s} + 5"] if late > timeout_s + 5 else []
-        left = hosts.pids()
+        limit = timeout_s + 5
+        problems = []
+        if time.monotonic() - ctx.fault_at > limit:
+            problems.append(f"mpirun ended {time.monotonic() - ctx.fault_at:.1f} s after the cut, more than {limit}")
         for _ in range(25):  # the far host's daemon may take a moment more
-            if not left:
+            left = hosts.pids()
+            if not left or time.monotonic() - ctx.fault_at > limit:
                 break
             time.sleep(0.2)
-            left = hosts.pids()
-        late = time.monotonic() - ctx.fault_at
-        if left or late > timeout_s + 5:
-            problems.append(f"{len(left)} processes still in the two hosts {late:.1f} s after the cut")
+        if left:
+            problems.append(f"{len(left)} processes still in the two hosts "
+                            f"{time.monotonic() - ctx.fault_at:.1f} s after the cut")
         return problems
     ctx.checks.append(all_gone)
     stage = forever(ctx, extra=f"--save-every 20 --comm-timeout {timeout_s}")

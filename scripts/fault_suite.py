@@ -2,8 +2,9 @@
 # fault_suite.py: every fault and bad input the project promises to survive,
 # tried on the real executables, each with the nothing-lost checks of
 # docs/RELIABILITY.md: the exit status and the words of the message; how long
-# the run took to stop (from the signal, where there is one); every file that was there before is there after with
-# the same bytes (inputs are never written); and the last good checkpoint
+# the run took to stop (from the signal, where there is one); every file that
+# was there before is there after with the same bytes (inputs are never
+# written); and the last good checkpoint
 # still loads and resumes bit for bit (its resume equals an uninterrupted
 # run's final parameters). A checkpoint the fault itself left (a signal's
 # save) must resume bit for bit too.

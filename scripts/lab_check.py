@@ -117,12 +117,15 @@ class RunFailed(Exception):
     pass
 
 
+def stage_env():
+    return dict(os.environ, ZF_OVERSUBSCRIBE="1")  # a lab's ranks may outnumber the cores
+
+
 def run_stage(binary, flags, folder, name):
     log = os.path.join(folder, name + ".jsonl")
     cmd = [binary] + flags + ["--quiet", "--log-json", log]
-    env = dict(os.environ, ZF_OVERSUBSCRIBE="1")  # a lab's ranks may outnumber the cores
     try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, timeout=300)
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=stage_env(), timeout=300)
     except OSError as e:
         raise RunFailed(f"cannot run {binary}: {e.strerror}")
     except subprocess.TimeoutExpired:
@@ -292,9 +295,9 @@ def fits(checks, binary, flags, budget, look):
     memory (exit 3, SPEC section 10) with one byte less."""
     for size, want, what in ((budget, 0, "trains"), (budget - 1, 3, "stops out of memory (exit 3)")):
         cmd = [binary] + flags + ["--quiet", "--device-mem", str(int(size))]
-        env = dict(os.environ, ZF_OVERSUBSCRIBE="1")
         try:
-            p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, timeout=300)
+            p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=stage_env(),
+                               timeout=300)
         except (OSError, subprocess.TimeoutExpired) as e:
             raise RunFailed(f"{shlex.join(cmd)}: {e}")
         tail = (p.stderr.strip().splitlines() or ["(no message)"])[-1]

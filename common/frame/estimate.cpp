@@ -332,8 +332,7 @@ StageEstimate estimate_stage(Stage stage, const TrainConfig& cfg) {
     if (stage == Stage::zero3) {  // stage 04's schedule at one unit of prefetch, no limit, nothing kept
       FsdpOptions one_ahead;
       one_ahead.prefetch = 1, one_ahead.max_gathered = 0, one_ahead.reshard_after_forward = true;
-      if (const std::optional<double> peak = gathered_peak(padded_units(layout, cfg.ranks), one_ahead))
-        est.gathered = double(dtype_size(storage_dtype(cfg.precision))) * *peak;
+      if (const std::optional<double> peak = gathered_peak(a, one_ahead)) est.gathered = e * *peak;
     }
     return est;
   }
@@ -345,8 +344,9 @@ StageEstimate estimate_stage(Stage stage, const TrainConfig& cfg) {
   StageEstimate est = estimate_from_sizes(stage, cfg, z, head_shard * G, head_shard);
   est.activations = activation_bytes(cfg.model, cfg.batch, cfg.compute, cfg.attention, cfg.recompute);
   est.workspace = workspace_bytes(cfg, layout);
-  est.transient = fsdp_transient(stage, cfg, padded_units(units, G), G);
-  if (const std::optional<double> peak = gathered_peak(padded_units(units, G), cfg.fsdp))
+  const std::vector<double> a = padded_units(units, G);
+  est.transient = fsdp_transient(stage, cfg, a, G);
+  if (const std::optional<double> peak = gathered_peak(a, cfg.fsdp))
     est.gathered = double(dtype_size(storage_dtype(cfg.precision))) * *peak;
   return est;
 }
