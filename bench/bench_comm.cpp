@@ -15,16 +15,31 @@
 // memory, so the reference is memcpy's rate (S / t for one thread copying S
 // bytes) measured in the same run. Ranks are threads sharing the machine's
 // cores, so on a laptop busbw near the memcpy rate is as good as it gets.
+//
+// Where the time goes. Each row also gives two times that split the step:
+//   sync   the same collective with one element a rank: the hand-off to the
+//          communication thread, the two barriers (arrival, release) and the
+//          wake-ups, with no bytes to move;
+//   bytes  N plain threads doing exactly the ranks' moves (the rank-ordered
+//          reduction of comm_reduce.h, the copies) over the same buffers,
+//          started once and joined once: what moving the bytes costs on
+//          these cores with no synchronisation at all.
+// time - sync - bytes is the rest: cache misses on buffers another core just
+// wrote, and ranks that wait for a core.
+// "all_gather in place" is the form FSDP and ZeRO-3 issue (each rank's piece
+// is already in its slot of the output, so it is not copied to itself).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "blas.h"
 #include "comm.h"
+#include "comm_reduce.h"
 #include "launch.h"
 #include "memory.h"
 #include "tensor.h"
@@ -60,9 +75,16 @@ double memcpy_seconds(size_t bytes, int iters) {
   return best;
 }
 
+// The collectives measured: the three of the ladder, and all_gather in place.
+struct Case {
+  CollectiveKind kind;
+  bool in_place;
+  const char* name;
+};
+
 // Time of one collective over a full buffer of `bytes` on `nranks` ranks
 // (rank 0's wall clock between two barriers, divided by the repetitions).
-double collective_seconds(CollectiveKind kind, int nranks, size_t bytes, int iters) {
+double collective_seconds(const Case& c, int nranks, size_t bytes, int iters) {
   double result = 0;
   LaunchOptions opt;
   opt.ranks = nranks;
@@ -72,17 +94,22 @@ double collective_seconds(CollectiveKind kind, int nranks, size_t bytes, int ite
     Tensor send(ctx.mem, Place::host, Category::comm, DType::f32, full);
     Tensor recv(ctx.mem, Place::host, Category::comm, DType::f32, full);
     std::fill_n(send.as<float>(), full, float(ctx.rank + 1));
+    std::fill_n(recv.as<float>(), full, float(ctx.rank + 1));
     auto once = [&] {
-      switch (kind) {
+      switch (c.kind) {
         case CollectiveKind::all_reduce:
           ctx.comm.all_reduce(send.data(), full, DType::f32);
           break;
         case CollectiveKind::reduce_scatter:
           ctx.comm.reduce_scatter(send.data(), recv.data(), piece, DType::f32);
           break;
-        case CollectiveKind::all_gather:
-          ctx.comm.all_gather(send.data(), recv.data(), piece, DType::f32);
+        case CollectiveKind::all_gather: {
+          const void* mine = c.in_place ? static_cast<const void*>(recv.as<float>() +
+                                                                   size_t(ctx.rank) * piece)
+                                        : send.data();
+          ctx.comm.all_gather(mine, recv.data(), piece, DType::f32);
           break;
+        }
         default: break;
       }
     };
@@ -98,6 +125,56 @@ double collective_seconds(CollectiveKind kind, int nranks, size_t bytes, int ite
     if (ctx.rank == 0) result = best;
   });
   return result;
+}
+
+// The bytes alone: N threads, thread r doing rank r's part of the collective
+// over the N ranks' buffers with the backend's own loops, `iters` times with
+// no synchronisation between the repetitions.
+double bytes_seconds(const Case& c, int nranks, size_t bytes, int iters) {
+  const size_t full = bytes / sizeof(float);
+  const size_t piece = full / nranks;
+  std::vector<std::vector<float>> send(nranks), recv(nranks);
+  for (int q = 0; q < nranks; q++) {
+    send[q].assign(full, float(q + 1));
+    recv[q].assign(full, float(q + 1));
+  }
+  auto part = [&](int r) {
+    switch (c.kind) {
+      case CollectiveKind::all_reduce: {
+        const Piece mine = piece_of(full, nranks, r);
+        std::vector<const void*> src(nranks);
+        std::vector<void*> dst(nranks);
+        for (int q = 0; q < nranks; q++) src[q] = dst[q] = send[q].data() + mine.begin;
+        reduce_in_rank_order(src, dst, mine.size, DType::f32, ReduceOp::sum);
+        break;
+      }
+      case CollectiveKind::reduce_scatter: {
+        std::vector<const void*> src(nranks);
+        for (int q = 0; q < nranks; q++) src[q] = send[q].data() + size_t(r) * piece;
+        reduce_in_rank_order(src, {recv[r].data()}, piece, DType::f32, ReduceOp::sum);
+        break;
+      }
+      case CollectiveKind::all_gather:
+        for (int k = c.in_place ? 1 : 0; k < nranks; k++) {
+          const int q = (r + k) % nranks;
+          std::memcpy(recv[q].data() + size_t(r) * piece, send[r].data(), piece * sizeof(float));
+        }
+        break;
+      default: break;
+    }
+  };
+  double best = 1e30;
+  for (int rep = 0; rep < kRepeats; rep++) {
+    const auto t0 = Clock::now();
+    std::vector<std::thread> threads;
+    for (int r = 0; r < nranks; r++)
+      threads.emplace_back([&, r] {
+        for (int i = 0; i < iters; i++) part(r);
+      });
+    for (auto& t : threads) t.join();
+    best = std::min(best, seconds_since(t0) / iters);
+  }
+  return best;
 }
 
 // The 1-minute load average: the ranks are threads sharing the cores with
@@ -119,26 +196,32 @@ int main(int argc, char** argv) {
               "Times are the best of %d.\n", kRepeats);
   std::printf("# %d hardware threads, load average %s (other processes share them: "
               "compare on an idle machine).\n", hardware_cores(), load_average().c_str());
-  const CollectiveKind kinds[] = {CollectiveKind::all_reduce, CollectiveKind::reduce_scatter,
-                                  CollectiveKind::all_gather};
-  for (CollectiveKind kind : kinds) {
+  const Case cases[] = {{CollectiveKind::all_reduce, false, "all_reduce"},
+                       {CollectiveKind::reduce_scatter, false, "reduce_scatter"},
+                       {CollectiveKind::all_gather, false, "all_gather"},
+                       {CollectiveKind::all_gather, true, "all_gather in place"}};
+  for (const Case& c : cases) {
     for (int nranks : {2, 4}) {
-      std::printf("\n# %s, %d ranks\n", collective_name(kind), nranks);
-      std::printf("%10s %12s %10s %12s %12s %12s %10s\n", "size", "count(f32)", "time(us)",
-                  "algbw(GB/s)", "busbw(GB/s)", "memcpy(GB/s)", "bus/memcpy");
+      // One element a rank: what the collective costs with no bytes to move.
+      const double t_sync = collective_seconds(c, nranks, nranks * sizeof(float), 2000);
+      std::printf("\n# %s, %d ranks (sync: %.1f us)\n", c.name, nranks, t_sync * 1e6);
+      std::printf("%10s %12s %10s %12s %12s %12s %10s %10s %10s\n", "size", "count(f32)",
+                  "time(us)", "algbw(GB/s)", "busbw(GB/s)", "memcpy(GB/s)", "bus/memcpy",
+                  "bytes(us)", "rest(us)");
       for (size_t bytes = size_t(64) << 10; bytes <= size_t(64) << 20; bytes *= 4) {
         const int iters = iterations_for(bytes);
-        const double t = collective_seconds(kind, nranks, bytes, iters);
+        const double t = collective_seconds(c, nranks, bytes, iters);
+        const double t_bytes = bytes_seconds(c, nranks, bytes, iters);
         const double t_copy = memcpy_seconds(bytes, iters);
-        const double factor = kind == CollectiveKind::all_reduce
+        const double factor = c.kind == CollectiveKind::all_reduce
                                   ? 2.0 * (nranks - 1) / nranks
                                   : double(nranks - 1) / nranks;
         const double algbw = double(bytes) / t / 1e9;
         const double busbw = algbw * factor;
         const double copybw = double(bytes) / t_copy / 1e9;
-        std::printf("%10s %12zu %10.1f %12.2f %12.2f %12.2f %10.2f\n",
+        std::printf("%10s %12zu %10.1f %12.2f %12.2f %12.2f %10.2f %10.1f %10.1f\n",
                     format_bytes(bytes).c_str(), bytes / sizeof(float), t * 1e6, algbw, busbw,
-                    copybw, busbw / copybw);
+                    copybw, busbw / copybw, t_bytes * 1e6, (t - t_sync - t_bytes) * 1e6);
         std::fflush(stdout);
       }
     }

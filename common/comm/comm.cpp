@@ -84,7 +84,7 @@ namespace {
 // Blocks until the collective is done; rethrows its error.
 void block_until_done(CommHandle::State& s) {
   std::unique_lock<std::mutex> lock(s.mu);
-  s.cv.wait(lock, [&] { return s.done; });
+  wait_for_peer(lock, s.cv, std::chrono::steady_clock::time_point::max(), [&] { return s.done; });
   if (s.error) std::rethrow_exception(s.error);
 }
 

@@ -52,8 +52,10 @@
 // to time out fails the group with a message naming the collective and the
 // ranks that have not arrived, and every other rank raises CommAborted.
 //
-// Waits use a mutex and condition variables, never spinning: a laptop (or a
-// 2-core CI machine) runs N rank threads plus N communication threads.
+// Waits never spin: a laptop (or a 2-core CI machine) runs N rank threads
+// plus N communication threads. Each wait first yields the core a few times
+// (the peer is usually microseconds away), then sleeps on a condition
+// variable (wait_for_peer, comm_state.h).
 #include "comm_threads.h"
 
 #include <algorithm>
@@ -237,7 +239,8 @@ class ThreadCommunicator : public Communicator {
       Op op;
       {
         std::unique_lock<std::mutex> lock(q_mu_);
-        q_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        wait_for_peer(lock, q_cv_, Clock::time_point::max(),
+                      [&] { return stopping_ || !queue_.empty(); });
         if (queue_.empty()) return;  // stopping, and nothing left to run
         op = std::move(queue_.front());
         queue_.pop_front();

@@ -17,14 +17,43 @@
 // file; stages only see comm.h.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <thread>
 
 #include "comm.h"
 
 namespace zf {
+
+// Waits on cv (with lock held) until pred() or the deadline; false on the
+// deadline. It first gives up the core a few times before it sleeps: the
+// thread waited for usually gets there within microseconds, while a wake-up
+// from sleep costs tens (an interrupt to another core, more inside a virtual
+// machine). A yield, not a spin: where threads outnumber cores it hands the
+// core to the thread it waits for. A collective's waits (the hand-off to the
+// communication thread, the barriers, the caller's wait) go through here.
+template <class Pred>
+bool wait_for_peer(std::unique_lock<std::mutex>& lock, std::condition_variable& cv,
+                   std::chrono::steady_clock::time_point deadline, Pred pred) {
+  constexpr auto kYieldFor = std::chrono::microseconds(50);
+  const auto until = std::chrono::steady_clock::now() + kYieldFor;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() >= until) {
+      if (deadline == std::chrono::steady_clock::time_point::max()) {
+        cv.wait(lock, pred);
+        return true;
+      }
+      return cv.wait_until(lock, deadline, pred);
+    }
+    lock.unlock();
+    std::this_thread::yield();
+    lock.lock();
+  }
+  return true;
+}
 
 struct CommHandle::State {
   std::mutex mu;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "comm.h"
+#include "comm_state.h"
 
 namespace zf::threads_detail {
 
@@ -189,8 +190,8 @@ class ThreadGroup {
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                               std::chrono::duration<double>(family_->timeout_s()));
-    const bool woken = cv_.wait_until(
-        lock, deadline, [&] { return generation_ != gen || aborted_ || any_departed_; });
+    const bool woken = wait_for_peer(
+        lock, cv_, deadline, [&] { return generation_ != gen || aborted_ || any_departed_; });
     if (generation_ != gen) return;  // opened: later failures are for later barriers
     throw_if_broken(rank, me);
     if (!woken) throw CommTimeout(timeout_message(rank, me));
