@@ -51,7 +51,8 @@ from bench_util import (CONTEXT, CROSSCHECK_TOL, ROOT, R, base_env, best, core_f
 
 # The targets of the project (README / bench/RESULTS.md).
 TARGET_SMALL_SPEEDUP = 2.0      # dp 1 rank small B=8 fp32 tokens/s >= 2x PyTorch 1 process
-TARGET_BUSBW_VS_MEMCPY = 0.5    # threads all-reduce busbw at 16 MiB, 4 ranks >= 0.5x memcpy
+TARGET_BUSBW_VS_MEMCPY = 0.5    # threads busbw >= 0.5x memcpy: all-reduce at 16 MiB, 4 ranks; all-gather
+                                # (in place, as the stages issue it) and reduce-scatter at 1 MiB and above
 TARGET_BUSBW_VS_GLOO = 10.0     # ... and >= 10x gloo's all-reduce busbw
 
 
@@ -200,7 +201,7 @@ def parse_comm(text):
     """{(collective, ranks): {bytes: {column: value}}} from bench_comm's tables."""
     tables, key, cols = {}, None, None
     for line in text.splitlines():
-        m = re.match(r"^#\s*(\w+),\s*(\d+)\s+ranks?", line)
+        m = re.match(r"^#\s*(\w[\w ]*?),\s*(\d+)\s+ranks?", line)
         if m:
             key, cols = (m.group(1), int(m.group(2))), None
             tables[key] = {}
@@ -224,6 +225,24 @@ def parse_comm(text):
                         pass
                 tables[key][size] = row
     return tables
+
+
+def human_bytes(n):
+    for unit in ("GiB", "MiB", "KiB"):
+        if n >= _UNITS[unit]:
+            return "%g %s" % (n / _UNITS[unit], unit)
+    return "%d B" % n
+
+
+def comm_why(name, ranks, size, row):
+    """Where a collective's time went, from bench_comm's split of the row."""
+    t, moving, rest = col(row, "time"), col(row, "bytes"), col(row, "rest")
+    if t is None or moving is None or rest is None:
+        return "%s %d ranks at %s: no split of the time in bench_comm's output" % (name, ranks, human_bytes(size))
+    sync = t - moving - rest
+    return ("%s %d ranks at %s: %.0f us = %.0f us moving the bytes (%d threads on %d cores, no synchronisation) "
+            "+ %.0f us synchronising (the same collective with one element a rank) + %.0f us rest"
+            % (name, ranks, human_bytes(size), t, moving, ranks, os.cpu_count() or 0, sync, rest))
 
 
 def col(row, prefix):
@@ -448,6 +467,7 @@ def summary(args, train, debian, kc, cross, runner, elapsed, fsdp=None):
     R.title("Summary")
     rows = []
     met = []
+    whys = []  # the reading of each miss (bench_comm's split, section D's "  why:" rows): too long for a cell
 
     def add(name, ours, peer, ratio, target, ok):
         rows.append([name, ours, peer, ratio, target, verdict(ok)])
@@ -502,6 +522,21 @@ def summary(args, train, debian, kc, cross, runner, elapsed, fsdp=None):
                     bus >= TARGET_BUSBW_VS_GLOO * gl["busbw_GBps"])
         else:
             rows.append(["all_reduce 16 MiB 4 ranks", "not found in bench_comm's output", "", "", "", "n/a"])
+        for name in ("all_gather in place", "reduce_scatter"):
+            for ranks in (2, 4):
+                table = kc.get("comm", {}).get((name, ranks), {})
+                big = [(size, row) for size, row in sorted(table.items()) if size >= 1 << 20]
+                ratios = [(col(row, "busbw") / col(row, "memcpy"), size, row) for size, row in big
+                          if col(row, "busbw") is not None and col(row, "memcpy")]
+                if not ratios:
+                    rows.append(["%s %d ranks" % (name, ranks), "not found in bench_comm's output", "", "", "", "n/a"])
+                    continue
+                r, size, row = min(ratios)
+                add("%s %d ranks, busbw vs memcpy (worst size >= 1 MiB: %s)" % (name, ranks, human_bytes(size)),
+                    "%.2f GB/s" % col(row, "busbw"), "%.2f GB/s" % col(row, "memcpy"), "%.3gx" % r,
+                    ">= %.1fx" % TARGET_BUSBW_VS_MEMCPY, r >= TARGET_BUSBW_VS_MEMCPY)
+                if r < TARGET_BUSBW_VS_MEMCPY:
+                    whys.append("- " + comm_why(name, ranks, size, row))
         k = kc.get("kernels", {})
         if k.get("peak") and k.get("rows"):
             mat = [r for r in k["rows"] if not r[0].startswith("sgemm") and not r[0].startswith("attention")]
@@ -519,7 +554,6 @@ def summary(args, train, debian, kc, cross, runner, elapsed, fsdp=None):
     if cross and cross.get("max") is not None:
         add("loss cross-check tiny 2 ranks B=4, max |diff|", "%.2e" % cross["max"], "over %d steps" % cross["steps"],
             "", "<= %.0e" % CROSSCHECK_TOL, cross["max"] <= CROSSCHECK_TOL)
-    whys = []  # section D's reading of each miss ("  why: <check>: <text>"): too long for a cell
     for name, ours, peer, ratio, target, ok in fsdp or []:
         if target:
             add(name, ours, peer, ratio, target, ok)

@@ -226,5 +226,39 @@ class ReportTest(unittest.TestCase):
         self.assertIsNone(gpu_report.spec_model_states("offload", "bf16", 4))
 
 
+class CommTableTest(unittest.TestCase):
+    """run_bench.py's reading of bench_comm's tables (a made-up output in its layout)."""
+
+    TEXT = """# threads backend, float32, sum.
+
+# all_gather, 2 ranks (sync: 50.0 us)
+      size   count(f32)   time(us)  algbw(GB/s)  busbw(GB/s) memcpy(GB/s) bus/memcpy  bytes(us)   rest(us)
+  1.00 MiB       262144      100.0        10.49         5.24        20.00       0.26       30.0       20.0
+
+# all_gather in place, 2 ranks (sync: 50.0 us)
+      size   count(f32)   time(us)  algbw(GB/s)  busbw(GB/s) memcpy(GB/s) bus/memcpy  bytes(us)   rest(us)
+  1.00 MiB       262144       80.0        13.11         6.55        20.00       0.33       20.0       10.0
+  4.00 MiB      1048576      200.0        20.97        10.49        20.00       0.52      140.0       10.0
+"""
+
+    def test_tables_kept_apart(self):
+        import run_bench
+        t = run_bench.parse_comm(self.TEXT)
+        self.assertEqual(sorted(t), [("all_gather", 2), ("all_gather in place", 2)])
+        self.assertEqual(t[("all_gather", 2)][1 << 20]["time(us)"], 100.0)
+        self.assertEqual(t[("all_gather in place", 2)][1 << 20]["time(us)"], 80.0)
+        self.assertEqual(sorted(t[("all_gather in place", 2)]), [1 << 20, 4 << 20])
+
+    def test_where_the_time_went(self):
+        import run_bench
+        row = run_bench.parse_comm(self.TEXT)[("all_gather in place", 2)][1 << 20]
+        why = run_bench.comm_why("all_gather in place", 2, 1 << 20, row)
+        # 80 us = 20 moving + (80 - 20 - 10) = 50 synchronising + 10 rest.
+        self.assertIn("80 us = 20 us moving the bytes", why)
+        self.assertIn("+ 50 us synchronising", why)
+        self.assertIn("+ 10 us rest", why)
+        self.assertIn("at 1 MiB", why)
+
+
 if __name__ == "__main__":
     sys.exit(gtest_xml.main(__name__, "bench_py", "test_bench.py [--xml FILE]"))
