@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "simd.h"
+
 namespace zf {
 
 Piece piece_of(size_t count, int nranks, int q) {
@@ -26,7 +28,8 @@ namespace {
 // may also be a source (in-place all_reduce: rank r's output piece is its own
 // input piece), and the finished block is still in cache when it is written
 // to several destinations. The loops are plain and restrict-qualified so the
-// compiler vectorises them.
+// compiler vectorises them, at the CPU's own width (ZF_VECTOR_CLONES): each
+// element is the same sum in any width, so the bits do not change.
 constexpr size_t kBlock = 2048;  // elements: 8 KiB of float32 accumulator
 
 void write_block(const std::vector<void*>& dst, size_t byte_offset, const void* block,
@@ -34,6 +37,7 @@ void write_block(const std::vector<void*>& dst, size_t byte_offset, const void* 
   for (void* d : dst) std::memcpy(static_cast<char*>(d) + byte_offset, block, bytes);
 }
 
+ZF_VECTOR_CLONES
 void reduce_f32(const std::vector<const void*>& src, const std::vector<void*>& dst, size_t n,
                 ReduceOp op) {
   const int N = int(src.size());
@@ -58,6 +62,7 @@ void reduce_f32(const std::vector<const void*>& src, const std::vector<void*>& d
   }
 }
 
+ZF_VECTOR_CLONES
 void reduce_bf16(const std::vector<const void*>& src, const std::vector<void*>& dst, size_t n,
                  ReduceOp op) {
   const int N = int(src.size());
