@@ -1,7 +1,7 @@
 // bench_comm.cpp: bandwidth of the `threads` collectives, reported the way
 // nccl-tests reports them, beside a plain memcpy of the same size.
 //
-//   build-dir/bench/bench_comm            (about 15 s; no arguments)
+//   build-dir/bench/bench_comm            (about 20 s; no arguments)
 //
 // For a collective over a buffer of S bytes (all_reduce's buffer,
 // reduce_scatter's input, all_gather's output) that takes t seconds on N ranks:

@@ -240,9 +240,14 @@ def comm_why(name, ranks, size, row):
     if t is None or moving is None or rest is None:
         return "%s %d ranks at %s: no split of the time in bench_comm's output" % (name, ranks, human_bytes(size))
     sync = t - moving - rest
-    return ("%s %d ranks at %s: %.0f us = %.0f us moving the bytes (%d threads on %d cores, no synchronisation) "
-            "+ %.0f us synchronising (the same collective with one element a rank) + %.0f us rest"
-            % (name, ranks, human_bytes(size), t, moving, ranks, os.cpu_count() or 0, sync, rest))
+    text = ("%s %d ranks at %s: %.0f us = %.0f us moving the bytes (%d threads on %d cores, no synchronisation) "
+            "+ %.0f us synchronising (the same collective with one element a rank)"
+            % (name, ranks, human_bytes(size), t, moving, ranks, os.cpu_count() or 0, sync))
+    text += (" + %.0f us rest" % rest) if rest >= 0 else (" - %.0f us (the two timings' noise)" % -rest)
+    ratio = col(row, "bus/memcpy")
+    if ratio is not None and moving > 0:
+        text += "; the bytes alone, with no synchronisation, would give %.2fx memcpy" % (ratio * t / moving)
+    return text
 
 
 def col(row, prefix):

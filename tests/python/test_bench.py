@@ -258,6 +258,11 @@ class CommTableTest(unittest.TestCase):
         self.assertIn("+ 50 us synchronising", why)
         self.assertIn("+ 10 us rest", why)
         self.assertIn("at 1 MiB", why)
+        # bus/memcpy 0.33 at 80 us: 0.33 * 80 / 20 = 1.32 with the bytes alone.
+        self.assertIn("would give 1.32x memcpy", why)
+        row = dict(row, **{"rest(us)": -5.0})
+        self.assertIn("+ 65 us synchronising (the same collective with one element a rank) - 5 us",
+                      run_bench.comm_why("all_gather in place", 2, 1 << 20, row))
 
 
 if __name__ == "__main__":
