@@ -509,9 +509,9 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
     run_fibers(N, rank_main, stall_s, [stall_s](int r) {
       // The stuck rank holds the only thread: nothing can unwind it.
       std::fprintf(stderr,
-                   "error: rank %d of the dry run has run %.0f s (--comm-timeout) without waiting for the others "
-                   "or returning: it is stuck (an endless loop?); stopping the process\n",
-                   r, stall_s);
+                   "%s: error: rank %d of the dry run has run %.0f s (--comm-timeout) without waiting for the "
+                   "others or returning: it is stuck (an endless loop?); stopping the process\n",
+                   program_invocation_short_name, r, stall_s);
       std::_Exit(1);
     });
     if (failures.empty()) return;

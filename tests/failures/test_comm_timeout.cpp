@@ -80,6 +80,18 @@ TEST(CommTimeout, StalledThreadRankEndsAShardedRun) {
   expect_stall_reported(t, 2, "");
 }
 
+// A dry run's ranks are fibers on one thread: the watchdog names the stuck
+// one and ends the process, with the program's name like every other error.
+TEST(CommTimeout, StalledDryRunRankIsNamed) {
+  const std::string zero3 = binary("ZF_ZERO3_BIN", "build/03_zero3/zero3");
+  const Timed t = timed("timeout 40 " + zero3 +
+                        " --model tiny --steps 3 --batch 1 --quiet --ranks 4 --clock modeled --dry-run "
+                        "--hardware h100-sxm --inject-fault 1:1:stall --comm-timeout 2");
+  EXPECT_EQ(t.r.exit_code, 1) << t.r.output;
+  EXPECT_LT(t.seconds, 2 + 15) << t.r.output;
+  expect_words(t.r.output, {"zero3: error: rank 1 of the dry run has run 2 s (--comm-timeout)", "stuck"});
+}
+
 TEST(CommTimeout, EnvironmentSetsItAndTheFlagWins) {
   expect_stall_reported(timed("ZF_COMM_TIMEOUT_S=1.5 " + dp() + " --ranks 3 --inject-fault 1:2:stall"), 1.5,
                         "all_reduce");
