@@ -2,6 +2,7 @@
 #include "checkpoint.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -204,7 +205,9 @@ void check_metadata_words(const std::string& path, const std::map<std::string, s
       {"format", {"zero-to-fsdp training checkpoint", "zero-to-fsdp consolidated model"}},
       {"model", {layout.cfg.name}},
       {"precision", {"fp32", "bf16"}},
-      {"stage", {"dp", "zero1", "zero2", "zero3", "fsdp", "offload"}},
+      // The ladder's stages, and the program reading it: a stage of one's
+      // own (lab 7's) writes its executable's name, and resumes from it.
+      {"stage", {"dp", "zero1", "zero2", "zero3", "fsdp", "offload", program_invocation_short_name}},
   };
   for (const Allowed& a : allowed) {
     auto it = meta.find(a.key);

@@ -13,6 +13,7 @@
 // exits 2 on a damaged file and leaves it as it was.
 //
 //   meson test -C build checkpoint
+#include <cerrno>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -348,6 +349,15 @@ TEST_F(CheckpointValues, MetadataWordsThisProgramDoesNotWriteAreRefused) {
     });
     expect_refused(bad, {"the metadata '" + key + "' = '" + value + "'", "where this program writes"});
   }
+}
+
+// A stage of one's own (lab 7's) writes its executable's name as the stage:
+// the program of that name reads it back.
+TEST_F(CheckpointValues, TheReadingProgramsOwnStageNameIsAccepted) {
+  const std::string own = with_header("own_stage.safetensors", [](nlohmann::ordered_json& h, std::string&) {
+    h["__metadata__"]["stage"] = program_invocation_short_name;
+  });
+  EXPECT_NO_THROW(CheckpointReader(own, layout_));
 }
 
 // The boundary of the metadata numbers' overflow guard: 2^64 - 1 is a seed,
