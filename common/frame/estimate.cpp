@@ -111,44 +111,26 @@ std::vector<double> padded_units(const ModelLayout& layout, int N) {
   return a;
 }
 
-// The peak of stage 04's gathered units (04_fsdp/README.md's schedule),
-// with a the padded FSDP units in forward order: every unit at once without
-// resharding. Else the larger of: a run of w consecutive units, w = D + 1
-// (the unit and the D prefetched) capped at M; and at the backward's start,
-// the head (kept gathered since its forward, which M does not count) with
-// the D units before it, capped at M. A prefetch that reaches past the
-// head into the backward's order (D >= G - 1 for G units) is not modelled.
-std::optional<double> gathered_peak(const std::vector<double>& a, const FsdpOptions& f) {
-  double total = 0;
-  for (double x : a) total += x;
-  if (!f.reshard_after_forward) return total;
-  const size_t D = size_t(f.prefetch), M = size_t(f.max_gathered);
-  if (D + 1 >= a.size()) return std::nullopt;
-  const size_t w = M == 0 ? D + 1 : std::min(D + 1, M), before = M == 0 ? D : std::min(D, M);
-  double peak = 0;
-  for (size_t g = 0; g < a.size(); ++g) {
-    double run = 0;
-    for (size_t i = g; i < std::min(a.size(), g + w); ++i) run += a[i];
-    peak = std::max(peak, run);
-  }
-  double head = a.back();
-  for (size_t i = 1; i <= before && i < a.size(); ++i) head += a[a.size() - 1 - i];
-  return std::max(peak, head);
-}
-
 // The step's transient device bytes (estimate.h), replayed allocation by
 // allocation in the order the stages make them (02_zero2/sharded_grads.cpp,
 // 03_zero3/gathered_params.cpp, 04_fsdp/flat_params.cpp and flat_grads.cpp,
 // 05_offload/host_grads.cpp and offload_params.cpp); the peak is the most
-// held just after an allocation.
+// held just after an allocation. The gathered units (category gathered) are
+// also counted on their own.
 class Transients {
  public:
   double peak() const { return peak_; }
+  double gathered_peak() const { return gathered_peak_; }
   void alloc(double bytes) { peak_ = std::max(peak_, cur_ += bytes); }
   void free(double bytes) { cur_ -= bytes; }
+  void gather(double bytes) {
+    alloc(bytes);
+    gathered_peak_ = std::max(gathered_peak_, gathered_ += bytes);
+  }
+  void release(double bytes) { free(bytes), gathered_ -= bytes; }
 
  private:
-  double cur_ = 0, peak_ = 0;
+  double cur_ = 0, peak_ = 0, gathered_ = 0, gathered_peak_ = 0;
 };
 
 // Gradients: each unit's whole gradient is made for its backward and handed
@@ -195,29 +177,29 @@ double zero2_transient(const std::vector<double>& a, double e) {
 }
 
 // Stage 03: the gathered units, one prefetched ahead each way, and stage 02's gradients.
-double zero3_transient(const std::vector<double>& a, double e) {
+Transients zero3_transient(const std::vector<double>& a, double e) {
   Transients t;
   const size_t U = a.size();
-  t.alloc(e * a[0]);
+  t.gather(e * a[0]);
   for (size_t u = 0; u < U; ++u) {
-    if (u + 1 < U) t.alloc(e * a[u + 1]);
-    t.free(e * a[u]);
+    if (u + 1 < U) t.gather(e * a[u + 1]);
+    t.release(e * a[u]);
   }
   GradFlow grads(t);
-  t.alloc(e * a[U - 1]);
+  t.gather(e * a[U - 1]);
   for (size_t u = U; u-- > 0;) {
-    if (u > 0) t.alloc(e * a[u - 1]);
-    t.alloc(e * a[u]);  // the gradient
-    t.free(e * a[u]);   // reshard
+    if (u > 0) t.gather(e * a[u - 1]);
+    t.alloc(e * a[u]);     // the gradient
+    t.release(e * a[u]);   // reshard
     grads.reduce(e * a[u]);
   }
   grads.finish();
-  return t.peak();
+  return t;
 }
 
 // Stages 04-05 (04_fsdp/fsdp.cpp's forward and backward): a: the padded FSDP
 // units, G_ranks the ranks sharing a shard, K micro-steps.
-double fsdp_transient(Stage stage, const TrainConfig& cfg, const std::vector<double>& a, int G_ranks) {
+Transients fsdp_transient(Stage stage, const TrainConfig& cfg, const std::vector<double>& a, int G_ranks) {
   const FsdpOptions& f = cfg.fsdp;
   const int G = int(a.size()), D = f.prefetch, M = f.max_gathered, K = cfg.grad_accum;
   const double e = double(dtype_size(storage_dtype(cfg.precision))), r = reduce_bytes(cfg);
@@ -233,7 +215,7 @@ double fsdp_transient(Stage stage, const TrainConfig& cfg, const std::vector<dou
     return n;
   };
   const auto issue = [&](int g) {
-    t.alloc(gathered[g] = e * a[size_t(g)]);
+    t.gather(gathered[g] = e * a[size_t(g)]);
     if (cast) t.alloc(casts[g] = e * a[size_t(g)] / G_ranks);
   };
   const auto unshard = [&](int g) {
@@ -248,7 +230,7 @@ double fsdp_transient(Stage stage, const TrainConfig& cfg, const std::vector<dou
   };
   const auto reshard = [&](int g) {
     wait(g);
-    t.free(gathered[g]), gathered.erase(g);
+    t.release(gathered[g]), gathered.erase(g);
   };
   GradFlow grads(t, stage == Stage::offload);
   for (int k = 0; k < K; ++k) {
@@ -278,7 +260,7 @@ double fsdp_transient(Stage stage, const TrainConfig& cfg, const std::vector<dou
     }
     grads.finish();
   }
-  return t.peak();
+  return t;
 }
 
 }  // namespace
@@ -328,11 +310,10 @@ StageEstimate estimate_stage(Stage stage, const TrainConfig& cfg) {
     est.workspace = workspace_bytes(cfg, layout);
     const double e = double(dtype_size(storage_dtype(cfg.precision)));
     const std::vector<double> a = padded_units(layout, cfg.ranks);
-    est.transient = stage == Stage::zero2 ? zero2_transient(a, e) : stage == Stage::zero3 ? zero3_transient(a, e) : 0;
-    if (stage == Stage::zero3) {  // stage 04's schedule at one unit of prefetch, no limit, nothing kept
-      FsdpOptions one_ahead;
-      one_ahead.prefetch = 1, one_ahead.max_gathered = 0, one_ahead.reshard_after_forward = true;
-      if (const std::optional<double> peak = gathered_peak(a, one_ahead)) est.gathered = e * *peak;
+    est.transient = stage == Stage::zero2 ? zero2_transient(a, e) : 0;
+    if (stage == Stage::zero3) {
+      const Transients t = zero3_transient(a, e);
+      est.transient = t.peak(), est.gathered = t.gathered_peak();
     }
     return est;
   }
@@ -345,9 +326,8 @@ StageEstimate estimate_stage(Stage stage, const TrainConfig& cfg) {
   est.activations = activation_bytes(cfg.model, cfg.batch, cfg.compute, cfg.attention, cfg.recompute);
   est.workspace = workspace_bytes(cfg, layout);
   const std::vector<double> a = padded_units(units, G);
-  est.transient = fsdp_transient(stage, cfg, a, G);
-  if (const std::optional<double> peak = gathered_peak(a, cfg.fsdp))
-    est.gathered = double(dtype_size(storage_dtype(cfg.precision))) * *peak;
+  const Transients t = fsdp_transient(stage, cfg, a, G);
+  est.transient = t.peak(), est.gathered = t.gathered_peak();
   return est;
 }
 

@@ -37,9 +37,9 @@ struct StageEstimate {
   ModelStateBytes states;   // params, grads, optimizer on the device, the host and (--offload-dir) disk
   std::optional<double> activations;  // device bytes of category activations; none without a shape
   // Stages 03-05: the peak of category gathered (units all-gathered whole),
-  // from the schedule of --prefetch, --max-gathered and resharding (stage
-  // 03: two units, the one computing and the next); none in stages 00-02,
-  // without a shape, or for a prefetch deeper than the model's units less one.
+  // from the same replay as `transient`: the schedule of --prefetch,
+  // --max-gathered and resharding (stage 03: two units, the one computing
+  // and the next); none in stages 00-02 or without a shape.
   std::optional<double> gathered;
   // Category workspace: the bf16 recipe's two float32 buffers of the largest
   // unit, where compute widens (f32 compute); 0 otherwise.

@@ -152,10 +152,9 @@ TEST(EstimateVsRun, GatheredPeakFollowsTheSchedule) {
                      std::to_string(wrap));
         TrainConfig cfg = test::config(odd4, 3, 1, 1, Precision::bf16);
         cfg.fsdp.prefetch = sc.D, cfg.fsdp.max_gathered = sc.M, cfg.fsdp.wrap_blocks = wrap;
-        // Estimated where the prefetch stays within the forward's units (6
-        // units at wrap 1, 4 at wrap 2 and 3): said as none beyond.
-        const size_t G = wrap == 1 ? 6 : 4;
-        EXPECT_EQ(estimate_stage(s, cfg).gathered.has_value(), size_t(sc.D) + 1 < G);
+        // Every depth, also one past the forward's units (6 units at wrap 1,
+        // 4 at wrap 2 and 3).
+        EXPECT_TRUE(estimate_stage(s, cfg).gathered.has_value());
         expect_estimate_matches_run(s, cfg);
       }
 }
