@@ -378,11 +378,13 @@ def check_lab(a):
     # unless --ranks names the one count to check.
     configs = [(cfg, opts)]
     if a.binary and a.ranks is None and lab.padded_ranks:
-        configs.append((dict(cfg, ranks=lab.padded_ranks), dict(opts, **lab.padded_flags)))
+        other = {k: v for k, v in lab.padded_cfg.items() if getattr(a, k) is None}  # unless given
+        configs.append((dict(cfg, ranks=lab.padded_ranks, **other), dict(opts, **lab.padded_flags)))
     try:
         for i, (c, o) in enumerate(configs):
             if i:
                 flags = "".join(f" {k} {v}" for k, v in lab.padded_flags.items())
+                flags += "".join(f" --{k.replace('_', '-')} {v}" for k, v in other.items())
                 print(f"  at --ranks {c['ranks']}{flags}, where the units are padded")
                 checks.where = f"N={c['ranks']}: "
             check_config(lab, c, o, binary, dp, folder, checks, predictions if i == 0 else [],

@@ -104,6 +104,7 @@ class Lab:
     extra_flags = {}        # --stage-flags the formulas know: flag -> bool | int | (values)
     padded_ranks = None     # where the preset's units are padded: a student's executable is checked there too
     padded_flags = {}       # and the --stage-flags of that check (lab 7: a shard group tiny's units do not divide)
+    padded_cfg = {}         # and what else that check changes (lab 6: the other precision, two micro-steps)
     on_failure = "the run's message"
     time_rel = None         # predictions of modeled times: their relative tolerance
     estimate_keys = ()      # keys a student estimates: reported with how far off, never failed
@@ -338,6 +339,7 @@ class Fsdp(Lab):
 class Offload(Fsdp):
     number, name, title, stage, test = 6, "offload", "stage 05, offload", "05_offload/offload", "offload"
     defaults = dict(model="tiny", ranks=2, precision="bf16", grad_accum=1)
+    padded_cfg = dict(precision="fp32", grad_accum=2)  # the float32 recipe has no bf16 copy to keep
     keys = pick("P", "model_states", "all_gather", "reduce_scatter", extra={
         "host_model_states": "05_offload/README.md, Memory per rank: 16S and the bf16 copy",
         "to_host_bytes": "05_offload/README.md, What crosses the link: each reduced piece, K times",
