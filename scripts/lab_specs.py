@@ -288,6 +288,7 @@ class Fsdp(Lab):
     number, name, title, stage, test = 5, "fsdp", "stage 04, FSDP", "04_fsdp/fsdp", "fsdp"
     defaults = dict(model="tiny", ranks=4, precision="bf16", grad_accum=1)
     padded_ranks = 3
+    padded_cfg = dict(precision="fp32", grad_accum=2)  # the other recipe, and each micro-step's piece added
     keys = FSDP_KEYS
     extra_flags = {"--reduce-dtype": ("bf16", "fp32"), "--reshard-after-forward": ("true", "false"),
                    "--prefetch": ("0", "1"), "--no-sync": bool, "--wrap-blocks": int}
@@ -312,8 +313,10 @@ class Fsdp(Lab):
                "FlatParams and FlatGrads in 04_fsdp/flat_params.h, flat_grads.h: float32 shards in both recipes")
         comm = F.fsdp_comm(m, N, p, K, opts.get("--reduce-dtype"), k["reshard"], opts.get("--no-sync", False),
                            k["wrap_blocks"])
-        look = "unshard/reshard in 04_fsdp/fsdp.cpp; the kept head; --reduce-dtype's bytes"
-        collectives(checks, r, comm, look, skip=("all_gather",))
+        collectives(checks, r, comm,
+                    "the reduce-scatter in --reduce-dtype (04_fsdp/flat_grads.cpp); the loss and norm all-reduces",
+                    skip=("all_gather",))
+        look = "unshard/reshard in 04_fsdp/fsdp.cpp: the head kept gathered from its forward to its backward"
         # What stage 04 adds beyond the lab's change (the head kept gathered
         # from its forward to its backward, the `gathered` category and its
         # peak): required of the stage, noted for a student's stage 03.
@@ -339,7 +342,6 @@ class Fsdp(Lab):
 class Offload(Fsdp):
     number, name, title, stage, test = 6, "offload", "stage 05, offload", "05_offload/offload", "offload"
     defaults = dict(model="tiny", ranks=2, precision="bf16", grad_accum=1)
-    padded_cfg = dict(precision="fp32", grad_accum=2)  # the float32 recipe has no bf16 copy to keep
     keys = pick("P", "model_states", "all_gather", "reduce_scatter", extra={
         "host_model_states": "05_offload/README.md, Memory per rank: 16S and the bf16 copy",
         "to_host_bytes": "05_offload/README.md, What crosses the link: each reduced piece, K times",
