@@ -37,6 +37,7 @@
 #endif
 #endif
 #ifdef ZF_FIBERS_ASAN
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 #ifdef ZF_FIBERS_TSAN
@@ -232,6 +233,12 @@ void run_fibers(int n, const std::function<void(int)>& body, double stall_s,
                   std::to_string(kStackBytes >> 20) + " MiB of address space each: " + std::strerror(errno) +
                   "); ask for fewer --ranks, or raise the limit on address space (ulimit -v)");
     f.memory = static_cast<char*>(m);
+#ifdef ZF_FIBERS_ASAN
+    // A fiber that finished never returned from its frames, so ASan's
+    // shadow still marks their red zones; a stack mapped again at that
+    // address would inherit them and report its own frames.
+    __asan_unpoison_memory_region(f.memory + s.guard, kStackBytes);
+#endif
     if (mprotect(f.memory, s.guard, PROT_NONE) != 0)
       throw Error("could not protect the stack guard of rank " + std::to_string(&f - s.fibers.data()) + " of " +
                   std::to_string(n) + " (" + std::strerror(errno) + "; the system's limit on memory maps, "
