@@ -38,9 +38,10 @@ namespace zf {
 template <class Pred>
 bool wait_for_peer(std::unique_lock<std::mutex>& lock, std::condition_variable& cv,
                    std::chrono::steady_clock::time_point deadline, Pred pred) {
+  if (pred()) return true;  // already there: no clock read, no yield
   constexpr auto kYieldFor = std::chrono::microseconds(50);
   const auto until = std::chrono::steady_clock::now() + kYieldFor;
-  while (!pred()) {
+  do {
     if (std::chrono::steady_clock::now() >= until) {
       if (deadline == std::chrono::steady_clock::time_point::max()) {
         cv.wait(lock, pred);
@@ -51,7 +52,7 @@ bool wait_for_peer(std::unique_lock<std::mutex>& lock, std::condition_variable& 
     lock.unlock();
     std::this_thread::yield();
     lock.lock();
-  }
+  } while (!pred());
   return true;
 }
 
