@@ -184,6 +184,39 @@ def fsdp_gathered_peak(model, N, precision, reshard=True, prefetch=1, wrap_block
     return e * max(x + y for x, y in zip(a, a[1:]))
 
 
+def fsdp_comm_peak(model, N, precision, reduce_dtype=None, reshard=True, no_sync=False, wrap_blocks=1):
+    """Peak of category `comm` at the default --prefetch 1: the moments of
+    04_fsdp/README.md, Memory of the communication buffers. c: a bf16
+    all-gather's input (the cast shard), e: a unit's gradient buffer, h: a
+    buffer in its reduce-scatter (under --no-sync only the float32 copy of
+    a kept gradient), a bf16 reduce's piece widened to float32 (4 S)."""
+    a, _, _ = fsdp_sizes(model, N, wrap_blocks)
+    G, e = len(a), DTYPE_BYTES[precision]
+    r = DTYPE_BYTES[reduce_dtype or precision]
+    c = e if precision == "bf16" else 0
+    cb = c if reshard else 0  # the backward gathers again only after a reshard
+
+    def A(g):
+        return a[g] if 0 <= g < G else 0
+
+    def S(g):
+        return A(g) // N
+
+    def h(g):
+        return (4 * A(g) if r != e else 0) if no_sync else r * A(g)
+
+    piece = r == 2
+    peak = h(0) + 4 * S(0) if piece else 0  # the last wait: unit 0's buffer and its widened piece
+    for g in range(G):
+        before = cb * S(g - 1) + h(g + 1)  # g-1's all-gather input, g+1's buffer in flight
+        made = 0 if no_sync else e * A(g)
+        peak = max(peak, c * (S(g) + S(g + 1)),                                  # the forward's prefetch
+                   before + cb * (S(g) if g < G - 1 else 0),                    # g's prefetch issued
+                   before + made + (4 * A(g) if r != e else 0),                 # g's buffer made
+                   before + h(g) + (4 * S(g + 1) if piece and g + 1 < G else 0))  # g+1's completing
+    return peak
+
+
 def offload_memory(model, N, precision, K=1):
     """Stage 05 per rank: device model states eS, host 16S (+2S bf16 copy);
     per step d2h K*r*S, h2d e*S (05_offload/README.md's tables)."""

@@ -316,6 +316,13 @@ class Fsdp(Lab):
         collectives(checks, r, comm,
                     "the reduce-scatter in --reduce-dtype (04_fsdp/flat_grads.cpp); the loss and norm all-reduces",
                     skip=("all_gather",))
+        if opts.get("--prefetch", 1) == 1:  # the formula's schedule
+            each_rank(checks, r, "peak comm bytes",
+                      F.fsdp_comm_peak(m, N, p, opts.get("--reduce-dtype"), k["reshard"], opts.get("--no-sync", False),
+                                       k["wrap_blocks"]),
+                      lambda mm, c: mm["device"]["comm"]["peak"],
+                      "04_fsdp/README.md, Memory of the communication buffers: the bf16 all-gather input, kept "
+                      "until the all-gather is done, and the widened piece count as category comm")
         look = "unshard/reshard in 04_fsdp/fsdp.cpp: the head kept gathered from its forward to its backward"
         # What stage 04 adds beyond the lab's change (the head kept gathered
         # from its forward to its backward, the `gathered` category and its

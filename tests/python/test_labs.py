@@ -221,9 +221,10 @@ class PreviousStageFails(LabTestCase):
 
     def test_fsdp_lab_with_zero3(self):
         # Stage 03 gathers the same units, two at a time, as stage 04 by default: its gathered peak is
-        # stage 04's; its bf16 parameter shards are not (the lab's change), nor its head gathered
-        # twice (stage 04's, noted: not required of the student).
-        out = self.fails(5, "--binary", os.path.join(BUILD, EXE[3]), naming=["params bytes"])
+        # stage 04's; its bf16 parameter shards are not (the lab's change), nor its category comm (no
+        # float32 piece to cast or widen), nor its head gathered twice (stage 04's, noted: not
+        # required of the student).
+        out = self.fails(5, "--binary", os.path.join(BUILD, EXE[3]), naming=["params bytes", "peak comm bytes"])
         self.assertNotRegex(out, r"FAIL  [^\n]*all_gather")
         self.assertRegex(out, r"note  all_gather bytes per step[^\n]*stage 04's, not required")
 
@@ -278,17 +279,33 @@ class MadeUpVariants(LabTestCase):
         self.passes(2, "--binary", cut, "--ranks", 4)
         self.fails(2, "--binary", cut, naming=[r"N=3: model states per rank", r"N=3: optimizer bytes"])
 
+    # A stand-in for the lab's change made to stage 03: float32 shards of
+    # the parameters and gradients (4S each), no master (AdamW's 8S),
+    # S = tiny's padded shard (N = 4: P/4; N = 3: the units padded to 3).
+    # At N = 4 in bf16 category comm also holds what the change adds: as
+    # block 1's gradient is made, the embedding's bf16 all-gather input,
+    # block 2's buffer completing its reduce-scatter and my piece of it
+    # widened to float32 (04_fsdp/README.md's moments); at N = 3 the check
+    # runs in fp32, where there is neither.
+    FSDP_STAND_IN = ("S = {4: %d, 3: %d}[summary['ranks']]\n"
+                     "for m in summary['memory']:\n"
+                     "    d = m['device']\n"
+                     "    d['params']['current'], d['grads']['current'], d['optimizer']['current'] = 4 * S, 4 * S, 8 * S\n"
+                     "    d['model_states'] = 16 * S\n") % (
+        P // 4, sum(-(-u // 3) for u in (256 * 64 + 64 * 64, BLOCK, BLOCK, HEAD)))
+    FSDP_COMM_PEAK = ("    if summary['ranks'] == 4:\n"
+                      "        d['comm']['peak'] = %d\n") % (2 * EMBED // 4 + 2 * BLOCK + 2 * BLOCK + 4 * BLOCK // 4)
+
     def test_the_fsdp_lab_from_stage_03_passes_without_stage_04s_extras(self):
-        # A stand-in for the lab's change made to stage 03: float32 shards of
-        # the parameters and gradients (4S each), no master (AdamW's 8S),
-        # S = tiny's padded shard (N = 4: P/4; N = 3: the units padded to 3).
-        body = ("S = {4: %d, 3: %d}[summary['ranks']]\n"
-                "for m in summary['memory']:\n"
-                "    d = m['device']\n"
-                "    d['params']['current'], d['grads']['current'], d['optimizer']['current'] = 4 * S, 4 * S, 8 * S\n"
-                "    d['model_states'] = 16 * S") % (P // 4, sum(-(-u // 3) for u in (256 * 64 + 64 * 64, BLOCK, BLOCK, HEAD)))
-        out = self.passes(5, "--binary", self.wrapper("zero3_f32", body, stage=3))
+        out = self.passes(5, "--binary", self.wrapper("zero3_f32", self.FSDP_STAND_IN + self.FSDP_COMM_PEAK, stage=3))
         self.assertIn("note  all_gather bytes per step", out)
+
+    def test_the_fsdp_lab_with_the_send_buffer_outside_comm(self):
+        # The same shards, but category comm as stage 03's: the bf16 input of
+        # each all-gather and the widened piece counted elsewhere
+        out = self.fails(5, "--binary", self.wrapper("zero3_f32_comm", self.FSDP_STAND_IN, stage=3),
+                         naming=[r"peak comm bytes \(rank 0\)"])
+        self.assertIn("failed (1 of", out)
 
     def test_one_rank_that_differs(self):
         body = "summary['memory'][1]['device']['model_states'] += 2"
