@@ -93,6 +93,58 @@ class PeakAndMfuTest(unittest.TestCase):
         self.assertIsNone(mfu.mfu(855383040.0, None, 989.4e12))
 
 
+class AdamWShimTest(unittest.TestCase):
+    """bench/adamw_c.cpp as bench_adamw.py calls it (ctypes): the step of
+    common/core/adamw.h's formula, every operation rounded to float32, on a
+    range of 2 threads' chunks, vectors and a scalar tail. A shim that
+    passed beta1 for beta2, or dropped the decay, would compare something
+    else with the peers."""
+
+    N, LR, B1, B2, EPS, WD = 70, 3e-3, 0.9, 0.95, 1e-8, 0.1
+
+    def test_two_steps_by_the_formula(self):
+        path = os.environ.get("ZF_ADAMW_C")
+        if not path:
+            self.skipTest("ZF_ADAMW_C unset: a sanitized build makes no bench/libzf_adamw_c.so "
+                          "(a Python without the sanitizer's runtime cannot load it)")
+        import ctypes
+        import math
+        import struct
+        import bench_adamw
+
+        def f32(x):
+            return struct.unpack("f", struct.pack("f", x))[0]
+
+        lib = bench_adamw.load_ours(path)
+        arr = ctypes.c_float * self.N
+        p = arr(*[f32(0.02 * math.sin(i + 1)) for i in range(self.N)])
+        g = arr(*[f32(1e-3 * math.cos(3 * i)) for i in range(self.N)])
+        m, v = arr(), arr()
+        want = [list(p), list(m), list(v)]
+        lr, b1, b2, eps, wd = (f32(x) for x in (self.LR, self.B1, self.B2, self.EPS, self.WD))
+        handle = ctypes.c_void_p(lib.zf_adamw_new(2))
+        self.assertTrue(handle)
+        try:
+            for t in (1, 2):
+                self.assertEqual(0, lib.zf_adamw_step(handle, p, g, m, v, self.N, t, self.LR, self.B1, self.B2,
+                                                      self.EPS, self.WD))
+                decay = f32(1 - f32(lr * wd))
+                step_size = f32(lr / (1 - b1 ** t))          # in double, then float32, as PyTorch
+                bias2_sqrt = f32(math.sqrt(1 - b2 ** t))
+                for i in range(self.N):
+                    pi, mi, vi = want[0][i], want[1][i], want[2][i]
+                    gi = g[i]
+                    pi = f32(pi * decay)
+                    mi = f32(mi + f32(f32(1 - b1) * f32(gi - mi)))
+                    vi = f32(f32(vi * b2) + f32(f32(f32(1 - b2) * gi) * gi))
+                    denom = f32(f32(f32(math.sqrt(vi)) / bias2_sqrt) + eps)
+                    pi = f32(pi - f32(step_size * f32(mi / denom)))
+                    want[0][i], want[1][i], want[2][i] = pi, mi, vi
+                self.assertEqual(want, [list(p), list(m), list(v)], f"step {t}")
+        finally:
+            lib.zf_adamw_free(handle)
+
+
 def write_log(path, ms, tokens_per_step, summary, losses=None):
     with open(path, "w") as f:
         for i, t in enumerate(ms):
