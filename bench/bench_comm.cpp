@@ -20,10 +20,10 @@
 //   sync   the same collective with one element a rank: the hand-off to the
 //          communication thread, the two barriers (arrival, release) and the
 //          wake-ups, with no bytes to move;
-//   bytes  N plain threads doing exactly the ranks' moves (the rank-ordered
-//          reduction of comm_reduce.h, the copies) over the same buffers,
-//          started once and joined once: what moving the bytes costs on
-//          these cores with no synchronisation at all.
+//   bytes  N plain threads doing exactly the ranks' moves (the backend's
+//          own move_my_share: the rank-ordered reduction, the copies) over
+//          the same buffers, started once and joined once: what moving the
+//          bytes costs on these cores with no synchronisation at all.
 // time - sync - bytes is the rest: cache misses on buffers another core just
 // wrote, and ranks that wait for a core.
 // "all_gather in place" is the form FSDP and ZeRO-3 issue (each rank's piece
@@ -39,7 +39,7 @@
 
 #include "blas.h"
 #include "comm.h"
-#include "comm_reduce.h"
+#include "comm_threads_impl.h"
 #include "launch.h"
 #include "memory.h"
 #include "tensor.h"
@@ -127,49 +127,31 @@ double collective_seconds(const Case& c, int nranks, size_t bytes, int iters) {
   return result;
 }
 
-// The bytes alone: N threads, thread r doing rank r's part of the collective
-// over the N ranks' buffers with the backend's own loops, `iters` times with
-// no synchronisation between the repetitions.
+// The bytes alone: N threads, thread r doing rank r's share of the
+// collective over the N ranks' buffers with the backend's own code
+// (move_my_share, comm_threads_impl.h), `iters` times with no
+// synchronisation between the repetitions.
 double bytes_seconds(const Case& c, int nranks, size_t bytes, int iters) {
   const size_t full = bytes / sizeof(float);
   const size_t piece = full / nranks;
   std::vector<std::vector<float>> send(nranks), recv(nranks);
+  std::vector<PostedBuffers> posted(nranks);
   for (int q = 0; q < nranks; q++) {
     send[q].assign(full, float(q + 1));
     recv[q].assign(full, float(q + 1));
+    if (c.kind == CollectiveKind::all_reduce) posted[q] = {send[q].data(), send[q].data()};  // in place
+    else if (c.in_place) posted[q] = {recv[q].data() + size_t(q) * piece, recv[q].data()};
+    else posted[q] = {send[q].data(), recv[q].data()};
   }
-  auto part = [&](int r) {
-    switch (c.kind) {
-      case CollectiveKind::all_reduce: {
-        const Piece mine = piece_of(full, nranks, r);
-        std::vector<const void*> src(nranks);
-        std::vector<void*> dst(nranks);
-        for (int q = 0; q < nranks; q++) src[q] = dst[q] = send[q].data() + mine.begin;
-        reduce_in_rank_order(src, dst, mine.size, DType::f32, ReduceOp::sum);
-        break;
-      }
-      case CollectiveKind::reduce_scatter: {
-        std::vector<const void*> src(nranks);
-        for (int q = 0; q < nranks; q++) src[q] = send[q].data() + size_t(r) * piece;
-        reduce_in_rank_order(src, {recv[r].data()}, piece, DType::f32, ReduceOp::sum);
-        break;
-      }
-      case CollectiveKind::all_gather:
-        for (int k = c.in_place ? 1 : 0; k < nranks; k++) {
-          const int q = (r + k) % nranks;
-          std::memcpy(recv[q].data() + size_t(r) * piece, send[r].data(), piece * sizeof(float));
-        }
-        break;
-      default: break;
-    }
-  };
+  const size_t count = c.kind == CollectiveKind::all_reduce ? full : piece;
   double best = 1e30;
   for (int rep = 0; rep < kRepeats; rep++) {
     const auto t0 = Clock::now();
     std::vector<std::thread> threads;
     for (int r = 0; r < nranks; r++)
       threads.emplace_back([&, r] {
-        for (int i = 0; i < iters; i++) part(r);
+        const auto io = make_host_transport();
+        for (int i = 0; i < iters; i++) move_my_share(*io, c.kind, posted, r, 0, count, DType::f32, ReduceOp::sum);
       });
     for (auto& t : threads) t.join();
     best = std::min(best, seconds_since(t0) / iters);

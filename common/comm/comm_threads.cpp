@@ -334,57 +334,20 @@ class ThreadCommunicator : public Communicator {
                     "dtypes, in the same order.");
     }
 
-    const size_t esz = dtype_size(me.dtype);
     switch (me.kind) {
-      case CollectiveKind::all_reduce: {
-        // Phase 2: reduce my piece r, reading piece r of every rank's buffer
-        // in rank order. Phase 3: hand the finished piece to every rank by
-        // writing it into piece r of every buffer (mine included). Both are
-        // done block by block, so each block is read once from every rank
-        // and written while still in cache. Safe in place: only I touch
-        // piece r of any buffer, and I read all of a block before writing it.
-        const Piece mine = piece_of(me.count, N, r);
-        std::vector<const void*> src(N);
-        std::vector<void*> dst(N);
-        for (int q = 0; q < N; q++) {
-          src[q] = at(g.posted(q, me.seq).recv, mine.begin * esz);
-          dst[q] = at(g.posted(q, me.seq).recv, mine.begin * esz);
-        }
-        moving(me, [&] { io_->reduce(src, dst, mine.size, me.dtype, me.op); });
-        g.barrier(r, me);  // every piece is in every buffer: my caller may use mine
-        break;
-      }
-      case CollectiveKind::reduce_scatter: {
-        // Phase 2 only: slot r of every rank's send buffer, summed in rank
-        // order by the same loop as all_reduce, into my recv buffer.
-        std::vector<const void*> src(N);
-        for (int q = 0; q < N; q++)
-          src[q] = at(g.posted(q, me.seq).send, size_t(r) * me.count * esz);
-        const std::vector<void*> dst = {me.recv};
-        moving(me, [&] { io_->reduce(src, dst, me.count, me.dtype, me.op); });
-        g.barrier(r, me);  // nobody reads my send buffer any more
-        break;
-      }
-      case CollectiveKind::all_gather: {
-        // Phase 3 only: my piece is my send buffer; I write it into slot r of
-        // every rank's recv buffer. In place (send == recv + r*count) my own
-        // copy is skipped, and no other rank writes slot r of my buffer.
-        moving(me, [&] {
-          for (int k = 0; k < N; k++) {
-            const int q = (r + k) % N;  // start with mine, then spread the writes
-            io_->copy(at(g.posted(q, me.seq).recv, size_t(r) * me.count * esz), me.send,
-                      me.count * esz);
-          }
-        });
-        g.barrier(r, me);  // every rank's slot of my recv buffer is written
-        break;
-      }
+      case CollectiveKind::all_reduce:
+      case CollectiveKind::reduce_scatter:
+      case CollectiveKind::all_gather:
       case CollectiveKind::broadcast: {
-        if (r != me.root)
-          moving(me, [&] {
-            io_->copy(me.recv, g.posted(me.root, me.seq).send, me.count * esz);
-          });
-        g.barrier(r, me);  // the root may reuse its buffer
+        // Phases 2 and 3 (move_my_share), then the barrier that ends the
+        // collective: every rank's share is in place, so my caller may use
+        // my buffers and the others may reuse theirs.
+        if (me.kind != CollectiveKind::broadcast || r != me.root) {
+          std::vector<PostedBuffers> ranks(N);
+          for (int q = 0; q < N; q++) ranks[q] = {g.posted(q, me.seq).send, g.posted(q, me.seq).recv};
+          moving(me, [&] { move_my_share(*io_, me.kind, ranks, r, me.root, me.count, me.dtype, me.op); });
+        }
+        g.barrier(r, me);
         break;
       }
       case CollectiveKind::barrier:
@@ -439,6 +402,52 @@ class ThreadCommunicator : public Communicator {
 
 }  // namespace
 
+void move_my_share(ThreadTransport& io, CollectiveKind kind, const std::vector<PostedBuffers>& ranks, int r,
+                   int root, size_t count, DType dt, ReduceOp op) {
+  const int N = int(ranks.size());
+  const size_t esz = dtype_size(dt);
+  switch (kind) {
+    case CollectiveKind::all_reduce: {
+      // Phase 2: reduce my piece r, reading piece r of every rank's buffer in
+      // rank order. Phase 3: hand the finished piece to every rank by writing
+      // it into piece r of every buffer (mine included). Both are done block
+      // by block, so each block is read once from every rank and written
+      // while still in cache. Safe in place: only I touch piece r of any
+      // buffer, and I read all of a block before writing it.
+      const Piece mine = piece_of(count, N, r);
+      std::vector<const void*> src(N);
+      std::vector<void*> dst(N);
+      for (int q = 0; q < N; q++) src[q] = dst[q] = at(ranks[q].recv, mine.begin * esz);
+      io.reduce(src, dst, mine.size, dt, op);
+      break;
+    }
+    case CollectiveKind::reduce_scatter: {
+      // Phase 2 only: slot r of every rank's send buffer, summed in rank
+      // order by the same loop as all_reduce, into my recv buffer.
+      std::vector<const void*> src(N);
+      for (int q = 0; q < N; q++) src[q] = at(ranks[q].send, size_t(r) * count * esz);
+      io.reduce(src, {ranks[r].recv}, count, dt, op);
+      break;
+    }
+    case CollectiveKind::all_gather:
+      // Phase 3 only: my piece is my send buffer; I write it into slot r of
+      // every rank's recv buffer. In place (send == recv + r*count) my own
+      // copy is skipped, and no other rank writes slot r of my buffer.
+      for (int k = 0; k < N; k++) {
+        const int q = (r + k) % N;  // start with mine, then spread the writes
+        io.copy(at(ranks[q].recv, size_t(r) * count * esz), ranks[r].send, count * esz);
+      }
+      break;
+    case CollectiveKind::broadcast:
+      if (r != root) io.copy(ranks[r].recv, ranks[root].send, count * esz);
+      break;
+    case CollectiveKind::barrier:
+      break;  // no bytes
+  }
+}
+
+std::unique_ptr<ThreadTransport> make_host_transport() { return std::make_unique<HostTransport>(); }
+
 std::vector<std::unique_ptr<Communicator>> make_thread_communicators_with(
     std::vector<std::unique_ptr<ThreadTransport>> transports, double timeout_s) {
   const int nranks = int(transports.size());
@@ -454,7 +463,7 @@ std::vector<std::unique_ptr<Communicator>> make_thread_communicators_with(
 std::vector<std::unique_ptr<Communicator>> make_thread_communicators(int nranks, double timeout_s) {
   REQUIRE(nranks >= 1, "make_thread_communicators: need at least one rank, got " << nranks);
   std::vector<std::unique_ptr<ThreadTransport>> transports;
-  for (int r = 0; r < nranks; r++) transports.push_back(std::make_unique<HostTransport>());
+  for (int r = 0; r < nranks; r++) transports.push_back(make_host_transport());
   return make_thread_communicators_with(std::move(transports), timeout_s);
 }
 

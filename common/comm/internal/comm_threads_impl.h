@@ -70,6 +70,26 @@ class ThreadTransport {
   }
 };
 
+// One rank's buffers of a collective, as it posted them (all_reduce and
+// broadcast: send == recv, the one buffer).
+struct PostedBuffers {
+  const void* send;
+  void* recv;
+};
+
+// Rank r's share of the bytes of one collective (all_reduce, reduce_scatter,
+// all_gather; broadcast on a rank other than the root) over every rank's
+// posted buffers, through io: the reduction of its piece and its copies,
+// with no synchronisation. comm_threads.cpp runs it between the
+// collective's barriers; bench_comm times it alone, as its `bytes` column.
+// count is the collective's: the whole buffer for all_reduce and broadcast,
+// one rank's piece for reduce_scatter and all_gather.
+void move_my_share(ThreadTransport& io, CollectiveKind kind, const std::vector<PostedBuffers>& ranks, int r,
+                   int root, size_t count, DType dt, ReduceOp op);
+
+// The host transport: the rank-ordered loops of comm_reduce.cpp and memcpy.
+std::unique_ptr<ThreadTransport> make_host_transport();
+
 // The N communicators of one threads group, rank r moving its data with
 // transports[r]. make_thread_communicators is this with host transports.
 // A barrier waits at most timeout_s (0: kDefaultCommTimeoutS).
