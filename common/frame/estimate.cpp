@@ -168,12 +168,12 @@ struct GradFlow {
 };
 
 // Stage 02: the backward's full gradients (a: padded units, e: bytes each).
-double zero2_transient(const std::vector<double>& a, double e) {
+Transients zero2_transient(const std::vector<double>& a, double e) {
   Transients t;
   GradFlow grads(t);
   for (size_t u = a.size(); u-- > 0;) t.alloc(e * a[u]), grads.reduce(e * a[u]);
   grads.finish();
-  return t.peak();
+  return t;
 }
 
 // Stage 03: the gathered units, one prefetched ahead each way, and stage 02's gradients.
@@ -310,11 +310,11 @@ StageEstimate estimate_stage(Stage stage, const TrainConfig& cfg) {
     est.workspace = workspace_bytes(cfg, layout);
     const double e = double(dtype_size(storage_dtype(cfg.precision)));
     const std::vector<double> a = padded_units(layout, cfg.ranks);
-    est.transient = stage == Stage::zero2 ? zero2_transient(a, e) : 0;
-    if (stage == Stage::zero3) {
-      const Transients t = zero3_transient(a, e);
-      est.transient = t.peak(), est.gathered = t.gathered_peak();
-    }
+    const Transients t = stage == Stage::zero2   ? zero2_transient(a, e)
+                         : stage == Stage::zero3 ? zero3_transient(a, e)
+                                                 : Transients();  // data parallel, ZeRO-1: none
+    est.transient = t.peak();
+    if (stage == Stage::zero3) est.gathered = t.gathered_peak();  // the first stage that gathers
     return est;
   }
   const int G = shard_ranks(cfg);
