@@ -195,6 +195,32 @@ def main():
     print("| --- |" + " ---: |" * len(threads))
     for name, cells in alone.items():
         print("| %s | %s |" % (name, " | ".join("%.0f" % cells[t] for t in threads)))
+    print()
+    for line in verdicts(side, alone, threads):
+        print(line)
+
+
+def verdicts(side, alone, threads):
+    """Ours against each peer (side by side), and what a second thread gave
+    ours beside what it gave the traffic row, which does no arithmetic: the
+    bandwidth the machine had for it."""
+    out = []
+    ours = side.get(OURS, {})
+    for t in threads:
+        if not isinstance(ours.get(t), list):
+            continue
+        for peer in ("torch AdamW fused", "DeepSpeedCPUAdam"):
+            theirs = side.get(peer, {}).get(t)
+            if isinstance(theirs, list):
+                out.append("%d thread%s: ours / %s = %.2fx by the fastest step, %.2fx by the median"
+                           % (t, "" if t == 1 else "s", peer, max(ours[t]) / max(theirs),
+                              statistics.median(ours[t]) / statistics.median(theirs)))
+    traffic = alone.get("the update's traffic, no AdamW math", {})
+    if all(isinstance(ours.get(t), list) for t in (1, 2)) and 1 in traffic and 2 in traffic:
+        out.append("2 threads over 1: ours %.2fx (fastest steps, side by side); the update's traffic without "
+                   "its arithmetic %.2fx (alone): what the memory let a second thread add in this run"
+                   % (max(ours[2]) / max(ours[1]), traffic[2] / traffic[1]))
+    return out
 
 
 if __name__ == "__main__":

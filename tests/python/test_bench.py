@@ -102,6 +102,20 @@ class AdamWShimTest(unittest.TestCase):
 
     N, LR, B1, B2, EPS, WD = 70, 3e-3, 0.9, 0.95, 1e-8, 0.1
 
+    def test_verdicts(self):
+        import bench_adamw
+        side = {bench_adamw.OURS: {1: [1000.0, 2000.0, 1500.0], 2: [3000.0, 2000.0]},
+                "torch AdamW fused": {1: [1000.0, 1250.0, 1600.0], 2: [2400.0, 1000.0]},
+                "DeepSpeedCPUAdam": {1: "unavailable: not installed"}}
+        alone = {"the update's traffic, no AdamW math": {1: 2000.0, 2: 3200.0}}
+        got = bench_adamw.verdicts(side, alone, [1, 2])
+        # fastest 2000/1600, medians 1500/1250; 3000/2400, 2500/1700; 3000/2000 and 3200/2000
+        self.assertEqual(got, [
+            "1 thread: ours / torch AdamW fused = 1.25x by the fastest step, 1.20x by the median",
+            "2 threads: ours / torch AdamW fused = 1.25x by the fastest step, 1.47x by the median",
+            "2 threads over 1: ours 1.50x (fastest steps, side by side); the update's traffic without its "
+            "arithmetic 1.60x (alone): what the memory let a second thread add in this run"])
+
     def test_two_steps_by_the_formula(self):
         path = os.environ.get("ZF_ADAMW_C")
         if not path:
