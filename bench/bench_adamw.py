@@ -218,7 +218,8 @@ def verdicts(side, alone, threads):
     traffic = alone.get("the update's traffic, no AdamW math", {})
     if all(isinstance(ours.get(t), list) for t in (1, 2)) and 1 in traffic and 2 in traffic:
         out.append("2 threads over 1: ours %.2fx (fastest steps, side by side); the update's traffic without "
-                   "its arithmetic %.2fx (alone): what the memory let a second thread add in this run"
+                   "its arithmetic %.2fx (alone, in its own process): what the memory let a second thread add "
+                   "at some moment of this run"
                    % (max(ours[2]) / max(ours[1]), traffic[2] / traffic[1]))
     return out
 

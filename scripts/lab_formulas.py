@@ -189,7 +189,8 @@ def fsdp_comm_peak(model, N, precision, reduce_dtype=None, reshard=True, no_sync
     04_fsdp/README.md, Memory of the communication buffers. c: a bf16
     all-gather's input (the cast shard), e: a unit's gradient buffer, h: a
     buffer in its reduce-scatter (under --no-sync only the float32 copy of
-    a kept gradient), a bf16 reduce's piece widened to float32 (4 S)."""
+    a kept gradient); under a bf16 reduce, my reduced piece is widened to
+    float32 (4 S) as its reduce-scatter completes."""
     a, _, _ = fsdp_sizes(model, N, wrap_blocks)
     G, e = len(a), DTYPE_BYTES[precision]
     r = DTYPE_BYTES[reduce_dtype or precision]

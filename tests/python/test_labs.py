@@ -283,10 +283,11 @@ class MadeUpVariants(LabTestCase):
     # the parameters and gradients (4S each), no master (AdamW's 8S),
     # S = tiny's padded shard (N = 4: P/4; N = 3: the units padded to 3).
     # At N = 4 in bf16 category comm also holds what the change adds: as
-    # block 1's gradient is made, the embedding's bf16 all-gather input,
-    # block 2's buffer completing its reduce-scatter and my piece of it
-    # widened to float32 (04_fsdp/README.md's moments); at N = 3 the check
-    # runs in fp32, where there is neither.
+    # h.1's reduce-scatter completes during h.0's backward, the embedding's
+    # bf16 all-gather input (prefetched for its backward), h.0's gradient
+    # buffer, h.1's buffer and my piece of it widened to float32
+    # (04_fsdp/README.md's moments); at N = 3 the check runs in fp32, where
+    # there is neither the cast nor the widening.
     FSDP_STAND_IN = ("S = {4: %d, 3: %d}[summary['ranks']]\n"
                      "for m in summary['memory']:\n"
                      "    d = m['device']\n"
