@@ -5,11 +5,14 @@ The trainers' `--trace FILE` writes Chrome trace-event JSON (docs/SPEC.md,
 "Timeline"): per rank a "compute" track (each unit's forward and backward,
 the optimizer), one track per communication queue ("comm", "comm q1", ...),
 a "copy" track where the device copied between host and device (stage 05:
-"h2d" and "d2h" spans) and a "device memory" counter; a modeled trace also
-has "host", "host worker" and "disk" tracks where there were any. This draws one row per
-rank and track, the spans colored by kind (forward, backward, optimizer,
-each collective, each copy direction), each collective and copy labelled
-with its kind, and below them each rank's total device bytes over time:
+"h2d" and "d2h" spans) and a "device memory" counter; a modeled trace has
+a span per op on "compute", a "units" track with each unit's forward and
+backward, "host", "host worker" and "disk" tracks where there were any,
+and no memory counter. This draws one row per rank and track, the spans
+colored by kind (forward, backward, optimizer, each collective, each copy
+direction), each collective and copy labelled with its kind and each
+unit's span with the unit, and below them each rank's total device bytes
+over time:
 
     build/03_zero3/zero3 --ranks 2 --model tiny --steps 2 --trace /tmp/t.json
     /usr/bin/python3 tools/trace_gantt.py /tmp/t.json gantt.png --step 1
@@ -89,6 +92,8 @@ def rows_of(events, step=None):
             continue
         kind = kind_of(e)
         label = LABELS.get(kind, "") if e.get("cat") in NAMED_BY_KIND else ""
+        if e["name"].startswith(("fwd ", "bwd ")):  # a unit's forward or backward: the unit
+            label = e["name"][4:]
         spans.setdefault((e["pid"], e.get("tid", 0)), []).append((e["ts"], e["dur"], kind, label))
     keys = sorted(spans, key=lambda k: (k[0], order.get(k, k[1]), k[1]))
     return [(k, f"rank {k[0]} {names.get(k, 'tid %d' % k[1])}", sorted(spans[k])) for k in keys]

@@ -93,6 +93,19 @@ std::string modeled_trace_events(int rank, const RankClock& clock) {
   if (host) name_track(2 + queues, "host");
   if (worker) name_track(3 + queues, "host worker");
   if (disk) name_track(4 + queues, "disk");
+  // The units' forwards and backwards on a track of their own, drawn above compute.
+  const int units_tid = 5 + queues;
+  if (!clock.unit_spans().empty()) {
+    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", units_tid},
+                      {"args", {{"name", "units"}}}});
+    events.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", rank}, {"tid", units_tid},
+                      {"args", {{"sort_index", -1}}}});
+  }
+  auto ts = [](double s) { return double(std::llround(s * 1e9)) / 1000.0; };  // whole nanoseconds, as trace.h's
+  for (const RankClock::UnitSpan& u : clock.unit_spans())
+    events.push_back({{"ph", "X"}, {"name", u.name}, {"cat", u.name.rfind("fwd ", 0) == 0 ? "forward" : "backward"},
+                      {"pid", rank}, {"tid", units_tid}, {"ts", ts(u.start)}, {"dur", ts(u.end) - ts(u.start)},
+                      {"args", {{"step", u.step}}}});
   for (const RankClock::Span& sp : clock.spans()) {
     // Whole nanoseconds, as trace.h's times.
     const int64_t start_ns = std::llround(sp.start * 1e9), end_ns = std::llround(sp.end * 1e9);
@@ -140,6 +153,24 @@ void RankClock::span(int track, const char* name, double start, double end) {
   if (!recording_) return;
   if (on_forked_thread()) worker_.spans.push_back({track, name, start, end, worker_.step});  // kept until the join
   else spans_.push_back({track, name, start, end, between_ ? -1 : step_});
+}
+
+void RankClock::unit(bool begin, bool forward, const std::string& unit) {
+  if (!recording_ || !running_ || on_forked_thread()) return;
+  if (begin) {
+    unit_ops_ = spans_.size();
+    return;
+  }
+  bool any = false;
+  double start = 0, end = 0;
+  for (size_t i = unit_ops_; i < spans_.size(); ++i) {
+    const Span& op = spans_[i];
+    if (op.track != kComputeTrack) continue;
+    start = any ? std::min(start, op.start) : op.start;
+    end = any ? std::max(end, op.end) : op.end;
+    any = true;
+  }
+  if (any) units_.push_back({(forward ? "fwd " : "bwd ") + unit, start, end, between_ ? -1 : step_});
 }
 
 void RankClock::wait_collective(double t) {

@@ -144,6 +144,14 @@ class RankClock final : public StepClock {
   };
   void record() { recording_ = true; }
   const std::vector<Span>& spans() const { return spans_; }
+  // A unit's forward or backward, from its first op's start to its last's end.
+  struct UnitSpan {
+    std::string name;  // "fwd h.0"
+    double start, end;
+    int step;
+  };
+  void unit(bool begin, bool forward, const std::string& unit) override;
+  const std::vector<UnitSpan>& unit_spans() const { return units_; }
 
  private:
   const Hardware& hw_;
@@ -153,6 +161,8 @@ class RankClock final : public StepClock {
   int step_ = 0, queues_ = 0;
   bool between_ = false;  // between a step's lap and skip(): spans of no step (-1)
   std::vector<Span> spans_;
+  std::vector<UnitSpan> units_;
+  size_t unit_ops_ = 0;  // where the open unit's spans begin in spans_
   void span(int track, const char* name, double start, double end);
   double host_ = 0, compute_ = 0, copy_ = 0;
   double compute_busy_ = 0, comm_busy_ = 0, copy_busy_ = 0, host_busy_ = 0, exposed_comm_ = 0;

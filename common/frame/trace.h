@@ -51,7 +51,9 @@
 // the work, not an untraced run's overlap.
 //
 // Under --clock modeled the file is the modeled clock's timeline instead
-// (modeled_clock.h: modeled_trace_events), in the same format.
+// (modeled_clock.h: modeled_trace_events), in the same format: its compute
+// track has a span per op, and a "units" track above it each unit's
+// forward and backward over its ops.
 //
 // Ranks as processes (MPI, the env launch): each process records its own
 // rank against its own start, then the ranks' events are gathered to every

@@ -74,6 +74,33 @@ class RecordedCompute final : public RankCompute {
   RecordingCommunicator& rec_;
 };
 
+// Each unit's forward and backward, told to the rank's clock.
+class ClockedCompute final : public RankCompute {
+ public:
+  ClockedCompute(std::unique_ptr<RankCompute> inner, const ModelLayout& layout, StepClock& clock)
+      : in_(std::move(inner)), layout_(layout), clock_(clock) {}
+  void load(int step, int micro) override { in_->load(step, micro); }
+  void load_val(int b) override { in_->load_val(b); }
+  void load_context(const std::vector<int32_t>& tokens) override { in_->load_context(tokens); }
+  void logits(int t, float* out) override { in_->logits(t, out); }
+  void forward(int u, const void* params, float* loss) override {
+    clock_.unit(true, true, layout_.units[size_t(u)].name);
+    in_->forward(u, params, loss);
+    clock_.unit(false, true, layout_.units[size_t(u)].name);
+  }
+  void backward(int u, const void* params, void* grads) override {
+    clock_.unit(true, false, layout_.units[size_t(u)].name);
+    in_->backward(u, params, grads);
+    clock_.unit(false, false, layout_.units[size_t(u)].name);
+  }
+  void on_recompute(std::function<void(int unit, bool begin)> hook) override { in_->on_recompute(std::move(hook)); }
+
+ private:
+  std::unique_ptr<RankCompute> in_;
+  const ModelLayout& layout_;
+  StepClock& clock_;
+};
+
 // Each forward or backward adds the time since the end of the call before
 // it (or the load), so the waits between units count with the units.
 class TimedCompute final : public RankCompute {
@@ -128,6 +155,12 @@ std::unique_ptr<RankCompute> maybe_faulty(std::unique_ptr<RankCompute> inner, co
   if (rank != cfg.fault_rank || cfg.fault_step < 0) return inner;
   return std::make_unique<FaultyCompute>(std::move(inner), rank, cfg.fault_step, cfg.fault_stall,
                                          layout.head_unit());
+}
+
+std::unique_ptr<RankCompute> maybe_clocked(std::unique_ptr<RankCompute> inner, const ModelLayout& layout,
+                                           StepClock* clock) {
+  if (!clock) return inner;
+  return std::make_unique<ClockedCompute>(std::move(inner), layout, *clock);
 }
 
 std::unique_ptr<RankCompute> maybe_recorded(std::unique_ptr<RankCompute> inner, Communicator& comm) {

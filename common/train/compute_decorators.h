@@ -9,6 +9,9 @@
 //                   stops the others instead of leaving them waiting;
 //                   --inject-fault R:S:stall: rank R stops there for good
 //                   instead, and the others' collectives time out
+//   maybe_clocked   --clock modeled: each unit's forward and backward, begin
+//                   and end, told to the rank's clock (StepClock::unit), which
+//                   draws them under --trace
 //   maybe_recorded  a schedule test's recorder (comm_recording.h) as the
 //                   rank's communicator: each load, and each unit's forward
 //                   and backward, begin and end, go into its log beside the
@@ -26,12 +29,15 @@
 #include "config.h"
 #include "model.h"
 #include "rank_compute.h"
+#include "step_log.h"
 
 namespace zf {
 
 std::unique_ptr<RankCompute> maybe_faulty(std::unique_ptr<RankCompute> inner, const TrainConfig& cfg,
                                           const ModelLayout& layout, int rank);
 std::unique_ptr<RankCompute> maybe_recorded(std::unique_ptr<RankCompute> inner, Communicator& comm);
+std::unique_ptr<RankCompute> maybe_clocked(std::unique_ptr<RankCompute> inner, const ModelLayout& layout,
+                                           StepClock* clock);
 
 // Milliseconds on the rank's thread, summed over a step's micro-batches:
 // the forward, from the end of the micro-batch's load to the end of its

@@ -95,6 +95,7 @@ std::unique_ptr<RankCompute> make_rank_compute(const TrainConfig& cfg, const Mod
                                                RankContext& ctx, const TokenData& data) {
   std::unique_ptr<RankCompute> rc = std::make_unique<ModelCompute>(cfg, layout, ctx, data);
   rc = maybe_recorded(std::move(rc), ctx.comm);
+  rc = maybe_clocked(std::move(rc), layout, ctx.clock);
   return maybe_faulty(std::move(rc), cfg, layout, ctx.rank);
 }
 

@@ -50,6 +50,9 @@ class StepClock {
   virtual double disk(size_t bytes) = 0;
   // The calling thread's timeline waits until `t` (a transfer's end).
   virtual void wait_until(double t) = 0;
+  // The forward (or backward) of the unit named `unit` begins (begin) or
+  // ends: --trace under the modeled clock draws it over its ops.
+  virtual void unit(bool /*begin*/, bool /*forward*/, const std::string& /*unit*/) {}
 };
 
 class StepLog {

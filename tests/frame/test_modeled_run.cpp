@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <tuple>
 #include <vector>
@@ -222,6 +223,56 @@ TEST(ModeledRun, TheTraceIsTheModeledTimeline) {
       EXPECT_GE(first_start[size_t(s)], last_end[size_t(s - 1)]) << "step " << s << " after the last";
     }
   }
+}
+
+// The trace's units track: per micro-step one forward and one backward of
+// every unit (tiny: embedding, h.0, h.1, head), in the model's order, each
+// from its first op to its last, so that every forward or backward op of
+// the compute track lies inside its unit's span, and no two units overlap.
+TEST(ModeledRun, TheTraceDrawsEachUnitOverItsOps) {
+  TrainConfig cfg = modeled("tiny", 2, "h100-sxm");
+  cfg.steps = 2;
+  cfg.grad_accum = 2;
+  cfg.trace = test::temp_dir() + "/t.json";
+  run_training(cfg, train_zero3);
+  std::ifstream f(cfg.trace);
+  const nlohmann::json doc = nlohmann::json::parse(f);
+  std::map<std::pair<int, int>, std::string> track;  // (rank, tid) -> name
+  for (const auto& e : doc["traceEvents"])
+    if (e["ph"] == "M" && e["name"] == "thread_name") track[{e["pid"], e["tid"]}] = e["args"]["name"];
+  struct Span {
+    std::string name;
+    double start, end;
+  };
+  std::map<std::pair<int, int>, std::vector<Span>> units, ops;  // (rank, step)
+  for (const auto& e : doc["traceEvents"]) {
+    if (e["ph"] != "X" || e["args"]["step"] < 0) continue;
+    const std::string& on = track[{e["pid"], e["tid"]}];
+    const Span sp{e["name"], e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()};
+    const std::string cat = e["cat"];
+    if (on == "units") units[{e["pid"], e["args"]["step"]}].push_back(sp);
+    if (on == "compute" && (cat == "forward" || cat == "backward"))
+      ops[{e["pid"], e["args"]["step"]}].push_back({cat == "forward" ? "fwd" : "bwd", sp.start, sp.end});
+  }
+  const std::vector<std::string> micro = {"fwd embedding", "fwd h.0", "fwd h.1", "fwd head",
+                                          "bwd head",      "bwd h.1", "bwd h.0", "bwd embedding"};
+  for (int r = 0; r < 2; ++r)
+    for (int s = 0; s < 2; ++s) {
+      SCOPED_TRACE("rank " + std::to_string(r) + ", step " + std::to_string(s));
+      std::vector<Span>& u = units[{r, s}];
+      std::sort(u.begin(), u.end(), [](const Span& a, const Span& b) { return a.start < b.start; });
+      ASSERT_EQ(u.size(), 2 * micro.size());
+      for (size_t i = 0; i < u.size(); ++i) {
+        EXPECT_EQ(u[i].name, micro[i % micro.size()]) << i;
+        EXPECT_LT(u[i].start, u[i].end) << i;
+        if (i > 0) EXPECT_LE(u[i - 1].end, u[i].start + 1e-6) << i;
+      }
+      ASSERT_FALSE((ops[{r, s}].empty()));
+      for (const Span& op : ops[{r, s}])
+        EXPECT_TRUE(std::any_of(u.begin(), u.end(), [&](const Span& x) {
+          return x.name.rfind(op.name, 0) == 0 && x.start <= op.start + 1e-6 && op.end <= x.end + 1e-6;  // us
+        })) << op.name << " op at " << op.start << " us is in no unit's span";
+    }
 }
 
 // Shards that do not divide evenly (tiny over 3 ranks is padded) give the

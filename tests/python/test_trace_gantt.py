@@ -78,6 +78,9 @@ class TraceOfARun(TracedRun):
                 self.assertEqual(kinds.count("forward"), UNITS * STEPS, name)
                 self.assertEqual(kinds.count("backward"), UNITS * STEPS, name)
                 self.assertEqual(kinds.count("optimizer"), STEPS, name)
+                # A unit's span is labelled with the unit ("fwd h.0": "h.0").
+                self.assertIn("h.0", [label for _, _, k, label in spans if k == "forward"], name)
+                self.assertIn("embedding", [label for _, _, k, label in spans if k == "backward"], name)
             else:
                 # ZeRO-3 gathers every unit before its forward and before its backward.
                 self.assertGreaterEqual(kinds.count("all_gather"), 2 * UNITS * STEPS, name)
