@@ -80,39 +80,33 @@ std::string modeled_trace_events(int rank, const RankClock& clock) {
     return "other";
   };
   json events = json::array();
-  auto name_track = [&](int t, const std::string& name) {
+  auto name_track = [&](int t, const std::string& name, int sort_index) {
     events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", t}, {"args", {{"name", name}}}});
     events.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", rank}, {"tid", t},
-                      {"args", {{"sort_index", t}}}});
+                      {"args", {{"sort_index", sort_index}}}});
+  };
+  auto span = [&](const std::string& name, const std::string& cat, int t, double start, double end, int step) {
+    // Whole nanoseconds, as trace.h's times.
+    const int64_t start_ns = std::llround(start * 1e9), end_ns = std::llround(end * 1e9);
+    events.push_back({{"ph", "X"}, {"name", name}, {"cat", cat}, {"pid", rank}, {"tid", t},
+                      {"ts", double(start_ns) / 1000.0}, {"dur", double(end_ns - start_ns) / 1000.0},
+                      {"args", {{"step", step}}}});
   };
   events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"tid", 0},
                     {"args", {{"name", "rank " + std::to_string(rank)}}}});
-  name_track(0, "compute");
-  for (int q = 0; q < queues; ++q) name_track(1 + q, q == 0 ? "comm" : "comm q" + std::to_string(q));
-  if (copies) name_track(1 + queues, "copy");
-  if (host) name_track(2 + queues, "host");
-  if (worker) name_track(3 + queues, "host worker");
-  if (disk) name_track(4 + queues, "disk");
+  name_track(0, "compute", 0);
+  for (int q = 0; q < queues; ++q) name_track(1 + q, q == 0 ? "comm" : "comm q" + std::to_string(q), 1 + q);
+  if (copies) name_track(1 + queues, "copy", 1 + queues);
+  if (host) name_track(2 + queues, "host", 2 + queues);
+  if (worker) name_track(3 + queues, "host worker", 3 + queues);
+  if (disk) name_track(4 + queues, "disk", 4 + queues);
   // The units' forwards and backwards on a track of their own, drawn above compute.
   const int units_tid = 5 + queues;
-  if (!clock.unit_spans().empty()) {
-    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", units_tid},
-                      {"args", {{"name", "units"}}}});
-    events.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", rank}, {"tid", units_tid},
-                      {"args", {{"sort_index", -1}}}});
-  }
-  auto ts = [](double s) { return double(std::llround(s * 1e9)) / 1000.0; };  // whole nanoseconds, as trace.h's
+  if (!clock.unit_spans().empty()) name_track(units_tid, "units", -1);
   for (const RankClock::UnitSpan& u : clock.unit_spans())
-    events.push_back({{"ph", "X"}, {"name", u.name}, {"cat", u.name.rfind("fwd ", 0) == 0 ? "forward" : "backward"},
-                      {"pid", rank}, {"tid", units_tid}, {"ts", ts(u.start)}, {"dur", ts(u.end) - ts(u.start)},
-                      {"args", {{"step", u.step}}}});
-  for (const RankClock::Span& sp : clock.spans()) {
-    // Whole nanoseconds, as trace.h's times.
-    const int64_t start_ns = std::llround(sp.start * 1e9), end_ns = std::llround(sp.end * 1e9);
-    events.push_back({{"ph", "X"}, {"name", sp.name}, {"cat", category(sp)}, {"pid", rank}, {"tid", tid(sp.track)},
-                      {"ts", double(start_ns) / 1000.0}, {"dur", double(end_ns - start_ns) / 1000.0},
-                      {"args", {{"step", sp.step}}}});
-  }
+    span((u.forward ? "fwd " : "bwd ") + u.unit, u.forward ? "forward" : "backward", units_tid, u.start, u.end,
+         u.step);
+  for (const RankClock::Span& sp : clock.spans()) span(sp.name, category(sp), tid(sp.track), sp.start, sp.end, sp.step);
   return events.dump();
 }
 
@@ -170,7 +164,7 @@ void RankClock::unit(bool begin, bool forward, const std::string& unit) {
     end = any ? std::max(end, op.end) : op.end;
     any = true;
   }
-  if (any) units_.push_back({(forward ? "fwd " : "bwd ") + unit, start, end, between_ ? -1 : step_});
+  if (any) units_.push_back({unit, forward, start, end, between_ ? -1 : step_});
 }
 
 void RankClock::wait_collective(double t) {

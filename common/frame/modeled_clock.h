@@ -146,7 +146,8 @@ class RankClock final : public StepClock {
   const std::vector<Span>& spans() const { return spans_; }
   // A unit's forward or backward, from its first op's start to its last's end.
   struct UnitSpan {
-    std::string name;  // "fwd h.0"
+    std::string unit;  // its name, "h.0"
+    bool forward;      // its forward, or its backward
     double start, end;
     int step;
   };
