@@ -12,6 +12,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -49,6 +51,17 @@ struct CpuAdamW::Pool {
   int parts = 0;
   std::vector<std::thread> threads;
 
+  // Stops and joins whichever threads were started, so that a constructor
+  // that could not start them all fails with an Error, not std::terminate.
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    start.notify_all();
+    for (auto& t : threads) t.join();
+  }
+
   // Pool thread k (1..threads-1) does chunk k of each job that has one.
   void work(int k) {
     uint64_t seen = 0;
@@ -73,17 +86,15 @@ CpuAdamW::CpuAdamW(int threads, Isa isa) : threads_(threads), isa_(isa), pool_(n
   USAGE_REQUIRE(threads >= 1, "CpuAdamW: the thread count must be at least 1, not " << threads);
   USAGE_REQUIRE(isa_supported(isa), "CpuAdamW: this CPU cannot run " << isa_name(isa) << " instructions; use "
                                         << isa_name(best_isa()) << " (best_isa()) or scalar");
-  for (int k = 1; k < threads; ++k) pool_->threads.emplace_back([this, k] { pool_->work(k); });
+  try {
+    for (int k = 1; k < threads; ++k) pool_->threads.emplace_back([this, k] { pool_->work(k); });
+  } catch (const std::system_error& e) {
+    throw Error("CpuAdamW: could not start " + std::to_string(threads - 1) + " optimizer threads (" + e.what() +
+                "): the process may be at its thread limit (ulimit -u); use fewer --optimizer-threads");
+  }
 }
 
-CpuAdamW::~CpuAdamW() {
-  {
-    std::lock_guard<std::mutex> lock(pool_->mu);
-    pool_->stop = true;
-  }
-  pool_->start.notify_all();
-  for (auto& t : pool_->threads) t.join();
-}
+CpuAdamW::~CpuAdamW() = default;
 
 void CpuAdamW::update(float* param, const void* grad, DType g_dtype, float* m, float* v, void* out,
                       DType out_dtype, size_t n, const AdamWConfig& cfg, long step, float grad_scale,

@@ -10,10 +10,13 @@
 //
 //   build/tests/test_adamw --gtest_filter='*avx2*'
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -272,6 +275,38 @@ TEST(AdamWCpu, BadDtypesAndThreadCountsAreRefused) {
   EXPECT_THROW(adamw_fused(&p, &g, DType::f32, &m, &v, &out, DType::i64, 1, AdamWConfig{}, 1, 1.0f, false,
                            Isa::scalar), Error);
   EXPECT_THROW(CpuAdamW(0), UsageError);
+}
+
+// Optimizer threads that cannot all start are an Error that says how many
+// were asked for; the pool stops and joins the ones that did start (left
+// joinable, their destruction would call std::terminate: signal 6). The
+// address space left is a few thread stacks, so some start and the rest fail.
+[[noreturn]] void start_1000_threads_in_little_address_space() {
+  long pages = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
+    std::fclose(f);
+  }
+  rlimit lim{};
+  lim.rlim_cur = lim.rlim_max = rlim_t(pages) * rlim_t(sysconf(_SC_PAGESIZE)) + (rlim_t(64) << 20);
+  if (pages == 0 || setrlimit(RLIMIT_AS, &lim) != 0) std::_Exit(5);
+  try {
+    CpuAdamW pool(1000);
+    std::_Exit(2);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::_Exit(1);
+  }
+}
+
+TEST(AdamWCpuDeathTest, ThreadsThatCannotStartAreAnErrorNotAnAbort) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "built with a sanitizer (scripts/sanitize.sh): its shadow memory reserves terabytes of "
+                  "address space, which this test's address-space limit forbids";
+#endif
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(start_1000_threads_in_little_address_space(), ::testing::ExitedWithCode(1),
+              "could not start 999 optimizer threads");
 }
 
 TEST(AdamWCpu, DescribeNamesTheIsaAndThreads) {
