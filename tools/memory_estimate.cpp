@@ -10,6 +10,8 @@
 //     -> the run `fsdp` would do with the same flags, padded as it pads
 //   memory_estimate --fit 80GB --ranks 1,2,4,8 --precision bf16 --recompute full
 //     -> the largest model of a GPT-3-like family each stage fits
+//   memory_estimate --model gpt2-xl --ranks 64 --precision bf16 --hardware h100-sxm
+//     -> and each stage's step on 64 H100s, modeled by its own dry run
 //
 // The trainers' flags are accepted with their meanings (common/frame/cli.cpp);
 // the ones that change no byte counted here (--steps, --lr, --log-json, ...)
@@ -26,6 +28,7 @@
 
 #include "check.h"
 #include "cli.h"
+#include "hardware.h"
 #include "memory.h"
 
 namespace zf::tool {
@@ -82,7 +85,7 @@ int run(int argc, char** argv) {
   std::string params_text, model, precision = "fp32", compute = "auto", attention = "simple", recompute = "none",
                            ranks = "1", stage, reshard = "true", reduce_dtype, fit, device = "cpu";
   int L = 0, C = 0, V = 0, T = 0, H = 0;
-  bool paper = false, deepspeed = false;
+  bool paper = false, deepspeed = false, ignored_dry_run = false;
   app.add_option("--params", params_text, "model size P: 124000000, 1e9, 1.5e9 (no padding, no activations)");
   app.add_option("--model", model, "model preset: tiny, wide, small, gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt-7b, gpt-70b (units padded as the stages pad them)");
   auto* o_layers = app.add_option("--layers", L, "shape: blocks L (with --channels, --vocab, --seq, --heads)");
@@ -111,6 +114,13 @@ int run(int argc, char** argv) {
   app.add_option("--largest-layer", q.largest_layer,
                  "with --deepspeed: the largest layer's parameters (default: from the shape)");
   app.add_option("--fit", fit, "SIZE of device memory per rank (80GB, 40GiB): the largest model each stage fits");
+  std::string clock;
+  auto* o_hardware = app.add_option(
+      "--hardware", q.hardware,
+      "a profile of hardware/ (h100-sxm, h200, a100-sxm, l40s) or a profile's path: also each stage's step "
+      "time, tokens/s, MFU and exposed communication, modeled on that machine by the stage's own dry run");
+  app.add_option("--clock", clock, "wall (no time column), or modeled: as --hardware, default h100-sxm");
+  app.add_flag("--dry-run", ignored_dry_run, "a trainer flag, accepted: the time column is a dry run");
   const std::string g4 = "FSDP (stages 04 and 05)", g5 = "Offload (stage 05)";
   std::vector<CLI::Option*> fsdp_opts{
       app.add_option("--wrap-blocks", cfg.fsdp.wrap_blocks, "K consecutive blocks per FSDP unit")->group(g4),
@@ -165,6 +175,17 @@ int run(int argc, char** argv) {
     return 0;
   }
 
+  // The time column: the trainers' --clock and --hardware, with the modeled
+  // clock implied by --hardware (the estimator has no wall clock to offer).
+  USAGE_REQUIRE(clock.empty() || clock == "wall" || clock == "modeled",
+                "--clock must be wall or modeled (got '" << clock << "')");
+  USAGE_REQUIRE(clock != "wall" || o_hardware->count() == 0,
+                "--hardware " << q.hardware << " is the machine of the modeled clock: drop --clock wall");
+  if (clock == "modeled" && q.hardware.empty()) q.hardware = "h100-sxm";
+  USAGE_REQUIRE(q.hardware.empty() || !deepspeed,
+                "--hardware's time column is printed with the tables, --json and --fit, not with --deepspeed");
+  if (!q.hardware.empty()) load_hardware(q.hardware);  // UsageError naming the profiles, or the key that is wrong
+
   // The model: --params, --model, or the five shape flags.
   const std::vector<CLI::Option*> shape_opts{o_layers, o_channels, o_vocab, o_seq, o_heads};
   size_t shape_given = 0;
@@ -194,6 +215,9 @@ int run(int argc, char** argv) {
     q.model_text = "model " + model;
   }
   q.shaped = !model.empty() || shape_given;
+  USAGE_REQUIRE(q.hardware.empty() || q.shaped || fitting,
+                "--hardware times each stage's own schedule, which needs the model's shape: give --model or "
+                "--layers --channels --vocab --seq --heads instead of --params");
   if (q.shaped) q.params = double(build_layout(cfg.model).numel);
   else if (!params_text.empty()) q.params = parse_params(params_text);
 

@@ -1,11 +1,14 @@
-// memory_estimate.h: what the three files of tools/memory_estimate share:
+// memory_estimate.h: what the four files of tools/memory_estimate share:
 // the parsed request (memory_estimate.cpp parses the flags), the printers
-// (memory_estimate_print.cpp: the tables, --json, --paper, --deepspeed)
-// and the search of --fit (memory_estimate_fit.cpp).
+// (memory_estimate_print.cpp: the tables, --json, --paper, --deepspeed),
+// the search of --fit (memory_estimate_fit.cpp) and --hardware's modeled
+// time (memory_estimate_time.cpp).
 #pragma once
 
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "config.h"
 #include "estimate.h"
@@ -23,7 +26,20 @@ struct Request {
   double fit_budget = 0;      // --fit: bytes of device memory per rank (0: no --fit)
   int gpus_per_node = 0;      // --deepspeed: GPUs per node (0: all on one node)
   double largest_layer = 0;   // --deepspeed: the largest layer's parameters
+  std::string hardware;       // --hardware (or --clock modeled): the time column's machine; empty: no time
 };
+
+// One step of a stage on the modeled clock, as its run log says it.
+struct StageTime {
+  bool ran = false;
+  std::string why_not;  // when it did not run
+  std::string clock;    // "modeled on H100 SXM x8, 1 node of 8"
+  double ms = 0, tokens_per_s = 0, mfu = 0, exposed_comm_ms = 0;
+};
+
+// The stage's dry run with the request's flags and `run`'s model and ranks
+// on q.hardware (memory_estimate_time.cpp).
+StageTime modeled_time(const Request& q, Stage s, const TrainConfig& run);
 
 // The estimate of one stage for the request (cfg.ranks ranks).
 StageEstimate estimate_for(const Request& q, Stage s);
@@ -35,6 +51,12 @@ void print_json(const Request& q);
 void print_paper();
 void print_deepspeed(const Request& q);
 void print_fit(const Request& q);
+
+// --hardware's outputs: the JSON object of a stage's time, the header of
+// its table (the clock as the run log says it) and a row's cells.
+nlohmann::json time_json(const StageTime& t);
+void print_time_header(const Request& q, const std::string& clock);
+std::string time_cells(const StageTime& t);
 
 // "16 GB (14.901 GiB)", "500 MB", "0".
 std::string decimal(double bytes);

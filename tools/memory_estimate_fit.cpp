@@ -62,6 +62,7 @@ void print_fit(const Request& q) {
     Stage stage;
     int ranks, layers;
     double params;
+    StageTime time;  // --hardware: that model's step
   };
   std::vector<Cell> cells;
   for (Stage s : q.stages)
@@ -70,9 +71,16 @@ void print_fit(const Request& q) {
       cfg.ranks = N;
       const int L = largest_fit(s, cfg, q.fit_budget);
       const double P = L > 0 ? double(build_layout(family(L)).numel) : 0;
-      cells.push_back({s, N, L, P});
+      StageTime t;
+      if (!q.hardware.empty() && L > 0) {
+        cfg.model = family(L);
+        cfg.fsdp.wrap_blocks = std::min(cfg.fsdp.wrap_blocks, L);
+        t = modeled_time(q, s, cfg);
+      }
+      cells.push_back({s, N, L, P, t});
       fits.push_back({{"stage", stage_name(s)}, {"ranks", N}, {"params", int64_t(P)}, {"layers", L},
                       {"channels", 128 * L}, {"device_bytes", L > 0 ? int64_t(device_bytes(s, cfg, L)) : 0}});
+      if (!q.hardware.empty() && L > 0) fits.back()["time"] = time_json(t);
     }
   if (q.json) {
     const TrainConfig& c = q.cfg;
@@ -101,6 +109,33 @@ void print_fit(const Request& q) {
                     cells[i].layers == kMaxLayers ? "+" : "");
     std::printf(" %18s", buf);
     if (i % q.ranks.size() == q.ranks.size() - 1) std::printf("\n");
+  }
+  if (q.hardware.empty()) return;
+  std::string clock;
+  for (const Cell& c : cells)
+    if (c.time.ran) clock = c.time.clock;
+  // The clock line names one N; each column is its own N.
+  print_time_header(q, clock.empty() ? "modeled" : clock.substr(0, clock.find(" x")));
+  std::printf("ms/step (MFU) of the model above\n%-17s", "stage");
+  for (int N : q.ranks) std::printf(" %18s", ("N = " + std::to_string(N)).c_str());
+  std::printf("\n");
+  for (size_t i = 0; i < cells.size(); ++i) {
+    if (i % q.ranks.size() == 0) std::printf("%-17s", stage_label(cells[i].stage));
+    char buf[48] = "-";
+    if (cells[i].time.ran) std::snprintf(buf, sizeof buf, "%.1f (%.1f%%)", cells[i].time.ms, 100 * cells[i].time.mfu);
+    std::printf(" %18s", buf);
+    if (i % q.ranks.size() == q.ranks.size() - 1) std::printf("\n");
+  }
+  // Why a fitting model has no time, once per stage (the first N's reason).
+  for (size_t row = 0; row < cells.size(); row += q.ranks.size()) {
+    std::string at, why;
+    for (size_t i = row; i < row + q.ranks.size(); ++i)
+      if (cells[i].layers > 0 && !cells[i].time.ran) {
+        at += (at.empty() ? "" : ", ") + std::to_string(cells[i].ranks);
+        if (why.empty()) why = cells[i].time.why_not;
+      }
+    if (!at.empty())
+      std::printf("%s, not modeled at N = %s: %s\n", stage_label(cells[row].stage), at.c_str(), why.c_str());
   }
 }
 

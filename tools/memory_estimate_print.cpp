@@ -55,6 +55,26 @@ std::string decimal(double bytes) {
 
 std::string both(double bytes) { return bytes == 0 ? "0" : decimal(bytes) + " (" + binary(bytes) + ")"; }
 
+nlohmann::json time_json(const StageTime& t) {
+  if (!t.ran) return {{"modeled", false}, {"why_not", t.why_not}};
+  return {{"modeled", true},       {"clock", t.clock}, {"ms_per_step", t.ms}, {"tokens_per_s", t.tokens_per_s},
+          {"mfu", t.mfu},          {"exposed_comm_ms", t.exposed_comm_ms}};
+}
+
+void print_time_header(const Request& q, const std::string& clock) {
+  std::printf("\ntime per optimizer step, %s (--hardware %s):\n"
+              "each stage's own schedule run as a dry run (docs/SPEC.md section 13); modeled, not measured\n",
+              clock.c_str(), q.hardware.c_str());
+}
+
+std::string time_cells(const StageTime& t) {
+  if (!t.ran) return "- (" + t.why_not + ")";
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%12.2f  %12.0f  %6.1f%%  %12.2f", t.ms, t.tokens_per_s, 100 * t.mfu,
+                t.exposed_comm_ms);
+  return buf;
+}
+
 void print_tables(const Request& q) {
   const TrainConfig& c = q.cfg;
   const ModelSizes z = q.shaped ? padded_sizes(build_layout(c.model), c.ranks) : unpadded_sizes(q.params, c.ranks);
@@ -118,6 +138,14 @@ void print_tables(const Request& q) {
                 decimal(e.comm[int(CollectiveKind::reduce_scatter)]).c_str(),
                 decimal(e.comm[int(CollectiveKind::all_gather)]).c_str(), decimal(e.comm_total()).c_str(),
                 decimal(e.comm_cross_group).c_str(), decimal(e.to_host).c_str(), decimal(e.to_device).c_str());
+  if (!q.hardware.empty()) {
+    std::vector<StageTime> times;
+    for (Stage s : q.stages) times.push_back(modeled_time(q, s, c));
+    print_time_header(q, times.front().clock);
+    std::printf("%-17s %12s  %12s  %7s  %12s\n", "stage", "ms/step", "tokens/s", "MFU", "exposed comm ms");
+    for (size_t i = 0; i < times.size(); ++i)
+      std::printf("%-17s %s\n", stage_label(q.stages[i]), time_cells(times[i]).c_str());
+  }
   if (!q.shaped)
     std::printf("\nActivations are not counted without a shape (give --model or --layers/--channels/--vocab/--seq/"
                 "--heads); the kept head of stages 04-05 is counted as 0 in their all-gathers.\n");
@@ -178,6 +206,7 @@ void print_json(const Request& q) {
          {{"total", number(e.comm_total())}, {"by_collective", by}, {"across_groups", number(e.comm_cross_group)}}},
         {"transfers_per_step", {{"to_host", number(e.to_host)}, {"to_device", number(e.to_device)}}},
     });
+    if (!q.hardware.empty()) stages.back()["time"] = time_json(modeled_time(q, s, c));
   }
   out["stages"] = stages;
   std::cout << out.dump(2) << "\n";

@@ -20,9 +20,6 @@ namespace zf {
 
 namespace {
 
-// A dry run's ranks are threads that only meet: many more fit than real ones.
-constexpr int kMaxDryRanks = 4096;
-
 // The offload flags. The folder of --offload-dir is checked where the files
 // are made, before step 0 (frame/entry/offload_files.h).
 void validate_offload_flags(const TrainConfig& cfg) {

@@ -13,6 +13,10 @@
 
 namespace zf {
 
+// A dry run's ranks are fibers of one thread that only meet: many more fit
+// than real ones (tools/memory_estimate's time column has the same bound).
+constexpr int kMaxDryRanks = 4096;
+
 // Returns the configuration, or nullopt when --help was printed.
 // Throws UsageError for anything invalid.
 std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& stage);

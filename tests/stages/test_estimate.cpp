@@ -22,6 +22,7 @@
 #include "estimate.h"
 #include "fsdp.h"
 #include "offload.h"
+#include "stage_fns.h"
 #include "stages/stage_test_util.h"
 #include "test_util.h"
 #include "zero1.h"
@@ -35,18 +36,6 @@ static_assert(zf::DiskAdamW::kChunkElems == zf::kDiskChunkElems);
 static_assert(zf::DiskTier::kAlignElems == zf::kDiskAlignElems);
 
 namespace {
-
-StageFn stage_fn(Stage s) {
-  switch (s) {
-    case Stage::dp: return train_data_parallel;
-    case Stage::zero1: return train_zero1;
-    case Stage::zero2: return train_zero2;
-    case Stage::zero3: return train_zero3;
-    case Stage::fsdp: return train_fsdp;
-    case Stage::offload: return train_offload;
-  }
-  return nullptr;
-}
 
 // The estimate of cfg's run of `stage` and the run itself, every rank:
 // model states at the end of the run (the counters' current bytes) exactly,
@@ -335,6 +324,75 @@ TEST_F(EstimateCommandLine, SameFlagsAsARunSameNumbers) {
   }
 }
 
+// --hardware: the time of each stage is its trainer's dry run with the same
+// flags: the step the tool reports (the second; with the delayed update the
+// third of four) is the trainer's run log's, every number equal.
+TEST_F(EstimateCommandLine, TheTimeIsTheTrainersDryRun) {
+  struct Case {
+    const char* stage;
+    const char* env;
+    const char* flags;
+  };
+  for (Case c : {Case{"dp", "ZF_DP_BIN", "--model small --ranks 3 --batch 2 --grad-accum 2 --recompute attn"},
+                 Case{"zero3", "ZF_ZERO3_BIN", "--model gpt2 --ranks 16 --precision bf16 --compute bf16 --attention flash"},
+                 Case{"fsdp", "ZF_FSDP_BIN",
+                      "--model gpt2 --ranks 16 --precision bf16 --grad-accum 2 --no-sync --shard-group 8 "
+                      "--wrap-blocks 2 --reduce-dtype fp32 --recompute full --prefetch 2"},
+                 Case{"offload", "ZF_OFFLOAD_BIN",
+                      "--model small --ranks 3 --precision bf16 --batch 1 --offload-params --delay-update "
+                      "--reshard-after-forward false --no-pin"}}) {
+    SCOPED_TRACE(std::string(c.stage) + " " + c.flags);
+    const char* bin = std::getenv(c.env);
+    ASSERT_NE(bin, nullptr) << c.env << " is set by tests/meson.build";
+    const bool delayed = std::string(c.flags).find("--delay-update") != std::string::npos;
+    const std::string log = dir_ + "/" + c.stage + ".jsonl";
+    const std::string hw = " --hardware h200";
+    const auto trained = test::run_command(std::string(bin) + " " + c.flags + hw + " --clock modeled --dry-run --steps " +
+                                           (delayed ? "4" : "2") + " --quiet --log-json " + log);
+    ASSERT_EQ(trained.exit_code, 0) << trained.output;
+    std::ifstream in(log);
+    std::string line;
+    nlohmann::json step, summary;
+    while (std::getline(in, line)) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.contains("step") && j["step"] == (delayed ? 2 : 1)) step = j;
+      if (j.contains("summary")) summary = j["summary"];
+    }
+    ASSERT_TRUE(step.is_object()) << "the trainer logged no such step";
+    const nlohmann::json t = run_json(std::string("--stage ") + c.stage + " " + c.flags + hw + " --json")["stages"][0]["time"];
+    ASSERT_TRUE(t["modeled"].get<bool>()) << t.dump();
+    EXPECT_EQ(t["clock"], summary["clock_detail"]);
+    EXPECT_EQ(t["ms_per_step"].get<double>(), step["ms"].get<double>());
+    EXPECT_EQ(t["tokens_per_s"].get<double>(), step["tokens_per_s"].get<double>());
+    EXPECT_EQ(t["mfu"].get<double>(), step["mfu"].get<double>());
+    EXPECT_EQ(t["exposed_comm_ms"].get<double>(), step["phases_ms"]["exposed comm"].get<double>());
+  }
+  // Beyond a dry run's ranks: no time, and why.
+  const nlohmann::json far = run_json("--model tiny --stage dp --ranks 5000 --hardware h100-sxm --json");
+  EXPECT_FALSE(far["stages"][0]["time"]["modeled"].get<bool>());
+  EXPECT_NE(far["stages"][0]["time"]["why_not"].get<std::string>().find("4096"), std::string::npos);
+  // Without --hardware (or --clock modeled), no time is said.
+  EXPECT_FALSE(run_json("--model tiny --stage dp --json")["stages"][0].contains("time"));
+}
+
+// --fit with --hardware: each fitting model's time is that of the same
+// shape given to the tool directly.
+TEST(EstimateTool, FitSaysHowFast) {
+  const std::string recipe = " --precision bf16 --compute bf16 --batch 1 --recompute full --hardware a100-sxm --json";
+  const nlohmann::json j = run_json("--fit 40GB --ranks 2,16 --stage zero3" + recipe);
+  ASSERT_EQ(j["fits"].size(), 2u);
+  for (const nlohmann::json& f : j["fits"]) {
+    const int L = f["layers"], N = f["ranks"];
+    SCOPED_TRACE("N=" + std::to_string(N) + " L=" + std::to_string(L));
+    ASSERT_TRUE(f["time"]["modeled"].get<bool>()) << f.dump();
+    const std::string shape = " --layers " + std::to_string(L) + " --channels " + std::to_string(128 * L) +
+                              " --heads " + std::to_string(L) + " --vocab 50304 --seq 1024";
+    const nlohmann::json direct =
+        run_json("--stage zero3 --ranks " + std::to_string(N) + shape + recipe)["stages"][0]["time"];
+    EXPECT_EQ(f["time"], direct);
+  }
+}
+
 // The ZeRO paper's Figure 1 (Rajbhandari et al. 2020): Psi = 7.5B, K = 12,
 // Nd = 64 gives 120, 31.4, 16.6 and 1.9 GB; and 1e9 at N = 4 gives 16, 7,
 // 5.5 and 4 GB.
@@ -444,7 +502,12 @@ TEST(EstimateTool, BadFlagsAreUsageErrorsNamingTheFlag) {
                  Case{"--params 1e9 --deepspeed", "--largest-layer"},
                  Case{"--params 1e9 --ranks 8 --deepspeed --largest-layer 1e6 --gpus-per-node 3", "--gpus-per-node"},
                  Case{"--paper --json", "--json"}, Case{"--paper --fit 80GB", "one of"},
-                 Case{"--paper --precision fp32 --ranks 2", "takes no other flag"}}) {
+                 Case{"--paper --precision fp32 --ranks 2", "takes no other flag"},
+                 Case{"--params 1e9 --hardware h100-sxm", "--hardware times"},
+                 Case{"--model tiny --hardware nope", "--hardware nope"},
+                 Case{"--model tiny --clock wall --hardware h200", "drop --clock wall"},
+                 Case{"--model tiny --clock sundial", "--clock"},
+                 Case{"--params 1e9 --deepspeed --largest-layer 1e6 --clock modeled", "--deepspeed"}}) {
     const auto r = test::run_command(estimator() + " " + c.args);
     EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
     EXPECT_NE(r.output.find("memory_estimate: error:"), std::string::npos) << c.args << "\n" << r.output;
