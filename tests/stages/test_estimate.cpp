@@ -276,14 +276,30 @@ TEST(EstimateTool, JsonIsTheEstimate) {
 
 // A trainer's command line, given as it is to the tool with --stage: the
 // tool's numbers are the run log's (its summary, rank 0).
-class EstimateCommandLine : public test::TempDirTest {};
-
-TEST_F(EstimateCommandLine, SameFlagsAsARunSameNumbers) {
+class EstimateCommandLine : public test::TempDirTest {
+ protected:
   struct Case {
     const char* stage;
-    const char* env;
+    const char* env;  // the trainer's path (tests/meson.build)
     const char* flags;
   };
+  // Runs the trainer with the case's flags and `more`; its run log's lines.
+  std::vector<nlohmann::json> run_trainer(const Case& c, const std::string& more) {
+    const char* bin = std::getenv(c.env);
+    EXPECT_NE(bin, nullptr) << c.env << " is set by tests/meson.build";
+    if (!bin) return {};
+    const std::string log = dir_ + "/" + c.stage + ".jsonl";
+    const auto trained =
+        test::run_command(std::string(bin) + " " + c.flags + " " + more + " --quiet --log-json " + log);
+    EXPECT_EQ(trained.exit_code, 0) << trained.output;
+    std::vector<nlohmann::json> lines;
+    std::ifstream in(log);
+    for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+    return lines;
+  }
+};
+
+TEST_F(EstimateCommandLine, SameFlagsAsARunSameNumbers) {
   for (Case c : {Case{"dp", "ZF_DP_BIN", "--model tiny --ranks 3 --batch 2 --grad-accum 2 --recompute attn"},
                  Case{"zero3", "ZF_ZERO3_BIN", "--model tiny --ranks 3 --precision bf16 --attention flash"},
                  Case{"fsdp", "ZF_FSDP_BIN",
@@ -293,17 +309,12 @@ TEST_F(EstimateCommandLine, SameFlagsAsARunSameNumbers) {
                       "--model tiny --ranks 3 --precision bf16 --batch 1 --offload-params --delay-update "
                       "--reshard-after-forward false --optimizer-threads 1 --no-pin"}}) {
     SCOPED_TRACE(std::string(c.stage) + " " + c.flags);
-    const char* bin = std::getenv(c.env);
-    ASSERT_NE(bin, nullptr) << c.env << " is set by tests/meson.build";
-    const std::string log = dir_ + "/" + c.stage + ".jsonl";
-    const std::string flags = std::string(c.flags) + " --steps 3 --quiet --log-json " + log;
-    const auto trained = test::run_command(std::string(bin) + " " + flags);
-    ASSERT_EQ(trained.exit_code, 0) << trained.output;
-    std::ifstream in(log);
-    std::string line, last;
-    while (std::getline(in, line)) last = line;
-    const nlohmann::json summary = nlohmann::json::parse(last)["summary"];
-    const nlohmann::json est = run_json(std::string("--stage ") + c.stage + " " + flags + " --json")["stages"][0];
+    const std::vector<nlohmann::json> log = run_trainer(c, "--steps 3");
+    ASSERT_FALSE(log.empty());
+    const nlohmann::json summary = log.back()["summary"];
+    const nlohmann::json est =
+        run_json(std::string("--stage ") + c.stage + " " + c.flags + " --steps 3 --quiet --log-json " + dir_ +
+                 "/" + c.stage + ".jsonl --json")["stages"][0];
     const nlohmann::json& mem = summary["memory"][0];
     for (const char* place : {"device", "host"})
       for (const char* cat : {"params", "grads", "optimizer"})
@@ -328,11 +339,6 @@ TEST_F(EstimateCommandLine, SameFlagsAsARunSameNumbers) {
 // flags: the step the tool reports (the second; with the delayed update the
 // third of four) is the trainer's run log's, every number equal.
 TEST_F(EstimateCommandLine, TheTimeIsTheTrainersDryRun) {
-  struct Case {
-    const char* stage;
-    const char* env;
-    const char* flags;
-  };
   for (Case c : {Case{"dp", "ZF_DP_BIN", "--model small --ranks 3 --batch 2 --grad-accum 2 --recompute attn"},
                  Case{"zero3", "ZF_ZERO3_BIN", "--model gpt2 --ranks 16 --precision bf16 --compute bf16 --attention flash"},
                  Case{"fsdp", "ZF_FSDP_BIN",
@@ -342,19 +348,10 @@ TEST_F(EstimateCommandLine, TheTimeIsTheTrainersDryRun) {
                       "--model small --ranks 3 --precision bf16 --batch 1 --offload-params --delay-update "
                       "--reshard-after-forward false --no-pin"}}) {
     SCOPED_TRACE(std::string(c.stage) + " " + c.flags);
-    const char* bin = std::getenv(c.env);
-    ASSERT_NE(bin, nullptr) << c.env << " is set by tests/meson.build";
     const bool delayed = std::string(c.flags).find("--delay-update") != std::string::npos;
-    const std::string log = dir_ + "/" + c.stage + ".jsonl";
     const std::string hw = " --hardware h200";
-    const auto trained = test::run_command(std::string(bin) + " " + c.flags + hw + " --clock modeled --dry-run --steps " +
-                                           (delayed ? "4" : "2") + " --quiet --log-json " + log);
-    ASSERT_EQ(trained.exit_code, 0) << trained.output;
-    std::ifstream in(log);
-    std::string line;
     nlohmann::json step, summary;
-    while (std::getline(in, line)) {
-      const nlohmann::json j = nlohmann::json::parse(line);
+    for (const nlohmann::json& j : run_trainer(c, hw + " --clock modeled --dry-run --steps " + (delayed ? "4" : "2"))) {
       if (j.contains("step") && j["step"] == (delayed ? 2 : 1)) step = j;
       if (j.contains("summary")) summary = j["summary"];
     }
