@@ -140,6 +140,8 @@ double RankClock::async_copy(double s, bool to_host) {
 void RankClock::collective(int queue, CollectiveKind kind, double seconds, double end) {
   if (!running_) return;
   comm_busy_ += seconds;
+  if (size_t(queue) >= queue_busy_.size()) queue_busy_.resize(queue + 1, 0.0);
+  queue_busy_[queue] += seconds;
   span(kCommTrack + queue, collective_name(kind), end - seconds, end);
 }
 
@@ -257,6 +259,14 @@ double RankClock::lap(StepPhases& phases) {
   if (now.copy_busy > last_.copy_busy) phases.emplace_back("copy", (now.copy_busy - last_.copy_busy) * 1e3);
   if (now.host_busy > last_.host_busy) phases.emplace_back("host", (now.host_busy - last_.host_busy) * 1e3);
   if (now.disk_busy > last_.disk_busy) phases.emplace_back("disk", (now.disk_busy - last_.disk_busy) * 1e3);
+  // With more than one communicator, each queue's own busy time: "comm" is
+  // their sum, and queues run at once (hybrid sharding's two groups).
+  last_queue_busy_.resize(queue_busy_.size(), 0.0);
+  if (queues_ > 0)
+    for (size_t q = 0; q < queue_busy_.size(); ++q)
+      if (queue_busy_[q] > last_queue_busy_[q])
+        phases.emplace_back("comm q" + std::to_string(q), (queue_busy_[q] - last_queue_busy_[q]) * 1e3);
+  last_queue_busy_ = queue_busy_;
   const double ms = (now.t - last_.t) * 1e3;
   last_ = now;
   return ms;

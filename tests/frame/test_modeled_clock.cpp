@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <tuple>
 #include <sstream>
 #include <thread>
@@ -189,6 +190,48 @@ TEST(ModeledClock, HybridGroupsInsideANodeUseNvlinkAcrossNodesTheNetwork) {
     EXPECT_DOUBLE_EQ(inside[r], in_node * 1e3) << "rank " << r;
     EXPECT_DOUBLE_EQ(across[r], between * 1e3) << "rank " << r;
   }
+}
+
+// Each communicator is a queue of its own: the step's phases give each
+// queue's busy time ("comm qK", K as the trace's tracks: 0 the world's),
+// "comm" their sum, and two queues' collectives run at once.
+TEST(ModeledClock, EachQueuesBusyTimeIsItsOwn) {
+  const Hardware hw = round_machine();  // 4 GPUs per node: ranks 0-3 and 4-7
+  const int N = 8;
+  const size_t send = 1 << 14;
+  std::vector<StepPhases> phases(N);
+  std::vector<double> ms(N);
+  run_modeled(hw, N, [&](Rank& rank, int r) {
+    auto shard = rank.comm->split(r / 4, r);    // queue 1: one node
+    auto replica = rank.comm->split(r % 4, r);  // queue 2: across the two
+    rank.lap_ms();
+    std::vector<float> mine(send, 1.0f), all(4 * send), all2(2 * send);
+    CommHandle a = shard->all_gather_async(mine.data(), all.data(), send, DType::f32);
+    CommHandle b = replica->all_gather_async(mine.data(), all2.data(), send, DType::f32);
+    a.wait();
+    b.wait();
+    ms[size_t(r)] = rank.clock.lap(phases[size_t(r)]);
+  });
+  const double in_node = 3 * 1e-6 + 0.75 * (4.0 * send * 4) / 100e9;
+  const double between = 1 * 10e-6 + 0.5 * (2.0 * send * 4) / 10e9;
+  for (int r = 0; r < N; ++r) {
+    std::map<std::string, double> p(phases[size_t(r)].begin(), phases[size_t(r)].end());
+    EXPECT_EQ(p.count("comm q0"), 0u) << "the world's queue ran nothing in the step";
+    EXPECT_DOUBLE_EQ(p["comm q1"], in_node * 1e3) << "rank " << r;
+    EXPECT_DOUBLE_EQ(p["comm q2"], between * 1e3) << "rank " << r;
+    EXPECT_DOUBLE_EQ(p["comm"], (in_node + between) * 1e3) << "rank " << r;
+    EXPECT_DOUBLE_EQ(ms[size_t(r)], std::max(in_node, between) * 1e3) << "rank " << r;  // at once
+  }
+  // One communicator: "comm" alone.
+  StepPhases one;
+  run_modeled(hw, 2, [&](Rank& rank, int r) {
+    std::vector<float> mine(send, 1.0f), all(2 * send);
+    rank.comm->all_gather_async(mine.data(), all.data(), send, DType::f32).wait();
+    StepPhases p;
+    rank.clock.lap(p);
+    if (r == 0) one = p;
+  });
+  for (const auto& [name, t] : one) EXPECT_EQ(name.rfind("comm q", 0), std::string::npos) << name;
 }
 
 TEST(ModeledClock, AGroupAcrossNodesUsesTheNicsOfItsGpusInANode) {
