@@ -19,9 +19,12 @@ one node of as many "GPUs" as cores). Then, with --compare, it runs every
 stage on `small` at --ranks = the cores, on the wall clock and on the
 modeled clock with that profile, and prints both medians side by side.
 
-    tools/calibrate_machine.py --out /tmp/this-machine.hw --compare
+    tools/calibrate_machine.py --compare        # then: --clock modeled --hardware this-machine
+    tools/calibrate_machine.py --out /tmp/mine.hw
 
-A profile it did not write is never overwritten. Exit status: 0 done, 1 a
+By default it writes hardware/this-machine.hw, which `--hardware
+this-machine` reads (git ignores it: it describes one machine). A profile
+it did not write is never overwritten. Exit status: 0 done, 1 a
 benchmark or a run failed, 2 a usage error.
 """
 import argparse
@@ -129,7 +132,9 @@ def median_ms(build, exe, flags, extra):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
-    ap.add_argument("--out", required=True, help="the profile to write (.hw)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "hardware", "this-machine.hw"),
+                    help="the profile to write (.hw); default hardware/this-machine.hw, which "
+                         "--hardware this-machine reads")
     ap.add_argument("--compare", action="store_true", help="then every stage, wall against modeled")
     ap.add_argument("--steps", type=int, default=20)
     a = ap.parse_args(argv)

@@ -298,7 +298,8 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   CLI::Option* hardware_option = path_options.emplace_back(app.add_option(
       "--hardware", cfg.hardware,
       "with --clock modeled: the modeled machine, a profile of hardware/ (h100-sxm, h200, a100-sxm, l40s; "
-      "default h100-sxm) or the path of a profile file"));
+      "this-machine once tools/calibrate_machine.py has measured it; default h100-sxm) or the path of a "
+      "profile file"));
   app.add_flag("--dry-run", cfg.dry_run,
                "with --clock modeled: model the steps without computing them (no arithmetic, no data moved, "
                "memory counted as in a real run; no final hash): any model preset, --ranks up to 4096");

@@ -122,6 +122,10 @@ Hardware load_hardware(const std::string& name_or_path, const std::string& dir) 
                        (name_or_path.size() > 3 && name_or_path.compare(name_or_path.size() - 3, 3, ".hw") == 0);
   const std::string path = is_path ? name_or_path : dir + "/" + name_or_path + ".hw";
   std::ifstream f(path);
+  // The profile of the machine one has is measured there, never shipped.
+  USAGE_REQUIRE(f || is_path || name_or_path != "this-machine",
+                "--hardware this-machine: there is no profile of this machine yet (" << path
+                    << "): measure it with `python3 tools/calibrate_machine.py`, which writes it there");
   if (!f) {
     std::string names;
     for (const std::string& n : hardware_names(dir)) names += (names.empty() ? "" : ", ") + n;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -22,6 +23,20 @@ TEST(Hardware, EveryShippedProfileReads) {
     const Hardware hw = load_hardware(n);
     EXPECT_FALSE(hw.name.empty()) << n;
     EXPECT_GT(hw.gpus_per_node, 0) << n;
+  }
+}
+
+// this-machine is measured where one runs (tools/calibrate_machine.py),
+// never shipped: before that, the error says how to make it.
+TEST(Hardware, ThisMachineBeforeItIsMeasuredSaysHow) {
+  const std::string empty = ::testing::TempDir() + "/zf-no-profiles";
+  std::filesystem::create_directories(empty);
+  try {
+    load_hardware("this-machine", empty);
+    ADD_FAILURE() << "a missing this-machine profile was read";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("tools/calibrate_machine.py"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(empty + "/this-machine.hw"), std::string::npos) << e.what();
   }
 }
 
