@@ -35,9 +35,10 @@ double collective_seconds(const Hardware& hw, CollectiveKind kind, size_t bytes,
   const double pass = double(n - nodes) * intra_lat + double(nodes - 1) * inter_lat;
   const double ring = (kind == CollectiveKind::all_reduce ? 2.0 : 1.0) * pass + moved;
   if (kind != CollectiveKind::all_reduce || nodes == 1) return ring;
-  // A tree all-reduce: up and down a tree of the nodes, and of a node's GPUs.
-  const double tree = 2.0 * (std::ceil(std::log2(double(nodes))) * inter_lat +
-                             std::ceil(std::log2(double(n) / nodes)) * intra_lat) + moved;
+  // A tree all-reduce, as NCCL's tuning model prices it: up and down a
+  // binary tree of the nodes, and a chain of each node's GPUs.
+  const double tree = 2.0 * (std::ceil(std::log2(double(nodes))) * inter_lat + double(n / nodes - 1) * intra_lat) +
+                      moved;
   return std::min(ring, tree);
 }
 
