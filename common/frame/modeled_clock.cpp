@@ -51,6 +51,7 @@ std::string modeled_clock_description(const Hardware& hw, int world) {
   const int nodes = (world + hw.gpus_per_node - 1) / hw.gpus_per_node;
   std::string s = "modeled on " + hw.name + " x" + std::to_string(world);
   if (nodes > 1) s += ", " + std::to_string(nodes) + " nodes of " + std::to_string(hw.gpus_per_node);
+  if (nodes > 1 && world % hw.gpus_per_node != 0) s += ", " + std::to_string(world % hw.gpus_per_node) + " on the last";
   return s;
 }
 

@@ -198,7 +198,8 @@ std::unique_ptr<Communicator> make_modeled_communicator(std::unique_ptr<Communic
                                                         std::shared_ptr<ClockGroup> group, int world_rank,
                                                         RankClock& clock);
 
-// "modeled on H100 SXM ×16, 2 nodes of 8"
+// "modeled on H100 SXM x16, 2 nodes of 8" ("..., 4 on the last" when the
+// ranks do not fill the last node)
 std::string modeled_clock_description(const Hardware& hw, int world);
 
 // --trace under the modeled clock: rank's spans as trace events (trace.h's

@@ -151,7 +151,9 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
     std::printf("zero-to-fsdp %s | model %s (P = %zu, V=%d T=%d L=%d H=%d C=%d) | %s | "
                 "B=%d K=%d, %lld tokens/step | %s (compute %s%s%s%s) | data: %s (%zu tokens)\n",
                 cfg.stage.c_str(), cfg.model.name.c_str(), layout.numel, cfg.model.V, cfg.model.T,
-                cfg.model.L, cfg.model.H, cfg.model.C, world.describe().c_str(), cfg.batch,
+                cfg.model.L, cfg.model.H, cfg.model.C,
+                (cfg.dry_run ? std::to_string(world.size) + " ranks (fibers of one thread: a dry run)"
+                             : world.describe()).c_str(), cfg.batch,
                 cfg.grad_accum, (long long)(run.cfg.global_batch() * cfg.model.T), precision_name(cfg.precision),
                 dtype_name(cfg.compute), cfg.attention == AttentionForm::flash ? ", flash attention" : "",
                 cfg.recompute == Recompute::none ? "" : ", recompute ",

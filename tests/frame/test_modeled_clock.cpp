@@ -192,6 +192,15 @@ TEST(ModeledClock, HybridGroupsInsideANodeUseNvlinkAcrossNodesTheNetwork) {
   }
 }
 
+// What the run says it models: the GPUs, and the nodes when more than one.
+TEST(ModeledClock, TheClockSaysWhatItModels) {
+  const Hardware hw = round_machine();  // "Round", 4 GPUs per node
+  EXPECT_EQ(modeled_clock_description(hw, 1), "modeled on Round x1");
+  EXPECT_EQ(modeled_clock_description(hw, 4), "modeled on Round x4");
+  EXPECT_EQ(modeled_clock_description(hw, 16), "modeled on Round x16, 4 nodes of 4");
+  EXPECT_EQ(modeled_clock_description(hw, 6), "modeled on Round x6, 2 nodes of 4, 2 on the last");
+}
+
 // Each communicator is a queue of its own: the step's phases give each
 // queue's busy time ("comm qK", K as the trace's tracks: 0 the world's),
 // "comm" their sum, and two queues' collectives run at once.
