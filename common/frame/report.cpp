@@ -286,61 +286,101 @@ void StepReporter::summary(const RunResult& run) {
                 cfg_.offload.delay_update ? ", one step delayed from the second step on" : "");
 }
 
+namespace {
+
+// Prints one row per run of consecutive ranks whose rows read the same,
+// labelled "3" or "0-4095": a dry run's thousands of ranks, or a real run's
+// equal ones, in a line each. With a prefix ("rank "), the label is
+// "rank 0-3: "; an empty row is not printed.
+void print_grouped(const std::vector<std::string>& rows, std::FILE* out, const char* prefix = nullptr) {
+  for (size_t r = 0; r < rows.size();) {
+    size_t end = r + 1;
+    while (end < rows.size() && rows[end] == rows[r]) ++end;
+    const std::string label = end - r == 1 ? std::to_string(r) : std::to_string(r) + "-" + std::to_string(end - 1);
+    if (!rows[r].empty() && prefix) std::fprintf(out, "%s%s: %s", prefix, label.c_str(), rows[r].c_str());
+    else if (!rows[r].empty()) std::fprintf(out, "%-9s%s", label.c_str(), rows[r].c_str());
+    r = end;
+  }
+}
+
+}  // namespace
+
 void print_memory_table(const RunResult& run, std::FILE* out) {
   std::fprintf(out, "\nmemory per rank at the end of the run (current / peak), P = %zu parameters\n",
                run.params);
-  std::fprintf(out, "%-5s %-7s", "rank", "place");
+  std::fprintf(out, "%-9s%-7s", "rank", "place");
   for (int c = 0; c < kNumCategories; ++c) std::fprintf(out, " %21s", category_name(Category(c)));
   std::fprintf(out, " %12s %8s\n", "model states", "/ P");
+  std::vector<std::string> rows;
   for (size_t r = 0; r < run.ranks.size(); ++r) {
     const auto& m = run.ranks[r].memory;
+    std::string row;
+    char buf[64];
     for (int p = 0; p < kNumPlaces; ++p) {
       if (m.peak_total[p] == 0) continue;
-      std::fprintf(out, "%-5zu %-7s", r, place_name(Place(p)));
+      if (!row.empty()) row += std::string(9, ' ');  // the host's line under the device's
+      std::snprintf(buf, sizeof buf, "%-7s", place_name(Place(p)));
+      row += buf;
       for (int c = 0; c < kNumCategories; ++c) {
-        std::string cell = format_bytes(m.current[p][c]) + " / " + format_bytes(m.peak[p][c]);
-        std::fprintf(out, " %21s", cell.c_str());
+        std::snprintf(buf, sizeof buf, " %21s",
+                      (format_bytes(m.current[p][c]) + " / " + format_bytes(m.peak[p][c])).c_str());
+        row += buf;
       }
-      size_t ms = m.model_states(Place(p));
-      std::fprintf(out, " %12s %7.2fP\n", format_bytes(ms).c_str(),
-                   run.params ? double(ms) / double(run.params) : 0.0);
+      const size_t ms = m.model_states(Place(p));
+      std::snprintf(buf, sizeof buf, " %12s %7.2fP\n", format_bytes(ms).c_str(),
+                    run.params ? double(ms) / double(run.params) : 0.0);
+      row += buf;
     }
+    rows.push_back(row);
   }
+  print_grouped(rows, out);
 }
 
 void print_comm_table(const RunResult& run, std::FILE* out) {
   std::fprintf(out, "\ncommunication per rank per step (ring-model bytes sent, as nccl-tests' busbw counts)\n");
-  std::fprintf(out, "%-5s %14s", "rank", "total");
+  std::fprintf(out, "%-9s%14s", "rank", "total");
   for (int k = 0; k < kNumCollectives; ++k) std::fprintf(out, " %14s", collective_name(CollectiveKind(k)));
   std::fprintf(out, "\n");
+  std::vector<std::string> rows;
   for (size_t r = 0; r < run.ranks.size(); ++r) {
     const auto& s = run.ranks[r].comm;
     const double steps = std::max<size_t>(1, run.ranks[r].losses.size());  // the steps this run trained
-    std::fprintf(out, "%-5zu %14s", r, format_bytes(size_t(s.total_bytes() / steps)).c_str());
-    for (int k = 0; k < kNumCollectives; ++k)
-      std::fprintf(out, " %14s", format_bytes(size_t(s.bytes[k] / steps)).c_str());
-    std::fprintf(out, "\n");
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%14s", format_bytes(size_t(s.total_bytes() / steps)).c_str());
+    std::string row = buf;
+    for (int k = 0; k < kNumCollectives; ++k) {
+      std::snprintf(buf, sizeof buf, " %14s", format_bytes(size_t(s.bytes[k] / steps)).c_str());
+      row += buf;
+    }
+    rows.push_back(row + "\n");
   }
+  print_grouped(rows, out);
   // Offload: what crossed the host<->device link (PCIe on a GPU).
+  rows.assign(run.ranks.size(), "");
   for (size_t r = 0; r < run.ranks.size(); ++r) {
     const TransferStats& t = run.ranks[r].transfers;
     if (t.to_device_copies + t.to_host_copies == 0) continue;
     const double steps = std::max<size_t>(1, run.ranks[r].losses.size());
-    std::fprintf(out, "rank %zu: host->device %s, device->host %s per step (%.0f and %.0f copies)\n", r,
-                 format_bytes(size_t(t.to_device_bytes / steps)).c_str(),
-                 format_bytes(size_t(t.to_host_bytes / steps)).c_str(), t.to_device_copies / steps,
-                 t.to_host_copies / steps);
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "host->device %s, device->host %s per step (%.0f and %.0f copies)\n",
+                  format_bytes(size_t(t.to_device_bytes / steps)).c_str(),
+                  format_bytes(size_t(t.to_host_bytes / steps)).c_str(), t.to_device_copies / steps,
+                  t.to_host_copies / steps);
+    rows[r] = buf;
   }
+  print_grouped(rows, out, "rank ");
   // Hybrid sharding: the part of the above that crosses the shard groups
   // (the slow links between nodes), apart from what stays inside a group.
+  rows.assign(run.ranks.size(), "");
   for (size_t r = 0; r < run.ranks.size(); ++r) {
     const double across = run.ranks[r].comm_cross_group.total_bytes();
     if (across == 0) continue;
     const double steps = std::max<size_t>(1, run.ranks[r].losses.size());
-    std::fprintf(out, "rank %zu: %s of it across the shard groups, %s within its group (and the loss over all)\n", r,
-                 format_bytes(size_t(across / steps)).c_str(),
-                 format_bytes(size_t((run.ranks[r].comm.total_bytes() - across) / steps)).c_str());
+    rows[r] = format_bytes(size_t(across / steps)) + " of it across the shard groups, " +
+              format_bytes(size_t((run.ranks[r].comm.total_bytes() - across) / steps)) +
+              " within its group (and the loss over all)\n";
   }
+  print_grouped(rows, out, "rank ");
 }
 
 }  // namespace zf
