@@ -6,18 +6,21 @@ no arithmetic, every op, collective and copy charged on the profile's
 hardware) for a few model shapes over a range of rank counts, and writes
 what a cluster plan needs: per run, the modeled step time, MFU, the exposed
 communication and the peak device memory per rank against the card's. Then
-ZeRO-3, stage 04's knobs (prefetch, resharding, hybrid sharding) and stage
-05's offload (with and without the delayed update), on NVLink and on a card
-without it. Every number comes from a run log; none is typed here.
-Every time is modeled, not measured.
+data parallel, ZeRO-3 and FSDP over the same rank counts on a PCIe card
+without NVLink (--pcie-hardware, L40S), beside the same runs on the first
+profile; and ZeRO-3, stage 04's knobs (prefetch, resharding, hybrid
+sharding) and stage 05's offload (with and without the delayed update), on
+NVLink and without it, at one size. Every number comes from a run log; none
+is typed here. Every time is modeled, not measured.
 
     tools/modeled_sweep.py --out /tmp/m                      # the default sweep
-    tools/modeled_sweep.py --out /tmp/m --models gpt2-xl --ranks 8,64
+    tools/modeled_sweep.py --out /tmp/m --models gpt2-xl --ranks 8,64 --pcie-models gpt2-xl
     tools/modeled_sweep.py --out /tmp/m --no-plots
     tools/modeled_sweep.py --out /tmp/m --write-docs docs/tour   # docs/tour/modeled.md and its pictures
 
 The output folder gets logs/ (one run log per run), modeled.md (the tables),
-modeled.json (every number) and, with matplotlib, scaling.png and knobs.png.
+modeled.json (every number: "runs", "pcie" and "knobs") and, with
+matplotlib, scaling.png, pcie.png and knobs.png.
 A folder that holds anything but an earlier sweep's output is refused.
 Exit status: 0 done, 1 a run failed, 2 a usage error.
 """
@@ -36,7 +39,10 @@ BATCH = {"gpt2": 16, "gpt2-medium": 16, "gpt2-large": 8, "gpt2-xl": 8, "gpt-7b":
 # Every run: the bf16 recipe on tensor cores, flash attention, full recomputation.
 COMMON = ["--precision", "bf16", "--compute", "bf16", "--attention", "flash", "--recompute", "full",
           "--steps", "2", "--clock", "modeled", "--dry-run", "--quiet"]
-OWN = {"logs", "modeled.md", "modeled.json", "scaling.png", "knobs.png"}
+OWN = {"logs", "modeled.md", "modeled.json", "scaling.png", "pcie.png", "knobs.png"}
+# The stages of the PCIe series: the two that gather every unit's parameters before its compute, and
+# data parallel, whose one all-reduce a step is what they are weighed against on the same card.
+PCIE_STAGES = ["dp", "zero3", "fsdp"]
 
 
 def run(build, exe, args, log, n_steps=2, shown=1):
@@ -76,19 +82,26 @@ def label(hardware):
     return name[:-3] if name.endswith(".hw") else name
 
 
-def memory_gib(hardware):
+def profile_value(hardware, wanted):
     with open(profile_path(hardware)) as f:
         for line in f:
             key, _, value = line.split("#")[0].partition("=")
-            if key.strip() == "memory_gib":
+            if key.strip() == wanted:
                 return float(value)
-    raise SystemExit("modeled_sweep: no memory_gib in %s" % profile_path(hardware))
+    raise SystemExit("modeled_sweep: no %s in %s" % (wanted, profile_path(hardware)))
 
 
-def sweep(build, out, models, ranks, hardware):
+def memory_gib(hardware):
+    return profile_value(hardware, "memory_gib")
+
+
+def sweep(build, out, models, ranks, hardware, stages=None):
+    """Every stage of `stages` (by default all five) for every shape and rank count, on one profile."""
     rows = []
     for model in models:
         for stage, exe in STAGES:
+            if stages is not None and stage not in stages:
+                continue
             for n in ranks:
                 args = ["--model", model, "--ranks", str(n), "--batch", str(BATCH.get(model, 4)),
                         "--hardware", hardware] + COMMON
@@ -135,7 +148,7 @@ def table(rows, mem):
     return "\n".join(lines) + "\n"
 
 
-def plots(rows, knob_rows, out, mem):
+def plots(rows, pcie_rows, knob_rows, out, mem):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -154,8 +167,10 @@ def plots(rows, knob_rows, out, mem):
         axes[0][i].set_title("%s, B=%d per rank" % (model, BATCH.get(model, 4)), fontsize=10)
         axes[0][i].set_ylabel("modeled step, ms")
         axes[1][i].set_ylabel("modeled MFU, %")
+        ranks = sorted({r["ranks"] for r in rows if r["model"] == model})
         for ax in (axes[0][i], axes[1][i]):
             ax.set_xscale("log", base=2)
+            ax.set_xticks(ranks, ["{:,}".format(n) for n in ranks])
             ax.set_xlabel("ranks (GPUs)")
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
@@ -165,6 +180,8 @@ def plots(rows, knob_rows, out, mem):
     fig.tight_layout()
     fig.savefig(os.path.join(out, "scaling.png"), dpi=110)
     plt.close(fig)
+    if pcie_rows:
+        pcie_plot(plt, rows, pcie_rows, out, mem)
     if not knob_rows:
         return
     fig, ax = plt.subplots(figsize=(9, 4.4))
@@ -188,6 +205,53 @@ def plots(rows, knob_rows, out, mem):
     plt.close(fig)
 
 
+def pcie_plot(plt, rows, pcie_rows, out, mem):
+    """pcie.png: the PCIe series beside the same stages, shapes and rank counts of the main sweep."""
+    import matplotlib.ticker
+    models = sorted({r["model"] for r in pcie_rows}, key=lambda m: list(BATCH).index(m) if m in BATCH else 99)
+    fig, axes = plt.subplots(len(models), 3, figsize=(15, 4.2 * len(models)), squeeze=False)
+    for i, model in enumerate(models):
+        ax_ms, ax_mfu, ax_exp = axes[i]
+        for k, stage in enumerate(PCIE_STAGES):
+            for series, style in ((rows, "-"), (pcie_rows, "--")):
+                rs = [r for r in series if r["model"] == model and r["stage"] == stage]
+                if not rs:
+                    continue
+                color = "C%d" % [s for s, _ in STAGES].index(stage)  # as in scaling.png
+                for ax, value in ((ax_ms, lambda r: r["ms"]), (ax_mfu, lambda r: 100 * r["mfu"]),
+                                  (ax_exp, lambda r: 100 * r["exposed_ms"] / r["ms"])):
+                    ax.plot([r["ranks"] for r in rs], [value(r) for r in rs], style, marker="o", color=color,
+                            label="%s, %s" % (stage, label(rs[0]["hardware"])))
+                    # Hollow markers where the run does not fit the card's memory, as in scaling.png.
+                    out_of = [r for r in rs if r["peak_gib"] > mem[r["hardware"]]]
+                    ax.plot([r["ranks"] for r in out_of], [value(r) for r in out_of], "o", mfc="white", color=color)
+        ax_ms.set_ylabel("modeled step, ms")
+        ax_ms.set_yscale("log")  # the cards differ several-fold: a ratio reads the same at every N
+        ax_ms.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1, 2, 5)))
+        ax_ms.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: "%g" % v))
+        ax_ms.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax_mfu.set_ylabel("modeled MFU, % of each card's own peak")
+        ax_exp.set_ylabel("modeled exposed comm, % of the step")
+        ranks = sorted({r["ranks"] for r in pcie_rows if r["model"] == model})
+        for ax in (ax_ms, ax_mfu, ax_exp):
+            ax.set_title("%s, B=%d per rank" % (model, BATCH.get(model, 4)), fontsize=10)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(ranks, ["{:,}".format(n) for n in ranks])
+            ax.set_xlabel("ranks (GPUs)")
+            ax.grid(alpha=0.3, which="both")
+        ax_exp.legend(fontsize=8)
+    cards = []
+    for r in rows + pcie_rows:
+        card = r["clock"].split(" x")[0].replace("modeled on ", "")
+        if r["model"] in models and card not in cards:
+            cards.append(card)
+    fig.suptitle("Data parallel, ZeRO-3 and FSDP, modeled: %s, solid; %s, dashed" % (cards[0], cards[-1])
+                 if len(cards) == 2 else "Data parallel, ZeRO-3 and FSDP, modeled: %s" % cards[0], fontsize=11)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "pcie.png"), dpi=110)
+    plt.close(fig)
+
+
 def timelines(build, out, docs):
     """One modeled step of stage 04 on 8 L40S (PCIe), without prefetch and with it, drawn by trace_gantt.py."""
     sys.path.insert(0, os.path.join(ROOT, "tools"))
@@ -206,9 +270,74 @@ def timelines(build, out, docs):
     return drawn
 
 
-def docs_page(rows, knob_rows, mem, pictures):
+def side_by_side(rows, pcie_rows):
+    """The PCIe series beside the main sweep's same stage, shape and N: one table row each."""
+    lines = ["| model | stage | N | %s ms | MFU | exposed ms | %s ms | MFU | exposed ms | step ratio |" % (
+                 label(rows[0]["hardware"]), label(pcie_rows[0]["hardware"])),
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for p in pcie_rows:
+        same = [r for r in rows if (r["model"], r["stage"], r["ranks"]) == (p["model"], p["stage"], p["ranks"])]
+        if not same:
+            continue
+        r = same[0]
+        lines.append("| %s | %s | %d | %.1f | %.1f%% | %.1f | %.1f | %.1f%% | %.1f | %.2f |" % (
+            p["model"], p["stage"], p["ranks"], r["ms"], 100 * r["mfu"], r["exposed_ms"],
+            p["ms"], 100 * p["mfu"], p["exposed_ms"], p["ms"] / r["ms"]))
+    return "\n".join(lines) + "\n"
+
+
+def first_exposed(rows, stage, share):
+    """Where `stage`'s exposed communication first passes `share` of the step, per shape: "N = 512 for
+    gpt2-xl, ..."; "never" for a shape where it does not within the sweep."""
+    words = []
+    for model in sorted({r["model"] for r in rows}, key=lambda m: list(BATCH).index(m) if m in BATCH else 99):
+        over = [r["ranks"] for r in rows if r["model"] == model and r["stage"] == stage
+                and r["exposed_ms"] > share * r["ms"]]
+        words.append("%s for %s" % ("N = {:,}".format(min(over)) if over else "nowhere", model))
+    return ", ".join(words)
+
+
+def exposed_words(rows, pcie_rows, stage):
+    """`stage`'s exposed communication on both cards at the PCIe series' two smallest N, from the runs."""
+    words = []
+    for r, p in list(pairs(rows, pcie_rows, stage))[:2]:
+        words.append("at N = %d, %.1f ms of a %.1f ms step on %s (%.1f%%) against %.1f of %.1f on %s (%.1f%%)" % (
+            p["ranks"], p["exposed_ms"], p["ms"], label(p["hardware"]), 100 * p["exposed_ms"] / p["ms"],
+            r["exposed_ms"], r["ms"], label(r["hardware"]), 100 * r["exposed_ms"] / r["ms"]))
+    return "; ".join(words)
+
+
+def pairs(rows, pcie_rows, stage):
+    """(main run, PCIe run) of `stage` at the same shape and N, in the PCIe series' order."""
+    for p in pcie_rows:
+        same = [r for r in rows if (r["model"], r["stage"], r["ranks"]) == (p["model"], p["stage"], p["ranks"])]
+        if p["stage"] == stage and same:
+            yield same[0], p
+
+
+def step_ratio_words(rows, pcie_rows, stage):
+    """"dp's on gpt2-xl at N = 8 is 3.1 times h100-sxm's": the PCIe card's step against the main one's,
+    at the first run of `stage` in both."""
+    for r, p in pairs(rows, pcie_rows, stage):
+        return "%s's on %s at N = %d is %.1f times %s's" % (stage, p["model"], p["ranks"], p["ms"] / r["ms"],
+                                                             label(r["hardware"]))
+    return "than %s's" % label(rows[0]["hardware"])
+
+
+def exposed_range_words(pcie_rows, stage):
+    """`stage`'s exposed communication on the PCIe card at the series' smallest and largest N."""
+    rs = [r for r in pcie_rows if r["stage"] == stage and r["model"] == pcie_rows[0]["model"]]
+    if not rs:
+        return "not run"
+    lo, hi = rs[0], rs[-1]
+    return "%.1f ms of %.1f at N = {:,} on %s, %.1f of %.1f at N = {:,}".format(lo["ranks"], hi["ranks"]) % (
+        lo["exposed_ms"], lo["ms"], label(lo["hardware"]), hi["exposed_ms"], hi["ms"])
+
+
+def docs_page(rows, pcie_rows, knob_rows, mem, pictures):
     """docs/tour/modeled.md: what the sweep shows, with its pictures and tables."""
-    names = [os.path.basename(p) for p in pictures]
+    names = {k: os.path.basename(p) for k, p in pictures.items()}
+    ranks = sorted({r["ranks"] for r in rows})
     return "\n".join([
         "# The tour, on a modeled cluster: the time side of every stage",
         "",
@@ -220,16 +349,40 @@ def docs_page(rows, knob_rows, mem, pictures):
         "",
         "## Every stage against the number of GPUs",
         "",
-        "![modeled step and MFU per stage](%s)" % names[0],
+        "![modeled step and MFU per stage](%s)" % names["scaling"],
         "",
+        "From %s to %s GPUs, with the micro-batch per GPU held (weak scaling: the ideal is a flat line). "
         "Data parallel keeps the whole model and optimizer on every GPU (hollow: it does not fit) and pays "
-        "its AdamW over all of P on each; ZeRO-1 and -2 shard the optimizer but all-gather the parameters "
-        "after it, exposed; ZeRO-3 and FSDP gather each unit ahead of its use, and that hides behind the "
-        "compute until the ring's latency over hundreds of GPUs outgrows a unit's compute.",
+        "its AdamW over all of P on each; its one all-reduce a step hides under the backward at every N. "
+        "ZeRO-1 and -2 shard the optimizer but all-gather the parameters after it, exposed. ZeRO-3 and FSDP "
+        "gather each unit ahead of its use, and that hides behind the compute until the all-gathers' "
+        "latency outgrows a unit's compute: a ring pays one network hop a node per pass, and %s GPUs are "
+        "%s nodes. ZeRO-3's exposed communication first passes a tenth of its step at %s: first for the "
+        "smallest shape, whose units compute least." % (
+            ranks[0], "{:,}".format(ranks[-1]), "{:,}".format(ranks[-1]),
+            "{:,}".format(ranks[-1] // int(profile_value(rows[0]["hardware"], "gpus_per_node"))),
+            first_exposed(rows, "zero3", 0.1)),
         "",
+        "## Data parallel, ZeRO-3 and FSDP without NVLink",
+        "",
+        "![data parallel, ZeRO-3 and FSDP on H100 and L40S](%s)" % names["pcie"],
+        "",
+        "The same runs on L40S: a PCIe card with no NVLink, eight to a node, its nodes on Ethernet. Its "
+        "steps are longer to begin with, %s (slower tensor cores and memory; MFU is against each card's own "
+        "peak), and data parallel's one all-reduce a step, under the backward, hardly grows with N on it "
+        "(%s). ZeRO-3 moves one and a half times data parallel's bytes (each unit's parameters gathered in "
+        "the forward and again in the backward, its gradients reduce-scattered), and each unit's compute "
+        "waits for its gather: on NVLink and InfiniBand that hides under the previous unit's compute, over "
+        "PCIe and Ethernet it shows from the first node. ZeRO-3's exposed communication is, %s. Beyond that, "
+        "the rings' latency grows with the nodes on either card and, at the largest N, takes over both "
+        "steps. ZeRO-3 wants NVLink or InfiniBand." % (
+            step_ratio_words(rows, pcie_rows, "dp"), exposed_range_words(pcie_rows, "dp"),
+            exposed_words(rows, pcie_rows, "zero3")),
+        "",
+        side_by_side(rows, pcie_rows),
         "## ZeRO-3, stage 04's knobs and offload, with NVLink and without",
         "",
-        "![the knobs on H100 and L40S](%s)" % names[1],
+        "![the knobs on H100 and L40S](%s)" % names["knobs"],
         "",
         "Offload pays for its PCIe copies and, above all, for AdamW on the host's CPU, which the node's GPUs "
         "share; the delayed update (`--delay-update`) runs a step's AdamW on a worker thread while the GPU "
@@ -239,9 +392,9 @@ def docs_page(rows, knob_rows, mem, pictures):
         "",
         "## One step of FSDP on 8 L40S (no NVLink), without prefetch and with it",
         "",
-        "![prefetch 0](%s)" % names[2],
+        "![prefetch 0](%s)" % names["prefetch0"],
         "",
-        "![prefetch 1](%s)" % names[3],
+        "![prefetch 1](%s)" % names["prefetch1"],
         "",
         "Without prefetch each unit's all-gather is issued when the unit is needed and the compute waits for "
         "it; with `--prefetch 1` the next unit's is issued first and runs under this unit's compute.",
@@ -249,7 +402,8 @@ def docs_page(rows, knob_rows, mem, pictures):
         "## The numbers",
         "",
         table(rows, mem),
-        table(knob_rows, mem) if knob_rows else "",
+        table(pcie_rows, mem),
+        table(knob_rows, mem),
     ])
 
 
@@ -259,7 +413,11 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--hardware", default="h100-sxm")
     ap.add_argument("--models", default="gpt2-xl,gpt-7b,gpt-70b")
-    ap.add_argument("--ranks", default="8,64,512")
+    ap.add_argument("--ranks", default="8,64,512,4096")
+    ap.add_argument("--pcie-hardware", default="l40s",
+                    help="the card without NVLink of the PCIe series (default l40s)")
+    ap.add_argument("--pcie-models", default="gpt2-xl",
+                    help="shapes of the PCIe series: dp, ZeRO-3 and FSDP over --ranks ('' for none)")
     ap.add_argument("--knobs-model", default="gpt2-medium")
     ap.add_argument("--knobs-ranks", type=int, default=16)
     ap.add_argument("--no-knobs", action="store_true")
@@ -271,38 +429,43 @@ def main(argv=None):
         ranks = [int(x) for x in a.ranks.split(",")]
     except ValueError:
         ap.error("--ranks takes numbers separated by commas (got %r)" % a.ranks)
+    pcie_models = [m for m in a.pcie_models.split(",") if m]
+    if a.write_docs and (a.no_plots or a.no_knobs or not pcie_models):
+        ap.error("--write-docs draws the pictures, the PCIe series and the knobs: "
+                 "leave out --no-plots and --no-knobs, and give --pcie-models")
     if os.path.exists(a.out) and set(os.listdir(a.out)) - OWN:
         ap.error("%s holds files this tool did not write: give an empty or new folder" % a.out)
     os.makedirs(os.path.join(a.out, "logs"), exist_ok=True)
     start = time.time()
     try:
         rows = sweep(a.build, a.out, a.models.split(","), ranks, a.hardware)
+        pcie_rows = sweep(a.build, a.out, pcie_models, ranks, a.pcie_hardware, PCIE_STAGES)
         knob_rows = [] if a.no_knobs else knobs(a.build, a.out, a.knobs_model, a.knobs_ranks)
     except RuntimeError as e:
         print("modeled_sweep: a run failed: %s" % e, file=sys.stderr)
         return 1
-    mem = {hw: memory_gib(hw) for hw in {r["hardware"] for r in rows + knob_rows}}
+    mem = {hw: memory_gib(hw) for hw in {r["hardware"] for r in rows + pcie_rows + knob_rows}}
     with open(os.path.join(a.out, "modeled.json"), "w") as f:
-        json.dump({"runs": rows, "knobs": knob_rows}, f, indent=1)
+        json.dump({"runs": rows, "pcie": pcie_rows, "knobs": knob_rows}, f, indent=1)
     with open(os.path.join(a.out, "modeled.md"), "w") as f:
         f.write("Modeled, not measured (docs/SPEC.md section 13): dry runs, `%s`.\n\n" % " ".join(COMMON))
         f.write(table(rows, mem))
-        if knob_rows:
-            f.write("\n" + table(knob_rows, mem))
+        for more in (pcie_rows, knob_rows):
+            if more:
+                f.write("\n" + table(more, mem))
     if not a.no_plots:
-        plots(rows, knob_rows, a.out, mem)
+        plots(rows, pcie_rows, knob_rows, a.out, mem)
     if a.write_docs:
-        if a.no_plots or a.no_knobs:
-            ap.error("--write-docs draws the pictures and the knobs: leave out --no-plots and --no-knobs")
         import shutil
-        pictures = []
-        for name in ("scaling.png", "knobs.png"):
-            pictures.append(os.path.join(a.write_docs, "modeled_" + name))
-            shutil.copyfile(os.path.join(a.out, name), pictures[-1])
-        pictures += timelines(a.build, a.out, a.write_docs)
+        pictures = {}
+        for name in ("scaling", "pcie", "knobs"):
+            pictures[name] = os.path.join(a.write_docs, "modeled_%s.png" % name)
+            shutil.copyfile(os.path.join(a.out, name + ".png"), pictures[name])
+        pictures["prefetch0"], pictures["prefetch1"] = timelines(a.build, a.out, a.write_docs)
         with open(os.path.join(a.write_docs, "modeled.md"), "w") as f:
-            f.write(docs_page(rows, knob_rows, mem, pictures))
-    print("modeled_sweep: %d runs in %.0f s -> %s" % (len(rows) + len(knob_rows), time.time() - start, a.out))
+            f.write(docs_page(rows, pcie_rows, knob_rows, mem, pictures))
+    n_runs = len(rows) + len(pcie_rows) + len(knob_rows) + (2 if a.write_docs else 0)
+    print("modeled_sweep: %d runs in %.0f s -> %s" % (n_runs, time.time() - start, a.out))
     return 0
 
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 # test_modeled_sweep.py: tools/modeled_sweep.py on a small sweep of real dry
 # runs: every run's numbers reach the table and the JSON as the run logs
-# wrote them, the step's MFU agrees with its tokens/s, a folder holding
-# other files is refused, and bench/modeled_vs_published.py's cases all run.
+# wrote them, the step's MFU agrees with its tokens/s, the PCIe series runs
+# on the L40S's profile and its ZeRO-3 is slower than the H100's, a folder
+# holding other files is refused, and bench/modeled_vs_published.py's cases
+# all run.
 # Then tools/calibrate_machine.py: the benchmarks' output read as printed,
 # the profile it writes read by a stage, a profile it did not write kept.
 #
@@ -24,26 +26,81 @@ BUILD = os.environ.get("ZF_BUILD", os.path.join(ROOT, "build"))
 TOOL = os.path.join(ROOT, "tools", "modeled_sweep.py")
 
 
+def profile(name, key):
+    """A value of hardware/NAME.hw, as the stages read it."""
+    for line in open(os.path.join(ROOT, "hardware", name + ".hw")):
+        k, _, value = line.split("#")[0].partition("=")
+        if k.strip() == key:
+            return value.strip()
+    raise KeyError(key)
+
+
+def log_of(out, name):
+    """A run log's steps and summary."""
+    lines = [json.loads(line) for line in open(os.path.join(out, "logs", name))]
+    return [j for j in lines if "step" in j], [j["summary"] for j in lines if "summary" in j][0]
+
+
 class SweepTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory()
+        cls.out = os.path.join(cls.dir.name, "m")
+        cls.p = subprocess.run([sys.executable, TOOL, "--build", BUILD, "--out", cls.out, "--models", "gpt2",
+                                "--ranks", "2,8", "--pcie-models", "gpt2", "--no-knobs", "--no-plots"],
+                               capture_output=True, text=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.dir.cleanup()
+
+    def setUp(self):
+        self.assertEqual(self.p.returncode, 0, self.p.stderr)
+        self.sweep = json.load(open(os.path.join(self.out, "modeled.json")))
+        self.table = open(os.path.join(self.out, "modeled.md")).read()
+
     def test_a_small_sweep_reports_what_the_run_logs_say(self):
-        with tempfile.TemporaryDirectory() as d:
-            out = os.path.join(d, "m")
-            p = subprocess.run([sys.executable, TOOL, "--build", BUILD, "--out", out, "--models", "gpt2",
-                                "--ranks", "2,8", "--no-knobs", "--no-plots"], capture_output=True, text=True)
-            self.assertEqual(p.returncode, 0, p.stderr)
-            runs = json.load(open(os.path.join(out, "modeled.json")))["runs"]
-            self.assertEqual(len(runs), 5 * 2)  # five stages, two rank counts
-            table = open(os.path.join(out, "modeled.md")).read()
-            self.assertIn("Modeled, not measured", table)
-            for r in runs:
-                log = os.path.join(out, "logs", "h100-sxm_gpt2_%s_%d.json" % (r["stage"], r["ranks"]))
-                steps = [json.loads(line) for line in open(log) if '"step"' in line]
-                self.assertEqual(r["ms"], steps[-1]["ms"])
-                self.assertIn("| %s | %d | %.1f |" % (r["stage"], r["ranks"], r["ms"]), table.replace(" |  | ", " | "))
-                # MFU = tokens/s x FLOPs per token / (N x the H100's 989 TFLOP/s in bf16)
-                summary = json.loads(open(log).read().strip().split("\n")[-1])["summary"]
-                expected = steps[-1]["tokens_per_s"] * summary["flops_per_token"] / (r["ranks"] * 989e12)
-                self.assertAlmostEqual(r["mfu"], expected, places=12)
+        runs = self.sweep["runs"]
+        self.assertEqual(len(runs), 5 * 2)  # five stages, two rank counts
+        self.assertIn("Modeled, not measured", self.table)
+        for r in runs:
+            steps, summary = log_of(self.out, "h100-sxm_gpt2_%s_%d.json" % (r["stage"], r["ranks"]))
+            self.assertEqual(r["ms"], steps[-1]["ms"])
+            self.assertIn("| h100-sxm | gpt2 | %s |  | %d | %.1f |" % (r["stage"], r["ranks"], r["ms"]), self.table)
+            # MFU = tokens/s x FLOPs per token / (N x the H100's bf16 peak)
+            expected = steps[-1]["tokens_per_s"] * summary["flops_per_token"] / (
+                r["ranks"] * float(profile("h100-sxm", "peak_tflops_bf16")) * 1e12)
+            self.assertAlmostEqual(r["mfu"], expected, places=12)
+
+    def test_the_pcie_series_runs_on_the_card_without_nvlink(self):
+        pcie = self.sweep["pcie"]
+        self.assertIn("zero3", {r["stage"] for r in pcie})
+        self.assertEqual(len(pcie), len({r["stage"] for r in pcie}) * 2)  # every stage of it at both N
+        for r in pcie:
+            self.assertEqual(r["hardware"], "l40s")
+            steps, summary = log_of(self.out, "l40s_gpt2_%s_%d.json" % (r["stage"], r["ranks"]))
+            # The run itself was on the L40S's profile, not only named so.
+            card = "modeled on %s x%d" % (profile("l40s", "name"), r["ranks"])
+            self.assertTrue(summary["clock_detail"].startswith(card), summary["clock_detail"])
+            self.assertEqual(r["ms"], steps[-1]["ms"])
+            self.assertEqual(r["exposed_ms"], steps[-1]["phases_ms"]["exposed comm"])
+            self.assertIn("| l40s | gpt2 | %s |  | %d | %.1f | %.1f%% |" % (
+                r["stage"], r["ranks"], r["ms"], 100 * r["mfu"]), self.table)
+            expected = steps[-1]["tokens_per_s"] * summary["flops_per_token"] / (
+                r["ranks"] * float(profile("l40s", "peak_tflops_bf16")) * 1e12)
+            self.assertAlmostEqual(r["mfu"], expected, places=12)
+        for n in (2, 8):
+            # ZeRO-3 without NVLink: slower than on H100 at the same shape and N, and more of it exposed.
+            l40s, _ = log_of(self.out, "l40s_gpt2_zero3_%d.json" % n)
+            h100, _ = log_of(self.out, "h100-sxm_gpt2_zero3_%d.json" % n)
+            self.assertGreater(l40s[-1]["ms"], h100[-1]["ms"])
+            self.assertGreater(l40s[-1]["phases_ms"]["exposed comm"] / l40s[-1]["ms"],
+                               h100[-1]["phases_ms"]["exposed comm"] / h100[-1]["ms"])
+            # The tour page's table of the two cards side by side, from the same logs.
+            self.assertIn("| gpt2 | zero3 | %d | %.1f | %.1f%% | %.1f | %.1f | %.1f%% | %.1f | %.2f |" % (
+                n, h100[-1]["ms"], 100 * h100[-1]["mfu"], h100[-1]["phases_ms"]["exposed comm"],
+                l40s[-1]["ms"], 100 * l40s[-1]["mfu"], l40s[-1]["phases_ms"]["exposed comm"],
+                l40s[-1]["ms"] / h100[-1]["ms"]), modeled_sweep.side_by_side(self.sweep["runs"], pcie))
 
     def test_a_folder_of_other_files_is_refused(self):
         with tempfile.TemporaryDirectory() as d:
@@ -59,10 +116,17 @@ class SweepTest(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         rows = [line for line in p.stdout.split("\n") if line.startswith("| ") and "---" not in line]
         self.assertEqual(len(rows), 1 + 4)  # the header and four cases
+        # Each verdict is the stated tolerance applied to the row's own two rates: within 25 % either way.
+        for row in rows[1:]:
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            published, modeled, verdict = float(cells[1]), float(cells[2]), cells[4]
+            within = published / 1.25 <= modeled <= published * 1.25
+            self.assertEqual(verdict, "within 25 %" if within else "MISSED (%.2fx)" % (modeled / published), row)
 
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import calibrate_machine  # noqa: E402
+import modeled_sweep  # noqa: E402
 
 KERNELS = """BLAS: OpenBLAS
 matrix kernels           shape                             ms   GFLOP/s vs 1024^3
