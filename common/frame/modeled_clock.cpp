@@ -37,7 +37,7 @@ double collective_seconds(const Hardware& hw, CollectiveKind kind, size_t bytes,
   if (kind != CollectiveKind::all_reduce || nodes == 1) return ring;
   // A tree all-reduce, as NCCL's tuning model prices it: up and down a
   // binary tree of the nodes, and a chain of each node's GPUs.
-  const double tree = 2.0 * (std::ceil(std::log2(double(nodes))) * inter_lat + double(n / nodes - 1) * intra_lat) +
+  const double tree = 2.0 * (std::floor(std::log2(double(nodes))) * inter_lat + double(n / nodes - 1) * intra_lat) +
                       moved;
   return std::min(ring, tree);
 }

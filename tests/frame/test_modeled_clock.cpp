@@ -276,6 +276,15 @@ TEST(ModeledClock, AllReduceAcrossNodesTakesTheTreeWhenItIsFaster) {
   const double ring = 2 * (6 * 1e-6 + 10e-6) + moved, tree = 2 * (1 * 10e-6 + 3 * 1e-6) + moved;
   ASSERT_LT(tree, ring);
   for (double m : ms) EXPECT_DOUBLE_EQ(m, tree * 1e3);
+  // Three nodes: NCCL's model counts floor(log2 3) = 1 level of nodes.
+  const auto three = run_modeled(hw, 12, [&](Rank& rank, int) {
+    std::vector<float> x(n, 1.0f);
+    rank.comm->all_reduce_async(x.data(), n, DType::f32, ReduceOp::sum).wait();
+  });
+  const double moved12 = 2.0 * 11 / 12 * 64 / 40e9;
+  const double ring12 = 2 * (9 * 1e-6 + 2 * 10e-6) + moved12, tree12 = 2 * (1 * 10e-6 + 3 * 1e-6) + moved12;
+  ASSERT_LT(tree12, ring12);
+  for (double m : three) EXPECT_DOUBLE_EQ(m, tree12 * 1e3);
 }
 
 TEST(ModeledClock, TheLastRankToArriveSetsTheCollectivesStart) {
