@@ -11,7 +11,7 @@ vocabulary), so the comparison is of MFU first, tokens/s second. Nothing is
 fitted: the profiles' efficiencies are the same for every case.
 
 The stated tolerance: the modeled tokens/s per GPU within 25 % of the
-published one, either way. A case outside it is printed as MISSED: the
+published one, either way (their ratio between 1/1.25 and 1.25). A case outside it is printed as MISSED: the
 model lacks something there, which bench/RESULTS.md names.
 
     bench/modeled_vs_published.py [--build build]     # prints a markdown table

@@ -10,7 +10,7 @@
 //     -> the run `fsdp` would do with the same flags, padded as it pads
 //   memory_estimate --fit 80GB --ranks 1,2,4,8 --precision bf16 --recompute full
 //     -> the largest model of a GPT-3-like family each stage fits
-//   memory_estimate --model gpt2-xl --ranks 64 --precision bf16 --hardware h100-sxm
+//   memory_estimate --model gpt2-xl --ranks 64 --precision bf16 --compute bf16 --hardware h100-sxm
 //     -> and each stage's step on 64 H100s, modeled by its own dry run
 //
 // The trainers' flags are accepted with their meanings (common/frame/cli.cpp);

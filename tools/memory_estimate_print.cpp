@@ -62,13 +62,16 @@ nlohmann::json time_json(const StageTime& t) {
 }
 
 void print_time_header(const Request& q, const std::string& clock) {
-  std::printf("\ntime per optimizer step, %s (--hardware %s):\n"
-              "each stage's own schedule run as a dry run (docs/SPEC.md section 13); modeled, not measured\n",
-              clock.c_str(), q.hardware.c_str());
+  const bool bf16 = q.cfg.compute == DType::bf16;
+  std::printf("\ntime per optimizer step, %s (--hardware %s), modeled, not measured:\n"
+              "each stage's own schedule run as a dry run (docs/SPEC.md section 13); tokens/s of all N GPUs;\n"
+              "compute %s, MFU of the %s peak%s\n",
+              clock.c_str(), q.hardware.c_str(), dtype_name(q.cfg.compute), bf16 ? "bf16 tensor-core" : "FP32",
+              bf16 ? "" : " (--compute bf16 for tensor cores)");
 }
 
 std::string time_cells(const StageTime& t) {
-  if (!t.ran) return "- (" + t.why_not + ")";
+  if (!t.ran) return "           -  not modeled: " + t.why_not;
   char buf[160];
   std::snprintf(buf, sizeof buf, "%12.2f  %12.0f  %6.1f%%  %12.2f", t.ms, t.tokens_per_s, 100 * t.mfu,
                 t.exposed_comm_ms);
@@ -140,8 +143,12 @@ void print_tables(const Request& q) {
                 decimal(e.comm_cross_group).c_str(), decimal(e.to_host).c_str(), decimal(e.to_device).c_str());
   if (!q.hardware.empty()) {
     std::vector<StageTime> times;
-    for (Stage s : q.stages) times.push_back(modeled_time(q, s, c));
-    print_time_header(q, times.front().clock);
+    std::string clock = "modeled";
+    for (Stage s : q.stages) {
+      times.push_back(modeled_time(q, s, c));
+      if (times.back().ran) clock = times.back().clock;
+    }
+    print_time_header(q, clock);
     std::printf("%-17s %12s  %12s  %7s  %12s\n", "stage", "ms/step", "tokens/s", "MFU", "exposed comm ms");
     for (size_t i = 0; i < times.size(); ++i)
       std::printf("%-17s %s\n", stage_label(q.stages[i]), time_cells(times[i]).c_str());

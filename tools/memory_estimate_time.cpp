@@ -49,6 +49,13 @@ StageTime modeled_time(const Request& q, Stage s, const TrainConfig& run) {
     t.why_not = "N above " + std::to_string(kMaxDryRanks) + ", a dry run's most";
     return t;
   }
+  // Its disk tier makes and reserves real files in the folder, which an
+  // estimate must not do: the trainer's own dry run times it.
+  if (s == Stage::offload && !run.offload.offload_dir.empty()) {
+    t.why_not = "--offload-dir's dry run makes its files there; time it with `offload <these flags> --clock "
+                "modeled --hardware " + q.hardware + " --dry-run`";
+    return t;
+  }
   // The run's own flags; what only a real run has (values, files) is left out.
   TrainConfig cfg = run;
   cfg.stage = stage_name(s);

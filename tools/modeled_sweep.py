@@ -288,7 +288,7 @@ def side_by_side(rows, pcie_rows):
 
 def first_exposed(rows, stage, share):
     """Where `stage`'s exposed communication first passes `share` of the step, per shape: "N = 512 for
-    gpt2-xl, ..."; "never" for a shape where it does not within the sweep."""
+    gpt2-xl, ..."; "nowhere" for a shape where it does not within the sweep."""
     words = []
     for model in sorted({r["model"] for r in rows}, key=lambda m: list(BATCH).index(m) if m in BATCH else 99):
         over = [r["ranks"] for r in rows if r["model"] == model and r["stage"] == stage
@@ -426,13 +426,16 @@ def main(argv=None):
                     help="also write DIR/modeled.md and its pictures (modeled_*.png), and two step timelines")
     a = ap.parse_args(argv)
     try:
-        ranks = [int(x) for x in a.ranks.split(",")]
+        ranks = sorted({int(x) for x in a.ranks.split(",")})
     except ValueError:
         ap.error("--ranks takes numbers separated by commas (got %r)" % a.ranks)
     pcie_models = [m for m in a.pcie_models.split(",") if m]
     if a.write_docs and (a.no_plots or a.no_knobs or not pcie_models):
         ap.error("--write-docs draws the pictures, the PCIe series and the knobs: "
                  "leave out --no-plots and --no-knobs, and give --pcie-models")
+    if a.write_docs and set(pcie_models) - set(a.models.split(",")):
+        ap.error("--write-docs sets the PCIe series beside the same shapes of --models: give --pcie-models "
+                 "among them")
     if os.path.exists(a.out) and set(os.listdir(a.out)) - OWN:
         ap.error("%s holds files this tool did not write: give an empty or new folder" % a.out)
     os.makedirs(os.path.join(a.out, "logs"), exist_ok=True)

@@ -298,7 +298,7 @@ void print_grouped(const std::vector<std::string>& rows, std::FILE* out, const c
     while (end < rows.size() && rows[end] == rows[r]) ++end;
     const std::string label = end - r == 1 ? std::to_string(r) : std::to_string(r) + "-" + std::to_string(end - 1);
     if (!rows[r].empty() && prefix) std::fprintf(out, "%s%s: %s", prefix, label.c_str(), rows[r].c_str());
-    else if (!rows[r].empty()) std::fprintf(out, "%-9s%s", label.c_str(), rows[r].c_str());
+    else if (!rows[r].empty()) std::fprintf(out, "%-8s %s", label.c_str(), rows[r].c_str());
     r = end;
   }
 }
@@ -308,7 +308,7 @@ void print_grouped(const std::vector<std::string>& rows, std::FILE* out, const c
 void print_memory_table(const RunResult& run, std::FILE* out) {
   std::fprintf(out, "\nmemory per rank at the end of the run (current / peak), P = %zu parameters\n",
                run.params);
-  std::fprintf(out, "%-9s%-7s", "rank", "place");
+  std::fprintf(out, "%-8s %-7s", "rank", "place");
   for (int c = 0; c < kNumCategories; ++c) std::fprintf(out, " %21s", category_name(Category(c)));
   std::fprintf(out, " %12s %8s\n", "model states", "/ P");
   std::vector<std::string> rows;
@@ -338,7 +338,7 @@ void print_memory_table(const RunResult& run, std::FILE* out) {
 
 void print_comm_table(const RunResult& run, std::FILE* out) {
   std::fprintf(out, "\ncommunication per rank per step (ring-model bytes sent, as nccl-tests' busbw counts)\n");
-  std::fprintf(out, "%-9s%14s", "rank", "total");
+  std::fprintf(out, "%-8s %14s", "rank", "total");
   for (int k = 0; k < kNumCollectives; ++k) std::fprintf(out, " %14s", collective_name(CollectiveKind(k)));
   std::fprintf(out, "\n");
   std::vector<std::string> rows;

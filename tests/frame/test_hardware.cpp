@@ -38,6 +38,7 @@ TEST(Hardware, ThisMachineBeforeItIsMeasuredSaysHow) {
     EXPECT_NE(std::string(e.what()).find("tools/calibrate_machine.py"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find(empty + "/this-machine.hw"), std::string::npos) << e.what();
   }
+  std::filesystem::remove(empty);
 }
 
 // The text of test::kRoundProfile with `key`'s line replaced by `line` ("" drops it).

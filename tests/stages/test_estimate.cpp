@@ -11,6 +11,7 @@
 //   meson test -C build estimate
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -368,25 +369,35 @@ TEST_F(EstimateCommandLine, TheTimeIsTheTrainersDryRun) {
   const nlohmann::json far = run_json("--model tiny --stage dp --ranks 5000 --hardware h100-sxm --json");
   EXPECT_FALSE(far["stages"][0]["time"]["modeled"].get<bool>());
   EXPECT_NE(far["stages"][0]["time"]["why_not"].get<std::string>().find("4096"), std::string::npos);
+  // An offload folder: no time, and nothing made in it (its dry run would make its files there).
+  const nlohmann::json od =
+      run_json("--model tiny --stage offload --ranks 2 --offload-dir " + dir_ + " --hardware h100-sxm --json");
+  EXPECT_FALSE(od["stages"][0]["time"]["modeled"].get<bool>());
+  EXPECT_NE(od["stages"][0]["time"]["why_not"].get<std::string>().find("--offload-dir"), std::string::npos);
+  size_t made = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) made += e.path().extension() != ".jsonl";
+  EXPECT_EQ(made, 0u) << "the estimate made files in --offload-dir";
   // Without --hardware (or --clock modeled), no time is said.
   EXPECT_FALSE(run_json("--model tiny --stage dp --json")["stages"][0].contains("time"));
 }
 
-// --fit with --hardware: each fitting model's time is that of the same
-// shape given to the tool directly.
+// --fit with --hardware: each fitting model's time is that of the stage's
+// own dry run of that shape (run here, in the test), its second step.
 TEST(EstimateTool, FitSaysHowFast) {
-  const std::string recipe = " --precision bf16 --compute bf16 --batch 1 --recompute full --hardware a100-sxm --json";
-  const nlohmann::json j = run_json("--fit 40GB --ranks 2,16 --stage zero3" + recipe);
+  const nlohmann::json j = run_json("--fit 40GB --ranks 2,16 --stage zero3 --precision bf16 --compute bf16 --batch 1 "
+                                    "--recompute full --hardware a100-sxm --json");
   ASSERT_EQ(j["fits"].size(), 2u);
   for (const nlohmann::json& f : j["fits"]) {
     const int L = f["layers"], N = f["ranks"];
     SCOPED_TRACE("N=" + std::to_string(N) + " L=" + std::to_string(L));
     ASSERT_TRUE(f["time"]["modeled"].get<bool>()) << f.dump();
-    const std::string shape = " --layers " + std::to_string(L) + " --channels " + std::to_string(128 * L) +
-                              " --heads " + std::to_string(L) + " --vocab 50304 --seq 1024";
-    const nlohmann::json direct =
-        run_json("--stage zero3 --ranks " + std::to_string(N) + shape + recipe)["stages"][0]["time"];
-    EXPECT_EQ(f["time"], direct);
+    TrainConfig cfg = test::config(ModelConfig{"fit", 50304, 1024, L, L, 128 * L}, N, 1, 2, Precision::bf16);
+    cfg.compute = DType::bf16;
+    cfg.recompute = Recompute::full;
+    cfg.clock = "modeled";
+    cfg.hardware = "a100-sxm";
+    cfg.dry_run = true;
+    EXPECT_EQ(f["time"]["ms_per_step"].get<double>(), run_training(cfg, train_zero3).ranks[0].step_ms[1]);
   }
 }
 
