@@ -36,10 +36,15 @@ std::string count(double p) {
   return buf;
 }
 
-double device_bytes(Stage s, TrainConfig cfg, int L) {
+// The run of the family's model of L blocks (no more blocks to a unit than it has).
+TrainConfig with_layers(TrainConfig cfg, int L) {
   cfg.model = family(L);
   cfg.fsdp.wrap_blocks = std::min(cfg.fsdp.wrap_blocks, L);
-  return estimate_stage(s, cfg).device_total();
+  return cfg;
+}
+
+double device_bytes(Stage s, const TrainConfig& cfg, int L) {
+  return estimate_stage(s, with_layers(cfg, L)).device_total();
 }
 
 // The largest L that fits (0: not even L = 1). Device bytes grow with L.
@@ -71,12 +76,7 @@ void print_fit(const Request& q) {
       cfg.ranks = N;
       const int L = largest_fit(s, cfg, q.fit_budget);
       const double P = L > 0 ? double(build_layout(family(L)).numel) : 0;
-      StageTime t;
-      if (!q.hardware.empty() && L > 0) {
-        cfg.model = family(L);
-        cfg.fsdp.wrap_blocks = std::min(cfg.fsdp.wrap_blocks, L);
-        t = modeled_time(q, s, cfg);
-      }
+      const StageTime t = !q.hardware.empty() && L > 0 ? modeled_time(q, s, with_layers(cfg, L)) : StageTime{};
       cells.push_back({s, N, L, P, t});
       fits.push_back({{"stage", stage_name(s)}, {"ranks", N}, {"params", int64_t(P)}, {"layers", L},
                       {"channels", 128 * L}, {"device_bytes", L > 0 ? int64_t(device_bytes(s, cfg, L)) : 0}});

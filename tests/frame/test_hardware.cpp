@@ -20,6 +20,7 @@ TEST(Hardware, EveryShippedProfileReads) {
   for (const char* must : {"a100-sxm", "h100-sxm", "h200", "l40s"})
     EXPECT_NE(std::find(names.begin(), names.end(), must), names.end()) << must;
   for (const std::string& n : names) {
+    if (n == "this-machine") continue;  // measured here (calibrate_machine.py), not shipped
     const Hardware hw = load_hardware(n);
     EXPECT_FALSE(hw.name.empty()) << n;
     EXPECT_GT(hw.gpus_per_node, 0) << n;
