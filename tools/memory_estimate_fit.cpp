@@ -10,6 +10,7 @@
 // buffers) for the stage's schedule, --prefetch and --max-gathered included:
 // the tables' exact device peak.
 #include <cstdio>
+#include <functional>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
@@ -98,34 +99,35 @@ void print_fit(const Request& q) {
               precision_name(q.cfg.precision), q.cfg.batch, recompute_name(q.cfg.recompute),
               attention_form_name(q.cfg.attention), dtype_name(q.cfg.compute),
               "; '-' if not even L = 1 fits");
-  std::printf("%-17s", "stage");
-  for (int N : q.ranks) std::printf(" %18s", ("N = " + std::to_string(N)).c_str());
-  std::printf("\n");
-  for (size_t i = 0; i < cells.size(); ++i) {
-    if (i % q.ranks.size() == 0) std::printf("%-17s", stage_label(cells[i].stage));
+  // A table of the cells: a row per stage, a column per N.
+  auto grid = [&](const std::function<std::string(const Cell&)>& text) {
+    std::printf("%-17s", "stage");
+    for (int N : q.ranks) std::printf(" %18s", ("N = " + std::to_string(N)).c_str());
+    std::printf("\n");
+    for (size_t i = 0; i < cells.size(); ++i) {
+      if (i % q.ranks.size() == 0) std::printf("%-17s", stage_label(cells[i].stage));
+      std::printf(" %18s", text(cells[i]).c_str());
+      if (i % q.ranks.size() == q.ranks.size() - 1) std::printf("\n");
+    }
+  };
+  grid([](const Cell& c) {
     char buf[48] = "-";
-    if (cells[i].layers > 0)
-      std::snprintf(buf, sizeof buf, "%s (%d)%s", count(cells[i].params).c_str(), cells[i].layers,
-                    cells[i].layers == kMaxLayers ? "+" : "");
-    std::printf(" %18s", buf);
-    if (i % q.ranks.size() == q.ranks.size() - 1) std::printf("\n");
-  }
+    if (c.layers > 0)
+      std::snprintf(buf, sizeof buf, "%s (%d)%s", count(c.params).c_str(), c.layers, c.layers == kMaxLayers ? "+" : "");
+    return std::string(buf);
+  });
   if (q.hardware.empty()) return;
   std::string clock;
   for (const Cell& c : cells)
     if (c.time.ran) clock = c.time.clock;
   // The clock line names one N; each column is its own N.
   print_time_header(q, clock.empty() ? "modeled" : clock.substr(0, clock.find(" x")));
-  std::printf("ms/step (MFU) of the model above\n%-17s", "stage");
-  for (int N : q.ranks) std::printf(" %18s", ("N = " + std::to_string(N)).c_str());
-  std::printf("\n");
-  for (size_t i = 0; i < cells.size(); ++i) {
-    if (i % q.ranks.size() == 0) std::printf("%-17s", stage_label(cells[i].stage));
+  std::printf("ms/step (MFU) of the model above\n");
+  grid([](const Cell& c) {
     char buf[48] = "-";
-    if (cells[i].time.ran) std::snprintf(buf, sizeof buf, "%.1f (%.1f%%)", cells[i].time.ms, 100 * cells[i].time.mfu);
-    std::printf(" %18s", buf);
-    if (i % q.ranks.size() == q.ranks.size() - 1) std::printf("\n");
-  }
+    if (c.time.ran) std::snprintf(buf, sizeof buf, "%.1f (%.1f%%)", c.time.ms, 100 * c.time.mfu);
+    return std::string(buf);
+  });
   // Why a fitting model has no time, once per stage (the first N's reason).
   for (size_t row = 0; row < cells.size(); row += q.ranks.size()) {
     std::string at, why;

@@ -275,11 +275,7 @@ def side_by_side(rows, pcie_rows):
     lines = ["| model | stage | N | %s ms | MFU | exposed ms | %s ms | MFU | exposed ms | step ratio |" % (
                  label(rows[0]["hardware"]), label(pcie_rows[0]["hardware"])),
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for p in pcie_rows:
-        same = [r for r in rows if (r["model"], r["stage"], r["ranks"]) == (p["model"], p["stage"], p["ranks"])]
-        if not same:
-            continue
-        r = same[0]
+    for r, p in pairs(rows, pcie_rows):
         lines.append("| %s | %s | %d | %.1f | %.1f%% | %.1f | %.1f | %.1f%% | %.1f | %.2f |" % (
             p["model"], p["stage"], p["ranks"], r["ms"], 100 * r["mfu"], r["exposed_ms"],
             p["ms"], 100 * p["mfu"], p["exposed_ms"], p["ms"] / r["ms"]))
@@ -307,11 +303,12 @@ def exposed_words(rows, pcie_rows, stage):
     return "; ".join(words)
 
 
-def pairs(rows, pcie_rows, stage):
-    """(main run, PCIe run) of `stage` at the same shape and N, in the PCIe series' order."""
+def pairs(rows, pcie_rows, stage=None):
+    """(main run, PCIe run) of `stage` (default: every stage) at the same shape and N, in the PCIe series'
+    order."""
     for p in pcie_rows:
         same = [r for r in rows if (r["model"], r["stage"], r["ranks"]) == (p["model"], p["stage"], p["ranks"])]
-        if p["stage"] == stage and same:
+        if stage in (None, p["stage"]) and same:
             yield same[0], p
 
 

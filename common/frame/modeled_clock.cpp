@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 
 #include <nlohmann/json.hpp>
 
@@ -141,7 +142,6 @@ double RankClock::async_copy(double s, bool to_host) {
 
 void RankClock::collective(int queue, CollectiveKind kind, double seconds, double end) {
   if (!running_) return;
-  comm_busy_ += seconds;
   if (size_t(queue) >= queue_busy_.size()) queue_busy_.resize(queue + 1, 0.0);
   queue_busy_[queue] += seconds;
   span(kCommTrack + queue, collective_name(kind), end - seconds, end);
@@ -254,7 +254,8 @@ double RankClock::lap(StepPhases& phases) {
   ++step_;
   between_ = true;  // until skip(): the stop vote, a save
   const double t = host_;
-  const Mark now{t, compute_busy_, comm_busy_, copy_busy_, host_busy_, exposed_comm_, disk_busy_};
+  const double comm_busy = std::accumulate(queue_busy_.begin(), queue_busy_.end(), 0.0);
+  const Mark now{t, compute_busy_, comm_busy, copy_busy_, host_busy_, exposed_comm_, disk_busy_};
   phases = {{"compute", (now.compute_busy - last_.compute_busy) * 1e3},
             {"comm", (now.comm_busy - last_.comm_busy) * 1e3},
             {"exposed comm", (now.exposed_comm - last_.exposed_comm) * 1e3}};

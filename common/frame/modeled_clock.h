@@ -166,8 +166,8 @@ class RankClock final : public StepClock {
   size_t unit_ops_ = 0;  // where the open unit's spans begin in spans_
   void span(int track, const char* name, double start, double end);
   double host_ = 0, compute_ = 0, copy_ = 0;
-  double compute_busy_ = 0, comm_busy_ = 0, copy_busy_ = 0, host_busy_ = 0, exposed_comm_ = 0;
-  std::vector<double> queue_busy_, last_queue_busy_;  // each communicator queue's part of comm_busy_
+  double compute_busy_ = 0, copy_busy_ = 0, host_busy_ = 0, exposed_comm_ = 0;
+  std::vector<double> queue_busy_, last_queue_busy_;  // each communicator queue's busy time; "comm" is their sum
   // The disk's queue: by the host, or by the forked work while it runs
   // (the host then issues none; thread start and join order the two).
   double disk_ = 0, disk_busy_ = 0;
