@@ -23,7 +23,34 @@ struct Named {
   const char* flag;
   std::string path;
   WriteMode mode = WriteMode::in_place;
+  std::string within;  // for a file of a sharded checkpoint: the folder the flag gave
 };
+
+// Every file the run reads: each input, and for a sharded checkpoint
+// (--init or --resume a folder) its `latest`, the index and the rank files.
+std::vector<Named> files_read(const std::vector<Named>& inputs) {
+  std::vector<Named> files;
+  for (const Named& in : inputs) {
+    files.push_back(in);
+    const std::string flag = in.flag;
+    if ((flag != "--init" && flag != "--resume") || !is_sharded_checkpoint_path(in.path)) continue;
+    files.push_back({in.flag, in.path + "/latest", WriteMode::in_place, in.path});
+    for (const std::string& f : sharded_checkpoint_files(in.path))
+      files.push_back({in.flag, f, WriteMode::in_place, in.path});
+  }
+  return files;
+}
+
+// Whether a write to `path` lands where a sharded save into `dir` writes:
+// its `latest`, its lock, or inside one of its step folders.
+bool in_save_folder(const std::string& path, const std::string& dir) {
+  if (same_file(path, dir + "/latest") || same_file(path, dir + "/lock")) return true;
+  std::error_code ec;
+  const fs::path p = fs::weakly_canonical(fs::absolute(write_target(path), ec), ec);
+  for (fs::path up = p.parent_path(); !ec && up.has_parent_path() && up != up.root_path(); up = up.parent_path())
+    if (parse_step_folder(up.filename().string()) >= 0 && same_file(up.parent_path().string(), dir)) return true;
+  return false;
+}
 
 // The identity of a file that may not exist yet: the canonical folder of
 // what a write replaces, and its name.
@@ -70,8 +97,8 @@ void check_output_paths(const TrainConfig& cfg, bool writes) {
                                       {"--save-init", cfg.save_init, WriteMode::by_rename},
                                       {"--log-json", cfg.log_json},
                                       {"--trace", cfg.trace}};
-  const std::vector<Named> inputs = {
-      {"--data", cfg.data}, {"--val-data", cfg.val_data}, {"--init", cfg.init}, {"--resume", cfg.resume}};
+  const std::vector<Named> inputs = files_read(
+      {{"--data", cfg.data}, {"--val-data", cfg.val_data}, {"--init", cfg.init}, {"--resume", cfg.resume}});
   // The disk tier makes and removes folders under --offload-dir: nothing the run
   // reads or writes may be there, or be the folder itself.
   const std::string& offload = cfg.offload.offload_dir;
@@ -87,9 +114,17 @@ void check_output_paths(const TrainConfig& cfg, bool writes) {
     if (out.path.empty()) continue;
     for (const Named& in : inputs)
       USAGE_REQUIRE(!same_file(out.path, in.path),
-                    out.flag << " " << out.path << " is also the run's " << in.flag << " (" << in.path
-                             << "): writing it would destroy what the run reads; give " << out.flag
+                    out.flag << " " << out.path << " is also "
+                             << (in.within.empty() ? "the run's " + std::string(in.flag) + " (" + in.path + ")"
+                                                   : in.path + ", which the run reads as part of " + in.flag + " " +
+                                                         in.within)
+                             << ": writing it would destroy what the run reads; give " << out.flag
                              << " a file of its own");
+    USAGE_REQUIRE(!cfg.save_sharded || !in_save_folder(out.path, cfg.save),
+                  out.flag << " " << out.path << " is where --save " << cfg.save
+                           << " writes its checkpoints (its latest, lock or step folders), which would replace or "
+                              "remove it; give "
+                           << out.flag << " a file outside them");
     for (size_t j = i + 1; j < outputs.size(); j++)
       USAGE_REQUIRE(!same_file(out.path, outputs[j].path),
                     out.flag << " " << out.path << " and " << outputs[j].flag << " " << outputs[j].path
@@ -102,7 +137,7 @@ void check_output_paths(const TrainConfig& cfg, bool writes) {
   }
 }
 
-void check_save_folder(const std::string& dir, long first_step) {
+std::unique_ptr<SaveFolderLock> claim_save_folder(const std::string& dir, long first_step) {
   struct stat st {};
   if (::stat(dir.c_str(), &st) == 0) {
     USAGE_REQUIRE(S_ISDIR(st.st_mode), "--save " << dir << " is a " << file_kind(st.st_mode)
@@ -110,18 +145,21 @@ void check_save_folder(const std::string& dir, long first_step) {
                                                     "a folder (it is made if missing), or leave out --save-format");
     const std::string problem = output_problem(dir + "/latest", WriteMode::by_rename);
     USAGE_REQUIRE(problem.empty(), "--save " << problem);
-    const std::string latest = latest_problem(dir);
-    USAGE_REQUIRE(latest.empty(), "--save " << latest);
   } else {
     const std::string problem = output_problem(dir, WriteMode::by_rename);
     USAGE_REQUIRE(problem.empty(), "--save " << problem);
   }
+  // Locked before it is looked into: two runs started together must not both find it unused.
+  auto lock = std::make_unique<SaveFolderLock>(dir);
+  const std::string latest = latest_problem(dir);
+  USAGE_REQUIRE(latest.empty(), "--save " << latest);
   const long last = last_committed_step(dir);
   USAGE_REQUIRE(last <= first_step,
                 "--save " << dir << " already holds the checkpoint of step " << last << ", after this run's first "
                           << "step " << first_step << ": the run would write beside it checkpoints that `latest` "
                           << "would then point to in place of it; give --save another folder, or --resume from "
                           << dir << "/" << step_folder_name(last));
+  return lock;
 }
 
 }  // namespace zf

@@ -127,7 +127,7 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   else if (is_sharded_checkpoint_path(cfg.init)) open_checkpoint(cfg.init, layout);
   else if (!cfg.init.empty()) check_model_file(cfg.init, layout);
   const CheckedOnce checked(cfg.start_from());
-  if (cfg.save_sharded && world.prints()) check_save_folder(cfg.save, first_step);
+  const auto save_lock = cfg.save_sharded && world.prints() ? claim_save_folder(cfg.save, first_step) : nullptr;
   if (cfg.dry_run && cfg.stage == "offload") check_dry_host_memory(cfg, layout, world.size);
 
   RunResult run;

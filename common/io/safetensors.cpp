@@ -41,6 +41,7 @@
 #include <sstream>
 
 #include "check.h"
+#include "input_file.h"
 #include "output_file.h"
 #include "rng.h"
 
@@ -113,19 +114,14 @@ File open_for_reading(const std::string& path) {
                                                   "(NAME.tmp.<pid>.<host>.<random>), not a checkpoint; give "
                                                   "the checkpoint's own name");
   struct stat st;
-  if (::stat(path.c_str(), &st) != 0) {
-    int e = errno;
-    USAGE_REQUIRE(e != ENOENT, what << " does not exist (no such file); check the path given to --init "
-                                       "or --resume");
-    USAGE_REQUIRE(false, what << " cannot be opened (" << std::strerror(e) << ")");
-  }
-  USAGE_REQUIRE(!S_ISDIR(st.st_mode), what << " is a directory, not a safetensors file"
-                                           << " (a sharded checkpoint folder? give the consolidated .safetensors file)");
-  FILE* f = std::fopen(path.c_str(), "rb");
+  USAGE_REQUIRE(::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode),
+                what << " is a directory, not a safetensors file"
+                     << " (a sharded checkpoint folder? give the consolidated .safetensors file)");
+  const int fd = open_input(path, "checkpoint");
+  FILE* f = ::fdopen(fd, "rb");
   if (!f) {
-    int e = errno;
-    USAGE_REQUIRE(e != EACCES, what << " cannot be read (permission denied); make it readable (chmod +r)");
-    USAGE_REQUIRE(false, what << " cannot be opened (" << std::strerror(e) << ")");
+    ::close(fd);
+    throw Error(what + " cannot be opened (" + std::strerror(errno) + ")");
   }
   return File(f);
 }

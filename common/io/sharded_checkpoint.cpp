@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,13 +12,13 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
 #include "check.h"
 #include "checkpoint_checks.h"
+#include "input_file.h"
 #include "output_file.h"
 
 namespace zf {
@@ -29,6 +30,9 @@ constexpr const char* kLatestName = "latest";
 constexpr const char* kIndexFormat = "zero-to-fsdp sharded checkpoint";
 constexpr const char* kShardFormat = "zero-to-fsdp checkpoint shard";
 constexpr const char* kOffsetPrefix = "offset.";
+constexpr const char* kSaveKey = "save";  // the id binding a step's files to its index
+constexpr const char* kLockName = "lock";
+constexpr size_t kMostIndexBytes = size_t(1) << 30;  // far above any model's index
 
 bool is_dir(const std::string& path) {
   struct stat st;
@@ -58,15 +62,6 @@ void sync_dir(const std::string& dir) {
   ::close(fd);
 }
 
-// The step of a folder name "step-<digits>", or -1.
-long parse_step_folder(const std::string& name) {
-  const std::string prefix = "step-";
-  if (name.size() <= prefix.size() || name.size() > prefix.size() + 18 || name.rfind(prefix, 0) != 0) return -1;
-  const std::string digits = name.substr(prefix.size());
-  if (digits.find_first_not_of("0123456789") != std::string::npos) return -1;
-  return std::stol(digits);
-}
-
 std::string shard_file_name(int writer, int writers) {
   char name[64];
   std::snprintf(name, sizeof name, "rank-%05d-of-%05d.safetensors", writer, writers);
@@ -79,18 +74,9 @@ bool is_shard_file_name(const std::string& name) {
   return std::sscanf(name.c_str(), "rank-%5d-of-%5d.%31s", &w, &n, tail) == 3 && shard_file_name(w, n) == name;
 }
 
-std::string read_text(const std::string& path, size_t most) {
-  std::ifstream in(path, std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  USAGE_REQUIRE(in.good() || in.eof(), "cannot read " << path);
-  USAGE_REQUIRE(text.size() <= most, path << " has " << text.size() << " bytes, more than a checkpoint's "
-                                          << kIndexName << " or " << kLatestName << " holds: it is not one");
-  return text;
-}
-
 // What DIR/latest says, without its newline ("" if it says nothing a save writes).
 std::string latest_name(const std::string& latest) {
-  std::string name = read_text(latest, 64);
+  std::string name = read_input_text(latest, "checkpoint pointer", 64);
   while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
   return name;
 }
@@ -110,6 +96,14 @@ std::string step_folder_name(long step) {
   char name[32];
   std::snprintf(name, sizeof name, "step-%08ld", step);
   return name;
+}
+
+long parse_step_folder(const std::string& name) {
+  const std::string prefix = "step-";
+  if (name.size() <= prefix.size() || name.size() > prefix.size() + 18 || name.rfind(prefix, 0) != 0) return -1;
+  const std::string digits = name.substr(prefix.size());
+  if (digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stol(digits);
 }
 
 bool is_sharded_checkpoint_path(const std::string& path) { return !path.empty() && is_dir(path); }
@@ -151,9 +145,14 @@ std::string latest_problem(const std::string& dir) {
   const std::string latest = dir + "/" + kLatestName;
   struct stat st;
   if (::lstat(latest.c_str(), &st) != 0) return "";
-  if (S_ISREG(st.st_mode) && st.st_size <= 64 && parse_step_folder(latest_name(latest)) >= 0) return "";
-  return latest + " is not the pointer a save writes (a regular file holding step-<digits>): a save would "
-         "replace it; give --save a folder of its own";
+  if (!S_ISREG(st.st_mode) || st.st_size > 64 || parse_step_folder(latest_name(latest)) < 0)
+    return latest + " is not the pointer a save writes (a regular file holding step-<digits>): a save would "
+           "replace it; give --save a folder of its own";
+  const std::string name = latest_name(latest);
+  if (!exists(dir + "/" + name + "/" + kIndexName))
+    return latest + " names " + name + ", which holds no committed checkpoint (removed, or damaged): a save "
+           "would replace the pointer; repair or remove " + latest + ", or give --save another folder";
+  return "";
 }
 
 std::vector<std::string> sharded_checkpoint_files(const std::string& path) {
@@ -176,6 +175,51 @@ long last_committed_step(const std::string& dir) {
 // ---------------------------------------------------------------------------
 // Writing
 
+std::string new_save_id() { return random_hex(); }
+
+SaveFolderLock::SaveFolderLock(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+    throw UsageError("cannot create the checkpoint folder " + dir + " (" + std::strerror(errno) + ")");
+  const std::string path = dir + "/" + kLockName;
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  struct stat st {};
+  if (fd_ < 0 || ::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const int e = errno;
+    if (fd_ >= 0) ::close(fd_);
+    throw UsageError(path + " cannot be the lock of the checkpoint folder (" +
+                     (fd_ >= 0 ? "a " + file_kind(st.st_mode) : std::string(std::strerror(e))) +
+                     "; a save locks a regular file of that name): give --save a folder of its own");
+  }
+  char holder[256] = {0};
+  const ssize_t got = ::pread(fd_, holder, sizeof holder - 1, 0);
+  std::string who = got > 0 ? std::string(holder, size_t(got)) : "";
+  while (!who.empty() && who.back() == '\n') who.pop_back();
+  if (!who.empty() && who.rfind("pid ", 0) != 0) {  // a file of the user's, which a lock would overwrite
+    ::close(fd_);
+    throw UsageError(path + " is a file no save wrote (a save's lock says \"pid <n> on <host>\"): it is left as "
+                     "it is; give --save a folder of its own");
+  }
+  // flock: released by the kernel when this process ends, however it ends,
+  // so a killed run never leaves the folder locked.
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd_);
+    throw UsageError("--save " + dir + " is being written by another run (" +
+                     (who.empty() ? std::string("its lock is held") : printable(who)) +
+                     "): two runs saving into one folder would remove each other's files; wait for it to end, "
+                     "or give --save another folder");
+  }
+  const std::string me = "pid " + std::to_string(::getpid()) + " on " + host_name() + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != ssize_t(me.size())) {
+    const int e = errno;
+    ::close(fd_);
+    throw UsageError("cannot write " + path + " (" + std::strerror(e) + ")");
+  }
+}
+
+SaveFolderLock::~SaveFolderLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock; the file stays (removing it would race the next holder)
+}
+
 std::string prepare_step_folder(const std::string& dir, long step) {
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
     throw Error("cannot create the checkpoint folder " + dir + " (" + std::strerror(errno) + ")");
@@ -186,14 +230,20 @@ std::string prepare_step_folder(const std::string& dir, long step) {
     return folder;
   }
   if (errno != EEXIST) throw Error("cannot create " + folder + " (" + std::strerror(errno) + ")");
+  // A link would take the save, and its clean-up below, into a folder it did not make.
+  struct stat st {};
+  if (::lstat(folder.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw Error(folder + " is a " + (S_ISLNK(st.st_mode) ? "symbolic link" : file_kind(st.st_mode)) +
+                ", not a folder a save made: it is left as it is; remove it, or give --save another folder");
   if (exists(folder + "/" + kIndexName))
     throw Error(folder + " already holds a checkpoint, which a save never writes over: give --save another folder");
   // A save of this step that did not finish: its files go, and nothing else may be there.
   for (const std::string& name : list_dir(folder)) {
     const std::string file = folder + "/" + name;
-    if (!is_shard_file_name(name) && !is_save_temp_name(file))
-      throw Error(folder + " holds " + name + ", which no save writes: it is left as it is; remove it, or give "
-                  "--save another folder");
+    if ((!is_shard_file_name(name) && !is_save_temp_name(file)) || ::lstat(file.c_str(), &st) != 0 ||
+        !S_ISREG(st.st_mode))
+      throw Error(folder + " holds " + name + ", which no save writes (a save writes regular files, never "
+                  "links): it is left as it is; remove it, or give --save another folder");
     if (::unlink(file.c_str()) != 0)
       throw Error("cannot remove " + file + ", left by a save that did not finish (" + std::strerror(errno) + ")");
     std::fprintf(stderr, "note: removed %s, left by a save that did not finish\n", file.c_str());
@@ -202,7 +252,7 @@ std::string prepare_step_folder(const std::string& dir, long step) {
 }
 
 void write_checkpoint_shard(const std::string& folder, const ModelLayout& layout, const ShardLayout& share,
-                            const PieceCopy& copy, long step) {
+                            const PieceCopy& copy, long step, const std::string& save_id) {
   struct Slice {
     StateKind kind;
     int unit;
@@ -212,7 +262,7 @@ void write_checkpoint_shard(const std::string& folder, const ModelLayout& layout
   std::vector<TensorSpec> specs;
   std::vector<Slice> slices;
   std::map<std::string, std::string> meta = {
-      {"format", kShardFormat}, {"model", layout.cfg.name}, {"step", std::to_string(step)}};
+      {"format", kShardFormat}, {"model", layout.cfg.name}, {"step", std::to_string(step)}, {kSaveKey, save_id}};
   for (StateKind kind : kStateKinds)
     for (size_t u = 0; u < layout.units.size(); ++u) {
       const UnitShard& us = share.units[u];
@@ -244,13 +294,17 @@ void write_checkpoint_shard(const std::string& folder, const ModelLayout& layout
 }
 
 void commit_sharded_checkpoint(const std::string& dir, long step, int writers, const ModelLayout& layout,
-                               const std::map<std::string, std::string>& metadata) {
+                               const std::map<std::string, std::string>& metadata, const std::string& save_id) {
   const std::string folder = dir + "/" + step_folder_name(step);
   nlohmann::ordered_json files = nlohmann::ordered_json::array();
   std::map<std::string, nlohmann::ordered_json> pieces;  // by tensor name
   for (int w = 0; w < writers; ++w) {
     const std::string name = shard_file_name(w, writers);
     const SafetensorsReader reader(folder + "/" + name);
+    auto id = reader.metadata().find(kSaveKey);
+    REQUIRE(id != reader.metadata().end() && id->second == save_id,
+            reader.path() << " is not the file this save wrote (another process wrote into " << folder
+                          << "): the save is not committed");
     for (const TensorInfo& t : reader.tensors())
       pieces[t.name].push_back({{"file", w},
                                 {"offset", std::stoull(reader.metadata().at(kOffsetPrefix + t.name))},
@@ -275,7 +329,7 @@ void commit_sharded_checkpoint(const std::string& dir, long step, int writers, c
   meta["model"] = layout.cfg.name;
   // One line a field and a tensor, for a reader with a text editor.
   std::string index = "{\n \"format\": " + nlohmann::json(kIndexFormat).dump() + ",\n \"step\": " +
-                      std::to_string(step) + ",\n \"metadata\": " + nlohmann::ordered_json(meta).dump() +
+                      std::to_string(step) + ",\n \"save\": " + nlohmann::json(save_id).dump() + ",\n \"metadata\": " + nlohmann::ordered_json(meta).dump() +
                       ",\n \"files\": " + files.dump() + ",\n \"tensors\": [";
   for (size_t i = 0; i < tensors.size(); ++i) index += (i ? ",\n  " : "\n  ") + tensors[i].dump();
   index += "\n ]\n}\n";
@@ -313,7 +367,7 @@ void ShardedCheckpointReader::open(const ModelLayout& layout) {
   nlohmann::json index;
   std::string duplicate, owner;
   try {
-    index = parse_json_keys_once(read_text(index_path, size_t(1) << 30), &duplicate, &owner);
+    index = parse_json_keys_once(read_input_text(index_path, "checkpoint index", kMostIndexBytes), &duplicate, &owner);
   } catch (const nlohmann::json::exception& e) {
     throw UsageError(bad + "is not JSON (" + e.what() + "): the file is damaged; resume from an earlier checkpoint");
   }
@@ -330,6 +384,7 @@ void ShardedCheckpointReader::open(const ModelLayout& layout) {
                 bad << "does not say \"format\": \"" << kIndexFormat << "\": it was not written by --save");
   const nlohmann::json& step = index["step"];
   USAGE_REQUIRE(step.is_number_integer(), bad << "has no whole 'step': the file is damaged");
+  const std::string save_id = field(index, kSaveKey, V::string).get<std::string>();
   for (const auto& [k, v] : field(index, "metadata", V::object).items()) {
     USAGE_REQUIRE(v.is_string(), bad << "has the metadata '" << k << "' as " << v.type_name() << ", not a string");
     metadata_[k] = v.get<std::string>();
@@ -345,7 +400,8 @@ void ShardedCheckpointReader::open(const ModelLayout& layout) {
     files_.push_back(std::make_unique<SafetensorsReader>(folder_ + "/" + f.get<std::string>()));
     const auto& meta = files_.back()->metadata();
     for (const auto& [key, want] : {std::pair<std::string, std::string>{"step", std::to_string(step.get<long>())},
-                                    {"model", layout.cfg.name}}) {
+                                    {"model", layout.cfg.name},
+                                    {kSaveKey, save_id}}) {
       auto it = meta.find(key);
       USAGE_REQUIRE(it != meta.end() && it->second == want,
                     files_.back()->path() << " says " << key << " '" << (it == meta.end() ? "?" : printable(it->second))
@@ -359,6 +415,9 @@ void ShardedCheckpointReader::open(const ModelLayout& layout) {
     USAGE_REQUIRE(!pieces_.count(name), bad << "lists the tensor '" << name << "' twice: the file is damaged");
     std::vector<Piece>& list = pieces_[name];
     const auto shape = field(t, "shape", V::array).get<std::vector<int64_t>>();
+    const std::string dtype = field(t, "dtype", V::string).get<std::string>();
+    USAGE_REQUIRE(dtype == "F32", bad << "gives '" << name << "' the dtype '" << printable(dtype)
+                                      << "', where a save writes F32 and its files hold F32: the file is damaged");
     size_t covered = 0;
     for (const auto& p : field(t, "pieces", V::array)) {
       const auto file = p.value("file", -1);
@@ -432,7 +491,7 @@ size_t consolidate_checkpoint(const std::string& sharded, const std::string& out
   const std::string model = [&] {
     const std::string index_path = folder + "/" + kIndexName;
     try {
-      const nlohmann::json index = nlohmann::json::parse(read_text(index_path, size_t(1) << 30));
+      const nlohmann::json index = nlohmann::json::parse(read_input_text(index_path, "checkpoint index", kMostIndexBytes));
       return index.at("metadata").at("model").get<std::string>();
     } catch (const nlohmann::json::exception& e) {
       throw UsageError("checkpoint index " + index_path + " does not say which model it holds (" + e.what() +
@@ -475,6 +534,8 @@ size_t shard_checkpoint(const std::string& file, const std::string& dir, int wri
   const ModelLayout layout = build_layout(model_preset(model));
   const CheckpointReader reader(file, layout);
   USAGE_REQUIRE(reader.step() > 0, file << " was saved after 0 steps; a sharded checkpoint holds a trained state");
+  const SaveFolderLock lock(dir);
+  const std::string save_id = new_save_id();
   USAGE_REQUIRE(last_committed_step(dir) < reader.step(),
                 dir << " already holds a checkpoint at or after step " << reader.step() << ": give another folder");
   const std::string latest = latest_problem(dir);
@@ -487,10 +548,10 @@ size_t shard_checkpoint(const std::string& file, const std::string& dir, int wri
       const UnitShard& us = share.units[size_t(u)];
       reader.read_unit(u, kind, us.begin, us.end, host);
       largest = std::max(largest, (us.end - us.begin) * sizeof(float));
-    }, reader.step());
+    }, reader.step(), save_id);
   }
   auto meta = reader.metadata();
-  commit_sharded_checkpoint(dir, reader.step(), writers, layout, meta);
+  commit_sharded_checkpoint(dir, reader.step(), writers, layout, meta, save_id);
   return largest;
 }
 

@@ -36,6 +36,8 @@ namespace zf {
 
 // "step-00000100": the folder of the checkpoint taken after `step` steps.
 std::string step_folder_name(long step);
+// The step of a folder named so ("step-<digits>"), or -1.
+long parse_step_folder(const std::string& name);
 
 // Whether `path` names a sharded checkpoint rather than a file: a folder.
 bool is_sharded_checkpoint_path(const std::string& path);
@@ -52,22 +54,42 @@ long last_committed_step(const std::string& dir);
 // writes: a link, a folder, another file), or "".
 std::string latest_problem(const std::string& dir);
 
+// A folder one run saves into at a time: an exclusive lock on DIR/lock (DIR
+// made if missing), held while the object lives. UsageError, naming the
+// holder, when another process holds it.
+class SaveFolderLock {
+ public:
+  explicit SaveFolderLock(const std::string& dir);
+  ~SaveFolderLock();
+  SaveFolderLock(const SaveFolderLock&) = delete;
+  SaveFolderLock& operator=(const SaveFolderLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// A fresh id for one save (16 hex digits): written into each of its files
+// and its index, and checked on reading, so that a file copied in from
+// another save is refused rather than mixed in.
+std::string new_save_id();
+
 // Saving, in three moves every rank makes in turn (TrainingRun::save):
 //
 // 1. rank 0: prepare_step_folder makes DIR (its parent must exist) and
 //    DIR/step-S, empties the folder of a save of S that did not finish, and
-//    refuses (Error) to touch a committed one.
+//    refuses (Error) to touch a committed one, or to follow a link there.
 std::string prepare_step_folder(const std::string& dir, long step);
 // 2. each of the W writers, w = share.rank, W = share.nranks: its file.
 //    copy(kind, u, host) gives the float32 values of `kind` of its piece of
 //    unit u, [share.units[u].begin, end). One piece is in memory at a time.
 using PieceCopy = std::function<void(StateKind kind, int u, float* host)>;
 void write_checkpoint_shard(const std::string& folder, const ModelLayout& layout, const ShardLayout& share,
-                            const PieceCopy& copy, long step);
+                            const PieceCopy& copy, long step, const std::string& save_id);
 // 3. rank 0, once every file is on disk: the index from the files'
 //    headers (the metadata of a consolidated checkpoint), then `latest`.
+//    Error, committing nothing, if a file is not this save's.
 void commit_sharded_checkpoint(const std::string& dir, long step, int writers, const ModelLayout& layout,
-                               const std::map<std::string, std::string>& metadata);
+                               const std::map<std::string, std::string>& metadata, const std::string& save_id);
 
 // Removes DIR/step-S (the index first, so that what is left is no
 // checkpoint): a run's own earlier checkpoint, once a newer one is committed.

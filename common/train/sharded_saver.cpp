@@ -1,9 +1,11 @@
 // sharded_saver.cpp: a sharded save, at once or in the background (sharded_saver.h).
 #include "sharded_saver.h"
 
+#include <cstdio>
 #include <cstring>
 
 #include "check.h"
+#include "host_collectives.h"
 #include "sharded_checkpoint.h"
 #include "training.h"
 #include "training_run.h"
@@ -24,8 +26,17 @@ void ShardedSaver::save(int steps_done, const std::map<std::string, std::string>
   finish();  // one save in flight at a time: the previous is committed first
   Timer timer;
   const std::string folder = dir_ + "/" + step_folder_name(steps_done);
-  if (ctx_.rank == 0) prepare_step_folder(dir_, steps_done);
-  ctx_.comm.barrier();  // the folder is there
+  // One id for this save's files, rank 0's, given to every rank with the barrier
+  // that says the folder is there.
+  int64_t id = 0;
+  if (ctx_.rank == 0) {
+    prepare_step_folder(dir_, steps_done);
+    id = int64_t(std::stoull(new_save_id(), nullptr, 16));
+  }
+  all_reduce_host(ctx_.comm, ctx_.dev, &id, 1, DType::i64, ReduceOp::sum);
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)id);
+  save_id_ = hex;
   pending_ = steps_done;
   metadata_ = metadata;
   failure_ = nullptr;
@@ -33,7 +44,7 @@ void ShardedSaver::save(int steps_done, const std::map<std::string, std::string>
   if (!async_) {
     if (share) write_checkpoint_shard(folder, layout_, *share, [&](StateKind kind, int u, float* host) {
       states_.copy_piece(kind, u, host);
-    }, steps_done);
+    }, steps_done, save_id_);
     stall_ms_ = write_ms_ = timer.ms();
     done_ = true;
     finish();
@@ -59,7 +70,7 @@ void ShardedSaver::save(int steps_done, const std::map<std::string, std::string>
       if (share) write_checkpoint_shard(folder, layout_, *share, [&](StateKind kind, int u, float* host) {
         const std::vector<float>& piece = staged_[size_t(kind) * layout_.units.size() + size_t(u)];
         std::memcpy(host, piece.data(), piece.size() * sizeof(float));
-      }, steps_done);
+      }, steps_done, save_id_);
     } catch (...) {
       failure_ = std::current_exception();
     }
@@ -94,7 +105,7 @@ void ShardedSaver::commit_now() {
   if (ctx_.rank == 0) {
     const ShardLayout* share = states_.share();
     REQUIRE(share, "rank 0 writes a sharded checkpoint's first file");
-    commit_sharded_checkpoint(dir_, pending_, share->nranks, layout_, metadata_);
+    commit_sharded_checkpoint(dir_, pending_, share->nranks, layout_, metadata_, save_id_);
     if (committed_ >= 0 && committed_ != pending_) remove_step_folder(dir_, committed_);
     log_.saved(pending_, dir_ + "/" + step_folder_name(pending_), stall_ms_, write_ms_);
   }

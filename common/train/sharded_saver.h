@@ -60,6 +60,7 @@ class ShardedSaver {
   // The save in flight: its step and metadata, the copies the thread writes, its outcome.
   int pending_ = -1;
   std::map<std::string, std::string> metadata_;
+  std::string save_id_;
   std::vector<std::vector<float>> staged_;  // by kind x unit: this rank's pieces
   std::thread writer_;
   std::exception_ptr failure_;

@@ -96,6 +96,44 @@ TEST_F(Outputs, OutputThatIsAnInputIsRefused) {
   }
 }
 
+// A sharded checkpoint is a folder of files the run reads: its `latest`,
+// the step's index and every rank's file. None may be an output, by any
+// name; nor may an output land where a sharded --save writes.
+TEST_F(Outputs, OutputOntoAShardedCheckpointsFileIsRefused) {
+  const std::string sk = path("sk"), step = sk + "/step-00000002";
+  auto r = run_command(dp() + " --quiet --steps 2 --ranks 2 --save " + sk + " --save-format sharded");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string rank = step + "/rank-00000-of-00002.safetensors";
+  fs::create_symlink(rank, path("link.st"));
+  fs::create_hard_link(rank, path("hard.st"));
+  std::vector<std::pair<std::string, size_t>> files;
+  for (const auto& e : fs::recursive_directory_iterator(sk))
+    if (e.is_regular_file()) files.emplace_back(e.path().string(), hash_of(e.path().string()));
+  const std::vector<std::string> targets = {rank, step + "/index.json", sk + "/latest", path("link.st"),
+                                            path("hard.st"), step + "/./rank-00001-of-00002.safetensors"};
+  for (const std::string out : {"--save", "--save-init", "--log-json", "--trace"})
+    for (const std::string& t : targets) {
+      expect_refused("--ranks 2 --steps 4 --resume " + sk + " " + out + " " + t, {out, "--resume " + sk, "reads"});
+      expect_refused("--ranks 2 --steps 2 --init " + sk + " " + out + " " + t, {out, "--init " + sk, "reads"});
+    }
+  expect_refused("--ranks 2 --steps 4 --resume " + step + " --save " + rank, {"--save", "--resume " + step});
+  // Where a sharded save writes: its latest, its lock, its step folders.
+  const std::string fresh = path("fresh");
+  for (const std::string out : {"--save-init", "--log-json", "--trace"}) {
+    for (const std::string& t : {fresh + "/latest", fresh + "/lock", fresh + "/step-00000004/run.log"})
+      expect_refused("--ranks 2 --steps 4 --save " + fresh + " --save-format sharded " + out + " " + t,
+                     {out, "where --save " + fresh + " writes"});
+    expect_refused("--ranks 2 --steps 4 --resume " + sk + " --save " + sk + " --save-format sharded " + out + " " +
+                       sk + "/step-00000004/run.log",
+                   {out, "where --save " + sk + " writes"});
+  }
+  for (const auto& [file, hash] : files) EXPECT_EQ(hash_of(file), hash) << file << " changed";
+  // Beside them, the same run goes ahead.
+  r = run_command(dp() + " --quiet --ranks 2 --steps 4 --resume " + sk + " --save " + sk +
+                  " --save-format sharded --log-json " + sk + "/run.jsonl");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
 TEST_F(Outputs, TwoOutputsOnOneFileAreRefused) {
   const std::string f = path("out.file");
   const std::string flags[] = {"--save", "--save-init", "--log-json", "--trace"};
