@@ -22,6 +22,7 @@
 #include <string>
 
 #include "check.h"
+#include "cli.h"
 #include "memory.h"
 #include "sharded_checkpoint.h"
 #include "safetensors.h"
@@ -42,6 +43,7 @@ int run(int argc, char** argv) {
   shard->add_option("file", in, "a checkpoint --save wrote (consolidated)")->required();
   shard->add_option("folder", out, "the folder to write the step folder into (made if missing)")->required();
   shard->add_option("--ranks", ranks, "how many files to cut it into")->required();
+  zf::strict_values(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

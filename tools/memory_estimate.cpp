@@ -30,25 +30,20 @@
 #include "cli.h"
 #include "hardware.h"
 #include "memory.h"
+#include "numbers.h"
 
 namespace zf::tool {
 namespace {
 
 // "1e9", "1.5e9", "124000000" -> a whole, positive number of parameters.
 double parse_params(const std::string& text) {
-  double v = 0;
-  size_t used = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  USAGE_REQUIRE(used != 0 && used == text.size() && std::isfinite(v),
-                "--params wants a number of parameters such as 124000000, 1e9 or 1.5e9 (got '" << text << "')");
-  USAGE_REQUIRE(v >= 1, "--params must be at least 1 (got '" << text << "')");
-  USAGE_REQUIRE(v <= 1e15, "--params above 1e15 is not a model this tool can mean (got '" << text << "')");
-  USAGE_REQUIRE(v == std::floor(v), "--params must be a whole number of parameters (got '" << text << "')");
-  return v;
+  const std::optional<double> v = decimal_number(text);
+  USAGE_REQUIRE(v, "--params wants a number of parameters in decimal, such as 124000000, 1e9 or 1.5e9 (got '"
+                       << printable(text) << "')");
+  USAGE_REQUIRE(*v >= 1, "--params must be at least 1 (got '" << text << "')");
+  USAGE_REQUIRE(*v <= 1e15, "--params above 1e15 is not a model this tool can mean (got '" << text << "')");
+  USAGE_REQUIRE(*v == std::floor(*v), "--params must be a whole number of parameters (got '" << text << "')");
+  return *v;
 }
 
 // "4" or, with --fit, "1,2,4,8".
@@ -57,17 +52,11 @@ std::vector<int> parse_ranks(const std::string& text, bool list) {
   std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, ',')) {
-    size_t used = 0;
-    long v = 0;
-    try {
-      v = std::stol(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    USAGE_REQUIRE(used != 0 && used == item.size() && v >= 1 && v <= 1048576,
+    const std::optional<uint64_t> v = decimal_whole(item);
+    USAGE_REQUIRE(v && *v >= 1 && *v <= 1048576,
                   "--ranks must be a number of ranks between 1 and 1048576" << (list ? ", or a list such as 1,2,4,8" : "")
-                                                                            << " (got '" << text << "')");
-    out.push_back(int(v));
+                                                                            << " (got '" << printable(text) << "')");
+    out.push_back(int(*v));
   }
   USAGE_REQUIRE(!out.empty(), "--ranks must be a number of ranks (got '" << text << "')");
   USAGE_REQUIRE(list || out.size() == 1,
@@ -154,13 +143,14 @@ int run(int argc, char** argv) {
                            "--device-mem", "--inject-fault"})
     app.add_option(name, ignored, "a trainer flag, accepted and ignored")->group("");
   app.add_flag("--quiet", ignored_flag, "a trainer flag, accepted and ignored")->group("");
+  strict_values(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
     std::cout << app.help();
     return 0;
   } catch (const CLI::ParseError& e) {
-    throw UsageError(std::string(e.what()) + " (run memory_estimate --help for the flags)");
+    throw UsageError(cli_error_text(e) + " (run memory_estimate --help for the flags)");
   }
   USAGE_REQUIRE(!q.json || !(paper || deepspeed),
                 "--json prints the tables' numbers and --fit's; --paper and --deepspeed print text only");

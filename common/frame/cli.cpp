@@ -4,7 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
-#include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
@@ -15,6 +15,7 @@
 #include "check.h"
 #include "data.h"
 #include "device.h"
+#include "numbers.h"
 
 namespace zf {
 
@@ -29,48 +30,63 @@ void validate_offload_flags(const TrainConfig& cfg) {
                     << o.optimizer_threads << ")");
 }
 
-// A whole decimal number 0 .. 2^64-1, or throws UsageError naming the flag.
-// CLI11 would read "-1" as 2^64-1 and clamp anything longer to it.
-uint64_t parse_u64(const char* flag, const std::string& text) {
-  bool ok = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
-  uint64_t v = 0;
-  for (size_t i = 0; ok && i < text.size(); ++i) {
-    const uint64_t d = uint64_t(text[i] - '0');
-    ok = v <= (UINT64_MAX - d) / 10;
-    v = v * 10 + d;
+// What an option's value must be, said after CLI11's "--flag: ", or "" when
+// it is one: never empty (an unset shell variable is not "not given"), and a
+// number written in decimal in the range of the option's type. `text` is
+// rewritten to the plain number, so that CLI11 reads no leading 0 as octal.
+// Each flag's own range is checked after.
+std::string strict_value(const std::string& type, std::string& text) {
+  if (text.empty())
+    return "the value is empty: give one, or leave the flag out (is a shell variable unset?)";
+  const std::string got = " (got '" + printable(text) + "')";
+  if (type == "INT") {
+    const bool minus = text[0] == '-';
+    const std::optional<uint64_t> mag = decimal_whole(text.substr(text[0] == '-' || text[0] == '+' ? 1 : 0));
+    constexpr uint64_t most = uint64_t(std::numeric_limits<int>::max());
+    if (mag && *mag <= most + (minus ? 1 : 0)) {
+      text = std::to_string(minus ? -int64_t(*mag) : int64_t(*mag));
+      return "";
+    }
+    return "not a whole number written in decimal, from " + std::to_string(std::numeric_limits<int>::min()) +
+           " to " + std::to_string(std::numeric_limits<int>::max()) + got;
   }
-  USAGE_REQUIRE(ok, flag << " must be a whole number from 0 to " << UINT64_MAX << " (got '" << text << "')");
-  return v;
+  if (type == "UINT") {
+    if (const std::optional<uint64_t> v = decimal_whole(text)) {
+      text = std::to_string(*v);
+      return "";
+    }
+    return "not a whole number written in decimal, from 0 to " + std::to_string(UINT64_MAX) + got;
+  }
+  if (type == "FLOAT" && !decimal_number(text))
+    return "not a finite number written in decimal, such as 0.5, 3e-4 or 1000" + got;
+  return "";
 }
 
-// Every integer flag reads decimal, leading zeros and all: CLI11 alone
-// takes a leading 0 for octal (--steps 0500 would train 320 steps) and 0x
-// for hex. Rewrites `text` to the plain number, or says (after CLI11's
-// "--flag: ") the range of what it can hold; each flag's own range is
-// checked after.
-CLI::Validator decimal_integer() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        const std::string given = text;
-        const bool minus = !text.empty() && text[0] == '-';
-        const size_t first = !text.empty() && (text[0] == '-' || text[0] == '+') ? 1 : 0;
-        long long v = 0;
-        bool ok = first < text.size() && text.find_first_not_of("0123456789", first) == std::string::npos;
-        for (size_t i = first; ok && i < text.size(); ++i) {
-          v = v * 10 + (text[i] - '0');
-          ok = v <= 1LL << 32;  // past any int: stop before long long could overflow
-        }
-        v = minus ? -v : v;
-        ok = ok && v >= std::numeric_limits<int>::min() && v <= std::numeric_limits<int>::max();
-        if (ok) {
-          text = std::to_string(v);
-          return "";
-        }
-        return "not a whole number written in decimal, from " + std::to_string(std::numeric_limits<int>::min()) +
-               " to " + std::to_string(std::numeric_limits<int>::max()) + " (got '" + given + "')";
-      },
-      "");
+}  // namespace
+
+void strict_values(CLI::App& app) {
+  for (CLI::Option* o : app.get_options())
+    if (o->get_expected_min() > 0) {  // not a flag
+      const std::string type = o->get_type_name();
+      // CLI11 names no hidden option in its message (": ..."): the message names it then.
+      const std::string name = o->get_group().empty() ? "--" + o->get_single_name() + ": " : "";
+      o->transform(CLI::Validator(
+          [type, name](std::string& text) {
+            const std::string problem = strict_value(type, text);
+            return problem.empty() ? problem : name + problem;
+          },
+          ""));
+    }
+  // Every subcommand, not only the ones parsed (what get_subcommands() alone gives).
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) strict_values(*sub);
 }
+
+std::string cli_error_text(const CLI::ParseError& e) {
+  const std::string what = e.what();
+  return what.rfind(": ", 0) == 0 ? what.substr(2) : what;
+}
+
+namespace {
 
 // For a flag this program does not have but would with '-' for '_'
 // (--offload_dir), "; did you mean --offload-dir?".
@@ -91,14 +107,12 @@ std::string did_you_mean(const CLI::App& app, int argc, char** argv) {
 // ZF_COMM_TIMEOUT_S (`what` names which): positive, finite, at most ten
 // million (about four months; beyond that the clocks' arithmetic overflows).
 double parse_comm_timeout(const std::string& what, const std::string& text) {
-  char* end = nullptr;
-  errno = 0;
-  const double s = text.empty() ? 0.0 : std::strtod(text.c_str(), &end);
-  USAGE_REQUIRE(!text.empty() && errno == 0 && *end == '\0' && std::isfinite(s) && s > 0 && s <= 1e7,
-                what << " must be a number of seconds above 0 and at most 1e7 (got '" << text
+  const std::optional<double> s = decimal_number(text);
+  USAGE_REQUIRE(s && *s > 0 && *s <= 1e7,
+                what << " must be a number of seconds above 0 and at most 1e7, in decimal (got '" << printable(text)
                      << "'): how long a rank waits for the others in one collective before the "
                         "job is aborted");
-  return s;
+  return *s;
 }
 
 // Input files must be regular files, checked by stat before anything opens
@@ -172,12 +186,9 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   cfg.stage = stage.exe;
   CLI::App app{"zero-to-fsdp " + stage.title + ": train the GPT of docs/SPEC.md", stage.exe};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // last one wins
-  // Options whose empty value would read as "not given": given empty, they
-  // are refused (an unset shell variable, say), never silently dropped.
-  std::vector<CLI::Option*> path_options;
   std::string model = "small", precision = "fp32", compute = "auto", attention = "simple", recompute = "none",
               lr_schedule = "constant",
-              device_mem, fault, comm_timeout, seed = std::to_string(cfg.seed);
+              device_mem, fault, comm_timeout;
   app.add_option("--ranks", cfg.ranks,
                  "ranks, as threads of this process, 1 to 1024; more than 4 per core only with "
                  "ZF_OVERSUBSCRIBE=1 in the environment (ignored under mpirun/srun or RANK/WORLD_SIZE, "
@@ -200,7 +211,7 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
                  "AdamW's decoupled weight decay, on the weight matrices and embeddings (not biases or LayerNorm)")
       ->capture_default_str();
   app.add_option("--clip", cfg.clip, "clip the global gradient L2 norm to this (0: off)")->capture_default_str();
-  CLI::Option* seed_option = app.add_option("--seed", seed, "seed of the initial model, 0 to 2^64-1")->capture_default_str();
+  CLI::Option* seed_option = app.add_option("--seed", cfg.seed, "seed of the initial model, 0 to 2^64-1")->capture_default_str();
   app.add_option("--precision", precision, "fp32, or bf16 (bf16 params/grads, fp32 master and moments)")
       ->capture_default_str();
   app.add_option("--compute", compute,
@@ -217,11 +228,10 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
                  "input, re-run its forward in the backward), attn (keep all but the attention "
                  "probabilities, recompute those; with --attention flash there are none to drop)")
       ->capture_default_str();
-  path_options.push_back(
-      app.add_option("--data", cfg.data, "token file (raw bytes or llm.c .bin); default: built-in corpus"));
-  path_options.push_back(app.add_option(
+  app.add_option("--data", cfg.data, "token file (raw bytes or llm.c .bin); default: built-in corpus");
+  app.add_option(
       "--val-data", cfg.val_data,
-      "validation token file (raw bytes or llm.c .bin); default: the last tenth of the data, held out of training"));
+      "validation token file (raw bytes or llm.c .bin); default: the last tenth of the data, held out of training");
   app.add_option("--val-every", cfg.val_every,
                  "the held-out loss (a forward only) before the first step, after every this many steps and "
                  "after the last; 0: never")
@@ -243,14 +253,12 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   app.add_option("--sample-seed", cfg.sample.seed, "the seed of a sample's draws: the same text in every stage")
       ->capture_default_str();
   app.add_option("--device", cfg.device, "cpu or cuda")->capture_default_str();
-  path_options.push_back(
-      app.add_option("--device-mem", device_mem, "device memory budget per rank, e.g. 512KiB, 64MiB, 2GiB"));
-  path_options.push_back(app.add_option("--init", cfg.init, "start from this model: a safetensors file, or a --save checkpoint of either format (its parameters)"));
-  path_options.push_back(
-      app.add_option("--save-init", cfg.save_init, "write the initial model to this safetensors file"));
-  path_options.push_back(app.add_option("--save", cfg.save,
+  app.add_option("--device-mem", device_mem, "device memory budget per rank, e.g. 512KiB, 64MiB, 2GiB");
+  app.add_option("--init", cfg.init, "start from this model: a safetensors file, or a --save checkpoint of either format (its parameters)");
+  app.add_option("--save-init", cfg.save_init, "write the initial model to this safetensors file");
+  app.add_option("--save", cfg.save,
                  "write a training checkpoint here (model, AdamW state, step) at the end, and every "
-                 "--save-every steps; --resume continues from it"));
+                 "--save-every steps; --resume continues from it");
   app.add_option("--save-every", cfg.save_every, "with --save: also write it after every this many steps")
       ->capture_default_str();
   std::string save_format = "consolidated";
@@ -262,14 +270,14 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   app.add_flag("--save-async", cfg.save_async,
                "with --save-format sharded: copy the states to host memory and write them in the background "
                "while training goes on");
-  path_options.push_back(app.add_option("--resume", cfg.resume,
+  app.add_option("--resume", cfg.resume,
                  "continue a run from a --save checkpoint (a file, or a sharded folder): its model, AdamW state "
                  "and step; the run "
-                 "trains the steps from there up to --steps"));
-  path_options.push_back(app.add_option("--log-json", cfg.log_json, "write the run log (JSON lines) to this file"));
-  path_options.push_back(app.add_option("--trace", cfg.trace,
+                 "trains the steps from there up to --steps");
+  app.add_option("--log-json", cfg.log_json, "write the run log (JSON lines) to this file");
+  app.add_option("--trace", cfg.trace,
                  "write a timeline of every rank (compute, collectives, device memory) to this file, as "
-                 "Chrome trace-event JSON: open it in ui.perfetto.dev, draw it with tools/trace_gantt.py"));
+                 "Chrome trace-event JSON: open it in ui.perfetto.dev, draw it with tools/trace_gantt.py");
   app.add_option("--log-every", cfg.log_every, "print a log line every this many steps")->capture_default_str();
   app.add_flag("--quiet", cfg.quiet,
                "print nothing on stdout (no header, step lines or tables); errors, warnings and notes still go "
@@ -295,11 +303,11 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
                  "time, every collective NCCL's ring over NVLink or the network, every copy PCIe), from the "
                  "stage's own order of issues and waits; the same on any machine")
       ->capture_default_str();
-  CLI::Option* hardware_option = path_options.emplace_back(app.add_option(
+  CLI::Option* hardware_option = app.add_option(
       "--hardware", cfg.hardware,
       "with --clock modeled: the modeled machine, a profile of hardware/ (h100-sxm, h200, a100-sxm, l40s; "
       "this-machine once tools/calibrate_machine.py has measured it; default h100-sxm) or the path of a "
-      "profile file"));
+      "profile file");
   app.add_flag("--dry-run", cfg.dry_run,
                "with --clock modeled: model the steps without computing them (no arithmetic, no data moved, "
                "memory counted as in a real run; no final hash): any model preset, --ranks up to 4096");
@@ -354,9 +362,9 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   offload_group(app.add_flag("--offload-params", off.offload_params,
                              "keep the parameter shards on the host too, copied to the device just before "
                              "their all-gather (device model states ~0)"));
-  offload_group(path_options.emplace_back(app.add_option("--offload-dir", off.offload_dir,
+  offload_group(app.add_option("--offload-dir", off.offload_dir,
                                "keep the optimizer state (and with --offload-params the parameter shards) in "
-                               "files under DIR, streamed through the host in chunks")));
+                               "files under DIR, streamed through the host in chunks"));
   offload_group(app.add_option("--optimizer-threads", off.optimizer_threads,
                                "threads of the CPU AdamW per rank (default: the cores left to each rank)"));
   offload_group(app.add_flag("--delay-update", off.delay_update,
@@ -366,8 +374,7 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
                              "pageable host buffers instead of page-locked ones (pinned memory counts "
                              "against the host's locked-memory limit, ulimit -l)"));
 
-  for (CLI::Option* o : app.get_options())
-    if (o->get_type_name() == "INT") o->transform(decimal_integer());
+  strict_values(app);
 
   try {
     app.parse(argc, argv);
@@ -375,7 +382,7 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
     std::cout << app.help();
     return std::nullopt;
   } catch (const CLI::ParseError& e) {
-    throw UsageError(std::string(e.what()) + did_you_mean(app, argc, argv) + " (run " + stage.exe +
+    throw UsageError(cli_error_text(e) + did_you_mean(app, argc, argv) + " (run " + stage.exe +
                      " --help for the flags)");
   }
 
@@ -388,12 +395,6 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
   };
   if (!fsdp) refuse(fsdp_options, "stage 04 (FSDP) and 05 (offload)", "04_fsdp/fsdp");
   if (!offload) refuse(offload_options, "stage 05 (offload)", "05_offload/offload");
-  for (const CLI::Option* o : path_options)
-    USAGE_REQUIRE(o->count() == 0 || !o->as<std::string>().empty(),
-                  "--" << o->get_single_name() << " was given an empty value: give a "
-                       << (o->get_single_name() == "device-mem" ? "size" : "path")
-                       << ", or leave the flag out (is a shell variable unset?)");
-
   cfg.model = model_preset(model);
   if (cfg.dry_run) {
     USAGE_REQUIRE(cfg.clock == "modeled", "--dry-run models the steps instead of running them: add --clock modeled");
@@ -417,7 +418,6 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
                              << "); each rank is a thread with its own model and optimizer, so most would wait "
                                 "for a core. Set ZF_OVERSUBSCRIBE=1 to start them anyway");
   }
-  cfg.seed = parse_u64("--seed", seed);
   cfg.seed_given = seed_option->count() > 0;
   require_regular_file("--data", cfg.data);
   require_regular_file("--val-data", cfg.val_data);
@@ -542,17 +542,12 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
     }
     auto colon = spec.find(':');
     USAGE_REQUIRE(colon != std::string::npos, how);
-    try {
-      size_t used_rank = 0, used_step = 0;
-      const std::string rank = spec.substr(0, colon), step = spec.substr(colon + 1);
-      cfg.fault_rank = std::stoi(rank, &used_rank);
-      cfg.fault_step = std::stoi(step, &used_step);
-      if (used_rank != rank.size() || used_step != step.size()) throw std::invalid_argument(fault);
-    } catch (const std::exception&) {
-      throw UsageError(how + ": RANK and STEP are integers");
-    }
-    USAGE_REQUIRE(cfg.fault_rank >= 0 && cfg.fault_step >= 0,
-                  "--inject-fault wants a rank and a step of 0 or more (got '" << fault << "')");
+    const std::optional<uint64_t> rank = decimal_whole(spec.substr(0, colon)),
+                                  step = decimal_whole(spec.substr(colon + 1));
+    USAGE_REQUIRE(rank && step && *rank <= INT_MAX && *step <= INT_MAX,
+                  how << ": RANK and STEP are whole numbers, 0 or more");
+    cfg.fault_rank = int(*rank);
+    cfg.fault_step = int(*step);
   }
   return cfg;
 }

@@ -11,7 +11,22 @@
 #include "config.h"
 #include "stage_main.h"
 
+namespace CLI {
+class App;
+class ParseError;
+}
+
 namespace zf {
+
+// Every option of `app` (and of its subcommands) that takes a value refuses
+// an empty one (an unset shell variable is not "not given") and reads its
+// number in decimal, in the range of its type, or is a usage error naming
+// the flag, the value and what is accepted (numbers.h). Call it once every
+// option is added; the trainers and the tools share it.
+void strict_values(CLI::App& app);
+// A CLI11 error's message, for a UsageError: a hidden option's (which
+// strict_values names itself) without the ": " CLI11 leaves of its name.
+std::string cli_error_text(const CLI::ParseError& e);
 
 // A dry run's ranks are fibers of one thread that only meet: many more fit
 // than real ones (tools/memory_estimate's time column has the same bound).

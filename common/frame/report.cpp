@@ -270,20 +270,23 @@ void StepReporter::summary(const RunResult& run) {
     if (!json_.close() && ok_before)  // the close found what the writes did not
       std::fprintf(stderr, "%s: error: %s\n", program_.c_str(), json_.error().c_str());
   }
-  if (cfg_.quiet) return;
-  print_memory_table(run, stdout);
-  print_comm_table(run, stdout);
-  std::printf("\nmedian step %.2f ms%s, %.0f tokens/s; final parameters hash %s\n", med,
-              peak_flops_ > 0 ? (" (" + clock_ + ")").c_str() : "", tps,
-              run.ranks.empty() || cfg_.dry_run ? "- (a dry run has no values)"
-                                                : hash_hex(run.ranks[0].param_hash).c_str());
+  if (!cfg_.quiet) {
+    print_memory_table(run, stdout);
+    print_comm_table(run, stdout);
+    std::printf("\nmedian step %.2f ms%s, %.0f tokens/s; final parameters hash %s\n", med,
+                peak_flops_ > 0 ? (" (" + clock_ + ")").c_str() : "", tps,
+                run.ranks.empty() || cfg_.dry_run ? "- (a dry run has no values)"
+                                                  : hash_hex(run.ranks[0].param_hash).c_str());
+    if (!run.ranks.empty() && !run.ranks[0].host_optimizer.empty())
+      std::printf("CPU AdamW: %s per rank%s\n", run.ranks[0].host_optimizer.c_str(),
+                  cfg_.offload.delay_update ? ", one step delayed from the second step on" : "");
+    std::fflush(stdout);
+  }
+  // A note, on stderr: --quiet keeps it.
   if (peak_flops_ > 0 && device_peak(run) > memory_bytes_)
-    std::printf("note: the device peak of %s per rank does not fit the modeled GPU's %s: on that GPU this run "
-                "would stop out of memory\n", format_bytes(size_t(device_peak(run))).c_str(),
-                format_bytes(size_t(memory_bytes_)).c_str());
-  if (!run.ranks.empty() && !run.ranks[0].host_optimizer.empty())
-    std::printf("CPU AdamW: %s per rank%s\n", run.ranks[0].host_optimizer.c_str(),
-                cfg_.offload.delay_update ? ", one step delayed from the second step on" : "");
+    std::fprintf(stderr, "note: the device peak of %s per rank does not fit the modeled GPU's %s: on that GPU this run "
+                 "would stop out of memory\n", format_bytes(size_t(device_peak(run))).c_str(),
+                 format_bytes(size_t(memory_bytes_)).c_str());
 }
 
 namespace {

@@ -481,12 +481,14 @@ void hold_out_validation(TokenData& data, const std::string& val_file, int T, bo
     data.max_token = std::max(data.max_token, val.max_token);
     data.held_out = val.tokens.size();
     data.val_source = val_file;
+    data.val_format = val.format;
     return;
   }
   const size_t tenth = data.tokens.size() / 10;
   if (tenth >= size_t(T) + 2) {
     data.held_out = tenth;
     data.val_source = "the last tenth of " + std::string(data.format == "built-in" ? "the " : "") + data.source;
+    data.val_format = data.format;
     return;
   }
   USAGE_REQUIRE(!needed, "--val-every: the token data from "
@@ -501,9 +503,10 @@ Sampler::Sampler(const TokenData& data, int T, int V, Split split)
       n_(int64_t(split == Split::train ? data.train_tokens() : data.held_out)) {
   REQUIRE(T > 0 && V > 0, "Sampler needs T > 0 and V > 0, got T=" << T << " V=" << V);
   const std::string source = split == Split::train ? data.source : data.val_source;
+  const std::string format = split == Split::train ? data.format : data.val_format;
   USAGE_REQUIRE(n_ >= int64_t(T) + 2,
                 "the " << (split == Split::train ? "token data" : "validation tokens") << " from " << source
-                       << " (" << data.format << ") has " << n_
+                       << " (" << format << ") has " << n_
                        << " tokens, but the model's context T=" << T << " needs at least T + 2 = "
                        << int64_t(T) + 2 << " (one sequence of T+1 tokens and a positive number of offsets)"
                        << "; use a longer token file or a --model with a smaller context");
@@ -512,6 +515,7 @@ Sampler::Sampler(const TokenData& data, int T, int V, Split split)
 void Sampler::check_tokens(const TokenData& data, int T, int V, Split split) {
   const Sampler sampler(data, T, V, split);
   const std::string source = split == Split::train ? data.source : data.val_source;
+  const std::string format = split == Split::train ? data.format : data.val_format;
   int32_t mx = 0;
   int64_t where = 0;
   for (int64_t i = 0; i < sampler.n_; ++i) {
@@ -520,7 +524,7 @@ void Sampler::check_tokens(const TokenData& data, int T, int V, Split split) {
                                            << " at position " << i);
     if (t > mx) { mx = t; where = i; }
   }
-  USAGE_REQUIRE(mx < V, "the token data from " << source << " (" << data.format << ") holds token id " << mx
+  USAGE_REQUIRE(mx < V, "the token data from " << source << " (" << format << ") holds token id " << mx
                                << " (at position " << where << "), but the model's vocabulary has only V=" << V
                                << " tokens (ids 0.." << V - 1
                                << (V >= 50304 ? "); no preset's vocabulary covers it (gpt2's, the largest, has "

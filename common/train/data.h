@@ -30,6 +30,7 @@ struct TokenData {
   int32_t max_token = 0;  // largest token id present
   size_t held_out = 0;    // the last held_out tokens are the validation split, never trained on
   std::string val_source;  // where they come from: "the last tenth of ...", or --val-data's path
+  std::string val_format;  // and in which format: the data's, or --val-data's
 
   size_t train_tokens() const { return tokens.size() - held_out; }
 };

@@ -14,34 +14,41 @@ namespace zf {
 
 namespace {
 
-// Rank 0's notes when the checkpoint was trained otherwise than this run
-// goes on: other batches, another precision, another seed.
+// Rank 0's line saying where the run resumes from (not under --quiet), and
+// its notes when the checkpoint was trained otherwise than this run goes
+// on: other batches, another precision, another seed. Notes go to stderr,
+// so that --quiet (nothing on stdout) keeps them.
 void say_resuming(const TrainConfig& cfg, const CheckpointSource& ckpt, int world) {
   const auto& meta = ckpt.metadata();
   auto said = [&](const char* key) {
     auto it = meta.find(key);
     return it == meta.end() ? std::string("?") : printable(it->second);
   };
-  std::printf("resuming from %s at step %ld (saved by %s, %s ranks)\n", cfg.resume.c_str(), ckpt.step(),
-              said("stage").c_str(), said("ranks").c_str());
+  if (!cfg.quiet) {
+    std::printf("resuming from %s at step %ld (saved by %s, %s ranks)\n", cfg.resume.c_str(), ckpt.step(),
+                said("stage").c_str(), said("ranks").c_str());
+    std::fflush(stdout);
+  }
   const long long G = (long long)world * cfg.batch * cfg.grad_accum;  // docs/SPEC.md's global batch
   if (said("global_batch") != std::to_string(G) || said("data") != cfg.data_name())
-    std::printf("note: the checkpoint was trained with global batch %s on %s; this run uses %lld on %s, so "
-                "its batches differ from an uninterrupted run's\n",
-                said("global_batch").c_str(), said("data").c_str(), G, cfg.data_name().c_str());
+    std::fprintf(stderr,
+                 "note: the checkpoint was trained with global batch %s on %s; this run uses %lld on %s, so "
+                 "its batches differ from an uninterrupted run's\n",
+                 said("global_batch").c_str(), said("data").c_str(), G, cfg.data_name().c_str());
   if (said("precision") != "?" && said("precision") != precision_name(cfg.precision))
-    std::printf("note: the checkpoint was trained with --precision %s; this run goes on in %s, so its steps "
-                "round otherwise than an uninterrupted run's\n",
-                said("precision").c_str(), precision_name(cfg.precision));
+    std::fprintf(stderr,
+                 "note: the checkpoint was trained with --precision %s; this run goes on in %s, so its steps "
+                 "round otherwise than an uninterrupted run's\n",
+                 said("precision").c_str(), precision_name(cfg.precision));
   const std::string schedule = lr_schedule_text(cfg.schedule(), cfg.weight_decay);
   if (said("lr_schedule") != "?" && said("lr_schedule") != schedule)
-    std::printf("note: the checkpoint was trained with lr %s; this run goes on with lr %s, so its steps "
-                "differ from an uninterrupted run's\n",
-                said("lr_schedule").c_str(), schedule.c_str());
+    std::fprintf(stderr,
+                 "note: the checkpoint was trained with lr %s; this run goes on with lr %s, so its steps "
+                 "differ from an uninterrupted run's\n",
+                 said("lr_schedule").c_str(), schedule.c_str());
   if (cfg.seed_given && said("seed") != std::to_string(cfg.seed))
-    std::printf("note: --seed %llu is not used: a resumed run goes on from the checkpoint's model (seed %s)\n",
-                (unsigned long long)cfg.seed, said("seed").c_str());
-  std::fflush(stdout);
+    std::fprintf(stderr, "note: --seed %llu is not used: a resumed run goes on from the checkpoint's model (seed %s)\n",
+                 (unsigned long long)cfg.seed, said("seed").c_str());
 }
 
 }  // namespace
@@ -57,7 +64,7 @@ InitialState::InitialState(const TrainConfig& cfg, const ModelLayout& layout, co
                                                    "step 0: ask for more than "
                                                 << step);
     first_step_ = int(step);
-    if (ctx.rank == 0 && !cfg.quiet) say_resuming(cfg, *checkpoint_, ctx.world);
+    if (ctx.rank == 0) say_resuming(cfg, *checkpoint_, ctx.world);
   } else if (is_sharded_checkpoint_path(cfg.init)) {
     checkpoint_ = open_checkpoint(cfg.init, layout);  // its parameters alone, read where they lie
   } else if (!cfg.init.empty()) {

@@ -41,11 +41,12 @@ TEST(Cli, ValidRunSucceeds) {
 // the run log still gets every step and the summary.
 TEST(Cli, QuietPrintsNothingOnStdout) {
   const std::string dir = test::temp_dir();
-  auto saved = run_command(dp() + " --save " + dir + "/ck.st 2>/dev/null");
+  // In a subshell: run_command's own 2>&1 comes after, and would win.
+  auto saved = run_command("(" + dp() + " --save " + dir + "/ck.st 2>/dev/null)");
   ASSERT_EQ(saved.exit_code, 0);
   EXPECT_EQ(saved.output, "");
-  auto resumed = run_command(dp() + " --ranks 2 --steps 3 --resume " + dir + "/ck.st --log-json " + dir +
-                             "/log.jsonl 2>/dev/null");
+  auto resumed = run_command("(" + dp() + " --ranks 2 --steps 3 --resume " + dir + "/ck.st --log-json " + dir +
+                             "/log.jsonl 2>/dev/null)");
   EXPECT_EQ(resumed.exit_code, 0);
   EXPECT_EQ(resumed.output, "");
   std::ifstream in(dir + "/log.jsonl");
@@ -368,6 +369,61 @@ TEST(Cli, EmptyValuesAreRefused) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--offload-dir"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("empty"), std::string::npos) << r.output;
+}
+
+// Every flag that takes a value refuses an empty one, numbers too (CLI11
+// alone reads an empty number as 0), in every program.
+TEST(Cli, EmptyValuesAreRefusedByEveryFlag) {
+  for (const char* flag : {"--temperature", "--min-lr", "--weight-decay", "--lr", "--steps", "--sample-seed",
+                           "--seed", "--model", "--hardware", "--val-data", "--comm-timeout", "--inject-fault"})
+    expect_usage_error(std::string(flag) + " ''", {flag, "empty"});
+  const char* estimate = std::getenv("ZF_MEMORY_ESTIMATE_BIN");
+  const std::string tool = estimate ? estimate : "build/tools/memory_estimate";
+  for (const char* flag : {"--hardware", "--params", "--batch", "--fit", "--data"}) {
+    auto r = run_command(tool + " --model tiny " + flag + " ''");
+    EXPECT_EQ(r.exit_code, 2) << flag << "\n" << r.output;
+    EXPECT_NE(r.output.find(std::string(flag) + ": the value is empty"), std::string::npos) << r.output;
+  }
+}
+
+// Every number is decimal and in range, or refused naming the flag and the
+// value: CLI11 alone reads 0x10 as hex (0x1p-2 as a hex float), wraps -1
+// to 2^64-1 and clamps what is past it.
+TEST(Cli, NumbersAreDecimalAndInRange) {
+  expect_usage_error("--sample-seed -1", {"--sample-seed", "'-1'", "18446744073709551615"});
+  expect_usage_error("--sample-seed 18446744073709551616", {"--sample-seed", "18446744073709551616"});
+  expect_usage_error("--sample-seed 0x10", {"--sample-seed", "0x10", "decimal"});
+  expect_usage_error("--temperature 0x1p-2", {"--temperature", "0x1p-2", "decimal"});
+  expect_usage_error("--lr 1e999", {"--lr", "1e999", "finite"});
+  expect_usage_error("--clip inf", {"--clip", "inf"});
+  expect_usage_error("--comm-timeout 0x10", {"--comm-timeout", "0x10", "decimal"});
+  expect_usage_error("--inject-fault 0x1:1", {"--inject-fault", "0x1:1"});
+  EXPECT_EQ(run_command(dp() + " --steps 0 --sample-seed 18446744073709551615 --temperature 2.5e-1").exit_code, 0);
+  const char* estimate = std::getenv("ZF_MEMORY_ESTIMATE_BIN");
+  const std::string tool = estimate ? estimate : "build/tools/memory_estimate";
+  for (const char* args : {"--params 0x10", "--model tiny --ranks 0x2", "--model tiny --batch 0x2"}) {
+    auto r = run_command(tool + " " + args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("0x"), std::string::npos) << r.output;
+  }
+}
+
+// A --val-data file's own format is named, not the training data's.
+TEST(Cli, ValDataErrorsNameItsFormat) {
+  const std::string dir = test::temp_dir(), val = dir + "/val.txt";
+  std::ofstream(val) << std::string(10, 'a');
+  expect_usage_error("--val-every 1 --val-data " + val, {"validation tokens from " + val + " (raw bytes)"});
+  std::filesystem::remove_all(dir);
+}
+
+// The notes of a resume go to stderr, so that --quiet keeps them.
+TEST(Cli, ResumeNotesSurviveQuiet) {
+  const std::string dir = test::temp_dir();
+  ASSERT_EQ(run_command(dp() + " --save " + dir + "/ck.st").exit_code, 0);
+  auto r = run_command("(" + dp() + " --ranks 2 --steps 2 --resume " + dir + "/ck.st >/dev/null)");  // stderr alone
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("note: the checkpoint was trained with global batch 1"), std::string::npos) << r.output;
+  std::filesystem::remove_all(dir);
 }
 
 // Sizes that do not fit in 64-bit byte counts, and fractions of a byte.
