@@ -7,11 +7,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <dirent.h>
-#include <fstream>
+#include <sys/stat.h>
 #include <map>
 #include <sstream>
 
 #include "check.h"
+#include "input_file.h"
+#include "numbers.h"
 
 #ifndef ZF_HARDWARE_DIR
 #define ZF_HARDWARE_DIR "hardware"
@@ -26,6 +28,13 @@ std::string trim(const std::string& s) {
   if (a == std::string::npos) return "";
   return s.substr(a, s.find_last_not_of(" \t\r") + 1 - a);
 }
+
+// The most GPUs a node of a profile holds: far above any machine's, and low
+// enough that the counts of nodes and links made from it stay ints.
+constexpr int kMostGpusPerNode = 1000000;
+
+// The largest profile file read: the shipped ones are about 2 KB.
+constexpr size_t kMostProfileBytes = 1 << 20;
 
 // Every numeric key and where its value goes.
 std::map<std::string, double Hardware::*> numeric_keys() {
@@ -63,31 +72,33 @@ Hardware parse_hardware(const std::string& text, const std::string& where) {
     if (body.empty()) continue;
     const size_t eq = body.find('=');
     USAGE_REQUIRE(eq != std::string::npos,
-                  where << ":" << n << ": expected `key = value`, got '" << body << "'");
+                  where << ":" << n << ": expected `key = value`, got '" << printable(body) << "'");
     const std::string key = trim(body.substr(0, eq)), value = trim(body.substr(eq + 1));
     const bool known = key == "name" || key == "gpus_per_node" || numeric.count(key);
-    USAGE_REQUIRE(known, where << ":" << n << ": unknown key '" << key << "' (the keys are in hardware/README.md)");
+    USAGE_REQUIRE(known, where << ":" << n << ": unknown key '" << printable(key) << "' (the keys are in hardware/README.md)");
     USAGE_REQUIRE(!seen.count(key), where << ":" << n << ": '" << key << "' is given twice (first on line "
                                           << seen[key] << ")");
     seen[key] = n;
     USAGE_REQUIRE(!value.empty(), where << ":" << n << ": '" << key << "' has no value");
     if (key == "name") {
-      hw.name = value;
+      // Printed in headers, step lines and logs: no byte of it may reach a
+      // terminal as a control character.
+      hw.name = printable(value);
       continue;
     }
-    errno = 0;
-    char* end = nullptr;
-    const double v = std::strtod(value.c_str(), &end);
-    USAGE_REQUIRE(errno == 0 && end && *end == '\0' && std::isfinite(v) && v > 0,
-                  where << ":" << n << ": '" << key << "' must be a positive number (got '" << value << "')");
+    const std::optional<double> v = decimal_number(value);
+    USAGE_REQUIRE(v && *v > 0, where << ":" << n << ": '" << key << "' must be a positive number written in decimal, "
+                                        "such as 900 or 2.5e-3 (got '" << printable(value) << "')");
     if (key == "gpus_per_node") {
-      USAGE_REQUIRE(v == std::floor(v) && v <= 1e6,
+      USAGE_REQUIRE(*v == std::floor(*v),
                     where << ":" << n << ": 'gpus_per_node' must be a whole number (got '" << value << "')");
-      hw.gpus_per_node = int(v);
+      USAGE_REQUIRE(*v <= kMostGpusPerNode, where << ":" << n << ": 'gpus_per_node' must be at most "
+                                                  << kMostGpusPerNode << " (got '" << value << "')");
+      hw.gpus_per_node = int(*v);
     } else {
-      USAGE_REQUIRE(!(key.find("efficiency") != std::string::npos && v > 1),
+      USAGE_REQUIRE(!(key.find("efficiency") != std::string::npos && *v > 1),
                     where << ":" << n << ": '" << key << "' is a fraction of peak, at most 1 (got " << value << ")");
-      hw.*numeric.at(key) = v;
+      hw.*numeric.at(key) = *v;
     }
   }
   std::vector<std::string> missing;
@@ -121,21 +132,23 @@ Hardware load_hardware(const std::string& name_or_path, const std::string& dir) 
   const bool is_path = name_or_path.find('/') != std::string::npos ||
                        (name_or_path.size() > 3 && name_or_path.compare(name_or_path.size() - 3, 3, ".hw") == 0);
   const std::string path = is_path ? name_or_path : dir + "/" + name_or_path + ".hw";
-  std::ifstream f(path);
+  struct stat st {};
+  const bool found = ::stat(path.c_str(), &st) == 0;
   // The profile of the machine one has is measured there, never shipped.
-  USAGE_REQUIRE(f || is_path || name_or_path != "this-machine",
+  USAGE_REQUIRE(found || is_path || name_or_path != "this-machine",
                 "--hardware this-machine: there is no profile of this machine yet (" << path
                     << "): measure it with `python3 tools/calibrate_machine.py`, which writes it there");
-  if (!f) {
+  if (!found) {
     std::string names;
     for (const std::string& n : hardware_names(dir)) names += (names.empty() ? "" : ", ") + n;
     throw UsageError("--hardware " + name_or_path + ": cannot read " + path + " (" + std::strerror(errno) +
                      "); the profiles are " + (names.empty() ? "(none found in " + dir + ")" : names) +
                      ", or give the path of a profile file (hardware/README.md)");
   }
-  std::stringstream text;
-  text << f.rdbuf();
-  Hardware hw = parse_hardware(text.str(), path);
+  // A FIFO would block the open for ever and a device never end: a profile
+  // is a regular file of a few lines.
+  const std::string text = read_input_text(path, "--hardware", kMostProfileBytes);
+  Hardware hw = parse_hardware(text, path);
   hw.profile = name_or_path;
   return hw;
 }

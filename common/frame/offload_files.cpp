@@ -333,13 +333,16 @@ std::vector<std::string> OffloadFiles::remove_stale(const std::string& dir) {
     if (folder < 0) continue;  // a file, a symlink: never ours
     const std::string path = dir + "/" + name;
     std::string text;
-    const int marker = ::openat(folder, kMarker, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    if (marker >= 0) {
+    // O_NONBLOCK and a regular file only: a FIFO put there would block the
+    // open (and the read) for ever, and it is no marker of ours anyway.
+    const int marker = ::openat(folder, kMarker, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    struct stat marker_st {};
+    if (marker >= 0 && ::fstat(marker, &marker_st) == 0 && S_ISREG(marker_st.st_mode)) {
       char buf[4096];
       const ssize_t n = ::read(marker, buf, sizeof buf);
       if (n > 0 && size_t(n) < sizeof buf) text.assign(buf, size_t(n));
-      ::close(marker);
     }
+    if (marker >= 0) ::close(marker);
     const std::optional<Owner> owner = parse_owner(text);
     bool ok = owner && proven_dead(*owner);
     for (const std::string& f : ok ? owner->files : std::vector<std::string>{})

@@ -2,6 +2,8 @@
 // wrong or incomplete one is refused naming the key.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <sstream>
@@ -73,6 +75,47 @@ TEST(Hardware, AWrongProfileIsRefusedNamingTheKey) {
   EXPECT_NE(error_of(with_line("gpus_per_node", "gpus_per_node = 2.5")).find("whole number"), std::string::npos);
   EXPECT_NE(error_of(with_line("name", "name stuff")).find("x.hw:2: expected `key = value`"), std::string::npos);
   EXPECT_EQ(error_of(test::kRoundProfile), "");
+}
+
+// Every number is decimal: strtod alone reads hex ("0x10" is 16) and stops
+// at a NUL ("5\0" "9" would be 5). The cap of gpus_per_node is said.
+TEST(Hardware, NumbersAreDecimalOnly) {
+  EXPECT_NE(error_of(with_line("launch_us", "launch_us = 0x10")).find("'launch_us' must be a positive number "
+                                                                     "written in decimal"),
+            std::string::npos);
+  EXPECT_NE(error_of(with_line("launch_us", "launch_us = 0x1p-2")).find("(got '0x1p-2')"), std::string::npos);
+  EXPECT_NE(error_of(with_line("launch_us", "launch_us = inf")).find("launch_us"), std::string::npos);
+  const std::string nul = error_of(with_line("launch_us", std::string("launch_us = 5\0" "9", 15)));
+  EXPECT_NE(nul.find("(got '5\\x009')"), std::string::npos) << nul;
+  const std::string big = error_of(with_line("gpus_per_node", "gpus_per_node = 2000000"));
+  EXPECT_NE(big.find("'gpus_per_node' must be at most 1000000"), std::string::npos) << big;
+  EXPECT_EQ(big.find("whole number"), std::string::npos) << big;
+  EXPECT_EQ(error_of(with_line("launch_us", "launch_us = 2.5e+1")), "");
+}
+
+// A name is printed in headers and logs: control bytes come out escaped.
+TEST(Hardware, ANameWithControlBytesIsEscaped) {
+  const Hardware hw = parse_hardware(with_line("name", "name = GPU\x1b[2J\x07"), "x.hw");
+  EXPECT_EQ(hw.name, "GPU\\x1b[2J\\x07");
+}
+
+// A FIFO (nothing ever writes it) or a device that never ends is refused at
+// once, not waited on or read until memory runs out.
+TEST(Hardware, AProfileThatIsNotARegularFileIsRefused) {
+  const std::string dir = ::testing::TempDir() + "/zf-hw-fifo";
+  std::filesystem::create_directories(dir);
+  const std::string fifo = dir + "/slow.hw";
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& path : {fifo, std::string("/dev/zero"), dir}) {
+    try {
+      load_hardware(path);
+      ADD_FAILURE() << path << " was read as a profile";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Hardware, AnUnknownNameListsTheProfiles) {
