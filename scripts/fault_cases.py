@@ -203,6 +203,24 @@ def shard_good(ctx, damage=None):
         damage(os.path.join(ctx.path("sharded"), "step-00000002"))
 
 
+def fifo_for(folder, name):
+    os.remove(os.path.join(folder, name))
+    os.mkfifo(os.path.join(folder, name))
+
+
+def folder_for(folder, name):
+    os.remove(os.path.join(folder, name))
+    os.mkdir(os.path.join(folder, name))
+
+
+def two_writers(env):
+    """Two runs started together on one sharded --save folder: the second to lock it is refused (exit 2), the
+    first trains on (exit 0); the case exits 0 when exactly that happened, else 1."""
+    run = f"{env.bins['zero3']} {MODEL} --ranks 2 --steps 400 --save-every 1 --save ck --save-format sharded --quiet"
+    return (f"{run} > a.out 2>&1 & a=$!; {run} > b.out 2>&1 & b=$!; wait $a; sa=$?; wait $b; sb=$?; "
+            f"cat a.out b.out; [ $((sa * sb)) -eq 0 ] && [ $((sa + sb)) -eq 2 ] && exit 0; exit 1")
+
+
 def flip_rank_file(step_folder):
     p = os.path.join(step_folder, "rank-00001-of-00002.safetensors")
     with open(p, "r+b") as f:
@@ -406,6 +424,25 @@ def cases(env):
     add(Case("checkpoint", "a sharded save that never committed", "a step folder without index.json or latest",
              lambda x: f"{dp} {MODEL} --ranks 3 --steps 4 --resume sharded", (2,), ["no save to it finished"],
              setup=lambda x: shard_good(x, uncommitted), max_seconds=10))
+    # A sharded folder's files that are not what a save writes: refused at once, never waited on.
+    for name, what, damage, words in [
+            ("index.json", "a FIFO as the index", lambda d: fifo_for(d, "index.json"), ["index.json", "FIFO"]),
+            ("rank file", "a FIFO as a rank's file", lambda d: fifo_for(d, "rank-00001-of-00002.safetensors"),
+             ["rank-00001-of-00002", "FIFO"]),
+            ("latest", "a FIFO as `latest`", lambda d: fifo_for(os.path.dirname(d), "latest"), ["latest", "FIFO"]),
+            ("index folder", "a folder as the index", lambda d: folder_for(d, "index.json"),
+             ["index.json", "directory"])]:
+        add(Case("checkpoint", what, f"good.st sharded in 2, its {name} replaced",
+                 lambda x: f"{dp} {MODEL} --ranks 2 --steps 4 --resume sharded", (2,), words,
+                 setup=lambda x, damage=damage: shard_good(x, damage), max_seconds=10))
+    add(Case("checkpoint", "a FIFO to consolidate", "`checkpoint consolidate` of a folder whose index is a FIFO",
+             lambda x: f"{env.bins['checkpoint']} consolidate sharded out.st", (2,), ["index.json", "FIFO"],
+             setup=lambda x: shard_good(x, lambda d: fifo_for(d, "index.json")), max_seconds=10))
+    add(Case("checkpoint", "a FIFO to shard", "`checkpoint shard fifo out --ranks 2`",
+             lambda x: f"{env.bins['checkpoint']} shard fifo out --ranks 2", (2,), ["fifo", "FIFO"],
+             setup=make_fifo, max_seconds=10))
+    add(Case("checkpoint", "two runs on one folder", "two zero3 runs started together, `--save ck --save-format sharded`",
+             leaves(lambda x: two_writers(env), name="ck"), (0,), ["being written by another run"], max_seconds=60))
     add(Case("checkpoint", "nothing left to train", "`--resume good.st --steps 2`",
              lambda x: f"{dp} {MODEL} --steps 2 --resume good.st", (2,), ["nothing left to train"], max_seconds=5))
 

@@ -252,6 +252,7 @@ def first_message(output, status):
             if re.search(pattern, line):
                 line = re.sub(r"/tmp/[^ ]*/", "", line)
                 line = re.sub(r"zf-offload-[0-9]+-[0-9a-f]+-", "zf-offload-<pid>-<hex>-", line)
+                line = re.sub(r"\(pid [0-9]+ on [^)]*\)", "(pid <pid> on <host>)", line)
                 return line.strip()[:160]
     lines = output.splitlines()
     for i, line in enumerate(lines[:-1]):  # mpirun's own message, in its box of dashes
