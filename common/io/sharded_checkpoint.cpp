@@ -535,6 +535,12 @@ size_t shard_checkpoint(const std::string& file, const std::string& dir, int wri
   const CheckpointReader reader(file, layout);
   USAGE_REQUIRE(reader.step() > 0, file << " was saved after 0 steps; a sharded checkpoint holds a trained state");
   const SaveFolderLock lock(dir);
+  const std::string step_dir = dir + "/" + step_folder_name(reader.step());
+  struct stat in {}, out {};
+  USAGE_REQUIRE(::stat(parent_dir(file).c_str(), &in) != 0 || ::stat(step_dir.c_str(), &out) != 0 ||
+                    in.st_dev != out.st_dev || in.st_ino != out.st_ino,
+                file << " lies in " << step_dir << ", the step folder this writes (emptying what an unfinished "
+                                                   "save left there): move it out first");
   const std::string save_id = new_save_id();
   USAGE_REQUIRE(last_committed_step(dir) < reader.step(),
                 dir << " already holds a checkpoint at or after step " << reader.step() << ": give another folder");

@@ -200,6 +200,13 @@ TEST_F(ShardedCheckpoint, ShardAndConsolidateAreInverse) {
   EXPECT_EQ(c.ranks[0].param_hash, d.ranks[0].param_hash);
   ASSERT_FALSE(c.ranks[0].samples.empty());
   EXPECT_EQ(c.ranks[0].samples, d.ranks[0].samples);
+
+  // The file to cut, inside the unfinished step folder the cut would empty: refused, the file kept.
+  fs::create_directories(path("other/step-00000003"));
+  const std::string inside = path("other/step-00000003/rank-00000-of-00001.safetensors");
+  fs::copy_file(cfg.save, inside);
+  expect_has(refusal([&] { shard_checkpoint(inside, path("other"), 1); }), {inside, "lies in", "move it out"});
+  EXPECT_EQ(bytes_of(inside), bytes_of(cfg.save));
 }
 
 // The peak resident bytes of a forked child that runs fn (wait4's).
