@@ -181,13 +181,15 @@ SaveFolderLock::SaveFolderLock(const std::string& dir) {
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
     throw UsageError("cannot create the checkpoint folder " + dir + " (" + std::strerror(errno) + ")");
   const std::string path = dir + "/" + kLockName;
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, 0644);
   struct stat st {};
   if (fd_ < 0 || ::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
     const int e = errno;
     if (fd_ >= 0) ::close(fd_);
-    throw UsageError(path + " cannot be the lock of the checkpoint folder (" +
-                     (fd_ >= 0 ? "a " + file_kind(st.st_mode) : std::string(std::strerror(e))) +
+    const std::string why = fd_ >= 0  ? "it is a " + file_kind(st.st_mode)
+                            : e == ELOOP ? std::string("it is a symbolic link")
+                                         : std::string(std::strerror(e));
+    throw UsageError(path + " cannot be the lock of the checkpoint folder (" + why +
                      "; a save locks a regular file of that name): give --save a folder of its own");
   }
   char holder[256] = {0};
