@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 #include <string>
@@ -13,6 +14,7 @@
 #include "check.h"
 #include "hardware.h"
 #include "round_profile.h"
+#include "test_util.h"
 
 namespace zf {
 namespace {
@@ -100,20 +102,19 @@ TEST(Hardware, ANameWithControlBytesIsEscaped) {
 }
 
 // A FIFO (nothing ever writes it) or a device that never ends is refused at
-// once, not waited on or read until memory runs out.
+// once, not waited on or read until memory runs out. Run through the tool,
+// killed after a while and held to 2 GB, so that a regression fails, not hangs.
 TEST(Hardware, AProfileThatIsNotARegularFileIsRefused) {
-  const std::string dir = ::testing::TempDir() + "/zf-hw-fifo";
-  std::filesystem::create_directories(dir);
-  const std::string fifo = dir + "/slow.hw";
-  std::filesystem::remove(fifo);
+  const std::string dir = test::temp_dir(), fifo = dir + "/slow.hw";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const char* estimate = std::getenv("ZF_MEMORY_ESTIMATE_BIN");
+  const std::string tool = estimate ? estimate : "build/tools/memory_estimate";
   for (const std::string& path : {fifo, std::string("/dev/zero"), dir}) {
-    try {
-      load_hardware(path);
-      ADD_FAILURE() << path << " was read as a profile";
-    } catch (const UsageError& e) {
-      EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
-    }
+    const auto r = test::run_command("(ulimit -v 2000000; timeout -s KILL 20 " + tool + " --model tiny --hardware " +
+                                     path + ")");
+    EXPECT_EQ(r.exit_code, 2) << path << "\n" << r.output;
+    EXPECT_NE(r.output.find("--hardware '" + path + "' is a"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("not a regular file"), std::string::npos) << r.output;
   }
   std::filesystem::remove_all(dir);
 }
