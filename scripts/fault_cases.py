@@ -532,4 +532,19 @@ def cases(env):
                  lambda x, f=flags: f"{dp} {MODEL} --steps 2 {f}", (2,), words, max_seconds=5))
     add(Case("flags", "`--shard-group 0`", "fsdp, on the command line",
              lambda x: f"{env.bins['fsdp']} {MODEL} --steps 2 --shard-group 0", (2,), ["--shard-group"], max_seconds=5))
+
+    # Hardware profiles that would block or never end; killed after 20 s and
+    # held to 4 GB, so that a regression fails (137) instead of hanging.
+    modeled = f"timeout -s KILL 20 {dp} {MODEL} --steps 2 --clock modeled --dry-run"
+    add(Case("hardware", "a FIFO with no writer", "`--clock modeled --dry-run --hardware ./fifo`",
+             lambda x: f"{modeled} --hardware ./fifo", (2,), ["--hardware", "FIFO"], setup=make_fifo, max_seconds=5))
+    add(Case("hardware", "a device", "`--clock modeled --dry-run --hardware /dev/zero`",
+             lambda x: f"(ulimit -v 4000000; {modeled} --hardware /dev/zero)", (2,), ["--hardware", "not a regular file"],
+             max_seconds=5))
+    add(Case("hardware", "an empty name", "`--clock modeled --hardware ''`",
+             lambda x: f"{dp} {MODEL} --steps 2 --clock modeled --hardware ''", (2,), ["--hardware", "empty"],
+             max_seconds=5))
+    add(Case("checkpoint", "`checkpoint shard` into a file", "`checkpoint shard good.st tokens.txt --ranks 2`",
+             lambda x: f"{env.bins['checkpoint']} shard good.st tokens.txt --ranks 2", (2,), ["tokens.txt"],
+             max_seconds=10))
     return c
