@@ -547,4 +547,25 @@ def cases(env):
     add(Case("checkpoint", "`checkpoint shard` into a file", "`checkpoint shard good.st tokens.txt --ranks 2`",
              lambda x: f"{env.bins['checkpoint']} shard good.st tokens.txt --ranks 2", (2,), ["tokens.txt"],
              max_seconds=10))
+
+    # A signal where no step boundary is near: in the set-up of a large
+    # model, in an evaluation or a sample that would never end (before the
+    # first step: nothing to save), and in one between two steps (it saves
+    # the steps done). A run that waited for a step boundary would be killed
+    # by the suite after 120 s.
+    add(Case("signal", "SIGTERM during set-up", "gpt2, SIGTERM 0.5 s after the start",
+             lambda x: forever(x, model="--model gpt2 --batch 1", extra=""), (143,),
+             ["stopped by SIGTERM before the first step"], signals=[(0, signal.SIGTERM, None, 0.5)],
+             max_seconds=10))
+    add(Case("signal", "SIGTERM in an endless evaluation", "`--val-every 1 --val-batches 1000000000`, SIGTERM after 1 s",
+             lambda x: forever(x, extra="--ranks 2 --val-every 1 --val-batches 1000000000"), (143,),
+             ["stopped by SIGTERM before the first step"], signals=[(0, signal.SIGTERM, None, 1)], max_seconds=10))
+    add(Case("signal", "SIGINT in an endless sample", "zero3 `--sample-every 1 --sample-length 2000000000`, "
+             "Ctrl-C after 1 s",
+             lambda x: forever(x, exe="zero3", extra="--ranks 2 --sample-every 1 --sample-length 2000000000"), (130,),
+             ["stopped by SIGINT before the first step"], signals=[(0, signal.SIGINT, None, 1)], max_seconds=10))
+    add(Case("signal", "SIGTERM in an evaluation after a step", "fsdp `--val-every 1 --val-batches 300`, SIGTERM "
+             "once step 0 is logged",
+             leaves(lambda x: forever(x, exe="fsdp", extra="--ranks 2 --val-every 1 --val-batches 300")), (143,),
+             ["stopped by SIGTERM after step 0"], signals=[(2, signal.SIGTERM, None, 0)], max_seconds=10))
     return c

@@ -47,6 +47,10 @@ void report_stop(const RunResult& run) {
   const RankResult& r0 = run.ranks[0];
   if (r0.stop_signal == 0) return;
   const TrainConfig& cfg = run.cfg;
+  if (r0.stopped_after == r0.first_step) {  // in the evaluation or sample before the first step
+    std::fprintf(stderr, "%s: %s\n", cfg.stage.c_str(), stopped_before_training(r0.stop_signal, cfg.save).c_str());
+    return;
+  }
   std::fprintf(stderr, "%s: stopped by %s after step %d of %d (%d steps done)", cfg.stage.c_str(),
                signal_name(r0.stop_signal).c_str(), r0.stopped_after - 1, cfg.steps, r0.stopped_after);
   if (cfg.save.empty())

@@ -13,13 +13,15 @@ namespace zf {
 namespace {
 
 std::atomic<int> g_signal{0};
+std::atomic<bool> g_at_boundaries{false};  // stop_at_step_boundaries() was called
 // What the handler writes, prepared outside it: a handler may call only
 // async-signal-safe functions (write, _exit), so no formatting there.
 char g_first_msg[512];
 char g_first_killed_msg[768];  // SIGINT, SIGTERM: with the launcher's note, if any
 char g_second_msg[256];
-size_t g_first_len = 0, g_first_killed_len = 0, g_second_len = 0;
 constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
+char g_early_msg[std::size(kStopSignals)][512];  // before the states are loaded, by signal
+size_t g_first_len = 0, g_first_killed_len = 0, g_second_len = 0, g_early_len[std::size(kStopSignals)] = {};
 
 // remove_on_stop's slots: filled and emptied by the ranks, read by the
 // handler, so each is published by its atomic state (free, being written,
@@ -41,12 +43,18 @@ void remove_registered() {
 
 void on_stop_signal(int sig) {
   int none = 0;
-  if (g_signal.compare_exchange_strong(none, sig)) {
+  const bool first = g_signal.compare_exchange_strong(none, sig);
+  if (first && g_at_boundaries.load()) {
     if (sig == SIGINT || sig == SIGTERM) (void)!::write(STDERR_FILENO, g_first_killed_msg, g_first_killed_len);
     else (void)!::write(STDERR_FILENO, g_first_msg, g_first_len);
     return;
   }
-  (void)!::write(STDERR_FILENO, g_second_msg, g_second_len);
+  if (first) {  // nothing is trained yet: say so, and stop now
+    for (size_t i = 0; i < std::size(kStopSignals); ++i)
+      if (kStopSignals[i] == sig) (void)!::write(STDERR_FILENO, g_early_msg[i], g_early_len[i]);
+  } else {
+    (void)!::write(STDERR_FILENO, g_second_msg, g_second_len);
+  }
   remove_registered();
   ::_exit(128 + sig);
 }
@@ -63,15 +71,25 @@ std::string signal_name(int signal) {
   }
 }
 
+std::string stopped_before_training(int signal, const std::string& save) {
+  return "stopped by " + signal_name(signal) + " before the first step: nothing is trained yet, so nothing is saved" +
+         (save.empty() ? std::string() : " (" + save + " is as it was)");
+}
+
 void install_stop_handlers(const std::string& program, const std::string& save, bool announce,
                            const std::string& killed_note) {
-  const std::string first = "\n" + program + ": stop requested: every rank finishes its step, then the run " +
+  const std::string first = "\n" + program + ": stop requested: every rank finishes the step (or the evaluation "
+                            "batch, or the sample token) it is in, then the run " +
                             (save.empty() ? std::string("stops (no --save: nothing is saved)")
                                           : "saves " + save + " and stops") +
                             "; a second signal stops at once\n";
   const std::string killed = killed_note.empty() ? first : first + program + ": " + killed_note + "\n";
   const std::string second = program + ": second signal: stopping now, without saving\n";
   g_first_len = announce ? first.copy(g_first_msg, sizeof g_first_msg - 1) : 0;
+  for (size_t i = 0; i < std::size(kStopSignals); ++i) {
+    const std::string early = "\n" + program + ": " + stopped_before_training(kStopSignals[i], save) + "\n";
+    g_early_len[i] = announce ? early.copy(g_early_msg[i], sizeof g_early_msg[i] - 1) : 0;
+  }
   g_first_killed_len = announce ? killed.copy(g_first_killed_msg, sizeof g_first_killed_msg - 1) : 0;
   g_second_len = second.copy(g_second_msg, sizeof g_second_msg - 1);
   struct sigaction sa;
@@ -81,8 +99,11 @@ void install_stop_handlers(const std::string& program, const std::string& save, 
   // Restart interrupted system calls (reads, writes, waits), so that the
   // code between two step boundaries never sees EINTR.
   sa.sa_flags = SA_RESTART;
+  g_at_boundaries.store(false);
   for (int s : kStopSignals) ::sigaction(s, &sa, nullptr);
 }
+
+void stop_at_step_boundaries() { g_at_boundaries.store(true); }
 
 int remove_on_stop(int dir, const std::string& name, bool folder) {
   if (name.size() >= sizeof g_removals[0].name) return -1;

@@ -14,6 +14,14 @@
 // temporary the next save removes), removing first what remove_on_stop
 // lists.
 //
+// Before the run's states are loaded, though, there is nothing trained to
+// lose and no step boundary near (a large checkpoint's load, a model's
+// initialization): the first signal then ends the process at once too,
+// saying that nothing was saved, until the run calls
+// stop_at_step_boundaries(). Between two steps, an evaluation or a sample
+// (--val-every, --sample-every) can take as long as many steps, so the ranks
+// also vote before each of its batches and tokens.
+//
 // Exit status after a stop: 128 + the signal's number, as a shell reports a
 // process killed by it (130 SIGINT, 143 SIGTERM, 129 SIGHUP, 138 SIGUSR1).
 #pragma once
@@ -23,13 +31,18 @@
 namespace zf {
 
 // Installs the handlers of SIGINT, SIGTERM, SIGHUP and SIGUSR1 for this
-// process. `program` prefixes the one line a signal prints (to stderr, from
+// process, each ending it at once until stop_at_step_boundaries() is
+// called. `program` prefixes the one line a signal prints (to stderr, from
 // the handler: what happens next), unless `announce` is false (the other
 // processes of a launched run: rank 0's says it for all); `save` is
 // --save's file, or "". `killed_note`, if any, is a second line for SIGINT
 // and SIGTERM (a launcher that follows them with SIGKILL).
 void install_stop_handlers(const std::string& program, const std::string& save, bool announce = true,
                            const std::string& killed_note = "");
+
+// From now on the first signal waits for the ranks' vote (the run's states
+// are loaded: a stop saves them); before, it ends the process at once.
+void stop_at_step_boundaries();
 
 // The first stop signal this process received, or 0.
 int stop_signal_received();
@@ -39,6 +52,10 @@ void set_stop_signal(int signal);
 
 // "SIGINT", "SIGTERM", ... for a stop signal's number.
 std::string signal_name(int signal);
+
+// What a run stopped before its first step says (without the program's
+// name): where it stopped, and that `save` (--save, or "") was not written.
+std::string stopped_before_training(int signal, const std::string& save);
 
 // A second signal ends the process at once, without unwinding, so what a
 // run made for itself alone (an --offload-dir folder) would stay. Such a

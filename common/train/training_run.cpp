@@ -53,6 +53,7 @@ TrainingRun::TrainingRun(const TrainConfig& cfg, const ModelLayout& layout, Rank
     ctx.comm.restore_counts(training);
   }
   if (ctx.clock) ctx.clock->start(result_.first_step);  // loading is not step 0's time
+  stop_at_step_boundaries();  // the states are loaded: a signal from now on stops where the ranks vote, and saves
 }
 
 AdamWConfig TrainingRun::adamw(int step) const {
@@ -90,8 +91,19 @@ void TrainingRun::evaluate(int done, RankCompute& rc, const std::function<float(
   const bool val = due(cfg_.val_every), sample = due(cfg_.sample_every);
   if (val || sample) set_current_step(-1);  // a collective's timeout in here names no training step
   if (val) validate(done, rc, forward);
-  if (sample) generate(done, rc, forward);
+  if (sample && result_.stop_signal == 0) generate(done, rc, forward);
   if (val || sample) skip_clock();
+  if (result_.stop_signal == 0) return;
+  // Stopped inside: the states are those after the `done` steps, saved as
+  // at a step's end, unless end_step just saved them. Before this run's
+  // first step nothing is trained: its start is on disk already.
+  result_.stopped_after = done;
+  if (!cfg_.save.empty() && done > result_.first_step && saved_ != done) save(done);
+}
+
+bool TrainingRun::stop_voted() {
+  result_.stop_signal = vote_to_stop();
+  return result_.stop_signal != 0;
 }
 
 CommStats TrainingRun::apart(const std::function<void()>& work) {
@@ -116,11 +128,13 @@ void TrainingRun::validate(int done, RankCompute& rc, const std::function<float(
   const CommStats used = apart([&] {
     float sum = 0.0f;
     for (int b = 0; b < cfg_.val_batches; ++b) {
+      if (stop_voted()) return;  // every rank at the same batch, so no collective is left unmatched
       rc.load_val(b);
       sum += forward();
     }
     loss = global_mean_loss(ctx_.comm, ctx_.dev, sum, cfg_.val_batches);  // over N x batches
   });
+  if (result_.stop_signal != 0) return;  // an evaluation cut short has no loss
   const double ms = timer.ms();
   add_difference(result_.val_comm, used);
   result_.val_losses.emplace_back(done, loss);
@@ -139,6 +153,7 @@ void TrainingRun::generate(int done, RankCompute& rc, const std::function<float(
   std::vector<float> logits(size_t(cfg_.model.V));
   apart([&] {
     for (int i = 0; i < sc.length; ++i) {
+      if (stop_voted()) return;  // every rank at the same token
       const size_t start = tokens.size() > T ? tokens.size() - T : 0;  // the last T tokens
       rc.load_context(std::vector<int32_t>(tokens.begin() + long(start), tokens.end()));
       forward();
@@ -149,6 +164,7 @@ void TrainingRun::generate(int done, RankCompute& rc, const std::function<float(
       made.push_back(next);
     }
   });
+  if (result_.stop_signal != 0) return;  // a sample cut short is not reported
   result_.samples.emplace_back(done, made);
   if (ctx_.rank == 0) log_.sample(done, prompt, tokens_to_text(made));
 }
@@ -199,6 +215,7 @@ void TrainingRun::uncounted(const std::function<void()>& work) {
 }
 
 void TrainingRun::save(int steps_done) {
+  saved_ = steps_done;
   uncounted([&] {
     if (sharded_) return sharded_->save(steps_done, checkpoint_metadata());
     Timer timer;

@@ -85,7 +85,10 @@ class TrainingRun {
   // text sample (sample.h), generated token by token. forward() runs a
   // forward only over the micro-batch rc holds and returns this rank's
   // loss of it. Recorded and reported; the collectives and copies are
-  // counted apart from training's, and the time is in no step's.
+  // counted apart from training's, and the time is in no step's. The ranks
+  // vote before each batch and token, as at a step's end: on a stop signal
+  // they all stop there, and --save's checkpoint of the `done` steps is
+  // written (none before this run's first step); keep_going() then says no.
   void evaluate(int done, RankCompute& rc, const std::function<float()>& forward);
 
   // A communicator the stage split from ctx.comm (a sub-group, a second
@@ -118,6 +121,8 @@ class TrainingRun {
   void validate(int done, RankCompute& rc, const std::function<float()>& forward);
   void generate(int done, RankCompute& rc, const std::function<float()>& forward);
   int vote_to_stop();
+  // Inside an evaluation: the ranks vote; whether they stop (result_.stop_signal).
+  bool stop_voted();
   void skip_clock();
 
   // Before the guard, so freed after it: a rank that fails stops the group
@@ -133,6 +138,7 @@ class TrainingRun {
   TransferStats loaded_;  // the device's copies once the states were loaded
   TransferStats evaluated_;  // the evaluations' copies (--val-every), not training's
   bool all_written_ = true;                // the last vote: no rank has a sharded save in flight
+  int saved_ = -1;                         // the steps done of the last --save
   RankResult result_;
 };
 

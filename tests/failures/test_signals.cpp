@@ -13,6 +13,9 @@
 #include <string>
 #include <vector>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "checkpoint.h"
@@ -185,6 +188,78 @@ TEST_F(Signals, SignalsAtSeveralPointsLoseNothing) {
     EXPECT_EQ(checkpoint_step(ck_), log.last_step + 1) << "after " << lines << " lines";
     for (const auto& e : fs::directory_iterator(dir_))
       EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << "left behind: " << e.path();
+  }
+}
+
+// An evaluation or a sample between two steps can take longer than many
+// steps: the ranks vote before each batch and token, so a signal stops the
+// run there, every rank at the same one (stages 03-05 gather inside), with
+// the checkpoint of the steps done, and going on from it equals never
+// stopping. Each evaluation here takes about a second, so the signal,
+// sent once step 0 is logged, comes inside the one after step 0; without
+// the vote the run would stop after step 1.
+TEST_F(Signals, ASignalInsideAnEvaluationOrASampleStopsThereAndSaves) {
+  const struct {
+    std::string exe;
+    std::string flags;
+    int lines;  // val (and sample) before step 0, step 0
+  } cases[] = {{dp(), "--val-every 1 --val-batches 400", 2},
+               {fsdp(), "--sample-every 1 --sample-length 400 --wrap-blocks 1", 2}};
+  for (const auto& c : cases) {
+    fs::remove(ck_);
+    ASSERT_EQ(run_and_signal(c.exe, "--ranks 2 " + c.flags, SIGTERM, c.lines), 128 + SIGTERM) << output_;
+    const Log log = read_log(log_);
+    EXPECT_TRUE(log.whole && log.summary.is_object()) << c.flags;
+    EXPECT_EQ(log.last_step, 0) << c.flags << ": it went on to train step 1";
+    EXPECT_EQ(checkpoint_step(ck_), 1) << c.flags;
+    EXPECT_NE(output_.find("stopped by SIGTERM after step 0"), std::string::npos) << output_;
+    std::istringstream lines(test::read_file(log_));
+    for (std::string line; std::getline(lines, line);) {
+      const json j = json::parse(line, nullptr, false);
+      for (const char* kind : {"val", "sample"})
+        EXPECT_FALSE(j.contains(kind) && j[kind]["after_step"] == 1) << "a cut " << kind << " was reported: " << line;
+    }
+  }
+  EXPECT_EQ(final_hash(fsdp(), "--resume " + ck_ + " --ranks 2 --wrap-blocks 1 --steps 3", path("resumed.jsonl")),
+            final_hash(fsdp(), "--ranks 2 --wrap-blocks 1 --steps 3", path("straight.jsonl")));
+}
+
+// Before the first step there is nothing to save: a signal during the
+// set-up or the first evaluation (here one that would never end) stops the
+// run at once, and says that nothing was saved.
+TEST_F(Signals, ASignalBeforeTheFirstStepStopsAtOnce) {
+  for (const std::string flags : {"--val-every 1 --val-batches 1000000000", "--sample-every 1 --sample-length 2000000000"}) {
+    ChildProcess child(dp() + " --model tiny --batch 1 --ranks 2 --steps 10 --save " + ck_ + " " + flags,
+                       path("out.txt"));
+    ASSERT_TRUE(child.started());
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    child.signal(SIGTERM);
+    ASSERT_EQ(child.wait(30), 128 + SIGTERM) << flags << "\n" << child.output();
+    EXPECT_NE(child.output().find("stopped by SIGTERM before the first step: nothing is trained yet, so nothing is "
+                                  "saved"),
+              std::string::npos)
+        << child.output();
+    EXPECT_FALSE(fs::exists(ck_));
+  }
+}
+
+// The handlers alone: until the run's states are loaded, the first signal
+// ends the process at once (a checkpoint's load, a model's set-up, have no
+// step boundary to wait for); after, it is only recorded.
+TEST(StopRequest, UntilTheStatesAreLoadedTheFirstSignalStopsAtOnce) {
+  for (const bool loaded : {false, true}) {
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      install_stop_handlers("test", "");
+      if (loaded) stop_at_step_boundaries();
+      raise(SIGHUP);
+      _exit(stop_signal_received() == SIGHUP ? 0 : 3);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), loaded ? 0 : 128 + SIGHUP) << (loaded ? "loaded" : "setting up");
   }
 }
 
