@@ -113,7 +113,7 @@ TEST(CommTimeout, BadValuesAreUsageErrors) {
   for (const std::string v : {"0", "-1", "abc", "''", "2s", "inf", "nan", "1e8"}) {
     const auto r = run_command(dp() + " --comm-timeout " + v);
     EXPECT_EQ(r.exit_code, 2) << v << "\n" << r.output;
-    expect_words(r.output, {"--comm-timeout", "number of seconds"});
+    expect_words(r.output, {"--comm-timeout", v == "''" ? "the value is empty" : "number of seconds"});
   }
   for (const std::string v : {"0", "x", "-3"}) {
     const auto r = run_command("ZF_COMM_TIMEOUT_S=" + v + " " + dp());
