@@ -150,7 +150,7 @@ std::unique_ptr<SaveFolderLock> claim_save_folder(const std::string& dir, long f
     USAGE_REQUIRE(problem.empty(), "--save " << problem);
   }
   // Locked before it is looked into: two runs started together must not both find it unused.
-  auto lock = std::make_unique<SaveFolderLock>(dir);
+  auto lock = std::make_unique<SaveFolderLock>(dir, "--save " + dir);
   const std::string latest = latest_problem(dir);
   USAGE_REQUIRE(latest.empty(), "--save " << latest);
   const long last = last_committed_step(dir);

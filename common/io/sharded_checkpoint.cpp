@@ -177,7 +177,10 @@ long last_committed_step(const std::string& dir) {
 
 std::string new_save_id() { return random_hex(); }
 
-SaveFolderLock::SaveFolderLock(const std::string& dir) {
+SaveFolderLock::SaveFolderLock(const std::string& dir, const std::string& named) {
+  USAGE_REQUIRE(!exists(dir + "/" + kIndexName),
+                named << " is the step folder of a checkpoint (it holds " << kIndexName
+                      << "): saves go into the folder above it, beside its other step folders");
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
     throw UsageError("cannot create the checkpoint folder " + dir + " (" + std::strerror(errno) + ")");
   const std::string path = dir + "/" + kLockName;
@@ -190,7 +193,7 @@ SaveFolderLock::SaveFolderLock(const std::string& dir) {
                             : e == ELOOP ? std::string("it is a symbolic link")
                                          : std::string(std::strerror(e));
     throw UsageError(path + " cannot be the lock of the checkpoint folder (" + why +
-                     "; a save locks a regular file of that name): give --save a folder of its own");
+                     "; a save locks a regular file of that name): give " + named + " a folder of its own");
   }
   char holder[256] = {0};
   const ssize_t got = ::pread(fd_, holder, sizeof holder - 1, 0);
@@ -199,13 +202,13 @@ SaveFolderLock::SaveFolderLock(const std::string& dir) {
   if (!who.empty() && who.rfind("pid ", 0) != 0) {  // a file of the user's, which a lock would overwrite
     ::close(fd_);
     throw UsageError(path + " is a file no save wrote (a save's lock says \"pid <n> on <host>\"): it is left as "
-                     "it is; give --save a folder of its own");
+                     "it is; give " + named + " a folder of its own");
   }
   // flock: released by the kernel when this process ends, however it ends,
   // so a killed run never leaves the folder locked.
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     ::close(fd_);
-    throw UsageError("--save " + dir + " is being written by another run (" +
+    throw UsageError(named + " is being written by another run (" +
                      (who.empty() ? std::string("its lock is held") : printable(who)) +
                      "): two runs saving into one folder would remove each other's files; wait for it to end, "
                      "or give --save another folder");
@@ -536,7 +539,7 @@ size_t shard_checkpoint(const std::string& file, const std::string& dir, int wri
   const ModelLayout layout = build_layout(model_preset(model));
   const CheckpointReader reader(file, layout);
   USAGE_REQUIRE(reader.step() > 0, file << " was saved after 0 steps; a sharded checkpoint holds a trained state");
-  const SaveFolderLock lock(dir);
+  const SaveFolderLock lock(dir, "the folder " + dir);
   const std::string step_dir = dir + "/" + step_folder_name(reader.step());
   struct stat in {}, out {};
   USAGE_REQUIRE(::stat(parent_dir(file).c_str(), &in) != 0 || ::stat(step_dir.c_str(), &out) != 0 ||

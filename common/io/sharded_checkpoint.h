@@ -56,10 +56,11 @@ std::string latest_problem(const std::string& dir);
 
 // A folder one run saves into at a time: an exclusive lock on DIR/lock (DIR
 // made if missing), held while the object lives. UsageError, naming the
-// holder, when another process holds it.
+// holder, when another process holds it, or when DIR is itself a step
+// folder; `named` is how the message names DIR ("--save DIR").
 class SaveFolderLock {
  public:
-  explicit SaveFolderLock(const std::string& dir);
+  SaveFolderLock(const std::string& dir, const std::string& named);
   ~SaveFolderLock();
   SaveFolderLock(const SaveFolderLock&) = delete;
   SaveFolderLock& operator=(const SaveFolderLock&) = delete;

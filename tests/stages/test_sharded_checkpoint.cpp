@@ -206,6 +206,13 @@ TEST_F(ShardedCheckpoint, ShardAndConsolidateAreInverse) {
   const std::string inside = path("other/step-00000003/rank-00000-of-00001.safetensors");
   fs::copy_file(cfg.save, inside);
   expect_has(refusal([&] { shard_checkpoint(inside, path("other"), 1); }), {inside, "lies in", "move it out"});
+  // A step folder is no folder of saves, for the tool as for a run.
+  expect_has(refusal([&] { shard_checkpoint(cfg.save, path("cut/step-00000003"), 2); }),
+             {"the folder " + path("cut/step-00000003"), "is the step folder of a checkpoint"});
+  TrainConfig into = quiet_config("tiny", 2, 2, 2);
+  into.save = path("cut/step-00000003");
+  into.save_sharded = true;
+  expect_has(refusal([&] { run_training(into, train_zero3); }), {"--save " + into.save, "step folder"});
   EXPECT_EQ(bytes_of(inside), bytes_of(cfg.save));
 }
 
