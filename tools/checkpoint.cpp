@@ -24,6 +24,7 @@
 #include "check.h"
 #include "cli.h"
 #include "memory.h"
+#include "output_file.h"
 #include "sharded_checkpoint.h"
 #include "safetensors.h"
 
@@ -53,6 +54,8 @@ int run(int argc, char** argv) {
   if (*consolidate) {
     USAGE_REQUIRE(::lstat(out.c_str(), &st) != 0, out << " exists: the consolidated file is written only where "
                                                          "nothing is (not through a link either); give a new name");
+    const std::string problem = zf::output_problem(out, zf::WriteMode::by_rename);
+    USAGE_REQUIRE(problem.empty(), problem);
     USAGE_REQUIRE(buffer_mib > 0 && buffer_mib <= 65536, "--buffer-mib must be above 0 and at most 65536 (got "
                                                              << buffer_mib << ")");
     const size_t floats = size_t(buffer_mib * 1024 * 1024 / sizeof(float));

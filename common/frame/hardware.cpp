@@ -128,10 +128,22 @@ std::vector<std::string> hardware_names(const std::string& dir) {
   return names;
 }
 
+namespace {
+
+bool is_profile_path(const std::string& name_or_path) {
+  return name_or_path.find('/') != std::string::npos ||
+         (name_or_path.size() > 3 && name_or_path.compare(name_or_path.size() - 3, 3, ".hw") == 0);
+}
+
+}  // namespace
+
+std::string hardware_path(const std::string& name_or_path, const std::string& dir) {
+  return is_profile_path(name_or_path) ? name_or_path : dir + "/" + name_or_path + ".hw";
+}
+
 Hardware load_hardware(const std::string& name_or_path, const std::string& dir) {
-  const bool is_path = name_or_path.find('/') != std::string::npos ||
-                       (name_or_path.size() > 3 && name_or_path.compare(name_or_path.size() - 3, 3, ".hw") == 0);
-  const std::string path = is_path ? name_or_path : dir + "/" + name_or_path + ".hw";
+  const bool is_path = is_profile_path(name_or_path);
+  const std::string path = hardware_path(name_or_path, dir);
   struct stat st {};
   const bool found = ::stat(path.c_str(), &st) == 0;
   // The profile of the machine one has is measured there, never shipped.
@@ -141,9 +153,12 @@ Hardware load_hardware(const std::string& name_or_path, const std::string& dir) 
   if (!found) {
     std::string names;
     for (const std::string& n : hardware_names(dir)) names += (names.empty() ? "" : ", ") + n;
-    throw UsageError("--hardware " + name_or_path + ": cannot read " + path + " (" + std::strerror(errno) +
+    const int e = errno;
+    const bool here = !is_path && ::stat(name_or_path.c_str(), &st) == 0;  // a file of that name, taken for a name
+    throw UsageError("--hardware " + name_or_path + ": cannot read " + path + " (" + std::strerror(e) +
                      "); the profiles are " + (names.empty() ? "(none found in " + dir + ")" : names) +
-                     ", or give the path of a profile file (hardware/README.md)");
+                     ", or give the path of a profile file (hardware/README.md)" +
+                     (here ? "; to read the file " + name_or_path + " here, give ./" + name_or_path : ""));
   }
   // A FIFO would block the open for ever and a device never end: a profile
   // is a regular file of a few lines.

@@ -37,6 +37,8 @@ struct Hardware {
 std::string hardware_dir();
 // Parses the text of a profile; `where` names it in errors.
 Hardware parse_hardware(const std::string& text, const std::string& where);
+// The file --hardware reads: NAME.hw in `dir` for a bare name, else the path given.
+std::string hardware_path(const std::string& name_or_path, const std::string& dir = hardware_dir());
 // --hardware: a profile's name in `dir` (NAME.hw) or a path to a file.
 // Throws UsageError saying what was wrong, and the names there are.
 Hardware load_hardware(const std::string& name_or_path, const std::string& dir = hardware_dir());

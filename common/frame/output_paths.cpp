@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "check.h"
+#include "hardware.h"
 #include "output_file.h"
 #include "sharded_checkpoint.h"
 
@@ -26,15 +27,21 @@ struct Named {
   std::string within;  // for a file of a sharded checkpoint: the folder the flag gave
 };
 
-// Every file the run reads: each input, and for a sharded checkpoint
-// (--init or --resume a folder) its `latest`, the index and the rank files.
+// Every file the run reads, or must keep whole: each input, and for a
+// sharded checkpoint (--init or --resume a folder, or one of its step
+// folders) the index and the rank files it reads, and the `latest` and
+// `lock` of the folder that holds them, which its next resume or save needs.
 std::vector<Named> files_read(const std::vector<Named>& inputs) {
   std::vector<Named> files;
   for (const Named& in : inputs) {
     files.push_back(in);
     const std::string flag = in.flag;
     if ((flag != "--init" && flag != "--resume") || !is_sharded_checkpoint_path(in.path)) continue;
-    files.push_back({in.flag, in.path + "/latest", WriteMode::in_place, in.path});
+    std::error_code ec;
+    fs::path step = fs::weakly_canonical(resolve_sharded_checkpoint(in.path), ec);
+    if (!step.has_filename()) step = step.parent_path();  // "step-00000002/"
+    const std::string dir = step.parent_path().string();
+    for (const char* name : {"/latest", "/lock"}) files.push_back({in.flag, dir + name, WriteMode::in_place, in.path});
     for (const std::string& f : sharded_checkpoint_files(in.path))
       files.push_back({in.flag, f, WriteMode::in_place, in.path});
   }
@@ -97,8 +104,12 @@ void check_output_paths(const TrainConfig& cfg, bool writes) {
                                       {"--save-init", cfg.save_init, WriteMode::by_rename},
                                       {"--log-json", cfg.log_json},
                                       {"--trace", cfg.trace}};
-  const std::vector<Named> inputs = files_read(
-      {{"--data", cfg.data}, {"--val-data", cfg.val_data}, {"--init", cfg.init}, {"--resume", cfg.resume}});
+  const std::vector<Named> inputs =
+      files_read({{"--data", cfg.data},
+                  {"--val-data", cfg.val_data},
+                  {"--init", cfg.init},
+                  {"--resume", cfg.resume},
+                  {"--hardware", cfg.hardware.empty() ? "" : hardware_path(cfg.hardware)}});
   // The disk tier makes and removes folders under --offload-dir: nothing the run
   // reads or writes may be there, or be the folder itself.
   const std::string& offload = cfg.offload.offload_dir;
@@ -149,17 +160,17 @@ std::unique_ptr<SaveFolderLock> claim_save_folder(const std::string& dir, long f
     const std::string problem = output_problem(dir, WriteMode::by_rename);
     USAGE_REQUIRE(problem.empty(), "--save " << problem);
   }
-  // Locked before it is looked into: two runs started together must not both find it unused.
-  auto lock = std::make_unique<SaveFolderLock>(dir, "--save " + dir);
-  const std::string latest = latest_problem(dir);
-  USAGE_REQUIRE(latest.empty(), "--save " << latest);
-  const long last = last_committed_step(dir);
-  USAGE_REQUIRE(last <= first_step,
-                "--save " << dir << " already holds the checkpoint of step " << last << ", after this run's first "
-                          << "step " << first_step << ": the run would write beside it checkpoints that `latest` "
-                          << "would then point to in place of it; give --save another folder, or --resume from "
-                          << dir << "/" << step_folder_name(last));
-  return lock;
+  // Checked again once locked: two runs started together must not both find it unused.
+  return std::make_unique<SaveFolderLock>(dir, "--save " + dir, [&] {
+    const std::string latest = latest_problem(dir);
+    USAGE_REQUIRE(latest.empty(), "--save " << latest);
+    const long last = last_committed_step(dir);
+    USAGE_REQUIRE(last <= first_step,
+                  "--save " << dir << " already holds the checkpoint of step " << last << ", after this run's first "
+                            << "step " << first_step << ": the run would write beside it checkpoints that `latest` "
+                            << "would then point to in place of it; give --save another folder, or --resume from "
+                            << dir << "/" << step_folder_name(last));
+  });
 }
 
 }  // namespace zf

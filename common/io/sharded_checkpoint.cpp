@@ -177,12 +177,16 @@ long last_committed_step(const std::string& dir) {
 
 std::string new_save_id() { return random_hex(); }
 
-SaveFolderLock::SaveFolderLock(const std::string& dir, const std::string& named) {
+SaveFolderLock::SaveFolderLock(const std::string& dir, const std::string& named,
+                               const std::function<void()>& checks) {
   USAGE_REQUIRE(!exists(dir + "/" + kIndexName),
                 named << " is the step folder of a checkpoint (it holds " << kIndexName
                       << "): saves go into the folder above it, beside its other step folders");
+  checks();  // before anything is made: a refused run leaves the folder as it was
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
     throw UsageError("cannot create the checkpoint folder " + dir + " (" + std::strerror(errno) + ")");
+  USAGE_REQUIRE(is_dir(dir), named << " is not a folder (a link to nothing?): give the path of a folder, or of "
+                                      "one to be made");
   const std::string path = dir + "/" + kLockName;
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, 0644);
   struct stat st {};
@@ -212,6 +216,12 @@ SaveFolderLock::SaveFolderLock(const std::string& dir, const std::string& named)
                      (who.empty() ? std::string("its lock is held") : printable(who)) +
                      "): two runs saving into one folder would remove each other's files; wait for it to end, "
                      "or give --save another folder");
+  }
+  try {
+    checks();  // again, now that no other run can be between them and the first save
+  } catch (...) {
+    ::close(fd_);
+    throw;
   }
   const std::string me = "pid " + std::to_string(::getpid()) + " on " + host_name() + "\n";
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != ssize_t(me.size())) {
@@ -539,18 +549,19 @@ size_t shard_checkpoint(const std::string& file, const std::string& dir, int wri
   const ModelLayout layout = build_layout(model_preset(model));
   const CheckpointReader reader(file, layout);
   USAGE_REQUIRE(reader.step() > 0, file << " was saved after 0 steps; a sharded checkpoint holds a trained state");
-  const SaveFolderLock lock(dir, "the folder " + dir);
   const std::string step_dir = dir + "/" + step_folder_name(reader.step());
-  struct stat in {}, out {};
-  USAGE_REQUIRE(::stat(parent_dir(file).c_str(), &in) != 0 || ::stat(step_dir.c_str(), &out) != 0 ||
-                    in.st_dev != out.st_dev || in.st_ino != out.st_ino,
-                file << " lies in " << step_dir << ", the step folder this writes (emptying what an unfinished "
-                                                   "save left there): move it out first");
+  const SaveFolderLock lock(dir, "the folder " + dir, [&] {
+    struct stat in {}, out {};
+    USAGE_REQUIRE(::stat(parent_dir(file).c_str(), &in) != 0 || ::stat(step_dir.c_str(), &out) != 0 ||
+                      in.st_dev != out.st_dev || in.st_ino != out.st_ino,
+                  file << " lies in " << step_dir << ", the step folder this writes (emptying what an unfinished "
+                                                     "save left there): move it out first");
+    USAGE_REQUIRE(last_committed_step(dir) < reader.step(), dir << " already holds a checkpoint at or after step "
+                                                                << reader.step() << ": give another folder");
+    const std::string latest = latest_problem(dir);
+    USAGE_REQUIRE(latest.empty(), latest);
+  });
   const std::string save_id = new_save_id();
-  USAGE_REQUIRE(last_committed_step(dir) < reader.step(),
-                dir << " already holds a checkpoint at or after step " << reader.step() << ": give another folder");
-  const std::string latest = latest_problem(dir);
-  USAGE_REQUIRE(latest.empty(), latest);
   const std::string folder = prepare_step_folder(dir, reader.step());
   size_t largest = 0;
   for (int w = 0; w < writers; ++w) {

@@ -57,10 +57,12 @@ std::string latest_problem(const std::string& dir);
 // A folder one run saves into at a time: an exclusive lock on DIR/lock (DIR
 // made if missing), held while the object lives. UsageError, naming the
 // holder, when another process holds it, or when DIR is itself a step
-// folder; `named` is how the message names DIR ("--save DIR").
+// folder; `named` is how the message names DIR ("--save DIR"). `checks`
+// (what makes DIR unfit, as UsageError) run before anything is made and
+// again once the lock is held, before the lock names this process.
 class SaveFolderLock {
  public:
-  SaveFolderLock(const std::string& dir, const std::string& named);
+  SaveFolderLock(const std::string& dir, const std::string& named, const std::function<void()>& checks);
   ~SaveFolderLock();
   SaveFolderLock(const SaveFolderLock&) = delete;
   SaveFolderLock& operator=(const SaveFolderLock&) = delete;

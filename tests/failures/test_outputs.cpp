@@ -109,14 +109,18 @@ TEST_F(Outputs, OutputOntoAShardedCheckpointsFileIsRefused) {
   std::vector<std::pair<std::string, size_t>> files;
   for (const auto& e : fs::recursive_directory_iterator(sk))
     if (e.is_regular_file()) files.emplace_back(e.path().string(), hash_of(e.path().string()));
-  const std::vector<std::string> targets = {rank, step + "/index.json", sk + "/latest", path("link.st"),
-                                            path("hard.st"), step + "/./rank-00001-of-00002.safetensors"};
+  const std::vector<std::string> targets = {rank,           step + "/index.json", sk + "/latest", sk + "/lock",
+                                            path("link.st"), path("hard.st"),
+                                            step + "/./rank-00001-of-00002.safetensors"};
   for (const std::string out : {"--save", "--save-init", "--log-json", "--trace"})
     for (const std::string& t : targets) {
       expect_refused("--ranks 2 --steps 4 --resume " + sk + " " + out + " " + t, {out, "--resume " + sk, "reads"});
       expect_refused("--ranks 2 --steps 2 --init " + sk + " " + out + " " + t, {out, "--init " + sk, "reads"});
     }
   expect_refused("--ranks 2 --steps 4 --resume " + step + " --save " + rank, {"--save", "--resume " + step});
+  // A step folder named directly: the latest and lock of the folder holding it are kept whole too.
+  for (const std::string& t : {sk + "/latest", sk + "/lock"})
+    expect_refused("--ranks 2 --steps 2 --init " + step + "/ --log-json " + t, {"--log-json", "--init " + step});
   // Where a sharded save writes: its latest, its lock, its step folders.
   const std::string fresh = path("fresh");
   for (const std::string out : {"--save-init", "--log-json", "--trace"}) {
@@ -127,11 +131,25 @@ TEST_F(Outputs, OutputOntoAShardedCheckpointsFileIsRefused) {
                        sk + "/step-00000004/run.log",
                    {out, "where --save " + sk + " writes"});
   }
+  // A run refused by the folder's own checks leaves its lock as it was.
+  expect_refused("--ranks 2 --steps 2 --save " + sk + " --save-format sharded", {"--save", "already holds"});
   for (const auto& [file, hash] : files) EXPECT_EQ(hash_of(file), hash) << file << " changed";
   // Beside them, the same run goes ahead.
   r = run_command(dp() + " --quiet --ranks 2 --steps 4 --resume " + sk + " --save " + sk +
                   " --save-format sharded --log-json " + sk + "/run.jsonl");
   EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+// --hardware's profile is read like any input: no output may be it.
+TEST_F(Outputs, OutputOntoTheHardwareProfileIsRefused) {
+  const std::string hw = path("prof.hw");
+  fs::copy_file("hardware/h200.hw", hw);  // the tests run in the source folder
+  fs::create_symlink("prof.hw", path("link.hw"));
+  const size_t before = hash_of(hw);
+  for (const std::string out : {"--save", "--save-init", "--log-json", "--trace"})
+    for (const std::string& t : {hw, path("link.hw")})
+      expect_refused("--steps 2 --clock modeled --hardware " + hw + " " + out + " " + t, {out, "--hardware"});
+  EXPECT_EQ(hash_of(hw), before);
 }
 
 TEST_F(Outputs, TwoOutputsOnOneFileAreRefused) {
