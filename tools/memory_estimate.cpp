@@ -253,6 +253,7 @@ int run(int argc, char** argv) {
   validate_fsdp_flags(cfg, reshard, reduce_dtype);
   cfg.model.L = shape_L;
   for (int n : q.ranks) validate_for_world(cfg, n);
+  if (q.shaped) for (int n : q.ranks) check_run_sizes(cfg, n);  // as the trainers refuse them
 
   if (fitting) {
     try {

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <iomanip>
+#include <limits>
 #include <map>
 #include <optional>
 
@@ -300,6 +302,24 @@ ModelLayout fsdp_units_layout(const ModelLayout& model, int wrap_blocks) {
   }
   out.units.push_back(model.units.back());
   return out;
+}
+
+void check_run_sizes(const TrainConfig& cfg, int ranks) {
+  // In doubles, exact up to 2^53, so that the products themselves never overflow.
+  const double B = cfg.batch, T = cfg.model.T, N = ranks, exact = 9007199254740992.0;  // 2^53
+  USAGE_REQUIRE(B * T <= double(std::numeric_limits<int>::max()),
+                "--batch " << cfg.batch << " with --model " << cfg.model.name << " (T = " << cfg.model.T
+                           << " positions) makes " << std::fixed << std::setprecision(0) << B * T
+                           << " positions a micro-batch, above the kernels' 2^31 - 1: lower --batch");
+  USAGE_REQUIRE(N * B * cfg.grad_accum * T <= exact,
+                "--ranks " << ranks << " x --batch " << cfg.batch << " x --grad-accum " << cfg.grad_accum << " x T "
+                           << cfg.model.T << " makes " << N * B * cfg.grad_accum * T
+                           << " tokens a step, more than are counted exactly (2^53): lower --batch or --grad-accum");
+  USAGE_REQUIRE(cfg.val_every == 0 || double(cfg.val_batches) * N * B <= exact,
+                "--val-batches " << cfg.val_batches << " x --ranks " << ranks << " x --batch " << cfg.batch
+                                 << " makes " << double(cfg.val_batches) * N * B
+                                 << " sequences an evaluation, more than are counted exactly (2^53): lower "
+                                    "--val-batches");
 }
 
 StageEstimate estimate_stage(Stage stage, const TrainConfig& cfg) {

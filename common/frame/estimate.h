@@ -64,6 +64,14 @@ struct StageEstimate {
   }
 };
 
+// The products of a run's flags that size its buffers and counts, each
+// refused (UsageError naming the flags) beyond the range it is counted in:
+// the positions of a micro-batch (--batch x the model's T: the kernels'
+// rows, an int), and the tokens of an optimizer step (--ranks x --batch x
+// --grad-accum x T) and the sequences of an evaluation (--val-batches x
+// --ranks x --batch), counted exactly in int64 and in doubles: 2^53 at most.
+void check_run_sizes(const TrainConfig& cfg, int ranks);
+
 // From cfg.model's layout: units padded as the stage pads them.
 StageEstimate estimate_stage(Stage stage, const TrainConfig& cfg);
 // Only the model's size P known: no padding, no activations, and stage 04's

@@ -15,6 +15,7 @@
 
 #include "blas.h"
 #include "check.h"
+#include "estimate.h"
 #include "checkpoint.h"
 #include "sharded_checkpoint.h"
 #include "gradnorm.h"
@@ -83,20 +84,43 @@ double available_memory_bytes() {
   return double(::sysconf(_SC_AVPHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
 }
 
-// A dry run of stage 05 keeps its host memory real (the host's optimizer
-// runs on it): refused before any rank allocates it when the ranks' host
-// states would not fit in the memory this machine has free.
-void check_dry_host_memory(const TrainConfig& cfg, const ModelLayout& layout, int ranks) {
-  const StateOptions opt{cfg.offload.offload_params, false, cfg.fsdp.no_sync, false};
-  const int S = cfg.fsdp.shard_group > 0 ? cfg.fsdp.shard_group : ranks;  // each rank holds 1/S of the model
-  const double need =
-      model_state_bytes(Stage::offload, cfg.precision, padded_sizes(layout, S), opt).host.total() * ranks;
+// What the ranks of this process hold in host memory, refused before any
+// rank allocates it when it would not fit in the memory this machine has
+// free (a run that did not fit would take all of it, and the kernel's
+// out-of-memory killer may then end any process): every run's per-token
+// buffers (the sampler's inputs and targets, the losses read back: 12 bytes
+// a position), and, in a real run, the model states, with on the CPU device
+// the device's activations and buffers too (its memory is the host's). A dry
+// run holds no model values, except stage 05's host states (its CPU
+// optimizer runs on them).
+void check_host_memory(const TrainConfig& cfg, const World& world) {
+  TrainConfig at_world = cfg;
+  at_world.ranks = world.size;
+  const StageEstimate est = estimate_stage(parse_stage(cfg.stage, "the stage"), at_world);
+  const double tokens = 12.0 * cfg.batch * cfg.model.T;
+  const double states = cfg.dry_run && cfg.stage != "offload" ? 0 : est.states.host.total();
+  const double device = !cfg.dry_run && cfg.device == "cpu" ? est.device_total() : 0;
+  const int ranks = world.multi_process() ? 1 : world.size;
+  const double need = (tokens + states + device) * ranks;
   const double free_bytes = available_memory_bytes();
-  USAGE_REQUIRE(need <= 0.8 * free_bytes,
-                "--dry-run: stage 05's host states are real memory even in a dry run (its CPU optimizer runs on "
-                "them), " << format_bytes(size_t(need)) << " for " << ranks << " ranks, and this machine has "
-                          << format_bytes(size_t(free_bytes))
-                          << " free: dry-run stage 04 for the device side, or a smaller model or fewer ranks");
+  if (need <= 0.8 * free_bytes) return;
+  const auto show = [](double bytes) { return bytes < 1e18 ? format_bytes(size_t(bytes)) : "more than 800 PiB"; };
+  std::ostringstream m;
+  m << (cfg.dry_run ? "--dry-run: " : "") << "this run's " << ranks << (ranks == 1 ? " rank needs " : " ranks need ")
+    << show(need) << " of host memory (per rank: ";
+  if (device > 0)
+    m << show(device) << " of model states, activations and buffers on --device cpu, whose memory is the host's, ";
+  if (states > 0) m << show(states) << " of host model states, ";
+  m << show(tokens) << " of token buffers for --batch " << cfg.batch << " x T " << cfg.model.T
+    << "), and this machine has " << show(free_bytes) << " free: ";
+  if (cfg.dry_run && cfg.stage == "offload")
+    m << "dry-run stage 04 for the device side, or use a smaller model, a lower --batch or fewer --ranks";
+  else if (cfg.dry_run)
+    m << "use a lower --batch or fewer --ranks";
+  else
+    m << "use a smaller model, a lower --batch, fewer --ranks, --recompute full or a stage that shards the "
+         "model states, or model this run with --clock modeled --dry-run";
+  throw UsageError(m.str());
 }
 
 }  // namespace
@@ -109,6 +133,7 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   // before anything is read or opened for writing, not after the last step.
   const World world = resolve_world(cfg.ranks, cfg.device);
   validate_for_world(cfg, world.size);
+  check_run_sizes(cfg, world.size);
   check_output_paths(cfg, world.prints());
   std::optional<Hardware> hardware;
   if (cfg.clock == "modeled") {
@@ -122,6 +147,7 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   Sampler::check_tokens(data, cfg.model.T, cfg.model.V);  // refuses short files and foreign vocabularies up front
   if (data.held_out > 0) Sampler::check_tokens(data, cfg.model.T, cfg.model.V, Sampler::Split::val);
   ModelLayout layout = build_layout(cfg.model);
+  check_host_memory(cfg, world);  // before a checkpoint's minutes of checks
   // The file the model starts from, checked whole (names and shapes, every
   // value, the checksums) before any rank allocates a model for it: a
   // mismatched --init must not cost the minutes of a large model's set-up.
@@ -132,7 +158,6 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   else if (!cfg.init.empty()) check_model_file(cfg.init, layout);
   const CheckedOnce checked(cfg.start_from());
   const auto save_lock = cfg.save_sharded && world.prints() ? claim_save_folder(cfg.save, first_step) : nullptr;
-  if (cfg.dry_run && cfg.stage == "offload") check_dry_host_memory(cfg, layout, world.size);
 
   RunResult run;
   run.cfg = cfg;
