@@ -185,11 +185,14 @@ SaveFolderLock::SaveFolderLock(const std::string& dir, const std::string& named,
   checks();  // before anything is made: a refused run leaves the folder as it was
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
     throw UsageError("cannot create the checkpoint folder " + dir + " (" + std::strerror(errno) + ")");
-  USAGE_REQUIRE(is_dir(dir), named << " is not a folder (a link to nothing?): give the path of a folder, or of "
-                                      "one to be made");
+  struct stat st {};
+  if (!is_dir(dir)) {
+    const bool dangling = ::lstat(dir.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+    const std::string what = dangling ? "a link to nothing" : "a " + file_kind(st.st_mode);
+    throw UsageError(named + " is " + what + ", not a folder: give the path of a folder, or of one to be made");
+  }
   const std::string path = dir + "/" + kLockName;
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, 0644);
-  struct stat st {};
   if (fd_ < 0 || ::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
     const int e = errno;
     if (fd_ >= 0) ::close(fd_);

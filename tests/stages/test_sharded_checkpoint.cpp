@@ -206,6 +206,13 @@ TEST_F(ShardedCheckpoint, ShardAndConsolidateAreInverse) {
   const std::string inside = path("other/step-00000003/rank-00000-of-00001.safetensors");
   fs::copy_file(cfg.save, inside);
   expect_has(refusal([&] { shard_checkpoint(inside, path("other"), 1); }), {inside, "lies in", "move it out"});
+  // A file, or a link to nothing, where the folder should be.
+  { std::ofstream(path("file.txt")) << "mine"; }
+  fs::create_symlink("nowhere", path("dangling"));
+  expect_has(refusal([&] { shard_checkpoint(cfg.save, path("file.txt"), 2); }), {"is a regular file, not a folder"});
+  expect_has(refusal([&] { shard_checkpoint(cfg.save, path("dangling"), 2); }), {"is a link to nothing"});
+  EXPECT_EQ(bytes_of(path("file.txt")), "mine");
+  EXPECT_FALSE(fs::exists(path("nowhere")));
   // A step folder is no folder of saves, for the tool as for a run.
   expect_has(refusal([&] { shard_checkpoint(cfg.save, path("cut/step-00000003"), 2); }),
              {"the folder " + path("cut/step-00000003"), "is the step folder of a checkpoint"});
