@@ -58,6 +58,13 @@ class ShardedCheckpoint : public test::TempDirTest {
     std::ifstream in(file, std::ios::binary);
     return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   }
+  // Two ranks of the tiny model for two steps, saving a sharded folder into `dir`.
+  static TrainConfig saving_sharded(const std::string& dir) {
+    TrainConfig cfg = quiet_config("tiny", 2, 2, 2);
+    cfg.save = dir;
+    cfg.save_sharded = true;
+    return cfg;
+  }
   std::vector<std::string> entries(const std::string& dir) {
     std::vector<std::string> names;
     for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
@@ -216,9 +223,7 @@ TEST_F(ShardedCheckpoint, ShardAndConsolidateAreInverse) {
   // A step folder is no folder of saves, for the tool as for a run.
   expect_has(refusal([&] { shard_checkpoint(cfg.save, path("cut/step-00000003"), 2); }),
              {"the folder " + path("cut/step-00000003"), "is the step folder of a checkpoint"});
-  TrainConfig into = quiet_config("tiny", 2, 2, 2);
-  into.save = path("cut/step-00000003");
-  into.save_sharded = true;
+  const TrainConfig into = saving_sharded(path("cut/step-00000003"));
   expect_has(refusal([&] { run_training(into, train_zero3); }), {"--save " + into.save, "step folder"});
   EXPECT_EQ(bytes_of(inside), bytes_of(cfg.save));
 }
@@ -291,9 +296,7 @@ TEST_F(ShardedCheckpoint, ConsolidationHoldsOnlyItsBuffer) {
 // removes the checkpoints it wrote before; a checkpoint that was there
 // before the run (the one it resumed from) stays.
 TEST_F(ShardedCheckpoint, LatestMovesAndOnlyTheRunsOwnEarlierCheckpointsGo) {
-  TrainConfig cfg = quiet_config("tiny", 2, 2, 2);
-  cfg.save = path("ck");
-  cfg.save_sharded = true;
+  TrainConfig cfg = saving_sharded(path("ck"));
   run_training(cfg, train_zero3);
   TrainConfig more = cfg;
   more.steps = 6;
@@ -510,9 +513,7 @@ TEST_F(ShardedCheckpoint, DamagedFoldersAreRefused) {
 // another run (same model, step and ranks, another seed) copied into a
 // committed step folder is refused, not mixed into the resumed model.
 TEST_F(ShardedCheckpoint, AFileFromAnotherSaveIsRefused) {
-  TrainConfig cfg = quiet_config("tiny", 2, 2, 2);
-  cfg.save = path("ck");
-  cfg.save_sharded = true;
+  TrainConfig cfg = saving_sharded(path("ck"));
   run_training(cfg, train_zero3);
   TrainConfig other = cfg;
   other.seed = 7;
@@ -531,9 +532,7 @@ TEST_F(ShardedCheckpoint, AFileFromAnotherSaveIsRefused) {
 // A save follows no link in its folder: a step folder that is a link to
 // another folder is refused, and what it points to is left whole.
 TEST_F(ShardedCheckpoint, ASaveFollowsNoLinkInItsFolder) {
-  TrainConfig cfg = quiet_config("tiny", 2, 2, 2);
-  cfg.save = path("ck");
-  cfg.save_sharded = true;
+  TrainConfig cfg = saving_sharded(path("ck"));
   fs::create_directories(path("victim"));
   { std::ofstream(path("victim/rank-00000-of-00002.safetensors")) << "mine"; }
   fs::create_directories(path("ck"));
@@ -559,9 +558,7 @@ TEST_F(ShardedCheckpoint, ASaveFollowsNoLinkInItsFolder) {
 // naming the first, and the first's files are untouched; once the first
 // ends (its lock goes with its process) the folder can be used again.
 TEST_F(ShardedCheckpoint, ASecondWriterIsRefused) {
-  TrainConfig cfg = quiet_config("tiny", 2, 2, 2);
-  cfg.save = path("ck");
-  cfg.save_sharded = true;
+  TrainConfig cfg = saving_sharded(path("ck"));
   run_training(cfg, train_zero3);
   TrainConfig more = cfg;
   more.resume = path("ck");
@@ -606,9 +603,7 @@ TEST_F(ShardedCheckpoint, ASecondWriterIsRefused) {
 // `latest` naming a step folder without a committed checkpoint is refused
 // as --save: a save would replace the only pointer the user has.
 TEST_F(ShardedCheckpoint, ALatestNamingNoCheckpointIsRefusedAsSave) {
-  TrainConfig cfg = quiet_config("tiny", 2, 2, 2);
-  cfg.save = path("ck");
-  cfg.save_sharded = true;
+  TrainConfig cfg = saving_sharded(path("ck"));
   fs::create_directories(path("ck"));
   { std::ofstream(path("ck/latest")) << "step-00000001\n"; }
   expect_has(refusal([&] { run_training(cfg, train_zero3); }), {"latest names step-00000001", "no committed"});
