@@ -110,8 +110,8 @@ TEST(Hardware, AProfileThatIsNotARegularFileIsRefused) {
   const char* estimate = std::getenv("ZF_MEMORY_ESTIMATE_BIN");
   const std::string tool = estimate ? estimate : "build/tools/memory_estimate";
   for (const std::string& path : {fifo, std::string("/dev/zero"), dir}) {
-    const auto r = test::run_command("(ulimit -v 2000000; timeout -s KILL 20 " + tool + " --model tiny --hardware " +
-                                     path + ")");
+    const auto r = test::run_command("(" + test::address_space_limit("2000000") + "timeout -s KILL 20 " + tool +
+                                     " --model tiny --hardware " + path + ")");
     EXPECT_EQ(r.exit_code, 2) << path << "\n" << r.output;
     EXPECT_NE(r.output.find("--hardware '" + path + "' is a"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("not a regular file"), std::string::npos) << r.output;
