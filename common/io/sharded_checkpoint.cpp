@@ -182,6 +182,9 @@ SaveFolderLock::SaveFolderLock(const std::string& dir, const std::string& named,
   USAGE_REQUIRE(!exists(dir + "/" + kIndexName),
                 named << " is the step folder of a checkpoint (it holds " << kIndexName
                       << "): saves go into the folder above it, beside its other step folders");
+  USAGE_REQUIRE(!exists(parent_dir(dir) + "/" + kIndexName),
+                named << " lies in the step folder of a checkpoint (" << parent_dir(dir) << " holds " << kIndexName
+                      << "), which holds that step's files alone: save into a folder outside it");
   checks();  // before anything is made: a refused run leaves the folder as it was
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
     throw UsageError("cannot create the checkpoint folder " + dir + " (" + std::strerror(errno) + ")");

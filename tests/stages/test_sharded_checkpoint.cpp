@@ -225,6 +225,9 @@ TEST_F(ShardedCheckpoint, ShardAndConsolidateAreInverse) {
              {"the folder " + path("cut/step-00000003"), "is the step folder of a checkpoint"});
   const TrainConfig into = saving_sharded(path("cut/step-00000003"));
   expect_has(refusal([&] { run_training(into, train_zero3); }), {"--save " + into.save, "step folder"});
+  expect_has(refusal([&] { shard_checkpoint(cfg.save, path("cut/step-00000003/sub"), 2); }),
+             {"lies in the step folder of a checkpoint"});
+  EXPECT_FALSE(fs::exists(path("cut/step-00000003/sub")));
   EXPECT_EQ(bytes_of(inside), bytes_of(cfg.save));
 }
 
