@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "hardware.h"
 #include "test_util.h"
 
 namespace zf {
@@ -143,7 +144,7 @@ TEST_F(Outputs, OutputOntoAShardedCheckpointsFileIsRefused) {
 // --hardware's profile is read like any input: no output may be it.
 TEST_F(Outputs, OutputOntoTheHardwareProfileIsRefused) {
   const std::string hw = path("prof.hw");
-  fs::copy_file("hardware/h200.hw", hw);  // the tests run in the source folder
+  fs::copy_file(hardware_dir() + "/h200.hw", hw);
   fs::create_symlink("prof.hw", path("link.hw"));
   const size_t before = hash_of(hw);
   for (const std::string out : {"--save", "--save-init", "--log-json", "--trace"})
