@@ -96,7 +96,12 @@ double available_memory_bytes() {
 void check_host_memory(const TrainConfig& cfg, const World& world) {
   TrainConfig at_world = cfg;
   at_world.ranks = world.size;
-  const StageEstimate est = estimate_stage(parse_stage(cfg.stage, "the stage"), at_world);
+  // A stage the memory model does not know (a lab's new rung) is held to
+  // data parallel's bytes, the most any rung keeps.
+  Stage stage = Stage::dp;
+  for (Stage s : all_stages())
+    if (cfg.stage == stage_name(s)) stage = s;
+  const StageEstimate est = estimate_stage(stage, at_world);
   const double tokens = 12.0 * cfg.batch * cfg.model.T;
   const double states = cfg.dry_run && cfg.stage != "offload" ? 0 : est.states.host.total();
   const double device = !cfg.dry_run && cfg.device == "cpu" ? est.device_total() : 0;
