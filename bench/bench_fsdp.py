@@ -151,7 +151,8 @@ def section_fsdp(args, runner, core):
            "resident set from before the model to its peak, the largest over the ranks (states, activations, "
            "the allocator's cache, gloo's buffers, and the library code and buffers the first step loads: read it "
            "as an upper bound)."
-           % (steps, args.warmup, steps - 1, args.repeats, sys.executable, core or "unset"))
+           % (steps, args.warmup, steps - 1, args.repeats, os.path.relpath(sys.executable, rb.ROOT),
+              core or "unset"))
     runs = FsdpRuns(runner, core, data, init, steps)
     results = {}
     for ranks in args.fsdp_ranks:
