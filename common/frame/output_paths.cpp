@@ -37,12 +37,13 @@ std::vector<Named> files_read(const std::vector<Named>& inputs) {
     files.push_back(in);
     const std::string flag = in.flag;
     if ((flag != "--init" && flag != "--resume") || !is_sharded_checkpoint_path(in.path)) continue;
+    const std::string folder = resolve_sharded_checkpoint(in.path);  // the step folder, found once
     std::error_code ec;
-    fs::path step = fs::weakly_canonical(resolve_sharded_checkpoint(in.path), ec);
+    fs::path step = fs::weakly_canonical(folder, ec);
     if (!step.has_filename()) step = step.parent_path();  // "step-00000002/"
     const std::string dir = step.parent_path().string();
     for (const char* name : {"/latest", "/lock"}) files.push_back({in.flag, dir + name, WriteMode::in_place, in.path});
-    for (const std::string& f : sharded_checkpoint_files(in.path))
+    for (const std::string& f : sharded_checkpoint_files(folder))
       files.push_back({in.flag, f, WriteMode::in_place, in.path});
   }
   return files;
