@@ -107,7 +107,7 @@ class Hosts:
 
     def mpirun(self, np, stage_args):
         """The command of an np-rank job across the two hosts (two slots each), started in host a,
-        through the launcher the README gives for several hosts."""
+        through the launcher docs/USAGE.md gives for several hosts."""
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         return ["ip", "netns", "exec", self.a, os.path.join(root, "scripts", "mpirun_hosts.sh"),
                 "--allow-run-as-root", "--oversubscribe", "--hostfile", self.hostfile, "-np", str(np),
