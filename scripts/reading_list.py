@@ -6,20 +6,22 @@ library only.
     python3 scripts/reading_list.py --write   # refresh them in docs/ARCHITECTURE.md
     python3 scripts/reading_list.py --check   # write nothing; exit 1 if that copy is stale
 
-READING below is the list: for stage 00 the stage's files and the common/
-files its lesson needs, in the order the loop meets them; for each later
-stage only what is new; then HARNESS, the entry points of the rest. The
-tables hold no line counts, so an edit of a listed file leaves them current;
-adding, moving or removing one needs --write. The course's size in files
-and lines, below the tables, is written by --write and not compared by
---check. A listed file that does not exist is an error naming it: fix READING.
+READING below is the list: for stage 00 the stage's files and the few
+interfaces its loop calls, in the order the loop meets them, and as its
+further reading the rest of what the loop touches, the transport under the
+Communicator and the Device; for each later stage only what is new; then
+HARNESS, the entry points of the rest. Each table states its files and
+their lines, and the course its size, so that a reader knows what a stage
+asks before starting it; --check compares every count as it compares the
+rest, so a count the document states is never stale (an edit that changes
+a listed file's length needs --write, as it needs the stage's CHANGES.diff).
+A listed file that does not exist is an error naming it: fix READING.
 
 In docs/ARCHITECTURE.md the tables stand between the two marker lines
 BEGIN and END below; --write replaces what is between them and nothing else.
 """
 import argparse
 import os
-import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,38 +30,43 @@ BEGIN = "<!-- reading list: begin (written by python3 scripts/docs.py write) -->
 END = "<!-- reading list: end -->"
 
 # (title, the stage's CHANGES.diff or None, [(file, what to look for)],
-#  [further files, for the details])
+#  further reading: [file] for the details, or [(file, what to look for)])
 READING = [
     ("Stage 00: data parallel", None, [
         ("00_data_parallel/train.cpp", "main(): the executable, flags to run (frame/'s stage_main)"),
         ("00_data_parallel/data_parallel.h", "the stage's one function"),
         ("00_data_parallel/data_parallel.cpp", "the step loop: every later stage changes a part of it"),
         ("common/train/rank.h", "what a rank has: rank, world, communicator, memory tracker, Device"),
-        ("common/core/memory.h", "every byte counted by place and category"),
-        ("common/core/tensor.h", "an owning buffer that pays its tracker"),
         ("common/core/model.h", "the GPT as units with flat buffers; Gpt computes one unit"),
         ("common/train/training_run.h", "ModelStates (load, full) and TrainingRun: what every run does around its loop"),
-        ("common/train/initial_state.h", "where the first values come from: the seed, --init, --resume"),
+        ("common/core/shard.h", "the cut: each unit padded to a multiple of N, rank r owning piece r (here: a sharded save)"),
         ("common/train/rank_compute.h", "RankCompute: this rank's micro-batches, a unit's forward and backward"),
+        ("common/comm/comm.h", "the Communicator: collectives, async handles, byte counters"),
+    ], [
+        ("common/core/memory.h", "every byte counted by place and category"),
+        ("common/core/tensor.h", "an owning buffer that pays its tracker"),
+        ("common/train/initial_state.h", "where the first values come from: the seed, --init, --resume"),
         ("common/train/training.h", "the global loss, the parameter hash, a timer"),
         ("common/core/precision.h", "the fp32 and bf16 recipes seen from one unit"),
-        ("common/core/device.h", "the Device interface: every op on the device place (the interface only)"),
-        ("common/comm/comm.h", "the Communicator: collectives, async handles, byte counters"),
-        ("common/comm/comm_threads.h", "the threads backend"),
-        ("common/comm/comm_threads.cpp", "its collectives: the algorithm at the top, then the phases"),
-        ("common/comm/internal/comm_thread_group.h", "what the ranks of a group share: the posts, the barrier, abort"),
-        ("common/comm/comm_reduce.cpp", "the rank-ordered sum every host backend uses"),
         ("common/core/gradnorm.h", "the exact global gradient norm (the same bits however it is sharded)"),
         ("common/core/adamw.h", "AdamW's formula"),
         ("common/core/adamw.cpp", "AdamW on a range"),
-    ], [
-        "common/core/model.cpp", "common/train/training_run.cpp", "common/train/rank_compute.cpp", "common/core/precision.cpp",
-        "common/core/gradnorm.cpp", "common/cpu/kernels.h", "tests/stages/test_dp.cpp",
+        ("common/comm/comm_threads.h", "the transport under the Communicator: the threads backend"),
+        ("common/comm/comm_threads.cpp", "its collectives: the algorithm at the top, then the phases"),
+        ("common/comm/internal/comm_thread_group.h", "what the ranks of a group share: the posts, the barrier, abort"),
+        ("common/comm/comm_reduce.cpp", "the rank-ordered sum every host backend uses"),
+        ("common/core/device.h", "the Device interface: every op on the device place (the interface only)"),
+        ("common/cpu/kernels.h", "what every op computes, on the CPU"),
+        ("common/core/model.cpp", "the layout, the seeded initialisation, a unit's forward and backward"),
+        ("common/train/training_run.cpp", "loading, saving, recording and hashing for every stage"),
+        ("common/train/rank_compute.cpp", "one rank's compute over the model, unit by unit"),
+        ("common/core/precision.cpp", "widening bf16 parameters and folding float32 gradients back"),
+        ("common/core/gradnorm.cpp", "the exact, order-independent sum of squares"),
+        ("tests/stages/test_dp.cpp", "the stage's tests: parity, bytes, schedule, gradient, checkpoints"),
     ]),
     ("Stage 01: ZeRO-1, the optimizer state sharded (what is new)", "01_zero1/CHANGES.diff", [
         ("01_zero1/zero1.h", "what changes against stage 00, and the memory per rank"),
-        ("common/core/shard.h", "the cut: each unit padded to a multiple of N, rank r owning piece r"),
-        ("common/core/shard.cpp", "its arithmetic"),
+        ("common/core/shard.cpp", "the cut's arithmetic (shard.h, read with stage 00)"),
         ("01_zero1/sharded_adamw.h", "AdamW's state for this rank's pieces; gather_full_model"),
         ("01_zero1/sharded_adamw.cpp", "the update per piece, the norm over the pieces"),
         ("common/comm/host_collectives.h", "the norm's sum over ranks (all_reduce of a SumOfSquares)"),
@@ -144,13 +151,20 @@ def line_count(rel):
         return sum(1 for _ in f)
 
 
+def size(files):
+    """'N files, N lines' of a list of files, each file counted once."""
+    files = list(dict.fromkeys(files))
+    return f"{len(files)} files, {sum(line_count(f) for f in files):,} lines"
+
+
 def course_size():
     """The files of every list's table and their lines: what a student reading
-    the course holds. Written by --write, not compared by --check."""
-    files = [f for _, _, fs, _ in READING for f, _ in fs]
-    files = list(dict.fromkeys(files))
-    return (f"The course, followed through every table: {len(files)} files, "
-            f"{sum(line_count(f) for f in files):,} lines.")
+    the course holds (the further reading aside)."""
+    return f"The course, followed through every table: {size([f for _, _, fs, _ in READING for f, _ in fs])}."
+
+
+def further_path(entry):
+    return entry if isinstance(entry, str) else entry[0]
 
 
 def link(rel):
@@ -160,14 +174,14 @@ def link(rel):
 def tables():
     out = []
     missing = [rel for _, diff, files, further in READING
-               for rel in ([diff] if diff else []) + [f for f, _ in files] + further
+               for rel in ([diff] if diff else []) + [f for f, _ in files] + [further_path(e) for e in further]
                if not os.path.isfile(os.path.join(ROOT, rel))]
     missing += [f for f, _ in HARNESS if not os.path.isfile(os.path.join(ROOT, f))]
     if missing:
         sys.exit("reading_list: listed but missing: " + ", ".join(missing) +
                  " (update READING in scripts/reading_list.py)")
     for title, diff, files, further in READING:
-        out.append(f"**{title}**: {len(files)} files")
+        out.append(f"**{title}**: {size([f for f, _ in files])}")
         out.append("")
         if diff:
             out.append(f"In one view: {link(diff)}, this stage's files against "
@@ -177,9 +191,18 @@ def tables():
         out.append("|---:|---|---|")
         for i, (f, what) in enumerate(files, 1):
             out.append(f"| {i} | {link(f)} | {what} |")
-        if further:
+        if further and all(isinstance(e, str) for e in further):
             out.append("")
             out.append("Further, for the details: " + ", ".join(link(f) for f in further) + ".")
+        elif further:
+            out.append("")
+            out.append("Further reading, once the loop is clear:")
+            out.append("")
+            out.append("| # | file | what to look for |")
+            out.append("|---:|---|---|")
+            for i, e in enumerate(further, 1):
+                f, what = (e, "") if isinstance(e, str) else e
+                out.append(f"| {i} | {link(f)} | {what} |")
         out.append("")
     out.append(course_size())
     out.append("")
@@ -192,12 +215,6 @@ def tables():
         out.append(f"| {i} | {link(f)} | {what} |")
     out.append("")
     return "\n".join(out).rstrip("\n") + "\n"
-
-
-def without_size(text):
-    """The text with the course's size blanked: the one generated line --check ignores."""
-    return re.sub(r"(The course, followed through every table: )[0-9,]+ files, [0-9,]+ lines",
-                  r"\1N files, N lines", text)
 
 
 def with_tables(doc_text, body):
@@ -229,14 +246,14 @@ def main():
 
 
 def is_current():
-    """Whether DOC holds the tables tables() gives (the course's size aside)."""
+    """Whether DOC holds the tables tables() gives, every count included."""
     with open(os.path.join(ROOT, DOC), encoding="utf-8") as f:
         text = f.read()
-    return without_size(with_tables(text, tables())) == without_size(text)
+    return with_tables(text, tables()) == text
 
 
 def main_write():
-    """Refreshes the tables (and the course's size) in DOC."""
+    """Refreshes the tables in DOC."""
     path = os.path.join(ROOT, DOC)
     with open(path, encoding="utf-8") as f:
         text = f.read()
