@@ -2,28 +2,17 @@
 #include "sharded_adamw.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
-
-#include "gradnorm.h"
-#include "host_collectives.h"
 
 namespace zf {
 
 ShardedAdamW::ShardedAdamW(const ModelLayout& layout, const ShardLayout& shards, Precision precision,
                            MemoryTracker& mem, Device& dev)
-    : ShardedAdamW(layout, shards, precision,
-                   Tensor(mem, Place::device, Category::optimizer, DType::f32, shards.shard_total),
-                   Tensor(mem, Place::device, Category::optimizer, DType::f32, shards.shard_total),
-                   precision == Precision::bf16
-                       ? Tensor(mem, Place::device, Category::optimizer, DType::f32, shards.shard_total)
-                       : Tensor(),
-                   dev, dev) {}
-
-ShardedAdamW::ShardedAdamW(const ModelLayout& layout, const ShardLayout& shards, Precision precision, Tensor m,
-                           Tensor v, Tensor master, Device& dev, Device& comm_dev)
-    : layout_(layout), shards_(shards), precision_(precision), dev_(dev), comm_dev_(comm_dev),
-      m_(std::move(m)), v_(std::move(v)), master_(std::move(master)) {}
+    : layout_(layout), shards_(shards), precision_(precision), dev_(dev),
+      m_(mem, Place::device, Category::optimizer, DType::f32, shards.shard_total),
+      v_(mem, Place::device, Category::optimizer, DType::f32, shards.shard_total),
+      master_(precision == Precision::bf16
+                  ? Tensor(mem, Place::device, Category::optimizer, DType::f32, shards.shard_total)
+                  : Tensor()) {}
 
 void ShardedAdamW::load(const InitialState& init) {
   for (size_t u = 0; u < layout_.units.size(); ++u) {
@@ -37,24 +26,13 @@ void ShardedAdamW::load(const InitialState& init) {
   }
 }
 
-GradClip clip_scale(const ShardLayout& shards, Device& dev, Device& comm_dev, Communicator& comm,
-                    const std::function<const void*(int)>& grad_piece, DType dtype, float clip) {
-  SumOfSquares sq;
-  for (size_t u = 0; u < shards.units.size(); ++u) {
-    const size_t n = shards.units[u].end - shards.units[u].begin;  // padding is zero anyway
-    dev.sum_squares(grad_piece(int(u)), dtype, n, sq);
-  }
-  all_reduce(sq, comm, comm_dev);
-  return grad_clip(std::sqrt(sq.value()), clip);
-}
-
 GradClip ShardedAdamW::clip_scale(Communicator& comm, const std::function<const void*(int)>& grad_piece,
                                   float clip) const {
-  return zf::clip_scale(shards_, dev_, comm_dev_, comm, grad_piece, storage_dtype(precision_), clip);
+  return zf::clip_scale(shards_, dev_, dev_, comm, grad_piece, storage_dtype(precision_), clip);
 }
 
 void ShardedAdamW::update(int u, const void* grad_piece, void* param_piece, const AdamWConfig& adam, long step,
-                          float scale, bf16* rounded) {
+                          float scale) {
   const UnitShard& us = shards_.units[u];
   float* m = m_.as<float>() + us.shard_offset;
   float* v = v_.as<float>() + us.shard_offset;
@@ -66,45 +44,23 @@ void ShardedAdamW::update(int u, const void* grad_piece, void* param_piece, cons
     if (lo >= hi) continue;
     size_t i = lo - us.begin;  // index within the piece
     const DType gdt = storage_dtype(precision_);
-    dev_.adamw_copy(w + i, static_cast<const char*>(grad_piece) + i * dtype_size(gdt), gdt, m + i, v + i,
-                    rounded ? rounded + i : nullptr, DType::bf16, hi - lo, adam, step, scale, p.decay);
+    dev_.adamw(w + i, static_cast<const char*>(grad_piece) + i * dtype_size(gdt), gdt, m + i, v + i, hi - lo, adam,
+               step, scale, p.decay);
   }
   if (precision_ == Precision::bf16) dev_.narrow(w, static_cast<bf16*>(param_piece), us.end - us.begin);
 }
 
-const float* ShardedAdamW::fp32_piece(int u, const void* param_piece) const {
-  if (precision_ == Precision::bf16) return master_.as<float>() + shards_.units[u].shard_offset;
-  return static_cast<const float*>(param_piece);
-}
-
-std::vector<float> gather_full_model(Communicator& comm, Device& dev, const ModelLayout& layout,
-                                     const ShardLayout& shards,
-                                     const std::function<const float*(int)>& fp32_piece, Device* piece_dev,
-                                     bool every_rank) {
-  const bool keep = every_rank || comm.rank() == 0;
-  std::vector<float> full(keep ? layout.numel : 0);
-  for (size_t u = 0; u < layout.units.size(); ++u) {
-    const UnitShard& us = shards.units[u];
-    // Host buffers: the threads and MPI communicators move host memory here
-    // (at the end of a run, outside the tracked device memory).
-    std::vector<float> piece(us.shard, 0.0f), gathered(us.padded());
-    (piece_dev ? *piece_dev : dev).to_host(piece.data(), fp32_piece(int(u)), (us.end - us.begin) * sizeof(float));
-    all_gather_host(comm, dev, piece.data(), gathered.data(), us.shard, DType::f32);
-    if (keep) std::memcpy(full.data() + layout.units[u].offset, gathered.data(), us.numel * sizeof(float));
-  }
-  return full;
-}
-
 const float* ShardedAdamW::state_piece(StateKind kind, int u, const void* param_piece) const {
-  if (kind == StateKind::params) return fp32_piece(u, param_piece);
-  return (kind == StateKind::m ? m_ : v_).as<float>() + shards_.units[u].shard_offset;
+  const size_t at = shards_.units[u].shard_offset;
+  if (kind != StateKind::params) return (kind == StateKind::m ? m_ : v_).as<float>() + at;
+  return precision_ == Precision::bf16 ? master_.as<float>() + at : static_cast<const float*>(param_piece);
 }
 
 std::vector<float> ShardedAdamW::gather(StateKind kind, Communicator& comm,
                                         const std::function<const void*(int)>& param_piece, bool every_rank) const {
-  return gather_full_model(comm, comm_dev_, layout_, shards_, [&](int u) {
-    return state_piece(kind, u, param_piece(u));
-  }, &dev_, every_rank);
+  return gather_full_model(comm, dev_, layout_, shards_, [&](int u, float* host) {
+    copy_piece(kind, u, param_piece(u), host);
+  }, every_rank);
 }
 
 void ShardedAdamW::copy_piece(StateKind kind, int u, const void* param_piece, float* host) const {

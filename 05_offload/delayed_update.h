@@ -19,7 +19,7 @@
 #include <functional>
 #include <thread>
 
-#include "step_log.h"
+#include "step_clock.h"
 
 namespace zf {
 

@@ -3,31 +3,9 @@
 
 #include <algorithm>
 
-#include "sharded_adamw.h"
+#include "shard_pieces.h"
 
 namespace zf {
-
-namespace {
-
-// Calls fn(i, n, decay) for every span of my shard that falls in shard
-// elements [lo, hi) and lies in one parameter: i is a shard index, the span
-// one ParamSpec's part (padding skipped), as ShardedAdamW::update cuts a unit.
-template <class Fn>
-void for_each_span(const ModelLayout& flat, const ShardLayout& shards, size_t lo, size_t hi, Fn&& fn) {
-  for (size_t u = 0; u < shards.units.size(); ++u) {
-    const UnitShard& us = shards.units[u];
-    const size_t a = std::max(lo, us.shard_offset), z = std::min(hi, us.shard_offset + us.shard);
-    if (a >= z) continue;
-    // [a, z) in the unit's own numbering, clipped to its real elements.
-    const size_t from = us.begin + (a - us.shard_offset), to = std::min(us.end, us.begin + (z - us.shard_offset));
-    for (const auto& p : flat.units[u].params) {
-      const size_t b = std::max(from, p.offset), e = std::min(to, p.offset + p.numel);
-      if (b < e) fn(us.shard_offset + (b - us.begin), e - b, p.decay);
-    }
-  }
-}
-
-}  // namespace
 
 DiskAdamW::DiskAdamW(const ModelLayout& flat, const ShardLayout& shards, const std::string& dir, int rank,
                      MemoryTracker& mem, Device& host, bool master_on_disk, size_t chunk_elems, StepClock* clock)
@@ -64,12 +42,8 @@ void DiskAdamW::update(float* master, const float* grads, bf16* copy, const Adam
 }
 
 std::vector<float> DiskAdamW::gather(StateKind kind, Communicator& comm, Device& comm_dev, bool every_rank) {
-  std::vector<float> piece;
-  return gather_full_model(comm, comm_dev, flat_, shards_, [&](int u) -> const float* {
-    piece.assign(shards_.units[u].shard, 0.0f);
-    copy_piece(kind, u, piece.data());
-    return piece.data();
-  }, &host_, every_rank);
+  return gather_full_model(comm, comm_dev, flat_, shards_, [&](int u, float* host) { copy_piece(kind, u, host); },
+                           every_rank);
 }
 
 void DiskAdamW::copy_piece(StateKind kind, int u, float* host) {

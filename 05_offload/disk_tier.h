@@ -30,7 +30,7 @@
 #include "check.h"
 #include "memory.h"
 #include "offload_files.h"
-#include "step_log.h"
+#include "step_clock.h"
 #include "tensor.h"
 
 namespace zf {

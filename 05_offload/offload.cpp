@@ -26,31 +26,19 @@
 #include "delayed_update.h"
 #include "disk_adamw.h"
 #include "fsdp.h"
+#include "host_adamw.h"
 #include "host_grads.h"
 #include "offload_params.h"
 #include "precision.h"
 #include "shard.h"
-#include "sharded_adamw.h"
+#include "shard_pieces.h"
+#include "step_clock.h"
 #include "training.h"
 #include "training_run.h"
 
 namespace zf {
 
 namespace {
-
-// Stage 01's AdamW with its moments in host memory, computed by the host's
-// CPU device (the collectives still stage through the rank's device), which
-// also rounds each updated piece into the bf16 copy the device receives, in
-// the same pass. The float32 shard is its own master: the fp32 recipe.
-class HostAdamW final : public ShardedAdamW {
- public:
-  HostAdamW(const ModelLayout& flat, const ShardLayout& shards, MemoryTracker& mem, Device& host, Device& dev)
-      : ShardedAdamW(flat, shards, Precision::fp32,
-                     Tensor(mem, Place::host, Category::optimizer, DType::f32, shards.shard_total),
-                     Tensor(mem, Place::host, Category::optimizer, DType::f32, shards.shard_total), Tensor(),
-                     /*dev: computes where the state is*/ host, /*comm_dev: the rank's device*/ dev) {}
-  using ShardedAdamW::update;  // with the bf16 copy to round into (nullptr in fp32)
-};
 
 // Wall-clock phases of a step, accumulated as it runs: the forward and the
 // backward timed by a decorator of the rank's compute (compute_decorators.h),
@@ -86,8 +74,8 @@ struct OffloadStates final : ModelStates {
   std::unique_ptr<Device> host;  // the CPU, computing on host memory (AdamW on --optimizer-threads)
   OffloadParams params;  // new: float32 shards on the host; the device's copy    category params (host, device)
   HostGrads grads;       // new: stage 04's reductions, into host float32 shards  category grads (host), comm
-  // AdamW on the host: stage 01's with its moments in host memory, or with
-  // them in files under --offload-dir.                                         category optimizer (host)
+  // AdamW on the host: its moments in host memory, or in files under
+  // --offload-dir.                                                             category optimizer (host)
   std::optional<HostAdamW> opt;
   std::optional<DiskAdamW> disk;
   Device& comm_dev;
@@ -98,14 +86,14 @@ struct OffloadStates final : ModelStates {
                 FsdpComms& comms)
       : units(units), shards(shards), comm(*comms.group), replica(comms.across ? comms.across->rank() : 0),
         precision(cfg.precision),
-        host(make_host_device(ctx, optimizer_threads(cfg, ctx))),
+        host(host_device(ctx, optimizer_threads(cfg, ctx))),
         params(shards, storage_dtype(cfg.precision), cfg.fsdp, units.last(), ctx.mem, ctx.dev, *host, *comms.group,
                cfg.offload.offload_params, !cfg.offload.no_pin, cfg.offload.delay_update, master_on_disk(cfg)),
         grads(shards, storage_dtype(cfg.precision), reduce_dtype(cfg), cfg.fsdp.no_sync, ctx.mem, ctx.dev, *host,
               *comms.reduce_queue, comms.across.get(), !cfg.offload.no_pin, cfg.offload.delay_update ? 2 : 1),
         comm_dev(ctx.dev), pending(ctx.clock) {
     if (cfg.offload.offload_dir.empty())
-      opt.emplace(units.flat, shards, ctx.mem, *host, ctx.dev);
+      opt.emplace(units.flat, shards, ctx.mem, *host);
     else
       disk.emplace(units.flat, shards, cfg.offload.offload_dir, ctx.rank, ctx.mem, *host, master_on_disk(cfg),
                    DiskAdamW::kChunkElems, ctx.clock);
@@ -130,6 +118,13 @@ struct OffloadStates final : ModelStates {
     const size_t arrays = master_on_disk(cfg) ? 3 : 2;
     OffloadFiles::check_dir(cfg.offload.offload_dir, size_t(ctx.world) * DiskTier::disk_bytes(arrays, shards.shard_total));
     ctx.comm.barrier();
+  }
+
+  // The CPU as a device for the host's own work, its AdamW on `threads`
+  // threads; under --clock modeled, charged to the rank's host.
+  static std::unique_ptr<Device> host_device(RankContext& ctx, int threads) {
+    std::unique_ptr<Device> cpu = make_cpu_device(threads);
+    return ctx.clock ? ctx.clock->on_host(std::move(cpu)) : std::move(cpu);
   }
 
   // --optimizer-threads, or the cores left to each rank of this host (all
@@ -157,9 +152,9 @@ struct OffloadStates final : ModelStates {
   }
   std::vector<float> full(StateKind kind, bool every_rank) override {
     pending.finish();  // a checkpoint and the final hash hold every step's update
-    if (opt) return opt->gather(kind, comm, [&](int g) { return params.piece(g); }, every_rank);
+    if (opt) return opt->gather(kind, params.piece(0), comm, comm_dev, every_rank);
     if (kind != StateKind::params || params.shards_on_disk()) return disk->gather(kind, comm, comm_dev, every_rank);
-    return gather_full_model(comm, comm_dev, units.flat, shards, [&](int g) { return params.piece(g); }, host.get(),
+    return gather_full_model(comm, comm_dev, units.flat, shards, [&](int g, float* out) { copy_piece(kind, g, out); },
                              every_rank);
   }
   // A sharded checkpoint: my pieces from where they live (host memory, or
@@ -167,7 +162,7 @@ struct OffloadStates final : ModelStates {
   const ShardLayout* share() const override { return replica == 0 ? &shards : nullptr; }
   void copy_piece(StateKind kind, int g, float* host) override {
     pending.finish();
-    if (opt) return opt->copy_piece(kind, g, params.piece(g), host);
+    if (opt) return opt->copy_piece(kind, g, params.piece(0), host);
     if (kind != StateKind::params || params.shards_on_disk()) return disk->copy_piece(kind, g, host);
     std::copy_n(static_cast<const float*>(params.piece(g)), shards.units[g].end - shards.units[g].begin, host);
   }
@@ -181,7 +176,7 @@ struct OffloadStates final : ModelStates {
   // its rounding into the bf16 copy the device receives (moments in memory),
   // with the settings of step t (its learning rate).
   void update(int g, int buffer, const AdamWConfig& adam, long t, float scale) {
-    opt->update(g, grads.piece(g, buffer), params.piece(g), adam, t, scale, bf16_copy(g));
+    opt->update(g, params.piece(0), grads.piece(0, buffer), bf16_copy(0), adam, t, scale);
   }
   // Every unit: unit by unit, or one stream over the shard when the
   // moments are on disk. With --delay-update this runs on the worker: it

@@ -5,7 +5,7 @@
 //
 // Against stage 04:
 // - the float32 parameter and gradient shards and AdamW's moments live on
-//   the host (offload_params.h, host_grads.h; the optimizer is stage 01's on
+//   the host (offload_params.h, host_grads.h; the optimizer is host_adamw.h on
 //   host memory, or disk_adamw.h's with --offload-dir), and the CPU runs
 //   AdamW on them;
 // - the device keeps only the parameter shard in the gather dtype (2 bytes

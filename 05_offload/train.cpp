@@ -6,8 +6,8 @@
 //
 // Flags are docs/SPEC.md's, with stage 04's and stage 05's own (see --help).
 // The loop is in offload.cpp; the host's parameters in offload_params.cpp,
-// its gradients in host_grads.cpp; the units and the all-gathers and
-// reduce-scatters are stage 04's, the optimizer stage 01's.
+// its gradients in host_grads.cpp, the CPU's AdamW in host_adamw.cpp; the
+// units and the all-gathers and reduce-scatters are stage 04's.
 #include "offload.h"
 
 int main(int argc, char** argv) {

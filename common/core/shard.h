@@ -15,6 +15,7 @@
 // three stages' optimizer states identical, so each stage reuses the last.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <vector>
 
@@ -42,5 +43,24 @@ struct ShardLayout {
 };
 
 ShardLayout make_shard_layout(const ModelLayout& layout, int nranks, int rank);
+
+// Calls fn(i, n, decay) for every span of my shard that falls in shard
+// elements [lo, hi) and lies in one parameter: i is a shard index, the span
+// one ParamSpec's part (padding skipped), decay that parameter's AdamW mask.
+// What an optimizer over a whole shard calls AdamW on, one span at a time.
+template <class Fn>
+void for_each_span(const ModelLayout& layout, const ShardLayout& shards, size_t lo, size_t hi, Fn&& fn) {
+  for (size_t u = 0; u < shards.units.size(); ++u) {
+    const UnitShard& us = shards.units[u];
+    const size_t a = std::max(lo, us.shard_offset), z = std::min(hi, us.shard_offset + us.shard);
+    if (a >= z) continue;
+    // [a, z) in the unit's own numbering, clipped to its real elements.
+    const size_t from = us.begin + (a - us.shard_offset), to = std::min(us.end, us.begin + (z - us.shard_offset));
+    for (const auto& p : layout.units[u].params) {
+      const size_t b = std::max(from, p.offset), e = std::min(to, p.offset + p.numel);
+      if (b < e) fn(us.shard_offset + (b - us.begin), e - b, p.decay);
+    }
+  }
+}
 
 }  // namespace zf

@@ -65,7 +65,7 @@
 #include "comm.h"
 #include "device.h"
 #include "hardware.h"
-#include "step_log.h"
+#include "step_clock.h"
 
 namespace zf {
 

@@ -11,7 +11,7 @@
 // before the run takes a step.
 //
 // A training checkpoint (`--save`, `--resume`) adds AdamW's state under the
-// names README.md documents: "optim.m.<name>" and "optim.v.<name>" (the two
+// names docs/USAGE.md documents: "optim.m.<name>" and "optim.v.<name>" (the two
 // moments, F32, the parameter's shape) and "optim.step" (I64, [1]: the
 // optimizer steps taken, so the next step is that number). The model part is
 // the float32 values AdamW updates (the master copy in the bf16 recipe), so

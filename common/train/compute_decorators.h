@@ -29,7 +29,7 @@
 #include "config.h"
 #include "model.h"
 #include "rank_compute.h"
-#include "step_log.h"
+#include "step_clock.h"
 
 namespace zf {
 

@@ -5,14 +5,13 @@
 // to stop after a signal (stop_request.h).
 #pragma once
 
-#include <memory>
-
 #include "comm.h"
 #include "device.h"
 #include "memory.h"
-#include "step_log.h"
 
 namespace zf {
+
+class StepClock;  // step_clock.h
 
 struct RankContext {
   int rank;
@@ -32,12 +31,5 @@ struct RankContext {
   // communicator charge (frame/modeled_clock.h); null on the wall clock.
   StepClock* clock = nullptr;
 };
-
-// The CPU as a device for the host's own work (stage 05's optimizer), its
-// AdamW on `threads` threads; under --clock modeled, charged to the rank's host.
-inline std::unique_ptr<Device> make_host_device(RankContext& ctx, int threads) {
-  std::unique_ptr<Device> cpu = make_cpu_device(threads);
-  return ctx.clock ? ctx.clock->on_host(std::move(cpu)) : std::move(cpu);
-}
 
 }  // namespace zf

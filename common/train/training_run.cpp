@@ -7,6 +7,7 @@
 #include "checkpoint.h"
 #include "rank_compute.h"
 #include "sample.h"
+#include "step_clock.h"
 #include "comm_recording.h"
 #include "host_collectives.h"
 #include "stop_request.h"

@@ -70,10 +70,13 @@ class DocsCommandTest(unittest.TestCase):
         self.assertIn("the tour did not run", text)
         self.assertNotIn("docs.py write", text)
 
-    def test_the_course_size_is_not_compared(self):
-        line = "The course, followed through every table: 62 files, 5,343 lines."
-        self.assertEqual(reading_list.without_size(line), reading_list.without_size(line.replace("5,343", "9")))
-        self.assertNotEqual(reading_list.without_size(line + " a"), reading_list.without_size(line))
+    def test_a_stale_count_is_found(self):
+        body = reading_list.tables()
+        doc = reading_list.with_tables(f"x\n{reading_list.BEGIN}\nold\n{reading_list.END}\ny\n", body)
+        self.assertEqual(reading_list.with_tables(doc, body), doc)
+        stale = doc.replace(reading_list.course_size(), "The course, followed through every table: 1 files, 9 lines.")
+        self.assertNotEqual(stale, doc)
+        self.assertNotEqual(reading_list.with_tables(stale, body), stale)
 
     def test_a_missing_build_folder_is_a_usage_error(self):
         with contextlib.redirect_stderr(io.StringIO()) as err:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # test_two_hosts.py: the stages under mpirun across two hosts, two network
 # namespaces joined through a third (scripts/two_hosts.py), two slots each,
-# the job started through scripts/mpirun_hosts.sh, the launcher the README
+# the job started through scripts/mpirun_hosts.sh, the launcher docs/USAGE.md
 # gives for several hosts. Checked:
 #   - every stage at N = 4 across the two hosts gives the threads run's
 #     final hash (--ranks 4, one process);
