@@ -7,8 +7,8 @@ namespace zf {
 
 FlatReducer::FlatReducer(const ShardLayout& shards, DType grad_dtype, DType reduce_dtype, bool no_sync,
                          MemoryTracker& mem, Device& dev, Communicator& comm, Communicator* replicate)
-    : layout_(shards), reduce_dtype_(reduce_dtype), mem_(mem), dev_(dev), grad_dtype_(grad_dtype),
-      no_sync_(no_sync), comm_(comm), replicate_(replicate) {
+    : layout_(shards), grad_dtype_(grad_dtype), reduce_dtype_(reduce_dtype), no_sync_(no_sync), mem_(mem), dev_(dev),
+      comm_(comm), replicate_(replicate) {
   if (no_sync_)
     for (const auto& us : shards.units) kept_.emplace_back(mem, Place::device, Category::grads, grad_dtype_, us.padded());
 }
@@ -26,7 +26,7 @@ void* FlatReducer::begin_unit(int g) {
 }
 
 void FlatReducer::reduce_unit(int g, bool sync) {
-  Reduced f{g, {}, {}, nullptr, {}};
+  Reduced f{g, {}, {}, nullptr, {}, nullptr};
   if (no_sync_) {
     if (!sync) return;  // keep adding into it
     f.reduced = kept_[g].data();
@@ -47,49 +47,54 @@ void FlatReducer::reduce_unit(int g, bool sync) {
                                         reduce_dtype_, ReduceOp::sum);
   ++reduce_scatters_;
   inflight_.push_back(std::move(f));
-  while (inflight_.size() > 1) complete_oldest();
 }
 
-void FlatReducer::complete_oldest() {
+std::optional<FlatReducer::Reduced> FlatReducer::complete(size_t in_flight) {
+  if (inflight_.size() <= in_flight) return std::nullopt;
   // Waited for while still held here: a wait that throws leaves the buffer
   // to the destructor, after the group is aborted, never to a collective.
   Reduced& oldest = inflight_.front();
   oldest.handle.wait();
-  void* mine = my_piece_in(oldest.reduced, reduce_dtype_, oldest.unit);
+  oldest.mine = my_piece_in(oldest.reduced, reduce_dtype_, oldest.unit);
   // Hybrid sharding: my piece is summed over my group; sum it across the groups.
   if (replicate_)
-    replicate_->all_reduce_async(mine, layout_.units[oldest.unit].shard, reduce_dtype_, ReduceOp::sum).wait();
+    replicate_->all_reduce_async(oldest.mine, layout_.units[oldest.unit].shard, reduce_dtype_, ReduceOp::sum).wait();
   Reduced f = std::move(oldest);
   inflight_.pop_front();
-  reduced(std::move(f), mine);
+  return f;
 }
 
 void FlatReducer::zero_kept(int g) {
   if (no_sync_) dev_.zero(kept_[g].data(), kept_[g].bytes());
 }
 
-void FlatReducer::finish() {
-  while (!inflight_.empty()) complete_oldest();
-  drained();
-}
-
 FlatGrads::FlatGrads(const ShardLayout& shards, DType grad_dtype, DType reduce_dtype, bool no_sync,
                      MemoryTracker& mem, Device& dev, Communicator& comm, Communicator* replicate)
-    : FlatReducer(shards, grad_dtype, reduce_dtype, no_sync, mem, dev, comm, replicate),
+    : layout_(shards), reduce_dtype_(reduce_dtype), mem_(mem), dev_(dev),
+      reducer_(shards, grad_dtype, reduce_dtype, no_sync, mem, dev, comm, replicate),
       shards_(mem, Place::device, Category::grads, DType::f32, shards.shard_total) {}
 
 float* FlatGrads::piece(int g) { return shards_.as<float>() + layout_.units[g].shard_offset; }
 
-void FlatGrads::reduced(Reduced f, void* mine) {
+void FlatGrads::reduce_unit(int g, bool sync) {
+  reducer_.reduce_unit(g, sync);
+  while (auto f = reducer_.complete(1)) add(std::move(*f));
+}
+
+void FlatGrads::finish() {
+  while (auto f = reducer_.complete(0)) add(std::move(*f));
+}
+
+void FlatGrads::add(FlatReducer::Reduced f) {
   const UnitShard& us = layout_.units[f.unit];
   if (reduce_dtype_ == DType::f32) {
-    dev_.add(piece(f.unit), mine, DType::f32, us.shard);
+    dev_.add(piece(f.unit), f.mine, DType::f32, us.shard);
   } else {  // widening is exact, and x + 0 = x: at K = 1 the shard holds the reduced bf16 values exactly
     Tensor widened(mem_, Place::device, Category::comm, DType::f32, us.shard);
-    dev_.widen(static_cast<const bf16*>(mine), widened.as<float>(), us.shard);
+    dev_.widen(static_cast<const bf16*>(f.mine), widened.as<float>(), us.shard);
     dev_.add(piece(f.unit), widened.data(), DType::f32, us.shard);
   }
-  zero_kept(f.unit);
+  reducer_.zero_kept(f.unit);
 }  // f goes: the full gradient is freed (a kept one was zeroed): the tracker's comm bytes drop here
 
 void FlatGrads::zero() { dev_.zero(shards_.data(), shards_.bytes()); }

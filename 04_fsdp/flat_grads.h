@@ -23,6 +23,7 @@
 #pragma once
 
 #include <deque>
+#include <optional>
 #include <vector>
 
 #include "comm.h"
@@ -32,52 +33,46 @@
 
 namespace zf {
 
-// FlatReducer: the buffers and the reduce-scatters; what is done with my
-// reduced piece is left to a subclass (reduced()).
+// FlatReducer: the buffers and the reduce-scatters. Each reduction, once
+// complete, goes back to its owner (complete()), which adds my piece where
+// its gradient shard lives: FlatGrads, below, on the device.
 class FlatReducer {
  public:
   FlatReducer(const ShardLayout& shards, DType grad_dtype, DType reduce_dtype, bool no_sync, MemoryTracker& mem,
               Device& dev, Communicator& comm, Communicator* replicate);
-  virtual ~FlatReducer() = default;
 
-  // Where unit g's backward adds its full gradient (N * S_g elements; the first n_g are the unit's).
-  void* begin_unit(int g);
-  // Unit g's backward is done. sync: reduce-scatter it now (always without
-  // --no-sync; on the last micro-step with it).
-  void reduce_unit(int g, bool sync);
-  // Waits for every reduce-scatter still in flight (end of a backward).
-  void finish();
-  uint64_t reduce_scatters() const { return reduce_scatters_; }
-
- protected:
+  // A completed reduction of one unit: my piece of its sum, S_g elements of
+  // the reduce dtype at `mine`, inside the buffer this holds (freed with it).
   struct Reduced {
     int unit;
     Tensor owned;    // the full buffer, when it is not one kept by --no-sync
     Tensor widened;  // --reduce-dtype fp32 under bf16: the float32 copy that is reduced
     void* reduced;   // the buffer reduce-scattered in place
     CommHandle handle;
+    void* mine = nullptr;
   };
-  // Unit g's reduction is complete: my piece, S_g elements of the reduce
-  // dtype at `mine`, inside f's buffer, which is freed when f goes.
-  virtual void reduced(Reduced f, void* mine) = 0;
-  // The end of finish(), every reduction handed to reduced(): for a
-  // subclass whose reduced() starts work of its own that must end with the
-  // backward (a copy in flight); nothing here.
-  virtual void drained() {}
+
+  // Where unit g's backward adds its full gradient (N * S_g elements; the first n_g are the unit's).
+  void* begin_unit(int g);
+  // Unit g's backward is done. sync: reduce-scatter it now (always without
+  // --no-sync; on the last micro-step with it).
+  void reduce_unit(int g, bool sync);
+  // The oldest reduction, waited for, while more than `in_flight` are in
+  // flight; else none. The owner asks with 1 after each unit (one stays in
+  // flight behind the next unit's backward) and with 0 at the end.
+  std::optional<Reduced> complete(size_t in_flight);
   // --no-sync: unit g's kept gradient is read; zero it for the next step.
   void zero_kept(int g);
-
-  const ShardLayout& layout_;
-  DType reduce_dtype_;
-  MemoryTracker& mem_;
-  Device& dev_;
+  uint64_t reduce_scatters() const { return reduce_scatters_; }
 
  private:
-  void complete_oldest();
   void* my_piece_in(void* full, DType dt, int g) const;
 
-  DType grad_dtype_;
+  const ShardLayout& layout_;
+  DType grad_dtype_, reduce_dtype_;
   bool no_sync_;
+  MemoryTracker& mem_;
+  Device& dev_;
   Communicator& comm_;
   Communicator* replicate_;
   std::vector<Tensor> kept_;   // --no-sync: every unit's full gradient (category grads)
@@ -87,19 +82,31 @@ class FlatReducer {
   uint64_t reduce_scatters_ = 0;
 };
 
-// Stage 04's: my piece added into my float32 gradient shard on the device,
-// which AdamW reads.
-class FlatGrads final : public FlatReducer {
+// Stage 04's gradients: my piece of each reduction added into my float32
+// gradient shard on the device, which AdamW reads.
+class FlatGrads {
  public:
   FlatGrads(const ShardLayout& shards, DType grad_dtype, DType reduce_dtype, bool no_sync, MemoryTracker& mem,
             Device& dev, Communicator& comm, Communicator* replicate);
+
+  void* begin_unit(int g) { return reducer_.begin_unit(g); }
+  // reduce-scatter unit g (sync), and add the reduction that completes meanwhile.
+  void reduce_unit(int g, bool sync);
+  // Waits for every reduce-scatter still in flight (end of a backward) and adds it.
+  void finish();
+  uint64_t reduce_scatters() const { return reducer_.reduce_scatters(); }
 
   float* piece(int g);  // my accumulated float32 gradient piece of unit g (S_g elements)
   void zero();          // after the optimizer step
 
  private:
-  void reduced(Reduced f, void* mine) override;
+  void add(FlatReducer::Reduced f);
 
+  const ShardLayout& layout_;
+  DType reduce_dtype_;
+  MemoryTracker& mem_;
+  Device& dev_;
+  FlatReducer reducer_;
   Tensor shards_;  // shard_total float32 elements (category grads)
 };
 

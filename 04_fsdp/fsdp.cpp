@@ -86,19 +86,13 @@ void FsdpComms::count_in(TrainingRun& run) {
     if (c) run.also_count(*c);
 }
 
-namespace {
-const char* member(const void* full, const FsdpUnits& units, int u, size_t esize) {
-  return static_cast<const char*>(full) + units.member_offset[u] * esize;
-}
-}  // namespace
-
 float fsdp_forward(FlatParams& params, const FsdpUnits& units, RankCompute& rc, size_t esize, int D) {
   float loss = 0.0f;
   for (int g = 0; g < units.size(); ++g) {
     params.unshard(g);
     for (int d = 1; d <= D && g + d < units.size(); ++d) params.prefetch(g + d);  // before this unit computes
     const void* full = params.wait_for_unshard(g);
-    for (int u : units.members[g]) rc.forward(u, member(full, units, u, esize), &loss);
+    for (int u : units.members[g]) rc.forward(u, fsdp_member(full, units, u, esize), &loss);
     if (!params.kept(g)) params.reshard(g);
   }
   return loss;
@@ -109,23 +103,6 @@ float fsdp_evaluate(FlatParams& params, const FsdpUnits& units, RankCompute& rc,
   for (int g = 0; g < units.size(); ++g)  // no backward will use the units the forward kept
     if (params.kept(g)) params.reshard(g);
   return loss;
-}
-
-void fsdp_backward(FlatParams& params, FlatReducer& grads, const FsdpUnits& units, RankCompute& rc, size_t esize,
-                   int D, bool sync) {
-  // Last unit first; the head (and, without resharding, every unit) is still gathered.
-  for (int g = units.size() - 1; g >= 0; --g) {
-    params.unshard(g);
-    for (int d = 1; d <= D && g - d >= 0; ++d) params.prefetch(g - d);  // FSDP's BACKWARD_PRE, reverse order
-    const void* full = params.wait_for_unshard(g);
-    char* grad = static_cast<char*>(grads.begin_unit(g));
-    const auto& m = units.members[g];
-    for (auto it = m.rbegin(); it != m.rend(); ++it)
-      rc.backward(*it, member(full, units, *it, esize), grad + units.member_offset[*it] * esize);
-    params.reshard(g);
-    grads.reduce_unit(g, sync);
-  }
-  grads.finish();
 }
 
 RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepLog& log) {

@@ -52,11 +52,33 @@ float fsdp_forward(FlatParams& params, const FsdpUnits& units, RankCompute& rc, 
 // The forward of an evaluation (--val-every): fsdp_forward, then the units
 // it kept for a backward resharded, as no backward follows.
 float fsdp_evaluate(FlatParams& params, const FsdpUnits& units, RankCompute& rc, size_t esize, int D);
+// Where member unit u's parameters (or gradients) start in its FSDP unit's full buffer.
+inline const char* fsdp_member(const void* full, const FsdpUnits& units, int u, size_t esize) {
+  return static_cast<const char*>(full) + units.member_offset[u] * esize;
+}
+
 // Its backward, last unit first: unshard, prefetch D behind, compute into
 // the unit's full gradient, reshard, reduce-scatter (when sync) and, at the
-// end, wait for every reduction still in flight.
-void fsdp_backward(FlatParams& params, FlatReducer& grads, const FsdpUnits& units, RankCompute& rc, size_t esize,
-                   int D, bool sync);
+// end, wait for every reduction still in flight. Grads: FlatGrads, or any
+// class with its begin_unit, reduce_unit and finish (where the reduced
+// pieces go is the class's).
+template <class Grads>
+void fsdp_backward(FlatParams& params, Grads& grads, const FsdpUnits& units, RankCompute& rc, size_t esize, int D,
+                   bool sync) {
+  // Last unit first; the head (and, without resharding, every unit) is still gathered.
+  for (int g = units.size() - 1; g >= 0; --g) {
+    params.unshard(g);
+    for (int d = 1; d <= D && g - d >= 0; ++d) params.prefetch(g - d);  // FSDP's BACKWARD_PRE, reverse order
+    const void* full = params.wait_for_unshard(g);
+    char* grad = static_cast<char*>(grads.begin_unit(g));
+    const auto& m = units.members[g];
+    for (auto it = m.rbegin(); it != m.rend(); ++it)
+      rc.backward(*it, fsdp_member(full, units, *it, esize), grad + units.member_offset[*it] * esize);
+    params.reshard(g);
+    grads.reduce_unit(g, sync);
+  }
+  grads.finish();
+}
 
 RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepLog& log);
 

@@ -18,7 +18,8 @@ size_t largest_shard(const ShardLayout& shards) {
 HostGrads::HostGrads(const ShardLayout& shards, DType grad_dtype, DType reduce_dtype, bool no_sync,
                      MemoryTracker& mem, Device& dev, Device& host, Communicator& comm, Communicator* replicate,
                      bool pin, int buffers)
-    : FlatReducer(shards, grad_dtype, reduce_dtype, no_sync, mem, dev, comm, replicate), host_(host) {
+    : layout_(shards), reduce_dtype_(reduce_dtype), dev_(dev), host_(host),
+      reducer_(shards, grad_dtype, reduce_dtype, no_sync, mem, dev, comm, replicate) {
   REQUIRE(buffers == 1 || buffers == 2, "HostGrads keeps 1 or 2 gradient buffers, not " << buffers);
   for (int b = 0; b < buffers; ++b)
     shards_.emplace_back(mem, Place::host, Category::grads, DType::f32, shards.shard_total);
@@ -35,12 +36,22 @@ int HostGrads::flip() {
   return filled;
 }
 
-void HostGrads::reduced(Reduced f, void* mine) {
+void HostGrads::reduce_unit(int g, bool sync) {
+  reducer_.reduce_unit(g, sync);
+  while (auto f = reducer_.complete(1)) copy_to_host(std::move(*f));
+}
+
+void HostGrads::finish() {
+  while (auto f = reducer_.complete(0)) copy_to_host(std::move(*f));
+  while (!copies_.empty()) land_oldest();
+}
+
+void HostGrads::copy_to_host(FlatReducer::Reduced f) {
   // A piece lands before the second after it is sent: two buffers suffice.
   const int landing = next_;
   next_ = 1 - next_;
   const size_t n = layout_.units[f.unit].shard;
-  Transfer copy = dev_.to_host_async(landing_[landing].data(), mine, n * dtype_size(reduce_dtype_));
+  Transfer copy = dev_.to_host_async(landing_[landing].data(), f.mine, n * dtype_size(reduce_dtype_));
   copies_.push_back(Landing{std::move(f), landing, std::move(copy)});
   while (copies_.size() > 1) land_oldest();
 }
@@ -54,12 +65,8 @@ void HostGrads::land_oldest() {
   // The arithmetic of stage 04's device shard, on the host: x + widen(piece).
   if (reduce_dtype_ == DType::f32) host_.add(dst, landing_[l.landing].data(), DType::f32, n);
   else host_.accumulate(dst, landing_[l.landing].as<bf16>(), n);
-  zero_kept(g);
+  reducer_.zero_kept(g);
   copies_.pop_front();  // the reduced buffer is freed here
-}
-
-void HostGrads::drained() {
-  while (!copies_.empty()) land_oldest();
 }
 
 void HostGrads::zero(int buffer) {

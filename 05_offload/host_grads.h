@@ -2,8 +2,8 @@
 // by stage 04's reduce-scatters through device->host copies.
 //
 // Stage 04's FlatReducer reduce-scatters each unit's gradient on the device;
-// this class takes my reduced piece instead of adding it into a device
-// shard, as stage 04's FlatGrads does: it copies the piece device->host
+// this class takes my reduced piece from it instead of adding it into a
+// device shard, as stage 04's FlatGrads does: it copies the piece device->host
 // asynchronously into one of two landing buffers (pinned: the copy engine
 // writes them), while the next unit's backward runs, and when the copy has
 // landed adds it (widened, under --reduce-dtype bf16) into my float32
@@ -24,7 +24,7 @@
 
 namespace zf {
 
-class HostGrads final : public FlatReducer {
+class HostGrads {
  public:
   // buffers: 1, or 2 for --delay-update (see above). pin: page-locked
   // landing buffers. host: the CPU, which adds the landed pieces.
@@ -42,17 +42,26 @@ class HostGrads final : public FlatReducer {
   int flip();
   int current() const { return current_; }
 
+  // Stage 04's backward calls these (fsdp.h's fsdp_backward), as it does FlatGrads's.
+  void* begin_unit(int g) { return reducer_.begin_unit(g); }
+  void reduce_unit(int g, bool sync);  // reduce-scatter unit g; a completed reduction's copy starts
+  void finish();                       // every reduction complete, every piece landed
+  uint64_t reduce_scatters() const { return reducer_.reduce_scatters(); }
+
  private:
   struct Landing {
-    Reduced f;      // its buffer, held until the copy has read it
-    int landing;    // the landing buffer it goes to
+    FlatReducer::Reduced f;  // its buffer, held until the copy has read it
+    int landing;             // the landing buffer it goes to
     Transfer copy;
   };
-  void reduced(Reduced f, void* mine) override;
-  void drained() override;
+  void copy_to_host(FlatReducer::Reduced f);
   void land_oldest();
 
+  const ShardLayout& layout_;
+  DType reduce_dtype_;
+  Device& dev_;
   Device& host_;
+  FlatReducer reducer_;
   std::vector<Tensor> shards_;  // shard_total float32 each, 1 or 2 (host, grads)
   int current_ = 0;             // the buffer the pieces land in
   Tensor landing_[2];          // the largest S_g of the reduce dtype each (host, comm)
