@@ -58,14 +58,14 @@ const float* ShardedAdamW::state_piece(StateKind kind, int u, const void* param_
 
 std::vector<float> ShardedAdamW::gather(StateKind kind, Communicator& comm,
                                         const std::function<const void*(int)>& param_piece, bool every_rank) const {
-  return gather_full_model(comm, dev_, layout_, shards_, [&](int u, float* host) {
-    copy_piece(kind, u, param_piece(u), host);
+  return gather_full_model(comm, dev_, layout_, shards_, [&](int u, float* out) {
+    copy_piece(kind, u, param_piece(u), out);
   }, every_rank);
 }
 
-void ShardedAdamW::copy_piece(StateKind kind, int u, const void* param_piece, float* host) const {
+void ShardedAdamW::copy_piece(StateKind kind, int u, const void* param_piece, float* out) const {
   const UnitShard& us = shards_.units[u];
-  dev_.to_host(host, state_piece(kind, u, param_piece), (us.end - us.begin) * sizeof(float));
+  dev_.to_host(out, state_piece(kind, u, param_piece), (us.end - us.begin) * sizeof(float));
 }
 
 }  // namespace zf

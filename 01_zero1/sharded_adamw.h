@@ -50,9 +50,9 @@ class ShardedAdamW {
   // piece of unit u's parameters, as update() takes it.
   std::vector<float> gather(StateKind kind, Communicator& comm,
                             const std::function<const void*(int)>& param_piece, bool every_rank = true) const;
-  // This rank's piece of unit u of the same, into host: what it writes of a
-  // sharded checkpoint (ModelStates::copy_piece).
-  void copy_piece(StateKind kind, int u, const void* param_piece, float* host) const;
+  // This rank's piece of unit u of the same, into out (host memory): what it
+  // writes of a sharded checkpoint (ModelStates::copy_piece).
+  void copy_piece(StateKind kind, int u, const void* param_piece, float* out) const;
 
  private:
   // This rank's piece of unit u of `kind`, float32 in device memory: for the

@@ -58,7 +58,7 @@ struct Zero1States final : ModelStates {
   }
   // A sharded checkpoint: my pieces, as the optimizer holds them.
   const ShardLayout* share() const override { return &shards; }
-  void copy_piece(StateKind kind, int u, float* host) override { opt.copy_piece(kind, u, my_param_piece(u), host); }
+  void copy_piece(StateKind kind, int u, float* out) override { opt.copy_piece(kind, u, my_param_piece(u), out); }
 };
 
 }  // namespace

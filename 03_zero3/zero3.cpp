@@ -51,7 +51,7 @@ struct Zero3States final : ModelStates {
   }
   // A sharded checkpoint: my pieces, as the optimizer holds them.
   const ShardLayout* share() const override { return &shards; }
-  void copy_piece(StateKind kind, int u, float* host) override { opt.copy_piece(kind, u, params.piece(u), host); }
+  void copy_piece(StateKind kind, int u, float* out) override { opt.copy_piece(kind, u, params.piece(u), out); }
 };
 
 // One micro-batch's forward, unit by unit, each unit's parameters gathered

@@ -39,16 +39,37 @@
 
 namespace zf {
 
-class FlatParams {
+// FlatGathers: the units' gathered buffers, their all-gathers, and the limit
+// on how many are gathered at once (unshard, prefetch, wait_for_unshard and
+// reshard as above). What an all-gather sends is its owner's to make
+// (`input`, called when the all-gather is issued): FlatParams, below, casts
+// my float32 shard.
+class FlatGathers {
  public:
-  // gather_dtype: the recipe's parameter dtype. last: the head's unit. The
-  // float32 shards are on the device.
-  FlatParams(const ShardLayout& shards, DType gather_dtype, const FsdpOptions& opt, int last,
-             MemoryTracker& mem, Device& dev, Communicator& comm);
-  virtual ~FlatParams() = default;
+  // An all-gather's input: my piece of the unit in the gather dtype on the
+  // device, and the buffer that holds it when it was made for this
+  // all-gather alone (freed once the all-gather has read it; or none).
+  struct Input {
+    const void* send;
+    Tensor made;
+  };
 
-  void unshard(int g);
-  bool prefetch(int g);
+  FlatGathers(const ShardLayout& shards, DType gather_dtype, const FsdpOptions& opt, int last, MemoryTracker& mem,
+              Communicator& comm);
+
+  template <class MakeInput>
+  void unshard(int g, MakeInput&& input) {
+    if (unsharded(g)) return;
+    check_limit(g);
+    issue(g, input);
+  }
+  template <class MakeInput>
+  bool prefetch(int g, MakeInput&& input) {
+    if (g < 0 || g >= int(layout_.units.size()) || unsharded(g)) return true;
+    if (max_gathered_ > 0 && !kept(g) && counted() >= max_gathered_) return false;
+    issue(g, input);
+    return true;
+  }
   const void* wait_for_unshard(int g);
   void reshard(int g);
 
@@ -57,39 +78,58 @@ class FlatParams {
   int counted() const;                  // gathered or in flight, not kept: what --max-gathered bounds
   uint64_t all_gathers() const { return all_gathers_; }
 
-  float* piece(int g);                  // my float32 piece of unit g (S_g elements)
-  Tensor& shards() { return shards_; }
-
- protected:
+ private:
   struct Gathered {
-    Tensor full;    // N * S_g elements of the gather dtype
-    Tensor cast;    // bf16: my piece cast, the all-gather's input, freed once it is done
+    Tensor full;  // N * S_g elements of the gather dtype
+    Input input;
     CommHandle handle;
   };
-  // The float32 shards given (shard_total elements wherever they live, or
-  // none): for a subclass that keeps them somewhere other than the device,
-  // and so makes the all-gather's input another way (send_buffer).
-  FlatParams(const ShardLayout& shards, DType gather_dtype, const FsdpOptions& opt, int last,
-             MemoryTracker& mem, Device& dev, Communicator& comm, Tensor float32_shards);
-
-  // My piece of unit g in the gather dtype, on the device: the all-gather's
-  // input (here: the float32 shard itself, or its cast into b.cast).
-  virtual const void* send_buffer(int g, Gathered& b);
+  template <class MakeInput>
+  void issue(int g, MakeInput& input) {
+    Gathered b{Tensor(mem_, Place::device, Category::gathered, dtype_, layout_.units[g].padded()), {}, {}};
+    b.input = input();
+    start(g, std::move(b));
+  }
+  void start(int g, Gathered b);
+  void check_limit(int g) const;
 
   const ShardLayout& layout_;
   DType dtype_;
   bool reshard_after_forward_;
   int max_gathered_, last_;
   MemoryTracker& mem_;
-  Device& dev_;
   Communicator& comm_;
-
- private:
-  void issue(int g);
-
-  Tensor shards_;  // shard_total float32 elements: the only persistent parameters
   std::map<int, Gathered> buffers_;
   uint64_t all_gathers_ = 0;
+};
+
+// Stage 04's parameters: my float32 shard on the device, cast to the gather
+// dtype for each all-gather.
+class FlatParams {
+ public:
+  // gather_dtype: the recipe's parameter dtype. last: the head's unit.
+  FlatParams(const ShardLayout& shards, DType gather_dtype, const FsdpOptions& opt, int last,
+             MemoryTracker& mem, Device& dev, Communicator& comm);
+
+  void unshard(int g) { gathers_.unshard(g, [&] { return input(g); }); }
+  bool prefetch(int g) { return gathers_.prefetch(g, [&] { return input(g); }); }
+  const void* wait_for_unshard(int g) { return gathers_.wait_for_unshard(g); }
+  void reshard(int g) { gathers_.reshard(g); }
+  bool kept(int g) const { return gathers_.kept(g); }
+
+  float* piece(int g);                  // my float32 piece of unit g (S_g elements)
+  Tensor& shards() { return shards_; }
+
+ private:
+  // My piece of unit g in the gather dtype: the float32 shard itself, or its cast.
+  FlatGathers::Input input(int g);
+
+  const ShardLayout& layout_;
+  DType dtype_;
+  MemoryTracker& mem_;
+  Device& dev_;
+  FlatGathers gathers_;
+  Tensor shards_;  // shard_total float32 elements: the only persistent parameters
 };
 
 }  // namespace zf

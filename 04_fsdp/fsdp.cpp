@@ -66,7 +66,7 @@ struct FsdpStates final : ModelStates {
   }
   // A sharded checkpoint: my pieces, written by the first shard group alone.
   const ShardLayout* share() const override { return replica == 0 ? &shards : nullptr; }
-  void copy_piece(StateKind kind, int g, float* host) override { opt.copy_piece(kind, g, params.piece(g), host); }
+  void copy_piece(StateKind kind, int g, float* out) override { opt.copy_piece(kind, g, params.piece(g), out); }
 };
 
 }  // namespace
@@ -84,25 +84,6 @@ FsdpComms::FsdpComms(Communicator& world, int S) {
 void FsdpComms::count_in(TrainingRun& run) {
   for (Communicator* c : {group_owned.get(), across.get(), reduce_queue.get()})
     if (c) run.also_count(*c);
-}
-
-float fsdp_forward(FlatParams& params, const FsdpUnits& units, RankCompute& rc, size_t esize, int D) {
-  float loss = 0.0f;
-  for (int g = 0; g < units.size(); ++g) {
-    params.unshard(g);
-    for (int d = 1; d <= D && g + d < units.size(); ++d) params.prefetch(g + d);  // before this unit computes
-    const void* full = params.wait_for_unshard(g);
-    for (int u : units.members[g]) rc.forward(u, fsdp_member(full, units, u, esize), &loss);
-    if (!params.kept(g)) params.reshard(g);
-  }
-  return loss;
-}
-
-float fsdp_evaluate(FlatParams& params, const FsdpUnits& units, RankCompute& rc, size_t esize, int D) {
-  const float loss = fsdp_forward(params, units, rc, esize, D);
-  for (int g = 0; g < units.size(); ++g)  // no backward will use the units the forward kept
-    if (params.kept(g)) params.reshard(g);
-  return loss;
 }
 
 RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepLog& log) {

@@ -45,25 +45,46 @@ struct FsdpComms {
   void count_in(TrainingRun& run);  // the split communicators' counters are the run's too
 };
 
-// One micro-step's forward over the FSDP units, first to last: unshard,
-// prefetch D ahead, compute, reshard unless kept. Returns the loss summed.
-// esize: bytes per element of the gathered parameters and full gradients.
-float fsdp_forward(FlatParams& params, const FsdpUnits& units, RankCompute& rc, size_t esize, int D);
-// The forward of an evaluation (--val-every): fsdp_forward, then the units
-// it kept for a backward resharded, as no backward follows.
-float fsdp_evaluate(FlatParams& params, const FsdpUnits& units, RankCompute& rc, size_t esize, int D);
 // Where member unit u's parameters (or gradients) start in its FSDP unit's full buffer.
 inline const char* fsdp_member(const void* full, const FsdpUnits& units, int u, size_t esize) {
   return static_cast<const char*>(full) + units.member_offset[u] * esize;
 }
 
+// The loops below take stage 04's FlatParams and FlatGrads, or any classes
+// with their methods (unshard, prefetch, wait_for_unshard, reshard, kept;
+// begin_unit, reduce_unit, finish): where the shards live is the classes'.
+
+// One micro-step's forward over the FSDP units, first to last: unshard,
+// prefetch D ahead, compute, reshard unless kept. Returns the loss summed.
+// esize: bytes per element of the gathered parameters and full gradients.
+template <class Params>
+float fsdp_forward(Params& params, const FsdpUnits& units, RankCompute& rc, size_t esize, int D) {
+  float loss = 0.0f;
+  for (int g = 0; g < units.size(); ++g) {
+    params.unshard(g);
+    for (int d = 1; d <= D && g + d < units.size(); ++d) params.prefetch(g + d);  // before this unit computes
+    const void* full = params.wait_for_unshard(g);
+    for (int u : units.members[g]) rc.forward(u, fsdp_member(full, units, u, esize), &loss);
+    if (!params.kept(g)) params.reshard(g);
+  }
+  return loss;
+}
+
+// The forward of an evaluation (--val-every): fsdp_forward, then the units
+// it kept for a backward resharded, as no backward follows.
+template <class Params>
+float fsdp_evaluate(Params& params, const FsdpUnits& units, RankCompute& rc, size_t esize, int D) {
+  const float loss = fsdp_forward(params, units, rc, esize, D);
+  for (int g = 0; g < units.size(); ++g)  // no backward will use the units the forward kept
+    if (params.kept(g)) params.reshard(g);
+  return loss;
+}
+
 // Its backward, last unit first: unshard, prefetch D behind, compute into
 // the unit's full gradient, reshard, reduce-scatter (when sync) and, at the
-// end, wait for every reduction still in flight. Grads: FlatGrads, or any
-// class with its begin_unit, reduce_unit and finish (where the reduced
-// pieces go is the class's).
-template <class Grads>
-void fsdp_backward(FlatParams& params, Grads& grads, const FsdpUnits& units, RankCompute& rc, size_t esize, int D,
+// end, wait for every reduction still in flight.
+template <class Params, class Grads>
+void fsdp_backward(Params& params, Grads& grads, const FsdpUnits& units, RankCompute& rc, size_t esize, int D,
                    bool sync) {
   // Last unit first; the head (and, without resharding, every unit) is still gathered.
   for (int g = units.size() - 1; g >= 0; --g) {

@@ -1,5 +1,7 @@
 // offload_params.h: FSDP's flat parameters with their float32 shards on the
 // host (ZeRO-Offload), and optionally nothing on the device (--offload-params).
+// Stage 04's FlatGathers does the all-gathers and their limit; this class
+// says what each one sends.
 //
 // The float32 shard of every unit is the host's (category params, place
 // host): it is what the CPU AdamW updates, as the device's float32 shard is
@@ -31,13 +33,21 @@
 
 namespace zf {
 
-class OffloadParams final : public FlatParams {
+class OffloadParams {
  public:
   // host: the CPU device that computes on host memory. pin: page-locked host copy.
   OffloadParams(const ShardLayout& shards, DType gather_dtype, const FsdpOptions& opt, int last, MemoryTracker& mem,
                 Device& dev, Device& host, Communicator& comm, bool offload_params, bool pin,
                 bool delay_update = false, bool shards_on_disk = false);
 
+  // Stage 04's loops call these (fsdp.h), as they do FlatParams's.
+  void unshard(int g) { gathers_.unshard(g, [&] { return input(g); }); }
+  bool prefetch(int g) { return gathers_.prefetch(g, [&] { return input(g); }); }
+  const void* wait_for_unshard(int g) { return gathers_.wait_for_unshard(g); }
+  void reshard(int g) { gathers_.reshard(g); }
+  bool kept(int g) const { return gathers_.kept(g); }
+
+  float* piece(int g);  // my float32 piece of unit g, on the host (S_g elements)
   // Unit g's shard in the gather dtype, on the host (see above).
   void* host_copy(int g);
   // Rounds unit g's float32 shard into its bf16 host copy (nothing in fp32,
@@ -48,12 +58,19 @@ class OffloadParams final : public FlatParams {
   // all-gathers' second host copy under --delay-update, else nothing).
   Transfer upload(int g);
 
- protected:
-  const void* send_buffer(int g, Gathered& b) override;
-
  private:
+  // Unit g's all-gather input: the device's copy, or (--offload-params) the
+  // host's, copied to the device for this all-gather alone.
+  FlatGathers::Input input(int g);
+
+  const ShardLayout& layout_;
+  DType dtype_;
+  MemoryTracker& mem_;
+  Device& dev_;
   Device& host_;
   bool offload_params_, shards_on_disk_;
+  FlatGathers gathers_;
+  Tensor shards_;       // shard_total float32 on the host (params), or none when they are in files
   Tensor host_copy_;    // bf16 recipe: shard_total bf16 on the host (params)
   Tensor device_copy_;  // without --offload-params: shard_total of the gather dtype on the device (params)
   Tensor published_;    // --offload-params --delay-update: what the all-gathers read, on the host (params)
