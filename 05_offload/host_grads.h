@@ -35,6 +35,7 @@ class HostGrads {
   // elements): in the buffer the pieces land in now, or in `buffer`.
   float* piece(int g) { return piece(g, current_); }
   float* piece(int g, int buffer);
+  float* shard(int buffer) { return piece(0, buffer); }  // all my pieces in `buffer` (shard_total)
   void zero() { zero(current_); }  // after the optimizer step
   void zero(int buffer);
   // The next pieces land in the other buffer (zeroed: it was read and

@@ -144,7 +144,7 @@ struct OffloadStates final : ModelStates {
         init.load(g, StateKind::params, shards.units[g].begin, shards.units[g].end, *host, params.piece(g),
                   DType::f32);
     if (opt) opt->load(init);
-    else disk->load(init, params.shards_on_disk() ? bf16_copy(0) : nullptr);
+    else disk->load(init, params.shards_on_disk() ? bf16_copy() : nullptr);
     for (int g = 0; g < units.size(); ++g) {
       params.narrow_host_copy(g);
       params.upload(g).wait();
@@ -152,7 +152,7 @@ struct OffloadStates final : ModelStates {
   }
   std::vector<float> full(StateKind kind, bool every_rank) override {
     pending.finish();  // a checkpoint and the final hash hold every step's update
-    if (opt) return opt->gather(kind, params.piece(0), comm, comm_dev, every_rank);
+    if (opt) return opt->gather(kind, params.shard(), comm, comm_dev, every_rank);
     if (kind != StateKind::params || params.shards_on_disk()) return disk->gather(kind, comm, comm_dev, every_rank);
     return gather_full_model(comm, comm_dev, units.flat, shards, [&](int g, float* out) { copy_piece(kind, g, out); },
                              every_rank);
@@ -162,7 +162,7 @@ struct OffloadStates final : ModelStates {
   const ShardLayout* share() const override { return replica == 0 ? &shards : nullptr; }
   void copy_piece(StateKind kind, int g, float* host) override {
     pending.finish();
-    if (opt) return opt->copy_piece(kind, g, params.piece(0), host);
+    if (opt) return opt->copy_piece(kind, g, params.shard(), host);
     if (kind != StateKind::params || params.shards_on_disk()) return disk->copy_piece(kind, g, host);
     std::copy_n(static_cast<const float*>(params.piece(g)), shards.units[g].end - shards.units[g].begin, host);
   }
@@ -176,7 +176,7 @@ struct OffloadStates final : ModelStates {
   // its rounding into the bf16 copy the device receives (moments in memory),
   // with the settings of step t (its learning rate).
   void update(int g, int buffer, const AdamWConfig& adam, long t, float scale) {
-    opt->update(g, params.piece(0), grads.piece(0, buffer), bf16_copy(0), adam, t, scale);
+    opt->update(g, params.shard(), grads.shard(buffer), bf16_copy(), adam, t, scale);
   }
   // Every unit: unit by unit, or one stream over the shard when the
   // moments are on disk. With --delay-update this runs on the worker: it
@@ -188,11 +188,12 @@ struct OffloadStates final : ModelStates {
       for (int g = 0; g < units.size(); ++g) update(g, buffer, adam, t, scale);
       return;
     }
-    disk->update(params.shards_on_disk() ? nullptr : params.piece(0), grads.piece(0, buffer), bf16_copy(0), adam,
+    disk->update(params.shards_on_disk() ? nullptr : params.shard(), grads.shard(buffer), bf16_copy(), adam,
                  t, scale);
   }
-  // Where unit g's update is rounded to: the bf16 copy (nullptr in fp32, where the float32 shard is the copy).
-  bf16* bf16_copy(int g) { return precision == Precision::bf16 ? static_cast<bf16*>(params.host_copy(g)) : nullptr; }
+  // Where the update rounds my shard to: the bf16 copy, all my pieces (nullptr
+  // in fp32, where the float32 shard is the copy).
+  bf16* bf16_copy() { return precision == Precision::bf16 ? static_cast<bf16*>(params.host_copy(0)) : nullptr; }
 
   void upload_all() {
     std::vector<Transfer> uploads(units.size());
@@ -276,6 +277,7 @@ RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenDa
     for (int k = 0; k < K; ++k) {
       rc->load(step, k);
       loss_sum += fsdp_forward(states.params, units, *rc, esize, D);
+      // Stage 04's backward; each reduced piece goes device->host (HostGrads).
       fsdp_backward(states.params, states.grads, units, *rc, esize, D, !opt.no_sync || k == K - 1);
     }
     const float loss = global_mean_loss(ctx.comm, ctx.dev, loss_sum, K);

@@ -103,12 +103,11 @@ READING = [
     ("Stage 05: offload, the model states on the host and AdamW on the CPU (what is new)",
      "05_offload/CHANGES.diff", [
         ("05_offload/offload.h", "what changes against stage 04, and the memory on each place"),
+        ("05_offload/offload.cpp", "the loop: stage 04's step, the update on the host, the uploads"),
         ("common/core/device.h", "asynchronous host/device copies (Transfer) and pinned host memory"),
         ("common/core/adamw.h", "CpuAdamW: AdamW on the host's cores"),
         ("05_offload/host_adamw.h", "AdamW on the host's float32 shard, rounding the bf16 copy in the same pass"),
         ("05_offload/host_adamw.cpp", "one parameter span at a time (shard.h's for_each_span)"),
-        ("common/train/step_log.h", "StepPhases: where the step's time went, for the step line"),
-        ("common/train/compute_decorators.h", "timed: the forward and backward's wall time, a decorator"),
         ("05_offload/offload_params.h", "float32 shards on the host, the device's copy, --offload-params"),
         ("05_offload/offload_params.cpp", "the host copy, its upload, the all-gather's input"),
         ("05_offload/host_grads.h", "reduced pieces copied device->host into float32 shards"),
@@ -120,7 +119,8 @@ READING = [
         ("05_offload/disk_adamw.cpp", "the optimizer step as a stream over chunks"),
         ("05_offload/delayed_update.h", "--delay-update: the CPU update on a worker thread, one step late"),
         ("05_offload/delayed_update.cpp", "the worker, its join and its errors"),
-        ("05_offload/offload.cpp", "the loop: stage 04's step, the update on the host, the uploads"),
+        ("common/train/step_log.h", "StepPhases: where the step's time went, for the step line"),
+        ("common/train/compute_decorators.h", "timed: the forward and backward's wall time, a decorator"),
         ("05_offload/train.cpp", "main()"),
     ], ["tests/stages/test_offload.cpp", "tests/stages/test_offload_delay.cpp"]),
 ]

@@ -24,7 +24,7 @@ struct Named {
   const char* flag;
   std::string path;
   WriteMode mode = WriteMode::in_place;
-  std::string within;  // for a file of a sharded checkpoint: the folder the flag gave
+  std::string within = {};  // for a file of a sharded checkpoint: the folder the flag gave
 };
 
 // Every file the run reads, or must keep whole: each input, and for a

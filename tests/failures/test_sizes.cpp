@@ -54,7 +54,7 @@ TEST(RunSizes, EachProductOutOfRangeIsRefusedNamingItsFlags) {
 // activation bytes overflowed (a crash), and the same in memory_estimate's
 // time column; a dry run's token buffers too large for the machine.
 TEST(RunSizes, DryRunsAndTheEstimatorRefuseABatchOutOfRange) {
-  for (const std::string exe : {dp(), memory_estimate() + " --model small --hardware h100-sxm --stage dp"}) {
+  for (const std::string& exe : {dp(), memory_estimate() + " --model small --hardware h100-sxm --stage dp"}) {
     const std::string flags = exe == dp() ? " --clock modeled --dry-run --steps 1 --quiet" : "";
     const test::ProcessResult r = limited(exe + flags + " --batch 2147483647");
     EXPECT_EQ(r.exit_code, 2) << exe << "\n" << r.output;

@@ -265,7 +265,9 @@ TEST(ModeledRun, TheTraceDrawsEachUnitOverItsOps) {
       for (size_t i = 0; i < u.size(); ++i) {
         EXPECT_EQ(u[i].name, micro[i % micro.size()]) << i;
         EXPECT_LT(u[i].start, u[i].end) << i;
-        if (i > 0) EXPECT_LE(u[i - 1].end, u[i].start + 1e-6) << i;
+        if (i > 0) {
+          EXPECT_LE(u[i - 1].end, u[i].start + 1e-6) << i;
+        }
       }
       ASSERT_FALSE((ops[{r, s}].empty()));
       for (const Span& op : ops[{r, s}])
