@@ -55,8 +55,7 @@ FlatGathers::Input FlatParams::input(int g) {
   const size_t n = layout_.units[g].shard;
   Tensor cast(mem_, Place::device, Category::comm, dtype_, n);
   dev_.narrow(piece(g), cast.as<bf16>(), n);
-  const void* send = cast.data();
-  return {send, std::move(cast)};
+  return FlatGathers::Input::made_for_it(std::move(cast));
 }
 
 }  // namespace zf

@@ -52,6 +52,11 @@ class FlatGathers {
   struct Input {
     const void* send;
     Tensor made;
+    // An input made for this all-gather alone: t's data, freed with it.
+    static Input made_for_it(Tensor t) {
+      const void* send = t.data();
+      return {send, std::move(t)};
+    }
   };
 
   FlatGathers(const ShardLayout& shards, DType gather_dtype, const FsdpOptions& opt, int last, MemoryTracker& mem,
@@ -118,7 +123,6 @@ class FlatParams {
   bool kept(int g) const { return gathers_.kept(g); }
 
   float* piece(int g);                  // my float32 piece of unit g (S_g elements)
-  Tensor& shards() { return shards_; }
 
  private:
   // My piece of unit g in the gather dtype: the float32 shard itself, or its cast.

@@ -56,8 +56,7 @@ FlatGathers::Input OffloadParams::input(int g) {
   Tensor staged(mem_, Place::device, Category::comm, dtype_, us.shard);
   const void* src = published_.empty() ? host_copy(g) : published_.at(us.shard_offset);
   dev_.to_device_async(staged.data(), src, us.shard * dtype_size(dtype_)).wait();
-  const void* send = staged.data();
-  return {send, std::move(staged)};
+  return FlatGathers::Input::made_for_it(std::move(staged));
 }
 
 }  // namespace zf
