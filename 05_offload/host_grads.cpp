@@ -3,37 +3,17 @@
 
 #include <algorithm>
 
-#include "check.h"
-
 namespace zf {
-
-namespace {
-size_t largest_shard(const ShardLayout& shards) {
-  size_t n = 0;
-  for (const auto& us : shards.units) n = std::max(n, us.shard);
-  return n;
-}
-}  // namespace
 
 HostGrads::HostGrads(const ShardLayout& shards, DType grad_dtype, DType reduce_dtype, bool no_sync,
                      MemoryTracker& mem, Device& dev, Device& host, Communicator& comm, Communicator* replicate,
-                     bool pin, int buffers)
+                     bool pin)
     : layout_(shards), reduce_dtype_(reduce_dtype), dev_(dev), host_(host),
-      reducer_(shards, grad_dtype, reduce_dtype, no_sync, mem, dev, comm, replicate) {
-  REQUIRE(buffers == 1 || buffers == 2, "HostGrads keeps 1 or 2 gradient buffers, not " << buffers);
-  for (int b = 0; b < buffers; ++b)
-    shards_.emplace_back(mem, Place::host, Category::grads, DType::f32, shards.shard_total);
-  for (Tensor& t : landing_) t = Tensor(mem, Place::host, Category::comm, reduce_dtype, largest_shard(shards), pin);
-}
-
-float* HostGrads::piece(int g, int buffer) {
-  return shards_.at(buffer).as<float>() + layout_.units[g].shard_offset;
-}
-
-int HostGrads::flip() {
-  const int filled = current_;
-  current_ = (current_ + 1) % int(shards_.size());
-  return filled;
+      reducer_(shards, grad_dtype, reduce_dtype, no_sync, mem, dev, comm, replicate),
+      shard_(mem, Place::host, Category::grads, DType::f32, shards.shard_total) {
+  const auto by_size = [](const UnitShard& a, const UnitShard& b) { return a.shard < b.shard; };
+  const size_t largest = std::max_element(shards.units.begin(), shards.units.end(), by_size)->shard;
+  for (Tensor& t : landing_) t = Tensor(mem, Place::host, Category::comm, reduce_dtype, largest, pin);
 }
 
 void HostGrads::reduce_unit(int g, bool sync) {
@@ -69,9 +49,6 @@ void HostGrads::land_oldest() {
   copies_.pop_front();  // the reduced buffer is freed here
 }
 
-void HostGrads::zero(int buffer) {
-  Tensor& t = shards_.at(buffer);
-  std::fill_n(t.as<float>(), t.numel(), 0.0f);
-}
+void HostGrads::zero() { std::fill_n(shard_.as<float>(), shard_.numel(), 0.0f); }
 
 }  // namespace zf

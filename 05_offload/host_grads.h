@@ -1,24 +1,17 @@
 // host_grads.h: the float32 gradient shards on the host (ZeRO-Offload), fed
 // by stage 04's reduce-scatters through device->host copies.
 //
-// Stage 04's FlatReducer reduce-scatters each unit's gradient on the device;
-// this class takes my reduced piece from it instead of adding it into a
-// device shard, as stage 04's FlatGrads does: it copies the piece device->host
-// asynchronously into one of two landing buffers (pinned: the copy engine
-// writes them), while the next unit's backward runs, and when the copy has
+// Stage 04's FlatReducer reduce-scatters each unit's gradient on the device.
+// Where stage 04's FlatGrads adds my piece into a device shard, this class
+// copies it device->host into one of two landing buffers (pinned: the copy
+// engine writes them) while the next unit's backward runs, and once it has
 // landed adds it (widened, under --reduce-dtype bf16) into my float32
-// gradient shard on the host, which the CPU AdamW reads. A reduced buffer is
-// held until its piece has left it: one unit longer than in stage 04. The
-// device keeps no gradient shard at all, and nothing once a step's backward
-// is done.
-//
-// With --delay-update there are two float32 shards (4S more on the host):
-// the CPU update of one step reads the gradients it was given while the
-// next step's pieces land in the other (flip()).
+// gradient shard on the host, which the CPU AdamW reads. A reduced buffer
+// is held one unit longer than in stage 04; the device keeps no gradient
+// shard.
 #pragma once
 
 #include <deque>
-#include <vector>
 
 #include "flat_grads.h"
 
@@ -26,22 +19,14 @@ namespace zf {
 
 class HostGrads {
  public:
-  // buffers: 1, or 2 for --delay-update (see above). pin: page-locked
-  // landing buffers. host: the CPU, which adds the landed pieces.
+  // pin: page-locked landing buffers. host: the CPU, which adds the landed pieces.
   HostGrads(const ShardLayout& shards, DType grad_dtype, DType reduce_dtype, bool no_sync, MemoryTracker& mem,
-            Device& dev, Device& host, Communicator& comm, Communicator* replicate, bool pin, int buffers = 1);
+            Device& dev, Device& host, Communicator& comm, Communicator* replicate, bool pin);
 
-  // My accumulated float32 gradient piece of unit g, on the host (S_g
-  // elements): in the buffer the pieces land in now, or in `buffer`.
-  float* piece(int g) { return piece(g, current_); }
-  float* piece(int g, int buffer);
-  float* shard(int buffer) { return piece(0, buffer); }  // all my pieces in `buffer` (shard_total)
-  void zero() { zero(current_); }  // after the optimizer step
-  void zero(int buffer);
-  // The next pieces land in the other buffer (zeroed: it was read and
-  // zeroed by the update before); returns the buffer just filled.
-  int flip();
-  int current() const { return current_; }
+  // My accumulated float32 gradient piece of unit g, on the host (S_g elements).
+  float* piece(int g) { return shard_.as<float>() + layout_.units[g].shard_offset; }
+  float* shard() { return piece(0); }  // all my pieces, unit after unit (shard_total)
+  void zero();                         // after the optimizer step
 
   // Stage 04's backward calls these (fsdp.h's fsdp_backward), as it does FlatGrads's.
   void* begin_unit(int g) { return reducer_.begin_unit(g); }
@@ -63,8 +48,7 @@ class HostGrads {
   Device& dev_;
   Device& host_;
   FlatReducer reducer_;
-  std::vector<Tensor> shards_;  // shard_total float32 each, 1 or 2 (host, grads)
-  int current_ = 0;             // the buffer the pieces land in
+  Tensor shard_;                // shard_total float32 (host, grads)
   Tensor landing_[2];          // the largest S_g of the reduce dtype each (host, comm)
   int next_ = 0;               // the landing buffer the next piece goes to
   std::deque<Landing> copies_;  // at most one waits here while the next is reduced

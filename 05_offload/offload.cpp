@@ -6,25 +6,14 @@
 //   clip: the norm over the host's shards
 //   for each unit g: CPU AdamW on its float32 shard, rounding it into the
 //     bf16 copy in the same pass; copy that host->device (overlapping the
-//     next unit's update). Moments on disk: one stream over the whole
-//     shard first, then the copies
+//     next unit's update)
 //   wait for the copies: the next step's all-gathers send what they wrote
-//
-// With --delay-update (offload.h), from the second step on, the last three
-// lines become: wait for the previous step's update (on the worker thread,
-// delayed_update.h), copy its result host->device, and give this step's
-// update to the worker; the next step computes meanwhile.
 #include "offload.h"
 
-#include <algorithm>
-#include <cstdio>
 #include <memory>
-#include <optional>
+#include <vector>
 
 #include "check.h"
-#include "compute_decorators.h"
-#include "delayed_update.h"
-#include "disk_adamw.h"
 #include "fsdp.h"
 #include "host_adamw.h"
 #include "host_grads.h"
@@ -35,34 +24,11 @@
 #include "step_clock.h"
 #include "training.h"
 #include "training_run.h"
+#include "wall_phases.h"
 
 namespace zf {
 
 namespace {
-
-// Wall-clock phases of a step, accumulated as it runs: the forward and the
-// backward timed by a decorator of the rank's compute (compute_decorators.h),
-// the rest by the update's own steps below. The backward ends with unit 0's:
-// its last reductions and copies to the host are waited for in "wait", with
-// the micro-batch's load, the loss and the norm. A delayed step's "cpu
-// adamw" is the worker's time for the update that ran during the step, off
-// the rank's path; "adamw wait" the rank's wait for it.
-struct Phases {
-  StepTimes compute;
-  double optimizer = 0, to_device = 0, update_wait = 0;
-  bool delayed = false;
-  // The step's phases, and a fresh start for the next step.
-  StepPhases finish(double step_ms) {
-    const double path = compute.forward + compute.backward + (delayed ? update_wait : optimizer) + to_device;
-    const double rest = step_ms - path;
-    StepPhases p = {{"fwd", compute.forward}, {"bwd", compute.backward}, {"cpu adamw", optimizer}};
-    if (delayed) p.emplace_back("adamw wait", update_wait);
-    p.emplace_back("h2d", to_device);
-    p.emplace_back("wait", rest > 0 ? rest : 0.0);
-    *this = Phases();
-    return p;
-  }
-};
 
 // The model states of one rank: stage 04's, on the host, and the device's copy of the parameters.
 struct OffloadStates final : ModelStates {
@@ -74,179 +40,53 @@ struct OffloadStates final : ModelStates {
   std::unique_ptr<Device> host;  // the CPU, computing on host memory (AdamW on --optimizer-threads)
   OffloadParams params;  // new: float32 shards on the host; the device's copy    category params (host, device)
   HostGrads grads;       // new: stage 04's reductions, into host float32 shards  category grads (host), comm
-  // AdamW on the host: its moments in host memory, or in files under
-  // --offload-dir.                                                             category optimizer (host)
-  std::optional<HostAdamW> opt;
-  std::optional<DiskAdamW> disk;
+  HostAdamW opt;         // new: AdamW's moments on the host, run by the CPU      category optimizer (host)
   Device& comm_dev;
-  Phases phases;          // where this step's wall time went
-  DelayedUpdate pending;  // --delay-update: the update in flight (last: it is joined before the rest goes)
 
   OffloadStates(const FsdpUnits& units, const ShardLayout& shards, const TrainConfig& cfg, RankContext& ctx,
-                FsdpComms& comms)
+                FsdpComms& comms, std::unique_ptr<Device> cpu)
       : units(units), shards(shards), comm(*comms.group), replica(comms.across ? comms.across->rank() : 0),
-        precision(cfg.precision),
-        host(host_device(ctx, optimizer_threads(cfg, ctx))),
+        precision(cfg.precision), host(std::move(cpu)),
         params(shards, storage_dtype(cfg.precision), cfg.fsdp, units.last(), ctx.mem, ctx.dev, *host, *comms.group,
-               cfg.offload.offload_params, !cfg.offload.no_pin, cfg.offload.delay_update, master_on_disk(cfg)),
-        grads(shards, storage_dtype(cfg.precision), reduce_dtype(cfg), cfg.fsdp.no_sync, ctx.mem, ctx.dev, *host,
-              *comms.reduce_queue, comms.across.get(), !cfg.offload.no_pin, cfg.offload.delay_update ? 2 : 1),
-        comm_dev(ctx.dev), pending(ctx.clock) {
-    if (cfg.offload.offload_dir.empty())
-      opt.emplace(units.flat, shards, ctx.mem, *host);
-    else
-      disk.emplace(units.flat, shards, cfg.offload.offload_dir, ctx.rank, ctx.mem, *host, master_on_disk(cfg),
-                   DiskAdamW::kChunkElems, ctx.clock);
-  }
+               !cfg.offload.no_pin),
+        grads(shards, storage_dtype(cfg.precision), cfg.fsdp.reduce_dtype.value_or(storage_dtype(cfg.precision)),
+              cfg.fsdp.no_sync, ctx.mem, ctx.dev, *host, *comms.reduce_queue, comms.across.get(), !cfg.offload.no_pin),
+        opt(units.flat, shards, ctx.mem, *host), comm_dev(ctx.dev) {}
 
-  // --offload-dir with --offload-params in bf16: the float32 shards go to
-  // disk too, as only the bf16 copy is read outside the optimizer (in fp32
-  // the shards are that copy, and stay).
-  static bool master_on_disk(const TrainConfig& cfg) {
-    return !cfg.offload.offload_dir.empty() && cfg.offload.offload_params && cfg.precision == Precision::bf16;
-  }
-
-  // Before any file is made: the folders of killed runs go (their space
-  // counts), and the folder must hold every rank's moments (and master),
-  // checked by every rank before any reserves its own.
-  static void prepare_dir(const TrainConfig& cfg, const ShardLayout& shards, RankContext& ctx) {
-    if (cfg.offload.offload_dir.empty()) return;
-    if (ctx.rank == 0)
-      for (const std::string& f : OffloadFiles::remove_stale(cfg.offload.offload_dir))
-        std::fprintf(stderr, "note: removed %s, the offload folder of a run that was killed\n", f.c_str());
-    ctx.comm.barrier();
-    const size_t arrays = master_on_disk(cfg) ? 3 : 2;
-    OffloadFiles::check_dir(cfg.offload.offload_dir, size_t(ctx.world) * DiskTier::disk_bytes(arrays, shards.shard_total));
-    ctx.comm.barrier();
-  }
-
-  // The CPU as a device for the host's own work, its AdamW on `threads`
-  // threads; under --clock modeled, charged to the rank's host.
-  static std::unique_ptr<Device> host_device(RankContext& ctx, int threads) {
+  // The CPU as a device, its AdamW on --optimizer-threads threads, or on the
+  // cores left to each rank of this host; --clock modeled charges its host.
+  static std::unique_ptr<Device> host_device(const TrainConfig& cfg, RankContext& ctx) {
+    const int ranks = ctx.host_ranks > 0 ? ctx.host_ranks : ctx.world;  // unknown: all share it
+    const int threads = cfg.offload.optimizer_threads > 0 ? cfg.offload.optimizer_threads
+                                                          : default_optimizer_threads(ranks);
     std::unique_ptr<Device> cpu = make_cpu_device(threads);
     return ctx.clock ? ctx.clock->on_host(std::move(cpu)) : std::move(cpu);
   }
 
-  // --optimizer-threads, or the cores left to each rank of this host (all
-  // ranks, where the launcher does not say how many share it).
-  static int optimizer_threads(const TrainConfig& cfg, const RankContext& ctx) {
-    if (cfg.offload.optimizer_threads > 0) return cfg.offload.optimizer_threads;
-    return default_optimizer_threads(ctx.host_ranks > 0 ? ctx.host_ranks : ctx.world);
-  }
-
-  static DType reduce_dtype(const TrainConfig& cfg) {
-    return cfg.fsdp.reduce_dtype.value_or(storage_dtype(cfg.precision));
-  }
-
   void load(const InitialState& init) override {
-    if (!params.shards_on_disk())
-      for (int g = 0; g < units.size(); ++g)
-        init.load(g, StateKind::params, shards.units[g].begin, shards.units[g].end, *host, params.piece(g),
-                  DType::f32);
-    if (opt) opt->load(init);
-    else disk->load(init, params.shards_on_disk() ? bf16_copy() : nullptr);
+    opt.load(init);
     for (int g = 0; g < units.size(); ++g) {
+      init.load(g, StateKind::params, shards.units[g].begin, shards.units[g].end, *host, params.piece(g), DType::f32);
       params.narrow_host_copy(g);
       params.upload(g).wait();
     }
   }
   std::vector<float> full(StateKind kind, bool every_rank) override {
-    pending.finish();  // a checkpoint and the final hash hold every step's update
-    if (opt) return opt->gather(kind, params.shard(), comm, comm_dev, every_rank);
-    if (kind != StateKind::params || params.shards_on_disk()) return disk->gather(kind, comm, comm_dev, every_rank);
-    return gather_full_model(comm, comm_dev, units.flat, shards, [&](int g, float* out) { copy_piece(kind, g, out); },
-                             every_rank);
+    return opt.gather(kind, params.shard(), comm, comm_dev, every_rank);
   }
-  // A sharded checkpoint: my pieces from where they live (host memory, or
-  // the disk tier), written by the first shard group alone.
+  // A sharded checkpoint: my pieces from host memory, written by the first shard group alone.
   const ShardLayout* share() const override { return replica == 0 ? &shards : nullptr; }
-  void copy_piece(StateKind kind, int g, float* host) override {
-    pending.finish();
-    if (opt) return opt->copy_piece(kind, g, params.shard(), host);
-    if (kind != StateKind::params || params.shards_on_disk()) return disk->copy_piece(kind, g, host);
-    std::copy_n(static_cast<const float*>(params.piece(g)), shards.units[g].end - shards.units[g].begin, host);
-  }
+  void copy_piece(StateKind kind, int g, float* out) override { opt.copy_piece(kind, g, params.shard(), out); }
 
   // The norm of the step's gradient over my group's pieces, on the host.
   GradClip clip(float max_norm) {
-    return clip_scale(shards, *host, comm_dev, comm, [&](int g) { return grads.piece(g); }, DType::f32,
-                      max_norm);
+    return clip_scale(shards, *host, comm_dev, comm, [&](int g) { return grads.piece(g); }, DType::f32, max_norm);
   }
-  // CPU AdamW on unit g's float32 shard with the gradients of `buffer`, and
-  // its rounding into the bf16 copy the device receives (moments in memory),
-  // with the settings of step t (its learning rate).
-  void update(int g, int buffer, const AdamWConfig& adam, long t, float scale) {
-    opt->update(g, params.shard(), grads.shard(buffer), bf16_copy(), adam, t, scale);
-  }
-  // Every unit: unit by unit, or one stream over the shard when the
-  // moments are on disk. With --delay-update this runs on the worker: it
-  // touches only the host's float32 shards, moments, bf16 copy and that
-  // buffer; the rank's thread meanwhile reads the device's copy (or the
-  // all-gathers' second host copy) and fills the other buffer.
-  void update_all(int buffer, const AdamWConfig& adam, long t, float scale) {
-    if (opt) {
-      for (int g = 0; g < units.size(); ++g) update(g, buffer, adam, t, scale);
-      return;
-    }
-    disk->update(params.shards_on_disk() ? nullptr : params.shard(), grads.shard(buffer), bf16_copy(), adam,
-                 t, scale);
-  }
-  // Where the update rounds my shard to: the bf16 copy, all my pieces (nullptr
-  // in fp32, where the float32 shard is the copy).
-  bf16* bf16_copy() { return precision == Precision::bf16 ? static_cast<bf16*>(params.host_copy(0)) : nullptr; }
-
-  void upload_all() {
-    std::vector<Transfer> uploads(units.size());
-    for (int g = 0; g < units.size(); ++g) uploads[g] = params.upload(g);
-    for (Transfer& u : uploads) u.wait();
-  }
-
-  // This step's update, now: CPU AdamW unit by unit, each unit's upload
-  // overlapping the next one's update (moments on disk: one stream over the
-  // shard first, then the uploads); the step waits for the uploads.
-  void update_now(const AdamWConfig& adam, long t, float scale) {
-    const int G = units.size(), b = grads.current();
-    std::vector<Transfer> uploads(G);
-    if (disk) {
-      Timer cpu;
-      update_all(b, adam, t, scale);
-      phases.optimizer += cpu.ms();
-    }
-    for (int g = 0; g < G; ++g) {
-      Timer cpu;
-      if (!disk) update(g, b, adam, t, scale);
-      phases.optimizer += cpu.ms();
-      uploads[g] = params.upload(g);
-    }
-    Timer h2d;
-    for (Transfer& u : uploads) u.wait();
-    phases.to_device += h2d.ms();
-    grads.zero();
-  }
-
-  // --delay-update, from the second step on: the previous step's update is
-  // this step's parameters; this one's runs on the worker meanwhile. The
-  // last step's update is waited for within it, so the run ends with it.
-  // adam and t are the update's step's (its learning rate, one step stale).
-  void update_delayed(const AdamWConfig& adam, long t, float scale, bool last) {
-    phases.delayed = true;
-    Timer wait;
-    pending.finish();
-    phases.update_wait = wait.ms();
-    if (pending.take(&phases.optimizer)) {
-      Timer h2d;
-      upload_all();
-      phases.to_device = h2d.ms();
-    }
-    const int filled = grads.flip();
-    pending.launch([this, filled, adam, t, scale] {
-      update_all(filled, adam, t, scale);
-      grads.zero(filled);  // for the step after next
-    });
-    if (last) {
-      pending.finish();
-      if (pending.take(nullptr)) upload_all();
-    }
+  // CPU AdamW on unit g's float32 shard, rounded into the bf16 copy the
+  // device receives (in fp32 the float32 shard is that copy).
+  void update(int g, const AdamWConfig& adam, long t, float scale) {
+    bf16* copy = precision == Precision::bf16 ? static_cast<bf16*>(params.host_copy(0)) : nullptr;
+    opt.update(g, params.shard(), grads.shard(), copy, adam, t, scale);
   }
 };
 
@@ -254,21 +94,21 @@ struct OffloadStates final : ModelStates {
 
 RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepLog& log) {
   const FsdpOptions& opt = cfg.fsdp;
+  REQUIRE(!cfg.offload.offload_params && cfg.offload.offload_dir.empty() && !cfg.offload.delay_update,
+          "--offload-params, --offload-dir and --delay-update are extensions/'s (train_offload_extended)");
   const ModelLayout layout = build_layout(cfg.model);
   const FsdpUnits units = wrap_blocks(layout, opt.wrap_blocks);
   FsdpComms comms(ctx.comm, opt.shard_group > 0 ? opt.shard_group : ctx.world);
   const ShardLayout shards = make_shard_layout(units.flat, comms.group->size(), comms.group->rank());
-  const int K = cfg.grad_accum, D = opt.prefetch;
+  const int G = units.size(), K = cfg.grad_accum, D = opt.prefetch;
 
-  OffloadStates::prepare_dir(cfg, shards, ctx);
-  OffloadStates states(units, shards, cfg, ctx, comms);
-  auto rc = timed(make_rank_compute(cfg, layout, ctx, data), states.phases.compute);  // the step's fwd, bwd
+  WallPhases phases;  // the step's phases, timed by decorators
+  OffloadStates states(units, shards, cfg, ctx, comms, phases.timed_host(OffloadStates::host_device(cfg, ctx)));
+  auto rc = phases.timed_compute(make_rank_compute(cfg, layout, ctx, data));
   TrainingRun run(cfg, units.flat, ctx, log, states);  // the initial model, or --resume's checkpoint
   comms.count_in(run);
   const size_t esize = dtype_size(storage_dtype(cfg.precision));
 
-  // A forward without a backward, on the parameters the device has (with
-  // --delay-update one update behind: those the next step computes with).
   const auto forward_only = [&] { return fsdp_evaluate(states.params, units, *rc, esize, D); };
   run.evaluate(run.first_step(), *rc, forward_only);
   for (int step = run.first_step(); run.keep_going(step); ++step) {
@@ -284,12 +124,15 @@ RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenDa
 
     const GradClip clip = states.clip(cfg.clip);
     const AdamWConfig adam = run.adamw(step);  // this step's learning rate (lr_schedule.h)
-    if (!cfg.offload.delay_update || step == run.first_step())
-      states.update_now(adam, step + 1, clip.scale);
-    else
-      states.update_delayed(adam, step + 1, clip.scale, step + 1 == cfg.steps);
+    std::vector<Transfer> uploads(G);
+    for (int g = 0; g < G; ++g) {
+      states.update(g, adam, step + 1, clip.scale);  // on the CPU
+      uploads[g] = states.params.upload(g);          // host->device, while the CPU updates unit g+1
+    }
+    for (Transfer& u : uploads) u.wait();  // the next step's all-gathers send what they wrote
+    states.grads.zero();
     const double ms = timer.ms();
-    run.end_step(step, loss, clip.norm, ms, states.phases.finish(ms));  // a checkpoint waits for the update
+    run.end_step(step, loss, clip.norm, ms, phases.lap(ms));
     run.evaluate(step + 1, *rc, forward_only);
   }
   RankResult result = run.finish();

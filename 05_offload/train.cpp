@@ -5,11 +5,11 @@
 //   build/05_offload/offload --ranks 2 --model small --offload-params --device-mem 8MiB
 //
 // Flags are docs/SPEC.md's, with stage 04's and stage 05's own (see --help).
-// The loop is in offload.cpp; the host's parameters in offload_params.cpp,
-// its gradients in host_grads.cpp, the CPU's AdamW in host_adamw.cpp; the
-// units and the all-gathers and reduce-scatters are stage 04's.
-#include "offload.h"
+// The lesson's loop is in offload.cpp; with --offload-params, --offload-dir
+// or --delay-update, extensions/offload.cpp's (the lesson with those three).
+#include "extensions/offload.h"
 
 int main(int argc, char** argv) {
-  return zf::stage_main(argc, argv, {"offload", "stage 05: offload", zf::StageFlags::offload}, zf::train_offload);
+  return zf::stage_main(argc, argv, {"offload", "stage 05: offload", zf::StageFlags::offload},
+                        zf::train_offload_extended);
 }

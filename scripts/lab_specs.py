@@ -352,7 +352,8 @@ class Offload(Fsdp):
     keys = pick("P", "model_states", "all_gather", "reduce_scatter", extra={
         "host_model_states": "05_offload/README.md, Memory per rank: 16S and the bf16 copy",
         "to_host_bytes": "05_offload/README.md, What crosses the link: each reduced piece, K times",
-        "to_device_bytes": "05_offload/README.md: the updated shard, or every all-gather's input"})
+        "to_device_bytes": "05_offload/README.md: the updated shard; with --offload-params every "
+                           "all-gather's input (05_offload/extensions/README.md)"})
     extra_flags = {"--offload-params": bool}
 
     def properties(self, checks, runs, cfg, opts):
@@ -363,7 +364,8 @@ class Offload(Fsdp):
         if opts.get("--offload-params"):
             want["device_model_states"] = 0
             want["to_device_bytes"] = K * e * (2 * S - h // N)
-        look = "05_offload/offload_params.h and host_grads.h: what stays on the device"
+        look = ("05_offload/offload_params.h and host_grads.h (extensions/ with --offload-params): "
+                "what stays on the device")
         each_rank(checks, r, "device model states", want["device_model_states"],
                   lambda mm, c: mm["device"]["model_states"], look)
         each_rank(checks, r, "host model states", want["host_model_states"],
@@ -477,7 +479,7 @@ class Time(Lab):
         checks.add(adamw_ms <= d < u,
                    "the delayed update hides the device's step under the CPU's AdamW, which still bounds the step",
                    f"between AdamW's {adamw_ms:.3f} and the undelayed {u:.3f} ms", f"{d:.3f} ms",
-                   "05_offload/README.md, the delayed update")
+                   "05_offload/extensions/README.md, the delayed update")
 
 
 def phases(steps):

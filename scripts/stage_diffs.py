@@ -11,7 +11,10 @@ changed without its diffs refreshed fails a test; python3 scripts/docs.py
 write refreshes them with every other generated part of the documents.
 
 Stages. STAGES below lists the stage folders in order, each with the name of
-its own files: adding a stage (04_fsdp, 05_offload) is one line there. Every
+its own files: adding a stage (04_fsdp, 05_offload) is one line there. A
+stage's extensions (05_offload/extensions: what a reader can stop before)
+are a folder inside it, listed after it, and diffed against it; the
+stage's own diff leaves that folder out. Every
 stage but the first gets a CHANGES.diff against the stage before it in the
 list. A stage folder on disk that is not in the list, or whose predecessor in
 the list has no folder yet, gets no diff and a note on stderr, never an error.
@@ -53,6 +56,7 @@ STAGES = [
     ("03_zero3", "zero3"),
     ("04_fsdp", "fsdp"),
     ("05_offload", "offload"),
+    ("05_offload/extensions", "offload"),
 ]
 
 OUTPUT = "CHANGES.diff"
@@ -68,11 +72,14 @@ def default_root():
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def stage_files(folder):
-    """Relative paths ('/'-separated, sorted) of the files a stage's diff covers."""
+def stage_files(folder, nested=()):
+    """Relative paths ('/'-separated, sorted) of the files a stage's diff
+    covers; nested: absolute paths of folders inside it left out (its
+    extensions, a stage of their own)."""
     out = []
     for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "__pycache__")
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "__pycache__"
+                             and os.path.join(dirpath, d) not in nested)
         for f in filenames:
             if f in SKIPPED_NAMES or f.startswith(".") or f.endswith(SKIPPED_SUFFIXES):
                 continue
@@ -143,7 +150,8 @@ def lines_word(n):
 def stage_diff(root, prev, prev_name, stage, name):
     """The text of stage's CHANGES.diff against prev."""
     prev_dir, stage_dir = os.path.join(root, prev), os.path.join(root, stage)
-    prev_files, files = stage_files(prev_dir), stage_files(stage_dir)
+    nested = {os.path.join(root, s) for s, _ in STAGES}
+    prev_files, files = stage_files(prev_dir, nested), stage_files(stage_dir, nested)
     pairs, new, gone = pair_files(prev_name, prev_files, name, files)
 
     body, diffed, unchanged, binary = [], [], [], []

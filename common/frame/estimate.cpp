@@ -116,9 +116,9 @@ std::vector<double> padded_units(const ModelLayout& layout, int N) {
 // The step's transient device bytes (estimate.h), replayed allocation by
 // allocation in the order the stages make them (02_zero2/sharded_grads.cpp,
 // 03_zero3/gathered_params.cpp, 04_fsdp/flat_params.cpp and flat_grads.cpp,
-// 05_offload/host_grads.cpp and offload_params.cpp); the peak is the most
-// held just after an allocation. The gathered units (category gathered) are
-// also counted on their own.
+// 05_offload/host_grads.cpp, offload_params.cpp and their extensions/
+// versions); the peak is the most held just after an allocation. The
+// gathered units (category gathered) are also counted on their own.
 class Transients {
  public:
   double peak() const { return peak_; }

@@ -96,7 +96,7 @@ ModelStateBytes model_state_bytes(Stage stage, Precision precision, const ModelS
     // shards too, the host keeping only the bf16 copy (05_offload/offload.cpp).
     // The host streams them through two chunks of each array: a chunk is
     // kDiskChunkElems floats, or the shard rounded up to kDiskAlignElems
-    // when it is smaller (05_offload/disk_tier.h).
+    // when it is smaller (05_offload/extensions/disk_tier.h).
     const bool master_on_disk = opt.offload_params && precision == Precision::bf16;
     const double arrays = master_on_disk ? 3 : 2;
     const double chunk = std::min(double(kDiskChunkElems), std::ceil(z.shard / kDiskAlignElems) * kDiskAlignElems);

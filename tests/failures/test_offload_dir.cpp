@@ -23,7 +23,7 @@
 #include <string>
 
 #include "child_process.h"
-#include "disk_tier.h"
+#include "extensions/disk_tier.h"
 #include "memory.h"
 #include "test_util.h"
 
@@ -31,6 +31,7 @@ namespace zf {
 namespace {
 
 namespace fs = std::filesystem;
+using extensions::DiskTier;
 using test::ChildProcess;
 using test::read_file;
 using test::run_command;

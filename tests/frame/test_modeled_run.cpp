@@ -16,7 +16,7 @@
 #include "cli.h"
 #include "data_parallel.h"
 #include "fsdp.h"
-#include "offload.h"
+#include "extensions/offload.h"
 #include "zero1.h"
 #include "zero2.h"
 #include "zero3.h"
@@ -65,7 +65,7 @@ TEST(ModeledRun, OffloadPaysForPcieAndTheHostsOptimizer) {
   cfg.dry_run = true;
   cfg.precision = Precision::bf16;
   const double fsdp = run_training(cfg, train_fsdp).ranks[0].step_ms[1];
-  const double offload = run_training(cfg, train_offload).ranks[0].step_ms[1];
+  const double offload = run_training(cfg, train_offload_extended).ranks[0].step_ms[1];
   EXPECT_GT(offload, fsdp);
   // At least each rank's CPU AdamW: its shard (P/8, padded up) at an eighth
   // of the host's 2e9 parameters/s (hardware/h100-sxm.hw: 8 ranks a host).
@@ -84,9 +84,9 @@ TEST(ModeledRun, TheDelayedUpdateHidesTheHostsOptimizerBehindTheStep) {
   cfg.precision = Precision::bf16;
   cfg.steps = 5;
   const double fsdp = run_training(cfg, train_fsdp).ranks[0].step_ms[2];
-  const double undelayed = run_training(cfg, train_offload).ranks[0].step_ms[2];
+  const double undelayed = run_training(cfg, train_offload_extended).ranks[0].step_ms[2];
   cfg.offload.delay_update = true;
-  const std::vector<double> delayed = run_training(cfg, train_offload).ranks[0].step_ms;
+  const std::vector<double> delayed = run_training(cfg, train_offload_extended).ranks[0].step_ms;
   // Each rank's CPU AdamW: its shard at an eighth of the host's 2e9
   // parameters/s (hardware/h100-sxm.hw: 8 ranks a host).
   const double adamw = double(build_layout(cfg.model).numel) / 8 / (2e9 / 8) * 1e3;
@@ -99,7 +99,7 @@ TEST(ModeledRun, TheDelayedUpdateHidesTheHostsOptimizerBehindTheStep) {
   EXPECT_GT(delayed[4], delayed[3] + 0.9 * adamw);  // the last update, waited for within the step
   TrainConfig real = modeled("tiny", 4, "h100-sxm");
   real.offload.delay_update = true;
-  EXPECT_EQ(run_training(real, train_offload).ranks[0].step_ms, run_training(real, train_offload).ranks[0].step_ms);
+  EXPECT_EQ(run_training(real, train_offload_extended).ranks[0].step_ms, run_training(real, train_offload_extended).ranks[0].step_ms);
 }
 
 // The disk tier streams the moments in and out each step (8 bytes a
@@ -111,10 +111,10 @@ TEST_F(ModeledFiles, TheDiskTierIsItsBytesAtTheNodesDiskRate) {
   cfg.dry_run = true;
   cfg.precision = Precision::bf16;
   cfg.log_json = path("log.jsonl");
-  const double in_memory = run_training(cfg, train_offload).ranks[0].step_ms[1];
+  const double in_memory = run_training(cfg, train_offload_extended).ranks[0].step_ms[1];
   cfg.offload.offload_dir = path("od");
   std::filesystem::create_directory(cfg.offload.offload_dir);
-  const double on_disk = run_training(cfg, train_offload).ranks[0].step_ms[1];
+  const double on_disk = run_training(cfg, train_offload_extended).ranks[0].step_ms[1];
   const double disk = 16.0 * double(build_layout(cfg.model).numel) / 8 / (6e9 / 8) * 1e3;
   std::ifstream in(cfg.log_json);
   double disk_phase = -1;
@@ -138,8 +138,8 @@ TEST_F(ModeledFiles, ADelayedUpdateOnDiskHasTheSameTimesEveryRun) {
   cfg.steps = 4;
   cfg.offload.delay_update = true;
   cfg.offload.offload_dir = dir_;
-  const std::vector<double> first = run_training(cfg, train_offload).ranks[0].step_ms;
-  EXPECT_EQ(run_training(cfg, train_offload).ranks[0].step_ms, first);
+  const std::vector<double> first = run_training(cfg, train_offload_extended).ranks[0].step_ms;
+  EXPECT_EQ(run_training(cfg, train_offload_extended).ranks[0].step_ms, first);
 }
 
 TEST(ModeledRun, ZeroThreeCostsMoreThanDataParallelOverPcieThanOverNvlink) {
@@ -165,9 +165,9 @@ TEST_F(ModeledFiles, ADryRunGivesTheRealRunsTimesAndMemory) {
   both.offload_dir = dir_;
   const std::vector<std::tuple<const char*, StageFn, OffloadOptions>> stages = {
       {"dp", train_data_parallel, none}, {"zero1", train_zero1, none}, {"zero2", train_zero2, none},
-      {"zero3", train_zero3, none},      {"fsdp", train_fsdp, none},    {"offload", train_offload, none},
-      {"offload --offload-params", train_offload, params}, {"offload --delay-update", train_offload, delay},
-      {"offload --offload-dir", train_offload, disk}, {"offload --offload-dir --delay-update", train_offload, both}};
+      {"zero3", train_zero3, none},      {"fsdp", train_fsdp, none},    {"offload", train_offload_extended, none},
+      {"offload --offload-params", train_offload_extended, params}, {"offload --delay-update", train_offload_extended, delay},
+      {"offload --offload-dir", train_offload_extended, disk}, {"offload --offload-dir --delay-update", train_offload_extended, both}};
   for (const auto& [name, fn, offload] : stages)
     for (int N : {2, 3, 4}) {
       TrainConfig cfg = modeled("tiny", N, "a100-sxm");
@@ -197,7 +197,7 @@ TEST(ModeledRun, TheTraceIsTheModeledTimeline) {
   cfg.trace = dir + "/t.json";
   cfg.save = dir + "/ck.st";  // a save between steps: its spans are no step's
   cfg.save_every = 1;
-  const RunResult run = run_training(cfg, train_offload);
+  const RunResult run = run_training(cfg, train_offload_extended);
   std::ifstream f(cfg.trace);
   const nlohmann::json doc = nlohmann::json::parse(f);
   EXPECT_EQ(doc["otherData"]["clock"].get<std::string>().rfind("modeled, not measured", 0), 0u);

@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "check.h"
-#include "disk_tier.h"
+#include "extensions/disk_tier.h"
 #include "memory.h"
 #include "stop_request.h"
 #include "test_util.h"
@@ -43,7 +43,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using zf::Category;
-using zf::DiskTier;
+using zf::extensions::DiskTier;
 using zf::OffloadFiles;
 using zf::Place;
 

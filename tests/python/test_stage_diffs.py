@@ -40,8 +40,9 @@ class GeneratorTest(unittest.TestCase):
         self.root = self.tmp.name
         for stage, _ in stage_diffs.STAGES:
             if os.path.isdir(os.path.join(ROOT, stage)):
+                # an extensions folder is copied with its stage, then again: the same files
                 shutil.copytree(os.path.join(ROOT, stage), os.path.join(self.root, stage),
-                                ignore=shutil.ignore_patterns("__pycache__"))
+                                ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
         quiet(stage_diffs.write, self.root)
 
     def tearDown(self):
@@ -143,6 +144,15 @@ class GeneratorTest(unittest.TestCase):
                       and os.path.isfile(self.path(last, f)) and not f.endswith(".png"))
         self.assertIn(f"# unchanged: {name}.h -> next.h, " + ", ".join(same) + "\n", text)
         self.assertNotIn("+++ b/06_next/train.cpp", text)
+
+    def test_extensions_are_diffed_against_their_stage_alone(self):
+        # 05_offload/extensions is a stage inside 05_offload: out of 05's diff, diffed against 05.
+        lesson = self.read("05_offload", "CHANGES.diff")
+        self.assertNotIn("disk_tier", lesson)
+        self.assertNotIn("b/05_offload/extensions/", lesson)
+        ext = self.read("05_offload", "extensions", "CHANGES.diff")
+        self.assertIn("--- a/05_offload/offload.cpp\n+++ b/05_offload/extensions/offload.cpp\n", ext)
+        self.assertIn("#   disk_tier.cpp", ext)
 
     def test_a_stage_without_its_predecessor(self):
         shutil.rmtree(self.path("02_zero2"))

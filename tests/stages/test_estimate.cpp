@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "data_parallel.h"
-#include "disk_adamw.h"
+#include "extensions/disk_adamw.h"
 #include "estimate.h"
 #include "fsdp.h"
-#include "offload.h"
+#include "extensions/offload.h"
 #include "stage_fns.h"
 #include "stages/stage_test_util.h"
 #include "test_util.h"
@@ -33,8 +33,8 @@
 namespace zf {
 // The memory model's disk-tier chunk is stage 05's (the estimate suite's
 // models have shards under a chunk, so only this sees a drift).
-static_assert(zf::DiskAdamW::kChunkElems == zf::kDiskChunkElems);
-static_assert(zf::DiskTier::kAlignElems == zf::kDiskAlignElems);
+static_assert(zf::extensions::DiskAdamW::kChunkElems == zf::kDiskChunkElems);
+static_assert(zf::extensions::DiskTier::kAlignElems == zf::kDiskAlignElems);
 
 namespace {
 
@@ -161,10 +161,10 @@ TEST_F(EstimateDisk, OffloadDirMovesTheMomentsToDisk) {
         TrainConfig cfg = test::config(test::odd_model(), N, 1, 1, p);
         cfg.offload.offload_params = offload_params;
         SCOPED_TRACE(test::describe(cfg) + (offload_params ? ", offload-params" : ""));
-        const MemoryCounts in_memory = run_training(cfg, train_offload).ranks[0].memory;
+        const MemoryCounts in_memory = run_training(cfg, train_offload_extended).ranks[0].memory;
         cfg.offload.offload_dir = dir_;
         expect_estimate_matches_run(Stage::offload, cfg);
-        const MemoryCounts on_disk = run_training(cfg, train_offload).ranks[0].memory;
+        const MemoryCounts on_disk = run_training(cfg, train_offload_extended).ranks[0].memory;
         const StageEstimate est = estimate_stage(Stage::offload, cfg);
         EXPECT_EQ(est.states.disk.optimizer, double(in_memory.cur(Place::host, Category::optimizer)));
         EXPECT_EQ(est.states.disk.params, double(in_memory.cur(Place::host, Category::params)) -

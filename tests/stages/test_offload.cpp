@@ -27,10 +27,10 @@
 #include <filesystem>
 
 #include "data_parallel.h"
-#include "disk_adamw.h"
+#include "extensions/disk_adamw.h"
 #include "fsdp.h"
 #include "memory_model.h"
-#include "offload.h"
+#include "extensions/offload.h"
 #include "comm_threads.h"
 #include "sharded_adamw.h"
 #include "stages/fsdp_test_util.h"
@@ -45,17 +45,18 @@ namespace zf {
 namespace {
 
 using namespace fsdp_test;
+using extensions::DiskAdamW;
 
 // Stage 05 with --offload-params, whatever the configuration says.
 RankResult train_offload_params(const TrainConfig& c, RankContext& ctx, const TokenData& d, StepLog& r) {
   TrainConfig cfg = c;
   cfg.offload.offload_params = true;
-  return train_offload(cfg, ctx, d, r);
+  return train_offload_extended(cfg, ctx, d, r);
 }
 
 RunResult with_params_offloaded(TrainConfig cfg) {
   cfg.offload.offload_params = true;
-  return run_training(cfg, train_offload);
+  return run_training(cfg, train_offload_extended);
 }
 
 // ------------------------------------------------------------------ parity
@@ -67,7 +68,7 @@ class OffloadBitParity : public ::testing::TestWithParam<test::ParityCase> {};
 // bf16 copy the device receives is the rounding stage 04 does before its
 // all-gather. So stage 00's bits (stage 04's are).
 TEST_P(OffloadBitParity, BitIdenticalToDataParallel) {
-  test::expect_bit_identical_to_dp(GetParam(), train_offload, "05 offload");
+  test::expect_bit_identical_to_dp(GetParam(), train_offload_extended, "05 offload");
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, OffloadBitParity, ::testing::ValuesIn(test::parity_cases()),
@@ -96,7 +97,7 @@ TEST(OffloadParity, OptimizerThreadsAreBitIdentical) {
     for (int threads : {1, 2, 3}) {
       cfg.offload.optimizer_threads = threads;
       SCOPED_TRACE(test::describe(cfg) + ", " + std::to_string(threads) + " optimizer threads");
-      const RunResult run = run_training(cfg, train_offload);
+      const RunResult run = run_training(cfg, train_offload_extended);
       test::expect_bit_identical(ref, run, "05 offload --optimizer-threads");
       EXPECT_NE(run.ranks[0].host_optimizer.find(std::to_string(threads) + (threads == 1 ? " thread" : " threads")),
                 std::string::npos)
@@ -105,11 +106,11 @@ TEST(OffloadParity, OptimizerThreadsAreBitIdentical) {
   }
 }
 
-TEST(OffloadParity, ClippingBites) { test::expect_clipping_bites(train_offload); }
+TEST(OffloadParity, ClippingBites) { test::expect_clipping_bites(train_offload_extended); }
 
 // --val-every changes nothing of training and counts its collectives apart;
 // its bytes are FSDP's, checked in test_fsdp.cpp.
-TEST(OffloadParity, ValidationIsApart) { test::expect_validation_is_apart(train_offload, -1); }
+TEST(OffloadParity, ValidationIsApart) { test::expect_validation_is_apart(train_offload_extended, -1); }
 // With the parameter shards on the host the evaluation's gathers copy them
 // to the device: copies of the evaluation's, not in the steps' transfers.
 TEST(OffloadParity, ValidationWithOffloadParamsIsApart) {
@@ -126,7 +127,7 @@ TEST(OffloadParity, HybridShardingIsStage00InTwoHops) {
       cfg.fsdp.shard_group = 3;
       cfg.offload.offload_params = offload_params;
       SCOPED_TRACE(describe(cfg) + (offload_params ? ", offload-params" : ""));
-      test::expect_bit_identical(ref, run_training(cfg, train_offload), "offload --shard-group 3");
+      test::expect_bit_identical(ref, run_training(cfg, train_offload_extended), "offload --shard-group 3");
     }
 }
 
@@ -158,7 +159,7 @@ TEST(OffloadParity, EveryStage04KnobIsStage04sBits) {
         SCOPED_TRACE(describe(cfg) + (offload_params ? ", offload-params" : ""));
         const RunResult ref = run_training(cfg, train_fsdp);
         cfg.offload.offload_params = offload_params;
-        test::expect_bit_identical(ref, run_training(cfg, train_offload), k.what);
+        test::expect_bit_identical(ref, run_training(cfg, train_offload_extended), k.what);
       }
 }
 
@@ -174,7 +175,7 @@ TEST(OffloadMemory, ModelStatesAreWhereTheFormulaSays) {
         TrainConfig cfg = fsdp_config(odd4(), N, p, 1);
         cfg.offload.offload_params = offload_params;
         SCOPED_TRACE(describe(cfg) + (offload_params ? ", offload-params" : ""));
-        const RunResult run = run_training(cfg, train_offload);
+        const RunResult run = run_training(cfg, train_offload_extended);
         const size_t S = flat_sizes(odd4(), N, 1).shard, e = test::esize(p);
         const size_t device_params = offload_params ? 0 : e * S;
         const size_t host_params = 4 * S + (p == Precision::bf16 ? 2 * S : 0);
@@ -221,11 +222,11 @@ TEST(OffloadMemory, PinnedBytesAreWhereTheCopiesGo) {
           size_t pinned = 2 * fs.largest_shard(N) * e;
           pinned += p == Precision::bf16 ? 2 * S : 4 * S;
           if (offload_params && delay) pinned += e * S;
-          const RunResult run = run_training(cfg, train_offload);
+          const RunResult run = run_training(cfg, train_offload_extended);
           for (size_t r = 0; r < run.ranks.size(); ++r)
             EXPECT_EQ(run.ranks[r].memory.pinned_peak, pinned) << "rank " << r;
           cfg.offload.no_pin = true;
-          EXPECT_EQ(run_training(cfg, train_offload).ranks[0].memory.pinned_peak, 0u) << "--no-pin";
+          EXPECT_EQ(run_training(cfg, train_offload_extended).ranks[0].memory.pinned_peak, 0u) << "--no-pin";
         }
 }
 
@@ -254,7 +255,7 @@ TEST(OffloadMemory, CommPeakIsTheReadmeSchedule) {
         const int group = mode.group(N);
         const FlatSizes fs = flat_sizes(odd4(), group, 1);
         const CommPeakCase k = mode.peak_case(p, mode.offload_params ? test::esize(p) : 0, true);
-        const RunResult run = run_training(cfg, train_offload);
+        const RunResult run = run_training(cfg, train_offload_extended);
         for (size_t i = 0; i < run.ranks.size(); ++i) {
           const MemoryCounts& m = run.ranks[i].memory;
           EXPECT_EQ(m.pk(Place::device, Category::comm), comm_peak(fs, group, k)) << "rank " << i;
@@ -280,7 +281,7 @@ TEST(OffloadTransfers, BytesPerStepAreTheFormula) {
         cfg.grad_accum = K;
         cfg.offload.offload_params = offload_params;
         SCOPED_TRACE(describe(cfg) + (offload_params ? ", offload-params" : ""));
-        const RunResult run = run_training(cfg, train_offload);
+        const RunResult run = run_training(cfg, train_offload_extended);
         const FlatSizes f = flat_sizes(odd4(), N, 1);
         const size_t e = test::esize(p), G = f.padded.size();
         const size_t head_shard = f.head() / N;
@@ -325,10 +326,10 @@ TEST(OffloadBudget, TheReadmeConfigurationFitsOnlyWithOffload) {
                                                     {"02 zero2", train_zero2},      {"03 zero3", train_zero3},
                                                     {"04 fsdp", train_fsdp}};
   for (const auto& [name, fn] : stages) expect_out_of_memory(at8, fn, name);
-  EXPECT_EQ(run_training(at8, train_offload).ranks[0].losses.size(), 1u);
+  EXPECT_EQ(run_training(at8, train_offload_extended).ranks[0].losses.size(), 1u);
 
   const TrainConfig at6 = readme_config(size_t(6.5 * (1 << 20)));
-  expect_out_of_memory(at6, train_offload, "05 offload");
+  expect_out_of_memory(at6, train_offload_extended, "05 offload");
   EXPECT_EQ(with_params_offloaded(at6).ranks[0].losses.size(), 1u);
 }
 
@@ -348,7 +349,7 @@ TEST_F(OffloadDisk, MomentsInFilesAreBitIdenticalAndTheHostHoldsAWindow) {
         cfg.offload.offload_dir = dir_;
         cfg.offload.offload_params = offload_params;
         SCOPED_TRACE(describe(cfg) + (offload_params ? ", offload-params" : ""));
-        const RunResult run = run_training(cfg, train_offload);
+        const RunResult run = run_training(cfg, train_offload_extended);
         cfg.offload = {};
         test::expect_bit_identical(run_training(cfg, train_data_parallel), run, "05 offload --offload-dir");
         // With --offload-params in bf16 the float32 shards go to a third
@@ -372,10 +373,10 @@ TEST_F(OffloadDisk, DelayedUpdateOnDiskIsTheDelayedUpdatesBits) {
   for (Precision p : {Precision::fp32, Precision::bf16}) {
     TrainConfig cfg = fsdp_config(odd4(), 2, p, 5);
     cfg.offload.delay_update = true;
-    const RunResult in_memory = run_training(cfg, train_offload);
+    const RunResult in_memory = run_training(cfg, train_offload_extended);
     cfg.offload.offload_dir = dir_;
     SCOPED_TRACE(describe(cfg));
-    test::expect_bit_identical(in_memory, run_training(cfg, train_offload), "05 offload --delay-update --offload-dir");
+    test::expect_bit_identical(in_memory, run_training(cfg, train_offload_extended), "05 offload --delay-update --offload-dir");
   }
 }
 
@@ -386,7 +387,7 @@ TEST_F(OffloadDisk, NoSyncAndClippingAreBitIdentical) {
   cfg.clip = 0.05f;
   const RunResult ref = run_training(cfg, train_data_parallel);
   cfg.offload.offload_dir = dir_;
-  test::expect_bit_identical(ref, run_training(cfg, train_offload), "05 offload --offload-dir --no-sync");
+  test::expect_bit_identical(ref, run_training(cfg, train_offload_extended), "05 offload --offload-dir --no-sync");
 }
 
 // The stream cuts the shard into chunks that do not fall on unit or
@@ -465,7 +466,7 @@ TEST_F(OffloadDisk, AMissingFolderIsRefusedBeforeStepZero) {
   TrainConfig cfg = fsdp_config(odd4(), 2, Precision::fp32);
   cfg.offload.offload_dir = dir_ + "/no-such-folder";
   try {
-    run_training(cfg, train_offload);
+    run_training(cfg, train_offload_extended);
     FAIL() << "trained with a missing --offload-dir";
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("--offload-dir"), std::string::npos) << e.what();
@@ -484,12 +485,12 @@ TEST_F(OffloadCheckpoint, ResumeWithTheMomentsOnDiskContinuesBitForBit) {
       [folder](const TrainConfig& c, RankContext& ctx, const TokenData& d, StepLog& r) {
         TrainConfig cfg = c;
         cfg.offload.offload_dir = folder;
-        return train_offload(cfg, ctx, d, r);
+        return train_offload_extended(cfg, ctx, d, r);
       },
       dir_);
 }
 
-TEST_F(OffloadCheckpoint, ResumeContinuesBitForBit) { test::expect_resume_continues_bit_for_bit(train_offload, dir_); }
+TEST_F(OffloadCheckpoint, ResumeContinuesBitForBit) { test::expect_resume_continues_bit_for_bit(train_offload_extended, dir_); }
 
 TEST_F(OffloadCheckpoint, ResumeWithOffloadParamsContinuesBitForBit) {
   test::expect_resume_continues_bit_for_bit(train_offload_params, dir_);

@@ -22,6 +22,7 @@
 //   meson test -C build offload
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -36,10 +37,11 @@
 #include "adamw.h"
 #include "check.h"
 #include "compute_decorators.h"
-#include "delayed_update.h"
+#include "extensions/delayed_update.h"
 #include "fsdp.h"
 #include "gradnorm.h"
 #include "memory_model.h"
+#include "extensions/offload.h"
 #include "offload.h"
 #include "precision.h"
 #include "rank_compute.h"
@@ -53,6 +55,7 @@ namespace zf {
 namespace {
 
 using namespace fsdp_test;
+using extensions::DelayedUpdate;
 
 // ------------------------------------------------------------------ the reference
 
@@ -194,9 +197,9 @@ TEST(OffloadDelay, BitIdenticalToTheDelayedReference) {
         if (clip < 1.0f) cfg = test::with_schedule(cfg);  // each update at its own step's rate
         SCOPED_TRACE(describe(cfg));
         const RunResult ref = run_training(cfg, train_delayed_reference);
-        test::expect_bit_identical(ref, run_training(delayed(cfg), train_offload), "05 --delay-update");
+        test::expect_bit_identical(ref, run_training(delayed(cfg), train_offload_extended), "05 --delay-update");
         cfg.offload.offload_params = true;
-        test::expect_bit_identical(ref, run_training(delayed(cfg), train_offload),
+        test::expect_bit_identical(ref, run_training(delayed(cfg), train_offload_extended),
                                    "05 --delay-update --offload-params");
       }
 }
@@ -208,7 +211,7 @@ TEST(OffloadDelay, ChangesTheTrainingFromStepTwoOn) {
   for (Precision p : {Precision::fp32, Precision::bf16}) {
     const TrainConfig cfg = fsdp_config(odd4(), 2, p, 4);
     SCOPED_TRACE(describe(cfg));
-    const RunResult plain = run_training(cfg, train_offload), late = run_training(delayed(cfg), train_offload);
+    const RunResult plain = run_training(cfg, train_offload_extended), late = run_training(delayed(cfg), train_offload_extended);
     const std::vector<float>&a = plain.ranks[0].losses, &b = late.ranks[0].losses;
     EXPECT_EQ(a[0], b[0]);
     EXPECT_EQ(a[1], b[1]);
@@ -231,7 +234,7 @@ TEST(OffloadDelay, HostHoldsTheSecondBuffers) {
         TrainConfig cfg = delayed(fsdp_config(odd4(), N, p, 3));
         cfg.offload.offload_params = offload_params;
         SCOPED_TRACE(describe(cfg) + (offload_params ? ", offload-params" : ""));
-        const RunResult run = run_training(cfg, train_offload);
+        const RunResult run = run_training(cfg, train_offload_extended);
         const size_t S = flat_sizes(odd4(), N, 1).shard, e = test::esize(p);
         const size_t device_params = offload_params ? 0 : e * S;
         const size_t host_params = 4 * S + (p == Precision::bf16 ? 2 * S : 0) + (offload_params ? e * S : 0);
@@ -263,7 +266,7 @@ TEST(OffloadDelay, MovesTheSameBytesAsWithoutIt) {
       TrainConfig cfg = fsdp_config(odd4(), 3, p, 4);
       cfg.offload.offload_params = offload_params;
       SCOPED_TRACE(describe(cfg) + (offload_params ? ", offload-params" : ""));
-      const RunResult plain = run_training(cfg, train_offload), late = run_training(delayed(cfg), train_offload);
+      const RunResult plain = run_training(cfg, train_offload_extended), late = run_training(delayed(cfg), train_offload_extended);
       for (size_t r = 0; r < plain.ranks.size(); ++r) {
         const TransferStats &a = plain.ranks[r].transfers, &b = late.ranks[r].transfers;
         EXPECT_EQ(a.to_device_bytes, b.to_device_bytes);
@@ -278,6 +281,33 @@ TEST(OffloadDelay, MovesTheSameBytesAsWithoutIt) {
 
 class OffloadDelayFiles : public test::TempDirTest {};
 
+// The lesson's step (no worker): fwd and bwd from the compute's decorator,
+// the CPU's AdamW from the host device's, and the rest; they add up to the
+// step, and the AdamW calls take time.
+TEST_F(OffloadDelayFiles, TheLessonsPhasesAddUpToItsStep) {
+  TrainConfig cfg = fsdp_config(odd4(), 2, Precision::bf16, 3);
+  cfg.log_json = path("log.jsonl");
+  run_training(cfg, train_offload);
+  std::ifstream in(cfg.log_json);
+  int step = 0;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("summary")) continue;
+    std::vector<std::string> names;
+    double sum = 0;
+    for (const auto& [name, ms] : j["phases_ms"].items()) {
+      names.push_back(name);
+      sum += ms.get<double>();
+    }
+    std::sort(names.begin(), names.end());
+    EXPECT_EQ(names, (std::vector<std::string>{"bwd", "cpu adamw", "fwd", "wait"})) << line;
+    EXPECT_GT(j["phases_ms"]["cpu adamw"].get<double>(), 0.0) << line;
+    EXPECT_NEAR(sum, j["ms"].get<double>(), 1e-6 * j["ms"].get<double>() + 1e-9) << line;
+    ++step;
+  }
+  EXPECT_EQ(step, 3);
+}
+
 // Step 0 is undelayed (no wait for a worker); from step 1 on the step line
 // has the wait, and from step 2 on the worker's time for step s-1's update,
 // which is not part of the step's time: the phases on the rank's path add
@@ -285,7 +315,7 @@ class OffloadDelayFiles : public test::TempDirTest {};
 TEST_F(OffloadDelayFiles, TheRunLogShowsTheHiddenUpdate) {
   TrainConfig cfg = delayed(fsdp_config(odd4(), 2, Precision::bf16, 4));
   cfg.log_json = path("log.jsonl");
-  run_training(cfg, train_offload);
+  run_training(cfg, train_offload_extended);
   std::ifstream in(cfg.log_json);
   int step = 0;
   for (std::string line; std::getline(in, line);) {
@@ -362,7 +392,7 @@ TEST_F(OffloadDelayFiles, SavingChangesNothing) {
     TrainConfig saving = cfg;
     saving.save = path("every.safetensors");
     saving.save_every = 1;
-    test::expect_bit_identical(run_training(cfg, train_offload), run_training(saving, train_offload),
+    test::expect_bit_identical(run_training(cfg, train_offload_extended), run_training(saving, train_offload_extended),
                                "05 --delay-update, saving every step");
   }
 }
@@ -396,7 +426,7 @@ TEST_F(OffloadDelayFiles, ACheckpointHoldsTheUpdateInFlight) {
       const RunResult ref = write(train_delayed_reference, "ref.safetensors");
       const RunResult got = write(
           [](const TrainConfig& c, RankContext& ctx, const TokenData& d, StepLog& r) {
-            return train_offload(delayed(c), ctx, d, r);
+            return train_offload_extended(delayed(c), ctx, d, r);
           },
           "offload.safetensors");
       EXPECT_EQ(bytes_of(path("offload.safetensors")), bytes_of(path("ref.safetensors")));

@@ -14,7 +14,7 @@
 
 #include "data_parallel.h"
 #include "fsdp.h"
-#include "offload.h"
+#include "extensions/offload.h"
 #include "sample.h"
 #include "stages/gradient_check.h"
 #include "stages/stage_test_util.h"
@@ -128,7 +128,7 @@ TEST_F(SampleRun, GreedySamplesFollowTheReference) {
 // Every stage writes the same text where it trains the same model; before
 // training (the sample after 0 steps) at every N too.
 TEST(Sample, SameTextInEveryStageAndAtEveryN) {
-  const StageFn stages[] = {train_data_parallel, train_zero1, train_zero2, train_zero3, train_fsdp, train_offload};
+  const StageFn stages[] = {train_data_parallel, train_zero1, train_zero2, train_zero3, train_fsdp, train_offload_extended};
   std::vector<int32_t> first;
   for (int N : {1, 2, 3}) {
     const TrainConfig cfg = sampling(N, 4, 0.8f);

@@ -31,7 +31,7 @@
 #include "checkpoint.h"
 #include "data_parallel.h"
 #include "fsdp.h"
-#include "offload.h"
+#include "extensions/offload.h"
 #include "safetensors.h"
 #include "sharded_checkpoint.h"
 #include "stages/sharded_test_fixture.h"
@@ -62,7 +62,7 @@ std::vector<Stage> stages(const std::string& dir) {
           {"zero2", train_zero2, [](TrainConfig&) {}},
           {"zero3", train_zero3, [](TrainConfig&) {}},
           {"fsdp", train_fsdp, [](TrainConfig& c) { c.fsdp.wrap_blocks = 2; }},  // units of two blocks
-          {"offload", train_offload, [dir](TrainConfig& c) {
+          {"offload", train_offload_extended, [dir](TrainConfig& c) {
              fs::create_directories(dir + "/tier");
              c.offload.offload_dir = dir + "/tier";  // the moments in files
            }}};

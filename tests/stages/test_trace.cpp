@@ -32,7 +32,7 @@
 #include "trace.h"
 #include "zero1.h"
 #include "fsdp.h"
-#include "offload.h"
+#include "extensions/offload.h"
 #include "zero2.h"
 #include "zero3.h"
 
@@ -63,7 +63,7 @@ class TraceTest : public test::TempDirTest {
     if (stage == "fsdp") return train_fsdp;
     if (stage == "zero1") return train_zero1;
     if (stage == "zero2") return train_zero2;
-    if (stage == "offload") return train_offload;
+    if (stage == "offload") return train_offload_extended;
     return train_zero3;
   }
 

@@ -1,6 +1,6 @@
 // offload_files.h: the files of --offload-dir, which the harness owns for a
-// stage that keeps state on disk (05_offload/disk_tier.h streams through
-// them). The promise kept here: nothing of the user's is ever written or
+// stage that keeps state on disk (05_offload/extensions/disk_tier.h streams
+// through them). The promise kept here: nothing of the user's is ever written or
 // removed, and whatever the run made is gone however it ends.
 //
 // A run makes a folder of its own under --offload-dir,

@@ -11,7 +11,7 @@
 #include <string>
 #include <thread>
 
-namespace zf {
+namespace zf::extensions {
 
 namespace {
 
@@ -188,4 +188,4 @@ void DiskTier::for_each_chunk(const std::function<void(size_t, size_t, float* co
   }
 }
 
-}  // namespace zf
+}  // namespace zf::extensions

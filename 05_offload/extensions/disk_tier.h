@@ -1,6 +1,6 @@
 // disk_tier.h: one rank's optimizer state in files, streamed through the
 // host two chunks at a time (ZeRO-Infinity's NVMe tier). Why chunks, why
-// two, why checksums: 05_offload/README.md, "The disk tier".
+// two, why checksums: 05_offload/extensions/README.md, "The disk tier".
 //
 // K arrays of S floats (AdamW's moments, and with --offload-params in bf16
 // the float32 shard) live in files that the harness makes and always
@@ -33,7 +33,7 @@
 #include "step_clock.h"
 #include "tensor.h"
 
-namespace zf {
+namespace zf::extensions {
 
 class IoThread;  // disk_tier.cpp: one worker running transfers in order
 
@@ -103,4 +103,4 @@ class DiskTier {
   std::unique_ptr<IoThread> io_;  // last: joined before the slots and files go
 };
 
-}  // namespace zf
+}  // namespace zf::extensions

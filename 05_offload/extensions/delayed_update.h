@@ -21,7 +21,7 @@
 
 #include "step_clock.h"
 
-namespace zf {
+namespace zf::extensions {
 
 class DelayedUpdate {
  public:
@@ -48,4 +48,4 @@ class DelayedUpdate {
   bool result_ = false;
 };
 
-}  // namespace zf
+}  // namespace zf::extensions

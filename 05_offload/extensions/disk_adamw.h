@@ -1,5 +1,5 @@
 // disk_adamw.h: AdamW over one rank's shard with its moments in files
-// (--offload-dir; 05_offload/README.md, "The disk tier").
+// (--offload-dir; 05_offload/extensions/README.md, "The disk tier").
 //
 // The moments m and v live in two files (disk_tier.h); the float32 shards,
 // the gradient shards and the bf16 copy stay in host memory, since every
@@ -22,7 +22,7 @@
 #include "model.h"
 #include "shard.h"
 
-namespace zf {
+namespace zf::extensions {
 
 class DiskAdamW {
  public:
@@ -63,4 +63,4 @@ class DiskAdamW {
   DiskTier tier_;  // arrays 0: m, 1: v, 2: the master (master_on_disk)
 };
 
-}  // namespace zf
+}  // namespace zf::extensions

@@ -6,7 +6,7 @@
 #include "check.h"
 #include "training.h"
 
-namespace zf {
+namespace zf::extensions {
 
 DelayedUpdate::~DelayedUpdate() {
   if (worker_.joinable()) worker_.join();  // its error, if any, is lost with the failing run
@@ -47,4 +47,4 @@ bool DelayedUpdate::take(double* ms) {
   return true;
 }
 
-}  // namespace zf
+}  // namespace zf::extensions

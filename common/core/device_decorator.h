@@ -1,6 +1,7 @@
 // device_decorator.h: a Device that hands every call on to another, so that
-// the frame's decorators (the op profile, device_profile.h; the modeled
-// clock, modeled_clock.h) override only the calls they watch.
+// a decorator (the op profile, frame/device_profile.h; the modeled clock,
+// frame/modeled_clock.h; a stage's phase timers) overrides only the calls
+// it watches.
 #pragma once
 
 #include <memory>

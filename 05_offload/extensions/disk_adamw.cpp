@@ -5,7 +5,7 @@
 
 #include "shard_pieces.h"
 
-namespace zf {
+namespace zf::extensions {
 
 DiskAdamW::DiskAdamW(const ModelLayout& flat, const ShardLayout& shards, const std::string& dir, int rank,
                      MemoryTracker& mem, Device& host, bool master_on_disk, size_t chunk_elems, StepClock* clock)
@@ -52,4 +52,4 @@ void DiskAdamW::copy_piece(StateKind kind, int u, float* host) {
   tier_.read(kind == StateKind::m ? 0 : kind == StateKind::v ? 1 : 2, us.shard_offset, us.end - us.begin, host);
 }
 
-}  // namespace zf
+}  // namespace zf::extensions

@@ -1,0 +1,77 @@
+// host_grads.cpp: two landing buffers, and the float32 accumulation on the host.
+#include "host_grads.h"
+
+#include <algorithm>
+
+#include "check.h"
+
+namespace zf::extensions {
+
+namespace {
+size_t largest_shard(const ShardLayout& shards) {
+  size_t n = 0;
+  for (const auto& us : shards.units) n = std::max(n, us.shard);
+  return n;
+}
+}  // namespace
+
+HostGrads::HostGrads(const ShardLayout& shards, DType grad_dtype, DType reduce_dtype, bool no_sync,
+                     MemoryTracker& mem, Device& dev, Device& host, Communicator& comm, Communicator* replicate,
+                     bool pin, int buffers)
+    : layout_(shards), reduce_dtype_(reduce_dtype), dev_(dev), host_(host),
+      reducer_(shards, grad_dtype, reduce_dtype, no_sync, mem, dev, comm, replicate) {
+  REQUIRE(buffers == 1 || buffers == 2, "HostGrads keeps 1 or 2 gradient buffers, not " << buffers);
+  for (int b = 0; b < buffers; ++b)
+    shards_.emplace_back(mem, Place::host, Category::grads, DType::f32, shards.shard_total);
+  for (Tensor& t : landing_) t = Tensor(mem, Place::host, Category::comm, reduce_dtype, largest_shard(shards), pin);
+}
+
+float* HostGrads::piece(int g, int buffer) {
+  return shards_.at(buffer).as<float>() + layout_.units[g].shard_offset;
+}
+
+int HostGrads::flip() {
+  const int filled = current_;
+  current_ = (current_ + 1) % int(shards_.size());
+  return filled;
+}
+
+void HostGrads::reduce_unit(int g, bool sync) {
+  reducer_.reduce_unit(g, sync);
+  while (auto f = reducer_.complete(1)) copy_to_host(std::move(*f));
+}
+
+void HostGrads::finish() {
+  while (auto f = reducer_.complete(0)) copy_to_host(std::move(*f));
+  while (!copies_.empty()) land_oldest();
+}
+
+void HostGrads::copy_to_host(FlatReducer::Reduced f) {
+  // A piece lands before the second after it is sent: two buffers suffice.
+  const int landing = next_;
+  next_ = 1 - next_;
+  const size_t n = layout_.units[f.unit].shard;
+  Transfer copy = dev_.to_host_async(landing_[landing].data(), f.mine, n * dtype_size(reduce_dtype_));
+  copies_.push_back(Landing{std::move(f), landing, std::move(copy)});
+  while (copies_.size() > 1) land_oldest();
+}
+
+void HostGrads::land_oldest() {
+  Landing& l = copies_.front();
+  l.copy.wait();
+  const int g = l.f.unit;
+  float* dst = piece(g);
+  const size_t n = layout_.units[g].shard;
+  // The arithmetic of stage 04's device shard, on the host: x + widen(piece).
+  if (reduce_dtype_ == DType::f32) host_.add(dst, landing_[l.landing].data(), DType::f32, n);
+  else host_.accumulate(dst, landing_[l.landing].as<bf16>(), n);
+  reducer_.zero_kept(g);
+  copies_.pop_front();  // the reduced buffer is freed here
+}
+
+void HostGrads::zero(int buffer) {
+  Tensor& t = shards_.at(buffer);
+  std::fill_n(t.as<float>(), t.numel(), 0.0f);
+}
+
+}  // namespace zf::extensions
