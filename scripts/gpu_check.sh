@@ -383,7 +383,7 @@ else
   grep -hE 'checks, [0-9]+ failed|fault detected' "$tlog" | sed 's/^/  /' >&2
 fi
 
-# The env launch of a stage (common/frame/launch.h): dp as two plain background
+# The env launch of a stage (common/launch/launch.h): dp as two plain background
 # processes on the one GPU, each with RANK / WORLD_SIZE / ZF_RENDEZVOUS and no
 # NCCL_HOSTID of ours (the launcher must give the second process one, or NCCL
 # refuses two ranks on one GPU), against dp --ranks 2 in one process (virtual
@@ -520,7 +520,7 @@ run_step "timing: PyTorch eager B=$bench_b" 150 "$slog" env PYTHONUNBUFFERED=1 p
   --device cuda --model gpt2 --precision bf16 --batch "$bench_b" --steps "$bench_steps" --warmup 5 \
   --data "$data" "${init_opt[@]}" --log-json "$bench_torch"
 rm -f "$init"  # 650 MB
-# 8. Where our step's device time goes, op by op (common/frame/device_profile.h):
+# 8. Where our step's device time goes, op by op (common/report/device_profile.h):
 # the same run, 4 steps, ZF_PROFILE=1; the table lands in stages.log.
 echo "== op profile: dp gpt2 bf16 ranks=1 B=$bench_b (ZF_PROFILE=1) ==" >>"$slog"
 run_step "op profile: dp B=$bench_b" 60 "$slog" env ZF_PROFILE=1 "$build/00_data_parallel/dp" \

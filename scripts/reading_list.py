@@ -33,7 +33,7 @@ END = "<!-- reading list: end -->"
 #  further reading: [file] for the details, or [(file, what to look for)])
 READING = [
     ("Stage 00: data parallel", None, [
-        ("00_data_parallel/train.cpp", "main(): the executable, flags to run (frame/'s stage_main)"),
+        ("00_data_parallel/train.cpp", "main(): the executable, flags to run (launch/'s stage_main)"),
         ("00_data_parallel/data_parallel.h", "the stage's one function"),
         ("00_data_parallel/data_parallel.cpp", "the step loop: every later stage changes a part of it"),
         ("common/train/rank.h", "what a rank has: rank, world, communicator, memory tracker, Device"),
@@ -129,25 +129,25 @@ READING = [
         ("05_offload/extensions/delayed_update.cpp", "the worker, its join and its errors"),
         ("05_offload/extensions/disk_tier.h", "--offload-dir: state in files, streamed through two chunks"),
         ("05_offload/extensions/disk_tier.cpp", "the I/O thread and the double-buffered stream"),
-        ("common/frame/entry/offload_files.h", "the files of --offload-dir: made, reserved, always removed"),
+        ("common/launch/entry/offload_files.h", "the files of --offload-dir: made, reserved, always removed"),
         ("05_offload/extensions/disk_adamw.h", "AdamW with its moments on disk"),
         ("05_offload/extensions/disk_adamw.cpp", "the optimizer step as a stream over chunks"),
     ], ["tests/stages/test_offload_delay.cpp", "tests/io/test_disk_tier.cpp"]),
 ]
 
 # The harness: what runs the course and checks it, for whoever changes it
-# (a stage sees only frame/entry/ of it).
+# (a stage sees only launch/entry/ of it).
 HARNESS = [
-    ("common/frame/entry/stage_main.h", "what a stage sees of the harness: StageFn, stage_main"),
+    ("common/launch/entry/stage_main.h", "what a stage sees of the harness: StageFn, stage_main"),
     ("common/cpu/copy_queue.h", "the CPU device's copy thread and mlock'ed buffers"),
-    ("common/frame/runner.h", "run_training: the data, the ranks, the results"),
-    ("common/frame/launch.h", "starting the ranks: threads, mpirun, the environment"),
-    ("common/frame/cli.h", "every flag, checked before any work"),
-    ("common/frame/report.h", "the step line, the run log, the closing tables"),
-    ("common/frame/memory_model.h", "each stage's model-state bytes, per place and category"),
-    ("common/frame/estimate.h", "the same bytes without running: tools/memory_estimate"),
-    ("common/frame/trace.h", "--trace: the timeline of ops and collectives"),
-    ("common/frame/modeled_clock.h", "--clock modeled: a step's time on a modeled GPU cluster, from the stage's own schedule"),
+    ("common/launch/runner.h", "run_training: the data, the ranks, the results"),
+    ("common/launch/launch.h", "starting the ranks: threads, mpirun, the environment"),
+    ("common/launch/cli.h", "every flag, checked before any work"),
+    ("common/report/report.h", "the step line, the run log, the closing tables"),
+    ("common/estimate/memory_model.h", "each stage's model-state bytes, per place and category"),
+    ("common/estimate/estimate.h", "the same bytes without running: tools/memory_estimate"),
+    ("common/report/trace.h", "--trace: the timeline of ops and collectives"),
+    ("common/modeled/modeled_clock.h", "--clock modeled: a step's time on a modeled GPU cluster, from the stage's own schedule"),
     ("common/io/checkpoint.h", "the training checkpoint, read back with every check"),
     ("common/io/sharded_checkpoint.h", "--save-format sharded: each rank writes its pieces, any N reads them back"),
     ("common/io/output_file.h", "outputs checked before step 0, written atomically"),
@@ -218,7 +218,7 @@ def tables():
         out.append("")
     out.append(course_size())
     out.append("")
-    out.append("**The harness (a stage includes only frame/entry/ of it)**: "
+    out.append("**The harness (a stage includes only launch/entry/ of it)**: "
                f"{len(HARNESS)} entry points, for whoever changes it")
     out.append("")
     out.append("| # | file | what to look for |")

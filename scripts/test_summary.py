@@ -13,7 +13,7 @@ that had a finding, written there through the sanitizers' log_path) counts as
 one failure: a child process whose failure its test expected may still have
 had a finding. A report that holds only ASan's notice on swapcontext is not
 a finding: ASan prints it once per process whatever the program does, and
-the dry run's fibers tell it of every switch (common/frame/fibers.cpp).
+the dry run's fibers tell it of every switch (common/modeled/fibers.cpp).
 Exit status 1 when anything failed.
 """
 import json

@@ -2,7 +2,7 @@
 // training: model states per category on the device, the host and disk,
 // activations, communication bytes per step by collective and stage 05's
 // host<->device transfers (docs/SPEC.md sections 7 and 8; the formulas of
-// common/frame/estimate.h, which the estimate suite holds to measured runs).
+// common/estimate/estimate.h, which the estimate suite holds to measured runs).
 //
 //   memory_estimate --params 1e9 --ranks 4 --precision bf16
 //     -> 16 GB, 7 GB, 5.5 GB, 4 GB of model states for stages 00 .. 03
@@ -13,7 +13,7 @@
 //   memory_estimate --model gpt2-xl --ranks 64 --precision bf16 --compute bf16 --hardware h100-sxm
 //     -> and each stage's step on 64 H100s, modeled by its own dry run
 //
-// The trainers' flags are accepted with their meanings (common/frame/cli.cpp);
+// The trainers' flags are accepted with their meanings (common/launch/cli.cpp);
 // the ones that change no byte counted here (--steps, --lr, --log-json, ...)
 // are accepted and ignored, so that a run's command line can be pasted.
 // Exit status: 0 ok, 2 a usage error (the message says which flag and why).

@@ -38,7 +38,7 @@
 // Every event also carries its time (t_us: microseconds since
 // RecordOptions::origin on the steady clock, taken with its seq, so times
 // never go back within a rank), which the timeline of --trace draws
-// (frame/trace.h). With a MemoryTracker (RecordOptions::mem) each event
+// (report/trace.h). With a MemoryTracker (RecordOptions::mem) each event
 // also samples the rank's device bytes of every category at that moment
 // (comm_bytes(): the gradient buffers of ZeRO-2/3 and FSDP;
 // gathered_bytes(): the unsharded units of ZeRO-3 and FSDP).
@@ -51,7 +51,7 @@
 //
 // Off by default, at no cost: only a test or --trace FILE builds one. It
 // wraps the rank's communicator for the stage's function
-// (tests/stages/schedule_util.h, frame/trace.cpp:
+// (tests/stages/schedule_util.h, report/trace.cpp:
 // RankContext{rank, world, recorder, mem, dev}); make_rank_compute looks
 // for a recorder once (find_recorder), and without one adds nothing. The
 // counters (stats()) are the recorder's own, counted as the threads backend

@@ -75,7 +75,7 @@ struct TransferStats {
 };
 
 // One asynchronous copy as its device saw it, for a copy observer
-// (Device::set_copy_observer; --trace draws them, frame/trace.h). Times on
+// (Device::set_copy_observer; --trace draws them, report/trace.h). Times on
 // the steady clock. issued, wait_begin, wait_end are the host's: the call
 // of to_*_async, the call of wait() (or the Transfer's destruction) and its
 // return. started, completed: when the copy itself ran, where the device

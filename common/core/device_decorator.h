@@ -1,6 +1,6 @@
 // device_decorator.h: a Device that hands every call on to another, so that
-// a decorator (the op profile, frame/device_profile.h; the modeled clock,
-// frame/modeled_clock.h; a stage's phase timers) overrides only the calls
+// a decorator (the op profile, report/device_profile.h; the modeled clock,
+// modeled/modeled_clock.h; a stage's phase timers) overrides only the calls
 // it watches.
 #pragma once
 

@@ -26,7 +26,7 @@
 namespace zf {
 
 // What every path (CPU, GPU) says when a gradient holds an inf or a NaN. It
-// is raised inside the sum, which does not know the run's flags; the frame
+// is raised inside the sum, which does not know the run's flags; the harness
 // adds what to try (runner.cpp) as the error leaves the ranks.
 inline constexpr const char* kNonFiniteGradientMessage = "gradient is not finite (inf or NaN): training diverged";
 

@@ -38,13 +38,13 @@ void save_model(const std::string& path, const ModelLayout& layout, const float*
                 const std::map<std::string, std::string>& metadata = {});
 void load_model(const std::string& path, const ModelLayout& layout, float* flat);
 // load_model's checks alone (names, shapes, metadata numbers, values,
-// checksums), reading no values into memory: the frame runs them before the
+// checksums), reading no values into memory: the harness runs them before the
 // ranks allocate a model (runner.cpp). Each file's values are read once per
 void check_model_file(const std::string& path, const ModelLayout& layout);
 
 // While one lives, the readers above skip the value and checksum checks of
 // the file at `path` as it was when it was made (same inode, size and
-// modification time): the frame checks a run's --init or --resume once,
+// modification time): the harness checks a run's --init or --resume once,
 // then its ranks, which read the same file, do not read it whole again.
 class CheckedOnce {
  public:

@@ -226,7 +226,7 @@ AtomicFile::AtomicFile(const std::string& path, const std::string& what)
     const bool user = e == EACCES || e == ENOENT || e == ENOTDIR || e == EROFS || e == EISDIR || e == EPERM;
     std::string m = "cannot write " + what + " '" + path + "'" + via_ + ": creating '" + tmp_ + "' failed (" +
                     std::strerror(e) + ")";
-    // The run checked this path before step 0 (frame/output_paths.h): a
+    // The run checked this path before step 0 (launch/output_paths.h): a
     // failure here is the disk's or another process's doing, a failed run.
     if (user) m += "; choose a path in an existing, writable directory";
     throw Error(m);

@@ -1,8 +1,8 @@
 // output_file.h: where a write to a path lands, whether it can land there,
 // and the names of the temporary files an atomic save writes first.
 //
-// Every file a run writes goes through these: the frame checks each output
-// before step 0 (frame/output_paths.h) and the safetensors save checks again
+// Every file a run writes goes through these: the harness checks each output
+// before step 0 (launch/output_paths.h) and the safetensors save checks again
 // where it writes, so that neither a late failure nor a symlink, a FIFO or a
 // device node costs the run its work or the machine its files.
 #pragma once

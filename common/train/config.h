@@ -77,7 +77,7 @@ struct TrainConfig {
   bool save_async = false;        // --save-async: sharded saves written in the background (sharded_saver.h)
   std::string resume;             // training checkpoint to continue from (its step, model, AdamW state)
   std::string log_json;
-  std::string trace;              // --trace: the run's timeline, Chrome trace-event JSON (frame/trace.h)
+  std::string trace;              // --trace: the run's timeline, Chrome trace-event JSON (report/trace.h)
   int log_every = 10;             // human log: one line every this many steps
   bool quiet = false;             // no human log (tests)
   // Fault injection for tests and demos: rank `fault_rank` throws in the
@@ -91,7 +91,7 @@ struct TrainConfig {
   // backend's default, kDefaultCommTimeoutS; NCCL's ZF_NCCL_TIMEOUT_S).
   double comm_timeout_s = 0;
   // --clock modeled: steps timed on a modeled machine, --hardware's profile
-  // (frame/modeled_clock.h); "wall": the wall clock.
+  // (modeled/modeled_clock.h); "wall": the wall clock.
   std::string clock = "wall";
   std::string hardware;
   // --dry-run: the modeled clock's step with no arithmetic and no data moved

@@ -1,4 +1,4 @@
-// rank.h: what one rank of a run has. The launcher (frame/launch.h) makes one
+// rank.h: what one rank of a run has. The launcher (launch/launch.h) makes one
 // per rank, whether the ranks are threads of one process or processes, and
 // hands it to the stage: the rank's place in the group, its communicator,
 // its memory tracker and its Device, and the channel on which the ranks agree
@@ -28,7 +28,7 @@ struct RankContext {
   // them); 0 where the launcher does not say.
   int host_ranks = 0;
   // --clock modeled: the rank's modeled clock, which its Device and
-  // communicator charge (frame/modeled_clock.h); null on the wall clock.
+  // communicator charge (modeled/modeled_clock.h); null on the wall clock.
   StepClock* clock = nullptr;
 };
 

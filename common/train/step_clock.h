@@ -1,5 +1,5 @@
 // step_clock.h: a clock other than the wall's (--clock modeled:
-// frame/modeled_clock.h). The run asks it for each step's time; the device
+// modeled/modeled_clock.h). The run asks it for each step's time; the device
 // and the communicator it decorates charge it for their work; the work the
 // device does not see (an optimizer on the host's CPU, a thread of the
 // host's own, a file's transfers) is told to it by the code that does it.
@@ -15,7 +15,7 @@
 
 namespace zf {
 
-// A clock other than the wall's (--clock modeled, frame/modeled_clock.h):
+// A clock other than the wall's (--clock modeled, modeled/modeled_clock.h):
 // at the end of each step the run asks it how long the step took and where
 // the time went, in place of what the stage measured.
 class StepClock {

@@ -1,5 +1,5 @@
-// step_log.h: where a stage's run reports each step it finishes. The frame
-// (frame/report.h's StepReporter) prints the step line and writes the run
+// step_log.h: where a stage's run reports each step it finishes. The harness
+// (report/report.h's StepReporter) prints the step line and writes the run
 // log; rank 0 alone calls it.
 #pragma once
 

@@ -1,4 +1,4 @@
-// round_profile.h: a hardware profile of round numbers (frame/hardware.h),
+// round_profile.h: a hardware profile of round numbers (modeled/hardware.h),
 // so that every time the clock tests expect is a short sum by hand.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Tests of the fibers a dry run's ranks run on (common/frame/fibers.h):
+// Tests of the fibers a dry run's ranks run on (common/modeled/fibers.h):
 // every body runs to its end, a wait gives the others turns until it can go
 // on, a wait that never can returns false, and each fiber keeps its own
 // rank and step tags (check.h) across switches.

@@ -1,4 +1,4 @@
-// The hardware profiles (frame/hardware.h): every shipped one reads, and a
+// The hardware profiles (modeled/hardware.h): every shipped one reads, and a
 // wrong or incomplete one is refused naming the key.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// The modeled clock (frame/modeled_clock.h) against times computed here by
+// The modeled clock (modeled/modeled_clock.h) against times computed here by
 // hand from a profile with round numbers: one op, one collective on a link
 // inside a node and across nodes, overlap (prefetch) against no overlap, a
 // late rank, and the same numbers whatever the threads' timing. The

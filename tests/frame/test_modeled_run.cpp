@@ -1,4 +1,4 @@
-// Whole runs on the modeled clock (frame/modeled_clock.h): the same bits as
+// Whole runs on the modeled clock (modeled/modeled_clock.h): the same bits as
 // the wall clock and the same modeled times every time; what the knobs do to
 // the time; a dry run equal to the real run; the trace; the flags.
 #include <gtest/gtest.h>

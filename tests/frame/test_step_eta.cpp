@@ -1,4 +1,4 @@
-// test_step_eta.cpp: what frame/report.h prints: the step line's time left
+// test_step_eta.cpp: what report/report.h prints: the step line's time left
 // (StepEta and format_duration: the rate leaves the warm-up step out once
 // later steps exist, durations print the way the step line shows them) and
 // the closing tables, consecutive ranks that read the same on one line.

@@ -469,7 +469,7 @@ TEST_F(CheckpointValues, DpRefusesADamagedResumeAndLeavesTheFile) {
   }
 }
 
-// The frame checks a run's --resume once (runner.cpp) and its ranks skip
+// The harness checks a run's --resume once (runner.cpp) and its ranks skip
 // the values while that check's CheckedOnce lives, for that file as it was:
 // a file replaced since (another inode) is checked again, and once the guard
 // is gone the same file is read whole again.
@@ -478,7 +478,7 @@ TEST_F(CheckpointValues, CheckedOnceSkipsOnlyTheFileItVouchesFor) {
   s.params[flat_index("wte.weight", 255 * 64)] = std::numeric_limits<float>::quiet_NaN();
   const std::string nan = save("nan.safetensors", s);
   {
-    const CheckedOnce once(nan);  // as if the frame had checked it: the ranks' reads skip it
+    const CheckedOnce once(nan);  // as if the harness had checked it: the ranks' reads skip it
     EXPECT_NO_THROW(CheckpointReader(nan, layout_));
     const std::string replaced = path("replaced.safetensors");
     fs::copy_file(nan, replaced);

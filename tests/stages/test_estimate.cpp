@@ -1,4 +1,4 @@
-// test_estimate.cpp: common/frame/estimate.h and tools/memory_estimate
+// test_estimate.cpp: common/estimate/estimate.h and tools/memory_estimate
 // against MEASURED runs. Every number the estimator gives for a rank (model
 // states per category and place, the activation peak, bytes sent per
 // collective per step, the part across shard groups, stage 05's transfers

@@ -1,7 +1,7 @@
 // test_memory_model.cpp: the arithmetic the stages' memory tests measure
 // against, checked on its own, with no training: shard.h's padding rule
 // (the stage tests' cases really pad, and make_shard_layout agrees with the
-// rule), the formulas of common/frame/memory_model.h (docs/SPEC.md's table),
+// rule), the formulas of common/estimate/memory_model.h (docs/SPEC.md's table),
 // and the memory_estimate tool that prints them (test_estimate.cpp holds
 // the tool's other numbers to measured runs). Each stage's own model
 // states against these formulas are in its file (test_dp.cpp,

@@ -1,4 +1,4 @@
-// test_trace.cpp: --trace FILE (common/frame/trace.h), the timeline of a
+// test_trace.cpp: --trace FILE (common/report/trace.h), the timeline of a
 // run: a real run's file read back with nlohmann/json and checked against
 // what the run itself reports (its counters, its model's units), the results
 // unchanged by tracing, the gather that carries every rank's events to the

@@ -6,7 +6,7 @@
 // So every write is checked; the first failure is kept (with the system's
 // reason), the partial line it left is cut off again, and nothing more is
 // written to the file: the run goes on, and saves its checkpoint, and the
-// frame reports at the end that this output was not written (exit status 4,
+// harness reports at the end that this output was not written (exit status 4,
 // runner.h).
 //
 // The file is created (or truncated) only at the first write, so that a run

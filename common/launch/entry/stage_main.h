@@ -1,4 +1,4 @@
-// stage_main.h: what every stage includes of the harness (frame/entry/ is all
+// stage_main.h: what every stage includes of the harness (launch/entry/ is all
 // a stage sees of it). A stage is a function run on every rank (its
 // StageFn); stage_main is its executable's main(): flags, the ranks, the
 // closing tables, the exit code. Everything else a stage uses is the course:

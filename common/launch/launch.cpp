@@ -15,13 +15,13 @@
 // after joining, run_ranks throws one error naming the rank that failed first
 // and what went wrong there (its own message, not the CommAborted echoes).
 //
-// Processes: the same frame around the one rank of this process, with the
+// Processes: the same harness around the one rank of this process, with the
 // `mpi` communicator (comm_mpi.h). The failure path differs because the other
 // ranks are other processes, possibly waiting inside MPI for this one: the
 // failing rank prints its error naming itself, then ends the whole job with
 // MPI_Abort (mpirun then kills every process and exits non-zero).
 //
-// Processes without MPI (the env launch): the frame once more, on NCCL. A
+// Processes without MPI (the env launch): the harness once more, on NCCL. A
 // failing rank aborts its NCCL communicator (so nothing of it waits for the
 // peers) and its process exits with the error; the peers' NCCL sees the
 // connection drop (or their watchdog's timeout) and they exit too.

@@ -18,7 +18,6 @@
 
 #include "check.h"
 #include "host_collectives.h"
-#include "launch.h"
 #include "log_file.h"
 
 namespace zf {

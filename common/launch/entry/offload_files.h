@@ -15,7 +15,7 @@
 // them through descriptors opened at the start, so a folder renamed or moved
 // meanwhile is cleaned where it now is. Each is also registered with
 // remove_on_stop (stop_request.h), so that a second signal, which exits
-// without unwinding, removes them too. The frame refuses a run whose inputs
+// without unwinding, removes them too. The harness refuses a run whose inputs
 // or outputs lie inside --offload-dir (output_paths.h).
 //
 // Stale folders of a killed run: remove_stale(dir) looks only at folders of

@@ -22,7 +22,7 @@ namespace zf {
 namespace {
 
 // The offload flags. The folder of --offload-dir is checked where the files
-// are made, before step 0 (frame/entry/offload_files.h).
+// are made, before step 0 (launch/entry/offload_files.h).
 void validate_offload_flags(const TrainConfig& cfg) {
   const OffloadOptions& o = cfg.offload;
   USAGE_REQUIRE(o.optimizer_threads >= 0 && o.optimizer_threads <= 1024,

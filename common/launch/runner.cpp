@@ -1,4 +1,4 @@
-// runner.cpp: the shared frame around every stage's training function.
+// runner.cpp: the shared harness around every stage's training function.
 #include "runner.h"
 
 #include <chrono>
