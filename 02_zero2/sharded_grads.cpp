@@ -10,7 +10,7 @@ namespace zf {
 ShardedGradients::ShardedGradients(const ShardLayout& shards, DType dtype, MemoryTracker& mem, Device& dev,
                                    Communicator& comm)
     : shards_(shards), dtype_(dtype), mem_(mem), dev_(dev), comm_(comm),
-      pieces_(mem, Place::device, Category::grads, dtype, shards.shard_total) {}
+      shard_(mem, Place::device, Category::grads, dtype, shards.shard_total) {}
 
 void* ShardedGradients::begin_unit(int u) {
   REQUIRE(computing_unit_ < 0, "begin_unit(" << u << ") while unit " << computing_unit_ << " is not reduced");
@@ -47,9 +47,9 @@ void ShardedGradients::finish() {
 }
 
 void* ShardedGradients::piece(int u) {
-  return static_cast<char*>(pieces_.data()) + shards_.units[u].shard_offset * dtype_size(dtype_);
+  return static_cast<char*>(shard_.data()) + shards_.units[u].shard_offset * dtype_size(dtype_);
 }
 
-void ShardedGradients::zero() { dev_.zero(pieces_.data(), pieces_.bytes()); }
+void ShardedGradients::zero() { dev_.zero(shard_.data(), shard_.bytes()); }
 
 }  // namespace zf

@@ -52,7 +52,7 @@ class ShardedGradients {
   MemoryTracker& mem_;
   Device& dev_;
   Communicator& comm_;
-  Tensor pieces_;                 // shard_total elements: the only persistent gradient (category grads)
+  Tensor shard_;                  // shard_total elements, my pieces: the only persistent gradient (category grads)
   Tensor computing_;              // the unit whose backward is running
   int computing_unit_ = -1;
   std::deque<InFlight> inflight_;

@@ -7,10 +7,10 @@ namespace zf {
 
 GatheredParams::GatheredParams(const ShardLayout& shards, DType dtype, MemoryTracker& mem, Communicator& comm)
     : shards_(shards), dtype_(dtype), mem_(mem), comm_(comm),
-      pieces_(mem, Place::device, Category::params, dtype, shards.shard_total) {}
+      shard_(mem, Place::device, Category::params, dtype, shards.shard_total) {}
 
 void* GatheredParams::piece(int u) {
-  return static_cast<char*>(pieces_.data()) + shards_.units[u].shard_offset * dtype_size(dtype_);
+  return static_cast<char*>(shard_.data()) + shards_.units[u].shard_offset * dtype_size(dtype_);
 }
 
 void GatheredParams::unshard(int u) {

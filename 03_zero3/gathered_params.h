@@ -1,7 +1,7 @@
 // gathered_params.h: what is new in ZeRO-3, parameters that exist whole only
 // while a unit computes.
 //
-// Each rank keeps its piece of every unit's parameters (pieces(), S_u
+// Each rank keeps its piece of every unit's parameters (its shard, S_u
 // elements per unit, category params). In FSDP2's words: unshard(u) starts
 // an all_gather of unit u into a temporary buffer (category gathered);
 // wait_for_unshard(u) waits for it and returns the unit's full parameters;
@@ -28,7 +28,6 @@ class GatheredParams {
   int gathered() const { return int(buffers_.size()); }
 
   void* piece(int u);       // my piece of unit u's parameters (S_u elements)
-  Tensor& pieces() { return pieces_; }
 
  private:
   struct Gathered {
@@ -39,7 +38,7 @@ class GatheredParams {
   DType dtype_;
   MemoryTracker& mem_;
   Communicator& comm_;
-  Tensor pieces_;  // shard_total elements: the only persistent parameters
+  Tensor shard_;  // shard_total elements, my pieces: the only persistent parameters
   std::map<int, Gathered> buffers_;
 };
 

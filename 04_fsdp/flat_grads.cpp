@@ -72,9 +72,9 @@ FlatGrads::FlatGrads(const ShardLayout& shards, DType grad_dtype, DType reduce_d
                      MemoryTracker& mem, Device& dev, Communicator& comm, Communicator* replicate)
     : layout_(shards), reduce_dtype_(reduce_dtype), mem_(mem), dev_(dev),
       reducer_(shards, grad_dtype, reduce_dtype, no_sync, mem, dev, comm, replicate),
-      shards_(mem, Place::device, Category::grads, DType::f32, shards.shard_total) {}
+      shard_(mem, Place::device, Category::grads, DType::f32, shards.shard_total) {}
 
-float* FlatGrads::piece(int g) { return shards_.as<float>() + layout_.units[g].shard_offset; }
+float* FlatGrads::piece(int g) { return shard_.as<float>() + layout_.units[g].shard_offset; }
 
 void FlatGrads::reduce_unit(int g, bool sync) {
   reducer_.reduce_unit(g, sync);
@@ -97,6 +97,6 @@ void FlatGrads::add(FlatReducer::Reduced f) {
   reducer_.zero_kept(f.unit);
 }  // f goes: the full gradient is freed (a kept one was zeroed): the tracker's comm bytes drop here
 
-void FlatGrads::zero() { dev_.zero(shards_.data(), shards_.bytes()); }
+void FlatGrads::zero() { dev_.zero(shard_.data(), shard_.bytes()); }
 
 }  // namespace zf

@@ -107,7 +107,7 @@ class FlatGrads {
   MemoryTracker& mem_;
   Device& dev_;
   FlatReducer reducer_;
-  Tensor shards_;  // shard_total float32 elements (category grads)
+  Tensor shard_;  // shard_total float32 elements (category grads)
 };
 
 }  // namespace zf

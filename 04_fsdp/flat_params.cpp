@@ -45,9 +45,9 @@ void FlatGathers::reshard(int g) {
 FlatParams::FlatParams(const ShardLayout& shards, DType gather_dtype, const FsdpOptions& opt, int last,
                        MemoryTracker& mem, Device& dev, Communicator& comm)
     : layout_(shards), dtype_(gather_dtype), mem_(mem), dev_(dev), gathers_(shards, gather_dtype, opt, last, mem, comm),
-      shards_(mem, Place::device, Category::params, DType::f32, shards.shard_total) {}
+      shard_(mem, Place::device, Category::params, DType::f32, shards.shard_total) {}
 
-float* FlatParams::piece(int g) { return shards_.as<float>() + layout_.units[g].shard_offset; }
+float* FlatParams::piece(int g) { return shard_.as<float>() + layout_.units[g].shard_offset; }
 
 FlatGathers::Input FlatParams::input(int g) {
   if (dtype_ == DType::f32) return {piece(g), Tensor()};

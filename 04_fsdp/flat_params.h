@@ -133,7 +133,7 @@ class FlatParams {
   MemoryTracker& mem_;
   Device& dev_;
   FlatGathers gathers_;
-  Tensor shards_;  // shard_total float32 elements: the only persistent parameters
+  Tensor shard_;  // shard_total float32 elements: the only persistent parameters
 };
 
 }  // namespace zf
