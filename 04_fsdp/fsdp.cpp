@@ -47,11 +47,11 @@ struct FsdpStates final : ModelStates {
 
   FsdpStates(const FsdpUnits& units, const ShardLayout& shards, const TrainConfig& cfg, RankContext& ctx,
              FsdpComms& comms)
-      : units(units), shards(shards), comm(*comms.group), replica(comms.across ? comms.across->rank() : 0),
+      : units(units), shards(shards), comm(*comms.group), replica(comms.replicate ? comms.replicate->rank() : 0),
         dev(ctx.dev),
         params(shards, storage_dtype(cfg.precision), cfg.fsdp, units.last(), ctx.mem, ctx.dev, *comms.group),
         grads(shards, storage_dtype(cfg.precision), cfg.fsdp.reduce_dtype.value_or(storage_dtype(cfg.precision)),
-              cfg.fsdp.no_sync, ctx.mem, ctx.dev, *comms.reduce_queue, comms.across.get()),
+              cfg.fsdp.no_sync, ctx.mem, ctx.dev, *comms.reduce_queue, comms.replicate.get()),
         // The float32 shard is its own master: AdamW as in the fp32 recipe.
         opt(units.flat, shards, Precision::fp32, ctx.mem, ctx.dev) {}
 
@@ -75,14 +75,14 @@ FsdpComms::FsdpComms(Communicator& world, int S) {
   group = &world;
   if (S < world.size()) {  // groups of S consecutive ranks; my shard's replicas: one per group
     group_owned = world.split(world.rank() / S, world.rank());
-    across = world.split(world.rank() % S, world.rank());
+    replicate = world.split(world.rank() % S, world.rank());
     group = group_owned.get();
   }
   reduce_queue = group->split(0, group->rank());
 }
 
 void FsdpComms::count_in(TrainingRun& run) {
-  for (Communicator* c : {group_owned.get(), across.get(), reduce_queue.get()})
+  for (Communicator* c : {group_owned.get(), replicate.get(), reduce_queue.get()})
     if (c) run.also_count(*c);
 }
 
@@ -124,7 +124,7 @@ RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData&
     run.evaluate(step + 1, *rc, forward_only);
   }
   RankResult result = run.finish();
-  if (comms.across) result.comm_cross_group = comms.across->stats();
+  if (comms.replicate) result.comm_cross_group = comms.replicate->stats();
   return result;
 }
 

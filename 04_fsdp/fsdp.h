@@ -38,7 +38,7 @@ namespace zf {
 // its group under hybrid sharding), the group's second queue for the
 // reduce-scatters, and the replicas of its shard in the other groups.
 struct FsdpComms {
-  std::unique_ptr<Communicator> group_owned, across, reduce_queue;
+  std::unique_ptr<Communicator> group_owned, replicate, reduce_queue;
   Communicator* group = nullptr;
 
   FsdpComms(Communicator& world, int S);

@@ -45,12 +45,13 @@ struct OffloadStates final : ModelStates {
 
   OffloadStates(const FsdpUnits& units, const ShardLayout& shards, const TrainConfig& cfg, RankContext& ctx,
                 FsdpComms& comms, std::unique_ptr<Device> cpu)
-      : units(units), shards(shards), comm(*comms.group), replica(comms.across ? comms.across->rank() : 0),
+      : units(units), shards(shards), comm(*comms.group), replica(comms.replicate ? comms.replicate->rank() : 0),
         precision(cfg.precision), host(std::move(cpu)),
         params(shards, storage_dtype(cfg.precision), cfg.fsdp, units.last(), ctx.mem, ctx.dev, *host, *comms.group,
                !cfg.offload.no_pin),
         grads(shards, storage_dtype(cfg.precision), cfg.fsdp.reduce_dtype.value_or(storage_dtype(cfg.precision)),
-              cfg.fsdp.no_sync, ctx.mem, ctx.dev, *host, *comms.reduce_queue, comms.across.get(), !cfg.offload.no_pin),
+              cfg.fsdp.no_sync, ctx.mem, ctx.dev, *host, *comms.reduce_queue, comms.replicate.get(),
+              !cfg.offload.no_pin),
         opt(units.flat, shards, ctx.mem, *host), comm_dev(ctx.dev) {}
 
   // The CPU as a device, its AdamW on --optimizer-threads threads, or on the
@@ -136,7 +137,7 @@ RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenDa
     run.evaluate(step + 1, *rc, forward_only);
   }
   RankResult result = run.finish();
-  if (comms.across) result.comm_cross_group = comms.across->stats();  // stage 04's split, as its run log shows it
+  if (comms.replicate) result.comm_cross_group = comms.replicate->stats();  // stage 04's split, as its run log shows it
   result.host_optimizer = states.host->optimizer_description();
   return result;
 }

@@ -61,13 +61,13 @@ struct OffloadStates final : ModelStates {
 
   OffloadStates(const FsdpUnits& units, const ShardLayout& shards, const TrainConfig& cfg, RankContext& ctx,
                 FsdpComms& comms, WallPhases& phases)
-      : units(units), shards(shards), comm(*comms.group), replica(comms.across ? comms.across->rank() : 0),
+      : units(units), shards(shards), comm(*comms.group), replica(comms.replicate ? comms.replicate->rank() : 0),
         precision(cfg.precision),
         host(phases.timed_host(host_device(ctx, optimizer_threads(cfg, ctx)))),
         params(shards, storage_dtype(cfg.precision), cfg.fsdp, units.last(), ctx.mem, ctx.dev, *host, *comms.group,
                cfg.offload.offload_params, !cfg.offload.no_pin, cfg.offload.delay_update, master_on_disk(cfg)),
         grads(shards, storage_dtype(cfg.precision), reduce_dtype(cfg), cfg.fsdp.no_sync, ctx.mem, ctx.dev, *host,
-              *comms.reduce_queue, comms.across.get(), !cfg.offload.no_pin, cfg.offload.delay_update ? 2 : 1),
+              *comms.reduce_queue, comms.replicate.get(), !cfg.offload.no_pin, cfg.offload.delay_update ? 2 : 1),
         comm_dev(ctx.dev), phases(phases), pending(ctx.clock) {
     if (cfg.offload.offload_dir.empty())
       opt.emplace(units.flat, shards, ctx.mem, *host);
@@ -264,7 +264,7 @@ RankResult train_offload_extended(const TrainConfig& cfg, RankContext& ctx, cons
     run.evaluate(step + 1, *rc, forward_only);
   }
   RankResult result = run.finish();
-  if (comms.across) result.comm_cross_group = comms.across->stats();  // stage 04's split, as its run log shows it
+  if (comms.replicate) result.comm_cross_group = comms.replicate->stats();  // stage 04's split, as its run log shows it
   result.host_optimizer = states.host->optimizer_description();
   return result;
 }

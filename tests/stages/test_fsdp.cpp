@@ -432,9 +432,9 @@ TEST(FsdpComm, HybridGroupsAreConsecutiveRanks) {
       FsdpComms comms(ctx.comm, S);
       const float me = float(ctx.rank);
       group[ctx.rank].resize(size_t(comms.group->size()));
-      across[ctx.rank].resize(size_t(comms.across->size()));
+      across[ctx.rank].resize(size_t(comms.replicate->size()));
       comms.group->all_gather(&me, group[ctx.rank].data(), 1, DType::f32);
-      comms.across->all_gather(&me, across[ctx.rank].data(), 1, DType::f32);
+      comms.replicate->all_gather(&me, across[ctx.rank].data(), 1, DType::f32);
     });
     for (int r = 0; r < N; ++r) {
       std::vector<float> g, a;
