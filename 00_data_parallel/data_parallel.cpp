@@ -5,7 +5,8 @@
 //     for each micro-step k:        forward unit by unit, then backward in reverse;
 //                                   on the last k, all_reduce each unit's gradients
 //                                   as soon as its backward is done (overlap)
-//     wait for the all-reduces      every rank now has the same averaged gradient
+//     wait for the all-reduces      every rank now has the same gradient: the sum of
+//                                   the ranks' own, each already divided by N*K
 //     clip by the global norm       computed from the full gradient on each rank
 //     AdamW on the whole model      every rank does the same update (redundantly)
 #include "data_parallel.h"
