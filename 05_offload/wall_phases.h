@@ -4,8 +4,9 @@
 //
 //   fwd, bwd    the rank's compute, timed (compute_decorators.h)
 //   cpu adamw   the host CPU's AdamW calls, timed (timed_host below); with
-//               --delay-update (extensions/) the worker's time for the
-//               update that ran during the step, off the rank's path
+//               --delay-update (extensions/) the worker's whole job for the
+//               update that ran during the step (with --offload-dir its file
+//               I/O too), off the rank's path
 //   adamw wait  --delay-update, from the second step: the rank's wait for
 //               that update
 //   wait        the rest of the step: the loads, the last reductions and

@@ -17,8 +17,8 @@
 //                  host->device after its update, and the all-gathers send it
 //   --offload-params  the device keeps nothing: each all-gather's input is
 //                  copied host->device just before it (category comm, freed
-//                  with the gathered buffer), so device model states are 0
-//                  besides what is gathered
+//                  once the all-gather has read it), so device model states
+//                  are 0 besides what is gathered
 //   --offload-dir with --offload-params, bf16: the float32 shards are in
 //                  files too (disk_adamw.h), and the host keeps only the bf16
 //                  copy, which the optimizer's stream writes

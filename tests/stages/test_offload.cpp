@@ -1,6 +1,6 @@
 // test_offload.cpp: stage 05 (offload) against stages 00 and 04, and
-// against the formulas of 05_offload/README.md, computed here from the unit
-// sizes.
+// against the formulas of 05_offload/README.md (--offload-params and
+// --offload-dir: extensions/README.md), computed here from the unit sizes.
 //
 //   parity      bit for bit with stage 00 (tiny N = 1 .. 4, odd N = 3, 8;
 //               both recipes; two clip norms), with and without
@@ -298,7 +298,8 @@ TEST(OffloadTransfers, BytesPerStepAreTheFormula) {
 
 // ------------------------------------------------------------------ the README's budget
 
-// 05_offload/README.md's lesson on the simulated device: small, 2 ranks,
+// 05_offload/README.md's lesson on the simulated device (the 6.5 MiB case:
+// extensions/README.md): small, 2 ranks,
 // one sequence each, bf16, full recomputation (so that the model states,
 // not the activations, decide). At 8 MiB per rank every stage 00-04 runs
 // out of device memory and stage 05 trains; at 6.5 MiB it needs

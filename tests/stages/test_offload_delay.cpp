@@ -1,5 +1,5 @@
 // test_offload_delay.cpp: stage 05's --delay-update (ZeRO-Offload's delayed
-// parameter update, the recurrence in 05_offload/offload.h) against a
+// parameter update, the recurrence in 05_offload/extensions/README.md) against a
 // reference written here: stage 00's data parallel with the same one-step
 // delay, synchronous, from the public pieces.
 //
