@@ -4,7 +4,7 @@
 //     forward, backward as in stage 04 (fsdp.h), but each unit's reduced
 //     piece goes device->host into my float32 gradient shard on the host
 //   clip: the norm over the host's shards
-//   for each unit g: CPU AdamW on its float32 shard, rounding it into the
+//   for each unit g: CPU AdamW on my float32 piece, rounding it into the
 //     bf16 copy in the same pass; copy that host->device (overlapping the
 //     next unit's update)
 //   wait for the copies: the next step's all-gathers send what they wrote
@@ -83,8 +83,9 @@ struct OffloadStates final : ModelStates {
   GradClip clip(float max_norm) {
     return clip_scale(shards, *host, comm_dev, comm, [&](int g) { return grads.piece(g); }, DType::f32, max_norm);
   }
-  // CPU AdamW on unit g's float32 shard, rounded into the bf16 copy the
-  // device receives (in fp32 the float32 shard is that copy).
+  // CPU AdamW on unit g's float32 piece, rounded into the bf16 copy the
+  // device receives (in fp32 the float32 shard is that copy). The update
+  // takes whole shards and finds unit g's piece in each.
   void update(int g, const AdamWConfig& adam, long t, float scale) {
     bf16* copy = precision == Precision::bf16 ? static_cast<bf16*>(params.host_copy(0)) : nullptr;
     opt.update(g, params.shard(), grads.shard(), copy, adam, t, scale);

@@ -2,13 +2,13 @@
 // host (ZeRO-Offload). Stage 04's FlatGathers does the all-gathers and their
 // limit; this class keeps what they send: the device's copy of my shard.
 //
-// The float32 shard of every unit is the host's (category params, place
+// My float32 piece of every unit is the host's (category params, place
 // host): it is what the CPU AdamW updates, as the device's float32 shard is
 // in stage 04. What the device needs is the shard in the gather dtype (bf16
 // in the bf16 recipe: FSDP2's cast before the all-gather, done here by the
 // optimizer's pass on the host):
 //
-//   host_copy(g)   unit g's shard in the gather dtype on the host: a bf16
+//   host_copy(g)   my piece of unit g in the gather dtype on the host: a bf16
 //                  copy (pinned: the copy engine reads it), or, in fp32, the
 //                  float32 shard itself
 //   device copy    the same, on the device (category params, 2 or 4 bytes

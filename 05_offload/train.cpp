@@ -2,7 +2,7 @@
 // model states on the host and AdamW on the CPU).
 //
 //   build/05_offload/offload --ranks 2 --model small --steps 50 --batch 2 --precision bf16
-//   build/05_offload/offload --ranks 2 --model small --offload-params --device-mem 8MiB
+//   build/05_offload/offload --ranks 2 --model small --batch 1 --precision bf16 --recompute full --device-mem 8MiB
 //
 // Flags are docs/SPEC.md's, with stage 04's and stage 05's own (see --help).
 // The lesson's loop is in offload.cpp; with --offload-params, --offload-dir
