@@ -360,16 +360,16 @@ std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& s
                      "and reduce-scatter once, on the last"));
   OffloadOptions& off = cfg.offload;
   offload_group(app.add_flag("--offload-params", off.offload_params,
-                             "keep the parameter shards on the host too, copied to the device just before "
-                             "their all-gather (device model states ~0)"));
+                             "extension: keep the parameter shards on the host too, copied to the device just "
+                             "before their all-gather (device model states ~0)"));
   offload_group(app.add_option("--offload-dir", off.offload_dir,
-                               "keep the optimizer state (and with --offload-params the parameter shards) in "
-                               "files under DIR, streamed through the host in chunks"));
+                               "extension: keep the optimizer state (and with --offload-params the parameter "
+                               "shards) in files under DIR, streamed through the host in chunks"));
   offload_group(app.add_option("--optimizer-threads", off.optimizer_threads,
                                "threads of the CPU AdamW per rank (default: the cores left to each rank)"));
   offload_group(app.add_flag("--delay-update", off.delay_update,
-                             "from step 2 on, run the CPU update of step s while the device computes step "
-                             "s+1 with the parameters of step s-1 (ZeRO-Offload's delayed update)"));
+                             "extension: from step 2 on, run the CPU update of step s while the device computes "
+                             "step s+1 with the parameters of step s-1 (ZeRO-Offload's delayed update)"));
   offload_group(app.add_flag("--no-pin", off.no_pin,
                              "pageable host buffers instead of page-locked ones (pinned memory counts "
                              "against the host's locked-memory limit, ulimit -l)"));
