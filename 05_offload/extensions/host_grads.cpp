@@ -7,14 +7,6 @@
 
 namespace zf::extensions {
 
-namespace {
-size_t largest_shard(const ShardLayout& shards) {
-  size_t n = 0;
-  for (const auto& us : shards.units) n = std::max(n, us.shard);
-  return n;
-}
-}  // namespace
-
 HostGrads::HostGrads(const ShardLayout& shards, DType grad_dtype, DType reduce_dtype, bool no_sync,
                      MemoryTracker& mem, Device& dev, Device& host, Communicator& comm, Communicator* replicate,
                      bool pin, int buffers)
@@ -23,7 +15,9 @@ HostGrads::HostGrads(const ShardLayout& shards, DType grad_dtype, DType reduce_d
   REQUIRE(buffers == 1 || buffers == 2, "HostGrads keeps 1 or 2 gradient buffers, not " << buffers);
   for (int b = 0; b < buffers; ++b)
     shards_.emplace_back(mem, Place::host, Category::grads, DType::f32, shards.shard_total);
-  for (Tensor& t : landing_) t = Tensor(mem, Place::host, Category::comm, reduce_dtype, largest_shard(shards), pin);
+  const auto by_size = [](const UnitShard& a, const UnitShard& b) { return a.shard < b.shard; };
+  const size_t largest = std::max_element(shards.units.begin(), shards.units.end(), by_size)->shard;
+  for (Tensor& t : landing_) t = Tensor(mem, Place::host, Category::comm, reduce_dtype, largest, pin);
 }
 
 float* HostGrads::piece(int g, int buffer) {

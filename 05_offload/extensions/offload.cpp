@@ -63,7 +63,7 @@ struct OffloadStates final : ModelStates {
                 FsdpComms& comms, WallPhases& phases)
       : units(units), shards(shards), comm(*comms.group), replica(comms.replicate ? comms.replicate->rank() : 0),
         precision(cfg.precision),
-        host(phases.timed_host(host_device(ctx, optimizer_threads(cfg, ctx)))),
+        host(phases.timed_host(host_device(cfg, ctx))),
         params(shards, storage_dtype(cfg.precision), cfg.fsdp, units.last(), ctx.mem, ctx.dev, *host, *comms.group,
                cfg.offload.offload_params, !cfg.offload.no_pin, cfg.offload.delay_update, master_on_disk(cfg)),
         grads(shards, storage_dtype(cfg.precision), reduce_dtype(cfg), cfg.fsdp.no_sync, ctx.mem, ctx.dev, *host,
@@ -97,18 +97,14 @@ struct OffloadStates final : ModelStates {
     ctx.comm.barrier();
   }
 
-  // The CPU as a device for the host's own work, its AdamW on `threads`
-  // threads; under --clock modeled, charged to the rank's host.
-  static std::unique_ptr<Device> host_device(RankContext& ctx, int threads) {
+  // The CPU as a device, its AdamW on --optimizer-threads threads, or on the
+  // cores left to each rank of this host; --clock modeled charges its host.
+  static std::unique_ptr<Device> host_device(const TrainConfig& cfg, RankContext& ctx) {
+    const int ranks = ctx.host_ranks > 0 ? ctx.host_ranks : ctx.world;  // unknown: all share it
+    const int threads = cfg.offload.optimizer_threads > 0 ? cfg.offload.optimizer_threads
+                                                          : default_optimizer_threads(ranks);
     std::unique_ptr<Device> cpu = make_cpu_device(threads);
     return ctx.clock ? ctx.clock->on_host(std::move(cpu)) : std::move(cpu);
-  }
-
-  // --optimizer-threads, or the cores left to each rank of this host (all
-  // ranks, where the launcher does not say how many share it).
-  static int optimizer_threads(const TrainConfig& cfg, const RankContext& ctx) {
-    if (cfg.offload.optimizer_threads > 0) return cfg.offload.optimizer_threads;
-    return default_optimizer_threads(ctx.host_ranks > 0 ? ctx.host_ranks : ctx.world);
   }
 
   static DType reduce_dtype(const TrainConfig& cfg) {
