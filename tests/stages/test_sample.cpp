@@ -167,5 +167,28 @@ TEST_F(SampleRun, GeneratesFromACheckpoint) {
   EXPECT_EQ(made.ranks[0].samples[0].second, trained.ranks[0].samples.back().second);
 }
 
+// The draws are --sample-seed's alone: from one model, another --seed
+// (which draws the initial model and nothing else here) writes the same
+// text, and another --sample-seed other text.
+TEST_F(SampleRun, TheSampleSeedAloneDrawsTheTokens) {
+  TrainConfig cfg = sampling(2, 0, 1.0f);
+  cfg.sample.length = 24;
+  cfg.save_init = dir_ + "/init.safetensors";
+  run_training(cfg, train_data_parallel);
+  cfg.save_init.clear();
+  cfg.init = dir_ + "/init.safetensors";
+  auto text = [&](uint64_t seed, uint64_t sample_seed) {
+    TrainConfig c = cfg;
+    c.seed = seed;
+    c.sample.seed = sample_seed;
+    const RunResult run = run_training(c, train_data_parallel);
+    EXPECT_EQ(run.ranks[0].samples.size(), 1u);
+    return run.ranks[0].samples.empty() ? std::vector<int32_t>{} : run.ranks[0].samples[0].second;
+  };
+  const std::vector<int32_t> first = text(11, 5);
+  EXPECT_EQ(text(12, 5), first);
+  EXPECT_NE(text(11, 6), first);
+}
+
 }  // namespace
 }  // namespace zf
