@@ -229,6 +229,11 @@ TEST(Cli, SaveFormatIsOneOfTwoAndNeedsSave) {
 }
 
 TEST(Cli, MinLrAboveLr) { expect_usage_error("--lr-schedule cosine --min-lr 1e-3", {"--min-lr", "--lr", "0.001"}); }
+// The bound is inclusive: a decay to --lr itself (no decay) trains.
+TEST(Cli, MinLrAtLrIsAccepted) {
+  auto r = run_command(dp() + " --lr-schedule linear --lr 1e-3 --min-lr 1e-3");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
 TEST(Cli, MinLrNeedsADecay) { expect_usage_error("--min-lr 1e-5", {"--min-lr", "constant", "cosine"}); }
 TEST(Cli, NegativeWeightDecay) { expect_usage_error("--weight-decay -0.1", {"--weight-decay", "-0.1"}); }
 TEST(Cli, NonNumberWeightDecay) { expect_usage_error("--weight-decay nan", {"--weight-decay", "nan"}); }

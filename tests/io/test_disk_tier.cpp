@@ -374,6 +374,22 @@ TEST_F(DiskTierTest, AChunkChangedOutsideTheRunIsFoundOnItsNextRead) {
                           {t.path(1), "at offset 8192", "not what this run wrote there", "changed by something"});
 }
 
+// The checksum covers every byte of a chunk: here the last chunk holds
+// 1023 floats, 4 bytes past its last whole 8-byte word, and those are changed.
+TEST_F(DiskTierTest, AChangeInTheLastFloatOfAnOddChunkIsFound) {
+  DiskTier t(dir_, 0, kNames, 4095, 1024, mem_);
+  fill(t);
+  auto visit = [](size_t, size_t, float* const*) {};
+  t.for_each_chunk(visit);  // every chunk written back: now known
+  const int fd = open(t.path(0).c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  const float tampered = 123.0f;
+  ASSERT_EQ(pwrite(fd, &tampered, sizeof tampered, 4094 * sizeof(float)), ssize_t(sizeof tampered));
+  close(fd);
+  expect_error<zf::Error>([&] { t.for_each_chunk(visit); },
+                          {t.path(0), "at offset 12288", "not what this run wrote there"});
+}
+
 // What a run killed with SIGKILL leaves: a child process makes a tier in
 // `dir`, says its folder, and is killed and reaped. Returns the folder.
 std::string folder_of_a_killed_run(const std::string& dir) {

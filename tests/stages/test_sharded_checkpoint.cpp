@@ -450,6 +450,16 @@ TEST_F(ShardedCheckpoint, DamagedFoldersAreRefused) {
   refused({"rank-00000-of-00002.safetensors", "says step '1' where its index says '2'", "another save"});
   edit_index("\"offset\":0,\"numel\":", "\"offset\":1,\"numel\":");
   refused({"leaving a gap"});
+  {  // the first tensor's second piece starting one element inside its first
+    const std::string first = "\"offset\":0,\"numel\":";
+    const size_t at = good_index.find(first) + first.size();
+    const size_t numel = std::stoul(good_index.substr(at));
+    ASSERT_GT(numel, 1u);
+    const std::string second = "\"offset\":" + std::to_string(numel) + ",";
+    ASSERT_NE(good_index.find(second, at), std::string::npos) << "two pieces (2 ranks)";
+    edit_index(second, "\"offset\":" + std::to_string(numel - 1) + ",");
+    refused({"overlapping at element " + std::to_string(numel - 1)});
+  }
   edit_index("\"step\": 1,", "\"step\": 1,\n \"step\": 1,");
   refused({"gives the key \"step\" twice in the index"});
   edit_index("\"seed\":\"1337\"", "\"seed\":\"1337\",\"seed\":\"7\"");
