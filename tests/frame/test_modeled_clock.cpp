@@ -241,6 +241,21 @@ TEST(ModeledClock, EachQueuesBusyTimeIsItsOwn) {
     if (r == 0) one = p;
   });
   for (const auto& [name, t] : one) EXPECT_EQ(name.rfind("comm q", 0), std::string::npos) << name;
+  // One second queue (FSDP's reduce-scatters beside its all-gathers): each queue's own.
+  std::map<std::string, double> two;
+  run_modeled(hw, 2, [&](Rank& rank, int r) {
+    auto second = rank.comm->split(0, r);
+    std::vector<float> mine(send, 1.0f), all(2 * send), all2(2 * send);
+    rank.comm->all_gather_async(mine.data(), all.data(), send, DType::f32).wait();
+    second->all_gather_async(mine.data(), all2.data(), send, DType::f32).wait();
+    StepPhases p;
+    rank.clock.lap(p);
+    if (r == 0) two = std::map<std::string, double>(p.begin(), p.end());
+  });
+  const double gather = 1e-6 + 0.5 * (2.0 * send * 4) / 100e9;  // in a node: one step of the ring
+  EXPECT_DOUBLE_EQ(two["comm q0"], gather * 1e3);
+  EXPECT_DOUBLE_EQ(two["comm q1"], gather * 1e3);
+  EXPECT_DOUBLE_EQ(two["comm"], 2 * gather * 1e3);
 }
 
 TEST(ModeledClock, AGroupAcrossNodesUsesTheNicsOfItsGpusInANode) {
@@ -259,6 +274,15 @@ TEST(ModeledClock, AGroupAcrossNodesUsesTheNicsOfItsGpusInANode) {
     rank.comm->all_gather_async(mine.data(), all.data(), send, DType::f32).wait();
   });
   for (double m : six) EXPECT_DOUBLE_EQ(m, (4 * 1e-6 + 10e-6 + 5.0 / 6 * (6.0 * send * 4) / 20e9) * 1e3);
+  // NICs faster than NVLink (four of 40 GB/s a node): the ring still runs
+  // through NVLink inside each node, at most its 100 GB/s.
+  Hardware fast_nics = hw;
+  fast_nics.inter_node_busbw_gb_per_s = 40;
+  const auto capped = run_modeled(fast_nics, 8, [&](Rank& rank, int) {
+    std::vector<float> mine(send, 1.0f), all(8 * send);
+    rank.comm->all_gather_async(mine.data(), all.data(), send, DType::f32).wait();
+  });
+  for (double m : capped) EXPECT_DOUBLE_EQ(m, (6 * 1e-6 + 10e-6 + 7.0 / 8 * (8.0 * send * 4) / 100e9) * 1e3);
 }
 
 TEST(ModeledClock, AllReduceAcrossNodesTakesTheTreeWhenItIsFaster) {
@@ -377,8 +401,17 @@ TEST(ModeledClock, CopiesArePcieTimePinnedOrNot) {
     dev->release(d);
     GTEST_SKIP() << "the pinned copy needs locked memory, refused here: " << why;
   }
+  // The rate is the host buffer's, whichever way the copy goes: the source
+  // of a copy to the device, the destination of one to the host.
+  const double at_pinned_rate = (3e-6 + bytes / 20e9) * 1e3;
   dev->to_host_async(pinned, d, bytes).wait();
-  EXPECT_DOUBLE_EQ(clock.lap(p), (3e-6 + bytes / 20e9) * 1e3);
+  EXPECT_DOUBLE_EQ(clock.lap(p), at_pinned_rate) << "to_host_async";
+  dev->to_device_async(d, pinned, bytes).wait();
+  EXPECT_DOUBLE_EQ(clock.lap(p), at_pinned_rate) << "to_device_async";
+  dev->to_host(pinned, d, bytes);
+  EXPECT_DOUBLE_EQ(clock.lap(p), at_pinned_rate) << "to_host";
+  dev->to_device(d, pinned, bytes);
+  EXPECT_DOUBLE_EQ(clock.lap(p), at_pinned_rate) << "to_device";
   dev->release_pinned(pinned, bytes);
   dev->release(d);
 }

@@ -17,6 +17,7 @@
 #include "data_parallel.h"
 #include "fsdp.h"
 #include "extensions/offload.h"
+#include "round_profile.h"
 #include "zero1.h"
 #include "zero2.h"
 #include "zero3.h"
@@ -140,6 +141,33 @@ TEST_F(ModeledFiles, ADelayedUpdateOnDiskHasTheSameTimesEveryRun) {
   cfg.offload.offload_dir = dir_;
   const std::vector<double> first = run_training(cfg, train_offload_extended).ranks[0].step_ms;
   EXPECT_EQ(run_training(cfg, train_offload_extended).ranks[0].step_ms, first);
+}
+
+// MFU is bench/mfu.py's: tokens per second times a token's training FLOPs
+// (6 per parameter of a matrix product, and 12 L T C of attention) over
+// the peak of every rank, on a machine of round numbers (10 TFLOP/s in
+// float32, the compute of a CPU run).
+TEST_F(ModeledFiles, MfuIsTheTokensFlopsOverThePeakOfEveryRank) {
+  const std::string hw = path("round.hw");
+  { std::ofstream(hw) << test::kRoundProfile; }
+  TrainConfig cfg = modeled("tiny", 4, hw);
+  cfg.log_json = path("log.jsonl");
+  run_training(cfg, train_data_parallel);
+  const ModelConfig& m = cfg.model;
+  const double P = double(build_layout(m).numel);
+  const double flops = 6.0 * (P - double(m.V) * m.C - double(m.T) * m.C) + 12.0 * m.L * m.T * m.C;
+  const double peak = 4 * 10e12;
+  std::ifstream in(cfg.log_json);
+  int steps = 0;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (!j.contains("step")) continue;
+    ++steps;
+    const double tps = j["tokens_per_s"].get<double>(), want = tps * flops / peak;
+    EXPECT_GT(tps, 0);
+    EXPECT_NEAR(j["mfu"].get<double>(), want, 1e-12 * want) << "step " << j["step"];
+  }
+  EXPECT_EQ(steps, cfg.steps);
 }
 
 TEST(ModeledRun, ZeroThreeCostsMoreThanDataParallelOverPcieThanOverNvlink) {
