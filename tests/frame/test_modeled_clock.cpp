@@ -1,8 +1,9 @@
 // The modeled clock (modeled/modeled_clock.h) against times computed here by
-// hand from a profile with round numbers: one op, one collective on a link
-// inside a node and across nodes, overlap (prefetch) against no overlap, a
-// late rank, and the same numbers whatever the threads' timing. The
-// profiles: test_hardware.cpp. Whole runs on the clock: test_modeled_run.cpp.
+// hand from a profile with round numbers (modeled_ranks.h): one op, overlap
+// (prefetch) against no overlap, copies, a dry run's ranks, the host's
+// AdamW, a forked work and the disk. The collectives:
+// test_modeled_comm.cpp. The profiles: test_hardware.cpp. Whole runs on the
+// clock: test_modeled_run.cpp.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -19,71 +20,17 @@
 #include "fibers.h"
 #include "hardware.h"
 #include "modeled_clock.h"
-#include "round_profile.h"
+#include "modeled_ranks.h"
 #include "test_util.h"
 
 namespace zf {
 namespace {
 
-Hardware round_machine() { return parse_hardware(test::kRoundProfile, "round.hw"); }
-
-// The seconds of a matmul_forward of N x IC x OC in f32 on the round machine:
-// 2·N·IC·OC FLOPs at 10 TFLOP/s · 0.5, or its bytes (inputs, weight, output,
-// bias, 4 bytes each) at 1000 GB/s · 0.5, whichever is longer, plus 2 µs.
-double round_matmul_f32(double N, double IC, double OC) {
-  const double math = 2 * N * IC * OC / 5e12;
-  const double memory = (N * IC + IC * OC + N * OC + OC) * 4 / 500e9;
-  return std::max(math, memory) + 2e-6;
-}
-
-// One rank of a modeled run by hand: its clock, device and communicator.
-struct Rank {
-  RankClock clock;
-  std::unique_ptr<Device> dev;
-  std::unique_ptr<Communicator> comm;
-  Rank(const Hardware& hw, std::unique_ptr<Communicator> inner, std::shared_ptr<ClockGroup> group, int r)
-      : clock(hw), dev(make_modeled_device(make_cpu_device(), clock)),
-        comm(make_modeled_communicator(std::move(inner), std::move(group), r, clock)) {
-    clock.start(0);
-  }
-  double lap_ms() {
-    StepPhases p;
-    return clock.lap(p);
-  }
-  double phase(const char* name) {
-    StepPhases p;
-    clock.lap(p);
-    for (const auto& [n, t] : p)
-      if (n == name) return t;
-    return -1;
-  }
-};
-
-// Runs fn(rank, r) on N modeled ranks as threads; returns each rank's lap in ms.
-std::vector<double> run_modeled(const Hardware& hw, int N, const std::function<void(Rank&, int)>& fn,
-                                std::function<std::unique_ptr<Communicator>(std::unique_ptr<Communicator>, int)>
-                                    wrap = nullptr) {
-  auto comms = make_thread_communicators(N);
-  auto group = make_clock_group(N);
-  std::vector<double> ms(static_cast<size_t>(N), 0.0);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < N; ++r)
-    threads.emplace_back([&, r] {
-      std::unique_ptr<Communicator> inner = std::move(comms[size_t(r)]);
-      if (wrap) inner = wrap(std::move(inner), r);
-      Rank rank(hw, std::move(inner), group, r);
-      fn(rank, r);
-      ms[size_t(r)] = rank.lap_ms();
-    });
-  for (auto& t : threads) t.join();
-  return ms;
-}
-
-// A matmul on the rank's device (buffers of its own).
-void matmul(Rank& rank, int N, int IC, int OC) {
-  std::vector<float> in(size_t(N) * IC, 1.0f), w(size_t(IC) * OC, 0.5f), out(size_t(N) * OC);
-  rank.dev->matmul_forward(out.data(), in.data(), w.data(), nullptr, N, IC, OC);
-}
+using test::matmul;
+using test::Rank;
+using test::round_machine;
+using test::round_matmul_f32;
+using test::run_modeled;
 
 TEST(ModeledClock, OneMatmulIsItsRooflineTime) {
   const Hardware hw = round_machine();
@@ -109,21 +56,6 @@ TEST(ModeledClock, AnElementwiseOpIsItsBytesTime) {
   // Two inputs and the output, 4 bytes each, at 500 GB/s; its n additions would take 0.2 µs.
   EXPECT_DOUBLE_EQ(clock.lap(p), (12.0 * n / 500e9 + 2e-6) * 1e3);
   EXPECT_EQ(out[5], 3.0f);
-}
-
-TEST(ModeledClock, AllGatherInsideANodeIsTheRingOverNvlink) {
-  const Hardware hw = round_machine();
-  const int N = 4;
-  const size_t send = 1 << 16;  // floats per rank: the full buffer is 4 · 65536 · 4 = 1 MiB
-  const double S = double(N) * send * 4;
-  const auto ms = run_modeled(hw, N, [&](Rank& rank, int r) {
-    std::vector<float> mine(send, float(r)), all(N * send);
-    rank.comm->all_gather_async(mine.data(), all.data(), send, DType::f32).wait();
-    EXPECT_EQ(all[send * 3], 3.0f);  // the collective itself still ran
-  });
-  // (N-1) steps of 1 µs, and (N-1)/N of the buffer at 100 GB/s.
-  const double expected = (3 * 1e-6 + 0.75 * S / 100e9) * 1e3;
-  for (double m : ms) EXPECT_DOUBLE_EQ(m, expected);
 }
 
 TEST(ModeledClock, PrefetchOverlapsTheGatherWithCompute) {
@@ -169,29 +101,6 @@ TEST(ModeledClock, ExposedCommIsTheComputeQueuesWait) {
   for (double e : exposed) EXPECT_DOUBLE_EQ(e, (gather - mm) * 1e3);
 }
 
-TEST(ModeledClock, HybridGroupsInsideANodeUseNvlinkAcrossNodesTheNetwork) {
-  const Hardware hw = round_machine();  // 4 GPUs per node: ranks 0-3 and 4-7
-  const int N = 8;
-  const size_t send = 1 << 14;
-  std::vector<double> inside(N), across(N);
-  run_modeled(hw, N, [&](Rank& rank, int r) {
-    auto shard = rank.comm->split(r / 4, r);   // {0..3}, {4..7}: one node each
-    auto replica = rank.comm->split(r % 4, r);  // {0,4}, {1,5}, ...: two nodes
-    rank.lap_ms();
-    std::vector<float> mine(send, 1.0f), all(4 * send);
-    shard->all_gather_async(mine.data(), all.data(), send, DType::f32).wait();
-    inside[size_t(r)] = rank.lap_ms();
-    replica->all_gather_async(mine.data(), all.data(), send, DType::f32).wait();
-    across[size_t(r)] = rank.lap_ms();
-  });
-  const double in_node = 3 * 1e-6 + 0.75 * (4.0 * send * 4) / 100e9;
-  const double between = 1 * 10e-6 + 0.5 * (2.0 * send * 4) / 10e9;  // one GPU per node: one NIC, 10 GB/s
-  for (int r = 0; r < N; ++r) {
-    EXPECT_DOUBLE_EQ(inside[r], in_node * 1e3) << "rank " << r;
-    EXPECT_DOUBLE_EQ(across[r], between * 1e3) << "rank " << r;
-  }
-}
-
 // What the run says it models: the GPUs, and the nodes when more than one.
 TEST(ModeledClock, TheClockSaysWhatItModels) {
   const Hardware hw = round_machine();  // "Round", 4 GPUs per node
@@ -199,187 +108,6 @@ TEST(ModeledClock, TheClockSaysWhatItModels) {
   EXPECT_EQ(modeled_clock_description(hw, 4), "modeled on Round x4");
   EXPECT_EQ(modeled_clock_description(hw, 16), "modeled on Round x16, 4 nodes of 4");
   EXPECT_EQ(modeled_clock_description(hw, 6), "modeled on Round x6, 2 nodes of 4, 2 on the last");
-}
-
-// Each communicator is a queue of its own: the step's phases give each
-// queue's busy time ("comm qK", K as the trace's tracks: 0 the world's),
-// "comm" their sum, and two queues' collectives run at once.
-TEST(ModeledClock, EachQueuesBusyTimeIsItsOwn) {
-  const Hardware hw = round_machine();  // 4 GPUs per node: ranks 0-3 and 4-7
-  const int N = 8;
-  const size_t send = 1 << 14;
-  std::vector<StepPhases> phases(N);
-  std::vector<double> ms(N);
-  run_modeled(hw, N, [&](Rank& rank, int r) {
-    auto shard = rank.comm->split(r / 4, r);    // queue 1: one node
-    auto replica = rank.comm->split(r % 4, r);  // queue 2: across the two
-    rank.lap_ms();
-    std::vector<float> mine(send, 1.0f), all(4 * send), all2(2 * send);
-    CommHandle a = shard->all_gather_async(mine.data(), all.data(), send, DType::f32);
-    CommHandle b = replica->all_gather_async(mine.data(), all2.data(), send, DType::f32);
-    a.wait();
-    b.wait();
-    ms[size_t(r)] = rank.clock.lap(phases[size_t(r)]);
-  });
-  const double in_node = 3 * 1e-6 + 0.75 * (4.0 * send * 4) / 100e9;
-  const double between = 1 * 10e-6 + 0.5 * (2.0 * send * 4) / 10e9;
-  for (int r = 0; r < N; ++r) {
-    std::map<std::string, double> p(phases[size_t(r)].begin(), phases[size_t(r)].end());
-    EXPECT_EQ(p.count("comm q0"), 0u) << "the world's queue ran nothing in the step";
-    EXPECT_DOUBLE_EQ(p["comm q1"], in_node * 1e3) << "rank " << r;
-    EXPECT_DOUBLE_EQ(p["comm q2"], between * 1e3) << "rank " << r;
-    EXPECT_DOUBLE_EQ(p["comm"], (in_node + between) * 1e3) << "rank " << r;
-    EXPECT_DOUBLE_EQ(ms[size_t(r)], std::max(in_node, between) * 1e3) << "rank " << r;  // at once
-  }
-  // One communicator: "comm" alone.
-  StepPhases one;
-  run_modeled(hw, 2, [&](Rank& rank, int r) {
-    std::vector<float> mine(send, 1.0f), all(2 * send);
-    rank.comm->all_gather_async(mine.data(), all.data(), send, DType::f32).wait();
-    StepPhases p;
-    rank.clock.lap(p);
-    if (r == 0) one = p;
-  });
-  for (const auto& [name, t] : one) EXPECT_EQ(name.rfind("comm q", 0), std::string::npos) << name;
-  // One second queue (FSDP's reduce-scatters beside its all-gathers): each queue's own.
-  std::map<std::string, double> two;
-  run_modeled(hw, 2, [&](Rank& rank, int r) {
-    auto second = rank.comm->split(0, r);
-    std::vector<float> mine(send, 1.0f), all(2 * send), all2(2 * send);
-    rank.comm->all_gather_async(mine.data(), all.data(), send, DType::f32).wait();
-    second->all_gather_async(mine.data(), all2.data(), send, DType::f32).wait();
-    StepPhases p;
-    rank.clock.lap(p);
-    if (r == 0) two = std::map<std::string, double>(p.begin(), p.end());
-  });
-  const double gather = 1e-6 + 0.5 * (2.0 * send * 4) / 100e9;  // in a node: one step of the ring
-  EXPECT_DOUBLE_EQ(two["comm q0"], gather * 1e3);
-  EXPECT_DOUBLE_EQ(two["comm q1"], gather * 1e3);
-  EXPECT_DOUBLE_EQ(two["comm"], 2 * gather * 1e3);
-}
-
-TEST(ModeledClock, AGroupAcrossNodesUsesTheNicsOfItsGpusInANode) {
-  const Hardware hw = round_machine();  // NVLink 100 GB/s, a NIC 10 GB/s, 4 GPUs per node
-  const size_t send = 1 << 14;
-  // Eight ranks on two nodes, four on each: four NICs a node, 40 GB/s.
-  const auto eight = run_modeled(hw, 8, [&](Rank& rank, int) {
-    std::vector<float> mine(send, 1.0f), all(8 * send);
-    rank.comm->all_gather_async(mine.data(), all.data(), send, DType::f32).wait();
-  });
-  // Of the ring's 7 steps, 6 stay in a node (1 µs) and 1 crosses (10 µs).
-  for (double m : eight) EXPECT_DOUBLE_EQ(m, (6 * 1e-6 + 10e-6 + 7.0 / 8 * (8.0 * send * 4) / 40e9) * 1e3);
-  // Six ranks: four on the first node, two on the second: the second's two NICs set the pace.
-  const auto six = run_modeled(hw, 6, [&](Rank& rank, int) {
-    std::vector<float> mine(send, 1.0f), all(6 * send);
-    rank.comm->all_gather_async(mine.data(), all.data(), send, DType::f32).wait();
-  });
-  for (double m : six) EXPECT_DOUBLE_EQ(m, (4 * 1e-6 + 10e-6 + 5.0 / 6 * (6.0 * send * 4) / 20e9) * 1e3);
-  // NICs faster than NVLink (four of 40 GB/s a node): the ring still runs
-  // through NVLink inside each node, at most its 100 GB/s.
-  Hardware fast_nics = hw;
-  fast_nics.inter_node_busbw_gb_per_s = 40;
-  const auto capped = run_modeled(fast_nics, 8, [&](Rank& rank, int) {
-    std::vector<float> mine(send, 1.0f), all(8 * send);
-    rank.comm->all_gather_async(mine.data(), all.data(), send, DType::f32).wait();
-  });
-  for (double m : capped) EXPECT_DOUBLE_EQ(m, (6 * 1e-6 + 10e-6 + 7.0 / 8 * (8.0 * send * 4) / 100e9) * 1e3);
-}
-
-TEST(ModeledClock, AllReduceAcrossNodesTakesTheTreeWhenItIsFaster) {
-  const Hardware hw = round_machine();
-  const int N = 8;  // two nodes
-  const size_t n = 16;  // 64 bytes: latency-bound
-  const auto ms = run_modeled(hw, N, [&](Rank& rank, int) {
-    std::vector<float> x(n, 1.0f);
-    rank.comm->all_reduce_async(x.data(), n, DType::f32, ReduceOp::sum).wait();
-    EXPECT_EQ(x[0], 8.0f);
-  });
-  const double moved = 2.0 * 7 / 8 * 64 / 40e9;  // four NICs a node
-  // Ring: twice 6 steps in a node and 1 across; tree (NCCL's): up and down 1 level of nodes,
-  // and a chain of a node's 4 GPUs, 3 hops.
-  const double ring = 2 * (6 * 1e-6 + 10e-6) + moved, tree = 2 * (1 * 10e-6 + 3 * 1e-6) + moved;
-  ASSERT_LT(tree, ring);
-  for (double m : ms) EXPECT_DOUBLE_EQ(m, tree * 1e3);
-  // Three nodes: NCCL's model counts floor(log2 3) = 1 level of nodes.
-  const auto three = run_modeled(hw, 12, [&](Rank& rank, int) {
-    std::vector<float> x(n, 1.0f);
-    rank.comm->all_reduce_async(x.data(), n, DType::f32, ReduceOp::sum).wait();
-  });
-  const double moved12 = 2.0 * 11 / 12 * 64 / 40e9;
-  const double ring12 = 2 * (9 * 1e-6 + 2 * 10e-6) + moved12, tree12 = 2 * (1 * 10e-6 + 3 * 1e-6) + moved12;
-  ASSERT_LT(tree12, ring12);
-  for (double m : three) EXPECT_DOUBLE_EQ(m, tree12 * 1e3);
-}
-
-TEST(ModeledClock, TheLastRankToArriveSetsTheCollectivesStart) {
-  const Hardware hw = round_machine();
-  const int N = 4;
-  const size_t n = 1 << 10;
-  // Rank 2 computes a matmul first (a bigger shard, say); the others wait for it.
-  const auto ms = run_modeled(hw, N, [&](Rank& rank, int r) {
-    if (r == 2) matmul(rank, 256, 256, 256);
-    std::vector<float> x(n, 1.0f);
-    rank.comm->all_reduce_async(x.data(), n, DType::f32, ReduceOp::sum).wait();
-  });
-  const double ar = 6 * 1e-6 + 2.0 * 3 / 4 * (n * 4.0) / 100e9;
-  for (double m : ms) EXPECT_DOUBLE_EQ(m, (round_matmul_f32(256, 256, 256) + ar) * 1e3);
-}
-
-// Holds each collective back a while (a rank-dependent, varying delay) before
-// handing it on: the real timing changes, the modeled one must not.
-class DelayingCommunicator final : public Communicator {
- public:
-  DelayingCommunicator(std::unique_ptr<Communicator> in, int r) : in_(std::move(in)), r_(r) {}
-  int rank() const override { return in_->rank(); }
-  int size() const override { return in_->size(); }
-  const char* backend() const override { return in_->backend(); }
-  CommHandle all_reduce_async(void* b, size_t n, DType dt, ReduceOp op) override {
-    nap();
-    return in_->all_reduce_async(b, n, dt, op);
-  }
-  CommHandle reduce_scatter_async(const void* s, void* r, size_t n, DType dt, ReduceOp op) override {
-    nap();
-    return in_->reduce_scatter_async(s, r, n, dt, op);
-  }
-  CommHandle all_gather_async(const void* s, void* r, size_t n, DType dt) override {
-    nap();
-    return in_->all_gather_async(s, r, n, dt);
-  }
-  CommHandle broadcast_async(void* b, size_t n, DType dt, int root) override {
-    nap();
-    return in_->broadcast_async(b, n, dt, root);
-  }
-  void barrier() override {
-    nap();
-    in_->barrier();
-  }
-  void abort(const std::string& why) override { in_->abort(why); }
-
- private:
-  void nap() { std::this_thread::sleep_for(std::chrono::milliseconds((r_ * 7 + calls_++ * 3) % 11)); }
-  std::unique_ptr<Communicator> in_;
-  int r_, calls_ = 0;
-};
-
-TEST(ModeledClock, TheSameWhateverTheThreadsTiming) {
-  const Hardware hw = round_machine();
-  const int N = 4;
-  auto schedule = [&](Rank& rank, int r) {
-    std::vector<float> mine(4096, float(r)), all(N * 4096), x(256, 1.0f);
-    for (int unit = 0; unit < 3; ++unit) {
-      CommHandle g = rank.comm->all_gather_async(mine.data(), all.data(), 4096, DType::f32);
-      matmul(rank, 128 + 64 * r, 128, 128);  // unequal work per rank
-      g.wait();
-      CommHandle a = rank.comm->all_reduce_async(x.data(), 256, DType::f32, ReduceOp::sum);
-      matmul(rank, 64, 128, 128);
-      a.wait();
-    }
-  };
-  const auto plain = run_modeled(hw, N, schedule);
-  const auto delayed = run_modeled(hw, N, schedule, [](std::unique_ptr<Communicator> in, int r) {
-    return std::unique_ptr<Communicator>(new DelayingCommunicator(std::move(in), r));
-  });
-  for (int r = 0; r < N; ++r) EXPECT_EQ(plain[r], delayed[r]) << "rank " << r;
 }
 
 TEST(ModeledClock, CopiesArePcieTimePinnedOrNot) {
@@ -414,28 +142,6 @@ TEST(ModeledClock, CopiesArePcieTimePinnedOrNot) {
   EXPECT_DOUBLE_EQ(clock.lap(p), at_pinned_rate) << "to_device";
   dev->release_pinned(pinned, bytes);
   dev->release(d);
-}
-
-// A step ends when the ranks meet, whatever a queue still runs: a collective
-// not waited for is not in the step, on the world's queue or a split's.
-TEST(ModeledClock, ACollectiveNotWaitedForIsNotInTheStep) {
-  const Hardware hw = round_machine();
-  const size_t send = 1 << 14;
-  std::vector<double> world(4), split(4);
-  run_modeled(hw, 4, [&](Rank& rank, int r) {
-    auto half = rank.comm->split(r / 2, r);
-    std::vector<float> mine(send, 1.0f), all(4 * send), two(2 * send);
-    CommHandle a = rank.comm->all_gather_async(mine.data(), all.data(), send, DType::f32);
-    world[size_t(r)] = rank.lap_ms();
-    CommHandle b = half->all_gather_async(mine.data(), two.data(), send, DType::f32);
-    split[size_t(r)] = rank.lap_ms();
-    a.wait();  // each now waits as long as its collective still had to run
-    b.wait();
-  });
-  for (int r = 0; r < 4; ++r) {
-    EXPECT_EQ(world[r], 0.0) << "rank " << r;
-    EXPECT_EQ(split[r], 0.0) << "rank " << r;
-  }
 }
 
 // Runs fn(rank, r) on N ranks of a dry run (fibers, no backend); each
