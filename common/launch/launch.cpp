@@ -249,8 +249,9 @@ std::string join_rank_threads(std::vector<std::thread>& threads, std::mutex& mu,
 }
 
 #if defined(ZF_HAVE_NCCL)
-// This machine's name, for NCCL_HOSTID.
-std::string host_name() {
+// This machine's name as gethostname gives it, for NCCL_HOSTID (output_file.h's
+// host_name() is the same name made fit for a file name).
+std::string machine_name() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof(buf) - 1) != 0) return "host";
   return buf;
@@ -263,7 +264,7 @@ std::string host_name() {
 // needs the host's identity.
 void share_gpu_if_needed(int rank, int local_rank, int local_size) {
   const int gpus = cuda_device_count();
-  const std::string hostid = shared_gpu_hostid(local_rank, local_size, gpus, host_name());
+  const std::string hostid = shared_gpu_hostid(local_rank, local_size, gpus, machine_name());
   if (hostid.empty()) return;
   const char* set = std::getenv("NCCL_HOSTID");
   const bool own = !(set && *set);
