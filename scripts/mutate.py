@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""mutate.py: how many small plausible bugs the test suites catch.
+
+Each mutation below is one edit (an operand, a bound, a dropped term) to one
+file, and the suites that own the code it changes. The script copies the
+tracked files into a scratch folder, builds them once there (the CPU layer,
+release, as scripts/build.sh builds), then for each mutation edits the copy,
+builds again, runs the owning suites, and puts the file back. A mutation is
+caught when a suite fails (or the build does), and survives when every
+suite passes. By hand, not in CI (each mutation is a rebuild and a run of
+its suites: minutes):
+
+  python3 scripts/mutate.py                  # every mutation
+  python3 scripts/mutate.py --only val_sum   # those named
+  python3 scripts/mutate.py --list           # the list, nothing run
+
+The scratch folder (--dir, default /tmp/zf-mutants) keeps its build between
+runs; it is refreshed from the working tree's files each time. Ends with
+"caught N of M" and exits 1 if any survived.
+"""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (name, file, text, mutated text, owning suites, what it breaks). `text`
+# occurs exactly once in `file`.
+MUTATIONS = [
+    # train/: what every run does around its loop
+    ("val_sum", "common/train/training_run.cpp",
+     "loss = global_mean_loss(ctx_.comm, ctx_.dev, sum, cfg_.val_batches);",
+     "loss = global_mean_loss(ctx_.comm, ctx_.dev, sum, 1);",
+     ["dp"], "the held-out sum not divided by the number of batches"),
+    ("val_batch", "common/train/training_run.cpp",
+     "rc.load_val(b);", "rc.load_val(0);",
+     ["dp"], "held-out batch 0 evaluated every time"),
+    ("sample_seed", "common/train/training_run.cpp",
+     "sample_uniform(sc.seed, uint64_t(i))", "sample_uniform(cfg_.seed, uint64_t(i))",
+     ["sample"], "samples drawn with --seed instead of --sample-seed"),
+    ("async_vote", "common/train/training_run.cpp",
+     "const int64_t written = sharded_ ? int64_t(sharded_->written()) : 1;",
+     "const int64_t written = 1;",
+     ["checkpoint"], "an async sharded save committed before every rank's file is on disk"),
+    # io/: files
+    ("index_overlap", "common/io/sharded_checkpoint.cpp",
+     "USAGE_REQUIRE(offset == covered,", "USAGE_REQUIRE(offset <= covered,",
+     ["checkpoint"], "a sharded index whose pieces overlap accepted"),
+    # launch/: flags
+    ("min_lr_at_lr", "common/launch/cli.cpp",
+     "cfg.min_lr >= 0 && cfg.min_lr <= cfg.lr", "cfg.min_lr >= 0 && cfg.min_lr < cfg.lr",
+     ["cli"], "--min-lr equal to --lr refused"),
+    # modeled/: the modeled clock
+    ("nic_cap", "common/modeled/modeled_clock.cpp",
+     "std::min(hw.intra_node_busbw_gb_per_s, per_node * hw.inter_node_busbw_gb_per_s)",
+     "per_node * hw.inter_node_busbw_gb_per_s",
+     ["clock"], "the inter-node bus bandwidth not capped by NVLink's"),
+    ("pinned_side", "common/modeled/modeled_device.cpp",
+     "copy_seconds(clock_.hardware(), bytes, is_pinned(src)), false);",
+     "copy_seconds(clock_.hardware(), bytes, is_pinned(dst)), false);",
+     ["clock"], "a copy's pinned rate read from the device side"),
+    ("one_queue", "common/modeled/modeled_clock.cpp",
+     "if (queues_ > 0)", "if (queues_ > 1)",
+     ["clock"], "each queue's busy time only with more than one second queue"),
+    ("mfu_peak", "common/launch/runner.cpp",
+     "peak * 1e12 * world.size,", "peak * 1e12,",
+     ["clock"], "MFU's peak not multiplied by the number of ranks"),
+    ("ring_lat", "common/modeled/modeled_clock.cpp",
+     "double(n - nodes) * intra_lat + double(nodes - 1) * inter_lat;",
+     "double(n - 1) * intra_lat;",
+     ["clock"], "the ring's node crossings charged NVLink's latency"),
+    # 05's extensions: the disk tier
+    ("checksum_tail", "05_offload/extensions/disk_tier.cpp",
+     "for (; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001b3ull;", "",
+     ["offload"], "a chunk's checksum skipping the bytes after its last whole word"),
+    ("disk_free_one_rank", "05_offload/extensions/offload.cpp",
+     "size_t(ctx.world) * DiskTier::disk_bytes(", "DiskTier::disk_bytes(",
+     ["offload", "faults"], "the free-space check counting one rank's files, not every rank's"),
+    # core/ and cpu/: the arithmetic
+    ("adamw_eps", "common/core/adamw_kernel.h",
+     "std::sqrt(vi) / s.bias2_sqrt + s.eps;", "std::sqrt(vi) / s.bias2_sqrt;",
+     ["adamw", "optim"], "AdamW without its epsilon"),
+    ("layernorm_eps", "common/cpu/kernels_cpu.cpp",
+     "1.0f / std::sqrt(v + 1e-5f);", "1.0f / std::sqrt(v + 1e-3f);",
+     ["kernels", "reference"], "layernorm's epsilon 100 times too large"),
+    ("shard_begin", "common/core/shard.cpp",
+     "us.begin = std::min(u.numel, size_t(rank) * us.shard);",
+     "us.begin = std::min(u.numel, size_t(rank) * us.shard + (rank > 0 ? 1 : 0));",
+     ["memory", "zero3"], "each shard after the first starting one element late"),
+    # comm/: the bytes a collective is counted for
+    ("ring_bytes", "common/comm/comm.cpp",
+     "case CollectiveKind::all_reduce: return 2.0 * (n - 1.0) / n * b;",
+     "case CollectiveKind::all_reduce: return (n - 1.0) / n * b;",
+     ["comm"], "an all-reduce counted as one pass of the ring"),
+]
+
+
+def run(cmd, cwd=None, quiet=True):
+    p = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if not quiet:
+        sys.stdout.write(p.stdout)
+    return p
+
+
+def refresh_copy(src):
+    """The working tree's files (tracked and new, not ignored) into src, each only when it differs."""
+    listed = run(["git", "-C", ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard"])
+    if listed.returncode:
+        sys.exit("mutate.py: git ls-files failed: " + listed.stdout)
+    for f in filter(None, listed.stdout.split("\0")):
+        a, b = os.path.join(ROOT, f), os.path.join(src, f)
+        if not os.path.isfile(a):
+            continue
+        if os.path.isfile(b) and os.path.getsize(a) == os.path.getsize(b):
+            with open(a, "rb") as x, open(b, "rb") as y:
+                if x.read() == y.read():
+                    continue
+        os.makedirs(os.path.dirname(b), exist_ok=True)
+        shutil.copy2(a, b)
+
+
+def build(build_dir):
+    p = run(["ninja", "-C", build_dir])
+    return p.returncode == 0, p.stdout[-3000:]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dir", default="/tmp/zf-mutants", help="the scratch folder (a copy and its build)")
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutations")
+    ap.add_argument("--list", action="store_true", help="print the mutations and stop")
+    args = ap.parse_args()
+    chosen = [m for m in MUTATIONS if not args.only or m[0] in args.only]
+    if args.only and len(chosen) != len(set(args.only)):
+        known = {m[0] for m in MUTATIONS}
+        sys.exit("mutate.py: no mutation named " + ", ".join(sorted(set(args.only) - known)) + " (--list)")
+    if args.list:
+        for name, file, _, _, suites, what in chosen:
+            print(f"{name:20} {file:45} {' '.join(suites):20} {what}")
+        return 0
+
+    src, build_dir = os.path.join(args.dir, "src"), os.path.join(args.dir, "build")
+    os.makedirs(src, exist_ok=True)
+    refresh_copy(src)
+    # Each mutation's text must be where the list says, once, before anything is built.
+    for name, file, text, _, _, _ in chosen:
+        with open(os.path.join(src, file)) as f:
+            n = f.read().count(text)
+        if n != 1:
+            sys.exit(f"mutate.py: {name}: its text occurs {n} times in {file} (once expected): update the list")
+    if not os.path.isfile(os.path.join(build_dir, "build.ninja")):
+        p = run(["meson", "setup", build_dir, "--buildtype=release", "-Dcuda=disabled", "-Dnccl=disabled"], cwd=src)
+        if p.returncode:
+            sys.exit("mutate.py: meson setup failed:\n" + p.stdout[-3000:])
+    print(f"building the unmutated copy in {build_dir} ...", flush=True)
+    ok, out = build(build_dir)
+    if not ok:
+        sys.exit("mutate.py: the unmutated copy does not build:\n" + out)
+
+    survived = []
+    for name, file, text, mutated, suites, what in chosen:
+        path = os.path.join(src, file)
+        with open(path) as f:
+            original = f.read()
+        start = time.time()
+        try:
+            with open(path, "w") as f:
+                f.write(original.replace(text, mutated, 1))
+            ok, _ = build(build_dir)
+            if not ok:
+                verdict = "caught (the build)"
+            else:
+                p = run(["meson", "test", "-C", build_dir, "--no-rebuild", "--num-processes", "2"] + suites)
+                verdict = "caught" if p.returncode else "SURVIVED"
+        finally:
+            with open(path, "w") as f:
+                f.write(original)
+            os.utime(path)  # newer than its mutated build: the next build compiles it again
+        if verdict == "SURVIVED":
+            survived.append(name)
+        print(f"{verdict:20} {name:20} {' '.join(suites):18} {what} ({time.time() - start:.0f} s)", flush=True)
+    build(build_dir)  # the copy's build as the tree's again
+    print(f"caught {len(chosen) - len(survived)} of {len(chosen)}" +
+          (f"; survived: {', '.join(survived)}" if survived else ""))
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
