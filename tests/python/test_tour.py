@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 # test_tour.py: tests of tools/tour.py, the run of every stage side by side.
-# One tour of the READMEs' configuration (tiny, 4 ranks) runs (whether the
-# READMEs' tour sections are what it writes is the docs test's, through
-# scripts/docs.py); then:
-#   - it passed;
+# One tour of the READMEs' configuration (tiny, 4 ranks) runs; then:
+#   - it passed, and the READMEs' tour sections are what it writes (the
+#     check scripts/docs.py makes with --build; the docs test leaves it to
+#     this one, which has the runs already);
 #   - every number of tour.json and of tour.md's tables is the run log's
 #     (read here from the logs, with this file's own parsing), the "= 00"
 #     column is recomputed from the logs, and the estimator agreed with every
@@ -94,8 +94,15 @@ class Tour(unittest.TestCase):
     def tearDownClass(cls):
         cls.tmp.cleanup()
 
-    def test_the_run_succeeds(self):  # the READMEs' tables are checked by the docs test
+    def test_the_run_succeeds(self):
         self.assertEqual(self.r.returncode, 0, self.r.stdout + self.r.stderr)
+
+    def test_the_readmes_tour_sections_are_current(self):
+        self.assertIsNotNone(self.doc, self.r.stderr)
+        self.assertEqual(self.doc["config"], tour.README_CONFIG)
+        blocks = tour_readme.readme_blocks(self.doc["runs"], tour.README_CONFIG)
+        self.assertEqual(tour_readme.stale_readmes(ROOT, blocks), [],
+                         f"refresh them with: python3 scripts/docs.py write --build {BUILD}")
 
     def test_every_run_ran(self):
         self.assertIsNotNone(self.doc, self.r.stderr)
