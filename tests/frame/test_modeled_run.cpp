@@ -33,6 +33,18 @@ TrainConfig modeled(const std::string& model, int N, const std::string& hw) {
   return cfg;
 }
 
+// The offload runs below: GPT-2's width (C = 768, 12 heads) with two layers,
+// T = 256 and an 8192-token vocabulary, 8 ranks of an H100 node, modeled
+// and dry. The host's AdamW and the disk tier are real work on the host
+// (a dry run skips only the device's), proportional to the parameters.
+TrainConfig modeled_offload() {
+  TrainConfig cfg = modeled("tiny", 8, "h100-sxm");
+  cfg.model = ModelConfig{"gpt2-width", 8192, 256, 2, 12, 768};
+  cfg.dry_run = true;
+  cfg.precision = Precision::bf16;
+  return cfg;
+}
+
 // Runs that write files (--offload-dir, --log-json) write into a fresh folder.
 class ModeledFiles : public test::TempDirTest {};
 
@@ -62,9 +74,7 @@ TEST(ModeledRun, PrefetchHidesTheGathersWhereTheLinkIsSlow) {
 }
 
 TEST(ModeledRun, OffloadPaysForPcieAndTheHostsOptimizer) {
-  TrainConfig cfg = modeled("gpt2", 8, "h100-sxm");
-  cfg.dry_run = true;
-  cfg.precision = Precision::bf16;
+  TrainConfig cfg = modeled_offload();
   const double fsdp = run_training(cfg, train_fsdp).ranks[0].step_ms[1];
   const double offload = run_training(cfg, train_offload_extended).ranks[0].step_ms[1];
   EXPECT_GT(offload, fsdp);
@@ -80,9 +90,7 @@ TEST(ModeledRun, OffloadPaysForPcieAndTheHostsOptimizer) {
 // update the host waits for. The last step waits for its own update too.
 // The worker's thread timing changes nothing: the same times every run.
 TEST(ModeledRun, TheDelayedUpdateHidesTheHostsOptimizerBehindTheStep) {
-  TrainConfig cfg = modeled("gpt2", 8, "h100-sxm");
-  cfg.dry_run = true;
-  cfg.precision = Precision::bf16;
+  TrainConfig cfg = modeled_offload();
   cfg.steps = 5;
   const double fsdp = run_training(cfg, train_fsdp).ranks[0].step_ms[2];
   const double undelayed = run_training(cfg, train_offload_extended).ranks[0].step_ms[2];
@@ -108,9 +116,7 @@ TEST(ModeledRun, TheDelayedUpdateHidesTheHostsOptimizerBehindTheStep) {
 // (hardware/h100-sxm.hw: 6 GB/s, 8 ranks a host); the CPU's AdamW runs
 // under the stream, and the step waits for the last write.
 TEST_F(ModeledFiles, TheDiskTierIsItsBytesAtTheNodesDiskRate) {
-  TrainConfig cfg = modeled("gpt2", 8, "h100-sxm");
-  cfg.dry_run = true;
-  cfg.precision = Precision::bf16;
+  TrainConfig cfg = modeled_offload();
   cfg.log_json = path("log.jsonl");
   const double in_memory = run_training(cfg, train_offload_extended).ranks[0].step_ms[1];
   cfg.offload.offload_dir = path("od");
