@@ -30,11 +30,6 @@ using test::run_command;
 
 std::string dp() { return "timeout 120 " + test::dp_binary() + " --model tiny --batch 1"; }
 
-std::string offload_binary() {
-  const char* p = std::getenv("ZF_OFFLOAD_BIN");
-  return p ? p : "build/05_offload/offload";
-}
-
 std::string read_all(const std::string& p) {
   std::ifstream f(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
@@ -113,11 +108,15 @@ TEST_F(Outputs, OutputOntoAShardedCheckpointsFileIsRefused) {
   const std::vector<std::string> targets = {rank,           step + "/index.json", sk + "/latest", sk + "/lock",
                                             path("link.st"), path("hard.st"),
                                             step + "/./rank-00001-of-00002.safetensors"};
-  for (const std::string out : {"--save", "--save-init", "--log-json", "--trace"})
-    for (const std::string& t : targets) {
-      expect_refused("--ranks 2 --steps 4 --resume " + sk + " " + out + " " + t, {out, "--resume " + sk, "reads"});
-      expect_refused("--ranks 2 --steps 2 --init " + sk + " " + out + " " + t, {out, "--init " + sk, "reads"});
-    }
+  // Each file under each input flag, through each output flag in turn (one
+  // check serves every output flag: each flag meets several of the files).
+  const std::vector<std::string> outs = {"--save", "--save-init", "--log-json", "--trace"};
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const std::string& t = targets[i];
+    const std::string& a = outs[i % outs.size()], & b = outs[(i + 1) % outs.size()];
+    expect_refused("--ranks 2 --steps 4 --resume " + sk + " " + a + " " + t, {a, "--resume " + sk, "reads"});
+    expect_refused("--ranks 2 --steps 2 --init " + sk + " " + b + " " + t, {b, "--init " + sk, "reads"});
+  }
   expect_refused("--ranks 2 --steps 4 --resume " + step + " --save " + rank, {"--save", "--resume " + step});
   // A step folder named directly: the latest and lock of the folder holding it are kept whole too.
   for (const std::string& t : {sk + "/latest", sk + "/lock"})
@@ -173,7 +172,7 @@ TEST_F(Outputs, TwoOutputsOnOneFileAreRefused) {
 TEST_F(Outputs, OutputThatIsTheOffloadDirIsRefused) {
   const std::string off = path("offload");
   fs::create_directory(off);
-  const std::string exe = "timeout 120 " + offload_binary() + " --model tiny --batch 1";
+  const std::string exe = "timeout 120 " + test::offload_binary() + " --model tiny --batch 1";
   expect_refused("--steps 2 --offload-dir " + off + " --log-json " + off, {"--log-json", "--offload-dir"}, exe);
   expect_refused("--steps 2 --offload-dir " + off + " --save " + dir_ + "/./offload", {"--save", "--offload-dir"},
                  exe);
@@ -185,7 +184,7 @@ TEST_F(Outputs, OutputThatIsTheOffloadDirIsRefused) {
 TEST_F(Outputs, InputsAndOutputsInTheOffloadDirAreRefused) {
   const std::string off = path("offload");
   fs::create_directories(off + "/sub");
-  const std::string exe = "timeout 120 " + offload_binary() + " --model tiny --batch 1";
+  const std::string exe = "timeout 120 " + test::offload_binary() + " --model tiny --batch 1";
   const std::string inside = off + "/zf-offload-999999-bb-r0-m.bin", deeper = off + "/sub/ck.st";
   fs::copy_file(ck_, inside);
   fs::copy_file(ck_, deeper);
