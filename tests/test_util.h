@@ -46,6 +46,18 @@ inline std::string refusal(const std::function<void()>& fn) {
   return "";
 }
 
+// Runs fn, expects a UsageError whose message contains every fragment.
+inline void expect_usage_error(const std::function<void()>& fn, std::initializer_list<std::string> fragments) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected a UsageError containing '" << *fragments.begin() << "'";
+  } catch (const UsageError& e) {
+    const std::string msg = e.what();
+    for (const std::string& f : fragments)
+      EXPECT_NE(msg.find(f), std::string::npos) << "message lacks '" << f << "': " << msg;
+  }
+}
+
 inline void expect_has(const std::string& msg, std::initializer_list<std::string> fragments) {
   for (const std::string& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << "lacks '" << f << "': " << msg;
 }
@@ -102,10 +114,15 @@ inline ProcessResult run_command(const std::string& command) {
   return r;
 }
 
-// Path of the dp executable (meson passes it in ZF_DP_BIN).
+// Paths of the dp and offload executables (meson passes them in ZF_DP_BIN
+// and ZF_OFFLOAD_BIN).
 inline std::string dp_binary() {
   const char* p = std::getenv("ZF_DP_BIN");
   return p ? p : "build/00_data_parallel/dp";
+}
+inline std::string offload_binary() {
+  const char* p = std::getenv("ZF_OFFLOAD_BIN");
+  return p ? p : "build/05_offload/offload";
 }
 
 }  // namespace zf::test

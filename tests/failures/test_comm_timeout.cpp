@@ -61,10 +61,10 @@ void expect_stall_reported(const Timed& t, double timeout_s, const std::string& 
                             "step 2", "--comm-timeout", "rank 1 has still not returned"});
 }
 
-std::string dp() { return "timeout 40 " + test::dp_binary() + " --model tiny --steps 5 --batch 1 --quiet"; }
+std::string dp_five_steps() { return "timeout 40 " + test::dp_binary() + " --model tiny --steps 5 --batch 1 --quiet"; }
 
 TEST(CommTimeout, StalledThreadRankEndsTheRun) {
-  expect_stall_reported(timed(dp() + " --ranks 3 --inject-fault 1:2:stall --comm-timeout 2"), 2,
+  expect_stall_reported(timed(dp_five_steps() + " --ranks 3 --inject-fault 1:2:stall --comm-timeout 2"), 2,
                         "all_reduce");
 }
 
@@ -93,35 +93,35 @@ TEST(CommTimeout, StalledDryRunRankIsNamed) {
 }
 
 TEST(CommTimeout, EnvironmentSetsItAndTheFlagWins) {
-  expect_stall_reported(timed("ZF_COMM_TIMEOUT_S=1.5 " + dp() + " --ranks 3 --inject-fault 1:2:stall"), 1.5,
+  expect_stall_reported(timed("ZF_COMM_TIMEOUT_S=1.5 " + dp_five_steps() + " --ranks 3 --inject-fault 1:2:stall"), 1.5,
                         "all_reduce");
   // The flag wins over the environment, even over a value it would refuse.
   expect_stall_reported(
-      timed("ZF_COMM_TIMEOUT_S=600 " + dp() + " --ranks 3 --inject-fault 1:2:stall --comm-timeout 2"), 2,
+      timed("ZF_COMM_TIMEOUT_S=600 " + dp_five_steps() + " --ranks 3 --inject-fault 1:2:stall --comm-timeout 2"), 2,
       "all_reduce");
-  EXPECT_EQ(run_command("ZF_COMM_TIMEOUT_S=soon " + dp() + " --ranks 2 --comm-timeout 30").exit_code, 0);
+  EXPECT_EQ(run_command("ZF_COMM_TIMEOUT_S=soon " + dp_five_steps() + " --ranks 2 --comm-timeout 30").exit_code, 0);
 }
 
 // A healthy run with a short timeout is unaffected: waits reset with every
 // collective, they do not add up over the run.
 TEST(CommTimeout, HealthyRunWithAShortTimeoutSucceeds) {
-  const auto r = run_command(dp() + " --ranks 3 --steps 20 --comm-timeout 1");
+  const auto r = run_command(dp_five_steps() + " --ranks 3 --steps 20 --comm-timeout 1");
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 TEST(CommTimeout, BadValuesAreUsageErrors) {
   for (const std::string v : {"0", "-1", "abc", "''", "2s", "inf", "nan", "1e8"}) {
-    const auto r = run_command(dp() + " --comm-timeout " + v);
+    const auto r = run_command(dp_five_steps() + " --comm-timeout " + v);
     EXPECT_EQ(r.exit_code, 2) << v << "\n" << r.output;
     expect_words(r.output, {"--comm-timeout", v == "''" ? "the value is empty" : "number of seconds"});
   }
   for (const std::string v : {"0", "x", "-3"}) {
-    const auto r = run_command("ZF_COMM_TIMEOUT_S=" + v + " " + dp());
+    const auto r = run_command("ZF_COMM_TIMEOUT_S=" + v + " " + dp_five_steps());
     EXPECT_EQ(r.exit_code, 2) << v << "\n" << r.output;
     expect_words(r.output, {"ZF_COMM_TIMEOUT_S", "number of seconds", "'" + v + "'"});
   }
   for (const std::string v : {"1:2:hang", "1:2:", "1:stall"}) {
-    const auto r = run_command(dp() + " --ranks 2 --inject-fault " + v);
+    const auto r = run_command(dp_five_steps() + " --ranks 2 --inject-fault " + v);
     EXPECT_EQ(r.exit_code, 2) << v << "\n" << r.output;
     expect_words(r.output, {"--inject-fault", "RANK:STEP:stall"});
   }

@@ -36,11 +36,6 @@ using test::ChildProcess;
 using test::read_file;
 using test::run_command;
 
-std::string offload_binary() {
-  const char* p = std::getenv("ZF_OFFLOAD_BIN");
-  return p ? p : "build/05_offload/offload";
-}
-
 // Everything under `dir`, by relative name: a file's bytes, a folder, a
 // symlink's target (never followed).
 std::map<std::string, std::string> snapshot(const std::string& dir) {
@@ -92,7 +87,7 @@ class OffloadDir : public test::TempDirTest {
   // The run, under `timeout` unless it is to be signalled (the signal must
   // reach the trainer itself).
   std::string cmd(const std::string& extra, bool timed = true) const {
-    return (timed ? "timeout 120 " : "") + offload_binary() + " --model tiny --batch 1 --ranks 2 --offload-dir " +
+    return (timed ? "timeout 120 " : "") + test::offload_binary() + " --model tiny --batch 1 --ranks 2 --offload-dir " +
            od_ + " " + extra;
   }
   // Every file that was there is there, byte for byte, and nothing else.
@@ -203,7 +198,7 @@ TEST_F(OffloadDir, ARefusedRunLeavesAnExistingRunLogAsItWas) {
   const std::string log = out_ + "/old.jsonl";
   const std::string old = "{\"step\": 0, \"loss\": 5.5}\n{\"summary\": {}}\n";
   std::ofstream(log) << old;
-  const std::string base = "timeout 120 " + offload_binary() + " --model tiny --batch 1 --ranks 2 --steps 2 ";
+  const std::string base = "timeout 120 " + test::offload_binary() + " --model tiny --batch 1 --ranks 2 --steps 2 ";
   for (const std::string& bad : {"--offload-dir " + path("nosuchdir"),  // refused in the ranks
                                  "--offload-dir " + od_ + " --device-mem 4KiB"}) {  // out of memory
     auto r = run_command(base + bad + " --log-json " + log);

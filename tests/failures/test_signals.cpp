@@ -38,7 +38,6 @@ std::string binary(const char* env, const char* fallback) {
   const char* p = std::getenv(env);
   return p ? p : fallback;
 }
-std::string dp() { return binary("ZF_DP_BIN", "build/00_data_parallel/dp"); }
 std::string fsdp() { return binary("ZF_FSDP_BIN", "build/04_fsdp/fsdp"); }
 std::string offload() { return binary("ZF_OFFLOAD_BIN", "build/05_offload/offload"); }
 
@@ -100,7 +99,7 @@ std::string final_hash(const std::string& exe, const std::string& flags, const s
 }
 
 TEST_F(Signals, SigtermStopsAfterAStepSavesAndResumesBitForBit) {
-  ASSERT_EQ(run_and_signal(dp(), "--ranks 2", SIGTERM), 128 + SIGTERM) << output_;
+  ASSERT_EQ(run_and_signal(test::dp_binary(), "--ranks 2", SIGTERM), 128 + SIGTERM) << output_;
   const Log log = read_log(log_);
   EXPECT_TRUE(log.whole);
   ASSERT_TRUE(log.summary.is_object()) << "the run log has no summary";
@@ -112,8 +111,8 @@ TEST_F(Signals, SigtermStopsAfterAStepSavesAndResumesBitForBit) {
   EXPECT_NE(output_.find("--resume " + ck_), std::string::npos) << output_;
   // Nothing lost: going on from the checkpoint equals never stopping.
   const std::string steps = " --ranks 2 --steps " + std::to_string(k + 3);
-  EXPECT_EQ(final_hash(dp(), "--resume " + ck_ + steps, path("resumed.jsonl")),
-            final_hash(dp(), steps, path("straight.jsonl")));
+  EXPECT_EQ(final_hash(test::dp_binary(), "--resume " + ck_ + steps, path("resumed.jsonl")),
+            final_hash(test::dp_binary(), steps, path("straight.jsonl")));
 }
 
 TEST_F(Signals, EachStopSignalHasItsExitStatus) {
@@ -123,8 +122,8 @@ TEST_F(Signals, EachStopSignalHasItsExitStatus) {
     std::string exe;
     std::string flags;
     int sig;
-  } cases[] = {{dp(), "", SIGINT},
-               {dp(), "--ranks 3", SIGHUP},
+  } cases[] = {{test::dp_binary(), "", SIGINT},
+               {test::dp_binary(), "--ranks 3", SIGHUP},
                {fsdp(), "--ranks 2 --wrap-blocks 1", SIGUSR1},
                {offload(), "--ranks 2 --delay-update", SIGTERM}};
   for (const auto& c : cases) {
@@ -138,7 +137,7 @@ TEST_F(Signals, EachStopSignalHasItsExitStatus) {
 }
 
 TEST_F(Signals, WithoutSaveSaysNothingWasSaved) {
-  ChildProcess child(dp() + " --model tiny --batch 1 --steps 1000000 --log-json " + log_, path("out.txt"));
+  ChildProcess child(test::dp_binary() + " --model tiny --batch 1 --steps 1000000 --log-json " + log_, path("out.txt"));
   ASSERT_TRUE(child.wait_until([&] { return logged_lines(log_) >= 2; }, 60)) << child.output();
   child.signal(SIGINT);
   EXPECT_EQ(child.wait(60), 128 + SIGINT);
@@ -150,7 +149,7 @@ TEST_F(Signals, SecondSignalStopsAtOnceAndTheLastCheckpointLoads) {
   // Steps long enough (small, batch 8) that the second signal comes within
   // the step the first one waits for; a save every step, so that one may be
   // under way.
-  ChildProcess child(dp() + " --model small --batch 8 --steps 1000000 --save-every 1 --log-json " + log_ +
+  ChildProcess child(test::dp_binary() + " --model small --batch 8 --steps 1000000 --save-every 1 --log-json " + log_ +
                          " --save " + ck_,
                      path("out.txt"));
   ASSERT_TRUE(child.wait_until([&] { return logged_lines(log_) >= 2; }, 120)) << child.output();
@@ -182,7 +181,7 @@ TEST_F(Signals, SignalsAtSeveralPointsLoseNothing) {
   // logged step, and one of them resumes bit for bit (checked above).
   for (int lines : {1, 4, 12}) {
     fs::remove(ck_);
-    ASSERT_EQ(run_and_signal(dp(), "--ranks 2 --save-every 1", SIGTERM, lines), 128 + SIGTERM) << output_;
+    ASSERT_EQ(run_and_signal(test::dp_binary(), "--ranks 2 --save-every 1", SIGTERM, lines), 128 + SIGTERM) << output_;
     const Log log = read_log(log_);
     EXPECT_TRUE(log.whole && log.summary.is_object()) << "after " << lines << " lines";
     EXPECT_EQ(checkpoint_step(ck_), log.last_step + 1) << "after " << lines << " lines";
@@ -203,7 +202,7 @@ TEST_F(Signals, ASignalInsideAnEvaluationOrASampleStopsThereAndSaves) {
     std::string exe;
     std::string flags;
     int lines;  // val (and sample) before step 0, step 0
-  } cases[] = {{dp(), "--val-every 1 --val-batches 400", 2},
+  } cases[] = {{test::dp_binary(), "--val-every 1 --val-batches 400", 2},
                {fsdp(), "--sample-every 1 --sample-length 400 --wrap-blocks 1", 2}};
   for (const auto& c : cases) {
     fs::remove(ck_);
@@ -229,7 +228,7 @@ TEST_F(Signals, ASignalInsideAnEvaluationOrASampleStopsThereAndSaves) {
 // run at once, and says that nothing was saved.
 TEST_F(Signals, ASignalBeforeTheFirstStepStopsAtOnce) {
   for (const std::string flags : {"--val-every 1 --val-batches 1000000000", "--sample-every 1 --sample-length 2000000000"}) {
-    ChildProcess child(dp() + " --model tiny --batch 1 --ranks 2 --steps 10 --save " + ck_ + " " + flags,
+    ChildProcess child(test::dp_binary() + " --model tiny --batch 1 --ranks 2 --steps 10 --save " + ck_ + " " + flags,
                        path("out.txt"));
     ASSERT_TRUE(child.started());
     std::this_thread::sleep_for(std::chrono::milliseconds(500));

@@ -20,7 +20,6 @@ std::string bin(const char* env, const char* fallback) {
   const char* p = std::getenv(env);
   return p ? p : fallback;
 }
-std::string dp() { return bin("ZF_DP_BIN", "build/00_data_parallel/dp"); }
 std::string memory_estimate() { return bin("ZF_MEMORY_ESTIMATE_BIN", "build/tools/memory_estimate"); }
 
 // `command` under 8 GiB of address space and 120 s.
@@ -54,15 +53,15 @@ TEST(RunSizes, EachProductOutOfRangeIsRefusedNamingItsFlags) {
 // activation bytes overflowed (a crash), and the same in memory_estimate's
 // time column; a dry run's token buffers too large for the machine.
 TEST(RunSizes, DryRunsAndTheEstimatorRefuseABatchOutOfRange) {
-  for (const std::string& exe : {dp(), memory_estimate() + " --model small --hardware h100-sxm --stage dp"}) {
-    const std::string flags = exe == dp() ? " --clock modeled --dry-run --steps 1 --quiet" : "";
+  for (const std::string& exe : {test::dp_binary(), memory_estimate() + " --model small --hardware h100-sxm --stage dp"}) {
+    const std::string flags = exe == test::dp_binary() ? " --clock modeled --dry-run --steps 1 --quiet" : "";
     const test::ProcessResult r = limited(exe + flags + " --batch 2147483647");
     EXPECT_EQ(r.exit_code, 2) << exe << "\n" << r.output;
     EXPECT_TRUE(has(r.output, "--batch 2147483647")) << r.output;
   }
   // 8 ranks x 12 bytes x 2e6 x 1024 positions (gpt2, B x T under 2^31): 196 GB of token buffers.
   const test::ProcessResult r =
-      limited(dp() + " --model gpt2 --ranks 8 --batch 2000000 --clock modeled --dry-run --steps 1 --quiet");
+      limited(test::dp_binary() + " --model gpt2 --ranks 8 --batch 2000000 --clock modeled --dry-run --steps 1 --quiet");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(has(r.output, "--dry-run") && has(r.output, "host memory") && has(r.output, "free")) << r.output;
 }
@@ -71,7 +70,7 @@ TEST(RunSizes, DryRunsAndTheEstimatorRefuseABatchOutOfRange) {
 // terabyte of model states) is refused before it allocates anything,
 // naming what it needs and what the machine has.
 TEST(RunSizes, ARealRunThatCannotFitTheHostIsRefused) {
-  const test::ProcessResult r = limited(dp() + " --model gpt-70b --steps 1");
+  const test::ProcessResult r = limited(test::dp_binary() + " --model gpt-70b --steps 1");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(has(r.output, "host memory") && has(r.output, "this machine has")) << r.output;
   EXPECT_FALSE(has(r.output, "step ")) << "it trained: " << r.output;

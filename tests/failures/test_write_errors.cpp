@@ -27,10 +27,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string dp() {
-  const char* p = std::getenv("ZF_DP_BIN");
-  return p ? p : "build/00_data_parallel/dp";
-}
 
 class FullDisk : public test::TempDirTest {
  protected:
@@ -56,7 +52,7 @@ class FullDisk : public test::TempDirTest {
 TEST_F(FullDisk, RunLogFailureKeepsTrainingAndTheCheckpointAndExits4) {
   // 4 KiB hold only a part of the 200 step lines.
   const std::string ck = path("ck.st"), copy = path("log-copy.jsonl");
-  auto r = on_small_disk(4096, dp() + " --model tiny --batch 1 --quiet --steps 200 --save " + ck + " --log-json " +
+  auto r = on_small_disk(4096, test::dp_binary() + " --model tiny --batch 1 --quiet --steps 200 --save " + ck + " --log-json " +
                                    disk_ + "/log.jsonl --trace " + disk_ + "/trace.json; s=$?; cp " + disk_ +
                                    "/log.jsonl " + copy + "; exit $s");
   EXPECT_EQ(r.exit_code, 4) << r.output;
@@ -91,12 +87,12 @@ TEST_F(FullDisk, CheckpointFailureKeepsTheLastOneWhole) {
   // a temporary first, then renames it over the old one).
   const size_t size = fs::file_size([&] {
     const std::string probe = path("probe.st");
-    auto r = test::run_command(dp() + " --model tiny --batch 1 --quiet --steps 1 --save " + probe);
+    auto r = test::run_command(test::dp_binary() + " --model tiny --batch 1 --quiet --steps 1 --save " + probe);
     EXPECT_EQ(r.exit_code, 0) << r.output;
     return probe;
   }());
   const std::string ck = disk_ + "/ck.st", copy = path("ck-copy.st");
-  auto r = on_small_disk(size * 3 / 2, dp() + " --model tiny --batch 1 --quiet --steps 6 --save-every 2 --save " +
+  auto r = on_small_disk(size * 3 / 2, test::dp_binary() + " --model tiny --batch 1 --quiet --steps 6 --save-every 2 --save " +
                                            ck + "; s=$?; ls -a " + disk_ + "; cp " + ck + " " + copy + "; exit $s");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find(ck), std::string::npos) << r.output;
@@ -105,9 +101,9 @@ TEST_F(FullDisk, CheckpointFailureKeepsTheLastOneWhole) {
   // The save of step 2 is whole and goes on like an uninterrupted run.
   const ModelLayout layout = build_layout(model_preset("tiny"));
   ASSERT_EQ(CheckpointReader(copy, layout).step(), 2);
-  auto resumed = test::run_command(dp() + " --model tiny --batch 1 --quiet --steps 4 --resume " + copy +
+  auto resumed = test::run_command(test::dp_binary() + " --model tiny --batch 1 --quiet --steps 4 --resume " + copy +
                                    " --log-json " + path("a.jsonl"));
-  auto straight = test::run_command(dp() + " --model tiny --batch 1 --quiet --steps 4 --log-json " + path("b.jsonl"));
+  auto straight = test::run_command(test::dp_binary() + " --model tiny --batch 1 --quiet --steps 4 --log-json " + path("b.jsonl"));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   ASSERT_EQ(straight.exit_code, 0) << straight.output;
   auto hash = [](const std::string& log) {
@@ -152,7 +148,7 @@ class RemovedMidRun : public test::TempDirTest {
     const std::string logs = log_dir.empty() ? path("logs") : log_dir;
     fs::create_directories(logs);
     log_ = logs + "/log.jsonl";
-    test::ChildProcess child(dp() + " --model tiny --batch 1 --quiet --steps 1500 --log-json " + log_ + " " + flags,
+    test::ChildProcess child(test::dp_binary() + " --model tiny --batch 1 --quiet --steps 1500 --log-json " + log_ + " " + flags,
                              path("out.txt"));
     EXPECT_TRUE(child.wait_until([&] { return test::logged_lines(log_) >= 2; }, 120)) << child.output();
     act();

@@ -133,12 +133,12 @@ std::unique_ptr<Smem> poisoned_smem() {
 // The harness: kernels_cuda_flash_tc.cu's three kernels (and the D kernel of
 // kernels_cuda_flash.cu), block after block, in the grid's order.
 
-struct Result {
+struct TcResult {
   vf out, lse, dqkv;  // as float32 (bf16 mode: the bf16 values, exactly)
 };
 
 template <class Half, int HS>
-Result harness(const std::vector<Half>& qkv, const std::vector<Half>& dout,
+TcResult harness(const std::vector<Half>& qkv, const std::vector<Half>& dout,
                const std::vector<Half>& dqkv0, int B, const Shape& s, bool vec, bool reverse) {
   using Blk = CpuBlock<Half>;
   Blk blk;
@@ -170,13 +170,13 @@ Result harness(const std::vector<Half>& qkv, const std::vector<Half>& dout,
       key_program<Blk, HS>(blk, *sm, s, vec, dqkv.data(), dout.data(), qkv.data(), lse.data(),
                            D.data(), by / s.H, by % s.H, bx);
     }
-  Result r{outf, lse, vf(dqkv.size())};
+  TcResult r{outf, lse, vf(dqkv.size())};
   for (size_t i = 0; i < dqkv.size(); ++i) r.dqkv[i] = Blk::to_float(dqkv[i]);
   return r;
 }
 
 template <class Half>
-Result run(const vf& qkv, const vf& dout, const vf& dqkv0, int B, int T, int C, int H, bool vec,
+TcResult run(const vf& qkv, const vf& dout, const vf& dqkv0, int B, int T, int C, int H, bool vec,
            bool reverse, int HS = 0) {
   const int hs = C / H;
   const Shape s{T, C, H, hs, 1.0f / std::sqrt(float(hs))};  // as cuda_impl::flash_shape makes it
@@ -185,7 +185,7 @@ Result run(const vf& qkv, const vf& dout, const vf& dqkv0, int B, int T, int C, 
     for (size_t i = 0; i < x.size(); ++i) y[i] = CpuBlock<Half>::to_half(x[i]);
     return y;
   };
-  Result r;
+  TcResult r;
   auto go = [&](auto hs_const) {
     constexpr int kHS = decltype(hs_const)::value;
     r = harness<Half, kHS>(cast(qkv), cast(dout), cast(dqkv0), B, s, vec, reverse);
@@ -242,13 +242,13 @@ void check(int B, int T, int C, int H, bool bf16) {
     return bf16 ? run<zf::bf16>(qkv, dout, dqkv0, B, T, C, H, v, reverse)
                 : run<float>(qkv, dout, dqkv0, B, T, C, H, v, reverse);
   };
-  const Result got = run_mode(vec, false);
-  const Result rev = run_mode(vec, true);
+  const TcResult got = run_mode(vec, false);
+  const TcResult rev = run_mode(vec, true);
   EXPECT_TRUE(same_bits(got.out, rev.out) && same_bits(got.lse, rev.lse) && same_bits(got.dqkv, rev.dqkv))
       << "reversing the order of each phase's threads changed the result: a phase reads what "
          "another thread writes in the same phase";
   if (vec) {
-    const Result scalar = run_mode(false, false);
+    const TcResult scalar = run_mode(false, false);
     EXPECT_TRUE(same_bits(got.out, scalar.out) && same_bits(got.dqkv, scalar.dqkv))
         << "16-byte copies and element copies differ";
   }
@@ -313,7 +313,7 @@ TEST(FlashTc, PaddingChangesNoBits) {
       return bf16 ? run<zf::bf16>(qkv, dout, dqkv0, B, T, C, H, false, false, HS)
                   : run<float>(qkv, dout, dqkv0, B, T, C, H, false, false, HS);
     };
-    const Result a = at(32), b = at(128);
+    const TcResult a = at(32), b = at(128);
     EXPECT_TRUE(same_bits(a.out, b.out)) << (bf16 ? "bf16" : "exact");
     EXPECT_TRUE(same_bits(a.lse, b.lse)) << (bf16 ? "bf16" : "exact");
     EXPECT_TRUE(same_bits(a.dqkv, b.dqkv)) << (bf16 ? "bf16" : "exact");

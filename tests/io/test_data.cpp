@@ -49,17 +49,7 @@ class DataTest : public zf::test::TempDirTest {
   }
 };
 
-// Runs fn, expects a zf::UsageError whose message contains every fragment.
-void expect_usage_error(const std::function<void()>& fn, std::initializer_list<std::string> fragments) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected a zf::UsageError containing '" << *fragments.begin() << "'";
-  } catch (const zf::UsageError& e) {
-    const std::string msg = e.what();
-    for (const std::string& f : fragments)
-      EXPECT_NE(msg.find(f), std::string::npos) << "message lacks '" << f << "': " << msg;
-  }
-}
+using zf::test::expect_usage_error;
 
 void put_i32(std::vector<uint8_t>& b, size_t at, int32_t v) {
   b[at] = uint8_t(v & 0xff);

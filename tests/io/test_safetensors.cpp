@@ -67,16 +67,7 @@ class Safetensors : public zf::test::TempDirTest {
   }
 };
 
-void expect_usage_error(const std::function<void()>& fn, std::initializer_list<std::string> fragments) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected a zf::UsageError containing '" << *fragments.begin() << "'";
-  } catch (const zf::UsageError& e) {
-    const std::string msg = e.what();
-    for (const std::string& f : fragments)
-      EXPECT_NE(msg.find(f), std::string::npos) << "message lacks '" << f << "': " << msg;
-  }
-}
+using zf::test::expect_usage_error;
 
 // A write that cannot land is a failed run (exit 1), not a usage error: a
 // run has checked its outputs before step 0, so the cause came later.

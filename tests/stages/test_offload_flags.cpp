@@ -56,11 +56,6 @@ TEST(OffloadFlags, BadValuesSayWhatIsAccepted) {
   EXPECT_NE(usage_error({"--optimizer-threads", "5000"}).find("up to 1024"), std::string::npos);
 }
 
-std::string offload_binary() {
-  const char* p = std::getenv("ZF_OFFLOAD_BIN");
-  return p ? p : "build/05_offload/offload";
-}
-
 // The host's locked-memory limit set to 64 KiB (and, for root, which it does
 // not bind, the capability that exempts root dropped): the first pinned
 // buffer is refused, and the run stops with one message that names the limit
@@ -73,7 +68,7 @@ TEST(OffloadPinned, ARefusedPinIsOneClearErrorAndNoPinTrains) {
   if (test::run_command("command -v prlimit && command -v setpriv").exit_code != 0)
     GTEST_SKIP() << "needs prlimit and setpriv (util-linux) to lower the locked-memory limit";
   const std::string limited = "prlimit --memlock=65536:65536 setpriv --inh-caps=-ipc_lock --bounding-set=-ipc_lock ";
-  const std::string run = offload_binary() + " --ranks 2 --model small --steps 1 --batch 1 --quiet";
+  const std::string run = test::offload_binary() + " --ranks 2 --model small --steps 1 --batch 1 --quiet";
   const test::ProcessResult refused = test::run_command(limited + run);
   EXPECT_EQ(refused.exit_code, 3) << refused.output;
   EXPECT_NE(refused.output.find("cannot pin"), std::string::npos) << refused.output;
