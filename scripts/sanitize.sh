@@ -203,9 +203,9 @@ run_sanitizer() {  # $1: asan|tsan
   else
     sanitize=thread
   fi
-  local cpp_args
-  cpp_args="[$(printf "'%s'," "${args[@]}")]"
-  local options=(-Dunity=$unity -Dtests_unity=$tests_unity -Dunity_size=$unity_size "-Dcpp_args=${cpp_args/,]/]}")
+  local quoted
+  quoted=$(printf ",'%s'" "${args[@]}")
+  local options=(-Dunity=$unity -Dtests_unity=$tests_unity -Dunity_size=$unity_size "-Dcpp_args=[${quoted:1}]")
   rm -rf "$dir/tests/results" "$dir/meson-logs/testlog.json" "$dir/sanitizer-reports"
   if [[ ! -f $dir/build.ninja ]]; then
     meson setup "$dir" "${common_setup[@]}" -Db_sanitize=$sanitize "${options[@]}" >/dev/null ||
