@@ -21,7 +21,7 @@
 #include "precision.h"
 #include "shard.h"
 #include "shard_pieces.h"
-#include "step_clock.h"
+#include "host_clock.h"
 #include "training.h"
 #include "training_run.h"
 #include "wall_phases.h"
@@ -61,7 +61,8 @@ struct OffloadStates final : ModelStates {
     const int threads = cfg.offload.optimizer_threads > 0 ? cfg.offload.optimizer_threads
                                                           : default_optimizer_threads(ranks);
     std::unique_ptr<Device> cpu = make_cpu_device(threads);
-    return ctx.clock ? ctx.clock->on_host(std::move(cpu)) : std::move(cpu);
+    HostClock* clock = host_clock(ctx);
+    return clock ? clock->on_host(std::move(cpu)) : std::move(cpu);
   }
 
   void load(const InitialState& init) override {

@@ -12,20 +12,20 @@
 // error, so that a rank failing meanwhile for another reason neither
 // terminates the process nor frees the states under the running update.
 // Under the modeled clock the worker is a timeline of the host's own
-// (StepClock::fork), which the host waits for at finish().
+// (HostClock::fork), which the host waits for at finish().
 #pragma once
 
 #include <exception>
 #include <functional>
 #include <thread>
 
-#include "step_clock.h"
+#include "host_clock.h"
 
 namespace zf::extensions {
 
 class DelayedUpdate {
  public:
-  explicit DelayedUpdate(StepClock* clock) : clock_(clock) {}
+  explicit DelayedUpdate(HostClock* clock) : clock_(clock) {}
   DelayedUpdate(const DelayedUpdate&) = delete;
   DelayedUpdate& operator=(const DelayedUpdate&) = delete;
   ~DelayedUpdate();
@@ -41,7 +41,7 @@ class DelayedUpdate {
   bool take(double* ms);
 
  private:
-  StepClock* clock_;  // null on the wall clock
+  HostClock* clock_;  // null on the wall clock
   std::thread worker_;
   std::exception_ptr error_;
   double ms_ = 0;     // written by the worker, read after the join

@@ -8,7 +8,7 @@
 namespace zf::extensions {
 
 DiskAdamW::DiskAdamW(const ModelLayout& flat, const ShardLayout& shards, const std::string& dir, int rank,
-                     MemoryTracker& mem, Device& host, bool master_on_disk, size_t chunk_elems, StepClock* clock)
+                     MemoryTracker& mem, Device& host, bool master_on_disk, size_t chunk_elems, HostClock* clock)
     : flat_(flat), shards_(shards), host_(host), master_on_disk_(master_on_disk),
       tier_(dir, rank, master_on_disk ? std::vector<std::string>{"m", "v", "master"} : std::vector<std::string>{"m", "v"},
             shards.shard_total, chunk_elems, mem, clock) {}

@@ -35,7 +35,7 @@ class DiskAdamW {
   // master_on_disk: the float32 shards in a file too (see above).
   // clock: the modeled clock, which the tier's transfers are charged to (null on the wall clock).
   DiskAdamW(const ModelLayout& flat, const ShardLayout& shards, const std::string& dir, int rank, MemoryTracker& mem,
-            Device& host, bool master_on_disk = false, size_t chunk_elems = kChunkElems, StepClock* clock = nullptr);
+            Device& host, bool master_on_disk = false, size_t chunk_elems = kChunkElems, HostClock* clock = nullptr);
 
   // On --resume, the moments from the checkpoint into the files (a fresh
   // run's files are zeros); with the master on disk, the parameters too,

@@ -94,7 +94,7 @@ size_t DiskTier::checked_chunk(size_t chunk_elems, size_t elems) {
 }
 
 DiskTier::DiskTier(const std::string& dir, int rank, std::vector<std::string> names, size_t elems,
-                   size_t chunk_elems, MemoryTracker& mem, StepClock* clock)
+                   size_t chunk_elems, MemoryTracker& mem, HostClock* clock)
     : rank_(rank), clock_(clock), elems_(elems), chunk_(checked_chunk(chunk_elems, elems)),
       files_(dir, rank, names, elems * sizeof(float)) {
   for (Tensor& slot : slots_)

@@ -30,7 +30,7 @@
 #include "check.h"
 #include "memory.h"
 #include "offload_files.h"
-#include "step_clock.h"
+#include "host_clock.h"
 #include "tensor.h"
 
 namespace zf::extensions {
@@ -50,7 +50,7 @@ class DiskTier {
   // created or its space reserved (OffloadFiles). clock: the modeled clock
   // (null on the wall clock).
   DiskTier(const std::string& dir, int rank, std::vector<std::string> names, size_t elems,
-           size_t chunk_elems, MemoryTracker& mem, StepClock* clock = nullptr);
+           size_t chunk_elems, MemoryTracker& mem, HostClock* clock = nullptr);
   ~DiskTier();  // waits for the I/O thread; then the files go
   DiskTier(const DiskTier&) = delete;
   DiskTier& operator=(const DiskTier&) = delete;
@@ -90,7 +90,7 @@ class DiskTier {
   void transfer(bool is_read, int array, size_t begin, size_t n, float* buf);
 
   int rank_;
-  StepClock* clock_;
+  HostClock* clock_;
   size_t elems_;
   size_t chunk_;
   OffloadFiles files_;

@@ -32,7 +32,7 @@
 #include "precision.h"
 #include "shard.h"
 #include "shard_pieces.h"
-#include "step_clock.h"
+#include "host_clock.h"
 #include "training.h"
 #include "training_run.h"
 #include "wall_phases.h"
@@ -68,12 +68,12 @@ struct OffloadStates final : ModelStates {
                cfg.offload.offload_params, !cfg.offload.no_pin, cfg.offload.delay_update, master_on_disk(cfg)),
         grads(shards, storage_dtype(cfg.precision), reduce_dtype(cfg), cfg.fsdp.no_sync, ctx.mem, ctx.dev, *host,
               *comms.reduce_queue, comms.replicate.get(), !cfg.offload.no_pin, cfg.offload.delay_update ? 2 : 1),
-        comm_dev(ctx.dev), phases(phases), pending(ctx.clock) {
+        comm_dev(ctx.dev), phases(phases), pending(host_clock(ctx)) {
     if (cfg.offload.offload_dir.empty())
       opt.emplace(units.flat, shards, ctx.mem, *host);
     else
       disk.emplace(units.flat, shards, cfg.offload.offload_dir, ctx.rank, ctx.mem, *host, master_on_disk(cfg),
-                   DiskAdamW::kChunkElems, ctx.clock);
+                   DiskAdamW::kChunkElems, host_clock(ctx));
   }
 
   // --offload-dir with --offload-params in bf16: the float32 shards go to
@@ -104,7 +104,8 @@ struct OffloadStates final : ModelStates {
     const int threads = cfg.offload.optimizer_threads > 0 ? cfg.offload.optimizer_threads
                                                           : default_optimizer_threads(ranks);
     std::unique_ptr<Device> cpu = make_cpu_device(threads);
-    return ctx.clock ? ctx.clock->on_host(std::move(cpu)) : std::move(cpu);
+    HostClock* clock = host_clock(ctx);
+    return clock ? clock->on_host(std::move(cpu)) : std::move(cpu);
   }
 
   static DType reduce_dtype(const TrainConfig& cfg) {

@@ -20,6 +20,7 @@
 #include "sharded_checkpoint.h"
 #include "gradnorm.h"
 #include "hardware.h"
+#include "injected_fault.h"
 #include "memory_model.h"
 #include "modeled_clock.h"
 #include "output_paths.h"
@@ -221,11 +222,14 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   // the run's flags: what to try is added here, with the run's --clip.
   try {
     run_ranks(opt, [&](RankContext& ctx) {
+      RunHooks* const clock = ctx.hooks;  // --clock modeled: the rank's RankClock
+      const std::unique_ptr<RunHooks> fault = maybe_inject_fault(run.cfg, ctx);
+      if (fault) ctx.hooks = fault.get();
       auto body = [&](RankContext& c) { return stage(run.cfg, c, data, reporter); };
       if (hardware && !cfg.trace.empty()) {  // the modeled clock's own timeline
         run.ranks[ctx.rank] = body(ctx);
         if (ctx.rank < kTracedModeledRanks)
-          trace_events[ctx.rank] = modeled_trace_events(ctx.rank, static_cast<RankClock&>(*ctx.clock));
+          trace_events[ctx.rank] = modeled_trace_events(ctx.rank, static_cast<RankClock&>(*clock));
       } else {
         run.ranks[ctx.rank] = cfg.trace.empty() ? body(ctx)
                                                 : run_traced_rank(ctx, origin, layout, body, &trace_events[ctx.rank]);

@@ -153,6 +153,41 @@ void RankClock::span(int track, const char* name, double start, double end) {
   else spans_.push_back({track, name, start, end, between_ ? -1 : step_});
 }
 
+namespace {
+
+// Each unit's forward and backward, told to the rank's clock (--trace draws them over their ops).
+class ClockedCompute final : public RankCompute {
+ public:
+  ClockedCompute(std::unique_ptr<RankCompute> inner, const ModelLayout& layout, RankClock& clock)
+      : in_(std::move(inner)), layout_(layout), clock_(clock) {}
+  void load(int step, int micro) override { in_->load(step, micro); }
+  void load_val(int b) override { in_->load_val(b); }
+  void load_context(const std::vector<int32_t>& tokens) override { in_->load_context(tokens); }
+  void logits(int t, float* out) override { in_->logits(t, out); }
+  void forward(int u, const void* params, float* loss) override {
+    clock_.unit(true, true, layout_.units[size_t(u)].name);
+    in_->forward(u, params, loss);
+    clock_.unit(false, true, layout_.units[size_t(u)].name);
+  }
+  void backward(int u, const void* params, void* grads) override {
+    clock_.unit(true, false, layout_.units[size_t(u)].name);
+    in_->backward(u, params, grads);
+    clock_.unit(false, false, layout_.units[size_t(u)].name);
+  }
+  void on_recompute(std::function<void(int unit, bool begin)> hook) override { in_->on_recompute(std::move(hook)); }
+
+ private:
+  std::unique_ptr<RankCompute> in_;
+  const ModelLayout& layout_;
+  RankClock& clock_;
+};
+
+}  // namespace
+
+std::unique_ptr<RankCompute> RankClock::wrap(std::unique_ptr<RankCompute> rc, const ModelLayout& layout) {
+  return std::make_unique<ClockedCompute>(std::move(rc), layout, *this);
+}
+
 void RankClock::unit(bool begin, bool forward, const std::string& unit) {
   if (!recording_ || !running_ || on_forked_thread()) return;
   if (begin) {

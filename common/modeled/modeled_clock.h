@@ -65,7 +65,9 @@
 #include "comm.h"
 #include "device.h"
 #include "hardware.h"
-#include "step_clock.h"
+#include "host_clock.h"
+#include "rank_compute.h"
+#include "run_hooks.h"
 
 namespace zf {
 
@@ -79,8 +81,10 @@ double collective_seconds(const Hardware& hw, CollectiveKind kind, size_t bytes,
 // One copy between host and device memory.
 double copy_seconds(const Hardware& hw, size_t bytes, bool pinned);
 
-// One rank's timelines (seconds since the run began).
-class RankClock final : public StepClock {
+// One rank's timelines (seconds since the run began). It is the rank's
+// hooks (run_hooks.h: the steps' times, the units' spans) and its host
+// clock (host_clock.h: the work the device does not see).
+class RankClock final : public RunHooks, public HostClock {
  public:
   // world: the run's ranks, of which min(world, gpus_per_node) share a host's CPU.
   explicit RankClock(const Hardware& hw, int world = 1)
@@ -130,7 +134,12 @@ class RankClock final : public StepClock {
   void stop() override { running_ = false; }
   std::unique_ptr<Device> on_host(std::unique_ptr<Device> cpu) override;
   bool running() const { return running_; }
-  double lap(StepPhases& phases) override;
+  // Milliseconds since the last lap (or the start), and where they went (replaces `phases`).
+  double lap(StepPhases& phases);
+  void end_step(double& ms, StepPhases& phases) override { ms = lap(phases); }
+  // The compute wrapped so that each unit's forward and backward is told to unit().
+  std::unique_ptr<RankCompute> wrap(std::unique_ptr<RankCompute> rc, const ModelLayout& layout) override;
+  HostClock* host_clock() override { return this; }
 
   // --trace: every charge as a span of a track, with its step (-1: between
   // steps, a save).
@@ -151,7 +160,8 @@ class RankClock final : public StepClock {
     double start, end;
     int step;
   };
-  void unit(bool begin, bool forward, const std::string& unit) override;
+  // The forward (or backward) of the unit named `unit` begins (begin) or ends.
+  void unit(bool begin, bool forward, const std::string& unit);
   const std::vector<UnitSpan>& unit_spans() const { return units_; }
 
  private:

@@ -1,17 +1,9 @@
 // compute_decorators.h: what can be wrapped around a rank's compute
-// (rank_compute.h) without the model knowing: the first two by
+// (rank_compute.h) without the model knowing: the first by
 // make_rank_compute, without the stage knowing either; timed by a stage.
+// The harness wraps it too (run_hooks.h): --inject-fault's failing compute,
+// the modeled clock's unit spans.
 //
-//   maybe_faulty    --inject-fault R:S: rank R throws in the middle of step S,
-//                   right after the head's backward (the first unit of the
-//                   backward), while the other ranks go on into the step's
-//                   collectives: the tests' way to show that a failing rank
-//                   stops the others instead of leaving them waiting;
-//                   --inject-fault R:S:stall: rank R stops there for good
-//                   instead, and the others' collectives time out
-//   maybe_clocked   --clock modeled: each unit's forward and backward, begin
-//                   and end, told to the rank's clock (StepClock::unit), which
-//                   draws them under --trace
 //   maybe_recorded  a schedule test's recorder (comm_recording.h) as the
 //                   rank's communicator: each load, and each unit's forward
 //                   and backward, begin and end, go into its log beside the
@@ -20,24 +12,18 @@
 //   timed           the wall time of a step's forward and backward, for a
 //                   stage that splits its step into phases (StepTimes)
 //
-// maybe_* return `inner` itself when the run does not ask for it.
+// maybe_recorded returns `inner` itself when the run is not recorded.
 #pragma once
 
 #include <memory>
 
 #include "comm.h"
-#include "config.h"
 #include "model.h"
 #include "rank_compute.h"
-#include "step_clock.h"
 
 namespace zf {
 
-std::unique_ptr<RankCompute> maybe_faulty(std::unique_ptr<RankCompute> inner, const TrainConfig& cfg,
-                                          const ModelLayout& layout, int rank);
 std::unique_ptr<RankCompute> maybe_recorded(std::unique_ptr<RankCompute> inner, Communicator& comm);
-std::unique_ptr<RankCompute> maybe_clocked(std::unique_ptr<RankCompute> inner, const ModelLayout& layout,
-                                           StepClock* clock);
 
 // Milliseconds on the rank's thread, summed over a step's micro-batches:
 // the forward, from the end of the micro-batch's load to the end of its

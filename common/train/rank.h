@@ -11,7 +11,7 @@
 
 namespace zf {
 
-class StepClock;  // step_clock.h
+class RunHooks;  // run_hooks.h
 
 struct RankContext {
   int rank;
@@ -27,9 +27,10 @@ struct RankContext {
   // The job's ranks on this host, which share its cores (threads: all of
   // them); 0 where the launcher does not say.
   int host_ranks = 0;
-  // --clock modeled: the rank's modeled clock, which its Device and
-  // communicator charge (modeled/modeled_clock.h); null on the wall clock.
-  StepClock* clock = nullptr;
+  // What the harness adds around the stage's run (run_hooks.h): TrainingRun
+  // and make_rank_compute call it, so that the stage need not. Null in a
+  // context made by hand.
+  RunHooks* hooks = nullptr;
 };
 
 }  // namespace zf

@@ -9,6 +9,7 @@
 #include "check.h"
 #include "compute_decorators.h"
 #include "precision.h"
+#include "run_hooks.h"
 #include "tensor.h"
 
 namespace zf {
@@ -95,8 +96,7 @@ std::unique_ptr<RankCompute> make_rank_compute(const TrainConfig& cfg, const Mod
                                                RankContext& ctx, const TokenData& data) {
   std::unique_ptr<RankCompute> rc = std::make_unique<ModelCompute>(cfg, layout, ctx, data);
   rc = maybe_recorded(std::move(rc), ctx.comm);
-  rc = maybe_clocked(std::move(rc), layout, ctx.clock);
-  return maybe_faulty(std::move(rc), cfg, layout, ctx.rank);
+  return ctx.hooks ? ctx.hooks->wrap(std::move(rc), layout) : std::move(rc);
 }
 
 }  // namespace zf

@@ -11,9 +11,10 @@
 //   rc->logits(t, out)             the next token's logits at position t
 //
 // make_rank_compute builds the model's compute and wraps it in what the run
-// asks for around it, as report/device_profile.h wraps a Device: the fault
-// that --inject-fault injects (compute_decorators.h), and the compute events
-// of a recorded schedule (comm_recording.h). The stage sees one interface.
+// asks for around it, as report/device_profile.h wraps a Device: the compute
+// events of a recorded schedule (comm_recording.h), and the harness's hooks
+// (run_hooks.h: the fault that --inject-fault injects, the modeled clock's
+// unit spans). The stage sees one interface.
 #pragma once
 
 #include <functional>

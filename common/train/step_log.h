@@ -12,10 +12,8 @@
 
 namespace zf {
 
-// Where a step's wall time went, phase by phase, in milliseconds (offload's:
-// forward, backward, the CPU optimizer, the wait for a delayed update,
-// host->device, and the rest); empty for the stages that do not split
-// their steps.
+// Where a step's time went, phase by phase, in milliseconds, for a stage
+// that splits its step ("fwd", "bwd", ...); empty for the others.
 using StepPhases = std::vector<std::pair<std::string, double>>;
 
 class StepLog {

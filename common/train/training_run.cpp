@@ -7,7 +7,7 @@
 #include "checkpoint.h"
 #include "rank_compute.h"
 #include "sample.h"
-#include "step_clock.h"
+#include "run_hooks.h"
 #include "comm_recording.h"
 #include "host_collectives.h"
 #include "stop_request.h"
@@ -32,7 +32,7 @@ TrainingRun::TrainingRun(const TrainConfig& cfg, const ModelLayout& layout, Rank
                          ModelStates& states)
     : guard_(ctx.comm), cfg_(cfg), layout_(layout), ctx_(ctx), log_(log), states_(states) {
   if (cfg.dry_run) {  // its states hold no values (config.h): nothing to fill them with
-    ctx.clock->start(0);
+    ctx.hooks->start(0);
     return;
   }
   if (cfg.save_sharded) sharded_ = std::make_unique<ShardedSaver>(cfg.save, cfg.save_async, layout, ctx, states, log);
@@ -53,7 +53,7 @@ TrainingRun::TrainingRun(const TrainConfig& cfg, const ModelLayout& layout, Rank
     ctx.comm.barrier();  // the file is complete before anyone goes on
     ctx.comm.restore_counts(training);
   }
-  if (ctx.clock) ctx.clock->start(result_.first_step);  // loading is not step 0's time
+  if (ctx.hooks) ctx.hooks->start(result_.first_step);  // loading is not step 0's time
   stop_at_step_boundaries();  // the states are loaded: a signal from now on stops where the ranks vote, and saves
 }
 
@@ -68,7 +68,7 @@ void TrainingRun::end_step(int step, float loss, float grad_norm, double ms, con
   // The schedule's mark that the optimizer is done (a recorded run only).
   if (RecordingCommunicator* rec = find_recorder(ctx_.comm)) rec->step_ended(step);
   StepPhases phases = measured;
-  if (ctx_.clock) ms = ctx_.clock->lap(phases);  // the modeled step, in place of the wall's
+  if (ctx_.hooks) ctx_.hooks->end_step(ms, phases);  // a modeled step, in place of the wall's
   result_.losses.push_back(loss);
   result_.grad_norms.push_back(grad_norm);
   result_.step_ms.push_back(ms);
@@ -172,7 +172,7 @@ void TrainingRun::generate(int done, RankCompute& rc, const std::function<float(
 
 // The stop vote and saving are not training: the next step's modeled time starts after them.
 void TrainingRun::skip_clock() {
-  if (ctx_.clock) ctx_.clock->skip();
+  if (ctx_.hooks) ctx_.hooks->skip();
 }
 
 int TrainingRun::vote_to_stop() {
@@ -232,7 +232,7 @@ void TrainingRun::save(int steps_done) {
 
 RankResult TrainingRun::finish() {
   if (sharded_) uncounted([&] { sharded_->finish(); });  // a save still in flight
-  if (ctx_.clock) ctx_.clock->stop();
+  if (ctx_.hooks) ctx_.hooks->stop();
   result_.memory = ctx_.mem.counts();
   result_.comm = ctx_.comm.stats();
   for (Communicator* c : extra_) add_difference(result_.comm, c->stats());

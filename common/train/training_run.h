@@ -103,7 +103,7 @@ class TrainingRun {
   // Then the ranks vote on ctx.control whether any has received a stop
   // signal; if one has, every rank saves (--save) and keep_going() says no.
   // phases: where the step's time went (a stage that times its phases), for the step line and the run log.
-  // Under --clock modeled, ms and phases are the modeled clock's (rank.h).
+  // The harness's hooks may replace both (run_hooks.h: the modeled clock's step).
   void end_step(int step, float loss, float grad_norm, double ms, const StepPhases& phases = {});
 
   // The end of the run: the memory and communication counters as the
