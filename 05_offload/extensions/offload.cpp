@@ -262,7 +262,7 @@ RankResult train_offload_extended(const TrainConfig& cfg, RankContext& ctx, cons
   }
   RankResult result = run.finish();
   if (comms.replicate) result.comm_cross_group = comms.replicate->stats();  // stage 04's split, as its run log shows it
-  result.host_optimizer = states.host->optimizer_description();
+  result.notes["host_optimizer"] = states.host->optimizer_description();  // what ran AdamW
   return result;
 }
 

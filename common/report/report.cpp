@@ -250,7 +250,8 @@ nlohmann::json summary_json(const RunResult& run) {
             {"param_hash", run.ranks.empty() || cfg.dry_run ? std::string() : hash_hex(run.ranks[0].param_hash)}};
   if (cfg.dry_run) s["dry_run"] = true;
   if (!run.ranks.empty() && !run.ranks[0].val_losses.empty()) s["final_val_loss"] = run.ranks[0].val_losses.back().second;
-  if (!run.ranks.empty() && !run.ranks[0].host_optimizer.empty()) s["host_optimizer"] = run.ranks[0].host_optimizer;
+  if (!run.ranks.empty())
+    for (const auto& [name, value] : run.ranks[0].notes) s[name] = value;
   return {{"summary", s}};
 }
 
@@ -277,8 +278,10 @@ void StepReporter::summary(const RunResult& run) {
                 peak_flops_ > 0 ? (" (" + clock_ + ")").c_str() : "", tps,
                 run.ranks.empty() || cfg_.dry_run ? "- (a dry run has no values)"
                                                   : hash_hex(run.ranks[0].param_hash).c_str());
-    if (!run.ranks.empty() && !run.ranks[0].host_optimizer.empty())
-      std::printf("CPU AdamW: %s per rank%s\n", run.ranks[0].host_optimizer.c_str(),
+    const std::map<std::string, std::string> none;
+    const std::map<std::string, std::string>& notes = run.ranks.empty() ? none : run.ranks[0].notes;
+    if (const auto it = notes.find("host_optimizer"); it != notes.end())
+      std::printf("CPU AdamW: %s per rank%s\n", it->second.c_str(),
                   cfg_.offload.delay_update ? ", one step delayed from the second step on" : "");
     std::fflush(stdout);
   }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -119,8 +120,10 @@ struct RankResult {
   MemoryCounts memory;            // at the end of the run
   CommStats comm;                 // over the whole run, every communicator of the rank
   CommStats comm_cross_group;     // hybrid sharding: the part of comm across the shard groups
-  TransferStats transfers;        // host<->device copies of the steps trained (offload; not the initial load)
-  std::string host_optimizer;     // what ran AdamW on the host (offload): "avx2, 2 threads"
+  TransferStats transfers;        // host<->device copies of the steps trained (not the initial load, nor evaluations)
+  // What the stage says of its run besides these, by name, for the run
+  // log's summary and the closing lines ("host_optimizer": "avx2, 2 threads").
+  std::map<std::string, std::string> notes;
   uint64_t param_hash = 0;        // final float32 parameters in consolidated order
   int first_step = 0;             // the step this run started at (> 0 after --resume)
   int stop_signal = 0;            // the signal the ranks stopped on (stop_request.h), or 0
