@@ -56,8 +56,9 @@ StageTime modeled_time(const Request& q, Stage s, const TrainConfig& run) {
                 "modeled --hardware " + q.hardware + " --dry-run`";
     return t;
   }
-  // The run's own flags; what only a real run has (values, files) is left out.
-  TrainConfig cfg = run;
+  // The run's own flags (the harness's at their defaults: no injected
+  // fault); what only a real run has (values, files) is left out.
+  RunConfig cfg = run;
   cfg.stage = stage_name(s);
   cfg.clock = "modeled";
   cfg.hardware = q.hardware;
@@ -67,7 +68,6 @@ StageTime modeled_time(const Request& q, Stage s, const TrainConfig& run) {
   cfg.data.clear(), cfg.val_data.clear(), cfg.init.clear(), cfg.save_init.clear(), cfg.save.clear();
   cfg.resume.clear(), cfg.trace.clear();
   cfg.val_every = cfg.sample_every = 0;
-  cfg.fault_rank = cfg.fault_step = -1;
   // The step shown: the second, the first to overlap the step before it;
   // with the delayed update the third of four, the first that waits for the
   // update before it.

@@ -166,7 +166,7 @@ void validate_fsdp_flags(TrainConfig& cfg, const std::string& reshard, const std
                 "is " << cfg.grad_accum << ": add --grad-accum K with K > 1, or drop --no-sync");
 }
 
-void validate_for_world(const TrainConfig& cfg, int world) {
+void validate_for_world(const RunConfig& cfg, int world) {
   USAGE_REQUIRE(cfg.fault_rank < world,
                 "--inject-fault " << cfg.fault_rank << ":" << cfg.fault_step << " names rank " << cfg.fault_rank
                                   << ", but this run has " << world << (world == 1 ? " rank" : " ranks")
@@ -181,8 +181,8 @@ void validate_for_world(const TrainConfig& cfg, int world) {
                                               << divisors);
 }
 
-std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& stage) {
-  TrainConfig cfg;
+std::optional<RunConfig> parse_flags(int argc, char** argv, const StageInfo& stage) {
+  RunConfig cfg;
   cfg.stage = stage.exe;
   CLI::App app{"zero-to-fsdp " + stage.title + ": train the GPT of docs/SPEC.md", stage.exe};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // last one wins

@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-#include "config.h"
+#include "run_config.h"
 #include "stage_main.h"
 
 namespace CLI {
@@ -34,7 +34,7 @@ constexpr int kMaxDryRanks = 4096;
 
 // Returns the configuration, or nullopt when --help was printed.
 // Throws UsageError for anything invalid.
-std::optional<TrainConfig> parse_flags(int argc, char** argv, const StageInfo& stage);
+std::optional<RunConfig> parse_flags(int argc, char** argv, const StageInfo& stage);
 
 // The FSDP flags (--wrap-blocks, --reshard-after-forward, --prefetch,
 // --max-gathered, --reduce-dtype, --shard-group, --no-sync) against the
@@ -46,6 +46,6 @@ void validate_fsdp_flags(TrainConfig& cfg, const std::string& reshard, const std
 // The checks that need the number of ranks, which a launcher may decide
 // (mpirun's count replaces --ranks): called once it is known, before any
 // rank starts. Throws UsageError.
-void validate_for_world(const TrainConfig& cfg, int world);
+void validate_for_world(const RunConfig& cfg, int world);
 
 }  // namespace zf

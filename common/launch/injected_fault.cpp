@@ -48,7 +48,7 @@ class FaultyCompute final : public RankCompute {
 // The rank's own hooks (or none), with the failing compute outermost.
 class FaultHooks final : public RunHooks {
  public:
-  FaultHooks(const TrainConfig& cfg, int rank, RunHooks* inner) : cfg_(cfg), rank_(rank), in_(inner) {}
+  FaultHooks(const RunConfig& cfg, int rank, RunHooks* inner) : cfg_(cfg), rank_(rank), in_(inner) {}
   std::unique_ptr<RankCompute> wrap(std::unique_ptr<RankCompute> rc, const ModelLayout& layout) override {
     if (in_) rc = in_->wrap(std::move(rc), layout);
     return std::make_unique<FaultyCompute>(std::move(rc), rank_, cfg_.fault_step, cfg_.fault_stall,
@@ -67,16 +67,17 @@ class FaultHooks final : public RunHooks {
     if (in_) in_->stop();
   }
   HostClock* host_clock() override { return in_ ? in_->host_clock() : nullptr; }
+  bool dry() const override { return in_ && in_->dry(); }
 
  private:
-  const TrainConfig& cfg_;
+  const RunConfig& cfg_;
   int rank_;
   RunHooks* in_;
 };
 
 }  // namespace
 
-std::unique_ptr<RunHooks> maybe_inject_fault(const TrainConfig& cfg, const RankContext& ctx) {
+std::unique_ptr<RunHooks> maybe_inject_fault(const RunConfig& cfg, const RankContext& ctx) {
   if (ctx.rank != cfg.fault_rank || cfg.fault_step < 0) return nullptr;
   return std::make_unique<FaultHooks>(cfg, ctx.rank, ctx.hooks);
 }

@@ -9,7 +9,7 @@
 
 #include <memory>
 
-#include "config.h"
+#include "run_config.h"
 #include "rank.h"
 #include "run_hooks.h"
 
@@ -17,6 +17,6 @@ namespace zf {
 
 // Null when cfg asks no fault of rank ctx.rank; else ctx.hooks (or none)
 // with the failing compute around the rank's compute.
-std::unique_ptr<RunHooks> maybe_inject_fault(const TrainConfig& cfg, const RankContext& ctx);
+std::unique_ptr<RunHooks> maybe_inject_fault(const RunConfig& cfg, const RankContext& ctx);
 
 }  // namespace zf

@@ -429,6 +429,7 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
     for (int r = 0; r < N; r++) {
       clocks.push_back(std::make_unique<RankClock>(*opt.hardware, N));
       if (r < opt.record_clock) clocks.back()->record();
+      if (opt.dry_run) clocks.back()->set_dry();
       comms[r] = make_modeled_communicator(std::move(comms[r]), group, r, *clocks[r]);
     }
   }

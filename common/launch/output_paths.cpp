@@ -98,7 +98,7 @@ bool same_file(const std::string& a, const std::string& b) {
   return canonical_name(a) == canonical_name(b);
 }
 
-void check_output_paths(const TrainConfig& cfg, bool writes) {
+void check_output_paths(const RunConfig& cfg, bool writes) {
   // A sharded --save is a folder of folders (check_save_folder): it may be
   // the folder --resume reads, as no save writes over a committed checkpoint.
   const std::vector<Named> outputs = {{"--save", cfg.save_sharded ? "" : cfg.save, WriteMode::by_rename},

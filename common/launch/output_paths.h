@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "config.h"
+#include "run_config.h"
 #include "sharded_checkpoint.h"
 
 namespace zf {
@@ -24,7 +24,7 @@ bool same_file(const std::string& a, const std::string& b);
 // `writes` (the process that writes the outputs), also refuses, one message
 // naming the flag, an output whose folder is missing or not writable, or
 // that is a directory, a FIFO or a device; the check leaves no file behind.
-void check_output_paths(const TrainConfig& cfg, bool writes);
+void check_output_paths(const RunConfig& cfg, bool writes);
 
 // --save DIR with --save-format sharded (io/sharded_checkpoint.h), on the
 // process that writes: DIR a writable folder, or creatable (it is made),

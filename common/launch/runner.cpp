@@ -48,7 +48,7 @@ std::string non_finite_gradient_advice(float clip) {
 void report_stop(const RunResult& run) {
   const RankResult& r0 = run.ranks[0];
   if (r0.stop_signal == 0) return;
-  const TrainConfig& cfg = run.cfg;
+  const RunConfig& cfg = run.cfg;
   if (r0.stopped_after == r0.first_step) {  // in the evaluation or sample before the first step
     std::fprintf(stderr, "%s: %s\n", cfg.stage.c_str(), stopped_before_training(r0.stop_signal, cfg.save).c_str());
     return;
@@ -94,7 +94,7 @@ double available_memory_bytes() {
 // the device's activations and buffers too (its memory is the host's). A dry
 // run holds no model values, except stage 05's host states (its CPU
 // optimizer runs on them).
-void check_host_memory(const TrainConfig& cfg, const World& world) {
+void check_host_memory(const RunConfig& cfg, const World& world) {
   TrainConfig at_world = cfg;
   at_world.ranks = world.size;
   // A stage the memory model does not know (a lab's new rung) is held to
@@ -131,7 +131,7 @@ void check_host_memory(const TrainConfig& cfg, const World& world) {
 
 }  // namespace
 
-RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
+RunResult run_training(const RunConfig& cfg, const StageFn& stage) {
   // Threads, or one rank per process under mpirun/srun or RANK/WORLD_SIZE
   // (launch.h). No output may be an input or another output; only the
   // process of rank 0 prints and writes the outputs (the run log, --trace's
@@ -171,7 +171,7 @@ RunResult run_training(const TrainConfig& cfg, const StageFn& stage) {
   run.params = layout.numel;
   run.blas = blas_description();
   run.ranks.resize(world.size);
-  TrainConfig report_cfg = run.cfg;
+  RunConfig report_cfg = run.cfg;
   if (!world.prints()) {
     report_cfg.quiet = true;
     report_cfg.log_json.clear();
@@ -279,7 +279,7 @@ int stage_main(int argc, char** argv, const StageInfo& info, const StageFn& stag
             "save still running is lost: stop a run under mpirun with SIGUSR1 to mpirun (kill -USR1 <its pid>)"
           : "";
   try {
-    std::optional<TrainConfig> cfg;
+    std::optional<RunConfig> cfg;
     try {
       cfg = parse_flags(argc, argv, info);
     } catch (const UsageError& e) {

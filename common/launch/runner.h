@@ -7,7 +7,7 @@
 #pragma once
 
 #include "cli.h"
-#include "config.h"
+#include "run_config.h"
 #include "data.h"
 #include "launch.h"
 #include "report.h"
@@ -20,7 +20,7 @@ namespace zf {
 // stopped by a signal (stop_request.h) returns normally, with the signal in
 // its ranks' results; an output that could not be written (the run log, the
 // trace) is in not_written.
-RunResult run_training(const TrainConfig& cfg, const StageFn& stage);
+RunResult run_training(const RunConfig& cfg, const StageFn& stage);
 
 // The exit status of a run that returned (docs/SPEC.md "Exit codes"):
 // 128 + the signal it stopped on, else 4 if an output was not written, else 0.

@@ -140,6 +140,9 @@ class RankClock final : public RunHooks, public HostClock {
   // The compute wrapped so that each unit's forward and backward is told to unit().
   std::unique_ptr<RankCompute> wrap(std::unique_ptr<RankCompute> rc, const ModelLayout& layout) override;
   HostClock* host_clock() override { return this; }
+  // A dry run's clock (dry_device.h): the states hold no values.
+  void set_dry() { dry_ = true; }
+  bool dry() const override { return dry_; }
 
   // --trace: every charge as a span of a track, with its step (-1: between
   // steps, a save).
@@ -168,7 +171,7 @@ class RankClock final : public RunHooks, public HostClock {
   const Hardware& hw_;
   double host_share_;
   std::function<void()> align_;
-  bool running_ = false, recording_ = false;
+  bool running_ = false, recording_ = false, dry_ = false;
   int step_ = 0, queues_ = 0;
   bool between_ = false;  // between a step's lap and skip(): spans of no step (-1)
   std::vector<Span> spans_;

@@ -56,7 +56,7 @@ std::string format_duration(double seconds) {
   return buf;
 }
 
-StepReporter::StepReporter(const TrainConfig& cfg, size_t params)
+StepReporter::StepReporter(const RunConfig& cfg, size_t params)
     : cfg_(cfg), params_(params), program_(cfg.stage) {
   if (!cfg.log_json.empty()) json_.open(cfg.log_json, "the run log --log-json");
 }

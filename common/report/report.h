@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "config.h"
+#include "run_config.h"
 #include "log_file.h"
 #include "step_log.h"
 
@@ -39,7 +39,7 @@ std::string format_duration(double seconds);
 class StepReporter final : public StepLog {
  public:
   // Opens the JSON log (UsageError if it cannot be written). `params` is P.
-  StepReporter(const TrainConfig& cfg, size_t params);
+  StepReporter(const RunConfig& cfg, size_t params);
 
   // Called by rank 0 after each step with the global-batch mean loss and the
   // global gradient norm before clipping.
@@ -66,7 +66,7 @@ class StepReporter final : public StepLog {
  private:
   void write_json(const std::string& line);
 
-  const TrainConfig& cfg_;
+  const RunConfig& cfg_;
   size_t params_;
   StepEta eta_;
   LogFile json_;

@@ -229,7 +229,7 @@ std::vector<std::string> gather_trace_events(Communicator& comm, Device& dev, co
   return out;
 }
 
-std::string trace_document(const std::vector<std::string>& rank_events, const TrainConfig& cfg) {
+std::string trace_document(const std::vector<std::string>& rank_events, const RunConfig& cfg) {
   json events = json::array();
   for (const std::string& text : rank_events) {
     if (text.empty()) continue;  // a rank that recorded nothing
@@ -251,7 +251,7 @@ std::string trace_document(const std::vector<std::string>& rank_events, const Tr
   return doc.dump();
 }
 
-std::string write_trace(const std::vector<std::string>& rank_events, const TrainConfig& cfg) {
+std::string write_trace(const std::vector<std::string>& rank_events, const RunConfig& cfg) {
   LogFile f;
   f.open(cfg.trace, "the trace --trace");
   f.write(trace_document(rank_events, cfg) + "\n");

@@ -68,7 +68,7 @@
 
 #include "comm.h"
 #include "comm_recording.h"
-#include "config.h"
+#include "run_config.h"
 #include "device.h"
 #include "model.h"
 #include "rank.h"
@@ -96,10 +96,10 @@ std::string trace_rank_events(int rank, const std::vector<ScheduleEvent>& events
 std::vector<std::string> gather_trace_events(Communicator& comm, Device& dev, const std::string& mine);
 
 // The whole file's text from every rank's events, in rank order.
-std::string trace_document(const std::vector<std::string>& rank_events, const TrainConfig& cfg);
+std::string trace_document(const std::vector<std::string>& rank_events, const RunConfig& cfg);
 // Writes it to cfg.trace: "" when it did, else why not (log_file.h; the
 // path itself was checked before step 0, output_paths.h).
-std::string write_trace(const std::vector<std::string>& rank_events, const TrainConfig& cfg);
+std::string write_trace(const std::vector<std::string>& rank_events, const RunConfig& cfg);
 
 // Runs body(ctx') where ctx' is ctx with its communicator wrapped in a
 // recorder whose clock starts at `origin`, and a copy observer on its

@@ -1,5 +1,6 @@
 // config.h: what a training run is asked to do (the flags of docs/SPEC.md, parsed
-// by cli.cpp) and what it gives back (what the tests compare across stages).
+// by cli.cpp) and what one rank gives back. The harness's own flags (the
+// clock, a dry run, an injected fault) are report/run_config.h's.
 #pragma once
 
 #include <cstdint>
@@ -81,24 +82,10 @@ struct TrainConfig {
   std::string trace;              // --trace: the run's timeline, Chrome trace-event JSON (report/trace.h)
   int log_every = 10;             // human log: one line every this many steps
   bool quiet = false;             // no human log (tests)
-  // Fault injection for tests and demos: rank `fault_rank` throws in the
-  // middle of step `fault_step` (after its first unit's backward), or, with
-  // fault_stall, stops there for good (the others' collectives time out).
-  int fault_rank = -1;
-  int fault_step = -1;
-  bool fault_stall = false;
   // --comm-timeout, else ZF_COMM_TIMEOUT_S: how long a rank waits for the
   // others in a collective before the job is aborted (0: neither given, the
   // backend's default, kDefaultCommTimeoutS; NCCL's ZF_NCCL_TIMEOUT_S).
   double comm_timeout_s = 0;
-  // --clock modeled: steps timed on a modeled machine, --hardware's profile
-  // (modeled/modeled_clock.h); "wall": the wall clock.
-  std::string clock = "wall";
-  std::string hardware;
-  // --dry-run: the modeled clock's step with no arithmetic and no data moved
-  // (memory counted, states never filled, no final hash): a model or a
-  // --ranks far beyond this machine, in seconds.
-  bool dry_run = false;
   FsdpOptions fsdp;               // the FSDP flags (defaults elsewhere)
   OffloadOptions offload;         // the offload flags
 
@@ -128,14 +115,6 @@ struct RankResult {
   int first_step = 0;             // the step this run started at (> 0 after --resume)
   int stop_signal = 0;            // the signal the ranks stopped on (stop_request.h), or 0
   int stopped_after = 0;          // then: the steps done (the checkpoint's step)
-};
-
-struct RunResult {
-  TrainConfig cfg;
-  size_t params = 0;              // P, unpadded
-  std::string blas;
-  std::vector<RankResult> ranks;
-  std::vector<std::string> not_written;  // outputs that could not be written, and why (exit 4)
 };
 
 }  // namespace zf

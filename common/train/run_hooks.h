@@ -33,6 +33,9 @@ class RunHooks {
   virtual void stop() = 0;
   // The clock of the work the rank's device does not see (host_clock.h), or null.
   virtual HostClock* host_clock() = 0;
+  // Whether the rank's states hold no values (a dry run: the modeled clock's
+  // step with no arithmetic): nothing to load into them, no final hash.
+  virtual bool dry() const = 0;
 };
 
 }  // namespace zf

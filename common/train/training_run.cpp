@@ -31,7 +31,7 @@ void add_difference(CommStats& into, const CommStats& after, const CommStats& be
 TrainingRun::TrainingRun(const TrainConfig& cfg, const ModelLayout& layout, RankContext& ctx, StepLog& log,
                          ModelStates& states)
     : guard_(ctx.comm), cfg_(cfg), layout_(layout), ctx_(ctx), log_(log), states_(states) {
-  if (cfg.dry_run) {  // its states hold no values (config.h): nothing to fill them with
+  if (ctx.hooks && ctx.hooks->dry()) {  // its states hold no values: nothing to fill them with
     ctx.hooks->start(0);
     return;
   }
@@ -238,7 +238,7 @@ RankResult TrainingRun::finish() {
   for (Communicator* c : extra_) add_difference(result_.comm, c->stats());
   // The steps' copies: neither the initial load's nor the evaluations'.
   result_.transfers = ctx_.dev.transfers() - loaded_ - evaluated_;
-  if (cfg_.dry_run) return result_;  // no values, no hash
+  if (ctx_.hooks && ctx_.hooks->dry()) return result_;  // no values, no hash
   const std::vector<float> params = states_.full(StateKind::params, true);
   result_.param_hash = hash_params(params.data(), params.size());
   return result_;

@@ -26,8 +26,8 @@
 namespace zf {
 namespace {
 
-TrainConfig modeled(const std::string& model, int N, const std::string& hw) {
-  TrainConfig cfg = test::quiet_config(model, N, 2, 3);
+RunConfig modeled(const std::string& model, int N, const std::string& hw) {
+  RunConfig cfg = test::quiet_config(model, N, 2, 3);
   cfg.clock = "modeled";
   cfg.hardware = hw;
   return cfg;
@@ -37,8 +37,8 @@ TrainConfig modeled(const std::string& model, int N, const std::string& hw) {
 // T = 256 and an 8192-token vocabulary, 8 ranks of an H100 node, modeled
 // and dry. The host's AdamW and the disk tier are real work on the host
 // (a dry run skips only the device's), proportional to the parameters.
-TrainConfig modeled_offload() {
-  TrainConfig cfg = modeled("tiny", 8, "h100-sxm");
+RunConfig modeled_offload() {
+  RunConfig cfg = modeled("tiny", 8, "h100-sxm");
   cfg.model = ModelConfig{"gpt2-width", 8192, 256, 2, 12, 768};
   cfg.dry_run = true;
   cfg.precision = Precision::bf16;
@@ -49,7 +49,7 @@ TrainConfig modeled_offload() {
 class ModeledFiles : public test::TempDirTest {};
 
 TEST(ModeledRun, SameBitsAsTheWallClockAndTheSameTimesEveryRun) {
-  TrainConfig cfg = modeled("tiny", 4, "h100-sxm");
+  RunConfig cfg = modeled("tiny", 4, "h100-sxm");
   const RunResult a = run_training(cfg, train_fsdp), b = run_training(cfg, train_fsdp);
   cfg.clock = "wall";
   const RunResult wall = run_training(cfg, train_fsdp);
@@ -65,7 +65,7 @@ TEST(ModeledRun, SameBitsAsTheWallClockAndTheSameTimesEveryRun) {
 }
 
 TEST(ModeledRun, PrefetchHidesTheGathersWhereTheLinkIsSlow) {
-  TrainConfig cfg = modeled("small", 4, "l40s");
+  RunConfig cfg = modeled("small", 4, "l40s");
   cfg.fsdp.prefetch = 0;
   const double none = run_training(cfg, train_fsdp).ranks[0].step_ms[1];
   cfg.fsdp.prefetch = 1;
@@ -74,7 +74,7 @@ TEST(ModeledRun, PrefetchHidesTheGathersWhereTheLinkIsSlow) {
 }
 
 TEST(ModeledRun, OffloadPaysForPcieAndTheHostsOptimizer) {
-  TrainConfig cfg = modeled_offload();
+  RunConfig cfg = modeled_offload();
   const double fsdp = run_training(cfg, train_fsdp).ranks[0].step_ms[1];
   const double offload = run_training(cfg, train_offload_extended).ranks[0].step_ms[1];
   EXPECT_GT(offload, fsdp);
@@ -90,7 +90,7 @@ TEST(ModeledRun, OffloadPaysForPcieAndTheHostsOptimizer) {
 // update the host waits for. The last step waits for its own update too.
 // The worker's thread timing changes nothing: the same times every run.
 TEST(ModeledRun, TheDelayedUpdateHidesTheHostsOptimizerBehindTheStep) {
-  TrainConfig cfg = modeled_offload();
+  RunConfig cfg = modeled_offload();
   cfg.steps = 5;
   const double fsdp = run_training(cfg, train_fsdp).ranks[0].step_ms[2];
   const double undelayed = run_training(cfg, train_offload_extended).ranks[0].step_ms[2];
@@ -106,7 +106,7 @@ TEST(ModeledRun, TheDelayedUpdateHidesTheHostsOptimizerBehindTheStep) {
   }
   EXPECT_NEAR(delayed[2], delayed[3], 1e-9 * delayed[2]);  // steady: the same, to the timelines' rounding
   EXPECT_GT(delayed[4], delayed[3] + 0.9 * adamw);  // the last update, waited for within the step
-  TrainConfig real = modeled("tiny", 4, "h100-sxm");
+  RunConfig real = modeled("tiny", 4, "h100-sxm");
   real.offload.delay_update = true;
   EXPECT_EQ(run_training(real, train_offload_extended).ranks[0].step_ms, run_training(real, train_offload_extended).ranks[0].step_ms);
 }
@@ -116,7 +116,7 @@ TEST(ModeledRun, TheDelayedUpdateHidesTheHostsOptimizerBehindTheStep) {
 // (hardware/h100-sxm.hw: 6 GB/s, 8 ranks a host); the CPU's AdamW runs
 // under the stream, and the step waits for the last write.
 TEST_F(ModeledFiles, TheDiskTierIsItsBytesAtTheNodesDiskRate) {
-  TrainConfig cfg = modeled_offload();
+  RunConfig cfg = modeled_offload();
   cfg.log_json = path("log.jsonl");
   const double in_memory = run_training(cfg, train_offload_extended).ranks[0].step_ms[1];
   cfg.offload.offload_dir = path("od");
@@ -141,7 +141,7 @@ TEST_F(ModeledFiles, TheDiskTierIsItsBytesAtTheNodesDiskRate) {
 // The delayed update's worker streaming the disk tier, with the I/O thread
 // and the rank threads: the same modeled times every run.
 TEST_F(ModeledFiles, ADelayedUpdateOnDiskHasTheSameTimesEveryRun) {
-  TrainConfig cfg = modeled("tiny", 2, "h100-sxm");
+  RunConfig cfg = modeled("tiny", 2, "h100-sxm");
   cfg.steps = 4;
   cfg.offload.delay_update = true;
   cfg.offload.offload_dir = dir_;
@@ -156,7 +156,7 @@ TEST_F(ModeledFiles, ADelayedUpdateOnDiskHasTheSameTimesEveryRun) {
 TEST_F(ModeledFiles, MfuIsTheTokensFlopsOverThePeakOfEveryRank) {
   const std::string hw = path("round.hw");
   { std::ofstream(hw) << test::kRoundProfile; }
-  TrainConfig cfg = modeled("tiny", 4, hw);
+  RunConfig cfg = modeled("tiny", 4, hw);
   cfg.log_json = path("log.jsonl");
   run_training(cfg, train_data_parallel);
   const ModelConfig& m = cfg.model;
@@ -180,7 +180,7 @@ TEST(ModeledRun, ZeroThreeCostsMoreThanDataParallelOverPcieThanOverNvlink) {
   // ZeRO-3 sends 1.5x data parallel's bytes: over a slow link that shows in
   // the step; over NVLink much less of it does.
   auto ratio = [](const std::string& hw) {
-    const TrainConfig cfg = modeled("small", 8, hw);
+    const RunConfig cfg = modeled("small", 8, hw);
     return run_training(cfg, train_zero3).ranks[0].step_ms[1] /
            run_training(cfg, train_data_parallel).ranks[0].step_ms[1];
   };
@@ -204,7 +204,7 @@ TEST_F(ModeledFiles, ADryRunGivesTheRealRunsTimesAndMemory) {
       {"offload --offload-dir", train_offload_extended, disk}, {"offload --offload-dir --delay-update", train_offload_extended, both}};
   for (const auto& [name, fn, offload] : stages)
     for (int N : {2, 3, 4}) {
-      TrainConfig cfg = modeled("tiny", N, "a100-sxm");
+      RunConfig cfg = modeled("tiny", N, "a100-sxm");
       cfg.precision = Precision::bf16;
       cfg.steps = 3;
       cfg.offload = offload;
@@ -225,7 +225,7 @@ TEST_F(ModeledFiles, ADryRunGivesTheRealRunsTimesAndMemory) {
 // --trace under the modeled clock draws the modeled timelines: each step's
 // spans fill its modeled time exactly, and a save between steps is no step's.
 TEST(ModeledRun, TheTraceIsTheModeledTimeline) {
-  TrainConfig cfg = modeled("tiny", 2, "h100-sxm");
+  RunConfig cfg = modeled("tiny", 2, "h100-sxm");
   cfg.steps = 3;
   const std::string dir = test::temp_dir();
   cfg.trace = dir + "/t.json";
@@ -264,7 +264,7 @@ TEST(ModeledRun, TheTraceIsTheModeledTimeline) {
 // from its first op to its last, so that every forward or backward op of
 // the compute track lies inside its unit's span, and no two units overlap.
 TEST(ModeledRun, TheTraceDrawsEachUnitOverItsOps) {
-  TrainConfig cfg = modeled("tiny", 2, "h100-sxm");
+  RunConfig cfg = modeled("tiny", 2, "h100-sxm");
   cfg.steps = 2;
   cfg.grad_accum = 2;
   cfg.trace = test::temp_dir() + "/t.json";
@@ -315,7 +315,7 @@ TEST(ModeledRun, TheTraceDrawsEachUnitOverItsOps) {
 // ranks unequal optimizer work: each rank's own work ends at another time,
 // and the step ends with the slowest, on every rank.
 TEST(ModeledRun, TheSlowestRankSetsTheStep) {
-  TrainConfig cfg = modeled("tiny", 3, "h100-sxm");
+  RunConfig cfg = modeled("tiny", 3, "h100-sxm");
   cfg.steps = 2;
   cfg.trace = test::temp_dir() + "/t.json";
   const RunResult run = run_training(cfg, train_zero3);

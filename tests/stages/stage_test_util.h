@@ -508,7 +508,7 @@ inline void expect_resume_continues_bit_for_bit(const StageFn& fn, const std::st
 inline void expect_save_every_keeps_work_when_a_rank_fails(const StageFn& fn, const std::string& dir) {
   TrainConfig cfg = with_schedule(quiet_config("tiny", 2, 2, 6));
   const RunResult whole = run_training(cfg, fn);
-  TrainConfig failing = cfg;
+  RunConfig failing = cfg;
   failing.save = dir + "/ck.safetensors";
   failing.save_every = 2;
   failing.fault_rank = 1;

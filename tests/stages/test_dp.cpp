@@ -180,7 +180,7 @@ TEST(DataParallel, DeviceBudgetRefusesBeforeAnyStep) {
 }
 
 TEST(DataParallel, FailingRankStopsTheRunAndIsNamed) {
-  auto cfg = quiet_config("tiny", 4, 1, 5);
+  RunConfig cfg = quiet_config("tiny", 4, 1, 5);
   cfg.fault_rank = 2;
   cfg.fault_step = 1;
   auto t0 = std::chrono::steady_clock::now();

@@ -391,7 +391,7 @@ TEST(EstimateTool, FitSaysHowFast) {
     const int L = f["layers"], N = f["ranks"];
     SCOPED_TRACE("N=" + std::to_string(N) + " L=" + std::to_string(L));
     ASSERT_TRUE(f["time"]["modeled"].get<bool>()) << f.dump();
-    TrainConfig cfg = test::config(ModelConfig{"fit", 50304, 1024, L, L, 128 * L}, N, 1, 2, Precision::bf16);
+    RunConfig cfg = test::config(ModelConfig{"fit", 50304, 1024, L, L, 128 * L}, N, 1, 2, Precision::bf16);
     cfg.compute = DType::bf16;
     cfg.recompute = Recompute::full;
     cfg.clock = "modeled";

@@ -410,7 +410,7 @@ TEST_F(OffloadDelayFiles, ACheckpointHoldsTheUpdateInFlight) {
       TrainConfig cfg = fsdp_config(odd4(), 2, p, 7);
       SCOPED_TRACE(describe(cfg) + (offload_params ? ", offload-params" : ""));
       auto write = [&](const StageFn& fn, const std::string& file) {
-        TrainConfig failing = cfg;
+        RunConfig failing = cfg;
         failing.offload.offload_params = offload_params;
         failing.save = path(file);
         failing.save_every = 3;

@@ -295,7 +295,7 @@ TEST_F(ShardedCheckpoint, LatestMovesAndOnlyTheRunsOwnEarlierCheckpointsGo) {
 TEST_F(ShardedCheckpoint, AFailureLeavesThePreviousCheckpointWhole) {
   TrainConfig cfg = test::with_schedule(quiet_config("tiny", 2, 2, 6));
   const RunResult whole = run_training(cfg, train_fsdp);
-  TrainConfig failing = cfg;
+  RunConfig failing = cfg;
   failing.save = path("ck");
   failing.save_sharded = true;
   failing.save_every = 2;
@@ -352,7 +352,7 @@ TEST_F(ShardedCheckpoint, AsyncSavesWriteTheSameCheckpoint) {
 TEST_F(ShardedCheckpoint, AFailureDuringAnAsyncSaveLeavesThePreviousOne) {
   TrainConfig cfg = quiet_config("tiny", 2, 2, 6);
   const RunResult whole = run_training(cfg, train_zero3);
-  TrainConfig failing = cfg;
+  RunConfig failing = cfg;
   failing.save = path("ck");
   failing.save_sharded = failing.save_async = true;
   failing.save_every = 2;

@@ -1,0 +1,46 @@
+// run_config.h: a run as the harness sees it: the training's flags
+// (TrainConfig, train/config.h), which the stage reads, and the harness's
+// own, which it never does: the clock the steps are timed on, a dry run, an
+// injected fault (docs/SPEC.md; parsed by launch/cli.cpp). And what the
+// whole run gives back (what the tests compare across stages).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "config.h"
+
+namespace zf {
+
+struct RunConfig : TrainConfig {
+  RunConfig() = default;
+  // Implicit: a TrainConfig alone is a run with the harness's defaults.
+  RunConfig(const TrainConfig& train) : TrainConfig(train) {}
+
+  // --clock modeled: steps timed on a modeled machine, --hardware's profile
+  // (modeled/modeled_clock.h); "wall": the wall clock.
+  std::string clock = "wall";
+  std::string hardware;
+  // --dry-run: the modeled clock's step with no arithmetic and no data moved
+  // (memory counted, states never filled, no final hash): a model or a
+  // --ranks far beyond this machine, in seconds.
+  bool dry_run = false;
+  // --inject-fault, for tests and demos: rank `fault_rank` throws in the
+  // middle of step `fault_step` (after its first unit's backward), or, with
+  // fault_stall, stops there for good (the others' collectives time out;
+  // launch/injected_fault.h).
+  int fault_rank = -1;
+  int fault_step = -1;
+  bool fault_stall = false;
+};
+
+struct RunResult {
+  RunConfig cfg;
+  size_t params = 0;              // P, unpadded
+  std::string blas;
+  std::vector<RankResult> ranks;
+  std::vector<std::string> not_written;  // outputs that could not be written, and why (exit 4)
+};
+
+}  // namespace zf
