@@ -23,7 +23,6 @@ void FlatGathers::check_limit(int g) const {
 
 void FlatGathers::start(int g, Gathered b) {
   b.handle = comm_.all_gather_async(b.input.send, b.full.data(), layout_.units[g].shard, dtype_);
-  ++all_gathers_;
   buffers_.emplace(g, std::move(b));
 }
 

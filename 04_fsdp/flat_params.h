@@ -81,7 +81,6 @@ class FlatGathers {
   bool kept(int g) const { return !reshard_after_forward_ || g == last_; }
   bool unsharded(int g) const { return buffers_.count(g) > 0; }  // gathered, or its all-gather in flight
   int counted() const;                  // gathered or in flight, not kept: what --max-gathered bounds
-  uint64_t all_gathers() const { return all_gathers_; }
 
  private:
   struct Gathered {
@@ -105,7 +104,6 @@ class FlatGathers {
   MemoryTracker& mem_;
   Communicator& comm_;
   std::map<int, Gathered> buffers_;
-  uint64_t all_gathers_ = 0;
 };
 
 // Stage 04's parameters: my float32 shard on the device, cast to the gather
