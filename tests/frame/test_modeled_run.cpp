@@ -64,6 +64,24 @@ TEST(ModeledRun, SameBitsAsTheWallClockAndTheSameTimesEveryRun) {
   EXPECT_GT(a.ranks[0].step_ms[1], 0.0);
 }
 
+// A failing rank's hooks are the injected fault around its clock: its
+// steps before the fault end with the others' (the ranks meet at each
+// modeled step's end), and the fault stops the run as on the wall clock.
+TEST(ModeledRun, AnInjectedFaultStopsTheRunAsOnTheWallClock) {
+  RunConfig cfg = modeled("tiny", 4, "h100-sxm");
+  cfg.steps = 4;
+  cfg.fault_rank = 1;
+  cfg.fault_step = 2;
+  cfg.comm_timeout_s = 20;  // a rank the others wait for in vain fails the test, not hangs it
+  try {
+    run_training(cfg, train_fsdp);
+    FAIL() << "the run went on past rank 1's fault";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("injected fault (--inject-fault 1:2)"), std::string::npos) << what;
+  }
+}
+
 TEST(ModeledRun, PrefetchHidesTheGathersWhereTheLinkIsSlow) {
   RunConfig cfg = modeled("small", 4, "l40s");
   cfg.fsdp.prefetch = 0;
