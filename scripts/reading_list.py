@@ -116,6 +116,7 @@ READING = [
     ], [
         ("05_offload/wall_phases.h", "where the step's wall time went, timed by decorators"),
         ("common/train/compute_decorators.h", "timed: the forward and backward's wall time"),
+        ("common/train/host_clock.h", "how the host's work is charged under --clock modeled"),
         "tests/stages/test_offload.cpp",
     ]),
     ("Stage 05's extensions: the parameter and disk tiers, the delayed update (what is new)",
@@ -141,6 +142,8 @@ HARNESS = [
     ("common/launch/entry/stage_main.h", "what a stage sees of the harness: StageFn, stage_main"),
     ("common/cpu/copy_queue.h", "the CPU device's copy thread and mlock'ed buffers"),
     ("common/launch/runner.h", "run_training: the data, the ranks, the results"),
+    ("common/report/run_config.h", "RunConfig: the training's flags and the harness's own"),
+    ("common/train/run_hooks.h", "what the harness adds around a rank's run: an injected fault, the modeled clock"),
     ("common/launch/launch.h", "starting the ranks: threads, mpirun, the environment"),
     ("common/launch/cli.h", "every flag, checked before any work"),
     ("common/report/report.h", "the step line, the run log, the closing tables"),
