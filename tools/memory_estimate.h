@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "run_config.h"
+#include "config.h"
 #include "estimate.h"
 
 namespace zf::tool {

@@ -15,6 +15,7 @@
 
 #include "check.h"
 #include "memory_estimate.h"
+#include "run_config.h"
 #include "stage_fns.h"
 
 namespace zf::tool {
@@ -56,8 +57,8 @@ StageTime modeled_time(const Request& q, Stage s, const TrainConfig& run) {
                 "modeled --hardware " + q.hardware + " --dry-run`";
     return t;
   }
-  // The run's own flags (the harness's at their defaults: no injected
-  // fault); what only a real run has (values, files) is left out.
+  // The run's own flags, modeled and dry, with no injected fault; what only
+  // a real run has (values, files) is left out.
   RunConfig cfg = run;
   cfg.stage = stage_name(s);
   cfg.clock = "modeled";

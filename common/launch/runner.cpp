@@ -221,15 +221,16 @@ RunResult run_training(const RunConfig& cfg, const StageFn& stage) {
   // A gradient that is not finite is found inside a sum, which does not know
   // the run's flags: what to try is added here, with the run's --clip.
   try {
-    run_ranks(opt, [&](RankContext& ctx) {
-      RunHooks* const clock = ctx.hooks;  // --clock modeled: the rank's RankClock
-      const std::unique_ptr<RunHooks> fault = maybe_inject_fault(run.cfg, ctx);
+    run_ranks(opt, [&](RankContext& launched) {
+      RankClock* const clock = static_cast<RankClock*>(launched.hooks);  // --clock modeled: launch.cpp's, else null
+      const std::unique_ptr<RunHooks> fault = maybe_inject_fault(run.cfg, launched);
+      RankContext ctx = launched;  // with the fault's hooks, which live as long as it
       if (fault) ctx.hooks = fault.get();
       auto body = [&](RankContext& c) { return stage(run.cfg, c, data, reporter); };
       if (hardware && !cfg.trace.empty()) {  // the modeled clock's own timeline
         run.ranks[ctx.rank] = body(ctx);
         if (ctx.rank < kTracedModeledRanks)
-          trace_events[ctx.rank] = modeled_trace_events(ctx.rank, static_cast<RankClock&>(*clock));
+          trace_events[ctx.rank] = modeled_trace_events(ctx.rank, *clock);
       } else {
         run.ranks[ctx.rank] = cfg.trace.empty() ? body(ctx)
                                                 : run_traced_rank(ctx, origin, layout, body, &trace_events[ctx.rank]);

@@ -7,10 +7,10 @@
 #pragma once
 
 #include "cli.h"
-#include "run_config.h"
 #include "data.h"
 #include "launch.h"
 #include "report.h"
+#include "run_config.h"
 #include "stage_main.h"
 
 namespace zf {

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "check.h"
+#include "rank_compute.h"
 
 namespace zf {
 

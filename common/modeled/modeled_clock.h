@@ -66,7 +66,6 @@
 #include "device.h"
 #include "hardware.h"
 #include "host_clock.h"
-#include "rank_compute.h"
 #include "run_hooks.h"
 
 namespace zf {

@@ -251,7 +251,10 @@ nlohmann::json summary_json(const RunResult& run) {
   if (cfg.dry_run) s["dry_run"] = true;
   if (!run.ranks.empty() && !run.ranks[0].val_losses.empty()) s["final_val_loss"] = run.ranks[0].val_losses.back().second;
   if (!run.ranks.empty())
-    for (const auto& [name, value] : run.ranks[0].notes) s[name] = value;
+    for (const auto& [name, value] : run.ranks[0].notes) {
+      REQUIRE(!s.contains(name), "a stage's note '" << name << "' has the name of a summary field");
+      s[name] = value;
+    }
   return {{"summary", s}};
 }
 

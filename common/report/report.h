@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "run_config.h"
 #include "log_file.h"
+#include "run_config.h"
 #include "step_log.h"
 
 namespace zf {

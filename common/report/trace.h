@@ -68,10 +68,10 @@
 
 #include "comm.h"
 #include "comm_recording.h"
-#include "run_config.h"
 #include "device.h"
 #include "model.h"
 #include "rank.h"
+#include "run_config.h"
 
 namespace zf {
 

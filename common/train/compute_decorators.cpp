@@ -2,10 +2,7 @@
 #include "compute_decorators.h"
 
 #include <chrono>
-#include <string>
-#include <thread>
 
-#include "check.h"
 #include "comm_recording.h"
 
 namespace zf {

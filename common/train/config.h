@@ -100,7 +100,7 @@ struct TrainConfig {
 struct RankResult {
   std::vector<float> losses;      // global-batch mean loss per step (same on every rank)
   std::vector<float> grad_norms;  // global gradient norm per step, before clipping (same on every rank)
-  std::vector<double> step_ms;    // wall time per step
+  std::vector<double> step_ms;    // time per step: the wall's, or the harness's clock's (run_hooks.h)
   std::vector<std::pair<int, float>> val_losses;  // (steps done, held-out loss) of each evaluation (same on every rank)
   CommStats val_comm;             // the evaluations' collectives (not in `comm`)
   std::vector<std::pair<int, std::vector<int32_t>>> samples;  // (steps done, tokens generated) (same on every rank)

@@ -1,8 +1,8 @@
 // rank.h: what one rank of a run has. The launcher (launch/launch.h) makes one
 // per rank, whether the ranks are threads of one process or processes, and
 // hands it to the stage: the rank's place in the group, its communicator,
-// its memory tracker and its Device, and the channel on which the ranks agree
-// to stop after a signal (stop_request.h).
+// its memory tracker and its Device, the channel on which the ranks agree
+// to stop after a signal (stop_request.h), and the hooks the harness adds.
 #pragma once
 
 #include "comm.h"
@@ -28,8 +28,8 @@ struct RankContext {
   // them); 0 where the launcher does not say.
   int host_ranks = 0;
   // What the harness adds around the stage's run (run_hooks.h): TrainingRun
-  // and make_rank_compute call it, so that the stage need not. Null in a
-  // context made by hand.
+  // and make_rank_compute call it, so that a stage need not (stage 05 asks
+  // it for the host's clock, host_clock.h). Null in a context made by hand.
   RunHooks* hooks = nullptr;
 };
 

@@ -21,7 +21,7 @@ class StepLog {
   virtual ~StepLog() = default;
   // step counts from 0; loss is the global-batch mean; grad_norm the global
   // L2 norm of the averaged gradient before clipping; lr the step's learning
-  // rate; ms the step's wall time.
+  // rate; ms the step's time (the wall's, or the harness's clock's).
   virtual void step(int step, float loss, float grad_norm, float lr, double ms, size_t model_state_bytes_per_rank,
                     const StepPhases& phases) = 0;
   // The held-out loss after `steps_done` steps, over `sequences` sequences;

@@ -81,7 +81,7 @@ void TrainingRun::end_step(int step, float loss, float grad_norm, double ms, con
   if (result_.stop_signal != 0) result_.stopped_after = done;
   const bool due = done == cfg_.steps || (cfg_.save_every > 0 && done % cfg_.save_every == 0);
   if (!cfg_.save.empty() && (due || result_.stop_signal != 0)) save(done);
-  skip_clock();
+  skip_step_time();
 }
 
 void TrainingRun::evaluate(int done, RankCompute& rc, const std::function<float()>& forward) {
@@ -93,7 +93,7 @@ void TrainingRun::evaluate(int done, RankCompute& rc, const std::function<float(
   if (val || sample) set_current_step(-1);  // a collective's timeout in here names no training step
   if (val) validate(done, rc, forward);
   if (sample && result_.stop_signal == 0) generate(done, rc, forward);
-  if (val || sample) skip_clock();
+  if (val || sample) skip_step_time();
   if (result_.stop_signal == 0) return;
   // Stopped inside: the states are those after the `done` steps, saved as
   // at a step's end, unless end_step just saved them. Before this run's
@@ -170,8 +170,8 @@ void TrainingRun::generate(int done, RankCompute& rc, const std::function<float(
   if (ctx_.rank == 0) log_.sample(done, prompt, tokens_to_text(made));
 }
 
-// The stop vote and saving are not training: the next step's modeled time starts after them.
-void TrainingRun::skip_clock() {
+// The stop vote and saving are not training: the harness's clock (run_hooks.h) starts the next step's time after them.
+void TrainingRun::skip_step_time() {
   if (ctx_.hooks) ctx_.hooks->skip();
 }
 

@@ -123,7 +123,7 @@ class TrainingRun {
   int vote_to_stop();
   // Inside an evaluation: the ranks vote; whether they stop (result_.stop_signal).
   bool stop_voted();
-  void skip_clock();
+  void skip_step_time();
 
   // Before the guard, so freed after it: a rank that fails stops the group
   // first, then waits for its own --save-async write to end.

@@ -13,7 +13,7 @@
 namespace zf::test {
 
 // args without the program name; the stage's exe is put in front.
-inline TrainConfig parse_as(const StageInfo& stage, std::vector<std::string> args) {
+inline RunConfig parse_as(const StageInfo& stage, std::vector<std::string> args) {
   args.insert(args.begin(), stage.exe);
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());

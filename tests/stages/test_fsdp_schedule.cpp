@@ -144,7 +144,7 @@ TEST(FsdpRecorder, ChangesNoResult) { test::expect_recorder_changes_no_result(tr
 
 // ------------------------------------------------------------------ flags
 
-TrainConfig parse(std::vector<std::string> args, StageFlags flags = StageFlags::fsdp) {
+RunConfig parse(std::vector<std::string> args, StageFlags flags = StageFlags::fsdp) {
   return test::parse_as({"fsdp", "stage 04: FSDP", flags}, std::move(args));
 }
 

@@ -16,7 +16,7 @@
 namespace zf {
 namespace {
 
-TrainConfig parse(std::vector<std::string> args, StageFlags flags = StageFlags::offload) {
+RunConfig parse(std::vector<std::string> args, StageFlags flags = StageFlags::offload) {
   return test::parse_as({"offload", "stage 05: offload", flags}, std::move(args));
 }
 
