@@ -1,7 +1,8 @@
 // run_config.h: a run as the harness sees it: the training's flags
 // (TrainConfig, train/config.h), which the stage reads, and the harness's
-// own, which it never does: the clock the steps are timed on, a dry run, an
-// injected fault (docs/SPEC.md; parsed by launch/cli.cpp). And what the
+// own, which it never does: the run log, the trace, the clock the steps are
+// timed on, a dry run, an injected fault, the collectives' timeout
+// (docs/SPEC.md; parsed by launch/cli.cpp). And what the
 // whole run gives back (what the tests compare across stages).
 #pragma once
 
@@ -18,6 +19,13 @@ struct RunConfig : TrainConfig {
   // Implicit: a TrainConfig alone is a run with the harness's defaults.
   RunConfig(const TrainConfig& train) : TrainConfig(train) {}
 
+  std::string log_json;           // --log-json: the run log, one JSON object a line (report/report.h)
+  int log_every = 10;             // --log-every: the human log's step line every this many steps
+  std::string trace;              // --trace: the run's timeline, Chrome trace-event JSON (report/trace.h)
+  // --comm-timeout, else ZF_COMM_TIMEOUT_S: how long a rank waits for the
+  // others in a collective before the job is aborted (0: neither given, the
+  // backend's default, kDefaultCommTimeoutS; NCCL's ZF_NCCL_TIMEOUT_S).
+  double comm_timeout_s = 0;
   // --clock modeled: steps timed on a modeled machine, --hardware's profile
   // (modeled/modeled_clock.h); "wall": the wall clock.
   std::string clock = "wall";

@@ -1,6 +1,7 @@
 // config.h: what a training run is asked to do (the flags of docs/SPEC.md, parsed
 // by cli.cpp) and what one rank gives back. The harness's own flags (the
-// clock, a dry run, an injected fault) are report/run_config.h's.
+// run log, the trace, the clock, a dry run, an injected fault, the
+// collectives' timeout) are report/run_config.h's.
 #pragma once
 
 #include <cstdint>
@@ -78,14 +79,7 @@ struct TrainConfig {
   bool save_sharded = false;      // --save-format sharded: --save is a folder of per-rank files (sharded_checkpoint.h)
   bool save_async = false;        // --save-async: sharded saves written in the background (sharded_saver.h)
   std::string resume;             // training checkpoint to continue from (its step, model, AdamW state)
-  std::string log_json;
-  std::string trace;              // --trace: the run's timeline, Chrome trace-event JSON (report/trace.h)
-  int log_every = 10;             // human log: one line every this many steps
   bool quiet = false;             // no human log (tests)
-  // --comm-timeout, else ZF_COMM_TIMEOUT_S: how long a rank waits for the
-  // others in a collective before the job is aborted (0: neither given, the
-  // backend's default, kDefaultCommTimeoutS; NCCL's ZF_NCCL_TIMEOUT_S).
-  double comm_timeout_s = 0;
   FsdpOptions fsdp;               // the FSDP flags (defaults elsewhere)
   OffloadOptions offload;         // the offload flags
 

@@ -58,8 +58,8 @@ inline ModelConfig model_named(const std::string& name) {
   return name == "odd" ? odd_model() : model_preset(name);
 }
 
-inline TrainConfig config(const ModelConfig& m, int N, int batch, int steps, Precision p) {
-  TrainConfig cfg = quiet_config("tiny", N, batch, steps);
+inline RunConfig config(const ModelConfig& m, int N, int batch, int steps, Precision p) {
+  RunConfig cfg = quiet_config("tiny", N, batch, steps);
   cfg.model = m;
   cfg.precision = p;
   return cfg;
@@ -77,7 +77,7 @@ inline std::string describe(const TrainConfig& c) {
 // step of warmup (the full rate, doubled), then cosine towards a twentieth
 // of it, so that steps 1 and 2 of 3 differ; and another weight decay than
 // the default.
-inline TrainConfig with_schedule(TrainConfig cfg) {
+inline RunConfig with_schedule(RunConfig cfg) {
   cfg.lr = 2 * cfg.lr;
   cfg.lr_schedule = LrDecay::cosine;
   cfg.warmup = 1;
@@ -175,7 +175,7 @@ inline std::string parity_case_name(const ::testing::TestParamInfo<ParityCase>& 
 inline void expect_bit_identical_to_dp(const ParityCase& pc, const StageFn& fn, const char* stage) {
   for (Precision p : {Precision::fp32, Precision::bf16})
     for (float clip : {1.0f, 0.05f}) {
-      TrainConfig cfg = config(model_named(pc.model), pc.N, 1, 3, p);
+      RunConfig cfg = config(model_named(pc.model), pc.N, 1, 3, p);
       cfg.clip = clip;
       if (clip < 1.0f) {
         cfg = with_schedule(cfg);
@@ -194,11 +194,11 @@ inline void expect_bit_identical_to_dp(const ParityCase& pc, const StageFn& fn, 
 // too: step 0's is the same, and above 1 as said.
 inline void expect_clipping_bites(const StageFn& fn) {
   for (Precision p : {Precision::fp32, Precision::bf16}) {
-    TrainConfig off = config(model_preset("tiny"), 2, 1, 3, p);
+    RunConfig off = config(model_preset("tiny"), 2, 1, 3, p);
     off.clip = 0.0f;
     const RunResult r0 = run_training(off, fn);
     for (float clip : {1.0f, 0.05f}) {
-      TrainConfig on = off;
+      RunConfig on = off;
       on.clip = clip;
       const RunResult r1 = run_training(on, fn);
       EXPECT_EQ(r0.ranks[0].losses[0], r1.ranks[0].losses[0]);  // same model, same batch
@@ -233,7 +233,7 @@ inline std::vector<float> logged_grad_norms(const std::string& path, int want_st
 inline void expect_run_log_carries_the_grad_norm(const StageFn& fn) {
   const std::string dir = temp_dir();
   for (Precision p : {Precision::fp32, Precision::bf16}) {
-    TrainConfig cfg = config(model_preset("tiny"), 2, 1, 3, p);
+    RunConfig cfg = config(model_preset("tiny"), 2, 1, 3, p);
     cfg.clip = 0.0f;  // logged with clipping off too
     SCOPED_TRACE(describe(cfg));
     std::vector<std::vector<float>> logs;  // stage 00's, then the stage's
@@ -255,7 +255,7 @@ inline void expect_run_log_carries_the_grad_norm(const StageFn& fn) {
 inline void for_each_accumulation_case(const std::function<void(const TrainConfig&, const RunResult&)>& check) {
   for (Precision p : {Precision::fp32, Precision::bf16})
     for (int N : {2, 3, 4}) {
-      TrainConfig cfg = config(model_preset("tiny"), N, 1, 4, p);
+      RunConfig cfg = config(model_preset("tiny"), N, 1, 4, p);
       cfg.grad_accum = 2;
       SCOPED_TRACE(describe(cfg));
       check(cfg, run_training(cfg, train_data_parallel));
@@ -332,7 +332,7 @@ inline void expect_model_states_match_formulas(Stage stage, const StageFn& fn) {
     for (Precision p : {Precision::fp32, Precision::bf16}) {
       const ModelConfig m = model_named(c.model);
       const Sizes s = sizes_of(m, c.N);
-      const TrainConfig cfg = config(m, c.N, 1, 1, p);
+      const RunConfig cfg = config(m, c.N, 1, 1, p);
       SCOPED_TRACE(describe(cfg));
       const RunResult run = run_training(cfg, fn);
       const States want = expected_states(stage, p, s);
@@ -366,7 +366,7 @@ inline void expect_model_states_match_formulas(Stage stage, const StageFn& fn) {
 inline void expect_peak_below(const StageFn& before, const char* before_name, const StageFn& fn,
                               const char* stage) {
   for (Precision p : {Precision::fp32, Precision::bf16}) {
-    const TrainConfig cfg = config(model_preset("small"), 4, 1, 1, p);
+    const RunConfig cfg = config(model_preset("small"), 4, 1, 1, p);
     SCOPED_TRACE(describe(cfg));
     const MemoryCounts prev = run_training(cfg, before).ranks[0].memory;
     const MemoryCounts mem = run_training(cfg, fn).ranks[0].memory;
@@ -393,7 +393,7 @@ inline void for_each_comm_buffer_case(
   for (Case c : {Case{"tiny", 1}, Case{"tiny", 3}, Case{"small", 4}, Case{"odd", 8}})
     for (Precision p : {Precision::fp32, Precision::bf16}) {
       const ModelConfig m = model_named(c.model);
-      TrainConfig cfg = config(m, c.N, 1, 2, p);
+      RunConfig cfg = config(m, c.N, 1, 2, p);
       cfg.grad_accum = 2;
       SCOPED_TRACE(describe(cfg));
       check(sizes_of(m, c.N), cfg, run_training(cfg, fn));
@@ -406,7 +406,7 @@ inline void for_each_comm_buffer_case(
 // and all_gather (N-1)/N of the full buffer. One configuration of the
 // ring-byte tests, and the bytes its collectives move:
 struct RingCase {
-  TrainConfig cfg;
+  RunConfig cfg;
   Sizes s;
   int steps = 0, K = 1;
   double loss = 0;  // the loss all-reduce (1 float32), per step
@@ -480,18 +480,18 @@ inline void expect_resume_continues_bit_for_bit(const StageFn& fn, const std::st
   for (Precision prec : {Precision::fp32, Precision::bf16})
     for (int N : {2, 3}) {
       SCOPED_TRACE(std::string(precision_name(prec)) + " N=" + std::to_string(N));
-      TrainConfig cfg = quiet_config("tiny", N, 2, 7);
+      RunConfig cfg = quiet_config("tiny", N, 2, 7);
       cfg.precision = prec;
       cfg.grad_accum = N == 3 ? 2 : 1;
       const RunResult whole = run_training(cfg, fn);
 
-      TrainConfig first = cfg;
+      RunConfig first = cfg;
       first.steps = 3;
       first.save = dir + "/ck.safetensors";
       run_training(first, fn);
       EXPECT_EQ(CheckpointReader(first.save, build_layout(cfg.model)).step(), 3);
 
-      TrainConfig second = cfg;
+      RunConfig second = cfg;
       second.resume = first.save;
       const RunResult resumed = run_training(second, fn);
       ASSERT_EQ(resumed.ranks[0].losses.size(), 4u);
@@ -506,7 +506,7 @@ inline void expect_resume_continues_bit_for_bit(const StageFn& fn, const std::st
 // save after every step would have left 5), and resuming from it finishes
 // the run as if nothing had happened, its learning-rate schedule included.
 inline void expect_save_every_keeps_work_when_a_rank_fails(const StageFn& fn, const std::string& dir) {
-  TrainConfig cfg = with_schedule(quiet_config("tiny", 2, 2, 6));
+  RunConfig cfg = with_schedule(quiet_config("tiny", 2, 2, 6));
   const RunResult whole = run_training(cfg, fn);
   RunConfig failing = cfg;
   failing.save = dir + "/ck.safetensors";
@@ -515,7 +515,7 @@ inline void expect_save_every_keeps_work_when_a_rank_fails(const StageFn& fn, co
   failing.fault_step = 5;
   EXPECT_THROW(run_training(failing, fn), Error);
   EXPECT_EQ(CheckpointReader(failing.save, build_layout(cfg.model)).step(), 4);
-  TrainConfig resume = cfg;
+  RunConfig resume = cfg;
   resume.resume = failing.save;
   const RunResult rest = run_training(resume, fn);
   EXPECT_EQ(rest.ranks[0].losses, tail(whole, 4));
@@ -528,7 +528,7 @@ inline void expect_save_every_keeps_work_when_a_rank_fails(const StageFn& fn, co
 // training's alone: the same bytes and calls with and without --save-init
 // and --save, saving after every step.
 inline void expect_saving_is_not_counted_as_training_traffic(const StageFn& fn, const std::string& dir) {
-  TrainConfig cfg = quiet_config("tiny", 2, 2, 4);
+  RunConfig cfg = quiet_config("tiny", 2, 2, 4);
   const RunResult plain = run_training(cfg, fn);
   cfg.save = dir + "/ck.safetensors";
   cfg.save_every = 1;
@@ -546,14 +546,14 @@ inline void expect_saving_is_not_counted_as_training_traffic(const StageFn& fn, 
 // in the bf16 recipe, its parameters in ZeRO-3) is seen.
 inline void expect_init_starts_from_the_file(const StageFn& fn, const std::string& dir) {
   for (Precision p : {Precision::fp32, Precision::bf16}) {
-    TrainConfig writer = config(odd_model(), 2, 2, 1, p);
+    RunConfig writer = config(odd_model(), 2, 2, 1, p);
     writer.seed = 7;
     writer.save_init = dir + "/init.safetensors";
     run_training(writer, train_data_parallel);
-    TrainConfig seeded = config(odd_model(), 3, 2, 3, p);
+    RunConfig seeded = config(odd_model(), 3, 2, 3, p);
     seeded.seed = 7;
     const RunResult want = run_training(seeded, train_data_parallel);
-    TrainConfig cfg = config(odd_model(), 3, 2, 3, p);  // the default seed: only the file gives seed 7's model
+    RunConfig cfg = config(odd_model(), 3, 2, 3, p);  // the default seed: only the file gives seed 7's model
     cfg.init = writer.save_init;
     const RunResult got = run_training(cfg, fn);
     EXPECT_EQ(got.ranks[0].losses, want.ranks[0].losses) << precision_name(p);

@@ -154,7 +154,7 @@ TEST(DataParallel, CommunicatesOneAllReducePerStep) {
 
 TEST(DataParallel, DeviceBudgetRefusesBeforeAnyStep) {
   std::string dir = test::temp_dir();
-  auto cfg = quiet_config("tiny", 2, 1, 5);
+  RunConfig cfg = quiet_config("tiny", 2, 1, 5);
   cfg.log_json = dir + "/log.jsonl";
   const size_t P = build_layout(cfg.model).numel;
   cfg.device_mem = 10 * P;  // less than the 16P of model states
@@ -278,7 +278,7 @@ TEST_F(DataParallelCheckpoint, EachStepTrainsAtItsScheduledRate) {
   const int S = 5, W = 2;
   for (LrDecay decay : {LrDecay::cosine, LrDecay::linear}) {
     SCOPED_TRACE(lr_decay_name(decay));
-    TrainConfig cfg = quiet_config("tiny", 2, 2, S);
+    RunConfig cfg = quiet_config("tiny", 2, 2, S);
     cfg.lr = 2e-3f;
     cfg.lr_schedule = decay;
     cfg.warmup = W;
@@ -292,7 +292,7 @@ TEST_F(DataParallelCheckpoint, EachStepTrainsAtItsScheduledRate) {
       const double p = double(s - W) / (S - W);
       const double f = s < W ? (s + 1.0) / W
                              : r + (1 - r) * (decay == LrDecay::cosine ? 0.5 * (1 + std::cos(M_PI * p)) : 1 - p);
-      TrainConfig one = cfg;
+      RunConfig one = cfg;
       one.lr_schedule = LrDecay::constant;
       one.warmup = 0;
       one.min_lr = 0;
@@ -318,7 +318,7 @@ TEST_F(DataParallelCheckpoint, EachStepTrainsAtItsScheduledRate) {
 // batches, so that a sum not divided by their number, or batch 0 read
 // twice, is seen.
 TEST_F(DataParallelCheckpoint, ValidationLossIsTheLossOfTheHeldOutSequences) {
-  TrainConfig a = quiet_config("tiny", 2, 2, 3);
+  RunConfig a = quiet_config("tiny", 2, 2, 3);
   a.val_every = 3;
   a.val_batches = 2;
   a.save = dir_ + "/ck.safetensors";
@@ -329,7 +329,7 @@ TEST_F(DataParallelCheckpoint, ValidationLossIsTheLossOfTheHeldOutSequences) {
   const size_t tenth = corpus.tokens.size() / 10;
   const std::string held = dir_ + "/held.bin";
   write_llmc_token_file(held, std::vector<int32_t>(corpus.tokens.end() - long(tenth), corpus.tokens.end()));
-  TrainConfig b = quiet_config("tiny", 2, 2, 2);
+  RunConfig b = quiet_config("tiny", 2, 2, 2);
   b.data = held;
   b.val_data = held;  // validation tokens of its own: none of --data is held out
   b.init = a.save;
@@ -346,7 +346,7 @@ TEST_F(DataParallelCheckpoint, ValidationLossIsTheLossOfTheHeldOutSequences) {
 // --weight-decay reaches AdamW: 0 and the default 0.1 train differently
 // (the stages' parity tests then run another value against this stage).
 TEST(DataParallel, WeightDecayIsTheFlags) {
-  TrainConfig cfg = quiet_config("tiny", 1, 2, 2);
+  RunConfig cfg = quiet_config("tiny", 1, 2, 2);
   const uint64_t dflt = run_training(cfg, train_data_parallel).ranks[0].param_hash;
   cfg.weight_decay = 0.1f;
   EXPECT_EQ(run_training(cfg, train_data_parallel).ranks[0].param_hash, dflt) << "0.1 is the default";

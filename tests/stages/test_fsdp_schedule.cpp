@@ -200,7 +200,7 @@ TEST(FsdpFlags, BadValuesSayWhatIsAccepted) {
 // is no number at all) and 0x for hex. Anything else names the flag and
 // the range.
 TEST(FsdpFlags, IntegersAreDecimal) {
-  const TrainConfig c = parse({"--steps", "0500", "--batch", "010", "--prefetch", "09", "--max-gathered", "+3",
+  const RunConfig c = parse({"--steps", "0500", "--batch", "010", "--prefetch", "09", "--max-gathered", "+3",
                                "--wrap-blocks", "01", "--grad-accum", "0008", "--log-every", "007"});
   EXPECT_EQ(c.steps, 500);
   EXPECT_EQ(c.batch, 10);

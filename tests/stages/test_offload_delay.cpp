@@ -148,7 +148,7 @@ RankResult train_delayed_reference(const TrainConfig& cfg, RankContext& ctx, con
   return run.finish();
 }
 
-TrainConfig delayed(TrainConfig cfg) {
+RunConfig delayed(RunConfig cfg) {
   cfg.offload.delay_update = true;
   return cfg;
 }
@@ -192,7 +192,7 @@ TEST(OffloadDelay, BitIdenticalToTheDelayedReference) {
   for (int N : {1, 2, 4})
     for (Precision p : {Precision::fp32, Precision::bf16})
       for (float clip : {1.0f, 0.05f}) {
-        TrainConfig cfg = fsdp_config(odd4(), N, p, 5);
+        RunConfig cfg = fsdp_config(odd4(), N, p, 5);
         cfg.clip = clip;
         if (clip < 1.0f) cfg = test::with_schedule(cfg);  // each update at its own step's rate
         SCOPED_TRACE(describe(cfg));
@@ -209,7 +209,7 @@ TEST(OffloadDelay, BitIdenticalToTheDelayedReference) {
 // final parameters differ. The reference without its delay is stage 00.
 TEST(OffloadDelay, ChangesTheTrainingFromStepTwoOn) {
   for (Precision p : {Precision::fp32, Precision::bf16}) {
-    const TrainConfig cfg = fsdp_config(odd4(), 2, p, 4);
+    const RunConfig cfg = fsdp_config(odd4(), 2, p, 4);
     SCOPED_TRACE(describe(cfg));
     const RunResult plain = run_training(cfg, train_offload_extended), late = run_training(delayed(cfg), train_offload_extended);
     const std::vector<float>&a = plain.ranks[0].losses, &b = late.ranks[0].losses;
@@ -231,7 +231,7 @@ TEST(OffloadDelay, HostHoldsTheSecondBuffers) {
   for (int N : {1, 3})
     for (Precision p : {Precision::fp32, Precision::bf16})
       for (bool offload_params : {false, true}) {
-        TrainConfig cfg = delayed(fsdp_config(odd4(), N, p, 3));
+        RunConfig cfg = delayed(fsdp_config(odd4(), N, p, 3));
         cfg.offload.offload_params = offload_params;
         SCOPED_TRACE(describe(cfg) + (offload_params ? ", offload-params" : ""));
         const RunResult run = run_training(cfg, train_offload_extended);
@@ -263,7 +263,7 @@ TEST(OffloadDelay, HostHoldsTheSecondBuffers) {
 TEST(OffloadDelay, MovesTheSameBytesAsWithoutIt) {
   for (Precision p : {Precision::fp32, Precision::bf16})
     for (bool offload_params : {false, true}) {
-      TrainConfig cfg = fsdp_config(odd4(), 3, p, 4);
+      RunConfig cfg = fsdp_config(odd4(), 3, p, 4);
       cfg.offload.offload_params = offload_params;
       SCOPED_TRACE(describe(cfg) + (offload_params ? ", offload-params" : ""));
       const RunResult plain = run_training(cfg, train_offload_extended), late = run_training(delayed(cfg), train_offload_extended);
@@ -285,7 +285,7 @@ class OffloadDelayFiles : public test::TempDirTest {};
 // the CPU's AdamW from the host device's, and the rest; they add up to the
 // step, and the AdamW calls take time.
 TEST_F(OffloadDelayFiles, TheLessonsPhasesAddUpToItsStep) {
-  TrainConfig cfg = fsdp_config(odd4(), 2, Precision::bf16, 3);
+  RunConfig cfg = fsdp_config(odd4(), 2, Precision::bf16, 3);
   cfg.log_json = path("log.jsonl");
   run_training(cfg, train_offload);
   std::ifstream in(cfg.log_json);
@@ -313,7 +313,7 @@ TEST_F(OffloadDelayFiles, TheLessonsPhasesAddUpToItsStep) {
 // which is not part of the step's time: the phases on the rank's path add
 // up to it.
 TEST_F(OffloadDelayFiles, TheRunLogShowsTheHiddenUpdate) {
-  TrainConfig cfg = delayed(fsdp_config(odd4(), 2, Precision::bf16, 4));
+  RunConfig cfg = delayed(fsdp_config(odd4(), 2, Precision::bf16, 4));
   cfg.log_json = path("log.jsonl");
   run_training(cfg, train_offload_extended);
   std::ifstream in(cfg.log_json);
@@ -388,8 +388,8 @@ std::string bytes_of(const std::string& file) {
 // parameters as they were: saving after every step trains the same bits.
 TEST_F(OffloadDelayFiles, SavingChangesNothing) {
   for (Precision p : {Precision::fp32, Precision::bf16}) {
-    const TrainConfig cfg = delayed(fsdp_config(odd4(), 2, p, 5));
-    TrainConfig saving = cfg;
+    const RunConfig cfg = delayed(fsdp_config(odd4(), 2, p, 5));
+    RunConfig saving = cfg;
     saving.save = path("every.safetensors");
     saving.save_every = 1;
     test::expect_bit_identical(run_training(cfg, train_offload_extended), run_training(saving, train_offload_extended),
@@ -407,7 +407,7 @@ TEST_F(OffloadDelayFiles, SavingChangesNothing) {
 TEST_F(OffloadDelayFiles, ACheckpointHoldsTheUpdateInFlight) {
   for (Precision p : {Precision::fp32, Precision::bf16})
     for (bool offload_params : {false, true}) {
-      TrainConfig cfg = fsdp_config(odd4(), 2, p, 7);
+      RunConfig cfg = fsdp_config(odd4(), 2, p, 7);
       SCOPED_TRACE(describe(cfg) + (offload_params ? ", offload-params" : ""));
       auto write = [&](const StageFn& fn, const std::string& file) {
         RunConfig failing = cfg;
@@ -418,7 +418,7 @@ TEST_F(OffloadDelayFiles, ACheckpointHoldsTheUpdateInFlight) {
         failing.fault_step = 4;
         EXPECT_THROW(run_training(failing, fn), Error);
         EXPECT_EQ(CheckpointReader(failing.save, build_layout(cfg.model)).step(), 3);
-        TrainConfig resume = cfg;
+        RunConfig resume = cfg;
         resume.offload.offload_params = offload_params;
         resume.resume = failing.save;
         return run_training(resume, fn);

@@ -76,13 +76,13 @@ TEST_F(ShardedCheckpoint, EveryStageWritesWhatTheConsolidatedFileHolds) {
   int i = 0;
   for (const Stage& st : stages(dir_)) {
     SCOPED_TRACE(st.name);
-    TrainConfig cfg = quiet_config("tiny", 3, 2, 6);
+    RunConfig cfg = quiet_config("tiny", 3, 2, 6);
     cfg.precision = i++ % 2 ? Precision::bf16 : Precision::fp32;
     cfg.stage = st.name;
     st.flags(cfg);
     const RunResult whole = run_training(cfg, st.fn);
 
-    TrainConfig first = cfg;
+    RunConfig first = cfg;
     first.steps = 3;
     first.save = path(std::string(st.name) + ".safetensors");
     run_training(first, st.fn);
@@ -97,14 +97,14 @@ TEST_F(ShardedCheckpoint, EveryStageWritesWhatTheConsolidatedFileHolds) {
     consolidate_checkpoint(first.save, consolidated, 1000);
     EXPECT_EQ(bytes_of(consolidated), bytes_of(first.save + ".safetensors")) << "consolidated differs";
 
-    TrainConfig resume = cfg;
+    RunConfig resume = cfg;
     resume.resume = first.save;
     resume.save.clear();
     const RunResult resumed = run_training(resume, st.fn);
     EXPECT_EQ(resumed.ranks[0].losses, tail(whole, 3));
     for (const auto& rank : resumed.ranks) EXPECT_EQ(rank.param_hash, whole.ranks[0].param_hash);
 
-    TrainConfig other = resume;
+    RunConfig other = resume;
     other.ranks = 2;
     other.batch = 3;  // the same global batch
     other.stage = "zero1";
@@ -121,7 +121,7 @@ TEST_F(ShardedCheckpoint, EveryStageWritesWhatTheConsolidatedFileHolds) {
 // every stage at N = 4 (FSDP's flat units of two blocks cut elsewhere than
 // ZeRO-1's units): each ends on the consolidated file's hash.
 TEST_F(ShardedCheckpoint, EveryStageResumesFromAnotherStagesFolder) {
-  TrainConfig cfg = quiet_config("tiny", 2, 2, 3);
+  RunConfig cfg = quiet_config("tiny", 2, 2, 3);
   cfg.save = path("ck");
   cfg.save_sharded = true;
   run_training(cfg, train_zero1);
@@ -142,7 +142,7 @@ TEST_F(ShardedCheckpoint, EveryStageResumesFromAnotherStagesFolder) {
   }
   for (const Stage& st : stages(dir_)) {
     SCOPED_TRACE(st.name);
-    TrainConfig resume = quiet_config("tiny", 4, 1, 5);
+    RunConfig resume = quiet_config("tiny", 4, 1, 5);
     st.flags(resume);
     resume.resume = path("ck");
     const RunResult a = run_training(resume, st.fn);
@@ -158,7 +158,7 @@ TEST_F(ShardedCheckpoint, EveryStageResumesFromAnotherStagesFolder) {
 // resumes as the file does; --init reads a folder's parameters, and samples
 // from them what it samples from the file.
 TEST_F(ShardedCheckpoint, ShardAndConsolidateAreInverse) {
-  TrainConfig cfg = quiet_config("tiny", 3, 2, 3);
+  RunConfig cfg = quiet_config("tiny", 3, 2, 3);
   cfg.precision = Precision::bf16;
   cfg.save = path("ck.safetensors");
   run_training(cfg, train_zero2);
@@ -167,14 +167,14 @@ TEST_F(ShardedCheckpoint, ShardAndConsolidateAreInverse) {
   consolidate_checkpoint(path("cut"), path("again.safetensors"), 77);
   EXPECT_EQ(bytes_of(path("again.safetensors")), bytes_of(cfg.save));
 
-  TrainConfig resume = quiet_config("tiny", 2, 3, 5);
+  RunConfig resume = quiet_config("tiny", 2, 3, 5);
   resume.resume = path("cut");
   const RunResult a = run_training(resume, train_zero3);
   resume.resume = cfg.save;
   const RunResult b = run_training(resume, train_zero3);
   EXPECT_EQ(a.ranks[0].param_hash, b.ranks[0].param_hash);
 
-  TrainConfig init = quiet_config("tiny", 2, 2, 2);
+  RunConfig init = quiet_config("tiny", 2, 2, 2);
   init.init = path("cut/step-00000003");  // a step folder, named directly
   init.sample_every = 1;                  // and text from it, as from the file
   init.sample.length = 12;
@@ -200,7 +200,7 @@ TEST_F(ShardedCheckpoint, ShardAndConsolidateAreInverse) {
   // A step folder is no folder of saves, for the tool as for a run.
   expect_has(refusal([&] { shard_checkpoint(cfg.save, path("cut/step-00000003"), 2); }),
              {"the folder " + path("cut/step-00000003"), "is the step folder of a checkpoint"});
-  const TrainConfig into = saving_sharded(path("cut/step-00000003"));
+  const RunConfig into = saving_sharded(path("cut/step-00000003"));
   expect_has(refusal([&] { run_training(into, train_zero3); }), {"--save " + into.save, "step folder"});
   expect_has(refusal([&] { shard_checkpoint(cfg.save, path("cut/step-00000003/sub"), 2); }),
              {"lies in the step folder of a checkpoint"});
@@ -235,11 +235,11 @@ TEST_F(ShardedCheckpoint, ConsolidationHoldsOnlyItsBuffer) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "a sanitizer's shadow memory hides what the process itself holds";
 #endif
-  TrainConfig cfg = quiet_config("small", 2, 1, 1);
+  RunConfig cfg = quiet_config("small", 2, 1, 1);
   cfg.save = path("ck");
   cfg.save_sharded = true;
   run_training(cfg, train_zero3);
-  TrainConfig tiny = quiet_config("tiny", 2, 1, 1);
+  RunConfig tiny = quiet_config("tiny", 2, 1, 1);
   tiny.save = path("tiny");
   tiny.save_sharded = true;
   run_training(tiny, train_zero3);
@@ -276,9 +276,9 @@ TEST_F(ShardedCheckpoint, ConsolidationHoldsOnlyItsBuffer) {
 // removes the checkpoints it wrote before; a checkpoint that was there
 // before the run (the one it resumed from) stays.
 TEST_F(ShardedCheckpoint, LatestMovesAndOnlyTheRunsOwnEarlierCheckpointsGo) {
-  TrainConfig cfg = saving_sharded(path("ck"));
+  RunConfig cfg = saving_sharded(path("ck"));
   run_training(cfg, train_zero3);
-  TrainConfig more = cfg;
+  RunConfig more = cfg;
   more.steps = 6;
   more.save_every = 2;
   more.resume = path("ck");
@@ -293,7 +293,7 @@ TEST_F(ShardedCheckpoint, LatestMovesAndOnlyTheRunsOwnEarlierCheckpointsGo) {
 // happened. A step folder left without its index (a save killed before it
 // committed) is no checkpoint, and the next save of that step empties it.
 TEST_F(ShardedCheckpoint, AFailureLeavesThePreviousCheckpointWhole) {
-  TrainConfig cfg = test::with_schedule(quiet_config("tiny", 2, 2, 6));
+  RunConfig cfg = test::with_schedule(quiet_config("tiny", 2, 2, 6));
   const RunResult whole = run_training(cfg, train_fsdp);
   RunConfig failing = cfg;
   failing.save = path("ck");
@@ -310,7 +310,7 @@ TEST_F(ShardedCheckpoint, AFailureLeavesThePreviousCheckpointWhole) {
                 path("ck/step-00000006/rank-00000-of-00002.safetensors"));
   expect_has(refusal([&] { ShardedCheckpointReader(path("ck/step-00000006"), build_layout(cfg.model)); }),
              {"step-00000006", "a save that did not finish"});
-  TrainConfig resume = cfg;
+  RunConfig resume = cfg;
   resume.resume = path("ck");
   resume.save = path("ck");
   resume.save_sharded = true;
@@ -326,7 +326,7 @@ TEST_F(ShardedCheckpoint, AFailureLeavesThePreviousCheckpointWhole) {
 TEST_F(ShardedCheckpoint, AsyncSavesWriteTheSameCheckpoint) {
   for (const Stage& st : stages(dir_)) {
     SCOPED_TRACE(st.name);
-    TrainConfig cfg = quiet_config("tiny", 2, 2, 7);
+    RunConfig cfg = quiet_config("tiny", 2, 2, 7);
     cfg.stage = st.name;
     st.flags(cfg);
     cfg.save_sharded = true;
@@ -350,7 +350,7 @@ TEST_F(ShardedCheckpoint, AsyncSavesWriteTheSameCheckpoint) {
 // vote said every rank's file was on disk), so `latest` stays on step 2,
 // which resumes as if nothing had happened.
 TEST_F(ShardedCheckpoint, AFailureDuringAnAsyncSaveLeavesThePreviousOne) {
-  TrainConfig cfg = quiet_config("tiny", 2, 2, 6);
+  RunConfig cfg = quiet_config("tiny", 2, 2, 6);
   const RunResult whole = run_training(cfg, train_zero3);
   RunConfig failing = cfg;
   failing.save = path("ck");
@@ -360,7 +360,7 @@ TEST_F(ShardedCheckpoint, AFailureDuringAnAsyncSaveLeavesThePreviousOne) {
   failing.fault_step = 4;
   EXPECT_THROW(run_training(failing, train_zero3), Error);
   EXPECT_EQ(bytes_of(path("ck/latest")), "step-00000002\n");
-  TrainConfig resume = cfg;
+  RunConfig resume = cfg;
   resume.resume = path("ck");
   const RunResult rest = run_training(resume, train_zero3);
   EXPECT_EQ(rest.ranks[0].losses, tail(whole, 2));
@@ -370,7 +370,7 @@ TEST_F(ShardedCheckpoint, AFailureDuringAnAsyncSaveLeavesThePreviousOne) {
 // Hybrid sharding: one shard group writes (S files, not N); stage 05 with
 // the moments on disk reads them from its files.
 TEST_F(ShardedCheckpoint, OneShardGroupWritesUnderHybridSharding) {
-  TrainConfig cfg = quiet_config("tiny", 4, 1, 2);
+  RunConfig cfg = quiet_config("tiny", 4, 1, 2);
   cfg.fsdp.shard_group = 2;
   cfg.save = path("ck");
   cfg.save_sharded = true;
@@ -378,7 +378,7 @@ TEST_F(ShardedCheckpoint, OneShardGroupWritesUnderHybridSharding) {
   EXPECT_EQ(entries(path("ck/step-00000002")),
             (std::vector<std::string>{"index.json", "rank-00000-of-00002.safetensors",
                                       "rank-00001-of-00002.safetensors"}));
-  TrainConfig plain = cfg;
+  RunConfig plain = cfg;
   plain.save = path("ck.safetensors");
   plain.save_sharded = false;
   run_training(plain, train_fsdp);
@@ -390,7 +390,7 @@ TEST_F(ShardedCheckpoint, OneShardGroupWritesUnderHybridSharding) {
 // file, or holds a checkpoint after the run's first step; the step folder of
 // a save that did not finish keeps what no save writes.
 TEST_F(ShardedCheckpoint, SaveFolderRefusals) {
-  TrainConfig cfg = quiet_config("tiny", 2, 2, 2);
+  RunConfig cfg = quiet_config("tiny", 2, 2, 2);
   cfg.save_sharded = true;
   { std::ofstream(path("file")) << "mine"; }
   cfg.save = path("file");
@@ -402,7 +402,7 @@ TEST_F(ShardedCheckpoint, SaveFolderRefusals) {
   expect_has(refusal([&] { run_training(cfg, train_zero3); }),
              {"--save", "already holds the checkpoint of step 2", "first step 0"});
 
-  TrainConfig other = cfg;
+  RunConfig other = cfg;
   other.save = path("other");
   fs::create_directories(path("other/step-00000002"));
   { std::ofstream(path("other/step-00000002/notes.txt")) << "mine"; }
@@ -417,7 +417,7 @@ TEST_F(ShardedCheckpoint, SaveFolderRefusals) {
 
 // Each way a folder can be damaged or mismatched, refused by name.
 TEST_F(ShardedCheckpoint, DamagedFoldersAreRefused) {
-  TrainConfig cfg = quiet_config("tiny", 2, 2, 1);
+  RunConfig cfg = quiet_config("tiny", 2, 2, 1);
   cfg.save = path("ck");
   cfg.save_sharded = true;
   run_training(cfg, train_zero3);

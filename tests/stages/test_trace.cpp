@@ -53,8 +53,8 @@ int64_t ns(const json& us) { return std::llround(us.get<double>() * 1000.0); }
 
 class TraceTest : public test::TempDirTest {
  protected:
-  TrainConfig cfg(const std::string& stage) const {
-    TrainConfig c = test::quiet_config("tiny", 2, 2, 2);
+  RunConfig cfg(const std::string& stage) const {
+    RunConfig c = test::quiet_config("tiny", 2, 2, 2);
     c.stage = stage;
     return c;
   }
@@ -186,7 +186,7 @@ void expect_same_results(const RunResult& a, const RunResult& b) {
 }
 
 TEST_F(TraceTest, Zero3FileHoldsEveryRankTrackAndCollective) {
-  TrainConfig c = cfg("zero3");
+  RunConfig c = cfg("zero3");
   c.trace = path("zero3.json");
   const RunResult traced = run_training(c, fn("zero3"));
   expect_complete_trace(read_json(c.trace), traced);
@@ -195,7 +195,7 @@ TEST_F(TraceTest, Zero3FileHoldsEveryRankTrackAndCollective) {
 }
 
 TEST_F(TraceTest, DataParallelFileHoldsEveryRankTrackAndCollective) {
-  TrainConfig c = cfg("dp");
+  RunConfig c = cfg("dp");
   c.trace = path("dp.json");
   const RunResult traced = run_training(c, fn("dp"));
   expect_complete_trace(read_json(c.trace), traced);
@@ -206,7 +206,7 @@ TEST_F(TraceTest, DataParallelFileHoldsEveryRankTrackAndCollective) {
 TEST_F(TraceTest, ZeroOneAndTwoFilesHoldEveryCollective) {
   for (const char* stage : {"zero1", "zero2"}) {
     SCOPED_TRACE(stage);
-    TrainConfig c = cfg(stage);
+    RunConfig c = cfg(stage);
     c.grad_accum = 2;  // two micro-steps: a step's spans are not only its first micro-step's
     c.trace = path(std::string(stage) + ".json");
     const RunResult run = run_training(c, fn(stage));
@@ -223,7 +223,7 @@ TEST_F(TraceTest, OffloadFileHasACopyTrackOfEveryTransfer) {
   for (int mode : {0, 1, 2}) {
     const bool offload_params = mode == 1;
     SCOPED_TRACE(mode == 0 ? "the default" : mode == 1 ? "--offload-params" : "--delay-update");
-    TrainConfig c = cfg("offload");
+    RunConfig c = cfg("offload");
     c.offload.offload_params = offload_params;
     c.offload.delay_update = mode == 2;
     c.trace = path("offload.json");
@@ -262,7 +262,7 @@ TEST_F(TraceTest, OffloadFileHasACopyTrackOfEveryTransfer) {
 // Stage 04's two queues are two tracks: the all-gathers on "comm", the
 // reduce-scatters on "comm q1", every collective of the run once.
 TEST_F(TraceTest, FsdpFileHasATrackPerQueue) {
-  TrainConfig c = cfg("fsdp");
+  RunConfig c = cfg("fsdp");
   c.grad_accum = 2;
   c.trace = path("fsdp.json");
   const RunResult run = run_training(c, fn("fsdp"));
@@ -286,7 +286,7 @@ TEST_F(TraceTest, MemoryCounterEndsAtTheRunsModelStates) {
   // The last sample is taken after finish() read the counters: the model
   // states (params, grads, optimizer) are still allocated then, so its
   // series for them must equal the run's current bytes of each.
-  TrainConfig c = cfg("zero3");
+  RunConfig c = cfg("zero3");
   c.trace = path("mem.json");
   const RunResult run = run_training(c, fn("zero3"));
   const json doc = read_json(c.trace);
@@ -498,12 +498,12 @@ TEST(TraceGather, EveryRankGetsEveryRanksBytes) {
 }
 
 TEST_F(TraceTest, RefusesAnInputOrAnUncreatableFile) {
-  TrainConfig c = cfg("dp");
+  RunConfig c = cfg("dp");
   const std::string data = path("tokens.bin");
   std::ofstream(data) << std::string(4096, 'a');
-  for (auto [flag, field] : {std::pair{"--data", &TrainConfig::data}, std::pair{"--init", &TrainConfig::init},
-                             std::pair{"--resume", &TrainConfig::resume}}) {
-    TrainConfig bad = c;
+  for (auto [flag, field] : {std::pair{"--data", &RunConfig::data}, std::pair{"--init", &RunConfig::init},
+                             std::pair{"--resume", &RunConfig::resume}}) {
+    RunConfig bad = c;
     bad.*field = data;
     bad.trace = dir_ + "/./tokens.bin";  // another name for the same file
     try {
@@ -514,7 +514,7 @@ TEST_F(TraceTest, RefusesAnInputOrAnUncreatableFile) {
       EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
     }
   }
-  TrainConfig bad = c;
+  RunConfig bad = c;
   bad.trace = path("no/such/dir/t.json");
   EXPECT_THROW(run_training(bad, fn("dp")), UsageError);
   bad.trace = dir_;
