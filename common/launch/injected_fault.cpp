@@ -48,11 +48,11 @@ class FaultyCompute final : public RankCompute {
 // The rank's own hooks (or none), with the failing compute outermost.
 class FaultHooks final : public RunHooks {
  public:
-  FaultHooks(const RunConfig& cfg, int rank, RunHooks* inner) : cfg_(cfg), rank_(rank), in_(inner) {}
+  FaultHooks(const RunConfig& cfg, int rank, RunHooks* inner)
+      : rank_(rank), step_(cfg.fault_step), stall_(cfg.fault_stall), in_(inner) {}
   std::unique_ptr<RankCompute> wrap(std::unique_ptr<RankCompute> rc, const ModelLayout& layout) override {
     if (in_) rc = in_->wrap(std::move(rc), layout);
-    return std::make_unique<FaultyCompute>(std::move(rc), rank_, cfg_.fault_step, cfg_.fault_stall,
-                                           layout.head_unit());
+    return std::make_unique<FaultyCompute>(std::move(rc), rank_, step_, stall_, layout.head_unit());
   }
   void start(int first_step) override {
     if (in_) in_->start(first_step);
@@ -70,8 +70,8 @@ class FaultHooks final : public RunHooks {
   bool dry() const override { return in_ && in_->dry(); }
 
  private:
-  const RunConfig& cfg_;
-  int rank_;
+  int rank_, step_;
+  bool stall_;
   RunHooks* in_;
 };
 

@@ -281,10 +281,8 @@ void StepReporter::summary(const RunResult& run) {
                 peak_flops_ > 0 ? (" (" + clock_ + ")").c_str() : "", tps,
                 run.ranks.empty() || cfg_.dry_run ? "- (a dry run has no values)"
                                                   : hash_hex(run.ranks[0].param_hash).c_str());
-    const std::map<std::string, std::string> none;
-    const std::map<std::string, std::string>& notes = run.ranks.empty() ? none : run.ranks[0].notes;
-    if (const auto it = notes.find("host_optimizer"); it != notes.end())
-      std::printf("CPU AdamW: %s per rank%s\n", it->second.c_str(),
+    if (!run.ranks.empty() && run.ranks[0].notes.count("host_optimizer"))
+      std::printf("CPU AdamW: %s per rank%s\n", run.ranks[0].notes.at("host_optimizer").c_str(),
                   cfg_.offload.delay_update ? ", one step delayed from the second step on" : "");
     std::fflush(stdout);
   }
