@@ -43,23 +43,22 @@ struct OffloadStates final : ModelStates {
   HostAdamW opt;         // new: AdamW's moments on the host, run by the CPU      category optimizer (host)
   Device& comm_dev;
 
-  OffloadStates(const FsdpUnits& units, const ShardLayout& shards, const TrainConfig& cfg, RankContext& ctx,
-                FsdpComms& comms, std::unique_ptr<Device> cpu)
+  OffloadStates(const FsdpUnits& units, const ShardLayout& shards, const TrainConfig& cfg, bool pinned,
+                RankContext& ctx, FsdpComms& comms, std::unique_ptr<Device> cpu)
       : units(units), shards(shards), comm(*comms.group), replica(comms.replicate ? comms.replicate->rank() : 0),
         precision(cfg.precision), host(std::move(cpu)),
         params(shards, storage_dtype(cfg.precision), cfg.fsdp, units.last(), ctx.mem, ctx.dev, *host, *comms.group,
-               !cfg.offload.no_pin),
+               pinned),
         grads(shards, storage_dtype(cfg.precision), cfg.fsdp.reduce_dtype.value_or(storage_dtype(cfg.precision)),
               cfg.fsdp.no_sync, ctx.mem, ctx.dev, *host, *comms.reduce_queue, comms.replicate.get(),
-              !cfg.offload.no_pin),
+              pinned),
         opt(units.flat, shards, ctx.mem, *host), comm_dev(ctx.dev) {}
 
   // The CPU as a device, its AdamW on --optimizer-threads threads, or on the
   // cores left to each rank of this host; --clock modeled charges its host.
-  static std::unique_ptr<Device> host_device(const TrainConfig& cfg, RankContext& ctx) {
+  static std::unique_ptr<Device> host_device(const OffloadOptions& off, RankContext& ctx) {
     const int ranks = ctx.host_ranks > 0 ? ctx.host_ranks : ctx.world;  // unknown: all share it
-    const int threads = cfg.offload.optimizer_threads > 0 ? cfg.offload.optimizer_threads
-                                                          : default_optimizer_threads(ranks);
+    const int threads = off.optimizer_threads > 0 ? off.optimizer_threads : default_optimizer_threads(ranks);
     std::unique_ptr<Device> cpu = make_cpu_device(threads);
     HostClock* clock = host_clock(ctx);
     return clock ? clock->on_host(std::move(cpu)) : std::move(cpu);
@@ -95,9 +94,10 @@ struct OffloadStates final : ModelStates {
 
 }  // namespace
 
-RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepLog& log) {
+RankResult train_offload(const TrainConfig& cfg, const OffloadOptions& off, RankContext& ctx, const TokenData& data,
+                         StepLog& log) {
   const FsdpOptions& opt = cfg.fsdp;
-  REQUIRE(!cfg.offload.offload_params && cfg.offload.offload_dir.empty() && !cfg.offload.delay_update,
+  REQUIRE(!off.offload_params && off.offload_dir.empty() && !off.delay_update,
           "--offload-params, --offload-dir and --delay-update are extensions/'s (train_offload_extended)");
   const ModelLayout layout = build_layout(cfg.model);
   const FsdpUnits units = wrap_blocks(layout, opt.wrap_blocks);
@@ -106,7 +106,8 @@ RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenDa
   const int G = units.size(), K = cfg.grad_accum, D = opt.prefetch;
 
   WallPhases phases;  // the step's phases, timed by decorators
-  OffloadStates states(units, shards, cfg, ctx, comms, phases.timed_host(OffloadStates::host_device(cfg, ctx)));
+  OffloadStates states(units, shards, cfg, !off.no_pin, ctx, comms,
+                       phases.timed_host(OffloadStates::host_device(off, ctx)));
   auto rc = phases.timed_compute(make_rank_compute(cfg, layout, ctx, data));
   TrainingRun run(cfg, units.flat, ctx, log, states);  // the initial model, or --resume's checkpoint
   comms.count_in(run);

@@ -27,10 +27,13 @@
 // delayed update) are in extensions/, read after this lesson.
 #pragma once
 
-#include "stage_main.h"
+#include "offload_main.h"
 
 namespace zf {
 
-RankResult train_offload(const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepLog& log);
+// `off`: stage 05's own flags (offload_options.h); the lesson takes
+// --optimizer-threads and --no-pin, and leaves the others to extensions/.
+RankResult train_offload(const TrainConfig& cfg, const OffloadOptions& off, RankContext& ctx, const TokenData& data,
+                         StepLog& log);
 
 }  // namespace zf

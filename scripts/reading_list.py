@@ -114,6 +114,8 @@ READING = [
         ("05_offload/host_grads.cpp", "two landing buffers, the float32 accumulation"),
         ("05_offload/train.cpp", "main()"),
     ], [
+        ("common/train/offload_options.h", "the stage's own flags, which its function receives beside TrainConfig"),
+        ("common/launch/entry/offload_main.h", "how they reach it: its stage_main"),
         ("05_offload/wall_phases.h", "where the step's wall time went, timed by decorators"),
         ("common/train/compute_decorators.h", "timed: the forward and backward's wall time"),
         ("common/train/host_clock.h", "how the host's work is charged under --clock modeled"),

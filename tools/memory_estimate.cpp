@@ -70,7 +70,7 @@ int run(int argc, char** argv) {
                "memory_estimate"};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // last one wins, as the trainers
   Request q;
-  TrainConfig& cfg = q.cfg;
+  RunConfig& cfg = q.cfg;
   std::string params_text, model, precision = "fp32", compute = "auto", attention = "simple", recompute = "none",
                            ranks = "1", stage, reshard = "true", reduce_dtype, fit, device = "cpu";
   int L = 0, C = 0, V = 0, T = 0, H = 0;
@@ -283,10 +283,10 @@ int run(int argc, char** argv) {
 }  // namespace
 
 StageEstimate estimate_for(const Request& q, Stage s) {
-  return q.shaped ? estimate_stage(s, q.cfg) : estimate_stage_unpadded(s, q.cfg, q.params);
+  return q.shaped ? estimate_stage(s, q.cfg, q.cfg.offload) : estimate_stage_unpadded(s, q.cfg, q.cfg.offload, q.params);
 }
 
-std::string formula(Stage s, const TrainConfig& cfg) {
+std::string formula(Stage s, const RunConfig& cfg) {
   const bool bf = cfg.precision == Precision::bf16;
   const std::string n = cfg.fsdp.shard_group > 0 ? "S" : "N";
   switch (s) {

@@ -10,13 +10,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "config.h"
 #include "estimate.h"
+#include "run_config.h"
 
 namespace zf::tool {
 
 struct Request {
-  TrainConfig cfg;            // the run's flags, as a trainer parses them (one N: cfg.ranks)
+  RunConfig cfg;              // the run's flags, as a trainer parses them (one N: cfg.ranks)
   std::vector<int> ranks;     // --ranks, a list with --fit
   bool shaped = false;        // --model or a shape: padded, activations counted
   double params = 0;          // P
@@ -39,12 +39,12 @@ struct StageTime {
 
 // The stage's dry run with the request's flags and `run`'s model and ranks
 // on q.hardware (memory_estimate_time.cpp).
-StageTime modeled_time(const Request& q, Stage s, const TrainConfig& run);
+StageTime modeled_time(const Request& q, Stage s, const RunConfig& run);
 
 // The estimate of one stage for the request (cfg.ranks ranks).
 StageEstimate estimate_for(const Request& q, Stage s);
 // docs/SPEC.md's model-state formula of the stage with the request's options.
-std::string formula(Stage s, const TrainConfig& cfg);
+std::string formula(Stage s, const RunConfig& cfg);
 
 void print_tables(const Request& q);
 void print_json(const Request& q);

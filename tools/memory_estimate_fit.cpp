@@ -38,18 +38,18 @@ std::string count(double p) {
 }
 
 // The run of the family's model of L blocks (no more blocks to a unit than it has).
-TrainConfig with_layers(TrainConfig cfg, int L) {
+RunConfig with_layers(RunConfig cfg, int L) {
   cfg.model = family(L);
   cfg.fsdp.wrap_blocks = std::min(cfg.fsdp.wrap_blocks, L);
   return cfg;
 }
 
-double device_bytes(Stage s, const TrainConfig& cfg, int L) {
-  return estimate_stage(s, with_layers(cfg, L)).device_total();
+double device_bytes(Stage s, const RunConfig& cfg, int L) {
+  return estimate_stage(s, with_layers(cfg, L), cfg.offload).device_total();
 }
 
 // The largest L that fits (0: not even L = 1). Device bytes grow with L.
-int largest_fit(Stage s, const TrainConfig& cfg, double budget) {
+int largest_fit(Stage s, const RunConfig& cfg, double budget) {
   if (device_bytes(s, cfg, 1) > budget) return 0;
   int lo = 1, hi = kMaxLayers;
   if (device_bytes(s, cfg, hi) <= budget) return hi;
@@ -73,7 +73,7 @@ void print_fit(const Request& q) {
   std::vector<Cell> cells;
   for (Stage s : q.stages)
     for (int N : q.ranks) {
-      TrainConfig cfg = q.cfg;
+      RunConfig cfg = q.cfg;
       cfg.ranks = N;
       const int L = largest_fit(s, cfg, q.fit_budget);
       const double P = L > 0 ? double(build_layout(family(L)).numel) : 0;
@@ -84,7 +84,7 @@ void print_fit(const Request& q) {
       if (!q.hardware.empty() && L > 0) fits.back()["time"] = time_json(t);
     }
   if (q.json) {
-    const TrainConfig& c = q.cfg;
+    const RunConfig& c = q.cfg;
     nlohmann::json out = {{"device_mem", int64_t(q.fit_budget)}, {"family", kFamily},
                           {"precision", precision_name(c.precision)}, {"batch", c.batch},
                           {"recompute", recompute_name(c.recompute)}, {"attention", attention_form_name(c.attention)},

@@ -79,7 +79,7 @@ std::string time_cells(const StageTime& t) {
 }
 
 void print_tables(const Request& q) {
-  const TrainConfig& c = q.cfg;
+  const RunConfig& c = q.cfg;
   const ModelSizes z = q.shaped ? padded_sizes(build_layout(c.model), c.ranks) : unpadded_sizes(q.params, c.ranks);
   if (q.shaped)
     std::printf("%s: P = %.0f parameters; with N = %d every unit is padded to a multiple of N (stages 01-03): "
@@ -165,7 +165,7 @@ void print_tables(const Request& q) {
 }
 
 void print_json(const Request& q) {
-  const TrainConfig& c = q.cfg;
+  const RunConfig& c = q.cfg;
   const ModelSizes z = q.shaped ? padded_sizes(build_layout(c.model), c.ranks) : unpadded_sizes(q.params, c.ranks);
   nlohmann::json out = {{"params", number(z.params)}, {"padded", number(z.padded)}, {"shard", number(z.shard)},
                         {"ranks", c.ranks},           {"precision", precision_name(c.precision)},
@@ -241,12 +241,12 @@ void print_paper() {
   cfg.ranks = 64;
   for (const Row& r : rows)
     std::printf("%-10s %-20s %-24s %-14s %s\n", r.name, stage_label(r.stage), r.formula,
-                decimal(estimate_stage_unpadded(r.stage, cfg, 7.5e9).states.device.total()).c_str(), r.paper);
+                decimal(estimate_stage_unpadded(r.stage, cfg, {}, 7.5e9).states.device.total()).c_str(), r.paper);
   std::printf("\nThe same at P = 1e9, N = 4 (memory_estimate --params 1e9 --ranks 4 --precision bf16):\n");
   cfg.ranks = 4;
   for (const Row& r : rows)
     std::printf("%-20s %s\n", stage_label(r.stage),
-                both(estimate_stage_unpadded(r.stage, cfg, 1e9).states.device.total()).c_str());
+                both(estimate_stage_unpadded(r.stage, cfg, {}, 1e9).states.device.total()).c_str());
 }
 
 // DeepSpeed's estimate_zero{2,3}_model_states_mem_needs_all_cold, as its
@@ -259,11 +259,11 @@ void print_deepspeed(const Request& q) {
   std::printf("DeepSpeed's estimator (docs: deepspeed.readthedocs.io, \"Memory Requirements\"), %d node%s x %d GPUs,\n"
               "%.0fM total params, %.0fM largest layer params; GB = 2^30 bytes, as DeepSpeed prints them\n",
               nodes, nodes == 1 ? "" : "s", per_node, P / 1e6, layer / 1e6);
-  TrainConfig cfg = q.cfg;
+  RunConfig cfg = q.cfg;
   cfg.precision = Precision::bf16;
   auto ours = [&](Stage s, bool offload_params) {
     cfg.offload.offload_params = offload_params;
-    const StageEstimate e = q.shaped ? estimate_stage(s, cfg) : estimate_stage_unpadded(s, cfg, P);
+    const StageEstimate e = q.shaped ? estimate_stage(s, cfg, cfg.offload) : estimate_stage_unpadded(s, cfg, cfg.offload, P);
     return std::pair{e.states.device.total(), e.states.host.total() * per_node};  // DeepSpeed's CPU is a node's
   };
   struct Near {

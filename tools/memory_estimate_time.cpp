@@ -44,7 +44,7 @@ class ScratchDir {
 
 }  // namespace
 
-StageTime modeled_time(const Request& q, Stage s, const TrainConfig& run) {
+StageTime modeled_time(const Request& q, Stage s, const RunConfig& run) {
   StageTime t;
   if (run.ranks > kMaxDryRanks) {
     t.why_not = "N above " + std::to_string(kMaxDryRanks) + ", a dry run's most";
@@ -78,7 +78,7 @@ StageTime modeled_time(const Request& q, Stage s, const TrainConfig& run) {
   const ScratchDir dir;
   cfg.log_json = dir.log();
   try {
-    run_training(cfg, stage_fn(s));
+    run_training(cfg, stage_fn(s, cfg.offload));
   } catch (const UsageError& e) {  // a dry run this machine cannot hold (stage 05's host states are real)
     t.why_not = e.what();
     return t;

@@ -14,14 +14,15 @@
 
 namespace zf {
 
-inline StageFn stage_fn(Stage s) {
+// `off`: stage 05's flags, which its function receives.
+inline StageFn stage_fn(Stage s, const OffloadOptions& off) {
   switch (s) {
     case Stage::dp: return train_data_parallel;
     case Stage::zero1: return train_zero1;
     case Stage::zero2: return train_zero2;
     case Stage::zero3: return train_zero3;
     case Stage::fsdp: return train_fsdp;
-    case Stage::offload: return train_offload_extended;  // the lesson when no extension is asked for
+    case Stage::offload: return with_options(train_offload_extended, off);  // the lesson when no extension is asked for
   }
   return nullptr;
 }

@@ -28,12 +28,13 @@
 // data-parallel reference.
 #pragma once
 
-#include "stage_main.h"
+#include "offload_main.h"
 
 namespace zf {
 
 // Stage 05 with the flags above; the lesson's train_offload (../offload.h)
 // when none of them is given.
-RankResult train_offload_extended(const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepLog& log);
+RankResult train_offload_extended(const TrainConfig& cfg, const OffloadOptions& off, RankContext& ctx,
+                                  const TokenData& data, StepLog& log);
 
 }  // namespace zf

@@ -32,12 +32,11 @@ double reduce_bytes(const TrainConfig& cfg) {
 
 // Everything but activations, from the sizes the stage shards (`z`) and,
 // for stage 04's all-gathers, the head unit's padded size and shard.
-StageEstimate estimate_from_sizes(Stage stage, const TrainConfig& cfg, const ModelSizes& z, double head_padded,
-                                  double head_shard) {
+StageEstimate estimate_from_sizes(Stage stage, const TrainConfig& cfg, const OffloadOptions& off,
+                                  const ModelSizes& z, double head_padded, double head_shard) {
   StageEstimate est;
   est.stage = stage;
   est.sizes = z;
-  const OffloadOptions& off = cfg.offload;
   const bool offload = stage == Stage::offload;
   // model_state_bytes reads each flag only for the stages that have it.
   est.states = model_state_bytes(stage, cfg.precision, z,
@@ -201,13 +200,14 @@ Transients zero3_transient(const std::vector<double>& a, double e) {
 
 // Stages 04-05 (04_fsdp/fsdp.cpp's forward and backward): a: the padded FSDP
 // units, G_ranks the ranks sharing a shard, K micro-steps.
-Transients fsdp_transient(Stage stage, const TrainConfig& cfg, const std::vector<double>& a, int G_ranks) {
+Transients fsdp_transient(Stage stage, const TrainConfig& cfg, const OffloadOptions& off, const std::vector<double>& a,
+                          int G_ranks) {
   const FsdpOptions& f = cfg.fsdp;
   const int G = int(a.size()), D = f.prefetch, M = f.max_gathered, K = cfg.grad_accum;
   const double e = double(dtype_size(storage_dtype(cfg.precision))), r = reduce_bytes(cfg);
   // The all-gather's input is a device buffer of its own: stage 04's bf16 cast of the
   // float32 shard; stage 05's upload of the host shard with --offload-params.
-  const bool cast = stage == Stage::offload ? cfg.offload.offload_params : e != 4;
+  const bool cast = stage == Stage::offload ? off.offload_params : e != 4;
   Transients t;
   std::map<int, double> gathered, casts;  // unit -> bytes of its gathered buffer, of its cast input
   const auto kept = [&](int g) { return !f.reshard_after_forward || g == G - 1; };
@@ -322,10 +322,10 @@ void check_run_sizes(const TrainConfig& cfg, int ranks) {
                                     "--val-batches");
 }
 
-StageEstimate estimate_stage(Stage stage, const TrainConfig& cfg) {
+StageEstimate estimate_stage(Stage stage, const TrainConfig& cfg, const OffloadOptions& off) {
   const ModelLayout layout = build_layout(cfg.model);
   if (!is_fsdp_family(stage)) {
-    StageEstimate est = estimate_from_sizes(stage, cfg, padded_sizes(layout, cfg.ranks), 0, 0);
+    StageEstimate est = estimate_from_sizes(stage, cfg, off, padded_sizes(layout, cfg.ranks), 0, 0);
     est.activations = activation_bytes(cfg.model, cfg.batch, cfg.compute, cfg.attention, cfg.recompute);
     est.workspace = workspace_bytes(cfg, layout);
     const double e = double(dtype_size(storage_dtype(cfg.precision)));
@@ -342,20 +342,20 @@ StageEstimate estimate_stage(Stage stage, const TrainConfig& cfg) {
   const double head_shard = std::ceil(double(units.units.back().numel) / G);
   ModelSizes z = padded_sizes(units, G);
   z.ranks = cfg.ranks;
-  StageEstimate est = estimate_from_sizes(stage, cfg, z, head_shard * G, head_shard);
+  StageEstimate est = estimate_from_sizes(stage, cfg, off, z, head_shard * G, head_shard);
   est.activations = activation_bytes(cfg.model, cfg.batch, cfg.compute, cfg.attention, cfg.recompute);
   est.workspace = workspace_bytes(cfg, layout);
   const std::vector<double> a = padded_units(units, G);
-  const Transients t = fsdp_transient(stage, cfg, a, G);
+  const Transients t = fsdp_transient(stage, cfg, off, a, G);
   est.transient = t.peak(), est.gathered = t.gathered_peak();
   return est;
 }
 
-StageEstimate estimate_stage_unpadded(Stage stage, const TrainConfig& cfg, double params) {
+StageEstimate estimate_stage_unpadded(Stage stage, const TrainConfig& cfg, const OffloadOptions& off, double params) {
   const int G = is_fsdp_family(stage) ? shard_ranks(cfg) : cfg.ranks;
   ModelSizes z = unpadded_sizes(params, G);
   z.ranks = cfg.ranks;
-  return estimate_from_sizes(stage, cfg, z, 0, 0);
+  return estimate_from_sizes(stage, cfg, off, z, 0, 0);
 }
 
 double activation_bytes(const ModelConfig& m, int batch, DType compute, AttentionForm attention, Recompute recompute) {

@@ -22,6 +22,7 @@
 #include "comm.h"
 #include "config.h"
 #include "memory_model.h"
+#include "offload_options.h"
 
 namespace zf {
 
@@ -72,11 +73,12 @@ struct StageEstimate {
 // --ranks x --batch), counted exactly in int64 and in doubles: 2^53 at most.
 void check_run_sizes(const TrainConfig& cfg, int ranks);
 
-// From cfg.model's layout: units padded as the stage pads them.
-StageEstimate estimate_stage(Stage stage, const TrainConfig& cfg);
+// From cfg.model's layout: units padded as the stage pads them. `off`:
+// stage 05's flags (read for Stage::offload alone).
+StageEstimate estimate_stage(Stage stage, const TrainConfig& cfg, const OffloadOptions& off);
 // Only the model's size P known: no padding, no activations, and stage 04's
 // kept head counted as 0 (its all-gather bytes are then an upper bound).
-StageEstimate estimate_stage_unpadded(Stage stage, const TrainConfig& cfg, double params);
+StageEstimate estimate_stage_unpadded(Stage stage, const TrainConfig& cfg, const OffloadOptions& off, double params);
 
 // docs/SPEC.md's activation bytes of a rank (section 7, "Activation
 // recomputation"): F + L (K + A), F + K + A, F + L K + A by mode.

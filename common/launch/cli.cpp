@@ -23,7 +23,7 @@ namespace {
 
 // The offload flags. The folder of --offload-dir is checked where the files
 // are made, before step 0 (launch/entry/offload_files.h).
-void validate_offload_flags(const TrainConfig& cfg) {
+void validate_offload_flags(const RunConfig& cfg) {
   const OffloadOptions& o = cfg.offload;
   USAGE_REQUIRE(o.optimizer_threads >= 0 && o.optimizer_threads <= 1024,
                 "--optimizer-threads must be 0 (the cores left to each rank) or a number of threads up to 1024 (got "

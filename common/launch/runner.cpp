@@ -102,7 +102,7 @@ void check_host_memory(const RunConfig& cfg, const World& world) {
   Stage stage = Stage::dp;
   for (Stage s : all_stages())
     if (cfg.stage == stage_name(s)) stage = s;
-  const StageEstimate est = estimate_stage(stage, at_world);
+  const StageEstimate est = estimate_stage(stage, at_world, cfg.offload);
   const double tokens = 12.0 * cfg.batch * cfg.model.T;
   const double states = cfg.dry_run && cfg.stage != "offload" ? 0 : est.states.host.total();
   const double device = !cfg.dry_run && cfg.device == "cpu" ? est.device_total() : 0;
@@ -260,7 +260,11 @@ int exit_status(const RunResult& run) {
   return run.not_written.empty() ? 0 : 4;
 }
 
-int stage_main(int argc, char** argv, const StageInfo& info, const StageFn& stage) {
+namespace {
+
+// stage_main for a stage whose function is made from the parsed flags.
+int run_stage_main(int argc, char** argv, const StageInfo& info,
+                   const std::function<StageFn(const RunConfig&)>& stage_for) {
   blas_select_kernels(argc, argv);  // first: it may load the program again (blas.h)
   // Under a launcher every process parses the same flags and gets the same
   // signal: what they would all say alike, rank 0 alone says.
@@ -295,7 +299,7 @@ int stage_main(int argc, char** argv, const StageInfo& info, const StageFn& stag
     if (cfg->device == "cpu" && !cfg->dry_run) install_stop_handlers(info.exe, cfg->save, speaks, killed_note);
     if (cfg->dry_run)
       for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, SIG_DFL);
-    const RunResult run = run_training(*cfg, stage);
+    const RunResult run = run_training(*cfg, stage_for(*cfg));
     for (const std::string& what : run.not_written)
       std::fprintf(stderr, "%s: error: not written: %s\n", info.exe.c_str(), what.c_str());
     return exit_status(run);
@@ -309,6 +313,27 @@ int stage_main(int argc, char** argv, const StageInfo& info, const StageFn& stag
     std::fprintf(stderr, "%s: error: %s\n", info.exe.c_str(), e.what());
     return 1;
   }
+}
+
+}  // namespace
+
+int stage_main(int argc, char** argv, const StageInfo& info, const StageFn& stage) {
+  return run_stage_main(argc, argv, info, [&](const RunConfig&) { return stage; });
+}
+
+StageFn with_options(OffloadStageFn stage, OffloadOptions options) {
+  return [stage = std::move(stage), options = std::move(options)](const TrainConfig& cfg, RankContext& ctx,
+                                                                  const TokenData& data, StepLog& log) {
+    return stage(cfg, options, ctx, data, log);
+  };
+}
+
+int stage_main(int argc, char** argv, const StageInfo& info, const OffloadStageFn& stage) {
+  return run_stage_main(argc, argv, info, [&](const RunConfig& cfg) { return with_options(stage, cfg.offload); });
+}
+
+RunResult run_training(const RunConfig& cfg, const OffloadStageFn& stage) {
+  return run_training(cfg, with_options(stage, cfg.offload));
 }
 
 }  // namespace zf

@@ -9,6 +9,7 @@
 #include "cli.h"
 #include "data.h"
 #include "launch.h"
+#include "offload_main.h"
 #include "report.h"
 #include "run_config.h"
 #include "stage_main.h"
@@ -21,6 +22,8 @@ namespace zf {
 // its ranks' results; an output that could not be written (the run log, the
 // trace) is in not_written.
 RunResult run_training(const RunConfig& cfg, const StageFn& stage);
+// Stage 05's: with cfg.offload, its own flags.
+RunResult run_training(const RunConfig& cfg, const OffloadStageFn& stage);
 
 // The exit status of a run that returned (docs/SPEC.md "Exit codes"):
 // 128 + the signal it stopped on, else 4 if an output was not written, else 0.

@@ -1,8 +1,9 @@
 // run_config.h: a run as the harness sees it: the training's flags
 // (TrainConfig, train/config.h), which the stage reads, and the harness's
 // own, which it never does: the run log, the trace, the clock the steps are
-// timed on, a dry run, an injected fault, the collectives' timeout
-// (docs/SPEC.md; parsed by launch/cli.cpp). And what the
+// timed on, a dry run, an injected fault, the collectives' timeout; and
+// stage 05's flags, which only that stage receives (docs/SPEC.md; parsed by
+// launch/cli.cpp). And what the
 // whole run gives back (what the tests compare across stages).
 #pragma once
 
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "config.h"
+#include "offload_options.h"
 
 namespace zf {
 
@@ -41,6 +43,9 @@ struct RunConfig : TrainConfig {
   int fault_rank = -1;
   int fault_step = -1;
   bool fault_stall = false;
+  // Stage 05's flags: what its stage function receives beside the
+  // TrainConfig (launch/entry/offload_main.h); refused by the other stages.
+  OffloadOptions offload;
 };
 
 struct RunResult {

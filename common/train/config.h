@@ -33,16 +33,6 @@ struct FsdpOptions {
   bool no_sync = false;               // accumulate unsharded gradients, reduce-scatter once per step
 };
 
-// The offload flags (docs/SPEC.md, "Stage-specific flags"):
-// parsed for every stage, refused by the stages that lack them.
-struct OffloadOptions {
-  bool offload_params = false;  // the parameter shards live on the host too (ZeRO-Infinity's CPU tier)
-  std::string offload_dir;      // the optimizer state in files under this folder (its disk tier)
-  int optimizer_threads = 0;    // threads of the CPU AdamW (0: the cores left to this rank)
-  bool delay_update = false;    // ZeRO-Offload's delayed parameter update (one step stale)
-  bool no_pin = false;          // pageable host buffers instead of page-locked ones
-};
-
 struct TrainConfig {
   std::string stage = "dp";       // executable name: dp, zero1, ...
   ModelConfig model = model_preset("small");
@@ -81,7 +71,6 @@ struct TrainConfig {
   std::string resume;             // training checkpoint to continue from (its step, model, AdamW state)
   bool quiet = false;             // no human log (tests)
   FsdpOptions fsdp;               // the FSDP flags (defaults elsewhere)
-  OffloadOptions offload;         // the offload flags
 
   int64_t global_batch() const { return int64_t(ranks) * batch * grad_accum; }  // G = N*B*K
   LrSchedule schedule() const { return {lr, lr_schedule, warmup, min_lr, steps}; }

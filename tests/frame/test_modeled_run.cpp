@@ -217,9 +217,13 @@ TEST_F(ModeledFiles, ADryRunGivesTheRealRunsTimesAndMemory) {
   both.offload_dir = dir_;
   const std::vector<std::tuple<const char*, StageFn, OffloadOptions>> stages = {
       {"dp", train_data_parallel, none}, {"zero1", train_zero1, none}, {"zero2", train_zero2, none},
-      {"zero3", train_zero3, none},      {"fsdp", train_fsdp, none},    {"offload", train_offload_extended, none},
-      {"offload --offload-params", train_offload_extended, params}, {"offload --delay-update", train_offload_extended, delay},
-      {"offload --offload-dir", train_offload_extended, disk}, {"offload --offload-dir --delay-update", train_offload_extended, both}};
+      {"zero3", train_zero3, none},
+      {"fsdp", train_fsdp, none},
+      {"offload", with_options(train_offload_extended, none), none},
+      {"offload --offload-params", with_options(train_offload_extended, params), params},
+      {"offload --delay-update", with_options(train_offload_extended, delay), delay},
+      {"offload --offload-dir", with_options(train_offload_extended, disk), disk},
+      {"offload --offload-dir --delay-update", with_options(train_offload_extended, both), both}};
   for (const auto& [name, fn, offload] : stages)
     for (int N : {2, 3, 4}) {
       RunConfig cfg = modeled("tiny", N, "a100-sxm");

@@ -168,8 +168,8 @@ struct PeakMode {
 
   bool applies(int N, Precision p) const { return !(fp32_reduce && p == Precision::fp32) && (!shard_group || N == 4); }
   int group(int N) const { return shard_group ? shard_group : N; }
-  TrainConfig config(int N, Precision p, int wrap) const {
-    TrainConfig cfg = fsdp_config(odd4(), N, p, 2);
+  RunConfig config(int N, Precision p, int wrap) const {
+    RunConfig cfg = fsdp_config(odd4(), N, p, 2);
     cfg.grad_accum = 2;
     cfg.fsdp.wrap_blocks = wrap;
     cfg.fsdp.reshard_after_forward = reshard;

@@ -43,10 +43,10 @@ namespace {
 // the activation, gathered and workspace peaks and the device's peak of all
 // categories at once exactly, and bytes per step (the run's total over its
 // steps) to double rounding: the estimator multiplies where the run adds.
-void expect_estimate_matches_run(Stage stage, const TrainConfig& cfg) {
+void expect_estimate_matches_run(Stage stage, const RunConfig& cfg) {
   SCOPED_TRACE(std::string(stage_label(stage)) + ", " + test::describe(cfg));
-  const StageEstimate est = estimate_stage(stage, cfg);
-  const RunResult run = run_training(cfg, stage_fn(stage));
+  const StageEstimate est = estimate_stage(stage, cfg, cfg.offload);
+  const RunResult run = run_training(cfg, stage_fn(stage, cfg.offload));
   const double steps = cfg.steps;
   for (size_t r = 0; r < run.ranks.size(); ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
@@ -85,7 +85,7 @@ TEST(EstimateVsRun, EveryStageEveryRecipe) {
     for (const ModelConfig& m : {model_preset("tiny"), test::odd_model()})
       for (int N : {1, 2, 3, 4})
         for (Precision p : {Precision::fp32, Precision::bf16}) {
-          TrainConfig cfg = test::config(m, N, 1, 1, p);
+          RunConfig cfg = test::config(m, N, 1, 1, p);
           cfg.grad_accum = N == 3 ? 2 : 1;
           expect_estimate_matches_run(s, cfg);
         }
@@ -95,30 +95,30 @@ TEST(EstimateVsRun, EveryStageEveryRecipe) {
 TEST(EstimateVsRun, FsdpAndOffloadModes) {
   struct Mode {
     const char* name;
-    std::function<void(TrainConfig&)> set;
+    std::function<void(RunConfig&)> set;
     bool fsdp = true;  // also run in stage 04 (else stage 05 only)
   };
   const std::vector<Mode> modes = {
-      {"shard-group 2", [](TrainConfig& c) { c.fsdp.shard_group = 2; }},
-      {"reshard false", [](TrainConfig& c) { c.fsdp.reshard_after_forward = false; }},
-      {"wrap-blocks 2", [](TrainConfig& c) { c.fsdp.wrap_blocks = 2; }},
-      {"no-sync K=3", [](TrainConfig& c) { c.grad_accum = 3, c.fsdp.no_sync = true; }},
+      {"shard-group 2", [](RunConfig& c) { c.fsdp.shard_group = 2; }},
+      {"reshard false", [](RunConfig& c) { c.fsdp.reshard_after_forward = false; }},
+      {"wrap-blocks 2", [](RunConfig& c) { c.fsdp.wrap_blocks = 2; }},
+      {"no-sync K=3", [](RunConfig& c) { c.grad_accum = 3, c.fsdp.no_sync = true; }},
       {"shard-group 2, no-sync K=2",
-       [](TrainConfig& c) { c.fsdp.shard_group = 2, c.grad_accum = 2, c.fsdp.no_sync = true; }},
-      {"reduce fp32", [](TrainConfig& c) { c.fsdp.reduce_dtype = DType::f32; }},
-      {"offload-params", [](TrainConfig& c) { c.offload.offload_params = true; }, false},
+       [](RunConfig& c) { c.fsdp.shard_group = 2, c.grad_accum = 2, c.fsdp.no_sync = true; }},
+      {"reduce fp32", [](RunConfig& c) { c.fsdp.reduce_dtype = DType::f32; }},
+      {"offload-params", [](RunConfig& c) { c.offload.offload_params = true; }, false},
       {"offload-params, reshard false, K=2",
-       [](TrainConfig& c) { c.offload.offload_params = true, c.fsdp.reshard_after_forward = false, c.grad_accum = 2; },
+       [](RunConfig& c) { c.offload.offload_params = true, c.fsdp.reshard_after_forward = false, c.grad_accum = 2; },
        false},
-      {"delay-update", [](TrainConfig& c) { c.offload.delay_update = true; }, false},
-      {"delay-update, offload-params", [](TrainConfig& c) { c.offload.delay_update = c.offload.offload_params = true; },
+      {"delay-update", [](RunConfig& c) { c.offload.delay_update = true; }, false},
+      {"delay-update, offload-params", [](RunConfig& c) { c.offload.delay_update = c.offload.offload_params = true; },
        false},
   };
   for (const Mode& mode : modes)
     for (int N : {2, 4})
       for (Precision p : {Precision::fp32, Precision::bf16}) {
         SCOPED_TRACE(mode.name);
-        TrainConfig cfg = test::config(test::odd_model(), N, 1, 2, p);
+        RunConfig cfg = test::config(test::odd_model(), N, 1, 2, p);
         mode.set(cfg);
         if (cfg.fsdp.reduce_dtype && p == Precision::fp32) continue;  // the fp32 recipe reduces in fp32 anyway
         if (mode.fsdp) expect_estimate_matches_run(Stage::fsdp, cfg);
@@ -140,11 +140,11 @@ TEST(EstimateVsRun, GatheredPeakFollowsTheSchedule) {
       for (Stage s : {Stage::fsdp, Stage::offload}) {
         SCOPED_TRACE("prefetch " + std::to_string(sc.D) + ", max-gathered " + std::to_string(sc.M) + ", wrap " +
                      std::to_string(wrap));
-        TrainConfig cfg = test::config(odd4, 3, 1, 1, Precision::bf16);
+        RunConfig cfg = test::config(odd4, 3, 1, 1, Precision::bf16);
         cfg.fsdp.prefetch = sc.D, cfg.fsdp.max_gathered = sc.M, cfg.fsdp.wrap_blocks = wrap;
         // Every depth, also one past the forward's units (6 units at wrap 1,
         // 4 at wrap 2 and 3).
-        EXPECT_TRUE(estimate_stage(s, cfg).gathered.has_value());
+        EXPECT_TRUE(estimate_stage(s, cfg, cfg.offload).gathered.has_value());
         expect_estimate_matches_run(s, cfg);
       }
 }
@@ -158,14 +158,14 @@ TEST_F(EstimateDisk, OffloadDirMovesTheMomentsToDisk) {
   for (int N : {1, 3})
     for (Precision p : {Precision::fp32, Precision::bf16})
       for (bool offload_params : {false, true}) {
-        TrainConfig cfg = test::config(test::odd_model(), N, 1, 1, p);
+        RunConfig cfg = test::config(test::odd_model(), N, 1, 1, p);
         cfg.offload.offload_params = offload_params;
         SCOPED_TRACE(test::describe(cfg) + (offload_params ? ", offload-params" : ""));
         const MemoryCounts in_memory = run_training(cfg, train_offload_extended).ranks[0].memory;
         cfg.offload.offload_dir = dir_;
         expect_estimate_matches_run(Stage::offload, cfg);
         const MemoryCounts on_disk = run_training(cfg, train_offload_extended).ranks[0].memory;
-        const StageEstimate est = estimate_stage(Stage::offload, cfg);
+        const StageEstimate est = estimate_stage(Stage::offload, cfg, cfg.offload);
         EXPECT_EQ(est.states.disk.optimizer, double(in_memory.cur(Place::host, Category::optimizer)));
         EXPECT_EQ(est.states.disk.params, double(in_memory.cur(Place::host, Category::params)) -
                                        double(on_disk.cur(Place::host, Category::params)));
@@ -181,7 +181,7 @@ TEST(EstimateVsRun, ActivationsEveryModeAndForm) {
       for (DType compute : {DType::f32, DType::bf16})
         for (AttentionForm att : {AttentionForm::simple, AttentionForm::flash})
           for (Recompute rc : {Recompute::none, Recompute::full, Recompute::attn}) {
-            TrainConfig cfg = test::config(m, 1, B, 1, compute == DType::bf16 ? Precision::bf16 : Precision::fp32);
+            RunConfig cfg = test::config(m, 1, B, 1, compute == DType::bf16 ? Precision::bf16 : Precision::fp32);
             cfg.compute = compute;
             cfg.attention = att;
             cfg.recompute = rc;
@@ -211,7 +211,7 @@ nlohmann::json run_json(const std::string& args) {
 TEST(EstimateTool, JsonIsTheEstimate) {
   const std::string flags = "--model tiny --ranks 3 --precision bf16 --batch 2 --grad-accum 2 --recompute attn";
   const nlohmann::json j = run_json(flags + " --json");
-  TrainConfig cfg = test::config(model_preset("tiny"), 3, 2, 1, Precision::bf16);
+  RunConfig cfg = test::config(model_preset("tiny"), 3, 2, 1, Precision::bf16);
   cfg.grad_accum = 2;
   cfg.recompute = Recompute::attn;
   const ModelSizes z = padded_sizes(build_layout(cfg.model), 3);
@@ -234,7 +234,7 @@ TEST(EstimateTool, JsonIsTheEstimate) {
   for (size_t i = 0; i < 6; ++i) {
     const Stage s = all_stages()[i];
     const nlohmann::json& o = j["stages"][i];
-    const StageEstimate e = estimate_stage(s, cfg);
+    const StageEstimate e = estimate_stage(s, cfg, cfg.offload);
     SCOPED_TRACE(stage_label(s));
     EXPECT_EQ(o["stage"], stage_name(s));
     EXPECT_EQ(o["label"], stage_label(s));
@@ -267,7 +267,7 @@ TEST(EstimateTool, JsonIsTheEstimate) {
   cfg.offload.offload_params = cfg.offload.delay_update = true;
   cfg.fsdp.shard_group = 3;
   EXPECT_EQ(f["stages"][0]["host"]["model_states"].get<double>(),
-            estimate_stage(Stage::offload, cfg).states.host.total());
+            estimate_stage(Stage::offload, cfg, cfg.offload).states.host.total());
   // --params alone: no activations, said as null.
   const nlohmann::json u = run_json("--params 1e9 --ranks 4 --precision bf16 --json");
   EXPECT_TRUE(u["stages"][0]["device"]["activations"].is_null());
@@ -455,7 +455,7 @@ TEST(EstimateTool, FitIsTheLargestThatFits) {
   EXPECT_EQ(j["device_mem"].get<double>(), 80e9);
   EXPECT_TRUE(j["family"].is_string());
   ASSERT_EQ(j["fits"].size(), 6u * 3);
-  TrainConfig cfg;
+  RunConfig cfg;
   cfg.precision = Precision::bf16;
   cfg.batch = 1;
   cfg.recompute = Recompute::full;
@@ -469,7 +469,7 @@ TEST(EstimateTool, FitIsTheLargestThatFits) {
     EXPECT_EQ(f["channels"], 128 * L);
     auto device = [&](int layers) {
       cfg.model = ModelConfig{"fit", 50304, 1024, layers, layers, 128 * layers};
-      const StageEstimate e = estimate_stage(s, cfg);
+      const StageEstimate e = estimate_stage(s, cfg, cfg.offload);
       EXPECT_EQ(e.gathered.has_value(), s == Stage::zero3 || s == Stage::fsdp || s == Stage::offload);
       EXPECT_EQ(*e.transient > 0, s != Stage::dp && s != Stage::zero1);
       return e.device_total();  // the device's peak, held to runs by EstimateVsRun

@@ -48,13 +48,11 @@ using namespace fsdp_test;
 using extensions::DiskAdamW;
 
 // Stage 05 with --offload-params, whatever the configuration says.
-RankResult train_offload_params(const TrainConfig& c, RankContext& ctx, const TokenData& d, StepLog& r) {
-  TrainConfig cfg = c;
-  cfg.offload.offload_params = true;
-  return train_offload_extended(cfg, ctx, d, r);
+RankResult train_offload_params(const TrainConfig& cfg, RankContext& ctx, const TokenData& d, StepLog& r) {
+  return train_offload_extended(cfg, {.offload_params = true}, ctx, d, r);
 }
 
-RunResult with_params_offloaded(TrainConfig cfg) {
+RunResult with_params_offloaded(RunConfig cfg) {
   cfg.offload.offload_params = true;
   return run_training(cfg, train_offload_extended);
 }
@@ -68,7 +66,7 @@ class OffloadBitParity : public ::testing::TestWithParam<test::ParityCase> {};
 // bf16 copy the device receives is the rounding stage 04 does before its
 // all-gather. So stage 00's bits (stage 04's are).
 TEST_P(OffloadBitParity, BitIdenticalToDataParallel) {
-  test::expect_bit_identical_to_dp(GetParam(), train_offload_extended, "05 offload");
+  test::expect_bit_identical_to_dp(GetParam(), with_options(train_offload_extended, {}), "05 offload");
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, OffloadBitParity, ::testing::ValuesIn(test::parity_cases()),
@@ -78,7 +76,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, OffloadBitParity, ::testing::ValuesIn(test::pari
 TEST(OffloadParity, OffloadParamsIsBitIdentical) {
   for (int N : {1, 2, 4})
     for (Precision p : {Precision::fp32, Precision::bf16}) {
-      const TrainConfig cfg = fsdp_config(odd4(), N, p);
+      const RunConfig cfg = fsdp_config(odd4(), N, p);
       SCOPED_TRACE(describe(cfg));
       test::expect_bit_identical(run_training(cfg, train_data_parallel), with_params_offloaded(cfg),
                                  "05 offload --offload-params");
@@ -91,7 +89,7 @@ TEST(OffloadParity, OffloadParamsIsBitIdentical) {
 // recipes, the bf16 copy rounded in the same pass; the run says what ran.
 TEST(OffloadParity, OptimizerThreadsAreBitIdentical) {
   for (Precision p : {Precision::fp32, Precision::bf16}) {
-    TrainConfig cfg = test::quiet_config("small", 1, 1, 2);
+    RunConfig cfg = test::quiet_config("small", 1, 1, 2);
     cfg.precision = p;
     const RunResult ref = run_training(cfg, train_data_parallel);
     for (int threads : {1, 2, 3}) {
@@ -106,11 +104,11 @@ TEST(OffloadParity, OptimizerThreadsAreBitIdentical) {
   }
 }
 
-TEST(OffloadParity, ClippingBites) { test::expect_clipping_bites(train_offload_extended); }
+TEST(OffloadParity, ClippingBites) { test::expect_clipping_bites(with_options(train_offload_extended, {})); }
 
 // --val-every changes nothing of training and counts its collectives apart;
 // its bytes are FSDP's, checked in test_fsdp.cpp.
-TEST(OffloadParity, ValidationIsApart) { test::expect_validation_is_apart(train_offload_extended, -1); }
+TEST(OffloadParity, ValidationIsApart) { test::expect_validation_is_apart(with_options(train_offload_extended, {}), -1); }
 // With the parameter shards on the host the evaluation's gathers copy them
 // to the device: copies of the evaluation's, not in the steps' transfers.
 TEST(OffloadParity, ValidationWithOffloadParamsIsApart) {
@@ -122,7 +120,7 @@ TEST(OffloadParity, ValidationWithOffloadParamsIsApart) {
 TEST(OffloadParity, HybridShardingIsStage00InTwoHops) {
   for (Precision p : {Precision::fp32, Precision::bf16})
     for (bool offload_params : {false, true}) {
-      TrainConfig cfg = fsdp_config(odd4(), 6, p, 3);
+      RunConfig cfg = fsdp_config(odd4(), 6, p, 3);
       const RunResult ref = run_training(cfg, adding_in_two_hops(train_data_parallel, 3));
       cfg.fsdp.shard_group = 3;
       cfg.offload.offload_params = offload_params;
@@ -138,22 +136,22 @@ TEST(OffloadParity, EveryStage04KnobIsStage04sBits) {
   struct Knob {
     const char* what;
     int N;
-    void (*set)(TrainConfig&);
+    void (*set)(RunConfig&);
   };
   const Knob knobs[] = {
-      {"K 2", 2, [](TrainConfig& c) { c.grad_accum = 2; }},
-      {"K 2, no-sync", 3, [](TrainConfig& c) { c.grad_accum = 2, c.fsdp.no_sync = true; }},
-      {"reduce fp32", 2, [](TrainConfig& c) { c.fsdp.reduce_dtype = DType::f32; }},
-      {"hybrid S 2", 4, [](TrainConfig& c) { c.fsdp.shard_group = 2; }},
-      {"wrap 2, reshard false, prefetch 2", 3, [](TrainConfig& c) {
+      {"K 2", 2, [](RunConfig& c) { c.grad_accum = 2; }},
+      {"K 2, no-sync", 3, [](RunConfig& c) { c.grad_accum = 2, c.fsdp.no_sync = true; }},
+      {"reduce fp32", 2, [](RunConfig& c) { c.fsdp.reduce_dtype = DType::f32; }},
+      {"hybrid S 2", 4, [](RunConfig& c) { c.fsdp.shard_group = 2; }},
+      {"wrap 2, reshard false, prefetch 2", 3, [](RunConfig& c) {
          c.fsdp.wrap_blocks = 2, c.fsdp.reshard_after_forward = false, c.fsdp.prefetch = 2;
        }},
-      {"max-gathered 1, prefetch 0", 3, [](TrainConfig& c) { c.fsdp.max_gathered = 1, c.fsdp.prefetch = 0; }},
+      {"max-gathered 1, prefetch 0", 3, [](RunConfig& c) { c.fsdp.max_gathered = 1, c.fsdp.prefetch = 0; }},
   };
   for (const Knob& k : knobs)
     for (Precision p : {Precision::fp32, Precision::bf16})
       for (bool offload_params : {false, true}) {
-        TrainConfig cfg = fsdp_config(odd4(), k.N, p);
+        RunConfig cfg = fsdp_config(odd4(), k.N, p);
         k.set(cfg);
         if (p == Precision::fp32 && cfg.fsdp.reduce_dtype) continue;  // fp32 already reduces in fp32
         SCOPED_TRACE(describe(cfg) + (offload_params ? ", offload-params" : ""));
@@ -172,7 +170,7 @@ TEST(OffloadMemory, ModelStatesAreWhereTheFormulaSays) {
   for (int N : {1, 2, 3, 4})
     for (Precision p : {Precision::fp32, Precision::bf16})
       for (bool offload_params : {false, true}) {
-        TrainConfig cfg = fsdp_config(odd4(), N, p, 1);
+        RunConfig cfg = fsdp_config(odd4(), N, p, 1);
         cfg.offload.offload_params = offload_params;
         SCOPED_TRACE(describe(cfg) + (offload_params ? ", offload-params" : ""));
         const RunResult run = run_training(cfg, train_offload_extended);
@@ -213,7 +211,7 @@ TEST(OffloadMemory, PinnedBytesAreWhereTheCopiesGo) {
     for (Precision p : {Precision::fp32, Precision::bf16})
       for (bool offload_params : {false, true})
         for (bool delay : {false, true}) {
-          TrainConfig cfg = fsdp_config(odd4(), N, p, 2);
+          RunConfig cfg = fsdp_config(odd4(), N, p, 2);
           cfg.offload.offload_params = offload_params;
           cfg.offload.delay_update = delay;
           SCOPED_TRACE(describe(cfg) + (offload_params ? ", offload-params" : "") + (delay ? ", delay" : ""));
@@ -250,7 +248,7 @@ TEST(OffloadMemory, CommPeakIsTheReadmeSchedule) {
     for (int N : {2, 3, 4})
       for (Precision p : {Precision::fp32, Precision::bf16}) {
         if (!mode.applies(N, p)) continue;
-        const TrainConfig cfg = mode.config(N, p, 1);
+        const RunConfig cfg = mode.config(N, p, 1);
         SCOPED_TRACE(describe(cfg) + ", " + mode.name);
         const int group = mode.group(N);
         const FlatSizes fs = flat_sizes(odd4(), group, 1);
@@ -277,7 +275,7 @@ TEST(OffloadTransfers, BytesPerStepAreTheFormula) {
     for (bool offload_params : {false, true})
       for (int K : {1, 2}) {
         const int N = 3, steps = 2;
-        TrainConfig cfg = fsdp_config(odd4(), N, p, steps);
+        RunConfig cfg = fsdp_config(odd4(), N, p, steps);
         cfg.grad_accum = K;
         cfg.offload.offload_params = offload_params;
         SCOPED_TRACE(describe(cfg) + (offload_params ? ", offload-params" : ""));
@@ -304,15 +302,15 @@ TEST(OffloadTransfers, BytesPerStepAreTheFormula) {
 // not the activations, decide). At 8 MiB per rank every stage 00-04 runs
 // out of device memory and stage 05 trains; at 6.5 MiB it needs
 // --offload-params.
-TrainConfig readme_config(size_t budget) {
-  TrainConfig cfg = test::quiet_config("small", 2, 1, 1);
+RunConfig readme_config(size_t budget) {
+  RunConfig cfg = test::quiet_config("small", 2, 1, 1);
   cfg.precision = Precision::bf16;
   cfg.recompute = Recompute::full;
   cfg.device_mem = budget;
   return cfg;
 }
 
-void expect_out_of_memory(const TrainConfig& cfg, const StageFn& fn, const char* stage) {
+void expect_out_of_memory(const RunConfig& cfg, const StageFn& fn, const char* stage) {
   try {
     run_training(cfg, fn);
     ADD_FAILURE() << stage << " trained within " << format_bytes(*cfg.device_mem);
@@ -322,15 +320,15 @@ void expect_out_of_memory(const TrainConfig& cfg, const StageFn& fn, const char*
 }
 
 TEST(OffloadBudget, TheReadmeConfigurationFitsOnlyWithOffload) {
-  const TrainConfig at8 = readme_config(8u << 20);
+  const RunConfig at8 = readme_config(8u << 20);
   const std::pair<const char*, StageFn> stages[] = {{"00 dp", train_data_parallel}, {"01 zero1", train_zero1},
                                                     {"02 zero2", train_zero2},      {"03 zero3", train_zero3},
                                                     {"04 fsdp", train_fsdp}};
   for (const auto& [name, fn] : stages) expect_out_of_memory(at8, fn, name);
   EXPECT_EQ(run_training(at8, train_offload_extended).ranks[0].losses.size(), 1u);
 
-  const TrainConfig at6 = readme_config(size_t(6.5 * (1 << 20)));
-  expect_out_of_memory(at6, train_offload_extended, "05 offload");
+  const RunConfig at6 = readme_config(size_t(6.5 * (1 << 20)));
+  expect_out_of_memory(at6, with_options(train_offload_extended, {}), "05 offload");
   EXPECT_EQ(with_params_offloaded(at6).ranks[0].losses.size(), 1u);
 }
 
@@ -346,7 +344,7 @@ TEST_F(OffloadDisk, MomentsInFilesAreBitIdenticalAndTheHostHoldsAWindow) {
   for (int N : {1, 2, 4})
     for (Precision p : {Precision::fp32, Precision::bf16})
       for (bool offload_params : {false, true}) {
-        TrainConfig cfg = fsdp_config(odd4(), N, p);
+        RunConfig cfg = fsdp_config(odd4(), N, p);
         cfg.offload.offload_dir = dir_;
         cfg.offload.offload_params = offload_params;
         SCOPED_TRACE(describe(cfg) + (offload_params ? ", offload-params" : ""));
@@ -372,7 +370,7 @@ TEST_F(OffloadDisk, MomentsInFilesAreBitIdenticalAndTheHostHoldsAWindow) {
 // bits as the delayed update with the moments in memory.
 TEST_F(OffloadDisk, DelayedUpdateOnDiskIsTheDelayedUpdatesBits) {
   for (Precision p : {Precision::fp32, Precision::bf16}) {
-    TrainConfig cfg = fsdp_config(odd4(), 2, p, 5);
+    RunConfig cfg = fsdp_config(odd4(), 2, p, 5);
     cfg.offload.delay_update = true;
     const RunResult in_memory = run_training(cfg, train_offload_extended);
     cfg.offload.offload_dir = dir_;
@@ -382,7 +380,7 @@ TEST_F(OffloadDisk, DelayedUpdateOnDiskIsTheDelayedUpdatesBits) {
 }
 
 TEST_F(OffloadDisk, NoSyncAndClippingAreBitIdentical) {
-  TrainConfig cfg = fsdp_config(odd4(), 3, Precision::bf16);
+  RunConfig cfg = fsdp_config(odd4(), 3, Precision::bf16);
   cfg.grad_accum = 2;
   cfg.fsdp.no_sync = true;
   cfg.clip = 0.05f;
@@ -464,7 +462,7 @@ TEST_F(OffloadDisk, ChunkedUpdateWithTheMasterOnDiskWritesTheBf16Copy) {
 }
 
 TEST_F(OffloadDisk, AMissingFolderIsRefusedBeforeStepZero) {
-  TrainConfig cfg = fsdp_config(odd4(), 2, Precision::fp32);
+  RunConfig cfg = fsdp_config(odd4(), 2, Precision::fp32);
   cfg.offload.offload_dir = dir_ + "/no-such-folder";
   try {
     run_training(cfg, train_offload_extended);
@@ -482,16 +480,10 @@ class OffloadCheckpoint : public test::TempDirTest {};
 TEST_F(OffloadCheckpoint, ResumeWithTheMomentsOnDiskContinuesBitForBit) {
   const std::string folder = dir_ + "/offload";
   std::filesystem::create_directory(folder);
-  test::expect_resume_continues_bit_for_bit(
-      [folder](const TrainConfig& c, RankContext& ctx, const TokenData& d, StepLog& r) {
-        TrainConfig cfg = c;
-        cfg.offload.offload_dir = folder;
-        return train_offload_extended(cfg, ctx, d, r);
-      },
-      dir_);
+  test::expect_resume_continues_bit_for_bit(with_options(train_offload_extended, {.offload_dir = folder}), dir_);
 }
 
-TEST_F(OffloadCheckpoint, ResumeContinuesBitForBit) { test::expect_resume_continues_bit_for_bit(train_offload_extended, dir_); }
+TEST_F(OffloadCheckpoint, ResumeContinuesBitForBit) { test::expect_resume_continues_bit_for_bit(with_options(train_offload_extended, {}), dir_); }
 
 TEST_F(OffloadCheckpoint, ResumeWithOffloadParamsContinuesBitForBit) {
   test::expect_resume_continues_bit_for_bit(train_offload_params, dir_);

@@ -25,14 +25,14 @@ std::string usage_error(std::vector<std::string> args, StageFlags flags = StageF
 }
 
 TEST(OffloadFlags, ParsedWithTheirDefaults) {
-  const TrainConfig d = parse({});
+  const RunConfig d = parse({});
   EXPECT_FALSE(d.offload.offload_params);
   EXPECT_TRUE(d.offload.offload_dir.empty());
   EXPECT_EQ(d.offload.optimizer_threads, 0);
   EXPECT_FALSE(d.offload.delay_update);
   EXPECT_FALSE(d.offload.no_pin);
-  const TrainConfig c = parse({"--offload-params", "--offload-dir", "/tmp", "--optimizer-threads", "3",
-                               "--delay-update", "--no-pin", "--wrap-blocks", "2"});
+  const RunConfig c = parse({"--offload-params", "--offload-dir", "/tmp", "--optimizer-threads", "3",
+                             "--delay-update", "--no-pin", "--wrap-blocks", "2"});
   EXPECT_TRUE(c.offload.offload_params);
   EXPECT_EQ(c.offload.offload_dir, "/tmp");
   EXPECT_EQ(c.offload.optimizer_threads, 3);

@@ -58,12 +58,13 @@ class TraceTest : public test::TempDirTest {
     c.stage = stage;
     return c;
   }
-  static StageFn fn(const std::string& stage) {
+  // `c`: the run, whose stage 05 flags stage 05 receives.
+  static StageFn fn(const std::string& stage, const RunConfig& c) {
     if (stage == "dp") return train_data_parallel;
     if (stage == "fsdp") return train_fsdp;
     if (stage == "zero1") return train_zero1;
     if (stage == "zero2") return train_zero2;
-    if (stage == "offload") return train_offload_extended;
+    if (stage == "offload") return with_options(train_offload_extended, c.offload);
     return train_zero3;
   }
 
@@ -188,19 +189,19 @@ void expect_same_results(const RunResult& a, const RunResult& b) {
 TEST_F(TraceTest, Zero3FileHoldsEveryRankTrackAndCollective) {
   RunConfig c = cfg("zero3");
   c.trace = path("zero3.json");
-  const RunResult traced = run_training(c, fn("zero3"));
+  const RunResult traced = run_training(c, fn("zero3", c));
   expect_complete_trace(read_json(c.trace), traced);
   c.trace.clear();
-  expect_same_results(traced, run_training(c, fn("zero3")));
+  expect_same_results(traced, run_training(c, fn("zero3", c)));
 }
 
 TEST_F(TraceTest, DataParallelFileHoldsEveryRankTrackAndCollective) {
   RunConfig c = cfg("dp");
   c.trace = path("dp.json");
-  const RunResult traced = run_training(c, fn("dp"));
+  const RunResult traced = run_training(c, fn("dp", c));
   expect_complete_trace(read_json(c.trace), traced);
   c.trace.clear();
-  expect_same_results(traced, run_training(c, fn("dp")));
+  expect_same_results(traced, run_training(c, fn("dp", c)));
 }
 
 TEST_F(TraceTest, ZeroOneAndTwoFilesHoldEveryCollective) {
@@ -209,7 +210,7 @@ TEST_F(TraceTest, ZeroOneAndTwoFilesHoldEveryCollective) {
     RunConfig c = cfg(stage);
     c.grad_accum = 2;  // two micro-steps: a step's spans are not only its first micro-step's
     c.trace = path(std::string(stage) + ".json");
-    const RunResult run = run_training(c, fn(stage));
+    const RunResult run = run_training(c, fn(stage, c));
     expect_complete_trace(read_json(c.trace), run);
   }
 }
@@ -227,7 +228,7 @@ TEST_F(TraceTest, OffloadFileHasACopyTrackOfEveryTransfer) {
     c.offload.offload_params = offload_params;
     c.offload.delay_update = mode == 2;
     c.trace = path("offload.json");
-    const RunResult run = run_training(c, fn("offload"));
+    const RunResult run = run_training(c, fn("offload", c));
     const json doc = read_json(c.trace);
     expect_complete_trace(doc, run);
     std::map<int, uint64_t> load_bytes, load_copies, in_steps;
@@ -255,7 +256,7 @@ TEST_F(TraceTest, OffloadFileHasACopyTrackOfEveryTransfer) {
       EXPECT_EQ(load_bytes[r], run.ranks[r].memory.cur(Place::device, Category::params));
     }
     c.trace.clear();
-    expect_same_results(run, run_training(c, fn("offload")));
+    expect_same_results(run, run_training(c, fn("offload", c)));
   }
 }
 
@@ -265,7 +266,7 @@ TEST_F(TraceTest, FsdpFileHasATrackPerQueue) {
   RunConfig c = cfg("fsdp");
   c.grad_accum = 2;
   c.trace = path("fsdp.json");
-  const RunResult run = run_training(c, fn("fsdp"));
+  const RunResult run = run_training(c, fn("fsdp", c));
   const json doc = read_json(c.trace);
   expect_complete_trace(doc, run);
   std::map<std::pair<int, int>, std::string> track;  // (pid, tid) -> name
@@ -288,7 +289,7 @@ TEST_F(TraceTest, MemoryCounterEndsAtTheRunsModelStates) {
   // series for them must equal the run's current bytes of each.
   RunConfig c = cfg("zero3");
   c.trace = path("mem.json");
-  const RunResult run = run_training(c, fn("zero3"));
+  const RunResult run = run_training(c, fn("zero3", c));
   const json doc = read_json(c.trace);
   std::map<int, json> last;
   std::map<int, std::map<std::string, size_t>> most;
@@ -507,7 +508,7 @@ TEST_F(TraceTest, RefusesAnInputOrAnUncreatableFile) {
     bad.*field = data;
     bad.trace = dir_ + "/./tokens.bin";  // another name for the same file
     try {
-      run_training(bad, fn("dp"));
+      run_training(bad, fn("dp", bad));
       ADD_FAILURE() << flag << ": not refused";
     } catch (const UsageError& e) {
       EXPECT_NE(std::string(e.what()).find("--trace"), std::string::npos) << e.what();
@@ -516,9 +517,9 @@ TEST_F(TraceTest, RefusesAnInputOrAnUncreatableFile) {
   }
   RunConfig bad = c;
   bad.trace = path("no/such/dir/t.json");
-  EXPECT_THROW(run_training(bad, fn("dp")), UsageError);
+  EXPECT_THROW(run_training(bad, fn("dp", bad)), UsageError);
   bad.trace = dir_;
-  EXPECT_THROW(run_training(bad, fn("dp")), UsageError);
+  EXPECT_THROW(run_training(bad, fn("dp", bad)), UsageError);
   // A good path is checked without leaving a file behind when the check alone runs.
   bad.trace = path("fresh.json");
   EXPECT_NO_THROW(check_output_paths(bad, true));
