@@ -87,12 +87,11 @@ void FsdpComms::count_in(TrainingRun& run) {
 }
 
 RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepLog& log) {
-  const FsdpOptions& opt = cfg.fsdp;
   const ModelLayout layout = build_layout(cfg.model);
-  const FsdpUnits units = wrap_blocks(layout, opt.wrap_blocks);
-  FsdpComms comms(ctx.comm, opt.shard_group > 0 ? opt.shard_group : ctx.world);
+  const FsdpUnits units = wrap_blocks(layout, cfg.fsdp.wrap_blocks);
+  FsdpComms comms(ctx.comm, cfg.fsdp.shard_group > 0 ? cfg.fsdp.shard_group : ctx.world);
   const ShardLayout shards = make_shard_layout(units.flat, comms.group->size(), comms.group->rank());
-  const int K = cfg.grad_accum, G = units.size(), D = opt.prefetch;
+  const int K = cfg.grad_accum, G = units.size(), D = cfg.fsdp.prefetch;
 
   FsdpStates states(units, shards, cfg, ctx, comms);
   auto rc = make_rank_compute(cfg, layout, ctx, data);
@@ -109,7 +108,7 @@ RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData&
     for (int k = 0; k < K; ++k) {
       rc->load(step, k);
       loss_sum += fsdp_forward(states.params, units, *rc, esize, D);
-      fsdp_backward(states.params, states.grads, units, *rc, esize, D, !opt.no_sync || k == K - 1);
+      fsdp_backward(states.params, states.grads, units, *rc, esize, D, !cfg.fsdp.no_sync || k == K - 1);
     }
     const float loss = global_mean_loss(ctx.comm, ctx.dev, loss_sum, K);
 

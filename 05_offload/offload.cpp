@@ -96,14 +96,13 @@ struct OffloadStates final : ModelStates {
 
 RankResult train_offload(const TrainConfig& cfg, const OffloadOptions& off, RankContext& ctx, const TokenData& data,
                          StepLog& log) {
-  const FsdpOptions& opt = cfg.fsdp;
   REQUIRE(!off.offload_params && off.offload_dir.empty() && !off.delay_update,
           "--offload-params, --offload-dir and --delay-update are extensions/'s (train_offload_extended)");
   const ModelLayout layout = build_layout(cfg.model);
-  const FsdpUnits units = wrap_blocks(layout, opt.wrap_blocks);
-  FsdpComms comms(ctx.comm, opt.shard_group > 0 ? opt.shard_group : ctx.world);
+  const FsdpUnits units = wrap_blocks(layout, cfg.fsdp.wrap_blocks);
+  FsdpComms comms(ctx.comm, cfg.fsdp.shard_group > 0 ? cfg.fsdp.shard_group : ctx.world);
   const ShardLayout shards = make_shard_layout(units.flat, comms.group->size(), comms.group->rank());
-  const int G = units.size(), K = cfg.grad_accum, D = opt.prefetch;
+  const int G = units.size(), K = cfg.grad_accum, D = cfg.fsdp.prefetch;
 
   WallPhases phases;  // the step's phases, timed by decorators
   OffloadStates states(units, shards, cfg, !off.no_pin, ctx, comms,
@@ -122,7 +121,7 @@ RankResult train_offload(const TrainConfig& cfg, const OffloadOptions& off, Rank
       rc->load(step, k);
       loss_sum += fsdp_forward(states.params, units, *rc, esize, D);
       // Stage 04's backward; each reduced piece goes device->host (HostGrads).
-      fsdp_backward(states.params, states.grads, units, *rc, esize, D, !opt.no_sync || k == K - 1);
+      fsdp_backward(states.params, states.grads, units, *rc, esize, D, !cfg.fsdp.no_sync || k == K - 1);
     }
     const float loss = global_mean_loss(ctx.comm, ctx.dev, loss_sum, K);
 
