@@ -45,7 +45,7 @@ MUTATIONS = [
     ("async_vote", "common/train/training_run.cpp",
      "const int64_t written = sharded_ ? int64_t(sharded_->written()) : 1;",
      "const int64_t written = 1;",
-     ["checkpoint"], "an async sharded save committed before every rank's file is on disk"),
+     ["checkpoint", "signals"], "an async sharded save committed before every rank's file is on disk"),
     # io/: files
     ("index_overlap", "common/io/sharded_checkpoint.cpp",
      "USAGE_REQUIRE(offset == covered,", "USAGE_REQUIRE(offset <= covered,",
@@ -79,7 +79,7 @@ MUTATIONS = [
      ["offload"], "a chunk's checksum skipping the bytes after its last whole word"),
     ("disk_free_one_rank", "05_offload/extensions/offload.cpp",
      "size_t(ctx.world) * DiskTier::disk_bytes(", "DiskTier::disk_bytes(",
-     ["offload", "faults"], "the free-space check counting one rank's files, not every rank's"),
+     ["offload", "signals"], "the free-space check counting one rank's files, not every rank's"),
     # core/ and cpu/: the arithmetic
     ("adamw_eps", "common/core/adamw_kernel.h",
      "std::sqrt(vi) / s.bias2_sqrt + s.eps;", "std::sqrt(vi) / s.bias2_sqrt;",
