@@ -56,9 +56,9 @@ struct OffloadStates final : ModelStates {
 
   // The CPU as a device, its AdamW on --optimizer-threads threads, or on the
   // cores left to each rank of this host; --clock modeled charges its host.
-  static std::unique_ptr<Device> host_device(const OffloadOptions& off, RankContext& ctx) {
+  static std::unique_ptr<Device> host_device(const OffloadOptions& offload, RankContext& ctx) {
     const int ranks = ctx.host_ranks > 0 ? ctx.host_ranks : ctx.world;  // unknown: all share it
-    const int threads = off.optimizer_threads > 0 ? off.optimizer_threads : default_optimizer_threads(ranks);
+    const int threads = offload.optimizer_threads > 0 ? offload.optimizer_threads : default_optimizer_threads(ranks);
     std::unique_ptr<Device> cpu = make_cpu_device(threads);
     HostClock* clock = host_clock(ctx);
     return clock ? clock->on_host(std::move(cpu)) : std::move(cpu);
@@ -94,9 +94,9 @@ struct OffloadStates final : ModelStates {
 
 }  // namespace
 
-RankResult train_offload(const TrainConfig& cfg, const OffloadOptions& off, RankContext& ctx, const TokenData& data,
-                         StepLog& log) {
-  REQUIRE(!off.offload_params && off.offload_dir.empty() && !off.delay_update,
+RankResult train_offload(const TrainConfig& cfg, const OffloadOptions& offload, RankContext& ctx,
+                         const TokenData& data, StepLog& log) {
+  REQUIRE(!offload.offload_params && offload.offload_dir.empty() && !offload.delay_update,
           "--offload-params, --offload-dir and --delay-update are extensions/'s (train_offload_extended)");
   const ModelLayout layout = build_layout(cfg.model);
   const FsdpUnits units = wrap_blocks(layout, cfg.fsdp.wrap_blocks);
@@ -105,8 +105,8 @@ RankResult train_offload(const TrainConfig& cfg, const OffloadOptions& off, Rank
   const int G = units.size(), K = cfg.grad_accum, D = cfg.fsdp.prefetch;
 
   WallPhases phases;  // the step's phases, timed by decorators
-  OffloadStates states(units, shards, cfg, !off.no_pin, ctx, comms,
-                       phases.timed_host(OffloadStates::host_device(off, ctx)));
+  OffloadStates states(units, shards, cfg, !offload.no_pin, ctx, comms,
+                       phases.timed_host(OffloadStates::host_device(offload, ctx)));
   auto rc = phases.timed_compute(make_rank_compute(cfg, layout, ctx, data));
   TrainingRun run(cfg, units.flat, ctx, log, states);  // the initial model, or --resume's checkpoint
   comms.count_in(run);

@@ -27,13 +27,14 @@
 // delayed update) are in extensions/, read after this lesson.
 #pragma once
 
-#include "offload_main.h"
+#include "offload_options.h"
+#include "stage_main.h"
 
 namespace zf {
 
-// `off`: stage 05's own flags (offload_options.h); the lesson takes
-// --optimizer-threads and --no-pin, and leaves the others to extensions/.
-RankResult train_offload(const TrainConfig& cfg, const OffloadOptions& off, RankContext& ctx, const TokenData& data,
-                         StepLog& log);
+// `offload`: stage 05's own flags (offload_options.h). The lesson takes
+// --optimizer-threads and --no-pin, and refuses the others (extensions/'s).
+RankResult train_offload(const TrainConfig& cfg, const OffloadOptions& offload, RankContext& ctx,
+                         const TokenData& data, StepLog& log);
 
 }  // namespace zf

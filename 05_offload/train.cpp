@@ -10,6 +10,7 @@
 #include "extensions/offload.h"
 
 int main(int argc, char** argv) {
+  // offload_main.h's stage_main: it hands the stage its own flags too.
   return zf::stage_main(argc, argv, {"offload", "stage 05: offload", zf::StageFlags::offload},
                         zf::train_offload_extended);
 }

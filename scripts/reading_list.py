@@ -144,7 +144,7 @@ HARNESS = [
     ("common/launch/entry/stage_main.h", "what a stage sees of the harness: StageFn, stage_main"),
     ("common/cpu/copy_queue.h", "the CPU device's copy thread and mlock'ed buffers"),
     ("common/launch/runner.h", "run_training: the data, the ranks, the results"),
-    ("common/report/run_config.h", "RunConfig: the training's flags and the harness's own"),
+    ("common/report/run_config.h", "RunConfig: the training's flags, the harness's own and stage 05's"),
     ("common/train/run_hooks.h", "what the harness adds around a rank's run: an injected fault, the modeled clock"),
     ("common/launch/launch.h", "starting the ranks: threads, mpirun, the environment"),
     ("common/launch/cli.h", "every flag, checked before any work"),

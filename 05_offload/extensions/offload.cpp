@@ -59,50 +59,50 @@ struct OffloadStates final : ModelStates {
   WallPhases& phases;     // where this step's wall time went
   DelayedUpdate pending;  // --delay-update: the update in flight (last: it is joined before the rest goes)
 
-  OffloadStates(const FsdpUnits& units, const ShardLayout& shards, const TrainConfig& cfg, const OffloadOptions& off,
-                RankContext& ctx, FsdpComms& comms, WallPhases& phases)
+  OffloadStates(const FsdpUnits& units, const ShardLayout& shards, const TrainConfig& cfg,
+                const OffloadOptions& offload, RankContext& ctx, FsdpComms& comms, WallPhases& phases)
       : units(units), shards(shards), comm(*comms.group), replica(comms.replicate ? comms.replicate->rank() : 0),
         precision(cfg.precision),
-        host(phases.timed_host(host_device(off, ctx))),
+        host(phases.timed_host(host_device(offload, ctx))),
         params(shards, storage_dtype(cfg.precision), cfg.fsdp, units.last(), ctx.mem, ctx.dev, *host, *comms.group,
-               off.offload_params, !off.no_pin, off.delay_update, master_on_disk(cfg, off)),
+               offload.offload_params, !offload.no_pin, offload.delay_update, master_on_disk(cfg, offload)),
         grads(shards, storage_dtype(cfg.precision), reduce_dtype(cfg), cfg.fsdp.no_sync, ctx.mem, ctx.dev, *host,
-              *comms.reduce_queue, comms.replicate.get(), !off.no_pin, off.delay_update ? 2 : 1),
+              *comms.reduce_queue, comms.replicate.get(), !offload.no_pin, offload.delay_update ? 2 : 1),
         comm_dev(ctx.dev), phases(phases), pending(host_clock(ctx)) {
-    if (off.offload_dir.empty())
+    if (offload.offload_dir.empty())
       opt.emplace(units.flat, shards, ctx.mem, *host);
     else
-      disk.emplace(units.flat, shards, off.offload_dir, ctx.rank, ctx.mem, *host, master_on_disk(cfg, off),
+      disk.emplace(units.flat, shards, offload.offload_dir, ctx.rank, ctx.mem, *host, master_on_disk(cfg, offload),
                    DiskAdamW::kChunkElems, host_clock(ctx));
   }
 
   // --offload-dir with --offload-params in bf16: the float32 shards go to
   // disk too, as only the bf16 copy is read outside the optimizer (in fp32
   // the shards are that copy, and stay).
-  static bool master_on_disk(const TrainConfig& cfg, const OffloadOptions& off) {
-    return !off.offload_dir.empty() && off.offload_params && cfg.precision == Precision::bf16;
+  static bool master_on_disk(const TrainConfig& cfg, const OffloadOptions& offload) {
+    return !offload.offload_dir.empty() && offload.offload_params && cfg.precision == Precision::bf16;
   }
 
   // Before any file is made: the folders of killed runs go (their space
   // counts), and the folder must hold every rank's moments (and master),
   // checked by every rank before any reserves its own.
-  static void prepare_dir(const TrainConfig& cfg, const OffloadOptions& off, const ShardLayout& shards,
+  static void prepare_dir(const TrainConfig& cfg, const OffloadOptions& offload, const ShardLayout& shards,
                           RankContext& ctx) {
-    if (off.offload_dir.empty()) return;
+    if (offload.offload_dir.empty()) return;
     if (ctx.rank == 0)
-      for (const std::string& f : OffloadFiles::remove_stale(off.offload_dir))
+      for (const std::string& f : OffloadFiles::remove_stale(offload.offload_dir))
         std::fprintf(stderr, "note: removed %s, the offload folder of a run that was killed\n", f.c_str());
     ctx.comm.barrier();
-    const size_t arrays = master_on_disk(cfg, off) ? 3 : 2;
-    OffloadFiles::check_dir(off.offload_dir, size_t(ctx.world) * DiskTier::disk_bytes(arrays, shards.shard_total));
+    const size_t arrays = master_on_disk(cfg, offload) ? 3 : 2;
+    OffloadFiles::check_dir(offload.offload_dir, size_t(ctx.world) * DiskTier::disk_bytes(arrays, shards.shard_total));
     ctx.comm.barrier();
   }
 
   // The CPU as a device, its AdamW on --optimizer-threads threads, or on the
   // cores left to each rank of this host; --clock modeled charges its host.
-  static std::unique_ptr<Device> host_device(const OffloadOptions& off, RankContext& ctx) {
+  static std::unique_ptr<Device> host_device(const OffloadOptions& offload, RankContext& ctx) {
     const int ranks = ctx.host_ranks > 0 ? ctx.host_ranks : ctx.world;  // unknown: all share it
-    const int threads = off.optimizer_threads > 0 ? off.optimizer_threads : default_optimizer_threads(ranks);
+    const int threads = offload.optimizer_threads > 0 ? offload.optimizer_threads : default_optimizer_threads(ranks);
     std::unique_ptr<Device> cpu = make_cpu_device(threads);
     HostClock* clock = host_clock(ctx);
     return clock ? clock->on_host(std::move(cpu)) : std::move(cpu);
@@ -216,9 +216,10 @@ struct OffloadStates final : ModelStates {
 }  // namespace
 }  // namespace extensions
 
-RankResult train_offload_extended(const TrainConfig& cfg, const OffloadOptions& off, RankContext& ctx,
+RankResult train_offload_extended(const TrainConfig& cfg, const OffloadOptions& offload, RankContext& ctx,
                                   const TokenData& data, StepLog& log) {
-  if (!off.offload_params && off.offload_dir.empty() && !off.delay_update) return train_offload(cfg, off, ctx, data, log);
+  if (!offload.offload_params && offload.offload_dir.empty() && !offload.delay_update)
+    return train_offload(cfg, offload, ctx, data, log);
   const ModelLayout layout = build_layout(cfg.model);
   const FsdpUnits units = wrap_blocks(layout, cfg.fsdp.wrap_blocks);
   FsdpComms comms(ctx.comm, cfg.fsdp.shard_group > 0 ? cfg.fsdp.shard_group : ctx.world);
@@ -226,9 +227,9 @@ RankResult train_offload_extended(const TrainConfig& cfg, const OffloadOptions& 
   const int K = cfg.grad_accum, D = cfg.fsdp.prefetch;
 
   using extensions::OffloadStates;
-  OffloadStates::prepare_dir(cfg, off, shards, ctx);
+  OffloadStates::prepare_dir(cfg, offload, shards, ctx);
   WallPhases phases;  // the step's phases, timed by decorators
-  OffloadStates states(units, shards, cfg, off, ctx, comms, phases);
+  OffloadStates states(units, shards, cfg, offload, ctx, comms, phases);
   auto rc = phases.timed_compute(make_rank_compute(cfg, layout, ctx, data));
   TrainingRun run(cfg, units.flat, ctx, log, states);  // the initial model, or --resume's checkpoint
   comms.count_in(run);
@@ -251,7 +252,7 @@ RankResult train_offload_extended(const TrainConfig& cfg, const OffloadOptions& 
 
     const GradClip clip = states.clip(cfg.clip);
     const AdamWConfig adam = run.adamw(step);  // this step's learning rate (lr_schedule.h)
-    if (!off.delay_update || step == run.first_step())
+    if (!offload.delay_update || step == run.first_step())
       states.update_now(adam, step + 1, clip.scale);
     else
       states.update_delayed(adam, step + 1, clip.scale, step + 1 == cfg.steps);

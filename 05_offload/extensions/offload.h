@@ -32,9 +32,10 @@
 
 namespace zf {
 
-// Stage 05 with the flags above; the lesson's train_offload (../offload.h)
-// when none of them is given.
-RankResult train_offload_extended(const TrainConfig& cfg, const OffloadOptions& off, RankContext& ctx,
+// Stage 05 with the flags above, given in `offload` (offload_options.h,
+// with the lesson's); the lesson's train_offload (../offload.h) when none of
+// the three is given.
+RankResult train_offload_extended(const TrainConfig& cfg, const OffloadOptions& offload, RankContext& ctx,
                                   const TokenData& data, StepLog& log);
 
 }  // namespace zf

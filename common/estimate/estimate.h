@@ -5,13 +5,13 @@
 // host<->device transfers. tools/memory_estimate prints it; the estimate
 // suite holds it to measured runs of every stage.
 //
-// The stage's options are read from a TrainConfig, the same struct the
-// trainers parse their flags into (cli.h), so an estimate of a run is made
-// from that run's flags: ranks, precision, compute, attention, recompute,
-// batch, grad_accum, stage 04's (wrap_blocks, reshard_after_forward,
-// reduce_dtype, shard_group, no_sync) and stage 05's (offload_params,
-// offload_dir, delay_update), with prefetch and max_gathered for the peak of
-// the units stage 04 gathers.
+// The stage's options are read from the TrainConfig and the OffloadOptions
+// the trainers parse their flags into (cli.h, the two halves of a
+// RunConfig), so an estimate of a run is made from that run's flags: ranks,
+// precision, compute, attention, recompute, batch, grad_accum, stage 04's
+// (wrap_blocks, reshard_after_forward, reduce_dtype, shard_group, no_sync)
+// and stage 05's (offload_params, offload_dir, delay_update), with prefetch
+// and max_gathered for the peak of the units stage 04 gathers.
 #pragma once
 
 #include <array>

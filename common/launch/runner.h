@@ -2,8 +2,9 @@
 // point the tests call: load the data, start the ranks, run the stage's
 // training function on each, gather the per-rank results, print and log them.
 //
-// A stage provides one StageFn; everything around it is shared, so a stage
-// folder shows only its strategy.
+// A stage provides one StageFn (stage 05 an OffloadStageFn, which also
+// receives its own flags: offload_main.h); everything around it is shared,
+// so a stage folder shows only its strategy.
 #pragma once
 
 #include "cli.h"
@@ -22,8 +23,11 @@ namespace zf {
 // its ranks' results; an output that could not be written (the run log, the
 // trace) is in not_written.
 RunResult run_training(const RunConfig& cfg, const StageFn& stage);
-// Stage 05's: with cfg.offload, its own flags.
+// Stage 05's: with cfg.offload, its own flags, which the harness reads too
+// (the outputs against --offload-dir, the host's memory). A TrainConfig has
+// none: passing one would run stage 05 with none of them.
 RunResult run_training(const RunConfig& cfg, const OffloadStageFn& stage);
+RunResult run_training(const TrainConfig& cfg, const OffloadStageFn& stage) = delete;
 
 // The exit status of a run that returned (docs/SPEC.md "Exit codes"):
 // 128 + the signal it stopped on, else 4 if an output was not written, else 0.

@@ -1,10 +1,11 @@
 // run_config.h: a run as the harness sees it: the training's flags
 // (TrainConfig, train/config.h), which the stage reads, and the harness's
 // own, which it never does: the run log, the trace, the clock the steps are
-// timed on, a dry run, an injected fault, the collectives' timeout; and
-// stage 05's flags, which only that stage receives (docs/SPEC.md; parsed by
-// launch/cli.cpp). And what the
-// whole run gives back (what the tests compare across stages).
+// timed on, a dry run, an injected fault, the collectives' timeout. Stage
+// 05's own flags are here too, beside the TrainConfig: that stage receives
+// them as an argument (launch/entry/offload_main.h), every other stage never
+// sees them. All parsed by launch/cli.cpp (docs/SPEC.md). And what the whole
+// run gives back (what the tests compare across stages).
 #pragma once
 
 #include <cstddef>
@@ -18,7 +19,8 @@ namespace zf {
 
 struct RunConfig : TrainConfig {
   RunConfig() = default;
-  // Implicit: a TrainConfig alone is a run with the harness's defaults.
+  // Implicit: a TrainConfig alone is a run with the harness's defaults and
+  // none of stage 05's flags.
   RunConfig(const TrainConfig& train) : TrainConfig(train) {}
 
   std::string log_json;           // --log-json: the run log, one JSON object a line (report/report.h)

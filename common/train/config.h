@@ -1,7 +1,8 @@
 // config.h: what a training run is asked to do (the flags of docs/SPEC.md, parsed
 // by cli.cpp) and what one rank gives back. The harness's own flags (the
 // run log, the trace, the clock, a dry run, an injected fault, the
-// collectives' timeout) are report/run_config.h's.
+// collectives' timeout) are report/run_config.h's, and so are stage 05's
+// (train/offload_options.h), which that stage alone receives.
 #pragma once
 
 #include <cstdint>

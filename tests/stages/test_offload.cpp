@@ -47,7 +47,7 @@ namespace {
 using namespace fsdp_test;
 using extensions::DiskAdamW;
 
-// Stage 05 with --offload-params, whatever the configuration says.
+// Stage 05 with --offload-params, for the helpers that take a StageFn.
 RankResult train_offload_params(const TrainConfig& cfg, RankContext& ctx, const TokenData& d, StepLog& r) {
   return train_offload_extended(cfg, {.offload_params = true}, ctx, d, r);
 }

@@ -1,6 +1,7 @@
 // stage_main.h: what every stage includes of the harness (launch/entry/ is all
 // a stage sees of it). A stage is a function run on every rank (its
-// StageFn); stage_main is its executable's main(): flags, the ranks, the
+// StageFn; stage 05's also receives its own flags, offload_main.h);
+// stage_main is its executable's main(): flags, the ranks, the
 // closing tables, the exit code. Everything else a stage uses is the course:
 // core/, comm/, train/ (docs/ARCHITECTURE.md).
 #pragma once
