@@ -118,4 +118,11 @@ inline std::string offload_binary() {
   return p ? p : "build/05_offload/offload";
 }
 
+// A stage's run as one callable, for a test's list of stages: run_training
+// of `fn` (a StageFn, or stage 05's, which takes its flags from the config).
+template <class Fn>
+std::function<RunResult(const RunConfig&)> run_of(Fn fn) {
+  return [fn](const RunConfig& cfg) { return run_training(cfg, fn); };
+}
+
 }  // namespace zf::test

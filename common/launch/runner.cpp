@@ -262,9 +262,9 @@ int exit_status(const RunResult& run) {
 
 namespace {
 
-// stage_main for a stage whose function is made from the parsed flags.
+// stage_main around `run`: the stage run with the parsed flags (run_training).
 int run_stage_main(int argc, char** argv, const StageInfo& info,
-                   const std::function<StageFn(const RunConfig&)>& stage_for) {
+                   const std::function<RunResult(const RunConfig&)>& run_stage) {
   blas_select_kernels(argc, argv);  // first: it may load the program again (blas.h)
   // Under a launcher every process parses the same flags and gets the same
   // signal: what they would all say alike, rank 0 alone says.
@@ -299,7 +299,7 @@ int run_stage_main(int argc, char** argv, const StageInfo& info,
     if (cfg->device == "cpu" && !cfg->dry_run) install_stop_handlers(info.exe, cfg->save, speaks, killed_note);
     if (cfg->dry_run)
       for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, SIG_DFL);
-    const RunResult run = run_training(*cfg, stage_for(*cfg));
+    const RunResult run = run_stage(*cfg);
     for (const std::string& what : run.not_written)
       std::fprintf(stderr, "%s: error: not written: %s\n", info.exe.c_str(), what.c_str());
     return exit_status(run);
@@ -318,7 +318,7 @@ int run_stage_main(int argc, char** argv, const StageInfo& info,
 }  // namespace
 
 int stage_main(int argc, char** argv, const StageInfo& info, const StageFn& stage) {
-  return run_stage_main(argc, argv, info, [&](const RunConfig&) { return stage; });
+  return run_stage_main(argc, argv, info, [&](const RunConfig& cfg) { return run_training(cfg, stage); });
 }
 
 StageFn with_options(OffloadStageFn stage, OffloadOptions options) {
@@ -329,7 +329,7 @@ StageFn with_options(OffloadStageFn stage, OffloadOptions options) {
 }
 
 int stage_main(int argc, char** argv, const StageInfo& info, const OffloadStageFn& stage) {
-  return run_stage_main(argc, argv, info, [&](const RunConfig& cfg) { return with_options(stage, cfg.offload); });
+  return run_stage_main(argc, argv, info, [&](const RunConfig& cfg) { return run_training(cfg, stage); });
 }
 
 RunResult run_training(const RunConfig& cfg, const OffloadStageFn& stage) {

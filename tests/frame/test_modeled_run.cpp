@@ -215,24 +215,24 @@ TEST_F(ModeledFiles, ADryRunGivesTheRealRunsTimesAndMemory) {
   disk.offload_dir = dir_;
   both.delay_update = true;
   both.offload_dir = dir_;
-  const std::vector<std::tuple<const char*, StageFn, OffloadOptions>> stages = {
-      {"dp", train_data_parallel, none}, {"zero1", train_zero1, none}, {"zero2", train_zero2, none},
-      {"zero3", train_zero3, none},
-      {"fsdp", train_fsdp, none},
-      {"offload", with_options(train_offload_extended, none), none},
-      {"offload --offload-params", with_options(train_offload_extended, params), params},
-      {"offload --delay-update", with_options(train_offload_extended, delay), delay},
-      {"offload --offload-dir", with_options(train_offload_extended, disk), disk},
-      {"offload --offload-dir --delay-update", with_options(train_offload_extended, both), both}};
-  for (const auto& [name, fn, offload] : stages)
+  using test::run_of;
+  const std::vector<std::tuple<const char*, std::function<RunResult(const RunConfig&)>, OffloadOptions>> stages = {
+      {"dp", run_of(train_data_parallel), none}, {"zero1", run_of(train_zero1), none},
+      {"zero2", run_of(train_zero2), none},      {"zero3", run_of(train_zero3), none},
+      {"fsdp", run_of(train_fsdp), none},        {"offload", run_of(train_offload_extended), none},
+      {"offload --offload-params", run_of(train_offload_extended), params},
+      {"offload --delay-update", run_of(train_offload_extended), delay},
+      {"offload --offload-dir", run_of(train_offload_extended), disk},
+      {"offload --offload-dir --delay-update", run_of(train_offload_extended), both}};
+  for (const auto& [name, run, offload] : stages)
     for (int N : {2, 3, 4}) {
       RunConfig cfg = modeled("tiny", N, "a100-sxm");
       cfg.precision = Precision::bf16;
       cfg.steps = 3;
       cfg.offload = offload;
-      const RunResult real = run_training(cfg, fn);
+      const RunResult real = run(cfg);
       cfg.dry_run = true;
-      const RunResult dry = run_training(cfg, fn);
+      const RunResult dry = run(cfg);
       for (int r = 0; r < N; ++r) {
         SCOPED_TRACE(std::string(name) + " N=" + std::to_string(N) + " rank " + std::to_string(r));
         EXPECT_EQ(dry.ranks[r].step_ms, real.ranks[r].step_ms);

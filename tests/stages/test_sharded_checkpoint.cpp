@@ -52,20 +52,20 @@ using test::tail;
 
 struct Stage {
   const char* name;
-  StageFn fn;
+  std::function<RunResult(const RunConfig&)> run;  // run_training with the stage's function
   std::function<void(RunConfig&)> flags;
 };
 
 std::vector<Stage> stages(const std::string& dir) {
-  const std::string tier = dir + "/tier";  // stage 05's moments in files
-  return {{"dp", train_data_parallel, [](RunConfig&) {}},
-          {"zero1", train_zero1, [](RunConfig&) {}},
-          {"zero2", train_zero2, [](RunConfig&) {}},
-          {"zero3", train_zero3, [](RunConfig&) {}},
-          {"fsdp", train_fsdp, [](RunConfig& c) { c.fsdp.wrap_blocks = 2; }},  // units of two blocks
-          {"offload", with_options(train_offload_extended, {.offload_dir = tier}), [tier](RunConfig& c) {
-             fs::create_directories(tier);
-             c.offload.offload_dir = tier;  // as the CLI gives it: the outputs are checked against it
+  using test::run_of;
+  return {{"dp", run_of(train_data_parallel), [](RunConfig&) {}},
+          {"zero1", run_of(train_zero1), [](RunConfig&) {}},
+          {"zero2", run_of(train_zero2), [](RunConfig&) {}},
+          {"zero3", run_of(train_zero3), [](RunConfig&) {}},
+          {"fsdp", run_of(train_fsdp), [](RunConfig& c) { c.fsdp.wrap_blocks = 2; }},  // units of two blocks
+          {"offload", run_of(train_offload_extended), [dir](RunConfig& c) {
+             fs::create_directories(dir + "/tier");
+             c.offload.offload_dir = dir + "/tier";  // the moments in files
            }}};
 }
 
@@ -81,15 +81,15 @@ TEST_F(ShardedCheckpoint, EveryStageWritesWhatTheConsolidatedFileHolds) {
     cfg.precision = i++ % 2 ? Precision::bf16 : Precision::fp32;
     cfg.stage = st.name;
     st.flags(cfg);
-    const RunResult whole = run_training(cfg, st.fn);
+    const RunResult whole = st.run(cfg);
 
     RunConfig first = cfg;
     first.steps = 3;
     first.save = path(std::string(st.name) + ".safetensors");
-    run_training(first, st.fn);
+    st.run(first);
     first.save = path(st.name);
     first.save_sharded = true;
-    run_training(first, st.fn);
+    st.run(first);
     EXPECT_EQ(entries(first.save), (std::vector<std::string>{"latest", "lock", "step-00000003"}));
     EXPECT_EQ(entries(first.save + "/step-00000003"),
               (std::vector<std::string>{"index.json", "rank-00000-of-00003.safetensors",
@@ -101,7 +101,7 @@ TEST_F(ShardedCheckpoint, EveryStageWritesWhatTheConsolidatedFileHolds) {
     RunConfig resume = cfg;
     resume.resume = first.save;
     resume.save.clear();
-    const RunResult resumed = run_training(resume, st.fn);
+    const RunResult resumed = st.run(resume);
     EXPECT_EQ(resumed.ranks[0].losses, tail(whole, 3));
     for (const auto& rank : resumed.ranks) EXPECT_EQ(rank.param_hash, whole.ranks[0].param_hash);
 
@@ -146,9 +146,9 @@ TEST_F(ShardedCheckpoint, EveryStageResumesFromAnotherStagesFolder) {
     RunConfig resume = quiet_config("tiny", 4, 1, 5);
     st.flags(resume);
     resume.resume = path("ck");
-    const RunResult a = run_training(resume, st.fn);
+    const RunResult a = st.run(resume);
     resume.resume = path("ck.safetensors");
-    const RunResult b = run_training(resume, st.fn);
+    const RunResult b = st.run(resume);
     EXPECT_EQ(a.ranks[0].losses, b.ranks[0].losses);
     EXPECT_EQ(a.ranks[0].param_hash, b.ranks[0].param_hash);
   }
@@ -333,10 +333,10 @@ TEST_F(ShardedCheckpoint, AsyncSavesWriteTheSameCheckpoint) {
     cfg.save_sharded = true;
     cfg.save_every = 3;
     cfg.save = path(std::string(st.name) + "_sync");
-    const RunResult sync = run_training(cfg, st.fn);
+    const RunResult sync = st.run(cfg);
     cfg.save = path(std::string(st.name) + "_async");
     cfg.save_async = true;
-    const RunResult async = run_training(cfg, st.fn);
+    const RunResult async = st.run(cfg);
     EXPECT_EQ(async.ranks[0].losses, sync.ranks[0].losses);
     EXPECT_EQ(async.ranks[0].param_hash, sync.ranks[0].param_hash);
     EXPECT_EQ(entries(cfg.save), (std::vector<std::string>{"latest", "lock", "step-00000007"}));
