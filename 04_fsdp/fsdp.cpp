@@ -12,8 +12,8 @@
 //
 // All-gathers and reduce-scatters go through two queues (FSDP2's two
 // streams), so a prefetch never waits behind a reduce-scatter. With
-// --shard-group S < N (hybrid sharding) both queues are within my group of
-// S ranks, and each reduced piece is then all-reduced across the N/S groups.
+// --shard-group F < N (hybrid sharding) both queues are within my group of
+// F ranks, and each reduced piece is then all-reduced across the N/F groups.
 #include "fsdp.h"
 
 #include <memory>
@@ -34,7 +34,7 @@ namespace zf {
 namespace {
 
 // The model states one rank holds under FSDP: float32 shards of parameters
-// and gradients, and AdamW's moments, 1/N of each (1/S with hybrid sharding).
+// and gradients, and AdamW's moments, 1/N of each (1/F with hybrid sharding).
 struct FsdpStates final : ModelStates {
   const FsdpUnits& units;
   const ShardLayout& shards;
@@ -71,11 +71,11 @@ struct FsdpStates final : ModelStates {
 
 }  // namespace
 
-FsdpComms::FsdpComms(Communicator& world, int S) {
+FsdpComms::FsdpComms(Communicator& world, int F) {
   group = &world;
-  if (S < world.size()) {  // groups of S consecutive ranks; my shard's replicas: one per group
-    group_owned = world.split(world.rank() / S, world.rank());
-    replicate = world.split(world.rank() % S, world.rank());
+  if (F < world.size()) {  // groups of F consecutive ranks; my shard's replicas: one per group
+    group_owned = world.split(world.rank() / F, world.rank());
+    replicate = world.split(world.rank() % F, world.rank());
     group = group_owned.get();
   }
   reduce_queue = group->split(0, group->rank());

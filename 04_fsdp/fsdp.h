@@ -15,11 +15,11 @@
 //   reduce-scattered once;
 // - two queues: reduce-scatters on a communicator split from the rank's, so
 //   an all-gather never waits behind one;
-// - --shard-group S: shard within groups of S ranks, all-reduce the reduced
-//   pieces across the N/S groups (hybrid sharding).
+// - --shard-group F: shard within groups of F ranks, all-reduce the reduced
+//   pieces across the N/F groups (hybrid sharding).
 //
 // Memory per rank: 16P/N in both recipes (4 + 4 + 8 bytes per element of
-// the shard; 16P/S with --shard-group S), plus padding; gathered parameters (category gathered) at most
+// the shard; 16P/F with --shard-group F), plus padding; gathered parameters (category gathered) at most
 // M units plus the head, or the whole model without resharding.
 #pragma once
 
@@ -34,14 +34,14 @@
 
 namespace zf {
 
-// The communicators of one rank: its shard group (all N ranks, or the S of
+// The communicators of one rank: its shard group (all N ranks, or the F of
 // its group under hybrid sharding), the group's second queue for the
 // reduce-scatters, and the replicas of its shard in the other groups.
 struct FsdpComms {
   std::unique_ptr<Communicator> group_owned, replicate, reduce_queue;
   Communicator* group = nullptr;
 
-  FsdpComms(Communicator& world, int S);
+  FsdpComms(Communicator& world, int F);
   void count_in(TrainingRun& run);  // the split communicators' counters are the run's too
 };
 

@@ -227,33 +227,33 @@ def offload_memory(model, N, precision, K=1):
             "to_host_bytes": K * e * S, "to_device_bytes": e * S}
 
 
-def hybrid_zero2(model, N, G, precision, K=1):
-    """The last lab's variant: ZeRO-2 sharded within groups of G ranks,
-    each accumulated piece all-reduced across the N/G groups once per step;
+def hybrid_zero2(model, N, F, precision, K=1):
+    """The last lab's variant: ZeRO-2 sharded within groups of F ranks,
+    each accumulated piece all-reduced across the N/F groups once per step;
     the loss over all N ranks, the norm's limbs within the group."""
     units, b = model_units(model), DTYPE_BYTES[precision]
-    W = N // G
-    Pp, S = padded(units, G), shard_total(units, G)
+    R = N // F
+    Pp, S = padded(units, F), shard_total(units, F)
     mem = {"params": b * Pp, "grads": b * S, "optimizer": optimizer_bytes_per_element(precision) * S}
-    comm = {"all_reduce": all_reduce(b * S, W) + all_reduce(LOSS_BYTES, N) + all_reduce(NORM_BYTES, G),
-            "reduce_scatter": K * gather_or_scatter(b * Pp, G),
-            "all_gather": gather_or_scatter(b * Pp, G)}
+    comm = {"all_reduce": all_reduce(b * S, R) + all_reduce(LOSS_BYTES, N) + all_reduce(NORM_BYTES, F),
+            "reduce_scatter": K * gather_or_scatter(b * Pp, F),
+            "all_gather": gather_or_scatter(b * Pp, F)}
     return mem, {k: v for k, v in comm.items() if v}
 
 
 def activation_peak(model, B, precision_compute="f32", attention="simple", recompute="none"):
-    """Section 7's activation bytes of a rank: F + L(K + A), F + K + A, F + LK + A."""
+    """Section 7's activation bytes of a rank: fixed + L(block + att), fixed + block + att, fixed + L·block + att."""
     m = SHAPES[model]
     V, T, L, H, C = m["V"], m["T"], m["L"], m["H"], m["C"]
     e = 4 if precision_compute == "f32" else 2
     BT = B * T
-    S = 4 * T * T if attention == "simple" else 4 * B * H * T
-    F = (L + 12) * BT * C * e + BT * V * e + 24 * BT + S
-    Kb = 15 * BT * C * e + 16 * BT
-    A = B * H * T * T * e if attention == "simple" else 4 * B * H * T
-    A = 4 * math.ceil(A / 4)
+    scratch = 4 * T * T if attention == "simple" else 4 * B * H * T
+    fixed = (L + 12) * BT * C * e + BT * V * e + 24 * BT + scratch
+    block = 15 * BT * C * e + 16 * BT
+    att = B * H * T * T * e if attention == "simple" else 4 * B * H * T
+    att = 4 * math.ceil(att / 4)
     if recompute == "full":
-        return F + Kb + A
+        return fixed + block + att
     if recompute == "attn" and attention == "simple":
-        return F + L * Kb + A
-    return F + L * (Kb + A)
+        return fixed + L * block + att
+    return fixed + L * (block + att)

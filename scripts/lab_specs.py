@@ -140,7 +140,7 @@ ZERO_KEYS = {
     "reduce_scatter": "docs/SPEC.md section 8: (N-1)/N of the full buffer, K times where it runs every micro-step",
     "all_gather": "docs/SPEC.md section 8: (N-1)/N of the full (padded) buffer",
     "bytes_per_step": "the sum over the collectives",
-    "activations": "docs/SPEC.md section 7, Activation recomputation: F + L(K + A) and its modes",
+    "activations": "docs/SPEC.md section 7, Activation recomputation: fixed + L·(block + att) and its modes",
 }
 
 

@@ -115,7 +115,7 @@ int run(int argc, char** argv) {
       app.add_option("--wrap-blocks", cfg.fsdp.wrap_blocks, "K consecutive blocks per FSDP unit")->group(g4),
       app.add_option("--reshard-after-forward", reshard, "true or false")->group(g4),
       app.add_option("--reduce-dtype", reduce_dtype, "bf16 or fp32: the reduce-scatter's dtype")->group(g4),
-      app.add_option("--shard-group", cfg.fsdp.shard_group, "S: hybrid sharding, 16P/S")->group(g4),
+      app.add_option("--shard-group", cfg.fsdp.shard_group, "F: hybrid sharding, 16P/F")->group(g4),
       app.add_flag("--no-sync", cfg.fsdp.no_sync, "reduce-scatter once per step (with --grad-accum K > 1)")
           ->group(g4),
       app.add_option("--prefetch", cfg.fsdp.prefetch, "units all-gathered ahead: changes only the gathered and transient peaks")
@@ -288,7 +288,7 @@ StageEstimate estimate_for(const Request& q, Stage s) {
 
 std::string formula(Stage s, const RunConfig& cfg) {
   const bool bf = cfg.precision == Precision::bf16;
-  const std::string n = cfg.fsdp.shard_group > 0 ? "S" : "N";
+  const std::string n = cfg.fsdp.shard_group > 0 ? "F" : "N";
   switch (s) {
     case Stage::dp: return "16P";
     case Stage::zero1: return bf ? "4P + 12P/N" : "8P + 8P/N";

@@ -120,7 +120,7 @@ def knobs(build, out, model, n):
              ("prefetch 0", "04_fsdp/fsdp", ["--prefetch", "0"]), ("prefetch 1", "04_fsdp/fsdp", ["--prefetch", "1"]),
              ("prefetch 2", "04_fsdp/fsdp", ["--prefetch", "2", "--max-gathered", "3"]),
              ("no reshard", "04_fsdp/fsdp", ["--reshard-after-forward", "false"]),
-             ("HSDP S=8", "04_fsdp/fsdp", ["--shard-group", "8"]),
+             ("HSDP F=8", "04_fsdp/fsdp", ["--shard-group", "8"]),
              ("offload", "05_offload/offload", []),
              ("offload params", "05_offload/offload", ["--offload-params"]),
              ("offload delayed", "05_offload/offload", ["--delay-update"])]

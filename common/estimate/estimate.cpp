@@ -22,7 +22,7 @@ double ring(int ranks) { return ranks <= 1 ? 0.0 : double(ranks - 1) / ranks; }
 
 bool is_fsdp_family(Stage s) { return s == Stage::fsdp || s == Stage::offload; }
 
-// The ranks that share one shard: --shard-group S, or all N.
+// The ranks that share one shard: --shard-group F, or all N.
 int shard_ranks(const TrainConfig& cfg) { return cfg.fsdp.shard_group > 0 ? cfg.fsdp.shard_group : cfg.ranks; }
 
 // Bytes of an element of the gradients' reduce-scatter in stages 04-05.
@@ -362,14 +362,14 @@ double activation_bytes(const ModelConfig& m, int batch, DType compute, Attentio
   const double V = m.V, T = m.T, L = m.L, H = m.H, C = m.C, B = batch, BT = B * T;
   const double e = double(dtype_size(compute));
   const bool flash = attention == AttentionForm::flash;
-  const double F = (L + 12) * BT * C * e + BT * V * e + 24 * BT + (flash ? 4 * B * H * T : 4 * T * T);
-  const double K = 15 * BT * C * e + 16 * BT;
+  const double fixed = (L + 12) * BT * C * e + BT * V * e + 24 * BT + (flash ? 4 * B * H * T : 4 * T * T);
+  const double block = 15 * BT * C * e + 16 * BT;
   // One block's attention, its probabilities rounded up to whole 4 bytes.
-  const double A = flash ? 4 * B * H * T : std::ceil(B * H * T * T * e / 4) * 4;
+  const double att = flash ? 4 * B * H * T : std::ceil(B * H * T * T * e / 4) * 4;
   switch (recompute) {
-    case Recompute::none: return F + L * (K + A);
-    case Recompute::full: return F + K + A;
-    case Recompute::attn: return flash ? F + L * (K + A) : F + L * K + A;
+    case Recompute::none: return fixed + L * (block + att);
+    case Recompute::full: return fixed + block + att;
+    case Recompute::attn: return flash ? fixed + L * (block + att) : fixed + L * block + att;
   }
   return 0;
 }

@@ -81,7 +81,8 @@ StageEstimate estimate_stage(Stage stage, const TrainConfig& cfg, const OffloadO
 StageEstimate estimate_stage_unpadded(Stage stage, const TrainConfig& cfg, const OffloadOptions& off, double params);
 
 // docs/SPEC.md's activation bytes of a rank (section 7, "Activation
-// recomputation"): F + L (K + A), F + K + A, F + L K + A by mode.
+// recomputation"): by mode fixed + L (block + att), fixed + block + att,
+// fixed + L block + att.
 double activation_bytes(const ModelConfig& m, int batch, DType compute, AttentionForm attention, Recompute recompute);
 
 // Stage 04's FSDP units (--wrap-blocks): the embedding, groups of that many

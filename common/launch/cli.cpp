@@ -171,13 +171,13 @@ void validate_for_world(const RunConfig& cfg, int world) {
                 "--inject-fault " << cfg.fault_rank << ":" << cfg.fault_step << " names rank " << cfg.fault_rank
                                   << ", but this run has " << world << (world == 1 ? " rank" : " ranks")
                                   << " (0 .. " << world - 1 << "): the fault would never happen");
-  const int S = cfg.fsdp.shard_group;
-  if (S == 0) return;
+  const int F = cfg.fsdp.shard_group;
+  if (F == 0) return;
   std::string divisors;
   for (int d = 1; d <= world; ++d)
     if (world % d == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(d);
-  USAGE_REQUIRE(S >= 1 && world % S == 0, "--shard-group " << S << " must divide the " << world
-                                              << " ranks into groups of S consecutive ranks: use one of "
+  USAGE_REQUIRE(F >= 1 && world % F == 0, "--shard-group " << F << " must divide the " << world
+                                              << " ranks into groups of F consecutive ranks: use one of "
                                               << divisors);
 }
 
@@ -353,7 +353,7 @@ std::optional<RunConfig> parse_flags(int argc, char** argv, const StageInfo& sta
                        "recipe's; fp32 under bf16 moves twice the bytes and rounds once less)"));
   CLI::Option* shard_group = nullptr;
   group(shard_group = app.add_option("--shard-group", cfg.fsdp.shard_group,
-                       "S: shard within groups of S consecutive ranks and replicate across the N/S groups "
+                       "F: shard within groups of F consecutive ranks and replicate across the N/F groups "
                        "(hybrid sharding); default: all N ranks"));
   group(app.add_flag("--no-sync", cfg.fsdp.no_sync,
                      "with --grad-accum K > 1: keep every unit's unsharded gradient across the micro-steps "

@@ -30,7 +30,7 @@ struct FsdpOptions {
   int prefetch = 1;                   // D: units whose all-gathers are issued ahead (0: none)
   int max_gathered = 2;               // M: gathered units alive or in flight (0: no limit)
   std::optional<DType> reduce_dtype;  // the gradients' reduce-scatter dtype (default: the recipe's)
-  int shard_group = 0;                // S: shard within groups of S ranks (0: all N)
+  int shard_group = 0;                // F: shard within groups of F ranks (0: all N)
   bool no_sync = false;               // accumulate unsharded gradients, reduce-scatter once per step
 };
 

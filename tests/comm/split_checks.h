@@ -138,16 +138,16 @@ inline void check_parent_all_reduce(Communicator& parent, int me, uint64_t tag) 
   for (size_t i = 0; i < buf.size(); i++) m.check(buf[i], sum_over(tag, all, i, ReduceOp::sum), i);
 }
 
-// HSDP's two splits with groups of S consecutive ranks: color rank / S (the
-// shard group) and rank % S (across groups); `reverse` ranks each child by
+// HSDP's two splits with groups of F consecutive ranks: color rank / F (the
+// shard group) and rank % F (across groups); `reverse` ranks each child by
 // key -rank, so child rank 0 is its highest parent rank. The parent is used
 // between and after, interleaved with the children.
-inline void scenario_split_hsdp(RankContext& ctx, int S, bool reverse) {
+inline void scenario_split_hsdp(RankContext& ctx, int F, bool reverse) {
   const int N = ctx.world, me = ctx.rank;
-  ASSERT_EQ(N % S, 0);
+  ASSERT_EQ(N % F, 0);
   auto key_of = [&](int q) { return reverse ? -q : q; };
-  auto intra_color = [&](int q) { return q / S; };
-  auto inter_color = [&](int q) { return q % S; };
+  auto intra_color = [&](int q) { return q / F; };
+  auto inter_color = [&](int q) { return q % F; };
   std::unique_ptr<Communicator> intra = ctx.comm.split(intra_color(me), key_of(me));
   check_parent_all_reduce(ctx.comm, me, 500);
   std::unique_ptr<Communicator> inter = ctx.comm.split(inter_color(me), key_of(me));
@@ -187,9 +187,9 @@ inline void scenario_split_hsdp(RankContext& ctx, int S, bool reverse) {
 // its own size; split itself counts on none.
 inline void scenario_split_stats_apart(RankContext& ctx) {
   const int N = ctx.world, me = ctx.rank;
-  const int S = N % 2 == 0 ? 2 : 1;
+  const int F = N % 2 == 0 ? 2 : 1;
   ctx.comm.reset_stats();
-  std::unique_ptr<Communicator> intra = ctx.comm.split(me / S, me);
+  std::unique_ptr<Communicator> intra = ctx.comm.split(me / F, me);
   std::unique_ptr<Communicator> dup = ctx.comm.split(0, me);
   EXPECT_EQ(ctx.comm.stats().total_bytes(), 0.0);
   uint64_t parent_calls = 0;
@@ -200,11 +200,11 @@ inline void scenario_split_stats_apart(RankContext& ctx) {
   const size_t n = 4096;
   std::vector<float> buf(n, 1.0f), big(size_t(N) * n, 1.0f), small(n);
   intra->all_reduce(buf.data(), n, DType::f32);
-  intra->all_gather(buf.data(), big.data(), n, DType::f32);  // recv holds S*n <= N*n
+  intra->all_gather(buf.data(), big.data(), n, DType::f32);  // recv holds F*n <= N*n
   dup->reduce_scatter(big.data(), small.data(), n, DType::f32);
   const CommStats si = intra->stats(), sd = dup->stats(), sp = ctx.comm.stats();
-  const double ar = ring_bytes(CollectiveKind::all_reduce, n * 4, S);
-  const double ag = ring_bytes(CollectiveKind::all_gather, size_t(S) * n * 4, S);
+  const double ar = ring_bytes(CollectiveKind::all_reduce, n * 4, F);
+  const double ag = ring_bytes(CollectiveKind::all_gather, size_t(F) * n * 4, F);
   EXPECT_EQ(si.bytes[int(CollectiveKind::all_reduce)], ar);
   EXPECT_EQ(si.bytes[int(CollectiveKind::all_gather)], ag);
   EXPECT_EQ(si.total_bytes(), ar + ag);

@@ -42,7 +42,7 @@ P = 2 * 256 * 64 + 64 * 64 + 2 * (12 * 64 * 64 + 13 * 64) + 2 * 64   # 136,960
 BLOCK = 12 * 64 * 64 + 13 * 64                                         # 49,984
 HEAD = 2 * 64 + 256 * 64                                               # 16,512
 EMBED = 256 * 64 + 64 * 64                                             # 20,480: wte and wpe
-# section 7, B = 2, f32, simple attention, no recompute: F + L(K + A)
+# section 7, B = 2, f32, simple attention, no recompute: fixed + L·(block + att)
 ACT = (14 * 128 * 64 * 4 + 128 * 256 * 4 + 24 * 128 + 4 * 64 * 64) + 2 * ((15 * 128 * 64 * 4 + 16 * 128) + 2 * 4 * 64 * 64 * 4)
 SMALL_P = 2 * 256 * 128 + 128 * 128 + 4 * (12 * 128 * 128 + 13 * 128) + 2 * 128
 

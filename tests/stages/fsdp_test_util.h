@@ -111,7 +111,7 @@ inline std::string describe(const TrainConfig& c) {
          (f.reduce_dtype ? std::string(", reduce ") + dtype_name(*f.reduce_dtype) : "");
 }
 // The reference for hybrid sharding: stage 00 whose gradient all-reduces add
-// in hybrid sharding's two hops, first within groups of S consecutive ranks
+// in hybrid sharding's two hops, first within groups of F consecutive ranks
 // (rank order), then across the groups (group order), each hop a collective
 // of its own, rounded to the dtype as hybrid sharding's are. Built from
 // splits of the world, not from FsdpComms: strided groups in the stage would
@@ -119,9 +119,9 @@ inline std::string describe(const TrainConfig& c) {
 // the world's, as in every stage: no unit of a model has one element.
 class TwoHopAllReduce final : public Communicator {
  public:
-  TwoHopAllReduce(Communicator& world, int S)
-      : world_(world), group_(world.split(world.rank() / S, world.rank())),
-        across_(world.split(world.rank() % S, world.rank())) {}
+  TwoHopAllReduce(Communicator& world, int F)
+      : world_(world), group_(world.split(world.rank() / F, world.rank())),
+        across_(world.split(world.rank() % F, world.rank())) {}
   int rank() const override { return world_.rank(); }
   int size() const override { return world_.size(); }
   const char* backend() const override { return world_.backend(); }
@@ -149,9 +149,9 @@ class TwoHopAllReduce final : public Communicator {
 };
 
 // `stage` (stage 00) with every rank's communicator a TwoHopAllReduce.
-inline StageFn adding_in_two_hops(const StageFn& stage, int S) {
-  return [stage, S](const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepLog& reporter) {
-    TwoHopAllReduce comm(ctx.comm, S);
+inline StageFn adding_in_two_hops(const StageFn& stage, int F) {
+  return [stage, F](const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepLog& reporter) {
+    TwoHopAllReduce comm(ctx.comm, F);
     RankContext two_hops{ctx.rank, ctx.world, comm, ctx.mem, ctx.dev};
     RankFailureGuard guard(comm);
     return stage(cfg, two_hops, data, reporter);

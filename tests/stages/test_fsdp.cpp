@@ -10,7 +10,7 @@
 //   memory         model states 4S + 4S + 8S in both recipes (S: the shard
 //                  of the FSDP units); the gathered-parameter peak for each
 //                  limit; without resharding, the whole model; --no-sync's
-//                  one full gradient; 16P/S; the comm peak for each recipe,
+//                  one full gradient; 16P/F; the comm peak for each recipe,
 //                  reduce dtype and mode
 //   communication  bytes per collective and all-gathers per step, for each mode
 //
@@ -157,8 +157,8 @@ TEST(FsdpParity, ReduceDtypeFp32IsWithinOneBf16Rounding) {
   }
 }
 
-// Hybrid sharding at N = 4. S = 1 and S = 4 sum in stage 00's order: its
-// bits. S = 2: each gradient element is summed within the group, then
+// Hybrid sharding at N = 4. F = 1 and F = 4 sum in stage 00's order: its
+// bits. F = 2: each gradient element is summed within the group, then
 // across the two groups: (r0 + r1) + (r2 + r3) where stage 00 sums
 // ((r0 + r1) + r2) + r3. Float addition is not associative, so elements can
 // differ in their last bit (one bf16 rounding more in bf16): the same order
@@ -166,16 +166,16 @@ TEST(FsdpParity, ReduceDtypeFp32IsWithinOneBf16Rounding) {
 // it apply. The first step's loss is the initial model's: identical.
 // (HybridShardingIsStage00InTwoHops below is the exact check.)
 TEST(FsdpParity, HybridShardingIsClose) {
-  for (int S : {1, 2, 4})
+  for (int F : {1, 2, 4})
     for (Precision p : {Precision::fp32, Precision::bf16}) {
       TrainConfig cfg = fsdp_config(odd4(), 4, p, 4);
       const RunResult ref = run_training(cfg, train_data_parallel);
-      cfg.fsdp.shard_group = S;
-      SCOPED_TRACE(describe(cfg) + ", shard-group " + std::to_string(S));
+      cfg.fsdp.shard_group = F;
+      SCOPED_TRACE(describe(cfg) + ", shard-group " + std::to_string(F));
       const RunResult got = run_training(cfg, train_fsdp);
       // One group of N (full sharding) or N groups of one (every rank a full
       // replica, all-reduced across): the sum is stage 00's, to the bit.
-      if (S == 1 || S == 4) {
+      if (F == 1 || F == 4) {
         test::expect_bit_identical(ref, got, "fsdp --shard-group 1 or N");
         continue;
       }
@@ -188,7 +188,7 @@ TEST(FsdpParity, HybridShardingIsClose) {
       EXPECT_EQ(got.ranks[0].losses[0], ref.ranks[0].losses[0]);
       for (const auto& r : got.ranks) EXPECT_EQ(r.param_hash, got.ranks[0].param_hash) << "replicas diverged";
       if (test::print_measures())
-        std::printf("hsdp S=%d N=4 %s: max |loss - dp loss| %.3g\n", S, precision_name(p), worst);
+        std::printf("hsdp F=%d N=4 %s: max |loss - dp loss| %.3g\n", F, precision_name(p), worst);
     }
 }
 
@@ -197,15 +197,15 @@ TEST(FsdpParity, HybridShardingIsClose) {
 // norms and final parameters, for groups of 2 and 3, in both recipes.
 // Groups of strided ranks would add the same numbers in another order.
 TEST(FsdpParity, HybridShardingIsStage00InTwoHops) {
-  for (auto [N, S] : {std::pair{4, 2}, std::pair{6, 3}, std::pair{6, 2}})
+  for (auto [N, F] : {std::pair{4, 2}, std::pair{6, 3}, std::pair{6, 2}})
     for (Precision p : {Precision::fp32, Precision::bf16}) {
       TrainConfig cfg = fsdp_config(odd4(), N, p, 3);
-      const RunResult ref = run_training(cfg, adding_in_two_hops(train_data_parallel, S));
-      if (N == 4 && S == 2 && p == Precision::bf16) {  // the two orders differ here: the reference is not stage 00
+      const RunResult ref = run_training(cfg, adding_in_two_hops(train_data_parallel, F));
+      if (N == 4 && F == 2 && p == Precision::bf16) {  // the two orders differ here: the reference is not stage 00
         EXPECT_NE(ref.ranks[0].param_hash, run_training(cfg, train_data_parallel).ranks[0].param_hash);
       }
-      cfg.fsdp.shard_group = S;
-      SCOPED_TRACE(describe(cfg) + ", shard-group " + std::to_string(S));
+      cfg.fsdp.shard_group = F;
+      SCOPED_TRACE(describe(cfg) + ", shard-group " + std::to_string(F));
       test::expect_bit_identical(ref, run_training(cfg, train_fsdp), "fsdp --shard-group");
     }
 }
@@ -331,15 +331,15 @@ TEST(FsdpMemory, NoSyncAddsOneFullGradient) {
   }
 }
 
-// Hybrid sharding: model states 16 bytes per element of a shard over S
-// ranks, 16P/S, whatever N.
+// Hybrid sharding: model states 16 bytes per element of a shard over F
+// ranks, 16P/F, whatever N.
 TEST(FsdpMemory, HybridShardingHolds16POverS) {
-  for (int S : {1, 2, 3})
+  for (int F : {1, 2, 3})
     for (Precision p : {Precision::fp32, Precision::bf16}) {
       TrainConfig cfg = fsdp_config(odd4(), 6, p, 1);
-      cfg.fsdp.shard_group = S;
-      SCOPED_TRACE(describe(cfg) + ", shard-group " + std::to_string(S));
-      const size_t shard = flat_sizes(odd4(), S, 1).shard;
+      cfg.fsdp.shard_group = F;
+      SCOPED_TRACE(describe(cfg) + ", shard-group " + std::to_string(F));
+      const size_t shard = flat_sizes(odd4(), F, 1).shard;
       for (const auto& r : run_training(cfg, train_fsdp).ranks)
         EXPECT_EQ(r.memory.model_states(Place::device), 16 * shard);
     }
@@ -385,51 +385,51 @@ TEST(FsdpComm, BytesAndCallsFollowTheUnits) {
           }
 }
 
-// Hybrid sharding, N ranks in N/S groups of S (W = N/S replicas of each
-// shard): all-gathers and reduce-scatters are the formulas above over S
-// ranks (f_S = (S - 1)/S, units padded to multiples of S), and each reduced
-// piece is all-reduced across the W groups: 2 (W - 1)/W r sum_g ceil(n_g / S)
+// Hybrid sharding, N ranks in N/F groups of F (R = N/F replicas of each
+// shard): all-gathers and reduce-scatters are the formulas above over F
+// ranks (f_F = (F - 1)/F, units padded to multiples of F), and each reduced
+// piece is all-reduced across the R groups: 2 (R - 1)/R r sum_g ceil(n_g / F)
 // per micro-step, counted apart (comm_cross_group) and in the total. The
 // norm's accumulator is all-reduced within the group, the loss over all N.
 TEST(FsdpComm, HybridShardingSplitsIntraAndInterGroupBytes) {
   const int steps = 2, N = 4;
-  for (int S : {1, 2})
+  for (int F : {1, 2})
     for (Precision p : {Precision::fp32, Precision::bf16}) {
       TrainConfig cfg = fsdp_config(odd4(), N, p, steps);
-      cfg.fsdp.shard_group = S;
-      SCOPED_TRACE(describe(cfg) + ", shard-group " + std::to_string(S));
-      const FlatSizes fs = flat_sizes(odd4(), S, 1);
-      const double e = double(test::esize(p)), fS = double(S - 1) / S, W = double(N) / S;
+      cfg.fsdp.shard_group = F;
+      SCOPED_TRACE(describe(cfg) + ", shard-group " + std::to_string(F));
+      const FlatSizes fs = flat_sizes(odd4(), F, 1);
+      const double e = double(test::esize(p)), fF = double(F - 1) / F, R = double(N) / F;
       const double sum = double(fs.total_padded());
-      const double across = 2 * (W - 1) / W * e * double(fs.shard);
+      const double across = 2 * (R - 1) / R * e * double(fs.shard);
       const RunResult run = run_training(cfg, train_fsdp);
       for (const auto& r : run.ranks) {
         const CommStats& c = r.comm;
-        test::expect_bytes(c.bytes[int(CollectiveKind::all_gather)], steps * e * fS * (2 * sum - double(fs.head())),
+        test::expect_bytes(c.bytes[int(CollectiveKind::all_gather)], steps * e * fF * (2 * sum - double(fs.head())),
                            "all_gather");
-        test::expect_bytes(c.bytes[int(CollectiveKind::reduce_scatter)], steps * e * fS * sum, "reduce_scatter");
+        test::expect_bytes(c.bytes[int(CollectiveKind::reduce_scatter)], steps * e * fF * sum, "reduce_scatter");
         test::expect_bytes(r.comm_cross_group.bytes[int(CollectiveKind::all_reduce)], steps * across, "across");
-        const double scalars = 2 * double(N - 1) / N * 4 + 2 * fS * 8 * 20;  // loss over N, norm within the group
+        const double scalars = 2 * double(N - 1) / N * 4 + 2 * fF * 8 * 20;  // loss over N, norm within the group
         test::expect_bytes(c.bytes[int(CollectiveKind::all_reduce)], steps * (across + scalars), "all_reduce");
         EXPECT_EQ(r.comm_cross_group.calls[int(CollectiveKind::all_reduce)],
-                  uint64_t(S < N ? steps * fs.padded.size() : 0));
+                  uint64_t(F < N ? steps * fs.padded.size() : 0));
       }
     }
 }
 
-// Hybrid sharding's placement, pinned: each shard group is S consecutive
+// Hybrid sharding's placement, pinned: each shard group is F consecutive
 // ranks, and the replicas of a shard (the all-reduce across groups) are the
-// ranks with the same place in theirs, r % S, r % S + S, ... (HSDP's
+// ranks with the same place in theirs, r % F, r % F + F, ... (HSDP's
 // device mesh: groups inside a node). Read back by all-gathering each
 // rank's world rank over the two communicators; strided groups would add
 // the same numbers in another order and pass every tolerance.
 TEST(FsdpComm, HybridGroupsAreConsecutiveRanks) {
-  for (auto [N, S] : {std::pair{4, 2}, std::pair{6, 3}, std::pair{6, 2}}) {
+  for (auto [N, F] : {std::pair{4, 2}, std::pair{6, 3}, std::pair{6, 2}}) {
     std::vector<std::vector<float>> group(N), across(N);
     LaunchOptions opt;
     opt.ranks = N;
-    run_ranks(opt, [&, S = S](RankContext& ctx) {
-      FsdpComms comms(ctx.comm, S);
+    run_ranks(opt, [&, F = F](RankContext& ctx) {
+      FsdpComms comms(ctx.comm, F);
       const float me = float(ctx.rank);
       group[ctx.rank].resize(size_t(comms.group->size()));
       across[ctx.rank].resize(size_t(comms.replicate->size()));
@@ -438,10 +438,10 @@ TEST(FsdpComm, HybridGroupsAreConsecutiveRanks) {
     });
     for (int r = 0; r < N; ++r) {
       std::vector<float> g, a;
-      for (int j = 0; j < S; ++j) g.push_back(float(r / S * S + j));
-      for (int k = 0; k < N / S; ++k) a.push_back(float(r % S + k * S));
-      EXPECT_EQ(group[r], g) << "N " << N << ", S " << S << ", rank " << r << "'s shard group";
-      EXPECT_EQ(across[r], a) << "N " << N << ", S " << S << ", rank " << r << "'s replicas";
+      for (int j = 0; j < F; ++j) g.push_back(float(r / F * F + j));
+      for (int k = 0; k < N / F; ++k) a.push_back(float(r % F + k * F));
+      EXPECT_EQ(group[r], g) << "N " << N << ", F " << F << ", rank " << r << "'s shard group";
+      EXPECT_EQ(across[r], a) << "N " << N << ", F " << F << ", rank " << r << "'s replicas";
     }
   }
 }

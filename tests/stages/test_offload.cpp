@@ -142,7 +142,7 @@ TEST(OffloadParity, EveryStage04KnobIsStage04sBits) {
       {"K 2", 2, [](RunConfig& c) { c.grad_accum = 2; }},
       {"K 2, no-sync", 3, [](RunConfig& c) { c.grad_accum = 2, c.fsdp.no_sync = true; }},
       {"reduce fp32", 2, [](RunConfig& c) { c.fsdp.reduce_dtype = DType::f32; }},
-      {"hybrid S 2", 4, [](RunConfig& c) { c.fsdp.shard_group = 2; }},
+      {"hybrid F 2", 4, [](RunConfig& c) { c.fsdp.shard_group = 2; }},
       {"wrap 2, reshard false, prefetch 2", 3, [](RunConfig& c) {
          c.fsdp.wrap_blocks = 2, c.fsdp.reshard_after_forward = false, c.fsdp.prefetch = 2;
        }},

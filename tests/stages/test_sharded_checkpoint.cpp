@@ -368,7 +368,7 @@ TEST_F(ShardedCheckpoint, AFailureDuringAnAsyncSaveLeavesThePreviousOne) {
   EXPECT_EQ(rest.ranks[0].param_hash, whole.ranks[0].param_hash);
 }
 
-// Hybrid sharding: one shard group writes (S files, not N); stage 05 with
+// Hybrid sharding: one shard group writes (F files, not N); stage 05 with
 // the moments on disk reads them from its files.
 TEST_F(ShardedCheckpoint, OneShardGroupWritesUnderHybridSharding) {
   RunConfig cfg = quiet_config("tiny", 4, 1, 2);
