@@ -4,7 +4,7 @@
 // isa_supported() has checked the CPU: the binary still runs on any x86-64.
 //
 // Bit-exact with the scalar form: no fused multiply-add (the target
-// attributes do not enable FMA, and the library is compiled with
+// attributes do not enable FMA, and the project is compiled with
 // -ffp-contract=off), and the vector square root and division are the
 // correctly rounded IEEE operations, like their scalar counterparts.
 #include "adamw_kernel.h"

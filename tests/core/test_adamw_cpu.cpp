@@ -4,9 +4,9 @@
 // choice of instruction set and its errors; how CpuAdamW cuts a range.
 //
 // Every comparison is exact (memcmp): the kernel and the reference do the same
-// float32 operations in the same order, without fused multiply-add (this
-// suite is compiled with -ffp-contract=off, like the kernel). Instruction
-// sets this CPU lacks are skipped, saying so.
+// float32 operations in the same order, without fused multiply-add (the
+// project is compiled with -ffp-contract=off). Instruction sets this CPU
+// lacks are skipped, saying so.
 //
 //   build/tests/test_adamw --gtest_filter='*avx2*'
 #include <gtest/gtest.h>

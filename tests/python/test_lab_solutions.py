@@ -74,7 +74,7 @@ class LabSolutions(unittest.TestCase):
         # large translation units (unity: the shared headers once per few
         # files), which compiles much faster than the release build; parity
         # with the release build's stage 00 (--build BUILD) stays bit for
-        # bit: without -ffast-math or FMA contraction (ISO C++ turns it off)
+        # bit: without -ffast-math or FMA contraction (meson.build turns it off)
         # x86-64 rounds the same at every -O level.
         build = os.path.join(cls.tmp, "build")
         setup = subprocess.run(["meson", "setup", build, "--buildtype=custom", "-Doptimization=1", "-Ddebug=false",
