@@ -23,6 +23,7 @@ import unittest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gtest_xml  # noqa: E402
+from torch_peer import WHERE, torch_python  # noqa: E402
 
 BUILD = os.environ.get("ZF_BUILD", os.path.join(ROOT, "build"))
 DP = os.path.join(BUILD, "00_data_parallel", "dp")
@@ -57,15 +58,6 @@ def run(log, *extra):
 def read_log(path):
     lines = [json.loads(line) for line in open(path)]
     return [s for s in lines if "step" in s], lines[-1]["summary"]
-
-
-def torch_python():
-    """A Python that imports torch, or None."""
-    for py in [os.environ.get("ZF_TORCH_PYTHON", ""),
-               os.path.join(os.environ.get("ZF_BENCH_VENV", os.path.join(ROOT, ".venv-bench")), "bin", "python")]:
-        if py and os.path.exists(py) and subprocess.run([py, "-c", "import torch"], capture_output=True).returncode == 0:
-            return py
-    return None
 
 
 # PyTorch's schedulers stepped as a training loop steps them: the rate of
@@ -166,8 +158,7 @@ class LrScheduleTest(unittest.TestCase):
     def test_pytorchs_schedulers_give_the_same_bits(self):
         py = torch_python()
         if py is None:
-            self.skipTest("PyTorch is not installed (scripts/bench.sh --fsdp makes .venv-bench with it; "
-                          "or set ZF_TORCH_PYTHON)")
+            self.skipTest(WHERE)
         p = subprocess.run([py, "-c", TORCH_SCRIPT, str(STEPS), str(WARMUP), LR, MIN_LR], capture_output=True,
                            text=True)
         self.assertEqual(p.returncode, 0, p.stderr)
