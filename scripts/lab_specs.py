@@ -24,7 +24,7 @@ SPLIT_REL = 1e-5
 #   reordering, while a wrong solution fails by far more.
 REORDER_REL = 1e-4
 # - the last lab, hybrid ZeRO-2: the sum over ranks taken within groups,
-#   then across them (tiny, N = 4, G = 2, 3 steps). The losses, and in fp32
+#   then across them (tiny, N = 4, F = 2, 3 steps). The losses, and in fp32
 #   the norm, within 1e-4 relative; in bf16 each partial sum is rounded to
 #   bf16, so the norm within one bf16 rounding (2^-8 = 3.9e-3). A rank that
 #   skips the all-reduce across the groups fails by far more.
@@ -389,19 +389,19 @@ class Hybrid(Lab):
 
     def validate(self, cfg, opts):
         opts.setdefault("--shard-group", 2)
-        G = opts["--shard-group"]
-        if G < 1 or cfg["ranks"] % G:
-            raise Usage(f"--shard-group {G} must divide --ranks {cfg['ranks']}")
+        group = opts["--shard-group"]
+        if group < 1 or cfg["ranks"] % group:
+            raise Usage(f"--shard-group {group} must divide --ranks {cfg['ranks']}")
 
     def properties(self, checks, runs, cfg, opts):
         r, m, N, p, K = runs["main"], cfg["model"], cfg["ranks"], cfg["precision"], cfg["grad_accum"]
         mem, comm = F.hybrid_zero2(m, N, opts["--shard-group"], p, K)
-        memory(checks, r, mem, "your states: whole parameters, pieces of 1/G of the gradients and of AdamW")
+        memory(checks, r, mem, "your states: whole parameters, pieces of 1/F of the gradients and of AdamW")
         collectives(checks, r, comm, "reduce-scatter and all-gather within the group, "
                     "one all-reduce of the piece across the groups, the norm within the group")
         close_to(checks, r, runs["dp"], HYBRID_REL,
                  "the all-reduce across the groups (every group's piece summed) and the norm's communicator "
-                 "(clip_scale over the group: over all N it counts the gradient N/G times, a norm sqrt(N/G) "
+                 "(clip_scale over the group: over all N it counts the gradient N/F times, a norm sqrt(N/F) "
                  "too large)",
                  norm_rel=HYBRID_BF16_NORM_REL if p == "bf16" else HYBRID_REL)
 

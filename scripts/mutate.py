@@ -66,8 +66,8 @@ MUTATIONS = [
      ["offload"], "the CPU's AdamW never rounding into the bf16 copy the device receives"),
     # estimate/: the estimator
     ("estimate_cross", "common/estimate/estimate.cpp",
-     "est.comm_cross_group = reductions * 2 * ring(int(W)) * r * S;",
-     "est.comm_cross_group = reductions * ring(int(W)) * r * S;",
+     "est.comm_cross_group = reductions * 2 * ring(int(R)) * r * S;",
+     "est.comm_cross_group = reductions * ring(int(R)) * r * S;",
      ["estimate"], "the cross-group all-reduce counted as one pass of the ring"),
     # io/: files
     ("index_overlap", "common/io/sharded_checkpoint.cpp",

@@ -21,7 +21,7 @@
 //
 // Sub-communicators (split): every backend cuts its ranks into groups by
 // color, each group a communicator with its own queue and counters: HSDP's
-// intra-group (color rank / S) and inter-group (color rank % S)
+// intra-group (color rank / F) and inter-group (color rank % F)
 // communicators, or a duplicate (split(0, rank())) as a second queue, so an
 // all_gather never waits behind a reduce_scatter issued on the other.
 //   threads  a new group of the member ranks, one more communication thread

@@ -70,15 +70,15 @@ StageEstimate estimate_from_sizes(Stage stage, const TrainConfig& cfg, const Off
       break;
     case Stage::fsdp:
     case Stage::offload: {
-      const int G = shard_ranks(cfg);
-      const double fG = ring(G), W = double(N) / G, r = reduce_bytes(cfg);
+      const int F = shard_ranks(cfg);
+      const double fF = ring(F), R = double(N) / F, r = reduce_bytes(cfg);
       const double reductions = cfg.fsdp.no_sync ? 1 : K;  // K' of section 8
       // Every unit before its forward, and again before its backward all
       // but the head, which stays gathered; once without resharding.
-      c[ag] = K * fG * e * (cfg.fsdp.reshard_after_forward ? 2 * Pp - head_padded : Pp);
-      c[rs] = reductions * fG * r * Pp;
-      // Hybrid sharding: each reduced piece all-reduced across the W groups.
-      est.comm_cross_group = reductions * 2 * ring(int(W)) * r * S;
+      c[ag] = K * fF * e * (cfg.fsdp.reshard_after_forward ? 2 * Pp - head_padded : Pp);
+      c[rs] = reductions * fF * r * Pp;
+      // Hybrid sharding: each reduced piece all-reduced across the R groups.
+      est.comm_cross_group = reductions * 2 * ring(int(R)) * r * S;
       c[ar] += est.comm_cross_group;
       break;
     }

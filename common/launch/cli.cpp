@@ -177,7 +177,7 @@ void validate_for_world(const RunConfig& cfg, int world) {
   for (int d = 1; d <= world; ++d)
     if (world % d == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(d);
   USAGE_REQUIRE(F >= 1 && world % F == 0, "--shard-group " << F << " must divide the " << world
-                                              << " ranks into groups of F consecutive ranks: use one of "
+                                              << " ranks into equal groups of consecutive ranks: use one of "
                                               << divisors);
 }
 

@@ -332,8 +332,8 @@ class MadeUpVariants(LabTestCase):
             self.assertEqual(f.read().split(), ["test", "-C", BUILD, "zero1"])
 
     def hybrid(self, all_reduce):
-        # N = 4, groups of G = 2, fp32: 4P + 12P/G; within the group f = 1/2 of
-        # 4P; across the W = 2 groups the piece 2(1/2)(4P/2); loss over 4, norm over 2.
+        # N = 4, groups of F = 2, fp32: 4P + 12P/F; within the group f = 1/2 of
+        # 4P; across the R = 2 groups the piece 2(1/2)(4P/2); loss over 4, norm over 2.
         body = HYBRID.format(params=4 * P, grads=4 * P // 2, opt=8 * P // 2, rs=1 / 2 * 4 * P, ag=1 / 2 * 4 * P,
                              ar=all_reduce)
         return self.wrapper("hybrid", body)

@@ -6,7 +6,7 @@
 #   - every stage at N = 4 across the two hosts gives the threads run's
 #     final hash (--ranks 4, one process);
 #   - hybrid sharding with a group per host: the bytes across the groups
-#     are the all-reduce of my piece, 2 (G' - 1) / G' of it, G' = 2 groups,
+#     are the all-reduce of my piece, 2 (R - 1) / R of it, R = 2 groups,
 #     in the run's counters and in the link's (under 5 % more: headers),
 #     and under half of what plain sharding sends across;
 #   - a slow, lossy link (20 ms more and 20 % of the packets lost toward

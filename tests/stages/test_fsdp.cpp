@@ -333,7 +333,7 @@ TEST(FsdpMemory, NoSyncAddsOneFullGradient) {
 
 // Hybrid sharding: model states 16 bytes per element of a shard over F
 // ranks, 16P/F, whatever N.
-TEST(FsdpMemory, HybridShardingHolds16POverS) {
+TEST(FsdpMemory, HybridShardingHolds16POverF) {
   for (int F : {1, 2, 3})
     for (Precision p : {Precision::fp32, Precision::bf16}) {
       TrainConfig cfg = fsdp_config(odd4(), 6, p, 1);
