@@ -5,8 +5,9 @@
 // All tensors are float32, row-major, contiguous. Weights of a Linear are
 // stored [OC, IC] (PyTorch's nn.Linear layout).
 //
-// Results are deterministic on one machine; across CPU types they may differ
-// in the last bits (the AVX-512 clones use fused multiply-add).
+// Results are deterministic on one machine and the same in every clone
+// (core/simd.h: no fused multiply-add, meson.build); across CPU types the
+// model's may still differ in the last bits, through OpenBLAS's kernels.
 //
 // Convention: every backward kernel ACCUMULATES (+=) into each gradient it
 // writes (dinp, dweight, dbias, dqkv, ...). The caller zeroes a gradient
