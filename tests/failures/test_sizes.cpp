@@ -66,16 +66,6 @@ TEST(RunSizes, DryRunsAndTheEstimatorRefuseABatchOutOfRange) {
   EXPECT_TRUE(has(r.output, "--dry-run") && has(r.output, "host memory") && has(r.output, "free")) << r.output;
 }
 
-// A dry run of the same model runs: its states are counted on a device that
-// has no memory, and never filled (TrainingRun skips the initial state
-// whose 70 billion values would take the machine's memory and minutes).
-TEST(RunSizes, ADryRunOfAModelBeyondTheHostNeverFillsItsStates) {
-  const test::ProcessResult r =
-      limited(test::dp_binary() + " --model gpt-70b --steps 1 --clock modeled --dry-run");
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(has(r.output, "dry run (nothing computed)") && has(r.output, "median step")) << r.output;
-}
-
 // A real run of a model far beyond the machine (gpt-70b: more than a
 // terabyte of model states) is refused before it allocates anything,
 // naming what it needs and what the machine has.
@@ -84,6 +74,16 @@ TEST(RunSizes, ARealRunThatCannotFitTheHostIsRefused) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(has(r.output, "host memory") && has(r.output, "this machine has")) << r.output;
   EXPECT_FALSE(has(r.output, "step ")) << "it trained: " << r.output;
+}
+
+// A dry run of the same model runs: its states are counted on a device that
+// has no memory, and never filled (TrainingRun skips the initial state
+// whose 70 billion values would take the machine's memory and minutes).
+TEST(RunSizes, ADryRunOfAModelBeyondTheHostNeverFillsItsStates) {
+  const test::ProcessResult r =
+      limited(test::dp_binary() + " --model gpt-70b --steps 1 --clock modeled --dry-run");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "dry run (nothing computed)") && has(r.output, "median step")) << r.output;
 }
 
 }  // namespace
