@@ -50,8 +50,7 @@ struct OffloadStates final : ModelStates {
         params(shards, storage_dtype(cfg.precision), cfg.fsdp, units.last(), ctx.mem, ctx.dev, *host, *comms.group,
                pinned),
         grads(shards, storage_dtype(cfg.precision), cfg.fsdp.reduce_dtype.value_or(storage_dtype(cfg.precision)),
-              cfg.fsdp.no_sync, ctx.mem, ctx.dev, *host, *comms.reduce_queue, comms.replicate.get(),
-              pinned),
+              cfg.fsdp.no_sync, ctx.mem, ctx.dev, *host, *comms.reduce_queue, comms.replicate.get(), pinned),
         opt(units.flat, shards, ctx.mem, *host), comm_dev(ctx.dev) {}
 
   // The CPU as a device, its AdamW on --optimizer-threads threads, or on the

@@ -35,12 +35,9 @@ class OffloadParams {
 
   float* piece(int g);  // my float32 piece of unit g, on the host (S_g elements)
   float* shard() { return piece(0); }  // all my pieces, unit after unit (shard_total elements)
-  // Unit g's shard in the gather dtype, on the host (see above).
-  void* host_copy(int g);
-  // Rounds unit g's float32 shard into its bf16 host copy (nothing in fp32).
-  void narrow_host_copy(int g);
-  // Copies unit g's host copy to the device's.
-  Transfer upload(int g);
+  void* host_copy(int g);         // unit g's shard in the gather dtype, on the host (see above)
+  void narrow_host_copy(int g);  // rounds unit g's float32 piece into its bf16 host copy (nothing in fp32)
+  Transfer upload(int g);        // copies unit g's host copy to the device's
 
  private:
   // The all-gather's input: the device's copy.

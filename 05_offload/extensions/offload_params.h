@@ -49,8 +49,7 @@ class OffloadParams {
 
   float* piece(int g);  // my float32 piece of unit g, on the host (S_g elements)
   float* shard() { return piece(0); }  // all my pieces, unit after unit (shard_total elements)
-  // Unit g's shard in the gather dtype, on the host (see above).
-  void* host_copy(int g);
+  void* host_copy(int g);  // unit g's shard in the gather dtype, on the host (see above)
   // Rounds unit g's float32 shard into its bf16 host copy (nothing in fp32,
   // or with the shards on disk, where the optimizer's stream does it).
   void narrow_host_copy(int g);
