@@ -50,17 +50,28 @@ void FlatReducer::reduce_unit(int g, bool sync) {
 }
 
 std::optional<FlatReducer::Reduced> FlatReducer::complete(size_t in_flight) {
-  if (inflight_.size() <= in_flight) return std::nullopt;
-  // Waited for while still held here: a wait that throws leaves the buffer
-  // to the destructor, after the group is aborted, never to a collective.
-  Reduced& oldest = inflight_.front();
-  oldest.handle.wait();
-  oldest.mine = my_piece_in(oldest.reduced, reduce_dtype_, oldest.unit);
-  // Hybrid sharding: my piece is summed over my group; sum it across the groups.
-  if (replicate_)
-    replicate_->all_reduce_async(oldest.mine, layout_.units[oldest.unit].shard, reduce_dtype_, ReduceOp::sum).wait();
-  Reduced f = std::move(oldest);
-  inflight_.pop_front();
+  while (inflight_.size() > in_flight) {
+    // Waited for while still held here: a wait that throws leaves the buffer
+    // to the destructor, after the group is aborted, never to a collective.
+    inflight_.front().handle.wait();
+    Reduced f = std::move(inflight_.front());
+    inflight_.pop_front();
+    f.mine = my_piece_in(f.reduced, reduce_dtype_, f.unit);
+    if (!replicate_) return f;
+    // Hybrid sharding: my piece is summed over my group; sum it across the
+    // groups, from a copy, so that the full buffer goes now.
+    const size_t n = layout_.units[f.unit].shard;
+    f.piece = Tensor(mem_, Place::device, Category::comm, reduce_dtype_, n);
+    dev_.copy(f.piece.data(), f.mine, n * dtype_size(reduce_dtype_));
+    f.owned = Tensor(), f.widened = Tensor();
+    f.mine = f.piece.data();
+    f.handle = replicate_->all_reduce_async(f.mine, n, reduce_dtype_, ReduceOp::sum);
+    crossing_.push_back(std::move(f));
+  }
+  if (crossing_.size() <= in_flight) return std::nullopt;
+  crossing_.front().handle.wait();
+  Reduced f = std::move(crossing_.front());
+  crossing_.pop_front();
   return f;
 }
 

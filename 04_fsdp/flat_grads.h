@@ -12,8 +12,10 @@
 //
 // Hybrid sharding (a `replicate` communicator): the piece, summed over my
 // shard group, is then all-reduced across the groups before it is added.
-// That all-reduce is waited for at once, on the compute thread: it does not
-// overlap the next unit's backward as the reduce-scatter does.
+// Once its reduce-scatter is done, my piece is copied out of the full
+// buffer, which is freed (FSDP2's reduce-scatter writes a tensor of its
+// own), and its all-reduce stays in flight behind the next unit's backward,
+// as the reduce-scatter did behind this one's.
 //
 // --no-sync: every unit's full buffer is kept across the micro-steps
 // (category grads: one full gradient in the recipe's dtype, for the whole
@@ -42,7 +44,7 @@ class FlatReducer {
               Device& dev, Communicator& comm, Communicator* replicate);
 
   // A completed reduction of one unit: my piece of its sum, S_g elements of
-  // the reduce dtype at `mine`, inside the buffer this holds (freed with it).
+  // the reduce dtype at `mine`, inside a buffer this holds (freed with it).
   struct Reduced {
     int unit;
     Tensor owned;    // the full buffer, when it is not one kept by --no-sync
@@ -50,6 +52,7 @@ class FlatReducer {
     void* reduced;   // the buffer reduce-scattered in place
     CommHandle handle;
     void* mine = nullptr;
+    Tensor piece;  // hybrid sharding: my piece, copied out and all-reduced across the groups
   };
 
   // Where unit g's backward adds its full gradient (N * S_g elements; the first n_g are the unit's).
@@ -59,7 +62,9 @@ class FlatReducer {
   void reduce_unit(int g, bool sync);
   // The oldest reduction, waited for, while more than `in_flight` are in
   // flight; else none. The owner asks with 1 after each unit (one stays in
-  // flight behind the next unit's backward) and with 0 at the end.
+  // flight behind the next unit's backward) and with 0 at the end. Under
+  // hybrid sharding, in flight counts each stage apart: the reduce-scatters,
+  // then the all-reduces across the groups.
   std::optional<Reduced> complete(size_t in_flight);
   // --no-sync: unit g's kept gradient is read; zero it for the next step.
   void zero_kept(int g);
@@ -78,7 +83,8 @@ class FlatReducer {
   std::vector<Tensor> kept_;   // --no-sync: every unit's full gradient (category grads)
   Tensor computing_;           // the unit whose backward is running (without --no-sync)
   int computing_unit_ = -1;
-  std::deque<Reduced> inflight_;
+  std::deque<Reduced> inflight_;  // reduce-scatters
+  std::deque<Reduced> crossing_;  // hybrid sharding: all-reduces across the groups
   uint64_t reduce_scatters_ = 0;
 };
 

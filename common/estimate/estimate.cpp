@@ -137,32 +137,47 @@ class Transients {
 // Gradients: each unit's whole gradient is made for its backward and handed
 // to its reduce-scatter; one reduction stays in flight behind the next
 // unit's backward (two with stage 05's landing: the piece copied to the
-// host frees its buffer when the next piece lands).
+// host frees its buffer when the next piece lands). Hybrid sharding: a
+// reduce-scatter done, my piece is copied out, the buffer freed, and one
+// all-reduce of a piece across the groups stays in flight too.
 struct GradFlow {
   struct Reduction {
     double bytes;  // its buffer
     double after;  // what completing it allocates and frees again (stage 04's widened bf16 piece)
+    double piece;  // hybrid sharding: my piece's copy (else 0)
   };
   // landing: stage 05, whose HostGrads holds a reduced buffer until the next one lands.
-  explicit GradFlow(Transients& t, bool landing = false) : t(t), landing(landing) {}
+  GradFlow(Transients& t, bool landing = false, bool hybrid = false) : t(t), landing(landing), hybrid(hybrid) {}
   Transients& t;
-  bool landing;
-  std::deque<Reduction> inflight;
+  bool landing, hybrid;
+  std::deque<Reduction> inflight, crossing;
   std::deque<double> landed;
-  void reduce(double bytes, double after = 0) {
-    inflight.push_back({bytes, after});
-    while (inflight.size() > 1) complete();
+  void reduce(double bytes, double after = 0, double piece = 0) {
+    inflight.push_back({bytes, after, piece});
+    complete(1);
   }
-  void complete() {
-    const Reduction f = inflight.front();
-    inflight.pop_front();
+  // 04_fsdp/flat_grads.cpp's FlatReducer::complete(n), until it returns none.
+  void complete(size_t n) {
+    while (inflight.size() > n) {
+      const Reduction f = inflight.front();
+      inflight.pop_front();
+      if (!hybrid) {
+        done(f);
+        continue;
+      }
+      t.alloc(f.piece), t.free(f.bytes);
+      crossing.push_back({f.piece, f.after, 0});
+    }
+    while (crossing.size() > n) done(crossing.front()), crossing.pop_front();
+  }
+  void done(const Reduction& f) {
     t.alloc(f.after), t.free(f.after);
     if (!landing) return t.free(f.bytes);
     landed.push_back(f.bytes);
     while (landed.size() > 1) t.free(landed.front()), landed.pop_front();
   }
   void finish() {
-    while (!inflight.empty()) complete();
+    complete(0);
     for (double b : landed) t.free(b);
     landed.clear();
   }
@@ -234,7 +249,7 @@ Transients fsdp_transient(Stage stage, const TrainConfig& cfg, const OffloadOpti
     wait(g);
     t.release(gathered[g]), gathered.erase(g);
   };
-  GradFlow grads(t, stage == Stage::offload);
+  GradFlow grads(t, stage == Stage::offload, G_ranks < cfg.ranks);
   for (int k = 0; k < K; ++k) {
     for (int g = 0; g < G; ++g) {
       unshard(g);
@@ -257,8 +272,10 @@ Transients fsdp_transient(Stage stage, const TrainConfig& cfg, const OffloadOpti
         t.free(reduced);
         reduced = r * a[size_t(g)];
       }
-      // Stage 04 widens its piece of a bf16 reduction to add it to the float32 shard.
-      grads.reduce(reduced, stage == Stage::fsdp && r != 4 ? 4 * a[size_t(g)] / G_ranks : 0);
+      // Stage 04 widens its piece of a bf16 reduction to add it to the float32
+      // shard; hybrid sharding copies the piece out, r bytes an element.
+      const double piece = a[size_t(g)] / G_ranks;
+      grads.reduce(reduced, stage == Stage::fsdp && r != 4 ? 4 * piece : 0, r * piece);
     }
     grads.finish();
   }

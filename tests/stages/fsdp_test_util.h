@@ -76,9 +76,18 @@ inline FlatSizes flat_sizes(const ModelConfig& m, int N, int K) {
 // and the last wait, h_0 + 4 S_0 (stage 04, r = 2). Without resharding the
 // backward gathers nothing: no c in it. For --prefetch 1 (the default) and
 // a --max-gathered that never holds a prefetch back.
+//
+// Hybrid sharding: a reduced buffer is freed once my piece (q_g: r S_g) is
+// copied out of it, and that piece's all-reduce across the groups stays in
+// flight behind the next unit, so L_g = h_{g+1} + q_{g+2} (stage 05 holds
+// the landed piece q_{g+3}, not a buffer). Unit g's reduction completing:
+//   g+1's piece copied    c S_{g-1} + L_g + h_g + q_{g+1}
+//   g+2's all-reduce done c S_{g-1} + h_g + q_{g+1} + q_{g+2} + 4 S_{g+2}
+//                         (the float32 piece stage 04 adds, when r = 2)
+// and at the end the same with g = -1, then q_0 + 4 S_0.
 struct CommPeakCase {
   size_t c = 0, e = 4, r = 4;
-  bool reshard = true, no_sync = false, landing = false;
+  bool reshard = true, no_sync = false, landing = false, hybrid = false;
 };
 
 inline size_t comm_peak(const FlatSizes& f, int N, const CommPeakCase& k) {
@@ -86,15 +95,20 @@ inline size_t comm_peak(const FlatSizes& f, int N, const CommPeakCase& k) {
   auto a = [&](int g) { return g < 0 || g >= G ? size_t(0) : f.padded[g]; };
   auto S = [&](int g) { return a(g) / size_t(N); };
   auto h = [&](int g) { return k.no_sync ? (k.r != k.e ? 4 * a(g) : 0) : k.r * a(g); };
+  auto q = [&](int g) { return k.hybrid ? k.r * S(g) : 0; };
   const bool piece = k.r == 2 && !k.landing;
   const size_t cb = k.reshard ? k.c : 0;  // the backward's all-gather inputs
-  size_t peak = piece ? h(0) + 4 * S(0) : 0;
-  for (int g = 0; g < G; ++g) {
-    const size_t L = h(g + 1) + (k.landing ? h(g + 2) : 0);
+  size_t peak = piece ? (k.hybrid ? q(0) : h(0)) + 4 * S(0) : 0;
+  for (int g = k.hybrid ? -1 : 0; g < G; ++g) {
+    const size_t L = h(g + 1) + (k.landing ? (k.hybrid ? q(g + 3) : h(g + 2)) : 0) + q(g + 2);
     const size_t made = k.no_sync ? 0 : k.e * a(g);
+    if (k.hybrid)
+      peak = std::max({peak, cb * S(g - 1) + L + h(g) + q(g + 1),
+                       cb * S(g - 1) + h(g) + q(g + 1) + q(g + 2) + (piece ? 4 * S(g + 2) : 0)});
+    if (g < 0) continue;
     peak = std::max({peak, k.c * (S(g) + S(g + 1)), cb * (S(g - 1) + (g < G - 1 ? S(g) : 0)) + L,
                      cb * S(g - 1) + L + made + (k.r != k.e ? 4 * a(g) : 0),
-                     cb * S(g - 1) + L + h(g) + (piece && g + 1 < G ? 4 * S(g + 1) : 0)});
+                     cb * S(g - 1) + L + h(g) + (piece && !k.hybrid && g + 1 < G ? 4 * S(g + 1) : 0)});
   }
   return peak;
 }
@@ -183,7 +197,8 @@ struct PeakMode {
   // c: the bytes per element of an all-gather input made on the device.
   CommPeakCase peak_case(Precision p, size_t c, bool landing) const {
     const size_t e = test::esize(p);
-    return {.c = c, .e = e, .r = fp32_reduce ? 4 : e, .reshard = reshard, .no_sync = no_sync, .landing = landing};
+    return {.c = c, .e = e, .r = fp32_reduce ? 4 : e, .reshard = reshard, .no_sync = no_sync, .landing = landing,
+            .hybrid = shard_group > 0};
   }
 };
 

@@ -289,7 +289,7 @@ TEST(FsdpMemory, GatheredPeakFollowsTheLimit) {
 // The peak of category comm, exactly fsdp_test::comm_peak (the README's
 // schedule of the communication buffers), for each recipe and reduce dtype,
 // with and without resharding, with --no-sync, and within a shard group of
-// hybrid sharding (whose all-reduce works in place: nothing more). Nothing
+// hybrid sharding (my pieces copied out for the all-reduce). Nothing
 // is left in comm after a run, and nothing is on the host.
 TEST(FsdpMemory, CommPeakIsTheReadmeSchedule) {
   for (const PeakMode& mode : {PeakMode{"default"}, PeakMode{"no reshard", false}, PeakMode{"no-sync", true, true},

@@ -142,6 +142,35 @@ INSTANTIATE_TEST_SUITE_P(Cases, FsdpSchedule, ::testing::ValuesIn(test::schedule
 
 TEST(FsdpRecorder, ChangesNoResult) { test::expect_recorder_changes_no_result(train_fsdp); }
 
+// Hybrid sharding (N = 4, groups of 2, each collective held back 2 ms): the
+// all-reduce of unit u's piece across the groups is issued once its
+// reduce-scatter is done, before unit u-2's backward begins, and first
+// waited for after that backward has ended: it is in flight during all of
+// it, as the reduce-scatter was during unit u-1's. The last two go at the
+// end of the backward.
+TEST(FsdpHybridSchedule, TheAllReduceAcrossGroupsOverlapsABackward) {
+  TrainConfig cfg = test::schedule_config({4, 1, Precision::fp32, 2000, 1.0f});
+  cfg.fsdp.shard_group = 2;
+  const test::RecordedRun rec = test::run_recorded(cfg, train_fsdp, std::chrono::microseconds(2000));
+  const int U = int(build_layout(cfg.model).units.size());
+  for (int r = 0; r < cfg.ranks; ++r) {
+    const test::RankSchedule s(rec.events[r]);
+    const test::Window w = s.micro(0, 0);
+    std::vector<const test::Collective*> across;  // units U-1 .. 0; not the loss (one float)
+    for (const test::Collective* c : s.issued_in(w))
+      if (c->kind == CollectiveKind::all_reduce && c->dtype == DType::f32 && c->count > 1) across.push_back(c);
+    ASSERT_EQ(int(across.size()), U) << "rank " << r;
+    for (int u = U - 1; u >= 2; --u) {
+      const test::Collective& c = *across[size_t(U - 1 - u)];
+      EXPECT_GT(c.issued, s.at(ScheduleEvent::backward_end, u - 1, w)) << "unit " << u << ", rank " << r;
+      EXPECT_LT(c.issued, s.at(ScheduleEvent::backward_begin, u - 2, w)) << "unit " << u << ", rank " << r;
+      EXPECT_GT(c.first_wait(), s.at(ScheduleEvent::backward_end, u - 2, w))
+          << "unit " << u << "'s all-reduce across the groups waited for during unit " << u - 2
+          << "'s backward, rank " << r;
+    }
+  }
+}
+
 // ------------------------------------------------------------------ flags
 
 RunConfig parse(std::vector<std::string> args, StageFlags flags = StageFlags::fsdp) {
