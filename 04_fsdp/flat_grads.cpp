@@ -50,23 +50,26 @@ void FlatReducer::reduce_unit(int g, bool sync) {
 }
 
 std::optional<FlatReducer::Reduced> FlatReducer::complete(size_t in_flight) {
+  // Each collective is waited for, and issued, while its buffer is held in
+  // a queue here: a wait that throws leaves the buffer to the destructor,
+  // after the group is aborted, never to a collective.
   while (inflight_.size() > in_flight) {
-    // Waited for while still held here: a wait that throws leaves the buffer
-    // to the destructor, after the group is aborted, never to a collective.
     inflight_.front().handle.wait();
     Reduced f = std::move(inflight_.front());
     inflight_.pop_front();
     f.mine = my_piece_in(f.reduced, reduce_dtype_, f.unit);
     if (!replicate_) return f;
     // Hybrid sharding: my piece is summed over my group; sum it across the
-    // groups, from a copy, so that the full buffer goes now.
+    // groups from a copy, so that the buffer it was reduced in goes now
+    // (a --no-sync buffer stays: it is the kept gradient).
     const size_t n = layout_.units[f.unit].shard;
     f.piece = Tensor(mem_, Place::device, Category::comm, reduce_dtype_, n);
     dev_.copy(f.piece.data(), f.mine, n * dtype_size(reduce_dtype_));
     f.owned = Tensor(), f.widened = Tensor();
+    f.reduced = nullptr;
     f.mine = f.piece.data();
-    f.handle = replicate_->all_reduce_async(f.mine, n, reduce_dtype_, ReduceOp::sum);
-    crossing_.push_back(std::move(f));
+    Reduced& crossing = crossing_.emplace_back(std::move(f));
+    crossing.handle = replicate_->all_reduce_async(crossing.mine, n, reduce_dtype_, ReduceOp::sum);
   }
   if (crossing_.size() <= in_flight) return std::nullopt;
   crossing_.front().handle.wait();

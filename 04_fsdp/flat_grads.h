@@ -14,8 +14,8 @@
 // shard group, is then all-reduced across the groups before it is added.
 // Once its reduce-scatter is done, my piece is copied out of the full
 // buffer, which is freed (FSDP2's reduce-scatter writes a tensor of its
-// own), and its all-reduce stays in flight behind the next unit's backward,
-// as the reduce-scatter did behind this one's.
+// own). Unit g's reduce-scatter is in flight during unit g-1's backward,
+// and its all-reduce during unit g-2's.
 //
 // --no-sync: every unit's full buffer is kept across the micro-steps
 // (category grads: one full gradient in the recipe's dtype, for the whole

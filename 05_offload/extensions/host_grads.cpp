@@ -60,7 +60,7 @@ void HostGrads::land_oldest() {
   if (reduce_dtype_ == DType::f32) host_.add(dst, landing_[l.landing].data(), DType::f32, n);
   else host_.accumulate(dst, landing_[l.landing].as<bf16>(), n);
   reducer_.zero_kept(g);
-  copies_.pop_front();  // the reduced buffer is freed here
+  copies_.pop_front();  // the reduced buffer (hybrid sharding: my piece's copy) is freed here
 }
 
 void HostGrads::zero(int buffer) {

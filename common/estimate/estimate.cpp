@@ -144,7 +144,7 @@ struct GradFlow {
   struct Reduction {
     double bytes;  // its buffer
     double after;  // what completing it allocates and frees again (stage 04's widened bf16 piece)
-    double piece;  // hybrid sharding: my piece's copy (else 0)
+    double piece;  // my piece's copy, made only under hybrid sharding
   };
   // landing: stage 05, whose HostGrads holds a reduced buffer until the next one lands.
   GradFlow(Transients& t, bool landing = false, bool hybrid = false) : t(t), landing(landing), hybrid(hybrid) {}

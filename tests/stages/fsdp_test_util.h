@@ -80,11 +80,11 @@ inline FlatSizes flat_sizes(const ModelConfig& m, int N, int K) {
 // Hybrid sharding: a reduced buffer is freed once my piece (q_g: r S_g) is
 // copied out of it, and that piece's all-reduce across the groups stays in
 // flight behind the next unit, so L_g = h_{g+1} + q_{g+2} (stage 05 holds
-// the landed piece q_{g+3}, not a buffer). Unit g's reduction completing:
+// the landed piece q_{g+3}, not a buffer). Once unit g is reduced:
 //   g+1's piece copied    c S_{g-1} + L_g + h_g + q_{g+1}
 //   g+2's all-reduce done c S_{g-1} + h_g + q_{g+1} + q_{g+2} + 4 S_{g+2}
 //                         (the float32 piece stage 04 adds, when r = 2)
-// and at the end the same with g = -1, then q_0 + 4 S_0.
+// and at the end the same with g = -1, then q_0 + 4 S_0 (stage 04, r = 2).
 struct CommPeakCase {
   size_t c = 0, e = 4, r = 4;
   bool reshard = true, no_sync = false, landing = false, hybrid = false;

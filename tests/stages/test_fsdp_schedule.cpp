@@ -156,9 +156,9 @@ TEST(FsdpHybridSchedule, TheAllReduceAcrossGroupsOverlapsABackward) {
   for (int r = 0; r < cfg.ranks; ++r) {
     const test::RankSchedule s(rec.events[r]);
     const test::Window w = s.micro(0, 0);
-    std::vector<const test::Collective*> across;  // units U-1 .. 0; not the loss (one float)
+    std::vector<const test::Collective*> across;  // units U-1 .. 0
     for (const test::Collective* c : s.issued_in(w))
-      if (c->kind == CollectiveKind::all_reduce && c->dtype == DType::f32 && c->count > 1) across.push_back(c);
+      if (c->kind == CollectiveKind::all_reduce && !test::is_loss(*c) && !test::is_norm(*c)) across.push_back(c);
     ASSERT_EQ(int(across.size()), U) << "rank " << r;
     for (int u = U - 1; u >= 2; --u) {
       const test::Collective& c = *across[size_t(U - 1 - u)];

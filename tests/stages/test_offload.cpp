@@ -229,8 +229,8 @@ TEST(OffloadMemory, PinnedBytesAreWhereTheCopiesGo) {
 }
 
 // The peak of category comm on the device, exactly fsdp_test::comm_peak:
-// stage 04's schedule, with each reduced buffer held one unit longer while
-// my piece goes to the host (`landing`), no float32 piece on the device,
+// stage 04's schedule, with each reduced buffer (under hybrid sharding, my
+// piece's copy) held one unit longer while my piece goes to the host (`landing`), no float32 piece on the device,
 // and an all-gather input made on the device only with --offload-params
 // (both recipes). The host's comm is the two landing buffers.
 TEST(OffloadMemory, CommPeakIsTheReadmeSchedule) {
