@@ -73,7 +73,7 @@ struct FsdpStates final : ModelStates {
 
 FsdpComms::FsdpComms(Communicator& world, int F) {
   group = &world;
-  if (F < world.size()) {  // groups of F consecutive ranks; my shard's replicas: one per group
+  if (F > 0 && F < world.size()) {  // groups of F consecutive ranks; my shard's replicas: one per group
     group_owned = world.split(world.rank() / F, world.rank());
     replicate = world.split(world.rank() % F, world.rank());
     group = group_owned.get();
@@ -89,7 +89,7 @@ void FsdpComms::count_in(TrainingRun& run) {
 RankResult train_fsdp(const TrainConfig& cfg, RankContext& ctx, const TokenData& data, StepLog& log) {
   const ModelLayout layout = build_layout(cfg.model);
   const FsdpUnits units = wrap_blocks(layout, cfg.fsdp.wrap_blocks);
-  FsdpComms comms(ctx.comm, cfg.fsdp.shard_group > 0 ? cfg.fsdp.shard_group : ctx.world);
+  FsdpComms comms(ctx.comm, cfg.fsdp.shard_group);
   const ShardLayout shards = make_shard_layout(units.flat, comms.group->size(), comms.group->rank());
   const int K = cfg.grad_accum, G = units.size(), D = cfg.fsdp.prefetch;
 

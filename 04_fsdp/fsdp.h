@@ -41,7 +41,7 @@ struct FsdpComms {
   std::unique_ptr<Communicator> group_owned, replicate, reduce_queue;
   Communicator* group = nullptr;
 
-  FsdpComms(Communicator& world, int F);
+  FsdpComms(Communicator& world, int F);  // F: --shard-group's ranks (0: all of world)
   void count_in(TrainingRun& run);  // the split communicators' counters are the run's too
 };
 

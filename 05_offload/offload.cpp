@@ -99,7 +99,7 @@ RankResult train_offload(const TrainConfig& cfg, const OffloadOptions& offload, 
           "--offload-params, --offload-dir and --delay-update are extensions/'s (train_offload_extended)");
   const ModelLayout layout = build_layout(cfg.model);
   const FsdpUnits units = wrap_blocks(layout, cfg.fsdp.wrap_blocks);
-  FsdpComms comms(ctx.comm, cfg.fsdp.shard_group > 0 ? cfg.fsdp.shard_group : ctx.world);
+  FsdpComms comms(ctx.comm, cfg.fsdp.shard_group);
   const ShardLayout shards = make_shard_layout(units.flat, comms.group->size(), comms.group->rank());
   const int G = units.size(), K = cfg.grad_accum, D = cfg.fsdp.prefetch;
 

@@ -222,7 +222,7 @@ RankResult train_offload_extended(const TrainConfig& cfg, const OffloadOptions& 
     return train_offload(cfg, offload, ctx, data, log);
   const ModelLayout layout = build_layout(cfg.model);
   const FsdpUnits units = wrap_blocks(layout, cfg.fsdp.wrap_blocks);
-  FsdpComms comms(ctx.comm, cfg.fsdp.shard_group > 0 ? cfg.fsdp.shard_group : ctx.world);
+  FsdpComms comms(ctx.comm, cfg.fsdp.shard_group);
   const ShardLayout shards = make_shard_layout(units.flat, comms.group->size(), comms.group->rank());
   const int K = cfg.grad_accum, D = cfg.fsdp.prefetch;
 
