@@ -24,7 +24,7 @@ namespace zf::test {
 // A quiet configuration of `model` for tests.
 inline TrainConfig quiet_config(const std::string& model, int ranks, int batch, int steps) {
   TrainConfig cfg;
-  cfg.model = model_preset(model);
+  cfg.model = parse_model(model);
   cfg.ranks = ranks;
   cfg.batch = batch;
   cfg.steps = steps;

@@ -76,7 +76,7 @@ int run(int argc, char** argv) {
   int L = 0, C = 0, V = 0, T = 0, H = 0;
   bool paper = false, deepspeed = false, ignored_dry_run = false;
   app.add_option("--params", params_text, "model size P: 124000000, 1e9, 1.5e9 (no padding, no activations)");
-  app.add_option("--model", model, "model preset: tiny, wide, small, gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt-7b, gpt-70b (units padded as the stages pad them)");
+  app.add_option("--model", model, "model preset: tiny, wide, small, gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt-7b, gpt-70b, or a shape as the trainers take it (L=12,C=768,H=12,T=1024,V=50304; gpt-7b,V=32000); units padded as the stages pad them");
   auto* o_layers = app.add_option("--layers", L, "shape: blocks L (with --channels, --vocab, --seq, --heads)");
   auto* o_channels = app.add_option("--channels", C, "shape: channels C");
   auto* o_vocab = app.add_option("--vocab", V, "shape: vocabulary V");
@@ -201,8 +201,8 @@ int run(int argc, char** argv) {
     q.model_text = "L=" + std::to_string(L) + " C=" + std::to_string(C) + " V=" + std::to_string(V) +
                    " T=" + std::to_string(T) + " H=" + std::to_string(H);
   } else if (!model.empty()) {
-    cfg.model = model_preset(model);  // UsageError naming the presets
-    q.model_text = "model " + model;
+    cfg.model = parse_model(model);  // UsageError naming the presets, or what is wrong in the shape
+    q.model_text = "model " + cfg.model.name;
   }
   q.shaped = !model.empty() || shape_given;
   USAGE_REQUIRE(q.hardware.empty() || q.shaped || fitting,

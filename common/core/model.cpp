@@ -5,7 +5,9 @@
 #include "model.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "check.h"
@@ -41,6 +43,58 @@ ModelConfig model_preset(const std::string& name) {
   std::string names;
   for (const std::string& n : model_preset_names()) names += (names.empty() ? "" : ", ") + n;
   throw UsageError("unknown model preset '" + name + "': use one of " + names);
+}
+
+ModelConfig parse_model(const std::string& text) {
+  const auto comma = text.find_first_of(",=");
+  const bool from_preset = comma == std::string::npos || text[comma] == ',';
+  if (comma == std::string::npos) return model_preset(text);
+  ModelConfig m = from_preset ? model_preset(text.substr(0, comma)) : ModelConfig{};
+  const std::string usage = "--model takes a preset, a shape L=12,C=768,H=12,T=1024,V=50304 (blocks, channels, "
+                            "heads, sequence, vocabulary), or a preset with some of these changed: gpt-7b,V=32000";
+  struct Key {
+    char letter;
+    int* value;
+    long lo, hi;
+    bool given;
+  } keys[] = {{'L', &m.L, 1, 100000, false},
+              {'C', &m.C, 1, 1000000, false},
+              {'H', &m.H, 1, 1000000, false},
+              {'T', &m.T, 1, 10000000, false},
+              {'V', &m.V, 1, 100000000, false}};
+  size_t at = from_preset ? comma + 1 : 0;
+  USAGE_REQUIRE(at < text.size(), "--model '" << text << "' ends in a comma: " << usage);
+  while (at <= text.size()) {
+    const size_t end = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, end - at);
+    Key* key = nullptr;
+    for (Key& k : keys)
+      if (item.size() > 2 && item[0] == k.letter && item[1] == '=') key = &k;
+    USAGE_REQUIRE(key, "--model '" << text << "': '" << item << "' is not one of L=, C=, H=, T=, V= and a number: "
+                                   << usage);
+    USAGE_REQUIRE(!key->given, "--model '" << text << "' gives " << key->letter << " twice");
+    const std::string number = item.substr(2);
+    char* stop = nullptr;
+    const long v = std::strtol(number.c_str(), &stop, 10);
+    USAGE_REQUIRE(*stop == 0 && std::isdigit(static_cast<unsigned char>(number[0])) && v >= key->lo && v <= key->hi,
+                  "--model '" << text << "': " << key->letter << " must be a whole number from " << key->lo
+                              << " to " << key->hi << " (got '" << number << "')");
+    *key->value = int(v);
+    key->given = true;
+    at = end + 1;
+  }
+  for (const Key& k : keys)
+    USAGE_REQUIRE(from_preset || k.given, "--model '" << text << "' is a shape without " << k.letter
+                                                      << "=: a shape gives all five of L, C, H, T, V");
+  USAGE_REQUIRE(m.C % m.H == 0, "--model '" << text << "': the heads H=" << m.H << " must divide the channels C="
+                                            << m.C);
+  m.name = "L=" + std::to_string(m.L) + ",C=" + std::to_string(m.C) + ",H=" + std::to_string(m.H) +
+           ",T=" + std::to_string(m.T) + ",V=" + std::to_string(m.V);
+  for (const std::string& n : model_preset_names()) {
+    const ModelConfig p = model_preset(n);
+    if (p.L == m.L && p.C == m.C && p.H == m.H && p.T == m.T && p.V == m.V) m.name = n;
+  }
+  return m;
 }
 
 namespace {

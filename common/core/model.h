@@ -30,13 +30,18 @@ namespace zf {
 
 
 struct ModelConfig {
-  std::string name;  // preset name
+  std::string name;  // the preset's name, or the shape as parse_model reads it ("L=32,C=4096,H=32,T=4096,V=32000")
   int V = 256, T = 64, L = 2, H = 4, C = 64;
 };
 
 // "tiny", "small", "gpt2"; UsageError for anything else.
 ModelConfig model_preset(const std::string& name);
 const std::vector<std::string>& model_preset_names();
+// --model: a preset's name, a shape "L=32,C=4096,H=32,T=4096,V=32000" (all
+// five), or a preset with some of its shape changed ("gpt-7b,V=32000").
+// The config's name reads back to the same model (a checkpoint keeps it).
+// UsageError saying what was wrong.
+ModelConfig parse_model(const std::string& text);
 
 enum class InitKind { normal, normal_residual, zeros, ones };
 

@@ -519,7 +519,7 @@ size_t consolidate_checkpoint(const std::string& sharded, const std::string& out
                        "): the file is damaged or was not written by --save");
     }
   }();
-  const ModelLayout layout = build_layout(model_preset(model));
+  const ModelLayout layout = build_layout(parse_model(model));
   const ShardedCheckpointReader reader(folder, layout);  // every check a resume makes
   std::vector<TensorSpec> specs;
   std::vector<std::pair<std::string, size_t>> tensors;
@@ -552,7 +552,7 @@ size_t shard_checkpoint(const std::string& file, const std::string& dir, int wri
                                                     "was not written by --save");
     return it->second;
   }();
-  const ModelLayout layout = build_layout(model_preset(model));
+  const ModelLayout layout = build_layout(parse_model(model));
   const CheckpointReader reader(file, layout);
   USAGE_REQUIRE(reader.step() > 0, file << " was saved after 0 steps; a sharded checkpoint holds a trained state");
   const std::string step_dir = dir + "/" + step_folder_name(reader.step());

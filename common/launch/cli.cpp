@@ -194,7 +194,7 @@ std::optional<RunConfig> parse_flags(int argc, char** argv, const StageInfo& sta
                  "ZF_OVERSUBSCRIBE=1 in the environment (ignored under mpirun/srun or RANK/WORLD_SIZE, "
                  "which say how many)")
       ->capture_default_str();
-  app.add_option("--model", model, "model preset: tiny, wide, small, gpt2; for --dry-run also gpt2-medium, gpt2-large, gpt2-xl, gpt-7b, gpt-70b")->capture_default_str();
+  app.add_option("--model", model, "model preset: tiny, wide, small, gpt2; for --dry-run also gpt2-medium, gpt2-large, gpt2-xl, gpt-7b, gpt-70b; or a shape L=12,C=768,H=12,T=1024,V=50304 (blocks, channels, heads, sequence, vocabulary), or a preset with some changed: gpt-7b,V=32000")->capture_default_str();
   app.add_option("--steps", cfg.steps, "optimizer steps")->capture_default_str();
   app.add_option("--batch", cfg.batch, "micro-batch per rank (sequences)")->capture_default_str();
   app.add_option("--grad-accum", cfg.grad_accum, "micro-steps per optimizer step")->capture_default_str();
@@ -395,7 +395,7 @@ std::optional<RunConfig> parse_flags(int argc, char** argv, const StageInfo& sta
   };
   if (!fsdp) refuse(fsdp_options, "stage 04 (FSDP) and 05 (offload)", "04_fsdp/fsdp");
   if (!offload) refuse(offload_options, "stage 05 (offload)", "05_offload/offload");
-  cfg.model = model_preset(model);
+  cfg.model = parse_model(model);
   if (cfg.dry_run) {
     USAGE_REQUIRE(cfg.clock == "modeled", "--dry-run models the steps instead of running them: add --clock modeled");
     USAGE_REQUIRE(cfg.ranks >= 1 && cfg.ranks <= kMaxDryRanks,

@@ -51,6 +51,28 @@ TEST(Layout, ParameterCountAndOrderFollowSpec) {
   EXPECT_EQ(build_layout(model_preset("gpt2")).numel, size_t(124475904) + size_t(50304) * 768);
 }
 
+// --model's shapes: all five letters, or a preset with some changed; the
+// name reads back to the same shape, and a shape that is a preset's is
+// that preset.
+TEST(Layout, AModelIsAPresetOrAShape) {
+  const ModelConfig s = parse_model("L=3,C=96,H=6,T=40,V=300");
+  EXPECT_EQ(std::vector<int>({s.L, s.C, s.H, s.T, s.V}), std::vector<int>({3, 96, 6, 40, 300}));
+  EXPECT_EQ(s.name, "L=3,C=96,H=6,T=40,V=300");
+  const ModelConfig o = parse_model("V=300,T=40,H=6,C=96,L=3");  // any order
+  EXPECT_EQ(o.name, s.name);
+  const ModelConfig l = parse_model("gpt-7b,V=32000,T=2048");  // Llama 2 7B's vocabulary, a shorter context
+  EXPECT_EQ(std::vector<int>({l.L, l.C, l.H, l.T, l.V}), std::vector<int>({32, 4096, 32, 2048, 32000}));
+  const ModelConfig back = parse_model(l.name);
+  EXPECT_EQ(std::vector<int>({back.L, back.C, back.H, back.T, back.V}), std::vector<int>({32, 4096, 32, 2048, 32000}));
+  // P = 2VC + TC + L(12C^2 + 13C) + 2C (docs/SPEC.md section 1), by hand for s.
+  EXPECT_EQ(build_layout(s).numel, size_t(2 * 300 * 96 + 40 * 96 + 3 * (12 * 96 * 96 + 13 * 96) + 2 * 96));
+  EXPECT_EQ(parse_model("L=2,C=64,H=4,T=64,V=256").name, "tiny");
+  EXPECT_EQ(parse_model("tiny,T=64").name, "tiny");
+  for (const char* bad : {"L=2,C=64,H=4,T=64", "tiny,", "tiny,X=3", "tiny,L=0", "tiny,L=2,L=3", "tiny,C=66",
+                          "tiny,T=1e3", "tiny,T=-4", "tiny,T=", "nope,T=3", "L=2,,C=64,H=4,T=64,V=256"})
+    EXPECT_THROW(parse_model(bad), UsageError) << bad;
+}
+
 TEST(Layout, DecayOnlyOnMatrices) {
   auto layout = build_layout(model_preset("tiny"));
   for (const auto& u : layout.units)

@@ -77,6 +77,10 @@ TEST(Cli, StepLinesShowTimeLeftThenTimeTaken) {
 
 TEST(Cli, ZeroRanks) { expect_usage_error("--ranks 0", {"--ranks", "got 0"}); }
 TEST(Cli, UnknownPreset) { expect_usage_error("--model huge", {"huge", "tiny, wide, small, gpt2, gpt2-medium"}); }
+TEST(Cli, ABadShape) {
+  expect_usage_error("--model L=2,C=64,H=4,T=64", {"'L=2,C=64,H=4,T=64'", "without V=", "all five"});
+  expect_usage_error("--model tiny,C=66", {"H=4 must divide the channels C=66"});
+}
 TEST(Cli, ZeroBatch) { expect_usage_error("--batch 0", {"--batch", "got 0"}); }
 TEST(Cli, NotANumber) { expect_usage_error("--steps many", {"--steps", "many"}); }
 TEST(Cli, UnknownFlag) { expect_usage_error("--zero-stage 3", {"--zero-stage"}); }

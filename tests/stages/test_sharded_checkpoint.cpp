@@ -232,6 +232,24 @@ long child_peak(const std::function<void()>& fn) {
 // file, where reading the states whole (the control, to show that the
 // measure sees it) grows it by more than half.
 // The buffer held is what was asked for, or the largest tensor when smaller.
+// A model given as a shape (--model L=...,C=...) is named by its shape in
+// the checkpoint, which the tool reads back: cut and consolidated, the
+// bytes are the file's, and the cut folder resumes as the file does.
+TEST_F(ShardedCheckpoint, AShapedModelIsCutAndConsolidatedByItsShape) {
+  RunConfig cfg = quiet_config("tiny,L=3,T=32", 2, 2, 2);
+  ASSERT_EQ(cfg.model.name, "L=3,C=64,H=4,T=32,V=256");
+  cfg.save = path("shaped.safetensors");
+  run_training(cfg, train_data_parallel);
+  shard_checkpoint(cfg.save, path("shaped"), 3);
+  consolidate_checkpoint(path("shaped"), path("shaped.again"), 100);
+  EXPECT_EQ(bytes_of(path("shaped.again")), bytes_of(cfg.save));
+  RunConfig resume = quiet_config("L=3,C=64,H=4,T=32,V=256", 2, 2, 3);
+  resume.resume = path("shaped");
+  const RunResult a = run_training(resume, train_fsdp);
+  resume.resume = cfg.save;
+  EXPECT_EQ(a.ranks[0].param_hash, run_training(resume, train_fsdp).ranks[0].param_hash);
+}
+
 TEST_F(ShardedCheckpoint, ConsolidationHoldsOnlyItsBuffer) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "a sanitizer's shadow memory hides what the process itself holds";
