@@ -8,9 +8,11 @@ device runs on with the project's own benchmarks, each rank a core:
 
     peak_tflops_f32, _bf16   build/bench/bench_kernels: sgemm 1024^3 on one thread
     hbm_gb_per_s             the same: the median rate of its memory-bound kernels
-    intra_node_busbw, latency build/bench/bench_comm: the threads backend's
-                             all-reduce on 2 ranks (the largest size's bus
-                             bandwidth; the smallest's time, less its bytes, per step)
+    intra_node_*_busbw       build/bench/bench_comm: the threads backend's
+                             all-reduce, reduce-scatter and all-gather (in place)
+                             on 2 ranks, each at its largest size
+    intra_node_latency_us    the all-reduce's smallest size: its time, less its
+                             bytes, per ring step
     pcie_*_gb_per_s          bench_comm's memcpy (the CPU device's copies are memcpys)
     host_adamw_params_per_s  build/bench/bench_adamw (the CPU AdamW, all cores)
 
@@ -66,20 +68,29 @@ def kernels(build):
     return float(sgemm.group(1)), statistics.median(rates)
 
 
+COMM_KINDS = {"all_reduce": "all_reduce", "reduce_scatter": "reduce_scatter", "all_gather": "all_gather in place"}
+
+
 def comm(build):
-    """(bus GB/s at the largest size, latency per ring step in us, memcpy GB/s), all-reduce on 2 ranks."""
+    """({kind: bus GB/s at the largest size}, latency per ring step in us, memcpy GB/s), on 2 ranks."""
     out = run([os.path.join(build, "bench", "bench_comm")])
-    block = out.split("# all_reduce, 2 ranks")[1].split("\n# ")[0]
-    rows = [line.split() for line in block.splitlines() if re.match(r"^\s*[\d.]+ [KMG]iB", line)]
-    if not rows:
-        raise RuntimeError("bench_comm printed no all-reduce on 2 ranks")
+    rows = {}
+    for kind, title in COMM_KINDS.items():
+        block = out.split("# %s, 2 ranks" % title)
+        if len(block) < 2:
+            raise RuntimeError("bench_comm printed no %s on 2 ranks" % title)
+        rows[kind] = [line.split() for line in block[1].split("\n# ")[0].splitlines()
+                      if re.match(r"^\s*[\d.]+ [KMG]iB", line)]
+        if not rows[kind]:
+            raise RuntimeError("bench_comm printed no sizes of %s on 2 ranks" % title)
     size = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
     # Columns: size (a number and its unit), count, time, algbw, busbw, memcpy, bus/memcpy.
-    busbw, memcpy = float(rows[-1][5]), float(rows[-1][6])
-    small_bytes = float(rows[0][0]) * size[rows[0][1]]
-    small_us = float(rows[0][3])
+    busbw = {kind: float(r[-1][5]) for kind, r in rows.items()}
+    memcpy = float(rows["all_reduce"][-1][6])
+    small = rows["all_reduce"][0]
+    small_bytes, small_us = float(small[0]) * size[small[1]], float(small[3])
     # An all-reduce on 2 ranks: 2 ring steps, and 2(N-1)/N = 1 of its bytes on the bus.
-    latency = max(0.1, (small_us - small_bytes / (busbw * 1e3)) / 2)
+    latency = max(0.1, (small_us - small_bytes / (busbw["all_reduce"] * 1e3)) / 2)
     return busbw, latency, memcpy
 
 
@@ -95,7 +106,7 @@ def adamw(build):
 def profile_text(gflops, mem_gbs, busbw, latency, memcpy, adamw_rate, cores):
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     def line(key, value, why):
-        return "%-26s = %-12s # %s" % (key, ("%.6g" % value) if not isinstance(value, str) else value, why)
+        return "%-40s = %-12s # %s" % (key, ("%.6g" % value) if not isinstance(value, str) else value, why)
     return "\n".join([
         MARK + ": measured on this machine, each rank a core",
         line("name", "this machine (%d cores)" % cores, "the CPU device, ranks as threads"),
@@ -107,9 +118,14 @@ def profile_text(gflops, mem_gbs, busbw, latency, memcpy, adamw_rate, cores):
         line("compute_efficiency", 1, "the rates above are achieved ones"),
         line("memory_efficiency", 1, "likewise"),
         line("launch_us", 1, "a kernel call (assumed)"),
-        line("intra_node_busbw_gb_per_s", busbw, "bench_comm: all_reduce on 2 ranks, largest size"),
+        line("intra_node_all_reduce_busbw_gb_per_s", busbw["all_reduce"],
+             "bench_comm: all_reduce on 2 ranks, largest size"),
+        line("intra_node_all_gather_busbw_gb_per_s", busbw["all_gather"],
+             "bench_comm: all_gather in place on 2 ranks, largest size"),
+        line("intra_node_reduce_scatter_busbw_gb_per_s", busbw["reduce_scatter"],
+             "bench_comm: reduce_scatter on 2 ranks, largest size"),
         line("intra_node_latency_us", latency, "bench_comm: all_reduce on 2 ranks, smallest size, per ring step"),
-        line("inter_node_busbw_gb_per_s", busbw, "one machine: never crossed"),
+        line("inter_node_busbw_gb_per_s", busbw["all_reduce"], "one machine: never crossed"),
         line("inter_node_latency_us", latency, "one machine: never crossed"),
         line("pcie_pinned_gb_per_s", memcpy, "bench_comm's memcpy: the CPU device's copies"),
         line("pcie_pageable_gb_per_s", memcpy, "likewise"),
@@ -153,7 +169,7 @@ def main(argv=None):
     with open(a.out, "w") as f:
         f.write(profile_text(gflops, mem_gbs, busbw, latency, memcpy, rate, cores))
     print("wrote %s: sgemm %.1f GFLOP/s, memory %.1f GB/s, all-reduce %.2f GB/s and %.1f us a step, "
-          "memcpy %.1f GB/s, AdamW %s params/s" % (a.out, gflops, mem_gbs, busbw, latency, memcpy,
+          "memcpy %.1f GB/s, AdamW %s params/s" % (a.out, gflops, mem_gbs, busbw["all_reduce"], latency, memcpy,
                                                    "%.3g" % rate if rate else "-"))
     if not a.compare:
         return 0

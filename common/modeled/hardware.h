@@ -25,7 +25,10 @@ struct Hardware {
   // bandwidth an op reaches, the same for every op of a profile.
   double compute_efficiency = 0, memory_efficiency = 0;
   double launch_us = 0;                                  // added to every op of the device
-  double intra_node_busbw_gb_per_s = 0, intra_node_latency_us = 0;  // a collective inside a node
+  // A collective inside a node: the bus bandwidth of each kind (a broadcast
+  // as an all-gather), and the latency of a ring step.
+  double intra_node_all_reduce_busbw_gb_per_s = 0, intra_node_all_gather_busbw_gb_per_s = 0,
+         intra_node_reduce_scatter_busbw_gb_per_s = 0, intra_node_latency_us = 0;
   double inter_node_busbw_gb_per_s = 0, inter_node_latency_us = 0;  // one that crosses nodes
   double pcie_pinned_gb_per_s = 0, pcie_pageable_gb_per_s = 0, pcie_latency_us = 0;
   double host_adamw_params_per_s = 0;  // the host's CPU AdamW (stage 05)

@@ -18,10 +18,11 @@
 //             late makes the others wait) and the queue is free, and takes
 //             NCCL's ring time: its steps' latencies (NVLink's, the
 //             network's for a step that crosses nodes) + ring bytes / bus
-//             bandwidth (comm.h's ring bytes; all-reduce across nodes the faster of
-//             ring and tree), over NVLink when the group lies inside one
-//             node, else over the network: the NICs of the group's GPUs in
-//             a node, one each (NCCL spreads its rings over them).
+//             bandwidth (comm.h's ring bytes; all-reduce across nodes the
+//             faster of ring and tree), over NVLink when the group lies
+//             inside one node (at its kind's bus bandwidth), else over the
+//             network: the NICs of the group's GPUs in a node, one each
+//             (NCCL spreads its rings over them).
 //   copy      host<->device copies: PCIe, pinned or pageable host memory; an
 //             async copy to the host starts after the ops issued before it.
 //   host      what the host waits for: a blocking copy, a collective or a

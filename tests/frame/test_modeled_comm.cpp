@@ -39,6 +39,47 @@ TEST(ModeledClock, AllGatherInsideANodeIsTheRingOverNvlink) {
   for (double m : ms) EXPECT_DOUBLE_EQ(m, expected);
 }
 
+// Each kind at its own NVLink bus bandwidth (an H100 node's all-reduce is
+// NVLink SHARP's, faster than its all-gather and reduce-scatter); across
+// nodes each is capped at its own, not at the all-reduce's.
+TEST(ModeledClock, EachKindOfCollectiveHasItsOwnBusBandwidth) {
+  Hardware hw = round_machine();  // 4 GPUs per node, latency 1 µs inside, 10 µs across
+  hw.intra_node_all_reduce_busbw_gb_per_s = 100;
+  hw.intra_node_all_gather_busbw_gb_per_s = 50;
+  hw.intra_node_reduce_scatter_busbw_gb_per_s = 80;
+  hw.inter_node_busbw_gb_per_s = 20;  // four NICs a node: 80 GB/s across
+  const size_t piece = 1 << 14, full = 4 * piece;  // floats
+  const double S = full * 4.0;  // bytes of the full buffer
+  std::map<std::string, std::vector<double>> ms;
+  for (int N : {4, 8}) {
+    run_modeled(hw, N, [&](Rank& rank, int r) {
+      std::vector<float> mine(piece, 1.0f), all(size_t(N) * piece, 1.0f);
+      rank.lap_ms();
+      rank.comm->all_gather_async(mine.data(), all.data(), piece, DType::f32).wait();
+      const double ag = rank.lap_ms();
+      rank.comm->reduce_scatter_async(all.data(), mine.data(), piece, DType::f32, ReduceOp::sum).wait();
+      const double rs = rank.lap_ms();
+      rank.comm->all_reduce_async(all.data(), full, DType::f32, ReduceOp::sum).wait();
+      const double ar = rank.lap_ms();
+      if (r == 0) ms[std::to_string(N)] = {ag, rs, ar};
+    });
+  }
+  // One node, N = 4: 3 steps of 1 µs (6 for the all-reduce) and the ring bytes at the kind's rate.
+  const double ag4 = 3e-6 + 0.75 * S / 50e9, rs4 = 3e-6 + 0.75 * S / 80e9, ar4 = 6e-6 + 1.5 * S / 100e9;
+  EXPECT_DOUBLE_EQ(ms["4"][0], ag4 * 1e3);
+  EXPECT_DOUBLE_EQ(ms["4"][1], rs4 * 1e3);
+  EXPECT_DOUBLE_EQ(ms["4"][2], ar4 * 1e3);
+  // Two nodes, N = 8: 6 steps inside and 1 across; four NICs give 80 GB/s, under the
+  // all-reduce's 100 but over the all-gather's 50: the all-gather stays at 50. The
+  // all-reduce's tree (2 · (1 · 10 + 3 · 1) µs) beats its ring (2 · (6 + 10) µs).
+  const double S8 = 2 * S;
+  const double ag8 = 6e-6 + 10e-6 + 7.0 / 8 * S8 / 50e9, rs8 = 6e-6 + 10e-6 + 7.0 / 8 * S8 / 80e9;
+  const double ar8 = 2 * (10e-6 + 3e-6) + 2 * 7.0 / 8 * S / 80e9;  // the same S floats reduced
+  EXPECT_DOUBLE_EQ(ms["8"][0], ag8 * 1e3);
+  EXPECT_DOUBLE_EQ(ms["8"][1], rs8 * 1e3);
+  EXPECT_DOUBLE_EQ(ms["8"][2], ar8 * 1e3);
+}
+
 TEST(ModeledClock, HybridGroupsInsideANodeUseNvlinkAcrossNodesTheNetwork) {
   const Hardware hw = round_machine();  // 4 GPUs per node: ranks 0-3 and 4-7
   const int N = 8;

@@ -78,17 +78,19 @@ GPT2_P = 2 * 50304 * 768 + 1024 * 768 + 12 * (12 * 768 * 768 + 13 * 768) + 2 * 7
 UNITS, F8 = 14, 7 / 8
 
 
-def zero3_comm_ms(latency_us, busbw_gb_per_s):
-    """2U all-gathers and U reduce-scatters of one pass, the loss's and the norm's all-reduces of two."""
+def zero3_comm_ms(latency_us, all_gather_gb_per_s, reduce_scatter_gb_per_s, all_reduce_gb_per_s):
+    """2U all-gathers and U reduce-scatters of one pass, the loss's and the norm's all-reduces of two;
+    each kind's ring bytes at its own bus bandwidth."""
     passes = 3 * UNITS + 2 * 2
-    ring_bytes = 3 * F8 * 2 * GPT2_P + 2 * F8 * (4 + 160)
-    return 1e3 * (passes * 7 * latency_us * 1e-6 + ring_bytes / (busbw_gb_per_s * 1e9))
+    seconds = (2 * F8 * 2 * GPT2_P / all_gather_gb_per_s + F8 * 2 * GPT2_P / reduce_scatter_gb_per_s
+               + 2 * F8 * (4 + 160) / all_reduce_gb_per_s) / 1e9
+    return 1e3 * (passes * 7 * latency_us * 1e-6 + seconds)
 
 
 S8 = GPT2_P // 8
 TIME_PREDICTIONS = {
-    "nvlink.comm_ms": zero3_comm_ms(3, 460),   # h100-sxm
-    "pcie.comm_ms": zero3_comm_ms(6, 20),      # l40s
+    "nvlink.comm_ms": zero3_comm_ms(3, 350, 360, 460),   # h100-sxm
+    "pcie.comm_ms": zero3_comm_ms(6, 20, 20, 20),        # l40s
     # AdamW at 2e9 params/s; the norm's 4S bytes and the landed bf16 piece added into the
     # float32 shard (10S bytes) at 100 GB/s; each shared by 8 GPUs
     "offload.host_ms": 1e3 * (S8 / (2e9 / 8) + (4 + 10) * S8 / (100e9 / 8)),
@@ -187,8 +189,13 @@ class WrongPredictionsFail(LabTestCase):
 
     def test_time_without_the_latencies(self):
         # the bytes over the bus bandwidth alone: a third of NVLink's time is its 3 us per ring step
-        bytes_only = zero3_comm_ms(0, 460)
+        bytes_only = zero3_comm_ms(0, 350, 360, 460)
         self.fails(8, "--predict", f"nvlink.comm_ms={bytes_only!r}", naming=["prediction nvlink.comm_ms"])
+
+    def test_time_at_the_all_reduces_bus_bandwidth(self):
+        # every kind at the all-reduce's 460 GB/s, which only NVLink SHARP's all-reduce reaches
+        one_rate = zero3_comm_ms(3, 460, 460, 460)
+        self.fails(8, "--predict", f"nvlink.comm_ms={one_rate!r}", naming=["prediction nvlink.comm_ms"])
 
     def test_time_without_the_batch_copies(self):
         # the units' copies alone, without the three pageable copies of the batch: under 2 % off
