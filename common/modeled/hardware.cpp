@@ -29,20 +29,31 @@ std::string trim(const std::string& s) {
   return s.substr(a, s.find_last_not_of(" \t\r") + 1 - a);
 }
 
-// The most GPUs a node of a profile holds: far above any machine's, and low
-// enough that the counts of nodes and links made from it stay ints.
-constexpr int kMostGpusPerNode = 1000000;
+// The most GPUs a node of a profile holds (and SMs a GPU, and rows of a
+// tile): far above any machine's, and low enough that the counts made
+// from them stay ints.
+constexpr int kMostCount = 1000000;
 
 // The largest profile file read: the shipped ones are about 2 KB.
 constexpr size_t kMostProfileBytes = 1 << 20;
 
-// Every numeric key and where its value goes.
+// The keys that count things: whole numbers, each stored as an int.
+std::map<std::string, int Hardware::*> whole_keys() {
+  return {{"gpus_per_node", &Hardware::gpus_per_node},
+          {"sm_count", &Hardware::sm_count},
+          {"gemm_tile_m", &Hardware::gemm_tile_m},
+          {"gemm_tile_n", &Hardware::gemm_tile_n}};
+}
+
+// Every other numeric key and where its value goes.
 std::map<std::string, double Hardware::*> numeric_keys() {
   return {{"peak_tflops_bf16", &Hardware::peak_tflops_bf16},
           {"peak_tflops_f32", &Hardware::peak_tflops_f32},
           {"hbm_gb_per_s", &Hardware::hbm_gb_per_s},
           {"memory_gib", &Hardware::memory_gib},
-          {"compute_efficiency", &Hardware::compute_efficiency},
+          {"gemm_efficiency", &Hardware::gemm_efficiency},
+          {"flash_forward_tflops", &Hardware::flash_forward_tflops},
+          {"flash_backward_tflops", &Hardware::flash_backward_tflops},
           {"memory_efficiency", &Hardware::memory_efficiency},
           {"launch_us", &Hardware::launch_us},
           {"intra_node_all_reduce_busbw_gb_per_s", &Hardware::intra_node_all_reduce_busbw_gb_per_s},
@@ -65,6 +76,7 @@ std::string hardware_dir() { return ZF_HARDWARE_DIR; }
 
 Hardware parse_hardware(const std::string& text, const std::string& where) {
   const auto numeric = numeric_keys();
+  const auto whole = whole_keys();
   Hardware hw;
   std::map<std::string, int> seen;  // key -> line
   std::istringstream in(text);
@@ -76,7 +88,7 @@ Hardware parse_hardware(const std::string& text, const std::string& where) {
     USAGE_REQUIRE(eq != std::string::npos,
                   where << ":" << n << ": expected `key = value`, got '" << printable(body) << "'");
     const std::string key = trim(body.substr(0, eq)), value = trim(body.substr(eq + 1));
-    const bool known = key == "name" || key == "gpus_per_node" || numeric.count(key);
+    const bool known = key == "name" || whole.count(key) || numeric.count(key);
     USAGE_REQUIRE(known, where << ":" << n << ": unknown key '" << printable(key) << "' (the keys are in hardware/README.md)");
     USAGE_REQUIRE(!seen.count(key), where << ":" << n << ": '" << key << "' is given twice (first on line "
                                           << seen[key] << ")");
@@ -91,12 +103,12 @@ Hardware parse_hardware(const std::string& text, const std::string& where) {
     const std::optional<double> v = decimal_number(value);
     USAGE_REQUIRE(v && *v > 0, where << ":" << n << ": '" << key << "' must be a positive number written in decimal, "
                                         "such as 900 or 2.5e-3 (got '" << printable(value) << "')");
-    if (key == "gpus_per_node") {
+    if (whole.count(key)) {
       USAGE_REQUIRE(*v == std::floor(*v),
-                    where << ":" << n << ": 'gpus_per_node' must be a whole number (got '" << value << "')");
-      USAGE_REQUIRE(*v <= kMostGpusPerNode, where << ":" << n << ": 'gpus_per_node' must be at most "
-                                                  << kMostGpusPerNode << " (got '" << value << "')");
-      hw.gpus_per_node = int(*v);
+                    where << ":" << n << ": '" << key << "' must be a whole number (got '" << value << "')");
+      USAGE_REQUIRE(*v <= kMostCount, where << ":" << n << ": '" << key << "' must be at most "
+                                                  << kMostCount << " (got '" << value << "')");
+      hw.*whole.at(key) = int(*v);
     } else {
       USAGE_REQUIRE(!(key.find("efficiency") != std::string::npos && *v > 1),
                     where << ":" << n << ": '" << key << "' is a fraction of peak, at most 1 (got " << value << ")");
@@ -104,7 +116,8 @@ Hardware parse_hardware(const std::string& text, const std::string& where) {
     }
   }
   std::vector<std::string> missing;
-  for (const char* k : {"name", "gpus_per_node"})
+  if (!seen.count("name")) missing.push_back("name");
+  for (const auto& [k, member] : whole)
     if (!seen.count(k)) missing.push_back(k);
   for (const auto& [k, member] : numeric)
     if (!seen.count(k)) missing.push_back(k);

@@ -21,10 +21,14 @@ struct Hardware {
   double peak_tflops_bf16 = 0, peak_tflops_f32 = 0;  // dense, per GPU
   double hbm_gb_per_s = 0;
   double memory_gib = 0;
-  // The model's only knobs: the fraction of peak FLOPs and of memory
-  // bandwidth an op reaches, the same for every op of a profile.
-  double compute_efficiency = 0, memory_efficiency = 0;
-  double launch_us = 0;                                  // added to every op of the device
+  // A matrix product: the fraction of peak the best-shaped one reaches
+  // (measured), and how cuBLAS cuts its result into tiles over the SMs.
+  double gemm_efficiency = 0;
+  int sm_count = 0, gemm_tile_m = 0, gemm_tile_n = 0;
+  // Flash attention in bf16: the kernel's measured rates, forward and backward.
+  double flash_forward_tflops = 0, flash_backward_tflops = 0;
+  double memory_efficiency = 0;  // the fraction of HBM bandwidth a streaming kernel reaches
+  double launch_us = 0;          // added to every op of the device
   // A collective inside a node: the bus bandwidth of each kind (a broadcast
   // as an all-gather), and the latency of a ring step.
   double intra_node_all_reduce_busbw_gb_per_s = 0, intra_node_all_gather_busbw_gb_per_s = 0,

@@ -17,11 +17,27 @@ namespace zf {
 
 // ---- costs
 
-double op_seconds(const Hardware& hw, double flops, double bytes, bool tensor, DType compute) {
-  const double peak = (tensor && compute == DType::bf16 ? hw.peak_tflops_bf16 : hw.peak_tflops_f32) * 1e12;
-  const double math = flops / (peak * hw.compute_efficiency);
+double op_seconds(const Hardware& hw, double math, double bytes) {
   const double memory = bytes / (hw.hbm_gb_per_s * 1e9 * hw.memory_efficiency);
   return std::max(math, memory) + hw.launch_us * 1e-6;
+}
+
+double arithmetic_seconds(const Hardware& hw, double flops, bool tensor, DType compute) {
+  const double peak = (tensor && compute == DType::bf16 ? hw.peak_tflops_bf16 : hw.peak_tflops_f32) * 1e12;
+  return flops / (peak * hw.gemm_efficiency);
+}
+
+double gemm_seconds(const Hardware& hw, double M, double N, double K, DType compute) {
+  const double tiles = std::ceil(M / hw.gemm_tile_m) * std::ceil(N / hw.gemm_tile_n);
+  const double waves = std::ceil(tiles / hw.sm_count);
+  // A wave: every SM one tile, the full K, at its share of the GEMM rate.
+  const double wave = arithmetic_seconds(hw, 2.0 * hw.gemm_tile_m * hw.gemm_tile_n * K * hw.sm_count, true, compute);
+  return waves * wave;
+}
+
+double flash_attention_seconds(const Hardware& hw, double flops, bool backward, DType compute) {
+  if (compute != DType::bf16) return arithmetic_seconds(hw, flops, true, compute);
+  return flops / ((backward ? hw.flash_backward_tflops : hw.flash_forward_tflops) * 1e12);
 }
 
 double collective_seconds(const Hardware& hw, CollectiveKind kind, size_t bytes, int n, int nodes, int per_node) {

@@ -7,11 +7,13 @@
 // charged a modeled duration on a timeline of the rank's RankClock:
 //
 //   compute   every op of the device: a roofline time,
-//             max(flops / (peak · compute_efficiency),
-//                 bytes / (HBM bandwidth · memory_efficiency)) + launch,
-//             peak the bf16 tensor cores for a matrix product or attention
-//             computed in bf16, else the FP32 rate; it starts when the
-//             compute queue and the host are both there.
+//             max(its arithmetic, bytes / (HBM bandwidth · memory_efficiency))
+//             + launch, the arithmetic by its class: a matrix product in
+//             waves of tiles over the SMs (gemm_seconds), flash attention in
+//             bf16 at the kernel's measured rate, anything else its flops
+//             at peak · gemm_efficiency (the bf16 tensor cores for the simple
+//             attention's products in bf16, else the FP32 rate); it starts
+//             when the compute queue and the host are both there.
 //   comm      each communicator is a queue of its own, shared by the group:
 //             a collective starts once every member has issued it (each
 //             member's compute queue as it was at the issue: a rank that is
@@ -72,9 +74,22 @@
 namespace zf {
 
 // ---- the costs, in seconds (tested against hand computation)
-// A device op of `flops` and `bytes` of memory traffic; tensor: a matrix
-// product or attention, on the tensor cores when compute is bf16.
-double op_seconds(const Hardware& hw, double flops, double bytes, bool tensor, DType compute);
+// A device op whose arithmetic takes `math` seconds and which moves `bytes`
+// of memory: the longer of the two, and the launch.
+double op_seconds(const Hardware& hw, double math, double bytes);
+// `flops` at the peak times the GEMM efficiency: the tensor cores' bf16
+// peak for a matrix product or attention (tensor) computed in bf16, else
+// the FP32 rate.
+double arithmetic_seconds(const Hardware& hw, double flops, bool tensor, DType compute);
+// A matrix product of an M x N result over K, as cuBLAS runs it: the result
+// cut into tiles of gemm_tile_m x gemm_tile_n, each SM one tile at a time
+// over the whole K; the last wave's idle SMs and the tiles' overhang past M
+// and N cost as much as work (NVIDIA's "Matrix Multiplication Background"
+// guide: tile and wave quantization).
+double gemm_seconds(const Hardware& hw, double M, double N, double K, DType compute);
+// Flash attention's `flops`: in bf16 at the kernel's measured rate, else
+// as arithmetic_seconds.
+double flash_attention_seconds(const Hardware& hw, double flops, bool backward, DType compute);
 // One collective of `bytes` (comm.h's full buffer) over n ranks on `nodes`
 // nodes, per_node of them on the node that has the fewest.
 double collective_seconds(const Hardware& hw, CollectiveKind kind, size_t bytes, int n, int nodes, int per_node);

@@ -122,15 +122,16 @@ class ModeledDevice final : public DeviceDecorator {
   void matmul_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
                       int OC) override {
     in_->matmul_forward(out, inp, weight, bias, N, IC, OC);
-    op("matmul_forward", 2.0 * N * IC * OC, (double(N) * IC + double(IC) * OC + double(N) * OC + OC) * e(),
-       true);
+    timed("matmul_forward", gemm_seconds(hw(), N, OC, IC, compute_),
+          (double(N) * IC + double(IC) * OC + double(N) * OC + OC) * e());
   }
-  // dinp and dweight: two products of the forward's size (added into).
+  // dinp [N,IC] = dout · weight over OC, and dweight [OC,IC] = dout^T · inp
+  // over N: two products of the forward's FLOPs (added into).
   void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                        const void* weight, int N, int IC, int OC) override {
     in_->matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
-    op("matmul_backward", 4.0 * N * IC * OC,
-       (double(N) * OC + 3.0 * N * IC + 3.0 * IC * OC + 2.0 * OC) * e(), true);
+    timed("matmul_backward", gemm_seconds(hw(), N, IC, OC, compute_) + gemm_seconds(hw(), OC, IC, N, compute_),
+          (double(N) * OC + 3.0 * N * IC + 3.0 * IC * OC + 2.0 * OC) * e());
   }
   // Q·K^T and P·V over [B,H,T,T]: 4·B·T²·C FLOPs for the whole square (the
   // simple form, whose probabilities are written and kept), half of it for
@@ -140,9 +141,11 @@ class ModeledDevice final : public DeviceDecorator {
     in_->attention_forward(out, saved, scratch, qkv, B, T, C, H);
     const double io = 4.0 * B * T * C * e();
     if (attention_ == AttentionForm::flash)
-      op("attention_forward", 2.0 * B * T * double(T) * C, io + 4.0 * B * H * T, true);
+      timed("attention_forward", flash_attention_seconds(hw(), 2.0 * B * T * double(T) * C, false, compute_),
+            io + 4.0 * B * H * T);
     else
-      op("attention_forward", 4.0 * B * T * double(T) * C, io + double(B) * H * double(T) * T * e(), true);
+      timed("attention_forward", arithmetic_seconds(hw(), 4.0 * B * T * double(T) * C, true, compute_),
+            io + double(B) * H * double(T) * T * e());
   }
   void attention_backward(void* dqkv, float* scratch, const void* dout, const void* out, const void* qkv,
                           const void* saved, int B, int T, int C, int H) override {
@@ -150,9 +153,11 @@ class ModeledDevice final : public DeviceDecorator {
     const double io = 11.0 * B * T * C * e();
     // The simple form reads the probabilities and writes their gradient through the softmax's.
     if (attention_ == AttentionForm::flash)
-      op("attention_backward", 5.0 * B * T * double(T) * C, io + 4.0 * B * H * T, true);
+      timed("attention_backward", flash_attention_seconds(hw(), 5.0 * B * T * double(T) * C, true, compute_),
+            io + 4.0 * B * H * T);
     else
-      op("attention_backward", 8.0 * B * T * double(T) * C, io + 3.0 * B * H * double(T) * T * e(), true);
+      timed("attention_backward", arithmetic_seconds(hw(), 8.0 * B * T * double(T) * C, true, compute_),
+            io + 3.0 * B * H * double(T) * T * e());
   }
   void gelu_forward(void* out, const void* inp, size_t n) override {
     in_->gelu_forward(out, inp, n);
@@ -181,8 +186,12 @@ class ModeledDevice final : public DeviceDecorator {
   static constexpr double kAdamWFlops = 12.0;  // per element: moments, bias corrections, the step
 
   double e() const { return esize(compute_); }
-  void op(const char* name, double flops, double bytes, bool tensor = false) {
-    clock_.compute(op_seconds(clock_.hardware(), flops, bytes, tensor, compute_), name);
+  const Hardware& hw() const { return clock_.hardware(); }
+  // An op whose arithmetic takes `math` seconds.
+  void timed(const char* name, double math, double bytes) { clock_.compute(op_seconds(hw(), math, bytes), name); }
+  // An op of `flops` on the FP32 units (everything but matrix products and attention).
+  void op(const char* name, double flops, double bytes) {
+    timed(name, arithmetic_seconds(hw(), flops, false, compute_), bytes);
   }
   bool is_pinned(const void* host) const {
     const uintptr_t p = reinterpret_cast<uintptr_t>(host);

@@ -44,6 +44,66 @@ TEST(ModeledClock, OneMatmulIsItsRooflineTime) {
   EXPECT_DOUBLE_EQ(clock.lap(p), (4194304.0 / 5e12 + 2e-6) * 1e3);
 }
 
+// A matrix product in waves of tiles: 5 SMs, tiles of 16 x 32, each SM at a
+// fifth of 10 TFLOP/s · 0.5. Memory made fast enough not to matter.
+TEST(ModeledClock, AMatmulIsWholeWavesOfTiles) {
+  Hardware hw = round_machine();
+  hw.sm_count = 5;
+  hw.gemm_tile_m = 16;
+  hw.gemm_tile_n = 32;
+  hw.hbm_gb_per_s = 1e9;
+  RankClock clock(hw);
+  clock.start(0);
+  auto dev = make_modeled_device(make_cpu_device(), clock);
+  const int N = 40, IC = 512, OC = 100;
+  std::vector<float> in(N * IC, 1.0f), w(OC * IC, 0.5f), out(N * OC), dout(N * OC, 1.0f), din(N * IC), dw(OC * IC);
+  const double sm = 5e12 / 5;  // one SM's FLOP/s
+  StepPhases p;
+  dev->matmul_forward(out.data(), in.data(), w.data(), nullptr, N, IC, OC);
+  // out [40, 100] over K = 512: 3 x 4 = 12 tiles (the last row of tiles 8 of 16
+  // rows, the last column 4 of 32), 3 waves of up to 5 (the last has 2), each
+  // a tile's 2·16·32·512 FLOPs.
+  const double forward = 3 * (2.0 * 16 * 32 * 512) / sm;
+  EXPECT_DOUBLE_EQ(clock.lap(p), (forward + 2e-6) * 1e3);
+  EXPECT_GT(forward, 1.8 * 2.0 * N * IC * OC / 5e12);  // the quantization costs four fifths again
+  dev->matmul_backward(din.data(), dw.data(), nullptr, dout.data(), in.data(), w.data(), N, IC, OC);
+  // dinp [40, 512] over K = 100: 3 x 16 = 48 tiles, 10 waves; dweight [100, 512]
+  // over K = 40: 7 x 16 = 112 tiles, 23 waves.
+  const double backward = 10 * (2.0 * 16 * 32 * 100) / sm + 23 * (2.0 * 16 * 32 * 40) / sm;
+  EXPECT_DOUBLE_EQ(clock.lap(p), (backward + 2e-6) * 1e3);
+}
+
+// Flash attention in bf16 at the profile's measured kernel rates, forward
+// and backward; in f32 its FLOPs at the FP32 rate.
+TEST(ModeledClock, FlashAttentionIsTheKernelsMeasuredRate) {
+  Hardware hw = round_machine();
+  hw.flash_forward_tflops = 40;
+  hw.flash_backward_tflops = 20;
+  hw.hbm_gb_per_s = 1e9;
+  const int B = 1, T = 64, C = 64, H = 4;
+  const double triangle = 2.0 * B * T * T * C;  // Q·K^T and P·V over the causal half
+  for (DType compute : {DType::bf16, DType::f32}) {
+    RankClock clock(hw);
+    clock.start(0);
+    auto dev = make_modeled_device(make_cpu_device(), clock);
+    dev->set_compute_dtype(compute);
+    dev->set_attention(AttentionForm::flash);
+    const size_t e = dtype_size(compute);
+    std::vector<uint8_t> qkv(size_t(B) * T * 3 * C * e, 0), out(size_t(B) * T * C * e), dout(out.size(), 0),
+        dqkv(qkv.size()), saved(dev->attention_saved_bytes(B, T, H));
+    std::vector<float> scratch(dev->attention_scratch_floats(B, T, H));
+    StepPhases p;
+    dev->attention_forward(out.data(), saved.data(), scratch.data(), qkv.data(), B, T, C, H);
+    const double fwd = compute == DType::bf16 ? triangle / 40e12 : triangle / 5e12;
+    EXPECT_DOUBLE_EQ(clock.lap(p), (fwd + 2e-6) * 1e3) << dtype_name(compute);
+    dev->attention_backward(dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), saved.data(), B, T, C,
+                            H);
+    // The backward's 2.5 times the forward's FLOPs (the scores recomputed).
+    const double bwd = compute == DType::bf16 ? 2.5 * triangle / 20e12 : 2.5 * triangle / 5e12;
+    EXPECT_DOUBLE_EQ(clock.lap(p), (bwd + 2e-6) * 1e3) << dtype_name(compute);
+  }
+}
+
 TEST(ModeledClock, AnElementwiseOpIsItsBytesTime) {
   const Hardware hw = round_machine();
   RankClock clock(hw);

@@ -59,8 +59,9 @@ TEST(ModeledRun, SameBitsAsTheWallClockAndTheSameTimesEveryRun) {
     EXPECT_EQ(a.ranks[r].step_ms, b.ranks[r].step_ms) << "rank " << r;
     EXPECT_EQ(a.ranks[r].step_ms, a.ranks[0].step_ms) << "rank " << r;  // the step ends together
   }
-  // Modeled: a step of tiny on H100s is well under a millisecond; the wall's here is not.
-  EXPECT_LT(a.ranks[0].step_ms[1], 1.0);
+  // Modeled: a step of tiny on H100s is a couple of milliseconds at most
+  // (each of its small products one wave of tiles); the wall's here is not.
+  EXPECT_LT(a.ranks[0].step_ms[1], 2.0);
   EXPECT_GT(a.ranks[0].step_ms[1], 0.0);
 }
 
