@@ -75,6 +75,10 @@ TEST(Hardware, AWrongProfileIsRefusedNamingTheKey) {
   EXPECT_NE(error_of(std::string(test::kRoundProfile) + "launch_us = 3\n").find("'launch_us' is given twice"),
             std::string::npos);
   EXPECT_NE(error_of(with_line("gpus_per_node", "gpus_per_node = 2.5")).find("whole number"), std::string::npos);
+  EXPECT_NE(error_of(with_line("sm_count", "sm_count = 131.5")).find("'sm_count' must be a whole number"),
+            std::string::npos);
+  EXPECT_NE(error_of(with_line("gemm_tile_n", "")).find("missing key gemm_tile_n"), std::string::npos);
+  EXPECT_NE(error_of(with_line("gemm_efficiency", "gemm_efficiency = 1.2")).find("at most 1"), std::string::npos);
   EXPECT_NE(error_of(with_line("name", "name stuff")).find("x.hw:2: expected `key = value`"), std::string::npos);
   EXPECT_EQ(error_of(test::kRoundProfile), "");
 }
