@@ -17,7 +17,10 @@
 //   comm      each communicator is a queue of its own, shared by the group:
 //             a collective starts once every member has issued it (each
 //             member's compute queue as it was at the issue: a rank that is
-//             late makes the others wait) and the queue is free, and takes
+//             late makes the others wait), the queue is free and so are the
+//             members' links it uses (a rank's fabric and its NIC each carry
+//             one collective at a time, in the order the rank issued them,
+//             whatever the communicator), and takes
 //             NCCL's ring time: its steps' latencies (NVLink's, the
 //             network's for a step that crosses nodes) + ring bytes / bus
 //             bandwidth (comm.h's ring bytes; all-reduce across nodes the

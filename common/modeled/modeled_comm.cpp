@@ -3,8 +3,10 @@
 #include "modeled_clock.h"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -24,6 +26,19 @@ struct ClockFamily {
   std::string aborted;  // the reason; empty while running
 };
 
+// The links a rank's collectives travel: its node's fabric (NVLink, or PCIe
+// on a card without) and its NIC. A link carries one collective at a time,
+// in the order the rank issued them, whatever their communicators: two
+// queues' collectives never both run at a link's full rate (the total is
+// what sharing it would give; which ends first differs).
+enum LinkBit { kFabric = 1, kNic = 2 };
+
+// A collective another one starts after: number `seq` of `group`.
+struct After {
+  std::shared_ptr<ClockGroup> group;
+  uint64_t seq = 0;
+};
+
 class ClockGroup {
  public:
   ClockGroup(int size, std::shared_ptr<ClockFamily> family)
@@ -35,10 +50,48 @@ class ClockGroup {
     world_ranks_[size_t(member)] = world_rank;
   }
 
+  // The links this group's collectives use (LinkBit): the fabric inside one
+  // node; across nodes the NICs, and the fabric too where a node has more
+  // than one member. Waits until every member has joined (a split's members
+  // join as they return from it).
+  int links(const Hardware& hw) {
+    await([&] { return std::find(world_ranks_.begin(), world_ranks_.end(), -1) == world_ranks_.end(); },
+          "a member to join the communicator");
+    std::lock_guard<std::mutex> lock(mu_);
+    if (size() <= 1) return 0;
+    if (nodes_ == 0) std::tie(nodes_, per_node_) = placement(hw);
+    return nodes_ == 1 ? kFabric : kNic | (per_node_ > 1 ? kFabric : 0);
+  }
+
+  // A member's collective will start after `seq` of this group: its end if
+  // known, else the entry is held until settle() reads it.
+  std::optional<double> hold(uint64_t seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(seq);
+    REQUIRE(it != entries_.end(), "modeled clock: collective #" << seq << " held after it was forgotten");
+    if (seq < resolved_) return it->second.end;
+    ++it->second.refs;
+    return std::nullopt;
+  }
+
+  // The end of a held collective (hold), once every member has issued it.
+  double settle(uint64_t seq, const Hardware& hw) {
+    await([&] { return posted_through(seq); }, "the members of another communicator to issue a collective");
+    resolve(seq, hw);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(seq);
+    const double end = it->second.end;
+    --it->second.refs;
+    forget(it);
+    return end;
+  }
+
   // Member's collective number `seq` on this queue, issued when its compute
   // queue was at `ready`. free: a meeting of the ranks that takes no time
-  // (RankClock's lap).
-  void post(uint64_t seq, int member, double ready, CollectiveKind kind, size_t bytes, bool free = false) {
+  // (RankClock's lap). It starts no earlier than `after_end` and the ends
+  // of `after` (the member's previous collectives on its links).
+  void post(uint64_t seq, int member, double ready, CollectiveKind kind, size_t bytes, bool free = false,
+            double after_end = 0, std::vector<After> after = {}) {
     std::lock_guard<std::mutex> lock(mu_);
     Entry& e = entries_[seq];
     if (e.posted == 0) {
@@ -54,6 +107,8 @@ class ClockGroup {
                            << bytes << " bytes, another rank " << collective_name(e.kind) << " of " << e.bytes
                            << " bytes: every rank must issue the same collectives in the same order");
     e.ready = std::max(e.ready, ready);
+    e.after_end = std::max(e.after_end, after_end);
+    for (After& a : after) e.after.push_back(std::move(a));
     ++e.posted;
   }
 
@@ -71,33 +126,19 @@ class ClockGroup {
   }
 
   // When `seq` ends and how long it ran: the queue's collectives in order,
-  // each starting when every member has issued it and the one before has
-  // ended. Called once every member has posted it and every earlier one
-  // (the backend's collective is done, or wait_posted returned).
+  // each starting when every member has issued it, the one before has
+  // ended and so have those it comes after on its members' links. Called
+  // once every member has posted it and every earlier one (the backend's
+  // collective is done, or wait_posted returned).
   std::pair<double, double> end_of(uint64_t seq, const Hardware& hw) {
+    resolve(seq, hw);
     std::lock_guard<std::mutex> lock(mu_);
-    const int n = size();
-    for (; resolved_ <= seq; ++resolved_) {
-      auto it = entries_.find(resolved_);
-      REQUIRE(it != entries_.end() && it->second.posted == n,
-              "modeled clock: collective #" << resolved_ << " was not issued by all " << n
-                                            << " ranks when a later one completed");
-      Entry& e = it->second;
-      if (nodes_ == 0) std::tie(nodes_, per_node_) = placement(hw);  // the members are placed before any collective
-      const int nodes = nodes_, per_node = per_node_;
-      if (e.free) {  // the ranks meet: when the last is there, whatever the queue still runs
-        e.end = e.ready;
-        continue;
-      }
-      e.seconds = collective_seconds(hw, e.kind, e.bytes, n, nodes, per_node);
-      e.end = std::max(queue_end_, e.ready) + e.seconds;
-      queue_end_ = e.end;
-    }
     auto it = entries_.find(seq);
     REQUIRE(it != entries_.end(), "modeled clock: collective #" << seq << " was waited for by more ranks than "
-                                                                 << n);
+                                                                 << size());
     const std::pair<double, double> r{it->second.end, it->second.seconds};
-    if (++it->second.reads == n) entries_.erase(it);  // a collective never waited for stays: a few bytes
+    ++it->second.reads;
+    forget(it);
     return r;
   }
 
@@ -147,12 +188,85 @@ class ClockGroup {
  private:
   struct Entry {
     double ready = 0, end = 0, seconds = 0;
-    int posted = 0, reads = 0;
-    bool free = false;
+    double after_end = 0;      // it starts no earlier (the ends known when it was posted)
+    std::vector<After> after;  // nor before these end (held: hold())
+    int posted = 0, reads = 0, refs = 0;
+    bool free = false, resolving = false;
     std::vector<char> by;  // by member: posted
     CollectiveKind kind = CollectiveKind::barrier;
     size_t bytes = 0;
   };
+
+  // Resolves this queue's collectives in order through `seq`. The ends of
+  // those an entry comes after are read without this group's lock (their
+  // groups may be resolving this one's); meanwhile the entry is marked, and
+  // another member that reaches it waits.
+  void resolve(uint64_t seq, const Hardware& hw) {
+    const int n = size();
+    for (;;) {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (resolved_ > seq) return;
+      const uint64_t at = resolved_;
+      auto it = entries_.find(at);
+      REQUIRE(it != entries_.end() && it->second.posted == n,
+              "modeled clock: collective #" << at << " was not issued by all " << n
+                                            << " ranks when a later one completed");
+      Entry& e = it->second;
+      if (e.resolving) {
+        lock.unlock();
+        await([&] { return resolved_ > at; }, "another member to resolve a collective");
+        continue;
+      }
+      if (e.free) {  // the ranks meet: when the last is there, whatever the queue still runs
+        e.end = e.ready;
+        ++resolved_;
+        continue;
+      }
+      if (nodes_ == 0) std::tie(nodes_, per_node_) = placement(hw);  // the members are placed before any collective
+      const std::vector<After> after = std::move(e.after);
+      e.after.clear();
+      e.resolving = true;
+      lock.unlock();
+      double start = 0;
+      for (const After& a : after) start = std::max(start, a.group->settle(a.seq, hw));
+      lock.lock();
+      e.seconds = collective_seconds(hw, e.kind, e.bytes, n, nodes_, per_node_);
+      e.end = std::max({queue_end_, e.ready, e.after_end, start}) + e.seconds;
+      queue_end_ = e.end;
+      e.resolving = false;
+      ++resolved_;
+    }
+  }
+
+  // An entry every member has read and none holds is dropped (one never
+  // waited for stays: a few bytes).
+  void forget(std::map<uint64_t, Entry>::iterator it) {
+    if (it->second.reads == size() && it->second.refs == 0) entries_.erase(it);
+  }
+
+  // Waits until ready() holds (under the lock): a dry run's fiber lets the
+  // others run; a thread yields, until the run is aborted or the
+  // communicators' timeout has passed.
+  void await(const std::function<bool()>& ready, const char* what) {
+    auto holds = [&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      return ready();
+    };
+    if (on_fiber()) {
+      const bool met = wait_on_fiber([&] { return !aborted().empty() || holds(); });
+      if (!aborted().empty()) throw CommAborted(aborted());
+      if (!met) throw CommTimeout(std::string("dry run: waiting for ") + what + " that can never come: every rank waits");
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    while (!holds()) {
+      if (!aborted().empty()) throw CommAborted(aborted());
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (waited > kDefaultCommTimeoutS)
+        throw CommTimeout(std::string("modeled clock: waited ") + std::to_string(int(waited)) + " s for " + what);
+      std::this_thread::yield();
+    }
+  }
   struct Arrival {
     int color, key, member;
   };
@@ -242,15 +356,28 @@ namespace {
 
 // ---- the communicator
 
+// The last collective a rank issued on each of its links (ClockGroup::links),
+// shared by its communicators (the world's and its splits); the rank's
+// thread alone touches it.
+struct RankLinks {
+  struct Last {
+    std::shared_ptr<ClockGroup> group;  // none yet
+    uint64_t seq = 0;
+    bool ended = false;  // the rank has waited for it: its end is known
+    double end = 0;
+  };
+  Last last[2];  // the fabric's, the NIC's
+};
+
 // Without an inner communicator (a dry run) the collectives move nothing:
 // the members only meet in their ClockGroup.
 class ModeledCommunicator final : public Communicator {
  public:
   // queue: its track in a trace (0: the world's; a split's, its number on the rank).
   ModeledCommunicator(std::unique_ptr<Communicator> inner, std::shared_ptr<ClockGroup> group, int rank,
-                      int world_rank, RankClock& clock, int queue)
+                      int world_rank, RankClock& clock, int queue, std::shared_ptr<RankLinks> links)
       : in_(std::move(inner)), group_(std::move(group)), rank_(rank), world_rank_(world_rank), clock_(clock),
-        queue_(queue) {}
+        queue_(queue), links_(std::move(links)) {}
 
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
@@ -286,7 +413,7 @@ class ModeledCommunicator final : public Communicator {
   }
   void abort(const std::string& reason) override {
     if (in_) in_->abort(reason);
-    else group_->abort(reason);
+    group_->abort(reason);  // and every wait of the clock's own
   }
 
   // The ranks meet, at no cost: each waits until the last has got here.
@@ -300,14 +427,14 @@ class ModeledCommunicator final : public Communicator {
     if (!in_) {
       ClockGroup::Split mine = group_->split(splits_++, rank_, color, key);
       return std::make_unique<ModeledCommunicator>(nullptr, std::move(mine.group), mine.rank, world_rank_, clock_,
-                                                   clock_.new_queue());
+                                                   clock_.new_queue(), links_);
     }
     std::unique_ptr<Communicator> inner = in_->split(color, key);
     std::shared_ptr<ClockGroup> child = group_->child(splits_++, color, inner->size());
     child->join(inner->rank(), world_rank_);
     const int rank = inner->rank();
     return std::make_unique<ModeledCommunicator>(std::move(inner), std::move(child), rank, world_rank_, clock_,
-                                                 clock_.new_queue());
+                                                 clock_.new_queue(), links_);
   }
 
  private:
@@ -317,13 +444,29 @@ class ModeledCommunicator final : public Communicator {
       std::lock_guard<std::mutex> lock(stats_mu_);
       stats_.add(kind, ring_bytes(kind, bytes, size()));
     }
-    group_->post(issued_, rank_, clock_.compute_now(), kind, bytes, /*free: before the steps*/ !clock_.running());
+    const bool free = !clock_.running();  // before the steps
+    // It starts after this rank's previous collective on each link it uses.
+    double after_end = 0;
+    std::vector<After> after;
+    const int links = free ? 0 : group_->links(clock_.hardware());
+    for (int l = 0; l < 2; ++l) {
+      const RankLinks::Last& last = links_->last[l];
+      if (!(links & (1 << l)) || !last.group || last.group == group_) continue;  // its own queue orders it
+      if (last.ended) after_end = std::max(after_end, last.end);
+      else if (std::optional<double> end = last.group->hold(last.seq)) after_end = std::max(after_end, *end);
+      else after.push_back({last.group, last.seq});
+    }
+    group_->post(issued_, rank_, clock_.compute_now(), kind, bytes, free, after_end, std::move(after));
+    for (int l = 0; l < 2; ++l)
+      if (links & (1 << l)) links_->last[l] = {group_, issued_, false, 0};
     return issued_++;
   }
 
   // The backend's collective is done: charge its modeled end to the rank.
   void finish(CollectiveKind kind, uint64_t seq) {
     const auto [end, seconds] = group_->end_of(seq, clock_.hardware());
+    for (RankLinks::Last& last : links_->last)
+      if (last.group == group_ && last.seq == seq) last.ended = true, last.end = end;
     clock_.wait_collective(end);
     clock_.collective(queue_, kind, seconds, end);
     std::lock_guard<std::mutex> lock(stats_mu_);
@@ -360,6 +503,7 @@ class ModeledCommunicator final : public Communicator {
   int rank_, world_rank_;
   RankClock& clock_;
   int queue_;
+  std::shared_ptr<RankLinks> links_;
   std::thread::id owner_;  // the rank's thread, which alone charges its clock: the one that issues
   uint64_t issued_ = 0, splits_ = 0;
 };
@@ -369,8 +513,8 @@ class ModeledCommunicator final : public Communicator {
 std::unique_ptr<Communicator> make_modeled_communicator(std::unique_ptr<Communicator> inner,
                                                         std::shared_ptr<ClockGroup> group, int world_rank,
                                                         RankClock& clock) {
-  auto comm =
-      std::make_unique<ModeledCommunicator>(std::move(inner), std::move(group), world_rank, world_rank, clock, 0);
+  auto comm = std::make_unique<ModeledCommunicator>(std::move(inner), std::move(group), world_rank, world_rank, clock,
+                                                    0, std::make_shared<RankLinks>());
   clock.set_align([c = comm.get()] { c->align(); });
   return comm;
 }

@@ -103,6 +103,46 @@ TEST(ModeledClock, HybridGroupsInsideANodeUseNvlinkAcrossNodesTheNetwork) {
   }
 }
 
+// Two queues' collectives on one link do not both run at its full rate: a
+// link carries one collective at a time, in the order the rank issued them
+// (their total is what sharing it would take). FSDP's all-gathers and
+// reduce-scatters on their two queues, inside a node: the second ends
+// where the two would, 2T. Across nodes a group with four members a node
+// uses the NICs and NVLink both, so it waits for an in-node group's
+// collective too; a group with one member a node (HSDP's replicate) uses the
+// NICs alone, and runs beside it (EachQueuesBusyTimeIsItsOwn).
+TEST(ModeledClock, TwoQueuesShareALink) {
+  const Hardware hw = round_machine();  // 4 GPUs per node, NVLink 100 GB/s, a NIC 10 GB/s
+  const size_t send = 1 << 14;
+  std::vector<double> one_node(4), two_nodes(8);
+  run_modeled(hw, 4, [&](Rank& rank, int r) {
+    auto second = rank.comm->split(0, r);  // the same four ranks: a queue of its own
+    rank.lap_ms();
+    std::vector<float> mine(send, 1.0f), all(4 * send), all2(4 * send);
+    CommHandle a = rank.comm->all_gather_async(mine.data(), all.data(), send, DType::f32);
+    CommHandle b = second->all_gather_async(mine.data(), all2.data(), send, DType::f32);
+    b.wait();  // the later one first: its end waits for the earlier's
+    a.wait();
+    one_node[size_t(r)] = rank.lap_ms();
+  });
+  const double T = 3 * 1e-6 + 0.75 * (4.0 * send * 4) / 100e9;
+  for (int r = 0; r < 4; ++r) EXPECT_DOUBLE_EQ(one_node[size_t(r)], 2 * T * 1e3) << "rank " << r;
+
+  run_modeled(hw, 8, [&](Rank& rank, int r) {
+    auto shard = rank.comm->split(r / 4, r);  // one node: NVLink
+    rank.lap_ms();
+    std::vector<float> mine(send, 1.0f), all(4 * send), all8(8 * send);
+    CommHandle a = shard->all_gather_async(mine.data(), all.data(), send, DType::f32);
+    CommHandle b = rank.comm->all_gather_async(mine.data(), all8.data(), send, DType::f32);  // both nodes
+    a.wait();
+    b.wait();
+    two_nodes[size_t(r)] = rank.lap_ms();
+  });
+  // The world's all-gather: 6 steps inside a node and 1 across; four NICs a node, 40 GB/s.
+  const double world = 6 * 1e-6 + 10e-6 + 7.0 / 8 * (8.0 * send * 4) / 40e9;
+  for (int r = 0; r < 8; ++r) EXPECT_DOUBLE_EQ(two_nodes[size_t(r)], (T + world) * 1e3) << "rank " << r;
+}
+
 // Each communicator is a queue of its own: the step's phases give each
 // queue's busy time ("comm qK", K as the trace's tracks: 0 the world's),
 // "comm" their sum, and two queues' collectives run at once.
