@@ -244,7 +244,8 @@ thread_local RankClock* forked_on_this_thread = nullptr;
 
 std::function<void()> RankClock::fork(std::function<void()> work) {
   if (!running_) return work;
-  worker_ = Worker{true, host_, 0, 0, between_ ? -1 : step_, {}};
+  worker_ = Worker{true, host_, 0, 0, between_ ? -1 : step_, {}, {}};
+  host_cpu_.clear();
   return [this, work = std::move(work)] {
     struct OnThisThread {
       explicit OnThisThread(RankClock* c) { forked_on_this_thread = c; }
@@ -259,6 +260,17 @@ bool RankClock::on_forked_thread() const { return forked_on_this_thread == this;
 void RankClock::join() {
   if (!worker_.forked) return;
   worker_.forked = false;
+  // One CPU for the two: the worker's work did not run while the host's
+  // own did (both lists are in time order, each without overlaps).
+  double overlap = 0;
+  for (size_t i = 0, j = 0; i < worker_.cpu.size() && j < host_cpu_.size();) {
+    const auto [a0, a1] = worker_.cpu[i];
+    const auto [b0, b1] = host_cpu_[j];
+    overlap += std::max(0.0, std::min(a1, b1) - std::max(a0, b0));
+    (a1 < b1 ? i : j)++;
+  }
+  host_cpu_.clear();
+  worker_.t += overlap;
   host_ = std::max(host_, worker_.t);
   host_busy_ += worker_.busy;
   disk_busy_ += worker_.disk_busy;
@@ -286,12 +298,14 @@ void RankClock::host_work(double s, const char* name) {
   if (on_forked_thread()) {
     worker_.t += s;
     worker_.busy += s;
+    worker_.cpu.emplace_back(worker_.t - s, worker_.t);
     span(kWorkerTrack, name, worker_.t - s, worker_.t);
     return;
   }
   if (!running_) return;
   host_ += s;
   host_busy_ += s;
+  if (worker_.forked) host_cpu_.emplace_back(host_ - s, host_);
   span(kHostTrack, name, host_ - s, host_);
 }
 

@@ -37,7 +37,10 @@
 //             device's ops, which never start before it.
 //   worker    the host's work on a thread of its own (fork, join: stage
 //             05's delayed update): it starts where the host is at the
-//             fork, and the host waits for its end at the join.
+//             fork, and the host waits for its end at the join. The two
+//             share the rank's part of the host's CPU: the host's own work
+//             goes first, and the worker's end moves later by the time the
+//             host's work overlapped the worker's.
 //   disk      transfers between host memory and files (stage 05's disk
 //             tier): one queue, in the order issued, each from when its
 //             issuer (the host or the worker) issued it, at the node's disk
@@ -208,7 +211,10 @@ class RankClock final : public RunHooks, public HostClock {
     double t = 0, busy = 0, disk_busy = 0;
     int step = 0;
     std::vector<Span> spans;
+    std::vector<std::pair<double, double>> cpu;  // its host work: (start, end)
   } worker_;
+  // The host's own work while a forked work runs (the rank's thread's).
+  std::vector<std::pair<double, double>> host_cpu_;
   struct Mark {
     double t = 0, compute_busy = 0, comm_busy = 0, copy_busy = 0, host_busy = 0, exposed_comm = 0, disk_busy = 0;
   } last_;

@@ -280,6 +280,40 @@ TEST(ModeledClock, TheHostsAdamWIsItsRateOnTheHost) {
   EXPECT_DOUBLE_EQ(shared.lap(phases), n / (1e9 / 4) * 1e3);
 }
 
+// The forked work and the host's own work share the rank's part of the
+// host's CPU: while the host works, the worker does not, so its end moves
+// later by their overlap. Host work after the worker's end takes nothing
+// from it.
+TEST(ModeledClock, TheWorkerAndTheHostShareTheHostsCpu) {
+  const Hardware hw = round_machine();  // 1e9 parameters/s, host memory 50 GB/s
+  const size_t n = 1 << 16;
+  std::vector<float> p(n, 1.0f), g(n, 0.5f), mom(n), v(n);
+  const double adamw = n / 1e9, norm = 4.0 * n / 50e9;  // 65.5 µs and 5.2 µs
+  for (bool after : {false, true}) {
+    SCOPED_TRACE(after ? "the host's work after the worker's end" : "the host's work beside the worker's");
+    RankClock clock(hw);
+    clock.start(0);
+    auto host = clock.on_host(make_cpu_device());
+    auto dev = make_modeled_device(make_cpu_device(), clock);
+    const size_t m = size_t(1) << 23;  // an op of 12 m / 500e9 = 201 µs, longer than the update
+    std::vector<float> a(after ? m : 1, 1.0f), b(a.size(), 2.0f), out(a.size());
+    std::thread worker(clock.fork([&] {
+      host->adamw(p.data(), g.data(), DType::f32, mom.data(), v.data(), n, AdamWConfig{}, 1, 1.0f, true);
+    }));
+    if (after) {  // the host waits for the device first
+      dev->residual_forward(out.data(), a.data(), b.data(), m);
+      dev->synchronize();
+    }
+    SumOfSquares acc;
+    host->sum_squares(g.data(), DType::f32, n, acc);
+    worker.join();
+    clock.join();
+    StepPhases phases;
+    const double op = 12.0 * double(m) / 500e9 + 2e-6;
+    EXPECT_DOUBLE_EQ(clock.lap(phases), (after ? op + norm : adamw + norm) * 1e3);
+  }
+}
+
 // A forked work (stage 05's delayed update) runs on a timeline of its own
 // from where the host is at the fork: the device's op issued meanwhile
 // overlaps it, and the host waits for it at the join. Unforked, the op

@@ -105,7 +105,8 @@ TEST(ModeledRun, OffloadPaysForPcieAndTheHostsOptimizer) {
 
 // ZeRO-Offload's delayed update: the host's update of step s runs while the
 // device computes step s+1, so a step costs about the longer of the two,
-// not their sum (at least the shorter less), and never less than the
+// not their sum (at least the shorter less, less the host's own work of
+// the step, which takes the CPU from the update), and never less than the
 // update the host waits for. The last step waits for its own update too.
 // The worker's thread timing changes nothing: the same times every run.
 TEST(ModeledRun, TheDelayedUpdateHidesTheHostsOptimizerBehindTheStep) {
@@ -117,10 +118,14 @@ TEST(ModeledRun, TheDelayedUpdateHidesTheHostsOptimizerBehindTheStep) {
   const std::vector<double> delayed = run_training(cfg, train_offload_extended).ranks[0].step_ms;
   // Each rank's CPU AdamW: its shard at an eighth of the host's 2e9
   // parameters/s (hardware/h100-sxm.hw: 8 ranks a host).
-  const double adamw = double(build_layout(cfg.model).numel) / 8 / (2e9 / 8) * 1e3;
+  const double shard = double(build_layout(cfg.model).numel) / 8;
+  const double adamw = shard / (2e9 / 8) * 1e3;
+  // The host's own work a step: each landed bf16 piece added into the float32
+  // shard (10 bytes an element) and the norm (4), at an eighth of 100 GB/s.
+  const double own = 14 * shard / (100e9 / 8) * 1e3;
   for (int s : {2, 3}) {
     EXPECT_LT(delayed[s], undelayed) << "step " << s;
-    EXPECT_GT(undelayed - delayed[s], 0.9 * std::min(fsdp, adamw)) << "step " << s;
+    EXPECT_GT(undelayed - delayed[s], 0.9 * std::min(fsdp, adamw) - own) << "step " << s;
     EXPECT_GE(delayed[s], adamw) << "step " << s;
   }
   EXPECT_NEAR(delayed[2], delayed[3], 1e-9 * delayed[2]);  // steady: the same, to the timelines' rounding
