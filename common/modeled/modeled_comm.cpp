@@ -448,7 +448,8 @@ class ModeledCommunicator final : public Communicator {
     // It starts after this rank's previous collective on each link it uses.
     double after_end = 0;
     std::vector<After> after;
-    const int links = free ? 0 : group_->links(clock_.hardware());
+    if (!free && links_used_ < 0) links_used_ = group_->links(clock_.hardware());  // its members never move
+    const int links = free ? 0 : links_used_;
     for (int l = 0; l < 2; ++l) {
       const RankLinks::Last& last = links_->last[l];
       if (!(links & (1 << l)) || !last.group || last.group == group_) continue;  // its own queue orders it
@@ -504,6 +505,7 @@ class ModeledCommunicator final : public Communicator {
   RankClock& clock_;
   int queue_;
   std::shared_ptr<RankLinks> links_;
+  int links_used_ = -1;  // ClockGroup::links, once known
   std::thread::id owner_;  // the rank's thread, which alone charges its clock: the one that issues
   uint64_t issued_ = 0, splits_ = 0;
 };
