@@ -167,7 +167,7 @@ def main(argv=None):
         scale = flops_per_token(our_params(flags), L, C, T) / flops_per_token(params, L, C, T)
         ratio = m["tokens_per_s_gpu"] * scale / tps
         ratios.append(ratio)
-        print("| %s | %.0f | %.0f | %.4f | %.2f | %s | %s | %.1f%% | %.0f ms of %.0f | %.1f |" % (
+        print("| %s | %.0f | %.0f | %.4f | %.3f | %s | %s | %.1f%% | %.0f ms of %.0f | %.1f |" % (
             what, tps, m["tokens_per_s_gpu"], scale, ratio, verdict(ratio),
             "%.1f%%" % (100 * mfu) if mfu else "-", 100 * m["mfu"], m["exposed_ms"], m["ms"], m["peak_gib"]))
         sources.append("- %s: %s. Modeled: `%s` + `%s`" % (what, source, m["cmd"], " ".join(COMMON)))

@@ -100,7 +100,7 @@ MUTATIONS = [
      "e.end = std::max(queue_end_, e.ready) + e.seconds;",
      ["clock"], "two queues' collectives each at a shared link's full rate"),
     ("cpu_twice", "common/modeled/modeled_clock.cpp",
-     "worker_.t += overlap;", "(void)overlap;",
+     "worker_.t = std::max(worker_.t, end);", "(void)end;",
      ["clock"], "the delayed update's worker and the host each on the whole CPU at once"),
     ("pinned_side", "common/modeled/modeled_device.cpp",
      "copy_seconds(clock_.hardware(), bytes, is_pinned(src)), false);",

@@ -425,7 +425,7 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
   // --clock modeled: each rank's clock, which its device and communicator charge.
   std::vector<std::unique_ptr<RankClock>> clocks;
   if (opt.hardware) {
-    const std::shared_ptr<ClockGroup> group = make_clock_group(N);
+    const std::shared_ptr<ClockGroup> group = make_clock_group(N, opt.comm_timeout_s);
     for (int r = 0; r < N; r++) {
       clocks.push_back(std::make_unique<RankClock>(*opt.hardware, N));
       if (r < opt.record_clock) clocks.back()->record();

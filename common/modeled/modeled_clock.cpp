@@ -260,17 +260,28 @@ bool RankClock::on_forked_thread() const { return forked_on_this_thread == this;
 void RankClock::join() {
   if (!worker_.forked) return;
   worker_.forked = false;
-  // One CPU for the two: the worker's work did not run while the host's
-  // own did (both lists are in time order, each without overlaps).
-  double overlap = 0;
-  for (size_t i = 0, j = 0; i < worker_.cpu.size() && j < host_cpu_.size();) {
-    const auto [a0, a1] = worker_.cpu[i];
-    const auto [b0, b1] = host_cpu_[j];
-    overlap += std::max(0.0, std::min(a1, b1) - std::max(a0, b0));
-    (a1 < b1 ? i : j)++;
+  // One CPU for the two, the host's own work first: each of the worker's
+  // pieces of work runs, from where it began (or the previous piece ended,
+  // if later), only where the host's did not (both lists are in time order,
+  // each without overlaps). The worker's waits stay where they were.
+  double end = 0;
+  size_t j = 0;
+  for (const auto& [a0, a1] : worker_.cpu) {
+    double t = std::max(a0, end), left = a1 - a0;
+    while (left > 0) {
+      while (j < host_cpu_.size() && host_cpu_[j].second <= t) ++j;
+      if (j < host_cpu_.size() && host_cpu_[j].first <= t) {  // the host works: the worker waits
+        t = host_cpu_[j].second;
+        continue;
+      }
+      const double run = std::min(left, j < host_cpu_.size() ? host_cpu_[j].first - t : left);
+      t += run;
+      left -= run;
+    }
+    end = t;
   }
   host_cpu_.clear();
-  worker_.t += overlap;
+  worker_.t = std::max(worker_.t, end);
   host_ = std::max(host_, worker_.t);
   host_busy_ += worker_.busy;
   disk_busy_ += worker_.disk_busy;

@@ -38,9 +38,9 @@
 //   worker    the host's work on a thread of its own (fork, join: stage
 //             05's delayed update): it starts where the host is at the
 //             fork, and the host waits for its end at the join. The two
-//             share the rank's part of the host's CPU: the host's own work
-//             goes first, and the worker's end moves later by the time the
-//             host's work overlapped the worker's.
+//             share the rank's part of the host's CPU, the host's own work
+//             first: at the join, the worker's work is replayed in the time
+//             the host's left free (its trace spans are not moved).
 //   disk      transfers between host memory and files (stage 05's disk
 //             tier): one queue, in the order issued, each from when its
 //             issuer (the host or the worker) issued it, at the node's disk
@@ -225,7 +225,9 @@ class RankClock final : public RunHooks, public HostClock {
 // split() makes the children's. A dry run's members are fibers (fibers.h)
 // and wait for each other here.
 class ClockGroup;
-std::shared_ptr<ClockGroup> make_clock_group(int world);
+// timeout_s: the longest a thread waits in the clock for another communicator's
+// members (--comm-timeout; 0: the default).
+std::shared_ptr<ClockGroup> make_clock_group(int world, double timeout_s = 0);
 
 std::unique_ptr<Device> make_modeled_device(std::unique_ptr<Device> inner, RankClock& clock);
 // `world_rank`: this rank in the run (where it sits in the nodes). inner

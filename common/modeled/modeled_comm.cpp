@@ -24,13 +24,18 @@ namespace zf {
 struct ClockFamily {
   std::mutex mu;
   std::string aborted;  // the reason; empty while running
+  double timeout_s = kDefaultCommTimeoutS;  // a thread's wait in the clock, at most (--comm-timeout)
 };
 
 // The links a rank's collectives travel: its node's fabric (NVLink, or PCIe
 // on a card without) and its NIC. A link carries one collective at a time,
 // in the order the rank issued them, whatever their communicators: two
 // queues' collectives never both run at a link's full rate (the total is
-// what sharing it would give; which ends first differs).
+// what sharing it would give; which ends first differs). This asks every
+// rank to issue the collectives of its communicators in one order, as the
+// stages do: a program whose ranks interleave two communicators' collectives
+// differently waits here until --comm-timeout (a dry run: says it can never
+// end).
 enum LinkBit { kFabric = 1, kNic = 2 };
 
 // A collective another one starts after: number `seq` of `group`.
@@ -59,8 +64,10 @@ class ClockGroup {
           "a member to join the communicator");
     std::lock_guard<std::mutex> lock(mu_);
     if (size() <= 1) return 0;
-    if (nodes_ == 0) std::tie(nodes_, per_node_) = placement(hw);
-    return nodes_ == 1 ? kFabric : kNic | (per_node_ > 1 ? kFabric : 0);
+    std::map<int, int> on;  // node -> members
+    for (int r : world_ranks_) on[r / hw.gpus_per_node]++;
+    const bool shares_a_node = std::any_of(on.begin(), on.end(), [](const auto& n) { return n.second > 1; });
+    return on.size() == 1 ? kFabric : kNic | (shares_a_node ? kFabric : 0);
   }
 
   // A member's collective will start after `seq` of this group: its end if
@@ -228,7 +235,14 @@ class ClockGroup {
       e.resolving = true;
       lock.unlock();
       double start = 0;
-      for (const After& a : after) start = std::max(start, a.group->settle(a.seq, hw));
+      try {
+        for (const After& a : after) start = std::max(start, a.group->settle(a.seq, hw));
+      } catch (...) {  // the run fails (an abort or a timeout): the next member to reach it tries again
+        lock.lock();
+        e.after = after;
+        e.resolving = false;
+        throw;
+      }
       lock.lock();
       e.seconds = collective_seconds(hw, e.kind, e.bytes, n, nodes_, per_node_);
       e.end = std::max({queue_end_, e.ready, e.after_end, start}) + e.seconds;
@@ -259,12 +273,15 @@ class ClockGroup {
       return;
     }
     const auto start = std::chrono::steady_clock::now();
-    while (!holds()) {
+    for (int spins = 0; !holds(); ++spins) {
       if (!aborted().empty()) throw CommAborted(aborted());
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (waited > kDefaultCommTimeoutS)
-        throw CommTimeout(std::string("modeled clock: waited ") + std::to_string(int(waited)) + " s for " + what);
-      std::this_thread::yield();
+      if (waited > family_->timeout_s)
+        throw CommTimeout(std::string("modeled clock: waited ") + std::to_string(int(waited)) + " s for " + what +
+                          " (--comm-timeout)");
+      // The ranks waited for need the cores: after a few turns, sleep.
+      if (spins < 64) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
   }
   struct Arrival {
@@ -346,8 +363,10 @@ class ClockGroup {
   std::map<uint64_t, Meeting> meetings_;
 };
 
-std::shared_ptr<ClockGroup> make_clock_group(int world) {
-  auto g = std::make_shared<ClockGroup>(world, std::make_shared<ClockFamily>());
+std::shared_ptr<ClockGroup> make_clock_group(int world, double timeout_s) {
+  auto family = std::make_shared<ClockFamily>();
+  family->timeout_s = comm_timeout_or_default(timeout_s);
+  auto g = std::make_shared<ClockGroup>(world, std::move(family));
   for (int r = 0; r < world; ++r) g->join(r, r);
   return g;
 }

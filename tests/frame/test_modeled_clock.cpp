@@ -65,7 +65,7 @@ TEST(ModeledClock, AMatmulIsWholeWavesOfTiles) {
   // a tile's 2·16·32·512 FLOPs.
   const double forward = 3 * (2.0 * 16 * 32 * 512) / sm;
   EXPECT_DOUBLE_EQ(clock.lap(p), (forward + 2e-6) * 1e3);
-  EXPECT_GT(forward, 1.8 * 2.0 * N * IC * OC / 5e12);  // the quantization costs four fifths again
+  EXPECT_GT(forward, 1.8 * 2.0 * N * IC * OC / 5e12);  // the quantization almost doubles it (1.92)
   dev->matmul_backward(din.data(), dw.data(), nullptr, dout.data(), in.data(), w.data(), N, IC, OC);
   // dinp [40, 512] over K = 100: 3 x 16 = 48 tiles, 10 waves; dweight [100, 512]
   // over K = 40: 7 x 16 = 112 tiles, 23 waves.
@@ -281,37 +281,51 @@ TEST(ModeledClock, TheHostsAdamWIsItsRateOnTheHost) {
 }
 
 // The forked work and the host's own work share the rank's part of the
-// host's CPU: while the host works, the worker does not, so its end moves
-// later by their overlap. Host work after the worker's end takes nothing
-// from it.
+// host's CPU, the host's first: the worker runs only where the host does
+// not. Host work after the worker's end takes nothing from it; host work
+// that begins before the worker's end, once delayed, does.
 TEST(ModeledClock, TheWorkerAndTheHostShareTheHostsCpu) {
-  const Hardware hw = round_machine();  // 1e9 parameters/s, host memory 50 GB/s
+  const Hardware hw = round_machine();  // 1e9 parameters/s, host memory 50 GB/s, HBM 1000 GB/s at 0.5
   const size_t n = 1 << 16;
   std::vector<float> p(n, 1.0f), g(n, 0.5f), mom(n), v(n);
   const double adamw = n / 1e9, norm = 4.0 * n / 50e9;  // 65.5 µs and 5.2 µs
-  for (bool after : {false, true}) {
-    SCOPED_TRACE(after ? "the host's work after the worker's end" : "the host's work beside the worker's");
+  // The host's norm at once; then a device op it waits for (none, one of 12 m
+  // bytes at 500 GB/s and 2 µs), then the norm again.
+  struct Case {
+    const char* what;
+    size_t m;        // the op's elements; 0: no op, one norm
+    double expected;  // the step, s
+  };
+  const double late = 12.0 * 8388608 / 500e9 + 2e-6, mid = 12.0 * 2400000 / 500e9 + 2e-6;  // 203 µs, 59.6 µs
+  for (const Case& c : {Case{"one norm beside the update", 0, adamw + norm},
+                        // the second norm from 5.2 + 203 µs, after the update's end at 65.5 + 5.2
+                        Case{"the second norm after the update", 8388608, norm + late + norm},
+                        // the second norm from 64.8 µs: the update, pushed to 65.5 + 5.2 by the
+                        // first, is still running, and waits for the second too
+                        Case{"the second norm inside the pushed update", 2400000, adamw + 2 * norm}}) {
+    SCOPED_TRACE(c.what);
     RankClock clock(hw);
     clock.start(0);
     auto host = clock.on_host(make_cpu_device());
     auto dev = make_modeled_device(make_cpu_device(), clock);
-    const size_t m = size_t(1) << 23;  // an op of 12 m / 500e9 = 201 µs, longer than the update
-    std::vector<float> a(after ? m : 1, 1.0f), b(a.size(), 2.0f), out(a.size());
+    std::vector<float> a(std::max<size_t>(c.m, 1), 1.0f), b(a.size(), 2.0f), out(a.size());
     std::thread worker(clock.fork([&] {
       host->adamw(p.data(), g.data(), DType::f32, mom.data(), v.data(), n, AdamWConfig{}, 1, 1.0f, true);
     }));
-    if (after) {  // the host waits for the device first
-      dev->residual_forward(out.data(), a.data(), b.data(), m);
-      dev->synchronize();
-    }
     SumOfSquares acc;
     host->sum_squares(g.data(), DType::f32, n, acc);
+    if (c.m) {
+      dev->residual_forward(out.data(), a.data(), b.data(), c.m);
+      dev->synchronize();
+      host->sum_squares(g.data(), DType::f32, n, acc);
+    }
     worker.join();
     clock.join();
     StepPhases phases;
-    const double op = 12.0 * double(m) / 500e9 + 2e-6;
-    EXPECT_DOUBLE_EQ(clock.lap(phases), (after ? op + norm : adamw + norm) * 1e3);
+    EXPECT_DOUBLE_EQ(clock.lap(phases), c.expected * 1e3);
   }
+  EXPECT_GT(mid, adamw - 2 * norm);  // the third case's second norm begins before the pushed end...
+  EXPECT_LT(norm + mid, adamw);      // ...and before the update's own, unpushed
 }
 
 // A forked work (stage 05's delayed update) runs on a timeline of its own
