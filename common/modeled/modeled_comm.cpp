@@ -38,9 +38,11 @@ struct ClockFamily {
 // end).
 enum LinkBit { kFabric = 1, kNic = 2 };
 
-// A collective another one starts after: number `seq` of `group`.
+// A collective another one starts after: number `seq` of `group` (weak: two
+// groups' entries may each wait on the other's, and a collective never
+// waited for is never resolved).
 struct After {
-  std::shared_ptr<ClockGroup> group;
+  std::weak_ptr<ClockGroup> group;
   uint64_t seq = 0;
 };
 
@@ -236,7 +238,8 @@ class ClockGroup {
       lock.unlock();
       double start = 0;
       try {
-        for (const After& a : after) start = std::max(start, a.group->settle(a.seq, hw));
+        for (const After& a : after)
+          if (std::shared_ptr<ClockGroup> g = a.group.lock()) start = std::max(start, g->settle(a.seq, hw));
       } catch (...) {  // the run fails (an abort or a timeout): the next member to reach it tries again
         lock.lock();
         e.after = after;
