@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <tuple>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -266,8 +268,9 @@ void RankClock::join() {
   // each without overlaps). The worker's waits stay where they were.
   double end = 0;
   size_t j = 0;
+  std::vector<std::pair<double, double>> moved;  // each piece's first and last moment, replayed
   for (const auto& [a0, a1] : worker_.cpu) {
-    double t = std::max(a0, end), left = a1 - a0;
+    double t = std::max(a0, end), left = a1 - a0, first = -1;
     while (left > 0) {
       while (j < host_cpu_.size() && host_cpu_[j].second <= t) ++j;
       if (j < host_cpu_.size() && host_cpu_[j].first <= t) {  // the host works: the worker waits
@@ -275,12 +278,18 @@ void RankClock::join() {
         continue;
       }
       const double run = std::min(left, j < host_cpu_.size() ? host_cpu_[j].first - t : left);
+      if (first < 0) first = t;
       t += run;
       left -= run;
     }
+    moved.emplace_back(first < 0 ? t : first, t);
     end = t;
   }
   host_cpu_.clear();
+  // --trace: the worker's spans where its work ran (one a piece, in order).
+  size_t k = 0;
+  for (Span& sp : worker_.spans)
+    if (sp.track == kWorkerTrack && k < moved.size()) std::tie(sp.start, sp.end) = moved[k++];
   worker_.t = std::max(worker_.t, end);
   host_ = std::max(host_, worker_.t);
   host_busy_ += worker_.busy;

@@ -40,7 +40,8 @@
 //             fork, and the host waits for its end at the join. The two
 //             share the rank's part of the host's CPU, the host's own work
 //             first: at the join, the worker's work is replayed in the time
-//             the host's left free (its trace spans are not moved).
+//             the host's left free (its trace spans with it; its disk
+//             transfers stay where they were).
 //   disk      transfers between host memory and files (stage 05's disk
 //             tier): one queue, in the order issued, each from when its
 //             issuer (the host or the worker) issued it, at the node's disk

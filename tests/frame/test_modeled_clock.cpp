@@ -293,18 +293,21 @@ TEST(ModeledClock, TheWorkerAndTheHostShareTheHostsCpu) {
   // bytes at 500 GB/s and 2 µs), then the norm again.
   struct Case {
     const char* what;
-    size_t m;        // the op's elements; 0: no op, one norm
+    size_t m;         // the op's elements; 0: no op, one norm
     double expected;  // the step, s
+    double worker;    // where the update ends (its trace span begins after the first norm)
   };
   const double late = 12.0 * 8388608 / 500e9 + 2e-6, mid = 12.0 * 2400000 / 500e9 + 2e-6;  // 203 µs, 59.6 µs
-  for (const Case& c : {Case{"one norm beside the update", 0, adamw + norm},
+  for (const Case& c : {Case{"one norm beside the update", 0, adamw + norm, adamw + norm},
                         // the second norm from 5.2 + 203 µs, after the update's end at 65.5 + 5.2
-                        Case{"the second norm after the update", 8388608, norm + late + norm},
+                        Case{"the second norm after the update", 8388608, norm + late + norm, adamw + norm},
                         // the second norm from 64.8 µs: the update, pushed to 65.5 + 5.2 by the
                         // first, is still running, and waits for the second too
-                        Case{"the second norm inside the pushed update", 2400000, adamw + 2 * norm}}) {
+                        Case{"the second norm inside the pushed update", 2400000, adamw + 2 * norm,
+                             adamw + 2 * norm}}) {
     SCOPED_TRACE(c.what);
     RankClock clock(hw);
+    clock.record();
     clock.start(0);
     auto host = clock.on_host(make_cpu_device());
     auto dev = make_modeled_device(make_cpu_device(), clock);
@@ -323,6 +326,15 @@ TEST(ModeledClock, TheWorkerAndTheHostShareTheHostsCpu) {
     clock.join();
     StepPhases phases;
     EXPECT_DOUBLE_EQ(clock.lap(phases), c.expected * 1e3);
+    // The trace draws the update where it ran: from the first norm's end to its own.
+    size_t spans = 0;
+    for (const RankClock::Span& sp : clock.spans())
+      if (sp.track == RankClock::kWorkerTrack) {
+        EXPECT_DOUBLE_EQ(sp.start, norm);
+        EXPECT_DOUBLE_EQ(sp.end, c.worker);
+        ++spans;
+      }
+    EXPECT_EQ(spans, 1u);
   }
   EXPECT_GT(mid, adamw - 2 * norm);  // the third case's second norm begins before the pushed end...
   EXPECT_LT(norm + mid, adamw);      // ...and before the update's own, unpushed
