@@ -26,7 +26,7 @@ void* FlatReducer::begin_unit(int g) {
 }
 
 void FlatReducer::reduce_unit(int g, bool sync) {
-  Reduced f{g, {}, {}, nullptr, {}, nullptr};
+  Reduced f{g, {}, {}, nullptr, {}, nullptr, {}};
   if (no_sync_) {
     if (!sync) return;  // keep adding into it
     f.reduced = kept_[g].data();

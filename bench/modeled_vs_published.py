@@ -110,21 +110,6 @@ def flops_per_token(params, L, C, T):
     return 6 * params + 12 * L * C * T
 
 
-def our_params(flags):
-    """P of the run's --model, by docs/SPEC.md section 1: 2VC + TC + L(12C^2 + 13C) + 2C."""
-    model = flags[flags.index("--model") + 1]
-    presets = {"gpt2": dict(L=12, C=768, H=12, T=1024, V=50304),
-               "gpt-7b": dict(L=32, C=4096, H=32, T=4096, V=50304),
-               "gpt-70b": dict(L=80, C=8192, H=64, T=4096, V=50304)}
-    parts = model.split(",")
-    shape = dict(presets[parts[0]]) if parts[0] in presets else {}
-    for p in parts[1:] if parts[0] in presets else parts:
-        k, v = p.split("=")
-        shape[k] = int(v)
-    L, C, T, V = shape["L"], shape["C"], shape["T"], shape["V"]
-    return 2 * V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
-
-
 def dry_run(build, exe, flags):
     with tempfile.TemporaryDirectory() as d:
         log = os.path.join(d, "run.json")
@@ -137,7 +122,7 @@ def dry_run(build, exe, flags):
     summary = lines[-1]["summary"]
     last = steps[-1]
     return {"tokens_per_s_gpu": last["tokens_per_s"] / summary["ranks"], "mfu": last["mfu"],
-            "exposed_ms": last["phases_ms"]["exposed comm"], "ms": last["ms"],
+            "exposed_ms": last["phases_ms"]["exposed comm"], "ms": last["ms"], "params": summary["params"],
             "peak_gib": max(m["device"]["peak_total"] for m in summary["memory"]) / 2**30,
             "clock": summary["clock_detail"],
             "cmd": os.path.basename(exe) + " " + " ".join(os.path.relpath(f, ROOT) if os.path.isabs(f) else f for f in flags)}
@@ -164,7 +149,7 @@ def main(argv=None):
         if a.only is not None and gpus > a.only:
             continue
         m = dry_run(a.build, exe, flags)
-        scale = flops_per_token(our_params(flags), L, C, T) / flops_per_token(params, L, C, T)
+        scale = flops_per_token(m["params"], L, C, T) / flops_per_token(params, L, C, T)
         ratio = m["tokens_per_s_gpu"] * scale / tps
         ratios.append(ratio)
         print("| %s | %.0f | %.0f | %.4f | %.3f | %s | %s | %.1f%% | %.0f ms of %.0f | %.1f |" % (

@@ -192,10 +192,12 @@ int run(int argc, char** argv) {
     for (const CLI::Option* o : shape_opts)
       USAGE_REQUIRE(o->count() > 0, "a shape needs all five of --layers, --channels, --vocab, --seq, --heads: "
                                         << o->get_name() << " is missing");
-    USAGE_REQUIRE(L >= 1 && L <= 100000, "--layers must be between 1 and 100000 (got " << L << ")");
-    USAGE_REQUIRE(C >= 1 && C <= 1000000, "--channels must be between 1 and 1000000 (got " << C << ")");
-    USAGE_REQUIRE(V >= 1 && V <= 100000000, "--vocab must be between 1 and 100000000 (got " << V << ")");
-    USAGE_REQUIRE(T >= 1 && T <= 10000000, "--seq must be between 1 and 10000000 (got " << T << ")");
+    USAGE_REQUIRE(L >= 1 && L <= kMostLayers,
+                  "--layers must be between 1 and " << kMostLayers << " (got " << L << ")");
+    USAGE_REQUIRE(C >= 1 && C <= kMostChannels,
+                  "--channels must be between 1 and " << kMostChannels << " (got " << C << ")");
+    USAGE_REQUIRE(V >= 1 && V <= kMostVocab, "--vocab must be between 1 and " << kMostVocab << " (got " << V << ")");
+    USAGE_REQUIRE(T >= 1 && T <= kMostSeq, "--seq must be between 1 and " << kMostSeq << " (got " << T << ")");
     USAGE_REQUIRE(H >= 1 && C % H == 0, "--heads must divide --channels " << C << " (got " << H << ")");
     cfg.model = ModelConfig{"shape", V, T, L, H, C};
     q.model_text = "L=" + std::to_string(L) + " C=" + std::to_string(C) + " V=" + std::to_string(V) +

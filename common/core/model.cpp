@@ -57,11 +57,11 @@ ModelConfig parse_model(const std::string& text) {
     int* value;
     long lo, hi;
     bool given;
-  } keys[] = {{'L', &m.L, 1, 100000, false},
-              {'C', &m.C, 1, 1000000, false},
-              {'H', &m.H, 1, 1000000, false},
-              {'T', &m.T, 1, 10000000, false},
-              {'V', &m.V, 1, 100000000, false}};
+  } keys[] = {{'L', &m.L, 1, kMostLayers, false},
+              {'C', &m.C, 1, kMostChannels, false},
+              {'H', &m.H, 1, kMostChannels, false},
+              {'T', &m.T, 1, kMostSeq, false},
+              {'V', &m.V, 1, kMostVocab, false}};
   size_t at = from_preset ? comma + 1 : 0;
   USAGE_REQUIRE(at < text.size(), "--model '" << text << "' ends in a comma: " << usage);
   while (at <= text.size()) {

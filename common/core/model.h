@@ -37,6 +37,10 @@ struct ModelConfig {
 // "tiny", "small", "gpt2"; UsageError for anything else.
 ModelConfig model_preset(const std::string& name);
 const std::vector<std::string>& model_preset_names();
+// The largest shape a run takes (--model, memory_estimate's shape flags):
+// far above any model's, and small enough that its counts stay in range.
+constexpr int kMostLayers = 100000, kMostChannels = 1000000, kMostSeq = 10000000, kMostVocab = 100000000;
+
 // --model: a preset's name, a shape "L=32,C=4096,H=32,T=4096,V=32000" (all
 // five), or a preset with some of its shape changed ("gpt-7b,V=32000").
 // The config's name reads back to the same model (a checkpoint keeps it).

@@ -66,10 +66,8 @@ class ClockGroup {
           "a member to join the communicator");
     std::lock_guard<std::mutex> lock(mu_);
     if (size() <= 1) return 0;
-    std::map<int, int> on;  // node -> members
-    for (int r : world_ranks_) on[r / hw.gpus_per_node]++;
-    const bool shares_a_node = std::any_of(on.begin(), on.end(), [](const auto& n) { return n.second > 1; });
-    return on.size() == 1 ? kFabric : kNic | (shares_a_node ? kFabric : 0);
+    place_members(hw);
+    return nodes_ == 1 ? kFabric : kNic | (most_per_node_ > 1 ? kFabric : 0);
   }
 
   // A member's collective will start after `seq` of this group: its end if
@@ -231,7 +229,7 @@ class ClockGroup {
         ++resolved_;
         continue;
       }
-      if (nodes_ == 0) std::tie(nodes_, per_node_) = placement(hw);  // the members are placed before any collective
+      place_members(hw);  // the members are placed before any collective
       const std::vector<After> after = std::move(e.after);
       e.after.clear();
       e.resolving = true;
@@ -346,13 +344,14 @@ class ClockGroup {
     std::lock_guard<std::mutex> lock(family_->mu);
     return family_->aborted;
   }
-  // The nodes the members are on, and the fewest members on one of them.
-  std::pair<int, int> placement(const Hardware& hw) const {
+  // Once: the nodes the members are on, and the fewest and the most members on one of them.
+  void place_members(const Hardware& hw) {
+    if (nodes_ > 0) return;
     std::map<int, int> on;
     for (int r : world_ranks_) on[r / hw.gpus_per_node]++;
-    int fewest = size();
-    for (const auto& [node, k] : on) fewest = std::min(fewest, k);
-    return {int(on.size()), fewest};
+    per_node_ = size();
+    for (const auto& [node, k] : on) per_node_ = std::min(per_node_, k), most_per_node_ = std::max(most_per_node_, k);
+    nodes_ = int(on.size());
   }
 
   std::mutex mu_;
@@ -360,7 +359,7 @@ class ClockGroup {
   std::shared_ptr<ClockFamily> family_;
   std::map<uint64_t, Entry> entries_;
   uint64_t resolved_ = 0;
-  int nodes_ = 0, per_node_ = 0;  // placement(), once
+  int nodes_ = 0, per_node_ = 0, most_per_node_ = 0;  // place_members()
   double queue_end_ = 0;
   std::map<std::pair<uint64_t, int>, std::shared_ptr<ClockGroup>> children_;
   std::map<uint64_t, Meeting> meetings_;
