@@ -33,6 +33,7 @@
 #include "check.h"
 #include "comm_threads_impl.h"
 #include "kernels_cuda.h"
+#include "launch.cuh"
 
 namespace zf {
 
@@ -137,16 +138,18 @@ void launch_reduce(const Ptrs& p, int nsrc, int ndst, size_t n, DType dt, bool a
   const unsigned blocks = unsigned(std::min<size_t>((n + kThreads - 1) / kThreads, 4096));
   switch (dt) {
     case DType::f32:
-      reduce_kernel<F32Arith><<<blocks, kThreads, 0, stream>>>(p, nsrc, ndst, n, avg);
+      cuda_impl::launch((reduce_kernel<F32Arith, Ptrs>), blocks, kThreads, 0, stream, p, nsrc, ndst, n, avg);
       break;
     case DType::bf16:
-      reduce_kernel<Bf16Arith><<<blocks, kThreads, 0, stream>>>(p, nsrc, ndst, n, avg);
+      cuda_impl::launch((reduce_kernel<Bf16Arith, Ptrs>), blocks, kThreads, 0, stream, p, nsrc, ndst, n, avg);
       break;
     case DType::i64:
-      reduce_kernel<IntArith<int64_t>><<<blocks, kThreads, 0, stream>>>(p, nsrc, ndst, n, avg);
+      cuda_impl::launch((reduce_kernel<IntArith<int64_t>, Ptrs>), blocks, kThreads, 0, stream, p, nsrc, ndst,
+                        n, avg);
       break;
     case DType::i32:
-      reduce_kernel<IntArith<int32_t>><<<blocks, kThreads, 0, stream>>>(p, nsrc, ndst, n, avg);
+      cuda_impl::launch((reduce_kernel<IntArith<int32_t>, Ptrs>), blocks, kThreads, 0, stream, p, nsrc, ndst,
+                        n, avg);
       break;
   }
   CUDA_CHECK(cudaGetLastError());  // a bad launch; faults inside surface at complete()

@@ -46,6 +46,7 @@
 #include "device.h"
 #include "gradnorm_cuda.h"
 #include "kernels_cuda.h"
+#include "launch.cuh"
 
 namespace zf {
 
@@ -201,12 +202,12 @@ class CudaDevice final : public Device {
   void narrow(const float* in, bf16* out, size_t n) override { float_to_bf16_cuda(in, as_cuda(out), n, s()); }
   void fold(bf16* dst, const float* src, size_t n) override {
     if (n == 0) return;
-    fold_kernel<<<blocks_for(n, 256), 256, 0, s()>>>(as_cuda(dst), src, n);
+    cuda_impl::launch(fold_kernel, blocks_for(n, 256), 256, 0, s(), as_cuda(dst), src, n);
     CUDA_CHECK(cudaGetLastError());
   }
   void accumulate(float* dst, const bf16* src, size_t n) override {
     if (n == 0) return;
-    accumulate_kernel<<<blocks_for(n, 256), 256, 0, s()>>>(dst, as_cuda(src), n);
+    cuda_impl::launch(accumulate_kernel, blocks_for(n, 256), 256, 0, s(), dst, as_cuda(src), n);
     CUDA_CHECK(cudaGetLastError());
   }
   void add(void* dst, const void* src, DType dtype, size_t n) override {

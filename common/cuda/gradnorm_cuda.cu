@@ -38,6 +38,7 @@
 
 #include "check.h"
 #include "kernels_cuda.h"
+#include "launch.cuh"
 
 namespace zf {
 
@@ -144,9 +145,11 @@ void sum_squares_cuda(const void* x, DType dtype, size_t n, SumOfSquares& acc,
   auto* hi = lo + kBins;
   CUDA_CHECK(cudaMemsetAsync(lo, 0, SumSquaresScratch::kBytes, stream));
   if (dtype == DType::f32)
-    square_bins_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(static_cast<const uint32_t*>(x), n, lo, hi);
+    cuda_impl::launch(square_bins_kernel<uint32_t>, unsigned(blocks), kThreads, 0, stream,
+                      static_cast<const uint32_t*>(x), n, lo, hi);
   else
-    square_bins_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(static_cast<const uint16_t*>(x), n, lo, hi);
+    cuda_impl::launch(square_bins_kernel<uint16_t>, unsigned(blocks), kThreads, 0, stream,
+                      static_cast<const uint16_t*>(x), n, lo, hi);
   CUDA_CHECK(cudaGetLastError());
   CUDA_CHECK(cudaMemcpyAsync(scratch.host_bins(), lo, SumSquaresScratch::kBytes, cudaMemcpyDeviceToHost,
                              stream));

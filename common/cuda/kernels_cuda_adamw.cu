@@ -62,9 +62,9 @@ void adamw_update_cuda(float* param, const G* grad, float* m, float* v, size_t n
   const double bias1 = 1.0 - std::pow(double(cfg.beta1), double(step));
   const float bias2_sqrt = float(std::sqrt(1.0 - std::pow(double(cfg.beta2), double(step))));
   const float step_size = float(double(cfg.lr) / bias1);
-  adamw_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(
-      param, grad, m, v, n, cfg.beta1, cfg.beta2, cfg.eps, decay_factor, bias2_sqrt, step_size,
-      grad_scale, param_bf16);
+  cuda_impl::launch(adamw_kernel<G>, blocks_for(n, kBlock), kBlock, 0, stream, param, grad, m, v, n,
+                    cfg.beta1, cfg.beta2, cfg.eps, decay_factor, bias2_sqrt, step_size, grad_scale,
+                    param_bf16);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -88,13 +88,13 @@ __global__ void float_to_bf16_kernel(const float* in, __nv_bfloat16* out, size_t
 
 void bf16_to_float_cuda(const __nv_bfloat16* in, float* out, size_t n, cudaStream_t stream) {
   if (n == 0) return;
-  bf16_to_float_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(in, out, n);
+  cuda_impl::launch(bf16_to_float_kernel, blocks_for(n, kBlock), kBlock, 0, stream, in, out, n);
   CUDA_CHECK_LAUNCH();
 }
 
 void float_to_bf16_cuda(const float* in, __nv_bfloat16* out, size_t n, cudaStream_t stream) {
   if (n == 0) return;
-  float_to_bf16_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(in, out, n);
+  cuda_impl::launch(float_to_bf16_kernel, blocks_for(n, kBlock), kBlock, 0, stream, in, out, n);
   CUDA_CHECK_LAUNCH();
 }
 

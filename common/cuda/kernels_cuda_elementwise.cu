@@ -132,9 +132,10 @@ void launch_map(F* out, const F* a, const F* b, size_t n, Op op, cudaStream_t st
   if (n == 0) return;
   if (aligned16(out) && aligned16(a) && (!Op::kUsesB || aligned16(b))) {
     constexpr size_t P = Pack16<F>::kSize;
-    map_packed_kernel<<<blocks_for(n / P + n % P, kBlock), kBlock, 0, stream>>>(out, a, b, n, op);
+    cuda_impl::launch((map_packed_kernel<F, Op>), blocks_for(n / P + n % P, kBlock), kBlock, 0, stream, out,
+                      a, b, n, op);
   } else {
-    map_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(out, a, b, n, op);
+    cuda_impl::launch((map_kernel<F, Op>), blocks_for(n, kBlock), kBlock, 0, stream, out, a, b, n, op);
   }
   CUDA_CHECK_LAUNCH();
 }

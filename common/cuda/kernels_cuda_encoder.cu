@@ -102,7 +102,7 @@ SortedPositions sort_positions_by_token(CudaContext& ctx, const int32_t* tokens,
   auto* positions = reinterpret_cast<int32_t*>(base + ints);
   auto* sorted_pos = reinterpret_cast<int32_t*>(base + 2 * ints);
   void* temp = base + 3 * ints;
-  iota_kernel<<<blocks_for(N, kBlock), kBlock, 0, ctx.stream()>>>(positions, N);
+  cuda_impl::launch(iota_kernel, blocks_for(N, kBlock), kBlock, 0, ctx.stream(), positions, N);
   CUDA_CHECK_LAUNCH();
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, tokens, sorted_tok, positions,
                                              sorted_pos, N, 0, 32, ctx.stream()));
@@ -162,8 +162,8 @@ void encoder_forward_cuda(F* out, const int32_t* tokens, const F* wte, const F* 
                           int C, cudaStream_t stream) {
   const size_t n = size_t(B) * T * C;
   if (n == 0) return;
-  encoder_forward_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(out, tokens, wte, wpe,
-                                                                      B * T, T, C);
+  cuda_impl::launch(encoder_forward_kernel<F>, blocks_for(n, kBlock), kBlock, 0, stream, out, tokens, wte,
+                    wpe, B * T, T, C);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -176,13 +176,13 @@ void encoder_backward_cuda(CudaContext& ctx, F* dwte, F* dwpe, const F* dout,
   REQUIRE(channel_blocks <= 65535, "encoder_backward: C = "
                                        << C << " needs " << channel_blocks
                                        << " blocks of channels, over CUDA's 65535 in grid.y");
-  encoder_backward_wpe_kernel<<<blocks_for(size_t(T) * C, kBlock), kBlock, 0, ctx.stream()>>>(
-      dwpe, dout, B, T, C);
+  cuda_impl::launch(encoder_backward_wpe_kernel<F>, blocks_for(size_t(T) * C, kBlock), kBlock, 0,
+                    ctx.stream(), dwpe, dout, B, T, C);
   CUDA_CHECK_LAUNCH();
   const SortedPositions sorted = sort_positions_by_token(ctx, tokens, N);
   const dim3 grid(unsigned(std::min(N, kWteRunBlocks)), channel_blocks);
-  encoder_backward_wte_kernel<<<grid, kWteThreads, 0, ctx.stream()>>>(
-      dwte, dout, sorted.tokens, sorted.positions, N, C);
+  cuda_impl::launch(encoder_backward_wte_kernel<F>, grid, kWteThreads, 0, ctx.stream(), dwte, dout,
+                    sorted.tokens, sorted.positions, N, C);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -128,7 +128,8 @@ void flash_attention_delta_cuda(float* D, const F* out, const F* dout, const Sha
                                 cudaStream_t stream) {
   REQUIRE(size_t(B) * s.H * s.T <= 0x7fffffffu, "flash attention: B*H*T is over 2^31 - 1 rows");
   const int rows = B * s.H * s.T;
-  flash_delta_kernel<F><<<blocks_for(size_t(rows), kBlock), kBlock, 0, stream>>>(D, out, dout, s, rows);
+  cuda_impl::launch((flash_delta_kernel<F>), blocks_for(size_t(rows), kBlock), kBlock, 0, stream, D, out,
+                    dout, s, rows);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -141,7 +142,7 @@ void flash_attention_forward_cuda(F* out, float* lse, const F* qkv, int B, int T
   if (s.hs == 0) return;
   flash::with_head_size(s, [&](auto hs) {
     constexpr int HS = decltype(hs)::value;
-    flash_forward_kernel<F, HS><<<flash_grid(s, B), kRows, 0, stream>>>(out, lse, qkv, s);
+    cuda_impl::launch((flash_forward_kernel<F, HS>), flash_grid(s, B), kRows, 0, stream, out, lse, qkv, s);
   });
   CUDA_CHECK_LAUNCH();
 }
@@ -158,11 +159,13 @@ void flash_attention_backward_cuda(F* dqkv, float* scratch, const F* dout, const
   flash::with_head_size(s, [&](auto hs) {
     constexpr int HS = decltype(hs)::value;
     const dim3 grid = flash_grid(s, B);
-    flash_dq_kernel<F, HS><<<grid, kRows, 0, stream>>>(dqkv, dout, qkv, lse, D, s);
+    cuda_impl::launch((flash_dq_kernel<F, HS>), grid, kRows, 0, stream, dqkv, dout, qkv, lse, D, s);
     CUDA_CHECK_LAUNCH();
-    flash_key_kernel<F, HS, flash::DvRow<HS>><<<grid, kRows, 0, stream>>>(dqkv, dout, qkv, lse, D, s);
+    cuda_impl::launch((flash_key_kernel<F, HS, flash::DvRow<HS>>), grid, kRows, 0, stream, dqkv, dout, qkv,
+                      lse, D, s);
     CUDA_CHECK_LAUNCH();
-    flash_key_kernel<F, HS, flash::DkRow<HS>><<<grid, kRows, 0, stream>>>(dqkv, dout, qkv, lse, D, s);
+    cuda_impl::launch((flash_key_kernel<F, HS, flash::DkRow<HS>>), grid, kRows, 0, stream, dqkv, dout, qkv,
+                      lse, D, s);
     CUDA_CHECK_LAUNCH();
   });
 }

@@ -115,7 +115,7 @@ template <int HS>
 __global__ void __launch_bounds__(kThreads)
     flash_tc_forward_kernel(bf* out, float* lse, const bf* qkv, Shape s, bool vec) {
 #if defined(ZF_TC_AVAILABLE)
-  extern __shared__ __align__(128) unsigned char smem[];
+  ZF_DYNAMIC_SHARED(smem);
   auto& sm = *reinterpret_cast<flash_tc::ForwardSmem<GpuBlock, HS>*>(smem);
   GpuBlock blk;
   flash_tc::forward_program<GpuBlock, HS>(blk, sm, s, vec, out, lse, qkv, blockIdx.y / s.H,
@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kThreads)
     flash_tc_dq_kernel(bf* dqkv, const bf* dout, const bf* qkv, const float* lse, const float* D,
                        Shape s, bool vec) {
 #if defined(ZF_TC_AVAILABLE)
-  extern __shared__ __align__(128) unsigned char smem[];
+  ZF_DYNAMIC_SHARED(smem);
   auto& sm = *reinterpret_cast<flash_tc::DqSmem<GpuBlock, HS>*>(smem);
   GpuBlock blk;
   flash_tc::dq_program<GpuBlock, HS>(blk, sm, s, vec, dqkv, dout, qkv, lse, D, blockIdx.y / s.H,
@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(kThreads)
     flash_tc_key_kernel(bf* dqkv, const bf* dout, const bf* qkv, const float* lse, const float* D,
                         Shape s, bool vec) {
 #if defined(ZF_TC_AVAILABLE)
-  extern __shared__ __align__(128) unsigned char smem[];
+  ZF_DYNAMIC_SHARED(smem);
   auto& sm = *reinterpret_cast<flash_tc::KeySmem<GpuBlock, HS>*>(smem);
   GpuBlock blk;
   flash_tc::key_program<GpuBlock, HS>(blk, sm, s, vec, dqkv, dout, qkv, lse, D, blockIdx.y / s.H,
@@ -179,9 +179,9 @@ void require_device(int hs) {
 // Launches kernel with the dynamic shared memory of Smem (raising the
 // kernel's limit above the default 48 KiB first).
 template <class Smem, class Kernel, class... Args>
-void launch(Kernel kernel, dim3 grid, cudaStream_t stream, Args... args) {
+void launch_tc(Kernel kernel, dim3 grid, cudaStream_t stream, Args... args) {
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem))));
-  kernel<<<grid, kThreads, sizeof(Smem), stream>>>(args...);
+  cuda_impl::launch(kernel, grid, kThreads, sizeof(Smem), stream, args...);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -205,8 +205,8 @@ void flash_attention_tc_forward_cuda(bf* out, float* lse, const bf* qkv, int B, 
   flash::with_head_size(s, [&](auto hs) {
     constexpr int HS = decltype(hs)::value;
     require_device<HS>(s.hs);
-    launch<flash_tc::ForwardSmem<GpuBlock, HS>>(flash_tc_forward_kernel<HS>, tc_grid(s, B), stream, out,
-                                                lse, qkv, s, vec);
+    launch_tc<flash_tc::ForwardSmem<GpuBlock, HS>>(flash_tc_forward_kernel<HS>, tc_grid(s, B), stream, out,
+                                                   lse, qkv, s, vec);
   });
 }
 
@@ -223,10 +223,10 @@ void flash_attention_tc_backward_cuda(bf* dqkv, float* scratch, const bf* dout, 
     constexpr int HS = decltype(hs)::value;
     require_device<HS>(s.hs);
     const dim3 grid = tc_grid(s, B);
-    launch<flash_tc::DqSmem<GpuBlock, HS>>(flash_tc_dq_kernel<HS>, grid, stream, dqkv, dout, qkv, lse, D,
-                                           s, vec);
-    launch<flash_tc::KeySmem<GpuBlock, HS>>(flash_tc_key_kernel<HS>, grid, stream, dqkv, dout, qkv, lse,
-                                            D, s, vec);
+    launch_tc<flash_tc::DqSmem<GpuBlock, HS>>(flash_tc_dq_kernel<HS>, grid, stream, dqkv, dout, qkv, lse,
+                                              D, s, vec);
+    launch_tc<flash_tc::KeySmem<GpuBlock, HS>>(flash_tc_key_kernel<HS>, grid, stream, dqkv, dout, qkv,
+                                               lse, D, s, vec);
   });
 }
 

@@ -115,8 +115,8 @@ template <class F>
 void layernorm_forward_cuda(F* out, float* mean, float* rstd, const F* inp, const F* weight,
                             const F* bias, int N, int C, cudaStream_t stream) {
   if (N == 0) return;
-  layernorm_forward_kernel<<<blocks_for(N, kRowsPerBlock), kBlock, 0, stream>>>(
-      out, mean, rstd, inp, weight, bias, N, C);
+  cuda_impl::launch(layernorm_forward_kernel<F>, blocks_for(N, kRowsPerBlock), kBlock, 0, stream, out, mean,
+                    rstd, inp, weight, bias, N, C);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -128,14 +128,14 @@ void layernorm_backward_cuda(CudaContext& ctx, F* dinp, F* dweight, F* dbias, co
   // of 0 blocks, which CUDA rejects (cudaErrorInvalidConfiguration).
   if (N == 0 || C == 0) return;
   cudaStream_t stream = ctx.stream();
-  layernorm_backward_input_kernel<<<blocks_for(N, kRowsPerBlock), kBlock, 0, stream>>>(
-      dinp, dout, inp, weight, mean, rstd, N, C);
+  cuda_impl::launch(layernorm_backward_input_kernel<F>, blocks_for(N, kRowsPerBlock), kBlock, 0, stream, dinp,
+                    dout, inp, weight, mean, rstd, N, C);
   CUDA_CHECK_LAUNCH();
   const ColumnSlices sl = column_slices(N);
   float* partial = static_cast<float*>(ctx.scratch(column_scratch_bytes(2, N, C)));
   const dim3 grid(blocks_for(C, kColTile), sl.count);
-  layernorm_backward_params_kernel<<<grid, dim3(kColTile, kColRows), 0, stream>>>(
-      partial, dout, inp, mean, rstd, N, C, sl.rows);
+  cuda_impl::launch(layernorm_backward_params_kernel<F>, grid, dim3(kColTile, kColRows), 0, stream, partial,
+                    dout, inp, mean, rstd, N, C, sl.rows);
   CUDA_CHECK_LAUNCH();
   column_sums_finish(dweight, dbias, partial, sl.count, C, stream);
 }

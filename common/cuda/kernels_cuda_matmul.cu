@@ -102,8 +102,8 @@ void matmul_forward_cuda(CudaContext& ctx, F* out, const F* inp, const F* weight
                          int N, int IC, int OC) {
   if (N == 0 || OC == 0) return;
   if (bias) {
-    bias_broadcast_kernel<<<blocks_for(size_t(N) * OC, kBlock), kBlock, 0, ctx.stream()>>>(
-        out, bias, N, OC);
+    cuda_impl::launch(bias_broadcast_kernel<F>, blocks_for(size_t(N) * OC, kBlock), kBlock, 0, ctx.stream(),
+                      out, bias, N, OC);
     CUDA_CHECK_LAUNCH();
   }
   if (IC == 0) {
@@ -140,8 +140,8 @@ void matmul_backward_cuda(CudaContext& ctx, F* dinp, F* dweight, F* dbias, const
     const ColumnSlices sl = column_slices(N);
     float* partial = static_cast<float*>(ctx.scratch(column_scratch_bytes(1, N, OC)));
     const dim3 grid(blocks_for(OC, kColTile), sl.count);
-    bias_backward_kernel<<<grid, dim3(kColTile, kColRows), 0, ctx.stream()>>>(partial, dout, N,
-                                                                              OC, sl.rows);
+    cuda_impl::launch(bias_backward_kernel<F>, grid, dim3(kColTile, kColRows), 0, ctx.stream(), partial, dout,
+                      N, OC, sl.rows);
     CUDA_CHECK_LAUNCH();
     column_sums_finish<F>(dbias, nullptr, partial, sl.count, OC, ctx.stream());
   }
@@ -223,8 +223,8 @@ void attention_forward_cuda(CudaContext& ctx, F* out, F* att, float* scratch, co
     // preatt_h^T = scale K_h Q_h^T: A = K_h transposed, B = Q_h, float32 out.
     gemm<F, float>(ctx, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, k, C3, hs, q, C3, hs, 0.0f,
                    preatt, T, TT, H);
-    causal_softmax_forward_kernel<<<blocks_for(size_t(H) * T, kRowsPerBlock), kBlock, 0,
-                                    ctx.stream()>>>(a, preatt, H * T, T);
+    cuda_impl::launch(causal_softmax_forward_kernel<F>, blocks_for(size_t(H) * T, kRowsPerBlock), kBlock, 0,
+                      ctx.stream(), a, preatt, H * T, T);
     CUDA_CHECK_LAUNCH();
     // out_h[T,hs] = att_h V_h, written in place into out's columns h*hs..:
     // column-major out_h^T = V_h^T att_h^T, both read as stored.
@@ -262,8 +262,8 @@ void attention_backward_cuda(CudaContext& ctx, F* dqkv, float* scratch, const F*
     // dV_h[T,hs] += att_h^T dout_h: column-major dV^T += dout_h^T att_h.
     gemm<F, F>(ctx, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dy, C, hs, a, T, TT, 1.0f, dv, C3,
                hs, H);
-    causal_softmax_backward_kernel<<<blocks_for(size_t(H) * T, kRowsPerBlock), kBlock, 0,
-                                     ctx.stream()>>>(dpre, a, datt, H * T, T);
+    cuda_impl::launch(causal_softmax_backward_kernel<F>, blocks_for(size_t(H) * T, kRowsPerBlock), kBlock, 0,
+                      ctx.stream(), dpre, a, datt, H * T, T);
     CUDA_CHECK_LAUNCH();
     // dQ_h += scale dpre_h K_h: column-major dQ^T += scale K_h^T dpre_h^T.
     gemm<F, F>(ctx, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, scale, k, C3, hs, dpre, T, TT, 1.0f, dq,

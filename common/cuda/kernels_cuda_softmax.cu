@@ -91,8 +91,8 @@ void softmax_cross_entropy_forward_cuda(float* lse, float* losses, const F* logi
                                         const int32_t* targets, int N, int V,
                                         cudaStream_t stream) {
   if (N == 0 || V == 0) return;  // V == 0: no row has a target; nothing to do
-  softmax_cross_entropy_forward_kernel<<<N, kSoftmaxThreads, 0, stream>>>(lse, losses, logits,
-                                                                          targets, V);
+  cuda_impl::launch(softmax_cross_entropy_forward_kernel<F>, N, kSoftmaxThreads, 0, stream, lse, losses,
+                    logits, targets, V);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -101,8 +101,8 @@ void softmax_cross_entropy_backward_cuda(F* dlogits, const F* logits, const floa
                                          const int32_t* targets, float dloss, int N, int V,
                                          cudaStream_t stream) {
   if (N == 0 || V == 0) return;
-  softmax_cross_entropy_backward_kernel<<<N, kSoftmaxThreads, 0, stream>>>(dlogits, logits, lse,
-                                                                           targets, dloss, V);
+  cuda_impl::launch(softmax_cross_entropy_backward_kernel<F>, N, kSoftmaxThreads, 0, stream, dlogits, logits,
+                    lse, targets, dloss, V);
   CUDA_CHECK_LAUNCH();
 }
 

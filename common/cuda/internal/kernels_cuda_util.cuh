@@ -45,6 +45,7 @@
 
 #include "check.h"
 #include "kernels_cuda.h"
+#include "launch.cuh"
 
 // Kernel launches report a bad configuration through cudaGetLastError.
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
@@ -196,8 +197,8 @@ template <class F>
 void column_sums_finish(F* out0, F* out1, const float* partial, int slices, int C,
                         cudaStream_t stream) {
   const dim3 grid(blocks_for(C, kColTile), out1 ? 2 : 1);
-  column_sums_finish_kernel<F><<<grid, dim3(kColTile, kColRows), 0, stream>>>(out0, out1, partial,
-                                                                             slices, C);
+  cuda_impl::launch((column_sums_finish_kernel<F>), grid, dim3(kColTile, kColRows), 0, stream, out0, out1,
+                    partial, slices, C);
   CUDA_CHECK_LAUNCH();
 }
 
