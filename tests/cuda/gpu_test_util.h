@@ -48,3 +48,13 @@ inline void CUDART_CB sleep_on_stream(void* p) {
 #define SKIP_WITHOUT_GPU()                     \
   if (!::zf::test::no_device_reason().empty()) \
   GTEST_SKIP() << "no CUDA device: " << ::zf::test::no_device_reason()
+
+// For the few tests that mean something only on a real GPU (a timing at
+// full size): on the emulated GPU (tests/emu) they skip with the reason.
+#if defined(ZF_GPU_EMULATED)
+#define SKIP_ON_EMULATED_GPU(why) GTEST_SKIP() << "on the emulated GPU: " << why
+#else
+#define SKIP_ON_EMULATED_GPU(why) \
+  do {                            \
+  } while (false)
+#endif

@@ -1,0 +1,599 @@
+// emu_fibers.cpp: kernels on the emulated GPU (zf_emu.h). A launch is one
+// task on its stream; the task runs the grid's blocks in order, and a
+// block's threads as fibers on the stream's thread, each
+// with a stack of its own that later blocks reuse.
+//
+// Turns: each thread runs until it waits (at __syncthreads or a warp
+// operation) or returns; then the next. Rounds go forward, then backward
+// (odd blocks start backward), so code that assumes an order between
+// threads without a barrier meets both orders. A barrier opens once every thread of the block has arrived;
+// a warp operation once every lane of its mask has. A round in
+// which no thread can run is a deadlock (a barrier some threads never
+// reach, a mask naming a lane that left): the kernel faults, naming what
+// each thread waits for.
+//
+// ThreadSanitizer sees each GPU thread as a fiber of its own, and fibers
+// switch without synchronising: two threads of a block that touch the same
+// shared or global memory without a barrier between them are a race it
+// reports. A barrier (and __syncwarp) orders its threads; shuffles move
+// values, not memory order, as on the GPU.
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <cstdio>
+#include <list>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <mma.h>
+
+#include "emu_runtime.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define ZF_EMU_ASAN 1
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define ZF_EMU_TSAN 1
+#endif
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ZF_EMU_ASAN 1
+#endif
+#if __has_feature(thread_sanitizer)
+#define ZF_EMU_TSAN 1
+#endif
+#endif
+#ifdef ZF_EMU_ASAN
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+#ifdef ZF_EMU_TSAN
+#include <sanitizer/tsan_interface.h>
+#endif
+
+namespace zf::emu {
+
+namespace {
+
+constexpr size_t kStackBytes = size_t(256) << 10;
+constexpr size_t kGuardBytes = size_t(64) << 10;
+constexpr int kMaxThreads = 1024;
+
+struct Exchange {
+  unsigned mask = 0;
+  WarpOp op{};
+  unsigned arrived = 0;
+  int readers = 0;
+  bool complete = false;
+  std::atomic<uint64_t> values[32] = {};
+  char token = 0;  // __syncwarp's memory order
+};
+
+// A fiber's saved context. On x86-64 a switch saves the registers the
+// calling convention preserves and swaps stacks (emu_switch below): a few
+// nanoseconds, where POSIX swapcontext also saves the signal mask with a
+// system call each time. Elsewhere, ucontext.
+#if defined(__x86_64__)
+extern "C" void zf_emu_switch(void** from_sp, void* to_sp);
+asm(R"(
+  .text
+  .globl zf_emu_switch
+  .type zf_emu_switch, @function
+zf_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size zf_emu_switch, .-zf_emu_switch
+  .section .note.GNU-stack, "", @progbits
+  .text
+)");
+struct Context {
+  void* sp = nullptr;
+};
+// A context that enters entry() on [stack, stack + size) as if called
+// (entry never returns): its address where the switch's ret finds it,
+// zeros for the six registers, the default MXCSR and x87 control word.
+void make_context(Context& c, char* stack, size_t size, void (*entry)()) {
+  auto top = reinterpret_cast<uintptr_t>(stack + size) & ~uintptr_t(15);
+  auto* sp = reinterpret_cast<uint64_t*>(top - 16);
+  sp[0] = reinterpret_cast<uint64_t>(entry);
+  sp[1] = 0;
+  sp -= 6;
+  for (int i = 0; i < 6; ++i) sp[i] = 0;
+  sp -= 1;
+  sp[0] = 0x1f80u | (uint64_t(0x037fu) << 32);
+  c.sp = sp;
+}
+void swap_context(Context& from, Context& to) { zf_emu_switch(&from.sp, to.sp); }
+#else
+struct Context {
+  ucontext_t uc{};
+};
+void make_context(Context& c, char* stack, size_t size, void (*entry)()) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = size;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, entry, 0);
+}
+void swap_context(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+#endif
+
+enum class State { ready, barrier, warp, done };
+
+// A stack to run GPU threads on. A fiber runs one thread at a time; when
+// its thread returns, it goes on with the next thread of the block that has
+// not started, on the same stack, so a kernel without barriers costs one
+// switch a block. A thread that waits keeps its fiber until it returns.
+// (Under TSan each GPU thread has a fiber of its own: TSan tells threads
+// apart by their fibers.)
+struct Fiber {
+  Context context;
+  char* memory = nullptr;  // guard, then stack
+  void* tsan = nullptr;
+  int thread = -1;  // the GPU thread it runs
+};
+
+struct GpuThread {
+  ThreadPlace place{};
+  State state = State::ready;
+  bool started = false;
+  uint64_t barrier_gen = 0;  // the generation its barrier opens at
+  Exchange* exchange = nullptr;
+  Fiber* fiber = nullptr;
+};
+
+const char* op_name(WarpOp op) {
+  switch (op) {
+    case WarpOp::shfl: return "__shfl_sync";
+    case WarpOp::shfl_xor: return "__shfl_xor_sync";
+    case WarpOp::reduce_add: return "__reduce_add_sync";
+    case WarpOp::match_any: return "__match_any_sync";
+    case WarpOp::ballot: return "__ballot_sync";
+    case WarpOp::all: return "__all_sync";
+    case WarpOp::any: return "__any_sync";
+    case WarpOp::syncwarp: return "__syncwarp (or a wmma call)";
+  }
+  return "?";
+}
+
+#ifdef ZF_EMU_TSAN
+constexpr bool kChain = false;
+#else
+constexpr bool kChain = true;
+#endif
+
+// One per stream thread: the fibers, and the block they run.
+struct Runner {
+  std::vector<std::unique_ptr<Fiber>> fibers;
+  std::vector<Fiber*> idle;
+  std::vector<GpuThread> threads;  // the block's
+  Context main;
+  const void* main_bottom = nullptr;
+  size_t main_size = 0;
+  void* main_tsan = nullptr;
+  size_t guard = 0;
+  int current = -1;   // the GPU thread running; -1: the scheduler
+  int unstarted = 0;  // threads [unstarted, count) have not started (in the first round's order)
+  int count = 0;      // threads of the block
+  const std::function<void()>* body = nullptr;
+  uint64_t barrier_gen = 0;
+  int barrier_arrived = 0;
+  char barrier_token[2] = {};
+  char start_token = 0, end_token = 0;
+  std::vector<std::list<Exchange>> warps;
+  unsigned char* dynamic = nullptr;  // the block's dynamic shared memory, 128-byte aligned
+  size_t dynamic_bytes = 0;
+  std::string fault;    // set by a thread that faults (trap, a bad warp call)
+  bool broken = false;  // fibers abandoned mid-kernel: made anew before the next block
+
+  Runner() {
+    const size_t page = size_t(sysconf(_SC_PAGESIZE));
+    guard = (kGuardBytes + page - 1) / page * page;
+#ifdef ZF_EMU_TSAN
+    main_tsan = __tsan_get_current_fiber();
+#endif
+  }
+  ~Runner() {
+    drop();
+    std::free(dynamic);
+  }
+  void drop() {
+    for (auto& f : fibers) {
+      if (f->memory) munmap(f->memory, guard + kStackBytes);
+#ifdef ZF_EMU_TSAN
+      if (f->tsan) __tsan_destroy_fiber(f->tsan);
+#endif
+    }
+    fibers.clear();
+    idle.clear();
+  }
+};
+
+thread_local Runner* runner = nullptr;
+
+[[gnu::noinline]] void switch_to(Context& from, Context& to, const void* bottom, size_t size, void* tsan_to,
+                                 const void** came_bottom = nullptr, size_t* came_size = nullptr) {
+#ifdef ZF_EMU_ASAN
+  void* fake_stack = nullptr;
+  __sanitizer_start_switch_fiber(&fake_stack, bottom, size);
+#else
+  (void)bottom, (void)size, (void)came_bottom, (void)came_size;
+#endif
+#ifdef ZF_EMU_TSAN
+  __tsan_switch_to_fiber(tsan_to, __tsan_switch_to_fiber_no_sync);
+#else
+  (void)tsan_to;
+#endif
+  swap_context(from, to);
+#ifdef ZF_EMU_ASAN
+  __sanitizer_finish_switch_fiber(fake_stack, came_bottom, came_size);
+#endif
+}
+
+// From the running GPU thread's fiber back to the scheduler.
+void to_main() {
+  Runner& r = *runner;
+  Fiber& f = *r.threads[size_t(r.current)].fiber;
+  switch_to(f.context, r.main, r.main_bottom, r.main_size, r.main_tsan, &r.main_bottom, &r.main_size);
+}
+
+void bind(Runner& r, Fiber& f, int i) {
+  f.thread = i;
+  r.threads[size_t(i)].fiber = &f;
+  r.threads[size_t(i)].started = true;
+}
+
+void fiber_main() {
+  Runner& r = *runner;
+#ifdef ZF_EMU_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &r.main_bottom, &r.main_size);
+#endif
+  for (;;) {
+    Fiber* f = r.threads[size_t(r.current)].fiber;
+    for (;;) {
+      tsan_acquire(&r.start_token);
+      (*r.body)();
+      tsan_release(&r.end_token);
+      int next = -1;
+      {
+        const TsanQuiet quiet;
+        GpuThread& t = r.threads[size_t(r.current)];
+        t.state = State::done;
+        t.fiber = nullptr;
+        if (kChain && r.fault.empty()) {
+          while (r.unstarted < r.count && r.threads[size_t(r.unstarted)].started) ++r.unstarted;
+          if (r.unstarted < r.count) next = r.unstarted++;
+        }
+        if (next >= 0) {
+          bind(r, *f, next);
+          r.current = next;
+        } else {
+          f->thread = -1;
+          r.idle.push_back(f);
+        }
+      }
+      if (next < 0) break;
+    }
+    switch_to(f->context, r.main, r.main_bottom, r.main_size, r.main_tsan, &r.main_bottom, &r.main_size);
+  }
+}
+
+[[gnu::noinline]] Fiber* make_fiber(Runner& r) {
+  auto f = std::make_unique<Fiber>();
+  void* m = mmap(nullptr, r.guard + kStackBytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+  if (m == MAP_FAILED) fault(cudaErrorMemoryAllocation, "could not map the stack of a GPU thread");
+  f->memory = static_cast<char*>(m);
+#ifdef ZF_EMU_ASAN
+  __asan_unpoison_memory_region(f->memory + r.guard, kStackBytes);
+#endif
+  if (mprotect(f->memory, r.guard, PROT_NONE) != 0) fault(cudaErrorMemoryAllocation, "could not guard a GPU thread's stack");
+  make_context(f->context, f->memory + r.guard, kStackBytes, fiber_main);
+#ifdef ZF_EMU_TSAN
+  f->tsan = __tsan_create_fiber(0);
+#endif
+  r.fibers.push_back(std::move(f));
+  return r.fibers.back().get();
+}
+
+void resume(Runner& r, int i) {
+  Fiber& f = *r.threads[size_t(i)].fiber;
+  r.current = i;
+  switch_to(r.main, f.context, f.memory + r.guard, kStackBytes, f.tsan);
+  r.current = -1;
+}
+
+std::string where(const GpuThread& t) {
+  std::ostringstream o;
+  o << "block (" << t.place.block.x << "," << t.place.block.y << "," << t.place.block.z << ") thread ("
+    << t.place.thread.x << "," << t.place.thread.y << "," << t.place.thread.z << ")";
+  return o.str();
+}
+
+// Why no thread of the block can go on: each waiting thread's wait, a few.
+std::string deadlock(const Runner& r) {
+  std::ostringstream o;
+  o << "kernel deadlocked: no thread of the block can go on";
+  int said = 0, done = 0;
+  for (const GpuThread& t : r.threads) {
+    if (t.state == State::done) {
+      ++done;
+      continue;
+    }
+    if (said++ < 4) {
+      o << "; " << where(t) << " waits at ";
+      if (t.state == State::barrier) o << "__syncthreads";
+      else o << op_name(t.exchange->op) << " with mask 0x" << std::hex << t.exchange->mask << std::dec
+             << " (lanes arrived: 0x" << std::hex << t.exchange->arrived << std::dec << ")";
+    }
+  }
+  o << "; " << done << " of " << r.count << " threads have returned";
+  return o.str();
+}
+
+void run_block(Runner& r, dim3 grid, dim3 block, uint3 block_idx) {
+  const int n = int(block.x * block.y * block.z);
+  r.count = n;
+  r.unstarted = 0;
+  r.barrier_gen = 0;
+  r.barrier_arrived = 0;
+  r.warps.clear();
+  r.warps.resize(size_t((n + 31) / 32));
+  if (r.dynamic_bytes) std::memset(r.dynamic, 0xff, r.dynamic_bytes);
+  r.threads.assign(size_t(n), GpuThread{});
+  for (int i = 0; i < n; ++i) {
+    GpuThread& t = r.threads[size_t(i)];
+    t.place.thread = uint3{unsigned(i) % block.x, unsigned(i) / block.x % block.y, unsigned(i) / (block.x * block.y)};
+    t.place.block = block_idx;
+    t.place.block_dim = block;
+    t.place.grid_dim = grid;
+  }
+  tsan_release(&r.start_token);
+  // Even blocks start forward, odd ones backward: each phase between two
+  // barriers meets both orders across a grid's blocks.
+  bool forward = (block_idx.x + block_idx.y + block_idx.z) % 2 == 0;
+  for (;;) {
+    bool ran = false, left = false;
+    for (int k = 0; k < n; ++k) {
+      const int i = forward ? k : n - 1 - k;
+      GpuThread& t = r.threads[size_t(i)];
+      bool go;
+      {
+        const TsanQuiet quiet;
+        go = t.state == State::ready ||
+             (t.state == State::barrier && r.barrier_gen >= t.barrier_gen) ||
+             (t.state == State::warp && t.exchange->complete);
+        if (go && !t.started) {
+          Fiber* f;
+          if (!r.idle.empty()) {
+            f = r.idle.back();
+            r.idle.pop_back();
+          } else {
+            f = make_fiber(r);
+          }
+          bind(r, *f, i);
+          if (kChain && i == r.unstarted) ++r.unstarted;
+        }
+        if (go) t.state = State::ready;
+      }
+      if (go) {
+        resume(r, i);
+        ran = true;
+        if (!r.fault.empty()) {
+          r.broken = true;
+          fault(cudaErrorLaunchFailure, r.fault);
+        }
+      }
+    }
+    {
+      const TsanQuiet quiet;
+      for (const GpuThread& t : r.threads) left = left || t.state != State::done;
+    }
+    forward = !forward;
+    if (!left) break;
+    if (!ran) {
+      r.broken = true;
+      fault(cudaErrorLaunchFailure, deadlock(r));
+    }
+  }
+  tsan_acquire(&r.end_token);
+}
+
+GpuThread& me(const char* what) {
+  if (!runner || runner->current < 0) {
+    std::fprintf(stderr, "emulated GPU: %s called outside a kernel\n", what);
+    std::abort();
+  }
+  return runner->threads[size_t(runner->current)];
+}
+
+// A thread's fault: the block stops at the thread's next switch.
+[[noreturn]] void thread_fault(const std::string& what) {
+  GpuThread& t = me("a fault");
+  runner->fault = where(t) + ": " + what;
+  {
+    const TsanQuiet quiet;
+    t.state = State::done;
+  }
+  to_main();
+  std::abort();  // never resumed
+}
+
+}  // namespace
+
+const ThreadPlace& here() { return me("threadIdx/blockIdx/blockDim/gridDim").place; }
+
+int lane_id() {
+  const ThreadPlace& p = here();
+  const unsigned linear = p.thread.x + p.block_dim.x * (p.thread.y + p.block_dim.y * p.thread.z);
+  return int(linear % 32);
+}
+
+unsigned char* dynamic_shared() {
+  me("dynamic shared memory");
+  return runner->dynamic;
+}
+
+void syncthreads() {
+  GpuThread& t = me("__syncthreads");
+  Runner& r = *runner;
+  const uint64_t gen = r.barrier_gen;
+  tsan_release(&r.barrier_token[gen % 2]);
+  {
+    const TsanQuiet quiet;
+    t.state = State::barrier;
+    t.barrier_gen = gen + 1;
+    // Every thread of the block, as CUDA requires: one that returned
+    // instead leaves the others waiting (a deadlock, reported).
+    if (++r.barrier_arrived == r.count) {
+      r.barrier_gen = gen + 1;
+      r.barrier_arrived = 0;
+    }
+  }
+  to_main();
+  tsan_acquire(&r.barrier_token[gen % 2]);
+}
+
+void trap() { thread_fault("__trap()"); }
+
+void kernel_fault(const std::string& what) { thread_fault(what); }
+
+void warp_exchange(unsigned mask, WarpOp op, uint64_t mine, uint64_t out[32]) {
+  GpuThread& t = me(op_name(op));
+  Runner& r = *runner;
+  const int lane = lane_id();
+  const unsigned bit = 1u << lane;
+  const int warp = r.current / 32;
+  // The warp's lanes that exist (a last partial warp has fewer).
+  const unsigned exist = r.count - warp * 32 >= 32 ? 0xffffffffu : (1u << (r.count - warp * 32)) - 1;
+  Exchange* x = nullptr;
+  {
+    const TsanQuiet quiet;
+    if (!(mask & bit)) thread_fault(std::string(op_name(op)) + " with a mask that does not name the calling lane");
+    if (mask & ~exist) thread_fault(std::string(op_name(op)) + " with a mask naming lanes the block does not have");
+    // The oldest open exchange of this mask and op that this lane has not
+    // joined yet. Lanes that ask for different things wait on different
+    // exchanges, which never complete: a deadlock, reported as such.
+    for (Exchange& e : r.warps[size_t(warp)])
+      if (!e.complete && e.mask == mask && e.op == op && !(e.arrived & bit)) {
+        x = &e;
+        break;
+      }
+    if (!x) {
+      x = &r.warps[size_t(warp)].emplace_back();
+      x->mask = mask;
+      x->op = op;
+    }
+    x->values[lane].store(mine, std::memory_order_relaxed);
+    x->arrived |= bit;
+    if (x->arrived == mask) {
+      x->complete = true;
+      x->readers = __builtin_popcount(mask);
+    }
+  }
+  if (op == WarpOp::syncwarp) tsan_release(&x->token);
+  bool wait;
+  {
+    const TsanQuiet quiet;
+    wait = !x->complete;
+    if (wait) {
+      t.state = State::warp;
+      t.exchange = x;
+    }
+  }
+  if (wait) to_main();
+  if (op == WarpOp::syncwarp) tsan_acquire(&x->token);
+  for (int l = 0; l < 32; ++l) out[l] = (mask >> l & 1u) ? x->values[l].load(std::memory_order_relaxed) : 0;
+  const TsanQuiet quiet;
+  t.exchange = nullptr;
+  if (--x->readers == 0) {
+    auto& list = r.warps[size_t(warp)];
+    for (auto it = list.begin(); it != list.end(); ++it)
+      if (&*it == x) {
+        list.erase(it);
+        break;
+      }
+  }
+}
+
+void launch_body(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+                 std::function<void()> body) {
+  if (const cudaError_t e = stream_error(stream)) {
+    set_last_error(e);
+    return;
+  }
+  const unsigned long long threads = 1ull * block.x * block.y * block.z;
+  const bool bad = block.x == 0 || block.y == 0 || block.z == 0 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
+                   threads > kMaxThreads || block.x > 1024 || block.y > 1024 || block.z > 64 ||
+                   grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535 ||
+                   shared_bytes > max_dynamic_shared(kernel);
+  if (bad) {
+    set_last_error(cudaErrorInvalidConfiguration);
+    return;
+  }
+  enqueue_on(stream, [grid, block, shared_bytes, body = std::move(body)] {
+    if (!runner) {
+      static thread_local Runner mine;
+      runner = &mine;
+    }
+    Runner& r = *runner;
+    if (r.broken) {
+      r.drop();
+      r.broken = false;
+      r.fault.clear();
+    }
+    r.body = &body;
+    if (shared_bytes > r.dynamic_bytes) {
+      std::free(r.dynamic);
+      r.dynamic = static_cast<unsigned char*>(std::aligned_alloc(128, (shared_bytes + 127) / 128 * 128));
+    }
+    r.dynamic_bytes = shared_bytes;
+    for (unsigned z = 0; z < grid.z; ++z)
+      for (unsigned y = 0; y < grid.y; ++y)
+        for (unsigned x = 0; x < grid.x; ++x) run_block(r, grid, block, uint3{x, y, z});
+    r.body = nullptr;
+  });
+}
+
+}  // namespace zf::emu
+
+namespace nvcuda::wmma::detail {
+
+float* warp_scratch() {
+  static thread_local float scratch[32][256];  // per stream thread, which runs one block at a time
+  return scratch[zf::emu::runner->current / 32];
+}
+
+void check_operands(const void* p, unsigned ldm, unsigned elem_bytes) {
+  if (reinterpret_cast<uintptr_t>(p) % 32 != 0)
+    zf::emu::kernel_fault("a wmma load or store at an address not aligned to 32 bytes");
+  if (size_t(ldm) * elem_bytes % 16 != 0)
+    zf::emu::kernel_fault("a wmma leading dimension that is not a multiple of 16 bytes");
+}
+
+}  // namespace nvcuda::wmma::detail

@@ -1,0 +1,59 @@
+// emu_runtime.h: what the emulated GPU's sources share (emu_runtime.cpp,
+// emu_fibers.cpp, emu_cublas.cpp): its devices, streams and their tasks,
+// sticky errors, and the notes it gives ThreadSanitizer.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <functional>
+#include <string>
+
+namespace zf::emu {
+
+// Enqueues task on stream (nullptr: the current device's legacy stream).
+// The task sees every host write made before this call; its own writes are
+// seen by the host after a synchronize, and by other streams after an event.
+void enqueue_on(cudaStream_t stream, std::function<void()> task);
+
+// The device a stream belongs to; -1 when the stream is not one.
+int stream_device(cudaStream_t stream);
+
+// A task that fails (a kernel's fault, __trap) fails its device: every later
+// call on it returns error, as after a GPU fault. Called on the stream's thread.
+[[noreturn]] void fault(cudaError_t error, const std::string& what);
+
+// A fault of the running GPU thread (a bad wmma call): the kernel stops.
+[[noreturn]] void kernel_fault(const std::string& what);
+
+// Raised by fault() and caught by the stream's thread.
+struct Fault {
+  cudaError_t error;
+};
+
+// Leaves e as the calling thread's last error (cudaGetLastError); returns e.
+cudaError_t set_last_error(cudaError_t e);
+
+// The sticky error of the device a stream belongs to, or success.
+cudaError_t stream_error(cudaStream_t stream);
+
+// Kernel launches remember what cudaFuncSetAttribute allowed.
+size_t max_dynamic_shared(const void* kernel);
+
+constexpr size_t kStaticSharedLimit = 48 << 10;   // bytes a block may have without the attribute
+constexpr size_t kSharedOptinLimit = 227 << 10;  // the most with it (H100: 227 KiB)
+constexpr int kSmCount = 132;
+
+// ThreadSanitizer: the emulation's own bookkeeping is hidden from it, and
+// happens-before is declared only where CUDA promises an order (a task after
+// its enqueue, a synchronize after the tasks it waits for, a stream wait
+// after its event, a block's threads after its barrier).
+struct TsanQuiet {
+  TsanQuiet();
+  ~TsanQuiet();
+  TsanQuiet(const TsanQuiet&) = delete;
+  TsanQuiet& operator=(const TsanQuiet&) = delete;
+};
+void tsan_release(const void* token);
+void tsan_acquire(const void* token);
+
+}  // namespace zf::emu

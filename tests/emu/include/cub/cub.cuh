@@ -1,0 +1,2 @@
+#pragma once
+#include "device/device_radix_sort.cuh"

@@ -1,0 +1,216 @@
+// zf_emu.h: the emulated GPU's device side, which every header of the
+// emulated toolkit (cuda_runtime.h, cuda_bf16.h, mma.h, ...) includes. With
+// it, g++ compiles the project's .cu files unchanged but for the launch
+// (common/cuda/internal/launch.cuh), and their kernels run on the CPU:
+//
+// - A launch is a task on its stream (emu_runtime.cpp: each stream a queue
+//   with a thread of its own). The task runs the grid's blocks one after
+//   another; the threads of a block are fibers (emu_fibers.cpp), so
+//   __syncthreads is a real barrier: a thread waits there until every
+//   thread of its block has arrived.
+// - Warp operations (shuffles, votes, reductions, match) wait for every
+//   lane their mask names, and check that those lanes ask the same thing.
+// - __shared__ variables are thread_local: one copy per worker thread, which
+//   runs one block at a time. Dynamic shared memory: ZF_DYNAMIC_SHARED.
+// - A barrier that some threads of the block never reach (they returned, or
+//   wait at another), a warp operation whose lanes never all come, __trap,
+//   an access that leaves a shared or global buffer (ASan): the kernel
+//   fails, and the GPU with it, as on the hardware (a sticky error that every
+//   later call returns).
+// What this proves and what it does not: docs/GPU.md.
+#pragma once
+
+#include <atomic>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <type_traits>
+
+// ------------------------------------------------------------ the language
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+#define __shared__ static thread_local
+#define __constant__ static
+#define CUDART_CB
+
+struct uint3 {
+  unsigned x, y, z;
+};
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+  constexpr dim3(uint3 u) : x(u.x), y(u.y), z(u.z) {}
+};
+struct alignas(16) int4 {
+  int x, y, z, w;
+};
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+struct alignas(8) float2 {
+  float x, y;
+};
+
+using cudaStream_t = struct CUstream_st*;
+
+namespace zf::emu {
+
+// The running GPU thread's coordinates (a thread of the block being run).
+struct ThreadPlace {
+  uint3 thread, block;
+  dim3 block_dim, grid_dim;
+};
+const ThreadPlace& here();
+
+void syncthreads();
+void trap();
+
+// Warp operations: every lane named in mask calls with the same mask and op,
+// each its own value; returns, to each, every named lane's value (out[l] for
+// lane l; unnamed lanes' entries are 0).
+enum class WarpOp { shfl, shfl_xor, reduce_add, match_any, ballot, all, any, syncwarp };
+void warp_exchange(unsigned mask, WarpOp op, uint64_t mine, uint64_t out[32]);
+int lane_id();
+
+// The block's dynamic shared memory (the launch's shared_bytes).
+unsigned char* dynamic_shared();
+
+// A launch: checks the configuration as the hardware does (an error then
+// leaves cudaErrorInvalidConfiguration and runs nothing), then enqueues
+// body on the stream, run by every thread of every block.
+void launch_body(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+                 std::function<void()> body);
+
+// kernel<<<grid, block, shared_bytes, stream>>>(args...): the arguments are
+// copied now, as a launch copies them.
+template <class... Params>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+            std::type_identity_t<Params>... args) {
+  launch_body(reinterpret_cast<const void*>(kernel), grid, block, shared_bytes, stream,
+              [kernel, args...]() { kernel(args...); });
+}
+
+}  // namespace zf::emu
+
+#define threadIdx (::zf::emu::here().thread)
+#define blockIdx (::zf::emu::here().block)
+#define blockDim (::zf::emu::here().block_dim)
+#define gridDim (::zf::emu::here().grid_dim)
+constexpr int warpSize = 32;
+
+// ------------------------------------------------------------ intrinsics
+inline void __syncthreads() { ::zf::emu::syncthreads(); }
+[[noreturn]] inline void __trap() {
+  ::zf::emu::trap();
+  __builtin_unreachable();
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  uint64_t out[32];
+  ::zf::emu::warp_exchange(mask, ::zf::emu::WarpOp::syncwarp, 0, out);
+}
+
+namespace zf::emu {
+template <class T>
+uint64_t to_bits(T v) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "a warp operation moves at most 8 bytes");
+  uint64_t u = 0;
+  std::memcpy(&u, &v, sizeof(T));
+  return u;
+}
+template <class T>
+T from_bits(uint64_t u) {
+  T v;
+  std::memcpy(&v, &u, sizeof(T));
+  return v;
+}
+}  // namespace zf::emu
+
+template <class T>
+T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32) {
+  uint64_t out[32];
+  ::zf::emu::warp_exchange(mask, ::zf::emu::WarpOp::shfl_xor, ::zf::emu::to_bits(var), out);
+  const int lane = ::zf::emu::lane_id();
+  int src = lane ^ lane_mask;
+  if ((src & ~(width - 1)) != (lane & ~(width - 1))) src = lane;  // outside the lane's group of width: its own
+  return ::zf::emu::from_bits<T>(out[src]);
+}
+template <class T>
+T __shfl_sync(unsigned mask, T var, int src_lane, int width = 32) {
+  uint64_t out[32];
+  ::zf::emu::warp_exchange(mask, ::zf::emu::WarpOp::shfl, ::zf::emu::to_bits(var), out);
+  const int lane = ::zf::emu::lane_id();
+  return ::zf::emu::from_bits<T>(out[(lane & ~(width - 1)) + (src_lane & (width - 1))]);
+}
+inline unsigned __reduce_add_sync(unsigned mask, unsigned value) {
+  uint64_t out[32];
+  ::zf::emu::warp_exchange(mask, ::zf::emu::WarpOp::reduce_add, value, out);
+  unsigned sum = 0;
+  for (int l = 0; l < 32; ++l)
+    if (mask >> l & 1u) sum += unsigned(out[l]);
+  return sum;
+}
+template <class T>
+unsigned __match_any_sync(unsigned mask, T value) {
+  uint64_t out[32];
+  const uint64_t mine = ::zf::emu::to_bits(value);
+  ::zf::emu::warp_exchange(mask, ::zf::emu::WarpOp::match_any, mine, out);
+  unsigned peers = 0;
+  for (int l = 0; l < 32; ++l)
+    if ((mask >> l & 1u) && out[l] == mine) peers |= 1u << l;
+  return peers;
+}
+inline unsigned __ballot_sync(unsigned mask, int predicate) {
+  uint64_t out[32];
+  ::zf::emu::warp_exchange(mask, ::zf::emu::WarpOp::ballot, predicate != 0, out);
+  unsigned bits = 0;
+  for (int l = 0; l < 32; ++l)
+    if ((mask >> l & 1u) && out[l]) bits |= 1u << l;
+  return bits;
+}
+
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(unsigned(x)); }
+inline float __uint_as_float(unsigned u) { return ::zf::emu::from_bits<float>(u); }
+inline unsigned __float_as_uint(float f) { return unsigned(::zf::emu::to_bits(f)); }
+inline int __float_as_int(float f) { return int(::zf::emu::to_bits(f)); }
+inline float __int_as_float(int i) { return ::zf::emu::from_bits<float>(uint32_t(i)); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+
+// Atomics on any address (global or shared), relaxed as on the GPU.
+template <class T>
+T atomicAdd(T* address, T value) {
+  return std::atomic_ref<T>(*address).fetch_add(value, std::memory_order_relaxed);
+}
+template <class T>
+T atomicMax(T* address, T value) {
+  std::atomic_ref<T> a(*address);
+  T old = a.load(std::memory_order_relaxed);
+  while (old < value && !a.compare_exchange_weak(old, value, std::memory_order_relaxed)) {
+  }
+  return old;
+}
+
+// The device overloads of min and max that CUDA declares for integers.
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+inline unsigned long long min(unsigned long long a, unsigned long long b) { return a < b ? a : b; }
+inline unsigned long long max(unsigned long long a, unsigned long long b) { return a > b ? a : b; }
+inline unsigned long min(unsigned long a, unsigned long b) { return a < b ? a : b; }
+inline unsigned long max(unsigned long a, unsigned long b) { return a > b ? a : b; }

@@ -1,0 +1,220 @@
+// test_emu.cpp: the emulated GPU itself (tests/emu), against what CUDA
+// documents: barriers, warp operations, launch limits, streams and events,
+// cuBLAS's column-major product. Each expected value is computed here
+// directly. A test that makes a kernel fail does so on a GPU of its own:
+// the fault is sticky for that GPU, as on the hardware.
+//
+//   build-emu/tests/test_gpu_emulation      (scripts/emulated.sh)
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+namespace {
+
+// Each thread writes a value of its own to shared memory and reads its
+// neighbour's, with or without the barrier between. (Static shared memory
+// keeps what the last block left, as it may on the GPU: each block writes
+// other values.)
+template <bool kBarrier>
+__global__ void neighbour_kernel(int* out) {
+  __shared__ int s[64];
+  const int t = int(threadIdx.x), b = int(blockIdx.x);
+  s[t] = 64 * b + t;
+  if (kBarrier) __syncthreads();
+  out[64 * b + t] = s[(t + 1) % 64];
+}
+int neighbour(int i) { return i / 64 * 64 + (i % 64 + 1) % 64; }
+
+__global__ void early_return_kernel(int* out) {
+  if (threadIdx.x == 3) return;  // leaves the others at the barrier
+  __syncthreads();
+  out[threadIdx.x] = 1;
+}
+
+__global__ void shuffle_kernel(float* out) {
+  const int lane = int(threadIdx.x % 32);
+  float x = float(threadIdx.x);
+  const float partner = __shfl_xor_sync(0xffffffffu, x, 5);
+  unsigned peers = __match_any_sync(0xffffffffu, lane / 8);
+  unsigned group_sum = __reduce_add_sync(peers, unsigned(lane));
+  out[threadIdx.x * 3 + 0] = partner;
+  out[threadIdx.x * 3 + 1] = float(peers);
+  out[threadIdx.x * 3 + 2] = float(group_sum);
+}
+
+__global__ void dynamic_shared_kernel(int* out) {
+  const int* smem = reinterpret_cast<const int*>(zf::emu::dynamic_shared());
+  out[threadIdx.x] = smem[threadIdx.x];
+}
+
+__global__ void write_kernel(int* out, int value, int n) {
+  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) out[i] = value;
+}
+
+int* device_ints(int n) {
+  int* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, n * sizeof(int)), cudaSuccess);
+  return p;
+}
+std::vector<int> host(const int* d, int n) {
+  std::vector<int> h(static_cast<size_t>(n));
+  EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+
+TEST(EmulatedGpu, ABarrierMakesEveryThreadsWriteVisible) {
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  int* d = device_ints(3 * 64);
+  zf::emu::launch(neighbour_kernel<true>, 3, 64, 0, nullptr, d);
+  const auto h = host(d, 3 * 64);
+  for (int i = 0; i < 3 * 64; ++i) EXPECT_EQ(h[size_t(i)], neighbour(i)) << i;
+  cudaFree(d);
+}
+
+TEST(EmulatedGpu, AMissingBarrierShows) {
+  // Threads run in turns, forward then backward: without the barrier, some
+  // thread reads its neighbour's slot before the neighbour wrote it.
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  int* d = device_ints(3 * 64);
+  zf::emu::launch(neighbour_kernel<false>, 3, 64, 0, nullptr, d);
+  const auto h = host(d, 3 * 64);
+  for (int b = 0; b < 3; ++b) {
+    int wrong = 0;
+    for (int i = 64 * b; i < 64 * b + 64; ++i) wrong += h[size_t(i)] != neighbour(i);
+    EXPECT_GT(wrong, 0) << "block " << b;
+  }
+  cudaFree(d);
+}
+
+TEST(EmulatedGpu, ABarrierAThreadNeverReachesIsAFault) {
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  int* d = device_ints(32);
+  zf::emu::launch(early_return_kernel, 1, 32, 0, nullptr, d);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorLaunchFailure);
+  // Sticky: every later call on this GPU fails too.
+  EXPECT_EQ(cudaMemset(d, 0, 4), cudaErrorLaunchFailure);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+}
+
+TEST(EmulatedGpu, WarpOperationsAsDocumented) {
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 64 * 3 * sizeof(float)), cudaSuccess);
+  zf::emu::launch(shuffle_kernel, 1, 64, 0, nullptr, d);
+  std::vector<float> h(64 * 3);
+  ASSERT_EQ(cudaMemcpy(h.data(), d, h.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int t = 0; t < 64; ++t) {
+    const int lane = t % 32, warp = t / 32, group = lane / 8;
+    EXPECT_EQ(h[size_t(t) * 3], float(warp * 32 + (lane ^ 5))) << t;
+    EXPECT_EQ(h[size_t(t) * 3 + 1], float(0xffu << (8 * group))) << t;
+    int sum = 0;
+    for (int l = group * 8; l < group * 8 + 8; ++l) sum += l;
+    EXPECT_EQ(h[size_t(t) * 3 + 2], float(sum)) << t;
+  }
+  cudaFree(d);
+}
+
+TEST(EmulatedGpu, LaunchLimitsAreTheHardwares) {
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  int* d = device_ints(1024);
+  (void)cudaGetLastError();
+  zf::emu::launch(write_kernel, 1, 1025, 0, nullptr, d, 1, 1025);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  zf::emu::launch(write_kernel, dim3(1, 65536), 32, 0, nullptr, d, 1, 32);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  // Dynamic shared memory: 48 KiB, more only once the kernel allows it.
+  zf::emu::launch(dynamic_shared_kernel, 1, 32, 64 << 10, nullptr, d);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  ASSERT_EQ(cudaFuncSetAttribute(dynamic_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 << 10),
+            cudaSuccess);
+  zf::emu::launch(dynamic_shared_kernel, 1, 32, 64 << 10, nullptr, d);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  // What was never written reads as 0xff bytes.
+  const auto h = host(d, 32);
+  for (int v : h) EXPECT_EQ(v, -1);
+  cudaFree(d);
+}
+
+TEST(EmulatedGpu, AnEventOrdersTwoStreams) {
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  cudaStream_t a, b;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t e;
+  ASSERT_EQ(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+  int* d = device_ints(256);
+  // a: wait 100 ms, then write 1; b, after a's event: write 2 over it.
+  static int ms = 100;
+  ASSERT_EQ(cudaLaunchHostFunc(a, [](void* p) { std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(p))); }, &ms),
+            cudaSuccess);
+  zf::emu::launch(write_kernel, 1, 256, 0, a, d, 1, 256);
+  ASSERT_EQ(cudaEventRecord(e, a), cudaSuccess);
+  EXPECT_EQ(cudaEventQuery(e), cudaErrorNotReady);
+  ASSERT_EQ(cudaStreamWaitEvent(b, e), cudaSuccess);
+  zf::emu::launch(write_kernel, 1, 256, 0, b, d, 2, 256);
+  ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
+  EXPECT_EQ(cudaEventQuery(e), cudaSuccess);
+  for (int v : host(d, 256)) EXPECT_EQ(v, 2);
+  cudaEventDestroy(e);
+  cudaStreamDestroy(a);
+  cudaStreamDestroy(b);
+  cudaFree(d);
+}
+
+TEST(EmulatedGpu, CopiesCheckTheirDirection) {
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  int* d = device_ints(4);
+  int h[4] = {};
+  EXPECT_EQ(cudaMemcpy(d, h, sizeof h, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpy(h, d, sizeof h, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpy(d, h, 8 * sizeof(int), cudaMemcpyHostToDevice), cudaErrorInvalidValue);  // past the buffer
+  (void)cudaGetLastError();
+  cudaFree(d);
+}
+
+TEST(EmulatedGpu, GemmIsColumnMajorWithTransposes) {
+  // C (m x n) = alpha op(A) op(B) + beta C, column-major, against the sum written out.
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  const int m = 3, n = 2, k = 4;
+  std::vector<float> A(size_t(k) * m), B(size_t(k) * n), C(size_t(m) * n, 1.0f);  // A: k x m (transposed), B: k x n
+  for (size_t i = 0; i < A.size(); ++i) A[i] = float(i + 1);
+  for (size_t i = 0; i < B.size(); ++i) B[i] = float(2 * i) - 3;
+  float *dA, *dB, *dC;
+  ASSERT_EQ(cudaMalloc(&dA, A.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dB, B.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dC, C.size() * 4), cudaSuccess);
+  cudaMemcpy(dA, A.data(), A.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(dB, B.data(), B.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(dC, C.data(), C.size() * 4, cudaMemcpyHostToDevice);
+  cublasHandle_t h;
+  ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  const float alpha = 2.0f, beta = 0.5f;
+  // op(A) = A^T with A stored k x m (lda = k); op(B) = B, k x n (ldb = k).
+  ASSERT_EQ(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, dA, CUDA_R_32F, k, dB, CUDA_R_32F, k, &beta, dC,
+                         CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_SUCCESS);
+  std::vector<float> out(C.size());
+  cudaMemcpy(out.data(), dC, out.size() * 4, cudaMemcpyDeviceToHost);
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      float s = 0;
+      for (int kk = 0; kk < k; ++kk) s += A[size_t(i) * k + kk] * B[size_t(j) * k + kk];
+      EXPECT_EQ(out[size_t(i) + size_t(j) * m], alpha * s + beta * 1.0f) << i << "," << j;
+    }
+  // A leading dimension shorter than a column is refused, as cuBLAS does.
+  EXPECT_EQ(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, dA, CUDA_R_32F, m - 1, dB, CUDA_R_32F, k, &beta,
+                         dC, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_INVALID_VALUE);
+  cublasDestroy(h);
+  cudaFree(dA);
+  cudaFree(dB);
+  cudaFree(dC);
+}
+
+}  // namespace
