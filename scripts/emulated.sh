@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# emulated.sh: the GPU suites on the emulated GPU of the tests (tests/emu),
+# in build-emu: the project's CUDA code compiled with g++ against the
+# emulation instead of the CUDA toolkit, so that every kernel, the GPU
+# Device, the threads backend on device buffers and every stage with
+# --device cuda run here, on the CPU (docs/GPU.md says what that proves and
+# what only scripts/gpu_check.sh on a real GPU can). scripts/test.sh runs it
+# after the sanitizers; ZF_SKIP_EMULATED=1 skips it there.
+#
+#   scripts/emulated.sh [SUITE...]     (default: gpu_emulation gpu_kernels gpu_comm_threads gpu_stages)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+dir=build-emu
+start=$SECONDS
+suites=("$@")
+[[ ${#suites[@]} -eq 0 ]] && suites=(gpu_emulation gpu_kernels gpu_comm_threads gpu_stages)
+# -O2 for the libraries (the emulated kernels run long enough to matter),
+# the test files at -O1 as in build/. No NCCL, no MPI: the emulation has
+# neither yet.
+if [[ ! -f $dir/build.ninja ]]; then
+  meson setup "$dir" -Dgpu_emulation=true -Dnccl=disabled -Dmpi=disabled --buildtype=custom \
+    -Doptimization=2 -Db_ndebug=true >/dev/null || { echo "emulated: meson setup failed"; exit 1; }
+fi
+rm -rf "$dir/tests/results" "$dir/meson-logs/testlog.json"
+mkdir -p "$dir/tests/results"
+targets=()
+for s in "${suites[@]}"; do targets+=("tests/test_$s"); done
+ninja -C "$dir" "${targets[@]}" >/dev/null || ninja -C "$dir" "${targets[@]}" || { echo "emulated: build failed"; exit 1; }
+built=$SECONDS
+meson test -C "$dir" --no-rebuild --num-processes 2 --print-errorlogs "${suites[@]}"
+status=$?
+echo "emulated GPU: build $((built - start)) s, tests $((SECONDS - built)) s"
+exit $status
