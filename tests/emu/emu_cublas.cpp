@@ -40,6 +40,7 @@ bool type_ok(cudaDataType_t t) { return t == CUDA_R_32F || t == CUDA_R_16BF; }
 void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, const void* A,
           cudaDataType_t at, int lda, const void* B, cudaDataType_t bt, int ldb, float beta, void* C,
           cudaDataType_t ct, int ldc, bool use_tf32) {
+  // For real types, CUBLAS_OP_C is CUBLAS_OP_T.
   auto a = [&](int i, int kk) {
     const float v = ta == CUBLAS_OP_N ? read(A, at, size_t(i) + size_t(kk) * lda) : read(A, at, size_t(kk) + size_t(i) * lda);
     return use_tf32 ? tf32(v) : v;
@@ -62,8 +63,7 @@ cublasStatus_t check(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t t
                      cudaDataType_t ct, int ldc, cublasComputeType_t compute, int batch) {
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (m < 0 || n < 0 || k < 0 || batch < 0 || !alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
-  if ((ta != CUBLAS_OP_N && ta != CUBLAS_OP_T) || (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T))
-    return CUBLAS_STATUS_INVALID_VALUE;
+  if (ta > CUBLAS_OP_C || tb > CUBLAS_OP_C) return CUBLAS_STATUS_INVALID_VALUE;
   const int arows = ta == CUBLAS_OP_N ? m : k, brows = tb == CUBLAS_OP_N ? k : n;
   if (lda < std::max(1, arows) || ldb < std::max(1, brows) || ldc < std::max(1, m)) return CUBLAS_STATUS_INVALID_VALUE;
   if (!type_ok(at) || !type_ok(bt) || !type_ok(ct) || at != bt) return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -133,7 +133,18 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   const size_t ea = at == CUDA_R_16BF ? 2 : 4, ec = ct == CUDA_R_16BF ? 2 : 4;
   const bool use_tf32 = compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+  // Every operand must lie in device memory, as far as the product reads
+  // and writes it: on the GPU a shorter buffer is an illegal address.
+  auto extent = [&](int rows, int cols, int ld, long long stride, size_t elem) {
+    return (size_t(cols - 1) * size_t(ld) + size_t(rows) + size_t(batch - 1) * size_t(stride)) * elem;
+  };
+  const int ar = ta == CUBLAS_OP_N ? m : k, ac = ta == CUBLAS_OP_N ? k : m;
+  const int br = tb == CUBLAS_OP_N ? k : n, bc = tb == CUBLAS_OP_N ? n : k;
+  const bool inside = (k == 0 || (zf::emu::device_range(A, extent(ar, ac, lda, sa, ea)) &&
+                                  zf::emu::device_range(B, extent(br, bc, ldb, sb, ea)))) &&
+                      zf::emu::device_range(C, extent(m, n, ldc, sc, ec));
   zf::emu::enqueue_on(h->stream, [=] {
+    if (!inside) zf::emu::fault(cudaErrorIllegalAddress, "a cuBLAS product reaches past its operands' device memory");
     for (int i = 0; i < batch; ++i)
       gemm(ta, tb, m, n, k, al, static_cast<const char*>(A) + i * sa * ea, at, lda,
            static_cast<const char*>(B) + i * sb * ea, bt, ldb, be, static_cast<char*>(C) + i * sc * ec, ct, ldc,

@@ -198,7 +198,10 @@ struct Runner {
   void* main_tsan = nullptr;
   size_t guard = 0;
   int current = -1;   // the GPU thread running; -1: the scheduler
-  int unstarted = 0;  // threads [unstarted, count) have not started (in the first round's order)
+  // The threads that have not started: [first, last] (every thread starts in
+  // the first round, which takes them from one end, in its direction).
+  int first = 0, last = -1;
+  bool forward = true;  // the round's direction
   int count = 0;      // threads of the block
   const std::function<void()>* body = nullptr;
   uint64_t barrier_gen = 0;
@@ -220,7 +223,7 @@ struct Runner {
   }
   ~Runner() {
     drop();
-    std::free(dynamic);
+    ::operator delete(dynamic, std::align_val_t(128));
   }
   void drop() {
     for (auto& f : fibers) {
@@ -285,10 +288,7 @@ void fiber_main() {
         GpuThread& t = r.threads[size_t(r.current)];
         t.state = State::done;
         t.fiber = nullptr;
-        if (kChain && r.fault.empty()) {
-          while (r.unstarted < r.count && r.threads[size_t(r.unstarted)].started) ++r.unstarted;
-          if (r.unstarted < r.count) next = r.unstarted++;
-        }
+        if (kChain && r.fault.empty() && r.first <= r.last) next = r.forward ? r.first++ : r.last--;
         if (next >= 0) {
           bind(r, *f, next);
           r.current = next;
@@ -359,7 +359,8 @@ std::string deadlock(const Runner& r) {
 void run_block(Runner& r, dim3 grid, dim3 block, uint3 block_idx) {
   const int n = int(block.x * block.y * block.z);
   r.count = n;
-  r.unstarted = 0;
+  r.first = 0;
+  r.last = n - 1;
   r.barrier_gen = 0;
   r.barrier_arrived = 0;
   r.warps.clear();
@@ -376,11 +377,11 @@ void run_block(Runner& r, dim3 grid, dim3 block, uint3 block_idx) {
   tsan_release(&r.start_token);
   // Even blocks start forward, odd ones backward: each phase between two
   // barriers meets both orders across a grid's blocks.
-  bool forward = (block_idx.x + block_idx.y + block_idx.z) % 2 == 0;
+  r.forward = (block_idx.x + block_idx.y + block_idx.z) % 2 == 0;
   for (;;) {
     bool ran = false, left = false;
     for (int k = 0; k < n; ++k) {
-      const int i = forward ? k : n - 1 - k;
+      const int i = r.forward ? k : n - 1 - k;
       GpuThread& t = r.threads[size_t(i)];
       bool go;
       {
@@ -397,7 +398,7 @@ void run_block(Runner& r, dim3 grid, dim3 block, uint3 block_idx) {
             f = make_fiber(r);
           }
           bind(r, *f, i);
-          if (kChain && i == r.unstarted) ++r.unstarted;
+          (r.forward ? r.first : r.last) += r.forward ? 1 : -1;  // i is that end
         }
         if (go) t.state = State::ready;
       }
@@ -414,7 +415,7 @@ void run_block(Runner& r, dim3 grid, dim3 block, uint3 block_idx) {
       const TsanQuiet quiet;
       for (const GpuThread& t : r.threads) left = left || t.state != State::done;
     }
-    forward = !forward;
+    r.forward = !r.forward;
     if (!left) break;
     if (!ran) {
       r.broken = true;
@@ -547,6 +548,11 @@ void launch_body(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes,
     set_last_error(e);
     return;
   }
+  // A kernel launches only on a stream of the current device.
+  if (stream_device(stream) != current_device_id()) {
+    set_last_error(cudaErrorInvalidResourceHandle);
+    return;
+  }
   const unsigned long long threads = 1ull * block.x * block.y * block.z;
   const bool bad = block.x == 0 || block.y == 0 || block.z == 0 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
                    threads > kMaxThreads || block.x > 1024 || block.y > 1024 || block.z > 64 ||
@@ -568,10 +574,9 @@ void launch_body(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes,
       r.fault.clear();
     }
     r.body = &body;
-    if (shared_bytes > r.dynamic_bytes) {
-      std::free(r.dynamic);
-      r.dynamic = static_cast<unsigned char*>(std::aligned_alloc(128, (shared_bytes + 127) / 128 * 128));
-    }
+    // Exactly the launch's bytes, so that ASan sees their end.
+    ::operator delete(r.dynamic, std::align_val_t(128));
+    r.dynamic = shared_bytes ? static_cast<unsigned char*>(::operator new(shared_bytes, std::align_val_t(128))) : nullptr;
     r.dynamic_bytes = shared_bytes;
     for (unsigned z = 0; z < grid.z; ++z)
       for (unsigned y = 0; y < grid.y; ++y)

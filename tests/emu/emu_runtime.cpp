@@ -91,7 +91,7 @@ struct Stream {
   struct Task {
     uint64_t seq;
     std::function<void()> run;
-    std::function<void()> after;  // once the stream counts the task done (an event's record)
+    std::function<void()> after;  // as the stream counts the task done (an event's record), under its lock
   };
   std::deque<Task> queue;
   uint64_t enqueued = 0, done = 0;
@@ -204,13 +204,15 @@ void run_stream(Stream* s) {
     }
     tsan_release(&s->done_token);
     {
+      // An event's record completes with the stream's count, so that after
+      // a synchronize its events are complete too.
       const TsanQuiet quiet;
       std::lock_guard<std::mutex> lock(s->mu);
       ++s->done;
       if (s->queue.empty()) s->demanded = false;
+      if (task.after) task.after();
     }
     s->cv.notify_all();
-    if (task.after) task.after();
   }
 }
 
@@ -222,15 +224,21 @@ Stream* new_stream(Device& d, bool blocking) {
   return s;
 }
 
+// cudaStreamDestroy returns at once; the stream's work still runs, then its
+// thread ends. The Stream stays (events and waits may still name it).
 void stop_stream(Stream* s) {
+  static std::mutex retired_mu;
+  static auto* retired = new std::vector<Stream*>;
   {
     const TsanQuiet quiet;
     std::lock_guard<std::mutex> lock(s->mu);
     s->stop = true;
   }
   s->cv.notify_all();
-  s->worker.join();
-  delete s;
+  const TsanQuiet quiet;
+  s->worker.detach();
+  std::lock_guard<std::mutex> lock(retired_mu);
+  retired->push_back(s);
 }
 
 Stream& legacy(Device& d) {
@@ -420,6 +428,10 @@ void enqueue_on(cudaStream_t stream, std::function<void()> task) {
 }
 
 cudaError_t set_last_error(cudaError_t e) { return ret(e); }
+
+bool device_range(const void* p, size_t bytes) { return is_device_memory(p, bytes); }
+
+int current_device_id() { return current_device; }
 
 cudaError_t stream_error(cudaStream_t stream) {
   Stream* s = resolve(stream);
@@ -672,8 +684,11 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   }
   return cudaSuccess;
 }
+// Waits for the copy, but for one from device to device memory, which the
+// runtime leaves running.
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   if (const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr)) return e;
+  if (is_device_memory(dst, bytes) && is_device_memory(src, bytes)) return cudaSuccess;
   Stream* s = resolve(nullptr);
   wait_done(*s, enqueued(*s));
   return ret(sticky(current_device));
@@ -687,12 +702,8 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t strea
   enqueue_on(stream, [p, value, bytes] { std::memset(p, value, bytes); });
   return cudaSuccess;
 }
-cudaError_t cudaMemset(void* p, int value, size_t bytes) {
-  if (const cudaError_t e = cudaMemsetAsync(p, value, bytes, nullptr)) return e;
-  Stream* s = resolve(nullptr);
-  wait_done(*s, enqueued(*s));
-  return ret(sticky(current_device));
-}
+// On device memory (the only kind it takes) cudaMemset does not wait.
+cudaError_t cudaMemset(void* p, int value, size_t bytes) { return cudaMemsetAsync(p, value, bytes, nullptr); }
 
 // ------------------------------------------------------------ the stream-ordered allocator
 
@@ -832,6 +843,8 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
   if (!s) return ret(cudaErrorInvalidResourceHandle);
   if (const cudaError_t err = sticky(s->device->id)) return ret(err);
   const std::shared_ptr<Event> ev = event_of(e);
+  // An event records only on a stream of its own device.
+  if (ev->device != s->device) return ret(cudaErrorInvalidResourceHandle);
   uint64_t seq;
   {
     const TsanQuiet quiet;
@@ -844,10 +857,8 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
   // a host woken by the event finds the stream idle (when nothing followed).
   Stream* target = s;
   implicit_waits(*target);
-  push(*target, [] {}, [ev, seq] {
-    tsan_release(&ev->token);
+  push(*target, [ev] { tsan_release(&ev->token); }, [ev, seq] {
     {
-      const TsanQuiet quiet;
       std::lock_guard<std::mutex> lock(ev->mu);
       ev->complete[seq] = 1;
       if (seq == ev->records) {

@@ -36,6 +36,12 @@ cudaError_t set_last_error(cudaError_t e);
 // The sticky error of the device a stream belongs to, or success.
 cudaError_t stream_error(cudaStream_t stream);
 
+// Whether [p, p + bytes) lies inside one device allocation.
+bool device_range(const void* p, size_t bytes);
+
+// The calling host thread's current device (cudaSetDevice).
+int current_device_id();
+
 // Kernel launches remember what cudaFuncSetAttribute allowed.
 size_t max_dynamic_shared(const void* kernel);
 

@@ -46,6 +46,12 @@ __global__ void shuffle_kernel(float* out) {
   out[threadIdx.x * 3 + 2] = float(group_sum);
 }
 
+__global__ void shuffle_width_kernel(int* out) {
+  // Butterfly by 16 within groups of 16: the source lane lies in an earlier
+  // group for lanes 16-31 (read), in a later one for lanes 0-15 (own value).
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, int(threadIdx.x), 16, 16);
+}
+
 __global__ void dynamic_shared_kernel(int* out) {
   const int* smem = reinterpret_cast<const int*>(zf::emu::dynamic_shared());
   out[threadIdx.x] = smem[threadIdx.x];
@@ -120,6 +126,15 @@ TEST(EmulatedGpu, WarpOperationsAsDocumented) {
   cudaFree(d);
 }
 
+TEST(EmulatedGpu, AShuffleOfWidthReadsEarlierGroupsOnly) {
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  int* d = device_ints(32);
+  zf::emu::launch(shuffle_width_kernel, 1, 32, 0, nullptr, d);
+  const auto h = host(d, 32);
+  for (int l = 0; l < 32; ++l) EXPECT_EQ(h[size_t(l)], l < 16 ? l : l ^ 16) << l;
+  cudaFree(d);
+}
+
 TEST(EmulatedGpu, LaunchLimitsAreTheHardwares) {
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   int* d = device_ints(1024);
@@ -164,6 +179,43 @@ TEST(EmulatedGpu, AnEventOrdersTwoStreams) {
   cudaEventDestroy(e);
   cudaStreamDestroy(a);
   cudaStreamDestroy(b);
+  cudaFree(d);
+}
+
+TEST(EmulatedGpu, AStreamSynchronizeCompletesItsEvents) {
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  cudaStream_t a;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t e;
+  ASSERT_EQ(cudaEventCreate(&e), cudaSuccess);
+  int* d = device_ints(32);
+  for (int i = 0; i < 200; ++i) {
+    zf::emu::launch(write_kernel, 1, 32, 0, a, d, i, 32);
+    ASSERT_EQ(cudaEventRecord(e, a), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(a), cudaSuccess);
+    ASSERT_EQ(cudaEventQuery(e), cudaSuccess) << i;
+  }
+  cudaEventDestroy(e);
+  cudaStreamDestroy(a);
+  cudaFree(d);
+}
+
+TEST(EmulatedGpu, AKernelAndAnEventStayOnTheirDevice) {
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  cudaStream_t a;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+  int* d = device_ints(32);
+  ASSERT_EQ(cudaSetDevice(2), cudaSuccess);
+  cudaEvent_t e;
+  ASSERT_EQ(cudaEventCreate(&e), cudaSuccess);
+  (void)cudaGetLastError();
+  zf::emu::launch(write_kernel, 1, 32, 0, a, d, 1, 32);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidResourceHandle);
+  EXPECT_EQ(cudaEventRecord(e, a), cudaErrorInvalidResourceHandle);
+  (void)cudaGetLastError();
+  cudaEventDestroy(e);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  cudaStreamDestroy(a);
   cudaFree(d);
 }
 
@@ -215,6 +267,24 @@ TEST(EmulatedGpu, GemmIsColumnMajorWithTransposes) {
   cudaFree(dA);
   cudaFree(dB);
   cudaFree(dC);
+}
+
+TEST(EmulatedGpu, AGemmPastItsOperandsIsAnIllegalAddress) {
+  ASSERT_EQ(cudaSetDevice(3), cudaSuccess);
+  float *dA, *dB, *dC;
+  ASSERT_EQ(cudaMalloc(&dA, 4 * 4 * 4 - 4), cudaSuccess);  // one float short of 4 x 4
+  ASSERT_EQ(cudaMalloc(&dB, 4 * 4 * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dC, 4 * 4 * 4), cudaSuccess);
+  cublasHandle_t h;
+  ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  const float one = 1.0f, zero = 0.0f;
+  ASSERT_EQ(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, &one, dA, CUDA_R_32F, 4, dB, CUDA_R_32F, 4, &zero, dC,
+                         CUDA_R_32F, 4, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorIllegalAddress);
+  cublasDestroy(h);
+  (void)cudaGetLastError();
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
 }
 
 }  // namespace

@@ -138,9 +138,11 @@ template <class T>
 T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32) {
   uint64_t out[32];
   ::zf::emu::warp_exchange(mask, ::zf::emu::WarpOp::shfl_xor, ::zf::emu::to_bits(var), out);
+  // As PTX's shfl.bfly: a source past the end of the lane's group of width
+  // gives the lane its own value (an earlier group's lane is read).
   const int lane = ::zf::emu::lane_id();
-  int src = lane ^ lane_mask;
-  if ((src & ~(width - 1)) != (lane & ~(width - 1))) src = lane;  // outside the lane's group of width: its own
+  int src = lane ^ (lane_mask & 31);
+  if (src > ((lane & ~(width - 1)) | (width - 1))) src = lane;
   return ::zf::emu::from_bits<T>(out[src]);
 }
 template <class T>
