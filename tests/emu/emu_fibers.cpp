@@ -149,8 +149,9 @@ enum class State { ready, barrier, warp, done };
 // its thread returns, it goes on with the next thread of the block that has
 // not started, on the same stack, so a kernel without barriers costs one
 // switch a block. A thread that waits keeps its fiber until it returns.
-// (Under TSan each GPU thread has a fiber of its own: TSan tells threads
-// apart by their fibers.)
+// (Under TSan a fiber does not go on with the next thread, since TSan tells
+// threads apart by their fibers; an idle fiber is still reused by a later
+// thread, which TSan then sees in program order: docs/GPU.md's limits.)
 struct Fiber {
   Context context;
   char* memory = nullptr;  // guard, then stack
