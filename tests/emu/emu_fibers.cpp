@@ -31,8 +31,6 @@
 #include <string>
 #include <vector>
 
-#include <mma.h>
-
 #include "emu_runtime.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -587,19 +585,3 @@ void launch_body(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes,
 }
 
 }  // namespace zf::emu
-
-namespace nvcuda::wmma::detail {
-
-float* warp_scratch() {
-  static thread_local float scratch[32][256];  // per stream thread, which runs one block at a time
-  return scratch[zf::emu::runner->current / 32];
-}
-
-void check_operands(const void* p, unsigned ldm, unsigned elem_bytes) {
-  if (reinterpret_cast<uintptr_t>(p) % 32 != 0)
-    zf::emu::kernel_fault("a wmma load or store at an address not aligned to 32 bytes");
-  if (size_t(ldm) * elem_bytes % 16 != 0)
-    zf::emu::kernel_fault("a wmma leading dimension that is not a multiple of 16 bytes");
-}
-
-}  // namespace nvcuda::wmma::detail
