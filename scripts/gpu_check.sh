@@ -12,7 +12,8 @@
 # (RANK / WORLD_SIZE, no MPI) against dp --ranks 2; then every stage on the gpt2
 # preset (bf16) with 1 rank and with 4 virtual ranks on the one GPU (step time,
 # peak device memory per rank, model states / P), each 1-rank run also as a
-# dry run on the modeled clock (--hardware h200: modeled against measured);
+# dry run on the modeled clock (--hardware of this card, h200 if unknown:
+# modeled against measured);
 # last, the gpt2 preset in
 # bf16 with 1 rank timed against PyTorch eager on the same GPU, model, batch
 # and precision (bench/torch_ref.py --device cuda), in tokens/s, ms/step, MFU
@@ -449,6 +450,12 @@ fi
 slog=$res/stages.log
 : >"$slog"
 reserve=${ZF_BENCH_RESERVE_S:-150}
+case $gpu_name in  # the modeled twin of this card (hardware/*.hw); the H200 where none is known
+  *H100*SXM* | *"H100 80GB HBM3"*) hw=h100-sxm ;;
+  *A100*SXM* | *"A100-SXM"*) hw=a100-sxm ;;
+  *L40S*) hw=l40s ;;
+  *) hw=h200 ;;
+esac
 for st in $stages; do
   for n in 1 4; do
     name=$(basename "$st")
@@ -458,12 +465,12 @@ for st in $stages; do
     echo "== $name gpt2 bf16 ranks=$n ==" >>"$slog"
     run_step "$name gpt2 bf16 ranks=$n" 120 "$slog" "$build/$st" --device cuda --model gpt2 --precision bf16 \
       --ranks "$n" --batch 4 --steps 6 --log-every 1 --log-json "$log"
-    if [[ $n == 1 ]]; then  # the same run, modeled on an H200 (on the CPU: a dry run, seconds)
+    if [[ $n == 1 ]]; then  # the same run, modeled on this card (on the CPU: a dry run, seconds)
       mlog=$build/$name.1.modeled.jsonl
       rm -f "$mlog"
       modeled_logs+=("$mlog")
-      run_step "$name modeled on h200" 60 "$slog" "$build/$st" --model gpt2 --precision bf16 --compute bf16 \
-        --ranks 1 --batch 4 --steps 6 --clock modeled --hardware h200 --dry-run --log-every 1 --log-json "$mlog"
+      run_step "$name modeled on $hw" 60 "$slog" "$build/$st" --model gpt2 --precision bf16 --compute bf16 \
+        --ranks 1 --batch 4 --steps 6 --clock modeled --hardware "$hw" --dry-run --log-every 1 --log-json "$mlog"
     fi
   done
 done
