@@ -429,7 +429,9 @@ void enqueue_on(cudaStream_t stream, std::function<void()> task) {
 
 cudaError_t set_last_error(cudaError_t e) { return ret(e); }
 
-bool device_range(const void* p, size_t bytes) { return is_device_memory(p, bytes); }
+bool device_range(const void* p, size_t bytes, int* device) {
+  return is_device_memory(p, bytes, device);
+}
 
 int current_device_id() { return current_device; }
 

@@ -36,8 +36,9 @@ cudaError_t set_last_error(cudaError_t e);
 // The sticky error of the device a stream belongs to, or success.
 cudaError_t stream_error(cudaStream_t stream);
 
-// Whether [p, p + bytes) lies inside one device allocation.
-bool device_range(const void* p, size_t bytes);
+// Whether [p, p + bytes) lies inside one device allocation (and on which
+// device, into *device when not null).
+bool device_range(const void* p, size_t bytes, int* device = nullptr);
 
 // The calling host thread's current device (cudaSetDevice).
 int current_device_id();
