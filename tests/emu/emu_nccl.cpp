@@ -536,7 +536,11 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
     s->clique->splits.erase(no);
     cv.notify_all();
   }
-  if (s->blocking && group_depth == 0) return wait_ready_locked(lock, *s);
+  if (group_depth > 0) {
+    group_pending.push_back(s);
+    return s->blocking || !s->split_pending ? ncclSuccess : ncclInProgress;
+  }
+  if (s->blocking) return wait_ready_locked(lock, *s);
   return s->split_pending ? ncclInProgress : ncclSuccess;
 }
 

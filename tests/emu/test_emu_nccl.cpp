@@ -1,0 +1,267 @@
+// test_emu_nccl.cpp: the emulated NCCL itself (tests/emu/emu_nccl.cpp),
+// called directly: the ring order of its sums, its refusals (two ranks on
+// one GPU, buffers NCCL cannot use, ranks that disagree), splits, the
+// non-blocking creation, and a missing rank's hang ended by abort. The
+// project's communicator on top of it is tests/cuda/nccl's (gpu_comm).
+// One host thread drives every rank: a collective is a task on the rank's
+// stream, so issuing one never blocks the caller. This file runs before
+// test_emu.cpp (tests/meson.build): the fault tests there leave GPUs failed.
+//
+//   build-emu/tests/test_gpu_emulation      (scripts/emulated.sh)
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+#define OK(call) ASSERT_EQ((call), cudaSuccess)
+
+// Ranks 0..n-1 on GPUs 0..n-1, one stream each, created as one group.
+struct Ranks {
+  explicit Ranks(int n, ncclConfig_t* config = nullptr) : comm(size_t(n)), stream(size_t(n)) {
+    ncclUniqueId id;
+    EXPECT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+    EXPECT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < n; r++) {
+      EXPECT_EQ(cudaSetDevice(r), cudaSuccess);
+      EXPECT_EQ(cudaStreamCreate(&stream[size_t(r)]), cudaSuccess);
+      EXPECT_EQ(ncclCommInitRankConfig(&comm[size_t(r)], n, id, r, config), ncclSuccess);
+    }
+    EXPECT_EQ(ncclGroupEnd(), ncclSuccess);
+  }
+  ~Ranks() {
+    for (size_t r = 0; r < comm.size(); r++) {
+      cudaSetDevice(int(r));
+      cudaStreamSynchronize(stream[r]);
+      if (comm[r]) ncclCommDestroy(comm[r]);
+      cudaStreamDestroy(stream[r]);
+    }
+    cudaSetDevice(0);
+  }
+  void sync() {
+    for (size_t r = 0; r < comm.size(); r++) {
+      EXPECT_EQ(cudaSetDevice(int(r)), cudaSuccess);
+      EXPECT_EQ(cudaStreamSynchronize(stream[r]), cudaSuccess);
+    }
+  }
+  std::vector<ncclComm_t> comm;
+  std::vector<cudaStream_t> stream;
+};
+
+// n floats on GPU `device`, filled with v.
+float* device_floats(int device, const std::vector<float>& v) {
+  float* p = nullptr;
+  cudaSetDevice(device);
+  EXPECT_EQ(cudaMalloc(&p, v.size() * sizeof(float)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  return p;
+}
+std::vector<float> host_floats(const float* p, size_t n) {
+  std::vector<float> v(n);
+  EXPECT_EQ(cudaMemcpy(v.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  return v;
+}
+
+// Sums whose value depends on the order: rank r holds big[r] in every
+// element. Chunk c (1024 elements) is summed starting from rank c mod 4,
+// rounded to float32 at each step, and every rank gets the same bits.
+TEST(EmulatedNccl, AllReduceSumsInARingOrderAndEveryRankGetsTheSameBits) {
+  const int n = 4;
+  const size_t count = 4096;
+  const float big[n] = {1e8f, 1.0f, -1e8f, 1.0f};
+  Ranks ranks(n);
+  std::vector<float*> buf;
+  for (int r = 0; r < n; r++) buf.push_back(device_floats(r, std::vector<float>(count, big[r])));
+  for (int r = 0; r < n; r++)
+    ASSERT_EQ(ncclAllReduce(buf[size_t(r)], buf[size_t(r)], count, ncclFloat32, ncclSum,
+                            ranks.comm[size_t(r)], ranks.stream[size_t(r)]),
+              ncclSuccess);
+  ranks.sync();
+  std::vector<float> want(count);
+  for (size_t i = 0; i < count; i++) {
+    const int first = int(i / 1024 % n);
+    float acc = big[first];
+    for (int k = 1; k < n; k++) acc += big[(first + k) % n];
+    want[i] = acc;
+  }
+  EXPECT_NE(want[0], want[1024]) << "the values must make the order show";
+  for (int r = 0; r < n; r++) {
+    cudaSetDevice(r);
+    EXPECT_EQ(host_floats(buf[size_t(r)], count), want) << "rank " << r;
+    cudaFree(buf[size_t(r)]);
+  }
+}
+
+TEST(EmulatedNccl, TwoRanksOnOneGpuAreRefused) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclComm_t c[2] = {nullptr, nullptr};
+  OK(cudaSetDevice(1));
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  EXPECT_EQ(ncclCommInitRankConfig(&c[0], 2, id, 0, nullptr), ncclSuccess);
+  EXPECT_EQ(ncclCommInitRankConfig(&c[1], 2, id, 1, nullptr), ncclInvalidUsage);
+  EXPECT_NE(ncclGroupEnd(), ncclSuccess);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("Duplicate GPU"), std::string::npos)
+      << ncclGetLastError(nullptr);
+  for (ncclComm_t x : c)
+    if (x) ncclCommAbort(x);
+  OK(cudaSetDevice(0));
+}
+
+// A host pointer, another GPU's memory, and buffers that overlap other
+// than in NCCL's in-place forms are refused; the in-place forms are not.
+TEST(EmulatedNccl, BuffersMustBeTheCommunicatorsGpuMemoryAndInPlaceOnlyAsDefined) {
+  Ranks ranks(2);
+  const size_t count = 8;
+  float* own = device_floats(0, std::vector<float>(2 * count, 1.0f));
+  float* other = device_floats(1, std::vector<float>(2 * count, 1.0f));
+  std::vector<float> host(2 * count, 1.0f);
+  ncclComm_t c0 = ranks.comm[0];
+  cudaStream_t s0 = ranks.stream[0];
+  OK(cudaSetDevice(0));
+  EXPECT_EQ(ncclAllReduce(host.data(), host.data(), count, ncclFloat32, ncclSum, c0, s0),
+            ncclInvalidArgument);
+  EXPECT_EQ(ncclAllReduce(other, other, count, ncclFloat32, ncclSum, c0, s0), ncclInvalidArgument);
+  EXPECT_EQ(ncclAllReduce(own, own, count, ncclFloat32, ncclSum, c0, ranks.stream[1]),
+            ncclInvalidUsage);  // a stream of GPU 1
+  EXPECT_EQ(ncclAllReduce(own, own + 1, count, ncclFloat32, ncclSum, c0, s0), ncclInvalidArgument);
+  // reduce_scatter: rank 0's block of send is recv (in place); one element on, it overlaps.
+  EXPECT_EQ(ncclReduceScatter(own, own + 1, count, ncclFloat32, ncclSum, c0, s0),
+            ncclInvalidArgument);
+  EXPECT_EQ(ncclAllGather(own + 1, own, count, ncclFloat32, c0, s0), ncclInvalidArgument);
+  // Nothing was enqueued by the refusals: the ranks are still in step.
+  float* own1 = device_floats(1, std::vector<float>(2 * count, 2.0f));
+  OK(cudaSetDevice(0));
+  ASSERT_EQ(ncclReduceScatter(own, own, count, ncclFloat32, ncclSum, c0, s0), ncclSuccess);
+  OK(cudaSetDevice(1));
+  ASSERT_EQ(ncclReduceScatter(own1, own1 + count, count, ncclFloat32, ncclSum, ranks.comm[1],
+                              ranks.stream[1]),
+            ncclSuccess);
+  ranks.sync();
+  EXPECT_EQ(host_floats(own1 + count, count), std::vector<float>(count, 3.0f));
+  OK(cudaSetDevice(0));
+  EXPECT_EQ(host_floats(own, count), std::vector<float>(count, 3.0f));
+  cudaFree(own);
+  cudaFree(other);
+  cudaFree(own1);
+}
+
+// Ranks that call different collectives (here: counts 8 and 7) fail, both
+// of them, with a message naming both calls; nothing is written.
+TEST(EmulatedNccl, RanksThatDisagreeFailWithBothCallsNamed) {
+  Ranks ranks(2);
+  float* b0 = device_floats(0, std::vector<float>(8, 1.0f));
+  float* b1 = device_floats(1, std::vector<float>(8, 1.0f));
+  OK(cudaSetDevice(0));
+  ASSERT_EQ(ncclAllReduce(b0, b0, 8, ncclFloat32, ncclSum, ranks.comm[0], ranks.stream[0]), ncclSuccess);
+  OK(cudaSetDevice(1));
+  ASSERT_EQ(ncclAllReduce(b1, b1, 7, ncclFloat32, ncclSum, ranks.comm[1], ranks.stream[1]), ncclSuccess);
+  ranks.sync();
+  for (int r = 0; r < 2; r++) {
+    ncclResult_t state = ncclSuccess;
+    ASSERT_EQ(ncclCommGetAsyncError(ranks.comm[size_t(r)], &state), ncclSuccess);
+    EXPECT_EQ(state, ncclInvalidUsage) << "rank " << r;
+    const std::string what = ncclGetLastError(ranks.comm[size_t(r)]);
+    EXPECT_NE(what.find("count 8"), std::string::npos) << what;
+    EXPECT_NE(what.find("count 7"), std::string::npos) << what;
+  }
+  OK(cudaSetDevice(1));
+  EXPECT_EQ(host_floats(b1, 8), std::vector<float>(8, 1.0f));
+  cudaFree(b1);
+  OK(cudaSetDevice(0));
+  EXPECT_EQ(host_floats(b0, 8), std::vector<float>(8, 1.0f));
+  cudaFree(b0);
+}
+
+// Colour r % 2, key -r: the children are {2, 0} and {3, 1}, in that
+// order; a rank without a colour gets no child.
+TEST(EmulatedNccl, SplitGroupsByColourAndOrdersByKey) {
+  Ranks ranks(4);
+  std::vector<ncclComm_t> child(4, nullptr);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < 4; r++)
+    ASSERT_EQ(ncclCommSplit(ranks.comm[size_t(r)], r % 2, -r, &child[size_t(r)], nullptr), ncclSuccess);
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  const int want_rank[4] = {1, 1, 0, 0};
+  std::vector<float*> buf;
+  for (int r = 0; r < 4; r++) {
+    int n = 0, rank = -1;
+    ASSERT_NE(child[size_t(r)], nullptr);
+    ASSERT_EQ(ncclCommCount(child[size_t(r)], &n), ncclSuccess);
+    ASSERT_EQ(ncclCommUserRank(child[size_t(r)], &rank), ncclSuccess);
+    EXPECT_EQ(n, 2);
+    EXPECT_EQ(rank, want_rank[r]) << "parent rank " << r;
+    buf.push_back(device_floats(r, std::vector<float>(4, float(1 << r))));
+    ASSERT_EQ(ncclAllReduce(buf.back(), buf.back(), 4, ncclFloat32, ncclSum, child[size_t(r)],
+                            ranks.stream[size_t(r)]),
+              ncclSuccess);
+  }
+  ranks.sync();
+  for (int r = 0; r < 4; r++) {
+    cudaSetDevice(r);
+    const float want = r % 2 == 0 ? 1 + 4 : 2 + 8;
+    EXPECT_EQ(host_floats(buf[size_t(r)], 4), std::vector<float>(4, want)) << "rank " << r;
+    cudaFree(buf[size_t(r)]);
+    ncclCommDestroy(child[size_t(r)]);
+  }
+  // NCCL_SPLIT_NOCOLOR: no child for rank 0, the others form one of 3.
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < 4; r++)
+    ASSERT_EQ(ncclCommSplit(ranks.comm[size_t(r)], r == 0 ? NCCL_SPLIT_NOCOLOR : 7, 0,
+                            &child[size_t(r)], nullptr),
+              ncclSuccess);
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  EXPECT_EQ(child[0], nullptr);
+  for (int r = 1; r < 4; r++) {
+    int n = 0;
+    ASSERT_EQ(ncclCommCount(child[size_t(r)], &n), ncclSuccess);
+    EXPECT_EQ(n, 3);
+    ncclCommDestroy(child[size_t(r)]);
+  }
+}
+
+// Non-blocking: the creation answers ncclInProgress until every rank has
+// joined; the first rank's state says so meanwhile.
+TEST(EmulatedNccl, ANonBlockingCreationIsInProgressUntilEveryRankJoined) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclComm_t c[2] = {nullptr, nullptr};
+  ncclResult_t state = ncclSuccess;
+  OK(cudaSetDevice(0));
+  EXPECT_EQ(ncclCommInitRankConfig(&c[0], 2, id, 0, &config), ncclInProgress);
+  ASSERT_EQ(ncclCommGetAsyncError(c[0], &state), ncclSuccess);
+  EXPECT_EQ(state, ncclInProgress);
+  OK(cudaSetDevice(1));
+  EXPECT_EQ(ncclCommInitRankConfig(&c[1], 2, id, 1, &config), ncclSuccess);
+  for (ncclComm_t x : c) {
+    ASSERT_EQ(ncclCommGetAsyncError(x, &state), ncclSuccess);
+    EXPECT_EQ(state, ncclSuccess);
+    ncclCommDestroy(x);
+  }
+  OK(cudaSetDevice(0));
+}
+
+// A rank that never calls leaves its peer's collective waiting on the
+// stream, as NCCL does; the peer's abort ends it, its output unwritten.
+TEST(EmulatedNccl, AMissingRankHangsItsPeerUntilTheAbort) {
+  Ranks ranks(2);
+  float* b0 = device_floats(0, std::vector<float>(8, 1.0f));
+  OK(cudaSetDevice(0));
+  ASSERT_EQ(ncclAllReduce(b0, b0, 8, ncclFloat32, ncclSum, ranks.comm[0], ranks.stream[0]), ncclSuccess);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(cudaStreamQuery(ranks.stream[0]), cudaErrorNotReady);
+  ASSERT_EQ(ncclCommAbort(ranks.comm[0]), ncclSuccess);
+  ranks.comm[0] = nullptr;
+  OK(cudaStreamSynchronize(ranks.stream[0]));
+  EXPECT_EQ(host_floats(b0, 8), std::vector<float>(8, 1.0f));
+  cudaFree(b0);
+}
+
+}  // namespace
