@@ -25,13 +25,13 @@
 // communicators, or a duplicate (split(0, rank())) as a second queue, so an
 // all_gather never waits behind a reduce_scatter issued on the other.
 //   threads  a new group of the member ranks, one more communication thread
-//            per rank (on GPU buffers also one more CUDA stream: compiled,
-//            not yet run on a GPU);
+//            per rank (on GPU buffers also one more CUDA stream: run on the
+//            emulated GPU of the tests, not yet on a GPU);
 //   mpi      MPI_Comm_split on the communication thread; the child has its
 //            own MPI communicator and communication thread (needs
 //            MPI_THREAD_MULTIPLE);
 //   nccl     ncclCommSplit; the child has its own NCCL communicator, stream
-//            and watchdog (compiled, not yet run on GPUs).
+//            and watchdog (run on the emulated GPU, not yet on GPUs).
 // The split is checked like a collective (threads, mpi): a rank that issues
 // something else, or a color < 0 on any rank, is an error on every rank. The
 // sums stay in rank order within the child (the child's ranks), so a child

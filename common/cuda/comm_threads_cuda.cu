@@ -241,7 +241,7 @@ class CudaTransport final : public ThreadTransport {
 
   // A child group's transport (Communicator::split): the same GPU and compute
   // stream, a communication stream of its own, the members' GPUs (peer
-  // access among them is already on). Compiled, not yet run on a GPU.
+  // access among them is already on).
   bool splits() const override { return true; }
   std::unique_ptr<ThreadTransport> split_transport(int rank,
                                                    const std::vector<int>& members) override {

@@ -231,3 +231,56 @@ TEST(CudaThreads, DefaultPlacementIsRankModuloGpuCount) {
   expect_outputs(got, cases, [&](int r, size_t k) { return expected_output(cases[k], N, r); },
                  "ranks on GPU r % " + std::to_string(count));
 }
+
+// Communicator::split on device buffers (comm.h): HSDP's two splits at
+// N = 4, groups {0, 1} and {2, 3} keyed by rank, then {3, 1} and {2, 0}
+// keyed by -rank. Each child's all_gather and all_reduce against the direct
+// computation over its members in the child's order, bit for bit (the
+// threads backend sums in rank order, the child's).
+TEST(CudaThreads, SplitChildrenSumOverTheirMembersBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const int N = 4, F = 2;
+  const size_t n = 3001;
+  CudaWorld dev(N, N * n * 4);  // the staging arena: the largest transfer
+  std::vector<void*> buf(N), gathered(N);
+  CUDA_CHECK(cudaSetDevice(0));
+  for (int r = 0; r < N; r++) {
+    CUDA_CHECK(cudaMalloc(&buf[r], n * 4));
+    CUDA_CHECK(cudaMalloc(&gathered[r], N * n * 4));
+  }
+  expect_no_errors(on_ranks(dev.comms, [&](int r) {
+    CUDA_CHECK(cudaSetDevice(0));
+    for (int which = 0; which < 2; which++) {
+      const uint64_t tag = 1300 + which;
+      const int color = which == 0 ? r / F : r % F;
+      std::vector<int> members;  // parent ranks, in the child's order
+      for (int q = 0; q < N; q++)
+        if ((which == 0 ? q / F : q % F) == color) members.push_back(q);
+      if (which == 1) std::reverse(members.begin(), members.end());
+      auto child = dev.comms[r]->split(color, which == 0 ? r : -r);
+      EXPECT_EQ(child->size(), int(members.size()));
+      EXPECT_EQ(members[size_t(child->rank())], r);
+      std::vector<Bytes> ins;
+      Bytes want_gather;
+      for (int q : members) {
+        ins.push_back(input_bytes(DType::f32, tag, q, n));
+        want_gather.insert(want_gather.end(), ins.back().begin(), ins.back().end());
+      }
+      dev.mems[r]->put(buf[r], input_bytes(DType::f32, tag, r, n));
+      child->all_gather(buf[r], gathered[r], n, DType::f32);
+      EXPECT_EQ(first_difference(dev.mems[r]->get(gathered[r], want_gather.size()), want_gather,
+                                 DType::f32),
+                "")
+          << "split " << which << ", rank " << r;
+      child->all_reduce(buf[r], n, DType::f32, ReduceOp::sum);
+      EXPECT_EQ(first_difference(dev.mems[r]->get(buf[r], n * 4),
+                                 reduce_direct(ins, 0, n, DType::f32, ReduceOp::sum), DType::f32),
+                "")
+          << "split " << which << ", rank " << r;
+    }
+  }));
+  for (int r = 0; r < N; r++) {
+    cudaFree(buf[r]);
+    cudaFree(gathered[r]);
+  }
+}

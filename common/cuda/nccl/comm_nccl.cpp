@@ -271,8 +271,8 @@ namespace nccl_detail {
 // the creation timeout. A rank passing a color < 0 takes part as
 // NCCL_SPLIT_NOCOLOR (so the others do not wait for it) and raises an
 // Error; the others get a child without it (NCCL does not compare the
-// ranks' calls). Compiled but not yet run on GPUs: tests/cuda/nccl has no
-// split test so far.
+// ranks' calls). Tested on the emulated GPU (test_comm_nccl.cpp), not yet
+// run on GPUs.
 std::unique_ptr<Communicator> NcclRank::split(int color, int key) {
   const uint64_t no = splits_++;
   ncclConfig_t config = nonblocking_config();
@@ -393,8 +393,6 @@ void NcclRank::close_comm() {
   if (why.empty() && state == ncclSuccess) {
     ncclCommDestroy(comm_);
   } else {
-    // (Before: the message named ncclCommFinalize's own return, usually
-    // "in progress", not the state that failed.)
     if (why.empty()) why = nccl_error_text(state);
     std::fprintf(stderr, "[rank %d] nccl: finalizing the communicator failed (%s); aborting it\n",
                  rank_, why.c_str());

@@ -29,6 +29,8 @@
 // that instead of their own result. The helpers are nccl_test_util.h.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cstdio>
 #include <string>
 #include <unistd.h>
@@ -302,6 +304,51 @@ TEST_P(NcclComm, CountersFollowTheRingModel) {
     if (r == 0)
       std::printf("N=%d: all_reduce 16 MiB + 4 KiB in %.3f ms (device time)\n", N,
                   1e3 * st.seconds[idx(CollectiveKind::all_reduce)]);
+  });
+}
+
+// HSDP's two splits (comm.h): groups of F consecutive ranks (key r), and
+// the ranks with one offset in each group (key -r: the child's order is the
+// reverse of the parent's). Each child's all_gather puts its members'
+// inputs in the child's rank order, its all_reduce sums over the members
+// only, it counts its own calls, and the parent still works after.
+TEST_P(NcclComm, SplitChildrenSumOverTheirMembersInKeyOrder) {
+  const int N = world_.size();
+  const int F = N % 2 == 0 ? 2 : 1;
+  world_.run([&](int r, NcclCommunicator& comm) {
+    const size_t n = 37;
+    int salt = 100;
+    for (int which = 0; which < 2; which++) {
+      const int color = which == 0 ? r / F : r % F;
+      const int key = which == 0 ? r : -r;
+      std::vector<int> members;  // parent ranks, in the child's order
+      for (int q = 0; q < N; q++)
+        if ((which == 0 ? q / F : q % F) == color) members.push_back(q);
+      if (which == 1) std::reverse(members.begin(), members.end());
+      auto child = comm.split(color, key);
+      const int Nc = int(members.size());
+      ASSERT_EQ(child->size(), Nc);
+      ASSERT_EQ(members[size_t(child->rank())], r);
+      DevBuf in(n, DType::f32), gathered(size_t(Nc) * n, DType::f32);
+      in.upload(ints(r, n, ++salt));
+      child->all_gather(in.get(), gathered.get(), n, DType::f32);
+      std::vector<double> want_gather, want_sum(n, 0.0);
+      for (int q : members) {
+        const vf x = ints(q, n, salt);
+        want_gather.insert(want_gather.end(), x.begin(), x.end());
+        for (size_t i = 0; i < n; i++) want_sum[i] += x[i];
+      }
+      EXPECT_EQ(mismatch(gathered.download(), want_gather, 0), "") << "split " << which;
+      child->all_reduce(in.get(), n, DType::f32, ReduceOp::sum);
+      EXPECT_EQ(mismatch(in.download(), want_sum, 0), "") << "split " << which;
+      const zf::CommStats st = child->stats();
+      EXPECT_EQ(st.calls[size_t(CollectiveKind::all_gather)], 1u);
+      EXPECT_EQ(st.calls[size_t(CollectiveKind::all_reduce)], 1u);
+    }
+    DevBuf buf(n, DType::f32);
+    buf.upload(ints(r, n, ++salt));
+    comm.all_reduce(buf.get(), n, DType::f32, ReduceOp::sum);
+    EXPECT_EQ(mismatch(buf.download(), reduce_ints(N, n, salt, ReduceOp::sum, DType::f32).value, 0), "");
   });
 }
 

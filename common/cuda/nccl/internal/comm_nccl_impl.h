@@ -222,7 +222,7 @@ class NcclRank final : public NcclCommunicator {
   // Failures: comm_nccl_watchdog.cpp.
   void abort(const std::string& reason) override;
 
-  // ncclCommSplit (comm_nccl.cpp). Compiled, not yet run on GPUs.
+  // ncclCommSplit (comm_nccl.cpp).
   std::unique_ptr<Communicator> split(int color, int key) override;
 
   // How long to wait for the communication stream to drain after an abort
