@@ -319,7 +319,11 @@ std::unique_ptr<Communicator> NcclRank::split(int color, int key) {
     NCCL_CHECK(ncclCommCount(child, &n));
     NCCL_CHECK(ncclCommUserRank(child, &r));
   }
-  return std::make_unique<NcclRank>(group_->child(no, color, n), child, r, n, device_, timeout_s_);
+  auto made = std::make_unique<NcclRank>(group_->child(no, color, n), child, r, n, device_, timeout_s_);
+  // The same compute stream as the parent: the child's collectives read what
+  // the rank computed, and their waits order the rank's next kernels.
+  made->set_compute_stream(compute_stream_);
+  return made;
 }
 
 // Takes over `comm` (ready: created and polled until ncclSuccess).

@@ -32,6 +32,7 @@
 #include <algorithm>
 
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <unistd.h>
 
@@ -224,6 +225,8 @@ TEST_P(NcclComm, AsyncFormsWaitedInReverseOrder) {
 // The collective reads its input only after the compute work issued before
 // it: here a copy that the compute stream runs after a 200 ms stall. And
 // stream_wait_issued orders a later copy after the collective on the device.
+// The same for a duplicate split from the communicator once its compute
+// stream is set: a child's collectives read what the rank computed too.
 TEST_P(NcclComm, OrderedAfterComputeStream) {
   const int N = world_.size();
   const size_t n = 4099;
@@ -231,32 +234,39 @@ TEST_P(NcclComm, OrderedAfterComputeStream) {
     const DType dt = DType::f32;
     cudaStream_t compute;
     CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+    comm.set_compute_stream(compute);
+    EXPECT_EQ(comm.compute_stream(), compute);
+    std::unique_ptr<zf::Communicator> dup = comm.split(0, r);
+    auto& child = static_cast<NcclCommunicator&>(*dup);
+    EXPECT_EQ(child.compute_stream(), compute) << "the child must inherit the compute stream";
     // Pinned host buffers: `in` is read by a copy that runs only after the
     // stall, so the host must not touch it before the stream is synchronised.
     float* in = nullptr;
     float* out = nullptr;
     CUDA_CHECK(cudaMallocHost(&in, n * sizeof(float)));
     CUDA_CHECK(cudaMallocHost(&out, n * sizeof(float)));
-    DevBuf buf(n, dt);
-    buf.upload(ints(r, n, 1));  // the old values: a collective that ran early would reduce these
-    CUDA_CHECK(cudaDeviceSynchronize());
-    const vf fresh = ints(r, n, 2);
-    std::memcpy(in, fresh.data(), n * sizeof(float));
-    std::memset(out, 0xFF, n * sizeof(float));
-    static SleepArg stall{200};
-    comm.set_compute_stream(compute);
-    EXPECT_EQ(comm.compute_stream(), compute);
-    CUDA_CHECK(cudaLaunchHostFunc(compute, sleep_on_stream, &stall));
-    CUDA_CHECK(cudaMemcpyAsync(buf.get(), in, n * sizeof(float), cudaMemcpyHostToDevice, compute));
-    zf::CommHandle h = comm.all_reduce_async(buf.get(), n, dt, ReduceOp::sum);
-    // Device-side: the compute stream waits for the collective, the host does not.
-    comm.stream_wait_issued(compute);
-    CUDA_CHECK(cudaMemcpyAsync(out, buf.get(), n * sizeof(float), cudaMemcpyDeviceToHost, compute));
-    CUDA_CHECK(cudaStreamSynchronize(compute));
-    EXPECT_EQ(mismatch(vf(out, out + n), reduce_ints(N, n, 2, ReduceOp::sum, dt).value, 0), "")
-        << "read through stream_wait_issued";
-    h.wait_host();  // (wait() would order `compute`, not the default stream download() copies on)
-    EXPECT_EQ(mismatch(buf.download(), reduce_ints(N, n, 2, ReduceOp::sum, dt).value, 0), "");
+    for (NcclCommunicator* c : {&comm, &child}) {
+      SCOPED_TRACE(c == &comm ? "the communicator" : "its duplicate");
+      DevBuf buf(n, dt);
+      buf.upload(ints(r, n, 1));  // the old values: a collective that ran early would reduce these
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const vf fresh = ints(r, n, 2);
+      std::memcpy(in, fresh.data(), n * sizeof(float));
+      std::memset(out, 0xFF, n * sizeof(float));
+      static SleepArg stall{200};
+      CUDA_CHECK(cudaLaunchHostFunc(compute, sleep_on_stream, &stall));
+      CUDA_CHECK(cudaMemcpyAsync(buf.get(), in, n * sizeof(float), cudaMemcpyHostToDevice, compute));
+      zf::CommHandle h = c->all_reduce_async(buf.get(), n, dt, ReduceOp::sum);
+      // Device-side: the compute stream waits for the collective, the host does not.
+      c->stream_wait_issued(compute);
+      CUDA_CHECK(cudaMemcpyAsync(out, buf.get(), n * sizeof(float), cudaMemcpyDeviceToHost, compute));
+      CUDA_CHECK(cudaStreamSynchronize(compute));
+      EXPECT_EQ(mismatch(vf(out, out + n), reduce_ints(N, n, 2, ReduceOp::sum, dt).value, 0), "")
+          << "read through stream_wait_issued";
+      h.wait_host();  // (wait() would order `compute`, not the default stream download() copies on)
+      EXPECT_EQ(mismatch(buf.download(), reduce_ints(N, n, 2, ReduceOp::sum, dt).value, 0), "");
+    }
+    dup.reset();
     comm.set_compute_stream(nullptr);
     CUDA_CHECK(cudaFreeHost(in));
     CUDA_CHECK(cudaFreeHost(out));
