@@ -16,9 +16,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cmath>
+#include <functional>
 #include <string>
 
+#include "fsdp.h"
 #include "gpu_test_util.h"
+#include "offload.h"
 #include "test_util.h"
 #include "zero1.h"
 #include "zero2.h"
@@ -27,8 +30,8 @@
 namespace zf {
 namespace {
 
-TrainConfig gpu_config(Precision p, DType compute, int N, int steps) {
-  TrainConfig cfg = test::quiet_config("tiny", N, 2, steps);
+TrainConfig gpu_config(const std::string& model, Precision p, DType compute, int N, int steps) {
+  TrainConfig cfg = test::quiet_config(model, N, 2, steps);
   cfg.device = "cuda";
   cfg.precision = p;
   cfg.compute = compute;
@@ -51,38 +54,71 @@ const Recipe kRecipes[] = {{Precision::fp32, DType::f32, "fp32"},
                            {Precision::bf16, DType::f32, "bf16 recipe, f32 compute"},
                            {Precision::bf16, DType::bf16, "bf16 recipe, bf16 compute"}};
 
+// Every later stage, each as a run of its own (stage 05's lesson with its
+// default flags).
+struct Stage {
+  const char* name;
+  std::function<RunResult(const RunConfig&)> run;
+};
+const Stage kStages[] = {{"zero1", test::run_of(train_zero1)},
+                         {"zero2", test::run_of(train_zero2)},
+                         {"zero3", test::run_of(train_zero3)},
+                         {"fsdp", test::run_of(train_fsdp)},
+                         {"offload", test::run_of(train_offload)}};
+
+// Every stage of cfg against stage 00 of cfg (ref), on every rank: the same
+// losses and final parameters to the bit, or, where the ranks talk over
+// NCCL, the same losses within `tol` (NCCL's sums are not in rank order:
+// reduce_scatter + all_gather need not equal all_reduce bit for bit; an
+// update 1% off moves the loss by far more than the tolerances used here).
+void expect_stages_match(const TrainConfig& cfg, const RunResult& ref, double tol) {
+#if defined(ZF_HAVE_NCCL)
+  const bool nccl = cfg.ranks > 1 && cuda_device_count() >= cfg.ranks;  // as launch.cpp chooses
+#else
+  const bool nccl = false;  // the threads backend on device buffers, in rank order
+#endif
+  for (const Stage& st : kStages) {
+    SCOPED_TRACE(st.name);
+    const RunResult got = st.run(cfg);
+    ASSERT_EQ(got.ranks.size(), size_t(cfg.ranks));
+    for (const auto& rank : got.ranks) {
+      ASSERT_EQ(rank.losses.size(), ref.ranks[0].losses.size());
+      if (nccl) {
+        for (size_t s = 0; s < rank.losses.size(); ++s)
+          EXPECT_NEAR(rank.losses[s], ref.ranks[0].losses[s], tol);
+        continue;
+      }
+      EXPECT_EQ(rank.losses, ref.ranks[0].losses);
+      EXPECT_EQ(rank.param_hash, ref.ranks[0].param_hash);
+    }
+  }
+}
+
 TEST(GpuStages, EveryStageBitIdenticalToDataParallelOnTheGpu) {
   SKIP_WITHOUT_GPU();
   for (const Recipe& r : kRecipes)
     for (int N : {1, 4}) {
       SCOPED_TRACE(std::string(r.name) + ", N=" + std::to_string(N));
-      const TrainConfig cfg = gpu_config(r.precision, r.compute, N, 3);
+      const TrainConfig cfg = gpu_config("tiny", r.precision, r.compute, N, 3);
       const RunResult ref = run_training(cfg, train_data_parallel);
       ASSERT_EQ(ref.ranks[0].losses.size(), 3u);
-      // With a GPU per rank the ranks talk over NCCL, whose sums are not in
-      // rank order (reduce_scatter + all_gather need not equal all_reduce
-      // bit for bit): then the losses agree within DataParallelMatchesTheCpu's
-      // tolerances instead (an update 1% off moves tiny's loss by far more
-      // than the tolerance).
-#if defined(ZF_HAVE_NCCL)
-      const bool nccl = N > 1 && cuda_device_count() >= N;  // as launch.cpp chooses
-#else
-      const bool nccl = false;  // the threads backend on device buffers, in rank order
-#endif
-      const double tol = r.compute == DType::bf16 ? 3e-3 : 2e-4;
-      for (StageFn fn : {StageFn(train_zero1), StageFn(train_zero2), StageFn(train_zero3)}) {
-        const RunResult got = run_training(cfg, fn);
-        for (const auto& rank : got.ranks) {
-          if (nccl) {
-            ASSERT_EQ(rank.losses.size(), ref.ranks[0].losses.size());
-            for (size_t s = 0; s < rank.losses.size(); ++s) EXPECT_NEAR(rank.losses[s], ref.ranks[0].losses[s], tol);
-            continue;
-          }
-          EXPECT_EQ(rank.losses, ref.ranks[0].losses);
-          EXPECT_EQ(rank.param_hash, ref.ranks[0].param_hash);
-        }
-      }
+      expect_stages_match(cfg, ref, r.compute == DType::bf16 ? 3e-3 : 2e-4);
     }
+}
+
+// The `small` preset (four blocks, T = 128: every kernel's tiles past one
+// block, attention past one tile), bf16 computed in bf16, 4 ranks: every
+// stage against stage 00 on the GPU, and stage 00 within DataParallelMatchesTheCpu's
+// tolerance of the CPU.
+TEST(GpuStages, SmallTrainsOnEveryStageLikeDataParallelAndTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const TrainConfig cfg = gpu_config("small", Precision::bf16, DType::bf16, 4, 2);
+  TrainConfig cpu = cfg;
+  cpu.device = "cpu";
+  const RunResult ref = run_training(cfg, train_data_parallel);
+  ASSERT_EQ(ref.ranks[0].losses.size(), 2u);
+  EXPECT_LT(max_loss_diff(ref, run_training(cpu, train_data_parallel)), 3e-3);
+  expect_stages_match(cfg, ref, 3e-3);
 }
 
 // Stage 00 on the GPU against stage 00 on the CPU, same data, same init.
@@ -101,7 +137,7 @@ TEST(GpuStages, DataParallelMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
   for (const Recipe& r : kRecipes) {
     SCOPED_TRACE(r.name);
-    TrainConfig gpu = gpu_config(r.precision, r.compute, 2, 5);
+    TrainConfig gpu = gpu_config("tiny", r.precision, r.compute, 2, 5);
     TrainConfig cpu = gpu;
     cpu.device = "cpu";
     const RunResult g = run_training(gpu, train_data_parallel);
@@ -126,7 +162,7 @@ TEST(GpuStages, FlashAttentionTrainsLikeTheSimpleForm) {
   SKIP_WITHOUT_GPU();
   for (const Recipe& r : kRecipes) {
     SCOPED_TRACE(r.name);
-    TrainConfig cfg = gpu_config(r.precision, r.compute, 2, 5);
+    TrainConfig cfg = gpu_config("tiny", r.precision, r.compute, 2, 5);
     const RunResult simple = run_training(cfg, train_data_parallel);
     cfg.attention = AttentionForm::flash;
     const RunResult flash = run_training(cfg, train_data_parallel);
@@ -143,7 +179,7 @@ TEST(GpuStages, FlashAttentionTrainsLikeTheSimpleForm) {
 // GPU itself refusing: test_device_cuda.cpp.)
 TEST(GpuStages, DeviceBudgetRefusesOnTheGpu) {
   SKIP_WITHOUT_GPU();
-  TrainConfig cfg = gpu_config(Precision::fp32, DType::f32, 1, 1);
+  TrainConfig cfg = gpu_config("tiny", Precision::fp32, DType::f32, 1, 1);
   cfg.device_mem = 64 * 1024;  // tiny's model states are 16 B x ~130K params = 2 MiB
   EXPECT_THROW(run_training(cfg, train_data_parallel), OutOfMemory);
 }
