@@ -593,9 +593,15 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 }
 cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;
-  if (const cudaError_t e = sticky(current_device)) return ret(e);
   int dev = -1;
-  if (memory_type(p, &dev) != 2) return ret(cudaErrorInvalidValue);
+  const bool on_device = memory_type(p, &dev) == 2;
+  if (const cudaError_t e = sticky(current_device)) {
+    // A failed device's memory goes with its context (at exit on a GPU):
+    // released here, so that the leak checker sees only real leaks.
+    if (on_device && sticky(dev)) release(p, true);
+    return ret(e);
+  }
+  if (!on_device) return ret(cudaErrorInvalidValue);
   synchronize_device(device(dev));  // cudaFree waits for the device's work
   return release(p, true) ? cudaSuccess : ret(cudaErrorInvalidValue);
 }

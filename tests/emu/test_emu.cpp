@@ -105,6 +105,8 @@ TEST(EmulatedGpu, ABarrierAThreadNeverReachesIsAFault) {
   // Sticky: every later call on this GPU fails too.
   EXPECT_EQ(cudaMemset(d, 0, 4), cudaErrorLaunchFailure);
   EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+  EXPECT_EQ(cudaFree(d), cudaErrorLaunchFailure);  // (the memory goes, the error stays)
+  (void)cudaGetLastError();
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
 }
 
@@ -283,6 +285,7 @@ TEST(EmulatedGpu, AGemmPastItsOperandsIsAnIllegalAddress) {
             CUBLAS_STATUS_SUCCESS);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorIllegalAddress);
   cublasDestroy(h);
+  for (float* p : {dA, dB, dC}) cudaFree(p);
   (void)cudaGetLastError();
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
 }
