@@ -8,11 +8,7 @@
 //     only then reads every rank's input and writes every rank's output, so
 //     a stream that does not wait for its input, or reads the output early,
 //     sees the 2 ms late start of emu_runtime.cpp;
-//   - sums in a ring's order: chunk c of the buffer is summed starting from
-//     rank c mod n, rounded to the element type at each step (bf16 as NCCL
-//     adds it, in float32 then rounded), so results are not those of a sum
-//     in rank order; avg of floats multiplies each input by 1/n (rounded to
-//     the type) before the sum, as ncclAvg does; every rank gets the same bits;
+//   - sums in a ring's order, not in rank order (emu_nccl.h's compute());
 //   - in place only as NCCL defines it (all_reduce, broadcast: send == recv;
 //     reduce_scatter: recv == send + rank*count; all_gather: send == recv +
 //     rank*count); any other overlap, a buffer that is not device memory of
@@ -23,19 +19,21 @@
 //   - non-blocking communicators (ncclConfig_t.blocking = 0) answer
 //     ncclInProgress to their creation, split, finalize and collectives, and
 //     ncclCommGetAsyncError says when that is over; blocking ones wait, except
-//     inside ncclGroupStart/End, whose end waits;
-//   - a rank that never reaches a collective leaves its peers waiting in it
-//     (a hang, as in NCCL) until ncclCommAbort: an aborted communicator's
-//     collectives return at once, their outputs unwritten.
+//     inside ncclGroupStart/End, whose end waits; a split's child without a
+//     config of its own takes its parent's;
+//   - a rank that never reaches a collective, or aborts before its peers
+//     reach it, leaves them waiting in it (a hang, as in NCCL) until they
+//     abort too: an aborted communicator's collectives end at once, their
+//     outputs unwritten;
+//   - a collective on a GPU with a sticky error is refused, and one whose
+//     GPU fails before it runs fails its communicator (NCCL's
+//     ncclUnhandledCudaError).
 // What it adds: ranks that disagree on a collective (kind, count, type,
 // operation, root) fail the clique with ncclInvalidUsage naming both calls,
 // where NCCL would hang or garble. Not emulated: ranks in other processes
 // (scripts/gpu_check.sh runs those on a GPU), fp16/fp8 types, send/recv.
 #include <nccl.h>
 
-#include <cuda_bf16.h>
-
-#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
@@ -47,39 +45,15 @@
 #include <string>
 #include <vector>
 
+#include "emu_nccl.h"
 #include "emu_runtime.h"
 
 namespace {
 
-enum class Kind { all_reduce, reduce_scatter, all_gather, broadcast };
-const char* kind_name(Kind k) {
-  switch (k) {
-    case Kind::all_reduce: return "ncclAllReduce";
-    case Kind::reduce_scatter: return "ncclReduceScatter";
-    case Kind::all_gather: return "ncclAllGather";
-    case Kind::broadcast: return "ncclBroadcast";
-  }
-  return "?";
-}
-
-// One rank's call of one collective.
-struct Call {
-  Kind kind;
-  const void* send;
-  void* recv;
-  size_t count;  // NCCL's count: per rank for reduce_scatter (recv) and all_gather (send)
-  ncclDataType_t type;
-  ncclRedOp_t op;
-  int root;
-  std::string describe() const {
-    return std::string(kind_name(kind)) + "(count " + std::to_string(count) + ", type " +
-           std::to_string(int(type)) + ", op " + std::to_string(int(op)) + ", root " +
-           std::to_string(root) + ")";
-  }
-  bool same_as(const Call& o) const {
-    return kind == o.kind && count == o.count && type == o.type && op == o.op && root == o.root;
-  }
-};
+using zf::emu::nccl::Call;
+using zf::emu::nccl::Kind;
+using zf::emu::nccl::kind_name;
+using zf::emu::nccl::type_size;
 
 struct Clique;
 
@@ -107,7 +81,7 @@ struct Collective {
 
 struct Split {
   std::vector<int> color, key;
-  std::vector<std::shared_ptr<State>> parent, child;
+  std::vector<std::weak_ptr<State>> parent, child;
   int n_called = 0;
 };
 
@@ -115,6 +89,8 @@ struct Clique {
   int n = 1;
   std::vector<std::weak_ptr<State>> members;  // by rank, until all joined
   int joined = 0;
+  ncclResult_t failed = ncclSuccess;  // the creation failed (every later joiner is told)
+  std::string why;
   std::map<uint64_t, Collective> collectives;  // by the ranks' call number
   std::map<uint64_t, Split> splits;
 };
@@ -144,15 +120,12 @@ ncclResult_t fail(ncclResult_t r, const std::string& what) {
   std::lock_guard<std::mutex> lock(mu);
   return fail_locked(r, what);
 }
-
-// Fails every rank of a clique (its ranks' pending calls then end when aborted).
-void fail_clique_locked(const std::vector<std::shared_ptr<State>>& states, ncclResult_t r,
-                        const std::string& what) {
-  for (auto& s : states)
-    if (s && s->status != r) {
-      s->status = r;
-      s->error = what;
-    }
+// A communicator's error (mu held): it sticks; the first one says why.
+void fail_state_locked(State& s, ncclResult_t r, const std::string& what) {
+  if (s.status == ncclSuccess || s.status == ncclInProgress) {
+    s.status = r;
+    s.error = what;
+  }
   last_error = what;
   cv.notify_all();
 }
@@ -168,156 +141,57 @@ ncclResult_t wait_ready_locked(std::unique_lock<std::mutex>& lock, State& s) {
   return s.status;
 }
 
-// ------------------------------------------------------------ element types
-
-size_t type_size(ncclDataType_t t) {
-  switch (t) {
-    case ncclInt8: case ncclUint8: return 1;
-    case ncclBfloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
-    default: return 0;  // fp16, fp8: not emulated
-  }
-}
-bool is_float(ncclDataType_t t) { return t == ncclFloat32 || t == ncclFloat64 || t == ncclBfloat16; }
-
-double load(ncclDataType_t t, const void* p, size_t i) {
-  switch (t) {
-    case ncclInt8: return double(static_cast<const int8_t*>(p)[i]);
-    case ncclUint8: return double(static_cast<const uint8_t*>(p)[i]);
-    case ncclInt32: return double(static_cast<const int32_t*>(p)[i]);
-    case ncclUint32: return double(static_cast<const uint32_t*>(p)[i]);
-    case ncclInt64: return double(static_cast<const int64_t*>(p)[i]);
-    case ncclUint64: return double(static_cast<const uint64_t*>(p)[i]);
-    case ncclFloat32: return double(static_cast<const float*>(p)[i]);
-    case ncclFloat64: return static_cast<const double*>(p)[i];
-    case ncclBfloat16: return double(__bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]));
-    default: return 0;
-  }
-}
-void store(ncclDataType_t t, void* p, size_t i, double v) {
-  switch (t) {
-    case ncclInt8: static_cast<int8_t*>(p)[i] = int8_t(v); break;
-    case ncclUint8: static_cast<uint8_t*>(p)[i] = uint8_t(v); break;
-    case ncclInt32: static_cast<int32_t*>(p)[i] = int32_t(v); break;
-    case ncclUint32: static_cast<uint32_t*>(p)[i] = uint32_t(v); break;
-    case ncclInt64: static_cast<int64_t*>(p)[i] = int64_t(v); break;
-    case ncclUint64: static_cast<uint64_t*>(p)[i] = uint64_t(v); break;
-    case ncclFloat32: static_cast<float*>(p)[i] = float(v); break;
-    case ncclFloat64: static_cast<double*>(p)[i] = v; break;
-    case ncclBfloat16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(float(v)); break;
-    default: break;
-  }
-}
-// v as the type holds it (the rounding of one step of the ring).
-double round_to(ncclDataType_t t, double v) {
-  if (t == ncclFloat32) return double(float(v));
-  if (t == ncclBfloat16) return double(__bfloat162float(__float2bfloat16_rn(float(v))));
-  return v;
-}
-
-constexpr size_t kChunk = 1024;  // elements summed from one starting rank
-
-// out[i] = the reduction over ranks q of in[q][i], in ring order.
-void reduce(ncclDataType_t t, ncclRedOp_t op, const std::vector<const void*>& in, size_t offset,
-            size_t count, void* out) {
-  const int n = int(in.size());
-  const double scale = round_to(t, 1.0 / n);
-  for (size_t i = 0; i < count; i++) {
-    const int first = int(((offset + i) / kChunk) % size_t(n));
-    double acc = 0;
-    for (int k = 0; k < n; k++) {
-      double x = load(t, in[size_t((first + k) % n)], offset + i);
-      if (op == ncclAvg && is_float(t)) x = round_to(t, x * scale);
-      if (k == 0) {
-        acc = x;
-        continue;
-      }
-      switch (op) {
-        case ncclProd: acc *= x; break;
-        case ncclMax: acc = std::max(acc, x); break;
-        case ncclMin: acc = std::min(acc, x); break;
-        default: acc += x; break;
-      }
-      acc = round_to(t, acc);
-    }
-    if (op == ncclAvg && !is_float(t)) acc = std::trunc(acc / n);
-    store(t, out, i, acc);
-  }
-}
-
-// Every rank's output from every rank's input (mu held; the calls agree).
-void compute(const std::vector<Call>& calls) {
-  const Call& c0 = calls[0];
-  const int n = int(calls.size());
-  const size_t es = type_size(c0.type), bytes = c0.count * es;
-  std::vector<const void*> in;
-  for (const Call& c : calls) in.push_back(c.send);
-  std::vector<std::vector<char>> out(calls.size());  // all outputs first: inputs may be outputs
-  switch (c0.kind) {
-    case Kind::all_reduce:
-      out[0].resize(bytes);
-      reduce(c0.type, c0.op, in, 0, c0.count, out[0].data());
-      for (int r = 1; r < n; r++) out[size_t(r)] = out[0];
-      break;
-    case Kind::reduce_scatter:
-      for (int r = 0; r < n; r++) {
-        out[size_t(r)].resize(bytes);
-        reduce(c0.type, c0.op, in, size_t(r) * c0.count, c0.count, out[size_t(r)].data());
-      }
-      break;
-    case Kind::all_gather:
-      for (int r = 0; r < n; r++) {
-        out[size_t(r)].resize(size_t(n) * bytes);
-        for (int q = 0; q < n; q++)
-          std::memcpy(out[size_t(r)].data() + size_t(q) * bytes, calls[size_t(q)].send, bytes);
-      }
-      break;
-    case Kind::broadcast:
-      for (int r = 0; r < n; r++)
-        out[size_t(r)].assign(static_cast<const char*>(calls[size_t(c0.root)].send),
-                              static_cast<const char*>(calls[size_t(c0.root)].send) + bytes);
-      break;
-  }
-  for (int r = 0; r < n; r++)
-    std::memcpy(calls[size_t(r)].recv, out[size_t(r)].data(), out[size_t(r)].size());
-}
+// ------------------------------------------------------------ collectives
 
 // The task on a rank's stream: wait for every rank, then the last to come
-// computes everyone's outputs.
-void run(const std::shared_ptr<State>& s, uint64_t seq, const Call& call) {
+// computes everyone's outputs. An abort meanwhile takes the rank's call
+// back: its buffers may be freed, and its peers wait on (as in NCCL).
+void run(State& s, uint64_t seq, const Call& call) {
   std::unique_lock<std::mutex> lock(mu);
-  Clique& cl = *s->clique;
-  if (!s->aborted) {
-    Collective& c = cl.collectives[seq];
-    if (c.calls.empty()) {
-      c.calls.resize(size_t(s->n));
-      c.arrived.assign(size_t(s->n), 0);
-    }
-    c.calls[size_t(s->rank)] = call;
-    c.arrived[size_t(s->rank)] = 1;
-    if (++c.n_arrived == s->n) {
-      for (int r = 1; r < s->n && c.mismatch.empty(); r++)
-        if (!c.calls[size_t(r)].same_as(c.calls[0]))
-          c.mismatch = "collective #" + std::to_string(seq) + ": rank 0 called " +
-                       c.calls[0].describe() + ", rank " + std::to_string(r) + " called " +
-                       c.calls[size_t(r)].describe();
-      if (c.mismatch.empty()) compute(c.calls);
-      c.done = true;
-      cv.notify_all();
-    }
-    cv.wait(lock, [&] { return c.done || s->aborted; });
-    if (c.done && !c.mismatch.empty() && s->status == ncclSuccess) {  // nothing was written
-      s->status = ncclInvalidUsage;
-      s->error = last_error = c.mismatch;
-    }
-    if (c.done && ++c.n_left == s->n) cl.collectives.erase(seq);
+  if (s.aborted) return;
+  Clique& cl = *s.clique;
+  Collective& c = cl.collectives[seq];
+  if (c.calls.empty()) {
+    c.calls.resize(size_t(s.n));
+    c.arrived.assign(size_t(s.n), 0);
   }
-  s->running--;
-  cv.notify_all();
+  c.calls[size_t(s.rank)] = call;
+  c.arrived[size_t(s.rank)] = 1;
+  if (++c.n_arrived == s.n) {
+    for (int r = 1; r < s.n && c.mismatch.empty(); r++)
+      if (!c.calls[size_t(r)].same_as(c.calls[0]))
+        c.mismatch = "collective #" + std::to_string(seq) + ": rank 0 called " +
+                     c.calls[0].describe() + ", rank " + std::to_string(r) + " called " +
+                     c.calls[size_t(r)].describe();
+    if (c.mismatch.empty()) zf::emu::nccl::compute(c.calls);
+    c.done = true;
+    cv.notify_all();
+  }
+  cv.wait(lock, [&] { return c.done || s.aborted; });
+  if (!c.done) {  // aborted first
+    c.arrived[size_t(s.rank)] = 0;
+    if (--c.n_arrived == 0) cl.collectives.erase(seq);
+    return;
+  }
+  if (!c.mismatch.empty()) fail_state_locked(s, ncclInvalidUsage, c.mismatch);  // nothing was written
+  if (++c.n_left == s.n) cl.collectives.erase(seq);
 }
 
-// Where [p, p + bytes) lies, for the checks of a collective's buffers.
+// What a queued collective holds: `running` goes down when it has run, or
+// when its stream drops it unrun (its GPU failed first).
+struct Task {
+  std::shared_ptr<State> s;
+  bool ran = false;
+  ~Task() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!ran)
+      fail_state_locked(*s, ncclUnhandledCudaError,
+                        "rank " + std::to_string(s->rank) + ": its GPU failed before a collective ran");
+    s->running--;
+    cv.notify_all();
+  }
+};
+
 bool on_device(const void* p, size_t bytes, int device) {
   int d = -1;
   return bytes == 0 || (zf::emu::device_range(p, bytes, &d) && d == device);
@@ -330,51 +204,67 @@ bool overlap(const void* a, size_t an, const void* b, size_t bn) {
 ncclResult_t issue(Call call, ncclComm_t comm, cudaStream_t stream) {
   if (!comm) return fail(ncclInvalidArgument, std::string(kind_name(call.kind)) + ": comm is NULL");
   const std::shared_ptr<State> s = comm->state;
+  int rank, n, device;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const std::string what = kind_name(call.kind);
+    if (s->aborted) return fail_locked(ncclInvalidUsage, what + ": the communicator was aborted");
+    if (s->finalizing) return fail_locked(ncclInvalidUsage, what + ": the communicator is finalized");
+    if (s->status == ncclInProgress || s->split_pending)
+      return fail_locked(ncclInvalidUsage, what + ": the communicator is not ready "
+                                                  "(ncclCommGetAsyncError says ncclInProgress)");
+    if (s->status != ncclSuccess) return fail_locked(s->status, s->error);
+    rank = s->rank;
+    n = s->n;
+    device = s->device;
+  }
   const size_t es = type_size(call.type);
-  const std::string where = std::string(kind_name(call.kind)) + " on rank " + std::to_string(s->rank);
+  const std::string where = std::string(kind_name(call.kind)) + " on rank " + std::to_string(rank);
   if (es == 0)
     return fail(ncclInvalidArgument, where + ": type " + std::to_string(int(call.type)) +
                                          " is not one the emulated NCCL has");
   if (call.op < ncclSum || call.op > ncclAvg)
     return fail(ncclInvalidArgument, where + ": op " + std::to_string(int(call.op)) + " unknown");
-  if (call.kind == Kind::broadcast && (call.root < 0 || call.root >= s->n))
+  if (call.kind == Kind::broadcast && (call.root < 0 || call.root >= n))
     return fail(ncclInvalidArgument, where + ": root " + std::to_string(call.root) +
-                                         " is not a rank of " + std::to_string(s->n));
+                                         " is not a rank of " + std::to_string(n));
   const int sd = zf::emu::stream_device(stream);
-  if (sd != s->device)
+  if (sd != device)
     return fail(ncclInvalidUsage, where + ": the stream is on device " + std::to_string(sd) +
-                                      ", the communicator on device " + std::to_string(s->device));
-  const size_t unit = call.count * es, all = size_t(s->n) * unit;
+                                      ", the communicator on device " + std::to_string(device));
+  if (zf::emu::stream_error(stream) != cudaSuccess)
+    return fail(ncclUnhandledCudaError, where + ": device " + std::to_string(device) + " has failed");
+  const size_t unit = call.count * es, all = size_t(n) * unit;
   size_t send_bytes = unit, recv_bytes = unit;
   if (call.kind == Kind::reduce_scatter) send_bytes = all;
   if (call.kind == Kind::all_gather) recv_bytes = all;
-  if (call.kind == Kind::broadcast && s->rank != call.root) send_bytes = 0;  // read on the root only
-  if (!on_device(call.send, send_bytes, s->device) || !on_device(call.recv, recv_bytes, s->device))
+  if (call.kind == Kind::broadcast && rank != call.root) send_bytes = 0;  // read on the root only
+  if (!on_device(call.send, send_bytes, device) || !on_device(call.recv, recv_bytes, device))
     return fail(ncclInvalidArgument,
                 where + ": a buffer (send " + std::to_string(send_bytes) + " B, recv " +
                     std::to_string(recv_bytes) + " B) is not memory of device " +
-                    std::to_string(s->device));
+                    std::to_string(device));
   const char* send = static_cast<const char*>(call.send);
   char* recv = static_cast<char*>(call.recv);
   bool in_place = send == recv;
-  if (call.kind == Kind::reduce_scatter) in_place = recv == send + size_t(s->rank) * unit;
-  if (call.kind == Kind::all_gather) in_place = send == recv + size_t(s->rank) * unit;
+  if (call.kind == Kind::reduce_scatter) in_place = recv == send + size_t(rank) * unit;
+  if (call.kind == Kind::all_gather) in_place = send == recv + size_t(rank) * unit;
   if (!in_place && overlap(send, send_bytes, recv, recv_bytes))
     return fail(ncclInvalidArgument,
                 where + ": the send and receive buffers overlap, and not in NCCL's in-place form");
+  if (call.count == 0) return ncclSuccess;
   uint64_t seq;
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (s->aborted) return fail_locked(ncclInvalidUsage, where + ": the communicator was aborted");
-    if (s->status == ncclInProgress || s->split_pending)
-      return fail_locked(ncclInvalidUsage, where + ": the communicator is not ready "
-                                                   "(ncclCommGetAsyncError says ncclInProgress)");
-    if (s->status != ncclSuccess) return fail_locked(s->status, s->error);
-    if (call.count == 0) return ncclSuccess;
     seq = s->issued++;
     s->running++;
   }
-  zf::emu::enqueue_on(stream, [s, seq, call] { run(s, seq, call); });
+  auto task = std::make_shared<Task>();
+  task->s = s;
+  zf::emu::enqueue_on(stream, [task, seq, call] {
+    run(*task->s, seq, call);
+    task->ran = true;
+  });
   return s->blocking ? ncclSuccess : ncclInProgress;
 }
 
@@ -408,7 +298,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
                                          " of " + std::to_string(nranks) + " ranks");
   int devices = 0;
   const int device = zf::emu::current_device_id();
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || device >= devices)
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || device < 0 || device >= devices)
     return fail(ncclUnhandledCudaError, "ncclCommInitRankConfig: no current device");
   auto s = std::make_shared<State>();
   s->rank = rank;
@@ -424,14 +314,13 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
     cl->members.resize(size_t(nranks));
     forming[key] = cl;
   }
+  const std::string me = "ncclCommInitRankConfig: rank " + std::to_string(rank);
   if (cl->n != nranks)
-    return fail_locked(ncclInvalidArgument, "ncclCommInitRankConfig: rank " + std::to_string(rank) +
-                                                " says " + std::to_string(nranks) +
+    return fail_locked(ncclInvalidArgument, me + " says " + std::to_string(nranks) +
                                                 " ranks, an earlier rank of this id " +
                                                 std::to_string(cl->n));
   if (!cl->members[size_t(rank)].expired())
-    return fail_locked(ncclInvalidUsage, "ncclCommInitRankConfig: rank " + std::to_string(rank) +
-                                             " joined this id twice");
+    return fail_locked(ncclInvalidUsage, me + " joined this id twice");
   std::vector<std::shared_ptr<State>> joined;
   for (auto& w : cl->members)
     if (auto m = w.lock()) joined.push_back(m);
@@ -441,12 +330,15 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
   joined.push_back(s);
   *comm = new ncclComm{s};
   for (auto& m : joined)
-    if (m != s && m->device == device) {
-      fail_clique_locked(joined, ncclInvalidUsage,
-                         "Duplicate GPU detected: rank " + std::to_string(rank) + " and rank " +
-                             std::to_string(m->rank) + " both on device " + std::to_string(device));
-      return ncclInvalidUsage;
+    if (cl->failed == ncclSuccess && m != s && m->device == device) {
+      cl->failed = ncclInvalidUsage;
+      cl->why = "Duplicate GPU detected: rank " + std::to_string(rank) + " and rank " +
+                std::to_string(m->rank) + " both on device " + std::to_string(device);
     }
+  if (cl->failed != ncclSuccess) {  // every rank so far, and every later one, is told
+    for (auto& m : joined) fail_state_locked(*m, cl->failed, cl->why);
+    return cl->failed;
+  }
   if (cl->joined == cl->n) {
     for (auto& m : joined)
       if (m->status == ncclInProgress) m->status = ncclSuccess;
@@ -458,7 +350,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
     return s->blocking ? ncclSuccess : ncclInProgress;
   }
   if (s->blocking) return wait_ready_locked(lock, *s);
-  return s->status == ncclInProgress ? ncclInProgress : s->status;
+  return s->status;
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
@@ -478,7 +370,8 @@ ncclResult_t ncclGroupEnd() {
   std::unique_lock<std::mutex> lock(mu);
   ncclResult_t result = ncclSuccess;
   for (auto& s : pending) {
-    const ncclResult_t r = s->blocking ? wait_ready_locked(lock, *s) : s->status;
+    const ncclResult_t r = s->blocking ? wait_ready_locked(lock, *s)
+                           : s->split_pending ? ncclInProgress : s->status;
     if (result == ncclSuccess || result == ncclInProgress) result = r == ncclSuccess ? result : r;
   }
   return result;
@@ -494,8 +387,8 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   std::unique_lock<std::mutex> lock(mu);
   if (s->status != ncclSuccess || s->split_pending || s->aborted)
     return fail_locked(ncclInvalidUsage, "ncclCommSplit: the parent is not ready");
-  Split& sp = s->clique->splits[s->splits];
   const uint64_t no = s->splits++;
+  Split& sp = s->clique->splits[no];
   if (sp.parent.empty()) {
     sp.color.assign(size_t(s->n), 0);
     sp.key.assign(size_t(s->n), 0);
@@ -508,7 +401,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   if (color != NCCL_SPLIT_NOCOLOR) {
     auto c = std::make_shared<State>();
     c->device = s->device;
-    c->blocking = blocking_of(config);
+    c->blocking = config ? blocking_of(config) : s->blocking;
     sp.child[size_t(s->rank)] = c;
     *newcomm = new ncclComm{c};
   }
@@ -524,15 +417,16 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
       auto cl = std::make_shared<Clique>();
       cl->n = int(ranks.size());
       cl->joined = cl->n;
-      for (int i = 0; i < cl->n; i++) {
-        State& c = *sp.child[size_t(ranks[size_t(i)])];
-        c.clique = cl;
-        c.rank = i;
-        c.n = cl->n;
-        c.status = ncclSuccess;
-      }
+      for (int i = 0; i < cl->n; i++)
+        if (auto c = sp.child[size_t(ranks[size_t(i)])].lock()) {
+          c->clique = cl;
+          c->rank = i;
+          c->n = cl->n;
+          c->status = ncclSuccess;
+        }
     }
-    for (auto& p : sp.parent) p->split_pending = false;
+    for (auto& w : sp.parent)
+      if (auto p = w.lock()) p->split_pending = false;
     s->clique->splits.erase(no);
     cv.notify_all();
   }
@@ -592,8 +486,11 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   return ncclSuccess;
 }
 
+// A communicator's size and rank: known once it is ready.
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
   if (!comm || !count) return ncclInvalidArgument;
+  std::lock_guard<std::mutex> lock(mu);
+  if (comm->state->status == ncclInProgress) return fail_locked(ncclInvalidUsage, "ncclCommCount: not ready");
   *count = comm->state->n;
   return ncclSuccess;
 }
@@ -604,6 +501,8 @@ ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
 }
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
   if (!comm || !rank) return ncclInvalidArgument;
+  std::lock_guard<std::mutex> lock(mu);
+  if (comm->state->status == ncclInProgress) return fail_locked(ncclInvalidUsage, "ncclCommUserRank: not ready");
   *rank = comm->state->rank;
   return ncclSuccess;
 }

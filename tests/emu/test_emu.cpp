@@ -8,6 +8,9 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
+#if defined(ZF_HAVE_NCCL)
+#include <nccl.h>
+#endif
 
 #include <chrono>
 #include <thread>
@@ -107,6 +110,16 @@ TEST(EmulatedGpu, ABarrierAThreadNeverReachesIsAFault) {
   EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
   EXPECT_EQ(cudaFree(d), cudaErrorLaunchFailure);  // (the memory goes, the error stays)
   (void)cudaGetLastError();
+#if defined(ZF_HAVE_NCCL)
+  // NCCL refuses a collective on the failed GPU (its task would never run).
+  ncclUniqueId id;
+  ncclComm_t comm = nullptr;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ASSERT_EQ(ncclCommInitRank(&comm, 1, id, 0), ncclSuccess);
+  float x = 0;  // (no device memory can be had there: checked after the GPU)
+  EXPECT_EQ(ncclAllReduce(&x, &x, 1, ncclFloat32, ncclSum, comm, nullptr), ncclUnhandledCudaError);
+  ncclCommAbort(comm);
+#endif
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
 }
 

@@ -35,6 +35,14 @@ struct Ranks {
     EXPECT_EQ(ncclGroupEnd(), ncclSuccess);
   }
   ~Ranks() {
+    // A test that stopped half-way may have left ranks waiting for peers
+    // that never came: abort them, so that the test fails instead of hanging.
+    if (::testing::Test::HasFailure())
+      for (ncclComm_t& c : comm)
+        if (c) {
+          ncclCommAbort(c);
+          c = nullptr;
+        }
     for (size_t r = 0; r < comm.size(); r++) {
       cudaSetDevice(int(r));
       cudaStreamSynchronize(stream[r]);
@@ -94,6 +102,91 @@ TEST(EmulatedNccl, AllReduceSumsInARingOrderAndEveryRankGetsTheSameBits) {
     cudaSetDevice(r);
     EXPECT_EQ(host_floats(buf[size_t(r)], count), want) << "rank " << r;
     cudaFree(buf[size_t(r)]);
+  }
+}
+
+// bf16 rounds at each step of the ring: rank 0 holds 1 and the others
+// 2^-8 (half a bf16 unit at 1). From rank 0 (chunk 0) each addition is a
+// tie that rounds back to 1; from rank 1 (chunk 1) the small ones add up
+// exactly first, and 1 + 3 2^-8 rounds up to 1 + 2^-6. One rounding at the
+// end would give 1 + 2^-6 in both.
+TEST(EmulatedNccl, Bf16RoundsAtEachStepOfTheRing) {
+  const int n = 4;
+  const size_t count = 2048;
+  Ranks ranks(n);
+  std::vector<uint16_t*> buf(n);
+  for (int r = 0; r < n; r++) {
+    const uint16_t bits = r == 0 ? 0x3f80 : 0x3b80;  // 1.0, 2^-8
+    std::vector<uint16_t> v(count, bits);
+    OK(cudaSetDevice(r));
+    OK(cudaMalloc(&buf[size_t(r)], count * 2));
+    OK(cudaMemcpy(buf[size_t(r)], v.data(), count * 2, cudaMemcpyHostToDevice));
+    ASSERT_EQ(ncclAllReduce(buf[size_t(r)], buf[size_t(r)], count, ncclBfloat16, ncclSum,
+                            ranks.comm[size_t(r)], ranks.stream[size_t(r)]),
+              ncclSuccess);
+  }
+  ranks.sync();
+  for (int r = 0; r < n; r++) {
+    std::vector<uint16_t> got(count);
+    OK(cudaSetDevice(r));
+    OK(cudaMemcpy(got.data(), buf[size_t(r)], count * 2, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(got[0], 0x3f80) << "chunk 0: 1, each tie rounded to even";
+    EXPECT_EQ(got[1024], 0x3f82) << "chunk 1: 1 + 2^-6";
+    cudaFree(buf[size_t(r)]);
+  }
+}
+
+// ncclAvg of floats multiplies each input by 1/N before the sum: four
+// inputs of 3e38 average to 3e38, where a sum first would overflow.
+TEST(EmulatedNccl, AvgOfFloatsScalesEachInputFirst) {
+  const int n = 4;
+  Ranks ranks(n);
+  std::vector<float*> buf;
+  for (int r = 0; r < n; r++) {
+    buf.push_back(device_floats(r, std::vector<float>(8, 3e38f)));
+    ASSERT_EQ(ncclAllReduce(buf.back(), buf.back(), 8, ncclFloat32, ncclAvg, ranks.comm[size_t(r)],
+                            ranks.stream[size_t(r)]),
+              ncclSuccess);
+  }
+  ranks.sync();
+  const float quarter = 3e38f * 0.25f;
+  const float want = ((quarter + quarter) + quarter) + quarter;
+  for (int r = 0; r < n; r++) {
+    OK(cudaSetDevice(r));
+    EXPECT_EQ(host_floats(buf[size_t(r)], 8), std::vector<float>(8, want)) << "rank " << r;
+    cudaFree(buf[size_t(r)]);
+  }
+}
+
+// Broadcast from rank 2, then an all_gather in place (rank r's part of
+// recv is its send).
+TEST(EmulatedNccl, BroadcastAndAllGatherInPlace) {
+  const int n = 4;
+  const size_t count = 5;
+  Ranks ranks(n);
+  std::vector<float*> b, g;
+  for (int r = 0; r < n; r++) {
+    b.push_back(device_floats(r, std::vector<float>(count, float(10 + r))));
+    std::vector<float> mine(n * count, -1.0f);
+    for (size_t i = 0; i < count; i++) mine[size_t(r) * count + i] = float(100 * r + int(i));
+    g.push_back(device_floats(r, mine));
+    ASSERT_EQ(ncclBroadcast(b.back(), b.back(), count, ncclFloat32, 2, ranks.comm[size_t(r)],
+                            ranks.stream[size_t(r)]),
+              ncclSuccess);
+    ASSERT_EQ(ncclAllGather(g.back() + size_t(r) * count, g.back(), count, ncclFloat32,
+                            ranks.comm[size_t(r)], ranks.stream[size_t(r)]),
+              ncclSuccess);
+  }
+  ranks.sync();
+  std::vector<float> gathered;
+  for (int q = 0; q < n; q++)
+    for (size_t i = 0; i < count; i++) gathered.push_back(float(100 * q + int(i)));
+  for (int r = 0; r < n; r++) {
+    OK(cudaSetDevice(r));
+    EXPECT_EQ(host_floats(b[size_t(r)], count), std::vector<float>(count, 12.0f)) << "rank " << r;
+    EXPECT_EQ(host_floats(g[size_t(r)], n * count), gathered) << "rank " << r;
+    cudaFree(b[size_t(r)]);
+    cudaFree(g[size_t(r)]);
   }
 }
 
@@ -217,10 +310,12 @@ TEST(EmulatedNccl, SplitGroupsByColourAndOrdersByKey) {
               ncclSuccess);
   ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
   EXPECT_EQ(child[0], nullptr);
-  for (int r = 1; r < 4; r++) {
-    int n = 0;
+  for (int r = 1; r < 4; r++) {  // equal keys: in parent order
+    int n = 0, rank = -1;
     ASSERT_EQ(ncclCommCount(child[size_t(r)], &n), ncclSuccess);
+    ASSERT_EQ(ncclCommUserRank(child[size_t(r)], &rank), ncclSuccess);
     EXPECT_EQ(n, 3);
+    EXPECT_EQ(rank, r - 1);
     ncclCommDestroy(child[size_t(r)]);
   }
 }
