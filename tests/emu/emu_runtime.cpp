@@ -39,6 +39,17 @@
 #define ZF_EMU_TSAN 1
 #endif
 #endif
+#if defined(__SANITIZE_ADDRESS__)
+#define ZF_EMU_ASAN 1
+#endif
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ZF_EMU_ASAN 1
+#endif
+#endif
+#ifdef ZF_EMU_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
 #ifdef ZF_EMU_TSAN
 #include <sanitizer/tsan_interface.h>
 extern "C" {
@@ -349,8 +360,13 @@ int memory_type(const void* p, int* dev) {
   return it->second.device >= 0 ? 2 : 1;
 }
 
+// What an allocation of `bytes` takes (as cudaMalloc, whole 256-byte units).
+size_t rounded_size(size_t bytes) {
+  return std::max<size_t>((bytes + kAlignment - 1) / kAlignment * kAlignment, kAlignment);
+}
+
 void* allocate(size_t bytes, int dev) {
-  const size_t rounded = std::max<size_t>((bytes + kAlignment - 1) / kAlignment * kAlignment, kAlignment);
+  const size_t rounded = rounded_size(bytes);
   {
     const TsanQuiet quiet;
     std::lock_guard<std::mutex> lock(registry_mu);
@@ -359,6 +375,11 @@ void* allocate(size_t bytes, int dev) {
   void* p = std::aligned_alloc(kAlignment, rounded);
   if (!p) return nullptr;
   std::memset(p, 0xff, rounded);
+#ifdef ZF_EMU_ASAN
+  // The GPU's allocation is rounded up; an access past `bytes` is a bug all
+  // the same, so AddressSanitizer sees the allocation's own end.
+  __asan_poison_memory_region(static_cast<char*>(p) + bytes, rounded - bytes);
+#endif
   const TsanQuiet quiet;
   std::lock_guard<std::mutex> lock(registry_mu);
   registry[reinterpret_cast<uintptr_t>(p)] = Block{bytes, dev};
@@ -375,7 +396,10 @@ bool release(void* p, bool device_memory) {
     auto it = registry.find(reinterpret_cast<uintptr_t>(p));
     if (it == registry.end() || (it->second.device >= 0) != device_memory) return false;
     if (it->second.device >= 0)
-      device_bytes[it->second.device] -= std::max<size_t>((it->second.bytes + kAlignment - 1) / kAlignment * kAlignment, kAlignment);
+      device_bytes[it->second.device] -= rounded_size(it->second.bytes);
+#ifdef ZF_EMU_ASAN
+    __asan_unpoison_memory_region(p, rounded_size(it->second.bytes));
+#endif
     registry.erase(it);
   }
   std::free(p);
@@ -597,8 +621,12 @@ cudaError_t cudaFree(void* p) {
   const bool on_device = memory_type(p, &dev) == 2;
   if (const cudaError_t e = sticky(current_device)) {
     // A failed device's memory goes with its context (at exit on a GPU):
-    // released here, so that the leak checker sees only real leaks.
-    if (on_device && sticky(dev)) release(p, true);
+    // released here, once its queued work has drained (a failed device
+    // runs none), so that the leak checker sees only real leaks.
+    if (on_device && sticky(dev)) {
+      synchronize_device(device(dev));
+      release(p, true);
+    }
     return ret(e);
   }
   if (!on_device) return ret(cudaErrorInvalidValue);
