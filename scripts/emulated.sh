@@ -8,19 +8,41 @@
 # what only scripts/gpu_check.sh on a real GPU can). scripts/test.sh runs it
 # after the sanitizers; ZF_SKIP_EMULATED=1 skips it there.
 #
-#   scripts/emulated.sh [SUITE...]     (default: gpu_emulation gpu_kernels gpu_comm gpu_comm_threads
-#                                       gpu_stages gpu_stages_one_gpu)
+#   scripts/emulated.sh [--asan] [SUITE...]
+#       (default suites: gpu_emulation gpu_kernels gpu_comm gpu_comm_threads
+#        gpu_stages gpu_stages_one_gpu)
+#
+# --asan: the same under AddressSanitizer and UndefinedBehaviorSanitizer, in
+# build-emu-asan (a kernel's access past its buffer, a use after free, a
+# leak; reports in build-emu-asan/sanitizer-reports/, printed at the end).
+# Several times slower than the plain run (timeouts x4), so not part of CI:
+# scripts/sanitize.sh full runs it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dir=build-emu
+setup=(--buildtype=custom -Doptimization=2 -Db_ndebug=true)
+slower=1
+if [[ ${1:-} == --asan ]]; then
+  shift
+  dir=build-emu-asan
+  slower=4
+  setup=(--buildtype=custom -Doptimization=1 -Ddebug=true -Db_ndebug=true -Db_lundef=false
+         -Db_sanitize=address,undefined)
+  rm -rf "$dir/sanitizer-reports" && mkdir -p "$dir/sanitizer-reports"
+  export ASAN_OPTIONS="log_path=$PWD/$dir/sanitizer-reports/asan:detect_leaks=1"
+  export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$PWD/$dir/sanitizer-reports/ubsan"
+fi
 start=$SECONDS
 suites=("$@")
 [[ ${#suites[@]} -eq 0 ]] && suites=(gpu_emulation gpu_kernels gpu_comm gpu_comm_threads gpu_stages gpu_stages_one_gpu)
 # -O2 for the libraries (the emulated kernels run long enough to matter),
 # the test files at -O1 as in build/. NCCL is the emulation's; no MPI.
 if [[ ! -f $dir/build.ninja ]]; then
-  meson setup "$dir" -Dgpu_emulation=true -Dmpi=disabled --buildtype=custom \
-    -Doptimization=2 -Db_ndebug=true >/dev/null || { echo "emulated: meson setup failed"; exit 1; }
+  meson setup "$dir" -Dgpu_emulation=true -Dmpi=disabled "${setup[@]}" >/dev/null ||
+    { echo "emulated: meson setup failed"; exit 1; }
+elif ! ninja -C "$dir" -t targets all 2>/dev/null | grep -q '^tests/test_gpu_comm:'; then
+  # A folder set up with -Dnccl=disabled has no NCCL suite: NCCL back on.
+  meson configure "$dir" -Dnccl=auto >/dev/null || { echo "emulated: meson configure failed"; exit 1; }
 fi
 rm -rf "$dir/tests/results" "$dir/meson-logs/testlog.json"
 mkdir -p "$dir/tests/results"
@@ -28,7 +50,16 @@ targets=()
 for s in "${suites[@]}"; do targets+=("tests/test_${s%_one_gpu}"); done  # one binary, two tests
 ninja -C "$dir" "${targets[@]}" >/dev/null || ninja -C "$dir" "${targets[@]}" || { echo "emulated: build failed"; exit 1; }
 built=$SECONDS
-meson test -C "$dir" --no-rebuild --num-processes 2 --print-errorlogs "${suites[@]}"
+meson test -C "$dir" --no-rebuild --num-processes 2 --print-errorlogs \
+  --timeout-multiplier "$slower" "${suites[@]}"
 status=$?
-echo "emulated GPU: build $((built - start)) s, tests $((SECONDS - built)) s"
+if [[ -d $dir/sanitizer-reports ]]; then  # --asan: every finding, with its stack
+  for f in "$dir"/sanitizer-reports/*; do
+    [[ -f $f ]] || continue
+    echo "== $f"
+    head -n 40 "$f"
+    status=1
+  done
+fi
+echo "emulated GPU ($dir): build $((built - start)) s, tests $((SECONDS - built)) s"
 exit $status

@@ -4,8 +4,10 @@
 Each mutation below is one edit (an operand, a bound, a dropped term) to one
 file, and the suites that own the code it changes. The script copies the
 tracked files into a scratch folder, builds them once there (the CPU layer,
-release, as scripts/build.sh builds), then for each mutation edits the copy,
-builds again, runs the owning suites, and puts the file back. A mutation is
+release, as scripts/build.sh builds; for the GPU code, whose suites are
+named gpu_*, the emulated GPU's build, as scripts/emulated.sh builds), then
+for each mutation edits the copy, builds again, runs the owning suites, and
+puts the file back. A mutation is
 caught when a suite fails (or the build does), and survives when every
 suite passes. By hand, not in CI (each mutation is a rebuild and a run of
 its suites: minutes):
@@ -139,6 +141,28 @@ MUTATIONS = [
      "case CollectiveKind::all_reduce: return 2.0 * (n - 1.0) / n * b;",
      "case CollectiveKind::all_reduce: return (n - 1.0) / n * b;",
      ["comm"], "an all-reduce counted as one pass of the ring"),
+    # cuda/: the GPU code, on the emulated GPU (tests/emu)
+    ("gpu_map_bound", "common/cuda/kernels_cuda_elementwise.cu",
+     "  if (i >= n) return;\n  const float y = Op::kUsesB", "  if (i > n) return;\n  const float y = Op::kUsesB",
+     ["gpu_kernels"], "an elementwise kernel's thread n writing one element past the end"),
+    ("gpu_tree_barrier", "common/cuda/internal/kernels_cuda_util.cuh",
+     "  shared[ty][tx] = x;\n  __syncthreads();\n", "  shared[ty][tx] = x;\n",
+     ["gpu_kernels"], "a column sum reading shared memory before every row has written it"),
+    ("gpu_gemm_transpose", "common/cuda/kernels_cuda_matmul.cu",
+     "gemm<F, F>(ctx, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC,", "gemm<F, F>(ctx, CUBLAS_OP_N, CUBLAS_OP_N, OC, N, IC,",
+     ["gpu_kernels"], "the matmul forward multiplying by the weight untransposed"),
+    ("gpu_copy_wait", "common/cuda/device_cuda.cu",
+     "    CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, issued, 0));\n", "",
+     ["gpu_kernels"], "a copy on the copy stream not waiting for the kernels issued before it"),
+    ("nccl_count", "common/cuda/nccl/comm_nccl_collectives.cpp",
+     "return ncclAllReduce(buf, buf, count, t, o, c, s);", "return ncclAllReduce(buf, buf, count - 1, t, o, c, s);",
+     ["gpu_comm"], "NCCL's all-reduce given one element too few"),
+    ("nccl_ready_wait", "common/cuda/nccl/comm_nccl_collectives.cpp",
+     "    CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, ready_, 0));\n", "",
+     ["gpu_comm"], "a collective not waiting for the compute stream's work on its input"),
+    ("nccl_split_stream", "common/cuda/nccl/comm_nccl.cpp",
+     "  made->set_compute_stream(compute_stream_);\n", "",
+     ["gpu_comm"], "a split's child ordered after the default stream, not the rank's"),
 ]
 
 
@@ -166,9 +190,26 @@ def refresh_copy(src):
         shutil.copy2(a, b)
 
 
-def build(build_dir):
-    p = run(["ninja", "-C", build_dir])
+def on_gpu(suites):
+    return bool(suites) and all(x.startswith("gpu_") for x in suites)
+
+
+# The CPU build, and the emulated GPU's as scripts/emulated.sh sets it up
+# (only the GPU suites' tests are built: its stages and tools would take
+# most of its build).
+SETUP = {False: ["--buildtype=release", "-Dcuda=disabled", "-Dnccl=disabled"],
+         True: ["-Dgpu_emulation=true", "-Dmpi=disabled", "--buildtype=custom", "-Doptimization=2",
+                "-Db_ndebug=true"]}
+
+
+def build(build_dir, gpu, suites=()):
+    # gpu_stages_one_gpu is gpu_stages' binary, run with one emulated GPU.
+    targets = ["tests/test_" + x.removesuffix("_one_gpu") for x in suites] if gpu else []
+    p = run(["ninja", "-C", build_dir] + targets)
     return p.returncode == 0, p.stdout[-3000:]
+
+
+GPU_SUITES = ["gpu_kernels", "gpu_comm", "gpu_stages"]
 
 
 def main():
@@ -186,7 +227,8 @@ def main():
             print(f"{name:20} {file:45} {' '.join(suites):20} {what}")
         return 0
 
-    src, build_dir = os.path.join(args.dir, "src"), os.path.join(args.dir, "build")
+    src = os.path.join(args.dir, "src")
+    dirs = {False: os.path.join(args.dir, "build"), True: os.path.join(args.dir, "build-emu")}
     os.makedirs(src, exist_ok=True)
     refresh_copy(src)
     # Each mutation's text must be where the list says, once, before anything is built.
@@ -195,14 +237,16 @@ def main():
             n = f.read().count(text)
         if n != 1:
             sys.exit(f"mutate.py: {name}: its text occurs {n} times in {file} (once expected): update the list")
-    if not os.path.isfile(os.path.join(build_dir, "build.ninja")):
-        p = run(["meson", "setup", build_dir, "--buildtype=release", "-Dcuda=disabled", "-Dnccl=disabled"], cwd=src)
-        if p.returncode:
-            sys.exit("mutate.py: meson setup failed:\n" + p.stdout[-3000:])
-    print(f"building the unmutated copy in {build_dir} ...", flush=True)
-    ok, out = build(build_dir)
-    if not ok:
-        sys.exit("mutate.py: the unmutated copy does not build:\n" + out)
+    kinds = sorted({on_gpu(m[4]) for m in chosen})
+    for gpu in kinds:
+        if not os.path.isfile(os.path.join(dirs[gpu], "build.ninja")):
+            p = run(["meson", "setup", dirs[gpu]] + SETUP[gpu], cwd=src)
+            if p.returncode:
+                sys.exit("mutate.py: meson setup failed:\n" + p.stdout[-3000:])
+        print(f"building the unmutated copy in {dirs[gpu]} ...", flush=True)
+        ok, out = build(dirs[gpu], gpu, GPU_SUITES)
+        if not ok:
+            sys.exit("mutate.py: the unmutated copy does not build:\n" + out)
 
     survived = []
     for name, file, text, mutated, suites, what in chosen:
@@ -210,10 +254,12 @@ def main():
         with open(path) as f:
             original = f.read()
         start = time.time()
+        gpu = on_gpu(suites)
+        build_dir = dirs[gpu]
         try:
             with open(path, "w") as f:
                 f.write(original.replace(text, mutated, 1))
-            ok, _ = build(build_dir)
+            ok, _ = build(build_dir, gpu, suites)
             if not ok:
                 verdict = "caught (the build)"
             else:
@@ -226,7 +272,8 @@ def main():
         if verdict == "SURVIVED":
             survived.append(name)
         print(f"{verdict:20} {name:20} {' '.join(suites):18} {what} ({time.time() - start:.0f} s)", flush=True)
-    build(build_dir)  # the copy's build as the tree's again
+    for gpu in kinds:
+        build(dirs[gpu], gpu, GPU_SUITES)  # the copy's builds as the tree's again
     print(f"caught {len(chosen) - len(survived)} of {len(chosen)}" +
           (f"; survived: {', '.join(survived)}" if survived else ""))
     return 1 if survived else 0

@@ -8,7 +8,8 @@
 # all (CI's) runs the suites chosen below, in unity builds (below), to keep
 # CI within its time on 2 cores; full runs both sanitizers over every suite
 # they can run, file by file (about 40 minutes on 2 cores), for a change to
-# the communicators, the launch or a stage's threads.
+# the communicators, the launch or a stage's threads, and then the GPU
+# suites on the emulated GPU under ASan and UBSan (scripts/emulated.sh --asan).
 # scripts/test.sh runs `all` after the normal tests (ZF_SKIP_SANITIZE=1 skips
 # it) and sums these runs into its last line; alone, this script ends with
 # its own "N passed, N failed, N skipped". A sanitizer finding fails the run
@@ -256,6 +257,11 @@ for san in asan tsan; do
   run_sanitizer "$san" || status=1
   runs+=("build-$san/tests/results" "build-$san/meson-logs/testlog.json" --reports "build-$san/sanitizer-reports")
 done
+if [[ $which == full ]]; then  # the GPU code on the emulated GPU, under ASan and UBSan
+  scripts/emulated.sh --asan || status=1
+  runs+=(build-emu-asan/tests/results build-emu-asan/meson-logs/testlog.json
+         --reports build-emu-asan/sanitizer-reports)
+fi
 if [[ $summary -eq 1 ]]; then
   python3 scripts/test_summary.py "${runs[@]}" || status=1
 fi
