@@ -40,9 +40,14 @@ suites=("$@")
 if [[ ! -f $dir/build.ninja ]]; then
   meson setup "$dir" -Dgpu_emulation=true -Dmpi=disabled "${setup[@]}" >/dev/null ||
     { echo "emulated: meson setup failed"; exit 1; }
-elif ! ninja -C "$dir" -t targets all 2>/dev/null | grep -q '^tests/test_gpu_comm:'; then
+elif [[ " ${suites[*]} " == *" gpu_comm "* ]] &&
+     ! ninja -C "$dir" -t targets all 2>/dev/null | grep -q '^tests/test_gpu_comm:'; then
   # A folder set up with -Dnccl=disabled has no NCCL suite: NCCL back on.
   meson configure "$dir" -Dnccl=auto >/dev/null || { echo "emulated: meson configure failed"; exit 1; }
+fi
+if [[ $slower -gt 1 ]] && ! grep -q '"address,undefined"' "$dir/meson-info/intro-buildoptions.json"; then
+  echo "emulated: $dir is not set up with -Db_sanitize=address,undefined: remove it and run again"
+  exit 1
 fi
 rm -rf "$dir/tests/results" "$dir/meson-logs/testlog.json"
 mkdir -p "$dir/tests/results"
@@ -55,7 +60,7 @@ meson test -C "$dir" --no-rebuild --num-processes 2 --print-errorlogs \
 status=$?
 if [[ -d $dir/sanitizer-reports ]]; then  # --asan: every finding, with its stack
   for f in "$dir"/sanitizer-reports/*; do
-    [[ -f $f ]] || continue
+    [[ -s $f ]] || continue
     echo "== $f"
     head -n 40 "$f"
     status=1

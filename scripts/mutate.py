@@ -231,6 +231,10 @@ def main():
     dirs = {False: os.path.join(args.dir, "build"), True: os.path.join(args.dir, "build-emu")}
     os.makedirs(src, exist_ok=True)
     refresh_copy(src)
+    # A mutation's suites are all of one build.
+    for name, _, _, _, suites, _ in chosen:
+        if any(x.startswith("gpu_") for x in suites) and not on_gpu(suites):
+            sys.exit(f"mutate.py: {name}: its suites mix GPU (gpu_*) and CPU suites: split it")
     # Each mutation's text must be where the list says, once, before anything is built.
     for name, file, text, _, _, _ in chosen:
         with open(os.path.join(src, file)) as f:

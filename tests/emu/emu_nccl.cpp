@@ -76,7 +76,11 @@ struct Collective {
   std::vector<char> arrived;
   int n_arrived = 0, n_left = 0;
   bool done = false;
-  std::string mismatch;  // the ranks disagreed: what each called
+  // Why it failed, if it did (nothing was written): the ranks disagreed
+  // (ncclInvalidUsage), or a rank's GPU failed before its part ran
+  // (ncclUnhandledCudaError).
+  ncclResult_t code = ncclSuccess;
+  std::string failure;
 };
 
 struct Split {
@@ -104,11 +108,19 @@ struct ncclComm {
 namespace {
 
 // One lock for every clique: collectives are few and large, and a task's
-// wait for its peers is one condition.
-std::mutex mu;
-std::condition_variable cv;
-std::map<std::string, std::weak_ptr<Clique>> forming;  // by id, until every rank joined
-std::string last_error;                                // guarded by mu
+// wait for its peers is one condition. Never destroyed: a stream's thread
+// may still wait here when the process exits.
+struct Shared {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::string, std::weak_ptr<Clique>> forming;  // by id, until every rank joined
+  std::string last_error;
+};
+Shared& shared = *new Shared;
+std::mutex& mu = shared.mu;
+std::condition_variable& cv = shared.cv;
+auto& forming = shared.forming;
+std::string& last_error = shared.last_error;  // guarded by mu
 thread_local int group_depth = 0;
 thread_local std::vector<std::shared_ptr<State>> group_pending;
 
@@ -146,47 +158,66 @@ ncclResult_t wait_ready_locked(std::unique_lock<std::mutex>& lock, State& s) {
 // The task on a rank's stream: wait for every rank, then the last to come
 // computes everyone's outputs. An abort meanwhile takes the rank's call
 // back: its buffers may be freed, and its peers wait on (as in NCCL).
-void run(State& s, uint64_t seq, const Call& call) {
-  std::unique_lock<std::mutex> lock(mu);
-  if (s.aborted) return;
-  Clique& cl = *s.clique;
-  Collective& c = cl.collectives[seq];
+Collective& collective_locked(State& s, uint64_t seq) {
+  Collective& c = s.clique->collectives[seq];
   if (c.calls.empty()) {
     c.calls.resize(size_t(s.n));
     c.arrived.assign(size_t(s.n), 0);
   }
-  c.calls[size_t(s.rank)] = call;
-  c.arrived[size_t(s.rank)] = 1;
-  if (++c.n_arrived == s.n) {
-    for (int r = 1; r < s.n && c.mismatch.empty(); r++)
-      if (!c.calls[size_t(r)].same_as(c.calls[0]))
-        c.mismatch = "collective #" + std::to_string(seq) + ": rank 0 called " +
-                     c.calls[0].describe() + ", rank " + std::to_string(r) + " called " +
-                     c.calls[size_t(r)].describe();
-    if (c.mismatch.empty()) zf::emu::nccl::compute(c.calls);
-    c.done = true;
-    cv.notify_all();
+  return c;
+}
+
+void run(State& s, uint64_t seq, const Call& call) {
+  std::unique_lock<std::mutex> lock(mu);
+  if (s.aborted) return;
+  Collective& c = collective_locked(s, seq);
+  if (!c.done) {
+    c.calls[size_t(s.rank)] = call;
+    c.arrived[size_t(s.rank)] = 1;
+    if (++c.n_arrived == s.n) {
+      for (int r = 1; r < s.n && c.failure.empty(); r++)
+        if (!c.calls[size_t(r)].same_as(c.calls[0])) {
+          c.code = ncclInvalidUsage;
+          c.failure = "collective #" + std::to_string(seq) + ": rank 0 called " +
+                      c.calls[0].describe() + ", rank " + std::to_string(r) + " called " +
+                      c.calls[size_t(r)].describe();
+        }
+      if (c.failure.empty()) zf::emu::nccl::compute(c.calls);
+      c.done = true;
+      cv.notify_all();
+    }
   }
   cv.wait(lock, [&] { return c.done || s.aborted; });
   if (!c.done) {  // aborted first
     c.arrived[size_t(s.rank)] = 0;
-    if (--c.n_arrived == 0) cl.collectives.erase(seq);
+    if (--c.n_arrived == 0) s.clique->collectives.erase(seq);
     return;
   }
-  if (!c.mismatch.empty()) fail_state_locked(s, ncclInvalidUsage, c.mismatch);  // nothing was written
-  if (++c.n_left == s.n) cl.collectives.erase(seq);
+  if (!c.failure.empty()) fail_state_locked(s, c.code, c.failure);
+  if (++c.n_left == s.n) s.clique->collectives.erase(seq);
 }
 
 // What a queued collective holds: `running` goes down when it has run, or
-// when its stream drops it unrun (its GPU failed first).
+// when its stream drops it unrun (its GPU failed first): then the
+// collective fails for its peers too, who would otherwise wait for it.
 struct Task {
   std::shared_ptr<State> s;
+  uint64_t seq = 0;
   bool ran = false;
   ~Task() {
     std::lock_guard<std::mutex> lock(mu);
-    if (!ran)
-      fail_state_locked(*s, ncclUnhandledCudaError,
-                        "rank " + std::to_string(s->rank) + ": its GPU failed before a collective ran");
+    if (!ran && !s->aborted) {
+      const std::string why = "collective #" + std::to_string(seq) + ": rank " +
+                              std::to_string(s->rank) + "'s GPU failed before its part ran";
+      fail_state_locked(*s, ncclUnhandledCudaError, why);
+      Collective& c = collective_locked(*s, seq);
+      if (!c.done) {
+        c.done = true;
+        c.code = ncclUnhandledCudaError;
+        c.failure = why;
+      }
+      if (++c.n_left == s->n) s->clique->collectives.erase(seq);
+    }
     s->running--;
     cv.notify_all();
   }
@@ -261,6 +292,7 @@ ncclResult_t issue(Call call, ncclComm_t comm, cudaStream_t stream) {
   }
   auto task = std::make_shared<Task>();
   task->s = s;
+  task->seq = seq;
   zf::emu::enqueue_on(stream, [task, seq, call] {
     run(*task->s, seq, call);
     task->ran = true;

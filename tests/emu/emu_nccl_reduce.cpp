@@ -56,7 +56,8 @@ void store_float(ncclDataType_t t, void* p, size_t i, double v) {
   else static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(float(v));
 }
 // v as the type holds it (the rounding of one step of the ring). A sum of
-// two float32 or two bf16 values is exact in double, so rounding it once is
+// two bf16 values is exact in double, and a sum of two float32 values
+// rounded to double and then to float32 is their float32 sum: so this is
 // the type's own addition.
 double round_to(ncclDataType_t t, double v) {
   if (t == ncclFloat32) return double(float(v));

@@ -304,3 +304,53 @@ TEST(EmulatedGpu, AGemmPastItsOperandsIsAnIllegalAddress) {
 }
 
 }  // namespace
+
+#if defined(ZF_HAVE_NCCL)
+namespace {
+
+void CUDART_CB sleep_50ms(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }
+
+// A collective queued behind a kernel that faults never runs: its
+// communicator fails (ncclUnhandledCudaError), and so does the peer's part,
+// which would otherwise wait for it forever; both close without waiting.
+// (GPUs 2, failed from here on, and 0; last in the file.)
+TEST(EmulatedGpu, ACollectiveBehindAFaultFailsItsPeerToo) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclComm_t c[2] = {nullptr, nullptr};
+  const int gpu[2] = {2, 0};
+  int* d[2] = {nullptr, nullptr};
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < 2; r++) {
+    ASSERT_EQ(cudaSetDevice(gpu[r]), cudaSuccess);
+    ASSERT_EQ(ncclCommInitRank(&c[r], 2, id, r), ncclSuccess);
+  }
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  for (int r = 0; r < 2; r++) {
+    ASSERT_EQ(cudaSetDevice(gpu[r]), cudaSuccess);
+    d[r] = device_ints(32);
+  }
+  ASSERT_EQ(cudaSetDevice(2), cudaSuccess);
+  // The stall keeps the fault from happening before the collective is queued.
+  ASSERT_EQ(cudaLaunchHostFunc(nullptr, sleep_50ms, nullptr), cudaSuccess);
+  zf::emu::launch(early_return_kernel, 1, 32, 0, nullptr, d[0]);
+  ASSERT_EQ(ncclAllReduce(d[0], d[0], 32, ncclInt32, ncclSum, c[0], nullptr), ncclSuccess);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ASSERT_EQ(ncclAllReduce(d[1], d[1], 32, ncclInt32, ncclSum, c[1], nullptr), ncclSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess) << "the peer's part ends";
+  ASSERT_EQ(cudaSetDevice(2), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorLaunchFailure);
+  for (int r = 0; r < 2; r++) {
+    ncclResult_t state = ncclSuccess;
+    ASSERT_EQ(ncclCommGetAsyncError(c[r], &state), ncclSuccess);
+    EXPECT_EQ(state, ncclUnhandledCudaError) << "rank " << r;
+    EXPECT_EQ(ncclCommDestroy(c[r]), ncclSuccess);
+  }
+  cudaFree(d[0]);
+  (void)cudaGetLastError();
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  EXPECT_EQ(cudaFree(d[1]), cudaSuccess);
+}
+
+}  // namespace
+#endif

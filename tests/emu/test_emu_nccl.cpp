@@ -61,6 +61,17 @@ struct Ranks {
   std::vector<cudaStream_t> stream;
 };
 
+// Communicators a test makes beside Ranks' (declared after it, so gone
+// first): aborted when the test has failed, as Ranks' own are.
+struct Comms {
+  std::vector<ncclComm_t> c;
+  explicit Comms(size_t n) : c(n, nullptr) {}
+  ~Comms() {
+    for (ncclComm_t x : c)
+      if (x) ::testing::Test::HasFailure() ? ncclCommAbort(x) : ncclCommDestroy(x);
+  }
+};
+
 // n floats on GPU `device`, filled with v.
 float* device_floats(int device, const std::vector<float>& v) {
   float* p = nullptr;
@@ -136,9 +147,29 @@ TEST(EmulatedNccl, Bf16RoundsAtEachStepOfTheRing) {
   }
 }
 
-// ncclAvg of floats multiplies each input by 1/N before the sum: four
-// inputs of 3e38 average to 3e38, where a sum first would overflow.
+// ncclAvg of floats multiplies each input by 1/N (rounded) before the sum:
+// at N = 3, three inputs of 0.1 average to 0.1 x fl(1/3) summed, not to
+// 0.1; and (below) four inputs of 3e38 to 3e38, where a sum would overflow.
 TEST(EmulatedNccl, AvgOfFloatsScalesEachInputFirst) {
+  {
+    Ranks three(3);
+    std::vector<float*> buf;
+    for (int r = 0; r < 3; r++) {
+      buf.push_back(device_floats(r, std::vector<float>(8, 0.1f)));
+      ASSERT_EQ(ncclAllReduce(buf.back(), buf.back(), 8, ncclFloat32, ncclAvg, three.comm[size_t(r)],
+                              three.stream[size_t(r)]),
+                ncclSuccess);
+    }
+    three.sync();
+    const float third = 0.1f * float(1.0 / 3);
+    const float want = (third + third) + third;
+    ASSERT_NE(want, ((0.1f + 0.1f) + 0.1f) / 3) << "the values must make the form show";
+    for (int r = 0; r < 3; r++) {
+      OK(cudaSetDevice(r));
+      EXPECT_EQ(host_floats(buf[size_t(r)], 8), std::vector<float>(8, want)) << "rank " << r;
+      cudaFree(buf[size_t(r)]);
+    }
+  }
   const int n = 4;
   Ranks ranks(n);
   std::vector<float*> buf;
@@ -275,7 +306,8 @@ TEST(EmulatedNccl, RanksThatDisagreeFailWithBothCallsNamed) {
 // order; a rank without a colour gets no child.
 TEST(EmulatedNccl, SplitGroupsByColourAndOrdersByKey) {
   Ranks ranks(4);
-  std::vector<ncclComm_t> child(4, nullptr);
+  Comms children(4);
+  std::vector<ncclComm_t>& child = children.c;
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
   for (int r = 0; r < 4; r++)
     ASSERT_EQ(ncclCommSplit(ranks.comm[size_t(r)], r % 2, -r, &child[size_t(r)], nullptr), ncclSuccess);
@@ -301,6 +333,7 @@ TEST(EmulatedNccl, SplitGroupsByColourAndOrdersByKey) {
     EXPECT_EQ(host_floats(buf[size_t(r)], 4), std::vector<float>(4, want)) << "rank " << r;
     cudaFree(buf[size_t(r)]);
     ncclCommDestroy(child[size_t(r)]);
+    child[size_t(r)] = nullptr;
   }
   // NCCL_SPLIT_NOCOLOR: no child for rank 0, the others form one of 3.
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
@@ -316,7 +349,6 @@ TEST(EmulatedNccl, SplitGroupsByColourAndOrdersByKey) {
     ASSERT_EQ(ncclCommUserRank(child[size_t(r)], &rank), ncclSuccess);
     EXPECT_EQ(n, 3);
     EXPECT_EQ(rank, r - 1);
-    ncclCommDestroy(child[size_t(r)]);
   }
 }
 
@@ -343,20 +375,28 @@ TEST(EmulatedNccl, ANonBlockingCreationIsInProgressUntilEveryRankJoined) {
   OK(cudaSetDevice(0));
 }
 
-// A rank that never calls leaves its peer's collective waiting on the
-// stream, as NCCL does; the peer's abort ends it, its output unwritten.
-TEST(EmulatedNccl, AMissingRankHangsItsPeerUntilTheAbort) {
+// A rank whose peer has not come waits on its stream (a hang, as in NCCL)
+// until it aborts; then it takes its call back: the peer that comes later
+// waits in turn, instead of completing the collective into the aborted
+// rank's buffers, until it aborts too. Neither output is written.
+TEST(EmulatedNccl, AMissingRankHangsItsPeerAndAnAbortTakesTheCallBack) {
   Ranks ranks(2);
-  float* b0 = device_floats(0, std::vector<float>(8, 1.0f));
-  OK(cudaSetDevice(0));
-  ASSERT_EQ(ncclAllReduce(b0, b0, 8, ncclFloat32, ncclSum, ranks.comm[0], ranks.stream[0]), ncclSuccess);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_EQ(cudaStreamQuery(ranks.stream[0]), cudaErrorNotReady);
-  ASSERT_EQ(ncclCommAbort(ranks.comm[0]), ncclSuccess);
-  ranks.comm[0] = nullptr;
-  OK(cudaStreamSynchronize(ranks.stream[0]));
-  EXPECT_EQ(host_floats(b0, 8), std::vector<float>(8, 1.0f));
-  cudaFree(b0);
+  float* b[2] = {device_floats(0, std::vector<float>(8, 1.0f)), device_floats(1, std::vector<float>(8, 2.0f))};
+  for (int r = 0; r < 2; r++) {  // rank 0 alone, then rank 1 alone
+    OK(cudaSetDevice(r));
+    ASSERT_EQ(ncclAllReduce(b[r], b[r], 8, ncclFloat32, ncclSum, ranks.comm[size_t(r)], ranks.stream[size_t(r)]),
+              ncclSuccess);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(cudaStreamQuery(ranks.stream[size_t(r)]), cudaErrorNotReady) << "rank " << r << " waits";
+    ASSERT_EQ(ncclCommAbort(ranks.comm[size_t(r)]), ncclSuccess);
+    ranks.comm[size_t(r)] = nullptr;
+    OK(cudaStreamSynchronize(ranks.stream[size_t(r)]));
+  }
+  for (int r = 0; r < 2; r++) {
+    OK(cudaSetDevice(r));
+    EXPECT_EQ(host_floats(b[r], 8), std::vector<float>(8, float(1 + r))) << "rank " << r;
+    cudaFree(b[r]);
+  }
 }
 
 }  // namespace
