@@ -519,23 +519,22 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
 }
 
 // A communicator's size and rank: known once it is ready.
-ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
-  if (!comm || !count) return ncclInvalidArgument;
+static ncclResult_t when_ready(const ncclComm_t comm, int* out, int State::*field, const char* call) {
+  if (!comm || !out) return ncclInvalidArgument;
   std::lock_guard<std::mutex> lock(mu);
-  if (comm->state->status == ncclInProgress) return fail_locked(ncclInvalidUsage, "ncclCommCount: not ready");
-  *count = comm->state->n;
+  if (comm->state->status == ncclInProgress) return fail_locked(ncclInvalidUsage, std::string(call) + ": not ready");
+  *out = (*comm->state).*field;
   return ncclSuccess;
+}
+ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
+  return when_ready(comm, count, &State::n, "ncclCommCount");
+}
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
+  return when_ready(comm, rank, &State::rank, "ncclCommUserRank");
 }
 ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
   if (!comm || !device) return ncclInvalidArgument;
   *device = comm->state->device;
-  return ncclSuccess;
-}
-ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
-  if (!comm || !rank) return ncclInvalidArgument;
-  std::lock_guard<std::mutex> lock(mu);
-  if (comm->state->status == ncclInProgress) return fail_locked(ncclInvalidUsage, "ncclCommUserRank: not ready");
-  *rank = comm->state->rank;
   return ncclSuccess;
 }
 
