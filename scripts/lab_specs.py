@@ -420,9 +420,10 @@ TIME_RUNS = {  # name: (stage executable, hardware, its own flags)
 }
 TIME_KEYS = {
     "step_ms": "the step: where the compute queue waited (exposed_ms) and what it ran",
-    "comm_ms": "docs/SPEC.md section 13, the communicators' row: per collective, its latency "
-               "(passes x (n-1) x the link's latency) and its ring bytes (section 8) / bus bandwidth; "
-               "count every collective of a step, the loss's and the norm's all-reduces too",
+    "comm_ms": "docs/SPEC.md section 13, the communicators' row, and hardware/README.md's table: per "
+               "collective, the fastest of NCCL's ways, each its latency (base + steps x a step's) and its "
+               "bytes (section 8) / its bandwidth; count every collective of a step, the loss's and the "
+               "norm's all-reduces too",
     "exposed_ms": "the time the compute queue stood waiting for a collective",
     "copy_ms": "docs/SPEC.md section 13, copy: latency + bytes / PCIe, per copy",
     "host_ms": "docs/SPEC.md section 13, host: AdamW's S / (rate / r); the norm's 4S bytes and the landed "

@@ -111,6 +111,7 @@ def profile_text(gflops, mem_gbs, busbw, latency, memcpy, adamw_rate, cores):
         MARK + ": measured on this machine, each rank a core",
         line("name", "this machine (%d cores)" % cores, "the CPU device, ranks as threads"),
         line("gpus_per_node", cores, "every rank on this one machine, a core each"),
+        line("collectives", "ring", "the threads backend: a ring at the latency below"),
         line("peak_tflops_bf16", gflops / 1e3, "bf16 computes as f32 on the CPU device: the same rate"),
         line("peak_tflops_f32", gflops / 1e3, "bench_kernels: sgemm 1024^3, one thread"),
         line("hbm_gb_per_s", mem_gbs, "bench_kernels: median rate of the memory-bound kernels"),

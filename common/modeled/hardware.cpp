@@ -37,6 +37,9 @@ constexpr int kMostCount = 1000000;
 // The largest profile file read: the shipped ones are about 2 KB.
 constexpr size_t kMostProfileBytes = 1 << 20;
 
+// The keys only a profile whose collectives are a ring gives.
+constexpr const char* kRingOnlyKeys[] = {"intra_node_latency_us", "inter_node_latency_us"};
+
 // The keys that count things: whole numbers, each stored as an int.
 std::map<std::string, int Hardware::*> whole_keys() {
   return {{"gpus_per_node", &Hardware::gpus_per_node},
@@ -88,7 +91,7 @@ Hardware parse_hardware(const std::string& text, const std::string& where) {
     USAGE_REQUIRE(eq != std::string::npos,
                   where << ":" << n << ": expected `key = value`, got '" << printable(body) << "'");
     const std::string key = trim(body.substr(0, eq)), value = trim(body.substr(eq + 1));
-    const bool known = key == "name" || whole.count(key) || numeric.count(key);
+    const bool known = key == "name" || key == "collectives" || whole.count(key) || numeric.count(key);
     USAGE_REQUIRE(known, where << ":" << n << ": unknown key '" << printable(key) << "' (the keys are in hardware/README.md)");
     USAGE_REQUIRE(!seen.count(key), where << ":" << n << ": '" << key << "' is given twice (first on line "
                                           << seen[key] << ")");
@@ -98,6 +101,16 @@ Hardware parse_hardware(const std::string& text, const std::string& where) {
       // Printed in headers, step lines and logs: no byte of it may reach a
       // terminal as a control character.
       hw.name = printable(value);
+      continue;
+    }
+    if (key == "collectives") {
+      const std::map<std::string, Hardware::Collectives> kinds = {{"ring", Hardware::Collectives::ring},
+                                                                 {"nccl-nvls", Hardware::Collectives::nccl_nvls},
+                                                                 {"nccl-nvlink", Hardware::Collectives::nccl_nvlink},
+                                                                 {"nccl-pcie", Hardware::Collectives::nccl_pcie}};
+      USAGE_REQUIRE(kinds.count(value), where << ":" << n << ": 'collectives' must be ring, nccl-nvls, nccl-nvlink "
+                                                  "or nccl-pcie (got '" << printable(value) << "')");
+      hw.collectives = kinds.at(value);
       continue;
     }
     const std::optional<double> v = decimal_number(value);
@@ -115,12 +128,22 @@ Hardware parse_hardware(const std::string& text, const std::string& where) {
       hw.*numeric.at(key) = *v;
     }
   }
+  // NCCL's step latencies are its tuning model's (collective_cost.cpp): a
+  // profile that gave its own would not be read.
+  const bool ring = hw.collectives == Hardware::Collectives::ring;
+  for (const char* k : kRingOnlyKeys)
+    USAGE_REQUIRE(ring || !seen.count(k), where << ":" << seen[k] << ": '" << k
+                                                << "' is for collectives = ring only: NCCL's latencies are its own "
+                                                   "tuning model's (hardware/README.md); remove the line");
   std::vector<std::string> missing;
-  if (!seen.count("name")) missing.push_back("name");
+  for (const char* k : {"name", "collectives"})
+    if (!seen.count(k)) missing.push_back(k);
   for (const auto& [k, member] : whole)
     if (!seen.count(k)) missing.push_back(k);
   for (const auto& [k, member] : numeric)
-    if (!seen.count(k)) missing.push_back(k);
+    if (!seen.count(k) && (ring || std::find(std::begin(kRingOnlyKeys), std::end(kRingOnlyKeys), k) ==
+                                       std::end(kRingOnlyKeys)))
+      missing.push_back(k);
   if (!missing.empty()) {
     std::string list;
     for (const std::string& k : missing) list += (list.empty() ? "" : ", ") + k;

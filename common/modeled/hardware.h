@@ -29,8 +29,17 @@ struct Hardware {
   double flash_forward_tflops = 0, flash_backward_tflops = 0;
   double memory_efficiency = 0;  // the fraction of HBM bandwidth a streaming kernel reaches
   double launch_us = 0;          // added to every op of the device
+  // What runs the collectives, and so how their time is made (collective_cost.cpp):
+  //   ring         a ring of steps at the profile's latencies (the threads backend)
+  //   nccl-nvls    NCCL's choice of algorithm and protocol, by its own tuning
+  //                model, on a node of NVSwitch with NVLink SHARP (Hopper),
+  //   nccl-nvlink  on a node of NVLink or NVSwitch without it (Ampere),
+  //   nccl-pcie    on a node of PCIe.
+  enum class Collectives { ring, nccl_nvls, nccl_nvlink, nccl_pcie };
+  Collectives collectives = Collectives::ring;
   // A collective inside a node: the bus bandwidth of each kind (a broadcast
-  // as an all-gather), and the latency of a ring step.
+  // as an all-gather), and (ring only: NCCL's are its own) the latency of a
+  // ring step.
   double intra_node_all_reduce_busbw_gb_per_s = 0, intra_node_all_gather_busbw_gb_per_s = 0,
          intra_node_reduce_scatter_busbw_gb_per_s = 0, intra_node_latency_us = 0;
   double inter_node_busbw_gb_per_s = 0, inter_node_latency_us = 0;  // one that crosses nodes

@@ -42,30 +42,6 @@ double flash_attention_seconds(const Hardware& hw, double flops, bool backward, 
   return flops / ((backward ? hw.flash_backward_tflops : hw.flash_forward_tflops) * 1e12);
 }
 
-double collective_seconds(const Hardware& hw, CollectiveKind kind, size_t bytes, int n, int nodes, int per_node) {
-  if (n <= 1) return 0.0;
-  const double intra_lat = hw.intra_node_latency_us * 1e-6, inter_lat = hw.inter_node_latency_us * 1e-6;
-  // Each kind its own NVLink rate: NCCL's kernels for them differ (an
-  // all-reduce inside an H100 node is NVLink SHARP's, reduced in the switch).
-  const double nvlink = kind == CollectiveKind::all_reduce       ? hw.intra_node_all_reduce_busbw_gb_per_s
-                        : kind == CollectiveKind::reduce_scatter ? hw.intra_node_reduce_scatter_busbw_gb_per_s
-                                                                 : hw.intra_node_all_gather_busbw_gb_per_s;
-  // Across nodes NCCL spreads its rings over the NICs of the group's GPUs
-  // in a node, each GPU's own: per_node of them, at most NVLink's rate.
-  const double busbw = (nodes > 1 ? std::min(nvlink, per_node * hw.inter_node_busbw_gb_per_s) : nvlink) * 1e9;
-  const double moved = ring_bytes(kind, bytes, n) / busbw;
-  // A ring takes n-1 steps (a reduce-scatter or an all-gather), twice that
-  // for an all-reduce (one of each); nodes-1 of each n-1 cross a node.
-  const double pass = double(n - nodes) * intra_lat + double(nodes - 1) * inter_lat;
-  const double ring = (kind == CollectiveKind::all_reduce ? 2.0 : 1.0) * pass + moved;
-  if (kind != CollectiveKind::all_reduce || nodes == 1) return ring;
-  // A tree all-reduce, as NCCL's tuning model prices it: up and down a
-  // binary tree of the nodes, and a chain of each node's GPUs.
-  const double tree = 2.0 * (std::floor(std::log2(double(nodes))) * inter_lat + double(n / nodes - 1) * intra_lat) +
-                      moved;
-  return std::min(ring, tree);
-}
-
 double copy_seconds(const Hardware& hw, size_t bytes, bool pinned) {
   const double bw = (pinned ? hw.pcie_pinned_gb_per_s : hw.pcie_pageable_gb_per_s) * 1e9;
   return hw.pcie_latency_us * 1e-6 + double(bytes) / bw;

@@ -20,14 +20,14 @@
 //             late makes the others wait), the queue is free and so are the
 //             members' links it uses (a rank's fabric and its NIC each carry
 //             one collective at a time, in the order the rank issued them,
-//             whatever the communicator), and takes
-//             NCCL's ring time: its steps' latencies (NVLink's, the
-//             network's for a step that crosses nodes) + ring bytes / bus
-//             bandwidth (comm.h's ring bytes; all-reduce across nodes the
-//             faster of ring and tree), over NVLink when the group lies
-//             inside one node (at its kind's bus bandwidth), else over the
-//             network: the NICs of the group's GPUs in a node, one each
-//             (NCCL spreads its rings over them).
+//             whatever the communicator), and takes the time of the
+//             algorithm and protocol NCCL's tuning model picks (a ring
+//             profile: a ring's): a latency that grows with its steps
+//             (NVLink's, the network's for a step that crosses nodes) +
+//             bytes / bus bandwidth (collective_cost.cpp), over NVLink when
+//             the group lies inside one node (at its kind's bus bandwidth),
+//             else over the network: the NICs of the group's GPUs in a
+//             node, one each (NCCL spreads its rings over them).
 //   copy      host<->device copies: PCIe, pinned or pageable host memory; an
 //             async copy to the host starts after the ops issued before it.
 //   host      what the host waits for: a blocking copy, a collective or a
@@ -98,7 +98,15 @@ double gemm_seconds(const Hardware& hw, double M, double N, double K, DType comp
 // as arithmetic_seconds.
 double flash_attention_seconds(const Hardware& hw, double flops, bool backward, DType compute);
 // One collective of `bytes` (comm.h's full buffer) over n ranks on `nodes`
-// nodes, per_node of them on the node that has the fewest.
+// nodes, per_node of them on the node that has the fewest, as the profile's
+// `collectives` run it (collective_cost.cpp): its time, and the algorithm
+// and protocol NCCL would pick ("ring" and "" for a ring profile).
+struct CollectiveCost {
+  double seconds;
+  const char* algorithm;
+  const char* protocol;
+};
+CollectiveCost collective_cost(const Hardware& hw, CollectiveKind kind, size_t bytes, int n, int nodes, int per_node);
 double collective_seconds(const Hardware& hw, CollectiveKind kind, size_t bytes, int n, int nodes, int per_node);
 // One copy between host and device memory.
 double copy_seconds(const Hardware& hw, size_t bytes, bool pinned);

@@ -7,6 +7,7 @@ namespace zf::test {
 inline const char* kRoundProfile = R"(# a machine of round numbers
 name = Round
 gpus_per_node = 4
+collectives = ring
 peak_tflops_bf16 = 100
 peak_tflops_f32 = 10
 hbm_gb_per_s = 1000

@@ -83,6 +83,26 @@ TEST(Hardware, AWrongProfileIsRefusedNamingTheKey) {
   EXPECT_EQ(error_of(test::kRoundProfile), "");
 }
 
+// What runs the collectives is named; the step latencies are a ring
+// profile's alone (NCCL's are its tuning model's).
+TEST(Hardware, TheCollectivesAreNamedAndOnlyARingGivesItsLatencies) {
+  EXPECT_NE(error_of(with_line("collectives", "")).find("missing key collectives"), std::string::npos);
+  EXPECT_NE(error_of(with_line("collectives", "collectives = mpi"))
+                .find("x.hw:4: 'collectives' must be ring, nccl-nvls, nccl-nvlink or nccl-pcie (got 'mpi')"),
+            std::string::npos);
+  const std::string nccl = with_line("collectives", "collectives = nccl-nvlink");
+  const std::string refused = error_of(nccl);
+  EXPECT_NE(refused.find("'intra_node_latency_us' is for collectives = ring only"), std::string::npos) << refused;
+  for (const std::string key : {"intra_node_latency_us", "inter_node_latency_us"})
+    EXPECT_NE(error_of(with_line(key, "")).find("missing key " + key), std::string::npos) << key;
+  std::string without;  // the NCCL profile without either latency
+  std::istringstream in(nccl);
+  for (std::string l; std::getline(in, l);)
+    if (l.find("node_latency_us") == std::string::npos) without += l + "\n";
+  EXPECT_EQ(error_of(without), "");
+  EXPECT_EQ(parse_hardware(without, "x.hw").collectives, Hardware::Collectives::nccl_nvlink);
+}
+
 // Every number is decimal: strtod alone reads hex ("0x10" is 16) and stops
 // at a NUL ("5\0" "9" would be 5). The cap of gpus_per_node is said.
 TEST(Hardware, NumbersAreDecimalOnly) {

@@ -72,25 +72,57 @@ PREDICTIONS = {
         "to_device_bytes": 2 * P / 2},
 }
 
-# Lab 8, by hand from SPEC section 13 and the profiles' numbers: GPT-2's
-# shape, bf16, N = 8 on one node, L + 2 = 14 units none padded.
-GPT2_P = 2 * 50304 * 768 + 1024 * 768 + 12 * (12 * 768 * 768 + 13 * 768) + 2 * 768
-UNITS, F8 = 14, 7 / 8
+# Lab 8, by hand from SPEC section 13, the profiles' numbers and
+# hardware/README.md's table of NCCL's protocols: GPT-2's shape, bf16, N = 8
+# on one node, L + 2 = 14 units none padded.
+V2, T2, L2, C2 = 50304, 1024, 12, 768
+GPT2_UNITS = [V2 * C2 + T2 * C2] + [12 * C2 * C2 + 13 * C2] * L2 + [2 * C2 + V2 * C2]
+GPT2_P = sum(GPT2_UNITS)
+UNITS = len(GPT2_UNITS)
+# NCCL's tree all-reduce correction by size (64 B * 2^i), per protocol, as
+# src/graph/tuning.cc has it (treeCorrectionFactor): the sizes below use i <= 1.
+TREE_CORRECTION = {"LL": [1.0, 1.0], "LL128": [1.0, 1.0], "Simple": [.9, .9]}
+# A node's numbers: NVLink or PCIe, each kind's bus bandwidth, LL's cap, NVLS's rate (Hopper).
+H100 = dict(nvlink=True, all_gather=350, reduce_scatter=360, all_reduce=350, ll_most=141, nvls=460)
+L40S = dict(nvlink=False, all_gather=20, reduce_scatter=20, all_reduce=20, ll_most=87.7, nvls=None)
 
 
-def zero3_comm_ms(latency_us, all_gather_gb_per_s, reduce_scatter_gb_per_s, all_reduce_gb_per_s):
-    """2U all-gathers and U reduce-scatters of one pass, the loss's and the norm's all-reduces of two;
-    each kind's ring bytes at its own bus bandwidth."""
-    passes = 3 * UNITS + 2 * 2
-    seconds = (2 * F8 * 2 * GPT2_P / all_gather_gb_per_s + F8 * 2 * GPT2_P / reduce_scatter_gb_per_s
-               + 2 * F8 * (4 + 160) / all_reduce_gb_per_s) / 1e9
-    return 1e3 * (passes * 7 * latency_us * 1e-6 + seconds)
+def nccl_seconds(kind, nbytes, node, n=8, latency=True, protocols=("LL", "LL128", "Simple")):
+    """The fastest of NCCL's ways for one collective inside a node: each a latency
+    (base + steps x the step's) and the bytes over the protocol's bandwidth."""
+    nvlink, bw = node["nvlink"], node[kind]
+    steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
+    moved = (2 if kind == "all_reduce" else 1) * (n - 1) / n * nbytes
+    ring = {"LL": (6.6 + steps * (0.6 if nvlink else 1.0), moved, min(node["ll_most"], bw / 2)),
+            "Simple": (8.4 + steps * (3.4 if nvlink else 5.7), moved, bw)}
+    if nvlink:
+        ring["LL128"] = (14 + steps * 1.9, moved, 0.92 * bw)
+    ways = [(p, w) for p, w in ring.items()]
+    if kind == "all_reduce":  # a chain of the node's GPUs, up and down; NVLS in a Hopper node
+        i = max(0, (nbytes // 64).bit_length() - 1)
+        hop = {"LL": 0.6 if nvlink else 1.0, "LL128": 1.25, "Simple": 4.0}
+        base = {"LL": 6.8, "LL128": 14, "Simple": 8.4}
+        tree_bw = {"LL": min(0.92 * bw / 3.8, node["ll_most"]), "LL128": 0.92 * bw * 7 / 9, "Simple": 0.92 * bw}
+        for p in ring:
+            ways.append((p, (base[p] + 2 * (n - 1) * hop[p], 2 * nbytes, tree_bw[p] * TREE_CORRECTION[p][i])))
+        if node["nvls"]:
+            ways.append(("Simple", (25, moved, node["nvls"])))
+    return min((1 if latency else 0) * l * 1e-6 + m / (b * 1e9) for p, (l, m, b) in ways if p in protocols)
+
+
+def zero3_comm_ms(node, **how):
+    """2U all-gathers and U reduce-scatters of each unit's bf16 bytes, and the loss's (4 B)
+    and the norm's (160 B) all-reduces, each as NCCL would run it."""
+    seconds = sum(2 * nccl_seconds("all_gather", 2 * u, node, **how) +
+                  nccl_seconds("reduce_scatter", 2 * u, node, **how) for u in GPT2_UNITS)
+    seconds += nccl_seconds("all_reduce", 4, node, **how) + nccl_seconds("all_reduce", 160, node, **how)
+    return 1e3 * seconds
 
 
 S8 = GPT2_P // 8
 TIME_PREDICTIONS = {
-    "nvlink.comm_ms": zero3_comm_ms(3, 350, 360, 460),   # h100-sxm
-    "pcie.comm_ms": zero3_comm_ms(6, 20, 20, 20),        # l40s
+    "nvlink.comm_ms": zero3_comm_ms(H100),   # h100-sxm
+    "pcie.comm_ms": zero3_comm_ms(L40S),     # l40s
     # AdamW at 2e9 params/s; the norm's 4S bytes and the landed bf16 piece added into the
     # float32 shard (10S bytes) at 100 GB/s; each shared by 8 GPUs
     "offload.host_ms": 1e3 * (S8 / (2e9 / 8) + (4 + 10) * S8 / (100e9 / 8)),
@@ -188,14 +220,21 @@ class WrongPredictionsFail(LabTestCase):
         self.fails(3, "--predict", f"reduce_scatter={3 / 4 * 2 * P!r}", naming=["prediction reduce_scatter"])
 
     def test_time_without_the_latencies(self):
-        # the bytes over the bus bandwidth alone: a third of NVLink's time is its 3 us per ring step
-        bytes_only = zero3_comm_ms(0, 350, 360, 460)
+        # the bytes over the bus bandwidth alone: NCCL's latencies are a fifth of NVLink's time
+        bytes_only = zero3_comm_ms(H100, latency=False)
+        self.assertGreater(TIME_PREDICTIONS["nvlink.comm_ms"] / bytes_only, 1.1)
         self.fails(8, "--predict", f"nvlink.comm_ms={bytes_only!r}", naming=["prediction nvlink.comm_ms"])
 
     def test_time_at_the_all_reduces_bus_bandwidth(self):
         # every kind at the all-reduce's 460 GB/s, which only NVLink SHARP's all-reduce reaches
-        one_rate = zero3_comm_ms(3, 460, 460, 460)
+        one_rate = zero3_comm_ms(dict(H100, all_gather=460, reduce_scatter=460))
         self.fails(8, "--predict", f"nvlink.comm_ms={one_rate!r}", naming=["prediction nvlink.comm_ms"])
+
+    def test_time_with_one_protocol(self):
+        # every collective with Simple, NCCL's protocol for large messages: the blocks'
+        # all-gathers and reduce-scatters take LL128, and the all-reduces LL
+        simple_only = zero3_comm_ms(H100, protocols=("Simple",))
+        self.fails(8, "--predict", f"nvlink.comm_ms={simple_only!r}", naming=["prediction nvlink.comm_ms"])
 
     def test_time_without_the_batch_copies(self):
         # the units' copies alone, without the three pageable copies of the batch: under 2 % off
