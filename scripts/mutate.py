@@ -95,7 +95,7 @@ MUTATIONS = [
      "p == LL ? std::min(ll_most, 0.5 * bw)", "p == LL ? 0.5 * bw",
      ["clock"], "NCCL's LL protocol not capped at its most bandwidth"),
     ("nccl_tree_log", "common/modeled/collective_cost.cpp",
-     "std::max(0, log2_down(nodes)) * tree_inter", "(nodes - 1) * tree_inter",
+     "std::max(0, log2_down(nodes)) * kTree[p].net", "(nodes - 1) * kTree[p].net",
      ["clock"], "NCCL's tree all-reduce charged a step a node, as a ring"),
     ("gemm_waves", "common/modeled/modeled_clock.cpp",
      "const double waves = std::ceil(tiles / hw.sm_count);", "const double waves = tiles / hw.sm_count;",

@@ -15,7 +15,10 @@
 // (InfiniBand's plugin reports none), the 1.4x "plateau" of a cross-node
 // ring all-reduce, NVLS for all-gathers and reduce-scatters (the profiles'
 // rates are measured whatever NCCL chose), CollNet (needs SHARP switches).
-// The host is taken to be an Intel x86 (NCCL's network overhead and LL caps).
+// Taken as given: the host is an Intel x86 (NCCL's network overhead and LL
+// caps across nodes); the GPU inside a node is a Hopper on an NVLS profile,
+// else counted as an Ampere (LL's cap there); a broadcast's channels are
+// the same at every rank (its latency one step's).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -77,7 +80,9 @@ CollectiveCost nccl_cost(const Hardware& hw, CollectiveKind kind, size_t size, i
   const double intra = kind == CollectiveKind::reduce_scatter ? rs
                        : all_reduce                          ? (nvls ? std::min(ag, rs) : hw.intra_node_all_reduce_busbw_gb_per_s)
                                                              : ag;
-  auto across = [&](double bw) { return nodes > 1 ? std::min(bw, per_node * hw.inter_node_busbw_gb_per_s) : bw; };
+  auto across = [&](double bw, double nics = 1) {
+    return nodes > 1 ? std::min(bw, nics * per_node * hw.inter_node_busbw_gb_per_s) : bw;
+  };
   const double bw = across(intra);
   // LL's bandwidth at most (llMaxBws: by GPU inside a node, by CPU across).
   const double ll_most = nodes == 1 ? (nvls ? 141.0 : 87.7) : nodes == 2 ? 39.0 : 20.4;
@@ -86,8 +91,11 @@ CollectiveCost nccl_cost(const Hardware& hw, CollectiveKind kind, size_t size, i
 
   std::vector<Way> ways;
   for (Protocol p : {LL, LL128, Simple}) {
-    if (p == LL128 && !nvlink) continue;  // NCCL enables LL128 on NVLink only
-    // The ring: n-1 steps (twice for an all-reduce), of which nodes-1 (twice) cross.
+    // NCCL enables LL128 on NVLink only (with one GPU a node, no link inside it).
+    if (p == LL128 && !nvlink && !one_per_node) continue;
+    // The ring: n-1 steps (twice for an all-reduce), of which nodes-1 (twice)
+    // cross. With one GPU a node every step crosses, and NCCL charges them
+    // the tree's network latency: no step inside a node hides theirs.
     const double inter = one_per_node ? kTree[p].net : kRing[p].net;
     double latency = kRing[p].base;
     if (kind == CollectiveKind::broadcast) {
@@ -102,9 +110,8 @@ CollectiveCost nccl_cost(const Hardware& hw, CollectiveKind kind, size_t size, i
     if (!all_reduce) continue;
     // The tree: up and down a chain of each node's GPUs and a binary tree
     // of the nodes; the whole buffer twice, at a corrected bandwidth.
-    const double tree_inter = kTree[p].net;
     const double tree_latency =
-        kTree[p].base + 2.0 * ((ppn - 1) * hop(kTree[p]) + std::max(0, log2_down(nodes)) * tree_inter);
+        kTree[p].base + 2.0 * ((ppn - 1) * hop(kTree[p]) + std::max(0, log2_down(nodes)) * kTree[p].net);
     double tree_bw = 0.92 * bw;
     if (p == LL) tree_bw = std::min(tree_bw / 3.8, ll_most);
     if (p == LL128) tree_bw *= nodes == 1 ? 7.0 / 9.0 : 120.0 / 128.0;
@@ -113,13 +120,14 @@ CollectiveCost nccl_cost(const Hardware& hw, CollectiveKind kind, size_t size, i
     ways.push_back({"tree", p, tree_latency, 2.0 * bytes, tree_bw});
   }
   // NVLS: the all-reduce in the NVSwitch; across nodes NVLS inside each
-  // and a tree between them. A node needs two of the group's GPUs.
+  // and a tree between them (over two nodes, both NICs of a pair carry it).
+  // A node needs two of the group's GPUs.
   if (nvls && all_reduce && per_node > 1) {
     const double nvls_bw = hw.intra_node_all_reduce_busbw_gb_per_s;
     if (nodes == 1) ways.push_back({"NVLS", Simple, kNvls.nvlink, ring_bytes(kind, size, n), nvls_bw});
     else
       ways.push_back({"NVLS tree", Simple, kNvlsTree.nvlink + 2.0 * log2_down(nodes) * kNvlsTree.net,
-                      ring_bytes(kind, size, n), across(nvls_bw)});
+                      ring_bytes(kind, size, n), across(nvls_bw, nodes == 2 ? 2 : 1)});
   }
   // PAT: an all-gather or reduce-scatter among one GPU a node, in log
   // steps (and still a part that grows with the ranks).

@@ -140,9 +140,11 @@ Hardware parse_hardware(const std::string& text, const std::string& where) {
     if (!seen.count(k)) missing.push_back(k);
   for (const auto& [k, member] : whole)
     if (!seen.count(k)) missing.push_back(k);
+  // Without `collectives` the latencies' need is unknown: that key alone is named.
+  const bool ring_known = ring && seen.count("collectives");
   for (const auto& [k, member] : numeric)
-    if (!seen.count(k) && (ring || std::find(std::begin(kRingOnlyKeys), std::end(kRingOnlyKeys), k) ==
-                                       std::end(kRingOnlyKeys)))
+    if (!seen.count(k) && (ring_known || std::find(std::begin(kRingOnlyKeys), std::end(kRingOnlyKeys), k) ==
+                                             std::end(kRingOnlyKeys)))
       missing.push_back(k);
   if (!missing.empty()) {
     std::string list;

@@ -24,10 +24,11 @@
 //             algorithm and protocol NCCL's tuning model picks (a ring
 //             profile: a ring's): a latency that grows with its steps
 //             (NVLink's, the network's for a step that crosses nodes) +
-//             bytes / bus bandwidth (collective_cost.cpp), over NVLink when
-//             the group lies inside one node (at its kind's bus bandwidth),
-//             else over the network: the NICs of the group's GPUs in a
-//             node, one each (NCCL spreads its rings over them).
+//             bytes / bus bandwidth (collective_cost.cpp), over the node's
+//             fabric (NVLink or PCIe) when the group lies inside one node
+//             (at its kind's bus bandwidth), else over the network: the NICs
+//             of the group's GPUs in a node, one each (NCCL spreads its
+//             rings over them).
 //   copy      host<->device copies: PCIe, pinned or pageable host memory; an
 //             async copy to the host starts after the ops issued before it.
 //   host      what the host waits for: a blocking copy, a collective or a

@@ -1,8 +1,8 @@
 // A collective's time on a GPU profile (modeled/collective_cost.cpp): the
 // algorithm and protocol NCCL's tuning model picks, and its time, against
-// sums done here from NCCL's tables (src/graph/tuning.cc, NCCL 2.30) as
-// hardware/README.md gives them. The ring profile's collectives:
-// test_modeled_comm.cpp.
+// sums done here from NCCL's tables (src/graph/tuning.cc, NCCL 2.30; the
+// ring's and the tree's latencies are in hardware/README.md). The ring
+// profile's collectives: test_modeled_comm.cpp.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -60,7 +60,7 @@ TEST(CollectiveCost, AnAllReduceInAHopperNodeTakesNvls) {
 // LL is capped at 20.4 GB/s over more than two nodes. A step inside a node
 // costs at least NCCL's network overhead (1 µs, 3 with Simple).
 TEST(CollectiveCost, ARingOverThousandsOfGpusPaysItsStepsLatency) {
-  const double bytes = 400e6, moved = bytes * 4095 / 4096, bw = 8 * 45;  // 8 NICs a node, under NVLink's 350
+  const double bytes = 400e6, moved = bytes * 4095 / 4096, bw = 8 * 45;  // 8 NICs a node, over NVLink's 350
   const CollectiveCost c = collective_cost(h100(), CollectiveKind::all_gather, size_t(bytes), 4096, 512, 8);
   const double ll128 = (14 + 3584 * 1.9 + 511 * 4.0) * us + moved / (0.92 * 350 * GB);
   expect_way(c, "ring", "LL128", ll128);
@@ -72,11 +72,11 @@ TEST(CollectiveCost, ARingOverThousandsOfGpusPaysItsStepsLatency) {
 }
 
 // An all-reduce across 64 A100 nodes takes the tree (log2 of the nodes,
-// not their number): LL128 at 1 MiB, whose bandwidth NCCL corrects by 0.6
-// at that size (64 B · 2^14).
+// not their number): LL128 at 4 MiB, whose bandwidth NCCL corrects by 0.8
+// at that size (64 B · 2^16; 0.6 and 0.9 beside it).
 TEST(CollectiveCost, AnAllReduceAcrossNodesTakesTheTree) {
-  const double bytes = double(1 << 20);
-  const double bw = 0.92 * std::min(235.0, 8 * 22.5) * 120 / 128 * 0.6;
+  const double bytes = double(4 << 20);
+  const double bw = 0.92 * std::min(235.0, 8 * 22.5) * 120 / 128 * 0.8;
   const CollectiveCost c = collective_cost(a100(), CollectiveKind::all_reduce, size_t(bytes), 512, 64, 8);
   expect_way(c, "tree", "LL128", (14 + 2 * (7 * 1.25 + 6 * 8.5)) * us + 2 * bytes / (bw * GB));
   const double ring_ll128 = (14 + (1022 - 126) * 1.9 + 126 * 4.0) * us;  // its latency alone
@@ -93,8 +93,8 @@ TEST(CollectiveCost, AmongOneGpuANodeASmallAllGatherTakesPat) {
   EXPECT_LT(c.seconds, ring_ll);
 }
 
-// Over PCIe (L40S) NCCL has no LL128; a large all-reduce across two nodes
-// of 8 rings at the 20 GB/s of the node's PCIe, two NICs' 11 GB/s each
+// Over PCIe (L40S) NCCL has no LL128; a large all-gather across two nodes
+// of 8 rings at the 20 GB/s of the node's PCIe, eight NICs' 11 GB/s each
 // being 88 GB/s across.
 TEST(CollectiveCost, OverPcieThereIsNoLL128) {
   const Hardware l40s = load_hardware("l40s");
@@ -105,6 +105,23 @@ TEST(CollectiveCost, OverPcieThereIsNoLL128) {
   const double bytes = 1e9, moved = bytes * 15 / 16;
   expect_way(collective_cost(l40s, CollectiveKind::all_gather, size_t(bytes), 16, 2, 8), "ring", "Simple",
              (8.4 + 14 * std::max(5.7, 3.0) + 1 * 14) * us + moved / (20 * GB));
+}
+
+// Across two nodes a step inside a node costs at least NCCL's network
+// overhead (1 µs with LL, not NVLink's 0.6), and LL is capped at 39 GB/s.
+TEST(CollectiveCost, AcrossNodesAStepCostsAtLeastTheNetworksOverhead) {
+  const double bytes = 8192, moved = bytes * 15 / 16;
+  expect_way(collective_cost(h100(), CollectiveKind::all_gather, size_t(bytes), 16, 2, 8), "ring", "LL",
+             (6.6 + 14 * 1.0 + 1 * 2.7) * us + moved / (39 * GB));
+}
+
+// Across two Hopper nodes an all-reduce takes the NVLS tree: NVLS in each
+// node, and the two nodes' NICs in pairs, twice one node's (16 x 45 GB/s,
+// above NVLS's 460).
+TEST(CollectiveCost, AnAllReduceAcrossTwoHopperNodesTakesTheNvlsTree) {
+  const double bytes = double(1 << 30), moved = 2 * bytes * 15 / 16;
+  expect_way(collective_cost(h100(), CollectiveKind::all_reduce, size_t(bytes), 16, 2, 8), "NVLS tree", "Simple",
+             (25 + 2 * 1 * 20.9) * us + moved / (460 * GB));
 }
 
 }  // namespace

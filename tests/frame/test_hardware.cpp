@@ -100,6 +100,13 @@ TEST(Hardware, TheCollectivesAreNamedAndOnlyARingGivesItsLatencies) {
   for (std::string l; std::getline(in, l);)
     if (l.find("node_latency_us") == std::string::npos) without += l + "\n";
   EXPECT_EQ(error_of(without), "");
+  std::string unnamed;  // neither the collectives nor the latencies: only the first is asked for
+  std::istringstream lines(without);
+  for (std::string l; std::getline(lines, l);)
+    if (l.rfind("collectives =", 0) != 0) unnamed += l + "\n";
+  const std::string asked = error_of(unnamed);
+  EXPECT_NE(asked.find("missing key collectives"), std::string::npos) << asked;
+  EXPECT_EQ(asked.find("latency"), std::string::npos) << asked;
   EXPECT_EQ(parse_hardware(without, "x.hw").collectives, Hardware::Collectives::nccl_nvlink);
 }
 

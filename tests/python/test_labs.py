@@ -99,12 +99,13 @@ def nccl_seconds(kind, nbytes, node, n=8, latency=True, protocols=("LL", "LL128"
         ring["LL128"] = (14 + steps * 1.9, moved, 0.92 * bw)
     ways = [(p, w) for p, w in ring.items()]
     if kind == "all_reduce":  # a chain of the node's GPUs, up and down; NVLS in a Hopper node
-        i = max(0, (nbytes // 64).bit_length() - 1)
+        i = (nbytes // 64).bit_length() - 1  # none under 64 B
         hop = {"LL": 0.6 if nvlink else 1.0, "LL128": 1.25, "Simple": 4.0}
         base = {"LL": 6.8, "LL128": 14, "Simple": 8.4}
         tree_bw = {"LL": min(0.92 * bw / 3.8, node["ll_most"]), "LL128": 0.92 * bw * 7 / 9, "Simple": 0.92 * bw}
         for p in ring:
-            ways.append((p, (base[p] + 2 * (n - 1) * hop[p], 2 * nbytes, tree_bw[p] * TREE_CORRECTION[p][i])))
+            correction = TREE_CORRECTION[p][i] if i >= 0 else 1.0
+            ways.append((p, (base[p] + 2 * (n - 1) * hop[p], 2 * nbytes, tree_bw[p] * correction)))
         if node["nvls"]:
             ways.append(("Simple", (25, moved, node["nvls"])))
     return min((1 if latency else 0) * l * 1e-6 + m / (b * 1e9) for p, (l, m, b) in ways if p in protocols)
@@ -220,7 +221,7 @@ class WrongPredictionsFail(LabTestCase):
         self.fails(3, "--predict", f"reduce_scatter={3 / 4 * 2 * P!r}", naming=["prediction reduce_scatter"])
 
     def test_time_without_the_latencies(self):
-        # the bytes over the bus bandwidth alone: NCCL's latencies are a fifth of NVLink's time
+        # the bytes over the bus bandwidth alone: NCCL's latencies are a third of NVLink's time
         bytes_only = zero3_comm_ms(H100, latency=False)
         self.assertGreater(TIME_PREDICTIONS["nvlink.comm_ms"] / bytes_only, 1.1)
         self.fails(8, "--predict", f"nvlink.comm_ms={bytes_only!r}", naming=["prediction nvlink.comm_ms"])
