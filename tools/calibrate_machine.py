@@ -120,6 +120,7 @@ def profile_text(gflops, mem_gbs, busbw, latency, memcpy, adamw_rate, cores):
         line("sm_count", 1, "a rank is a core, which computes one tile at a time"),
         line("gemm_tile_m", 1, "no tiles: every product at the sgemm rate"),
         line("gemm_tile_n", 1, "likewise"),
+        line("collective_sms", 0, "the threads backend's collectives run on threads of their own"),
         line("flash_forward_tflops", gflops / 1e3, "the sgemm rate (bf16 computes as f32 on the CPU device)"),
         line("flash_backward_tflops", gflops / 1e3, "likewise"),
         line("memory_efficiency", 1, "likewise"),

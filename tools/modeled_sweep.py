@@ -322,13 +322,17 @@ def step_ratio_words(rows, pcie_rows, stage):
 
 
 def exposed_range_words(pcie_rows, stage):
-    """`stage`'s exposed communication on the PCIe card at the series' smallest and largest N."""
+    """How `stage`'s exposed communication on the PCIe card grows from the series' smallest N to its
+    largest: "hardly grows with N on it (...)" while it stays within 2 % of the step, else "grows with N
+    on it (...)"."""
     rs = [r for r in pcie_rows if r["stage"] == stage and r["model"] == pcie_rows[0]["model"]]
     if not rs:
-        return "not run"
+        return "was not run on it"
     lo, hi = rs[0], rs[-1]
-    return "%.1f ms of %.1f at N = {:,} on %s, %.1f of %.1f at N = {:,}".format(lo["ranks"], hi["ranks"]) % (
-        lo["exposed_ms"], lo["ms"], label(lo["hardware"]), hi["exposed_ms"], hi["ms"])
+    how = "hardly grows" if hi["exposed_ms"] / hi["ms"] - lo["exposed_ms"] / lo["ms"] < 0.02 else "grows"
+    return "%s with N on it (%.1f ms of %.1f at N = {:,} on %s, %.1f of %.1f at N = {:,})".format(
+        lo["ranks"], hi["ranks"]) % (how, lo["exposed_ms"], lo["ms"], label(lo["hardware"]), hi["exposed_ms"],
+                                     hi["ms"])
 
 
 def docs_page(rows, pcie_rows, knob_rows, mem, pictures):
@@ -366,8 +370,7 @@ def docs_page(rows, pcie_rows, knob_rows, mem, pictures):
         "",
         "The same runs on L40S: a PCIe card with no NVLink, eight to a node, its nodes on Ethernet. Its "
         "steps are longer to begin with, %s (slower tensor cores and memory; MFU is against each card's own "
-        "peak), and data parallel's one all-reduce a step, under the backward, hardly grows with N on it "
-        "(%s). ZeRO-3 moves one and a half times data parallel's bytes (each unit's parameters gathered in "
+        "peak), and data parallel's one all-reduce a step, under the backward, %s. ZeRO-3 moves one and a half times data parallel's bytes (each unit's parameters gathered in "
         "the forward and again in the backward, its gradients reduce-scattered), and each unit's compute "
         "waits for its gather: on NVLink and InfiniBand that hides under the previous unit's compute, over "
         "PCIe and Ethernet it shows from the first node. ZeRO-3's exposed communication is, %s. Beyond that, "

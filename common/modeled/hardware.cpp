@@ -45,7 +45,8 @@ std::map<std::string, int Hardware::*> whole_keys() {
   return {{"gpus_per_node", &Hardware::gpus_per_node},
           {"sm_count", &Hardware::sm_count},
           {"gemm_tile_m", &Hardware::gemm_tile_m},
-          {"gemm_tile_n", &Hardware::gemm_tile_n}};
+          {"gemm_tile_n", &Hardware::gemm_tile_n},
+          {"collective_sms", &Hardware::collective_sms}};
 }
 
 // Every other numeric key and where its value goes.
@@ -114,6 +115,7 @@ Hardware parse_hardware(const std::string& text, const std::string& where) {
       continue;
     }
     const std::optional<double> v = decimal_number(value);
+    if (key == "collective_sms" && v && *v == 0) continue;  // a count that may be none
     USAGE_REQUIRE(v && *v > 0, where << ":" << n << ": '" << key << "' must be a positive number written in decimal, "
                                         "such as 900 or 2.5e-3 (got '" << printable(value) << "')");
     if (whole.count(key)) {
@@ -128,6 +130,9 @@ Hardware parse_hardware(const std::string& text, const std::string& where) {
       hw.*numeric.at(key) = *v;
     }
   }
+  USAGE_REQUIRE(hw.collective_sms < hw.sm_count || !seen.count("sm_count") || !seen.count("collective_sms"),
+                where << ":" << seen["collective_sms"] << ": 'collective_sms' (" << hw.collective_sms
+                      << ") must leave the ops some of the " << hw.sm_count << " SMs (sm_count)");
   // NCCL's step latencies are its tuning model's (collective_cost.cpp): a
   // profile that gave its own would not be read.
   const bool ring = hw.collectives == Hardware::Collectives::ring;

@@ -25,6 +25,10 @@ struct Hardware {
   // (measured), and how cuBLAS cuts its result into tiles over the SMs.
   double gemm_efficiency = 0;
   int sm_count = 0, gemm_tile_m = 0, gemm_tile_n = 0;
+  // The SMs a running collective's kernel holds (NCCL's thread blocks, one
+  // a channel): the ops beside it run on the others. 0: none (the threads
+  // backend's collectives run on threads of their own).
+  int collective_sms = 0;
   // Flash attention in bf16: the kernel's measured rates, forward and backward.
   double flash_forward_tflops = 0, flash_backward_tflops = 0;
   double memory_efficiency = 0;  // the fraction of HBM bandwidth a streaming kernel reaches

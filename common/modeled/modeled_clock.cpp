@@ -24,22 +24,25 @@ double op_seconds(const Hardware& hw, double math, double bytes) {
   return std::max(math, memory) + hw.launch_us * 1e-6;
 }
 
-double arithmetic_seconds(const Hardware& hw, double flops, bool tensor, DType compute) {
+// The peak's share that `sms` of the SMs have (0: all).
+double share(const Hardware& hw, int sms) { return sms > 0 ? double(sms) / hw.sm_count : 1.0; }
+
+double arithmetic_seconds(const Hardware& hw, double flops, bool tensor, DType compute, int sms) {
   const double peak = (tensor && compute == DType::bf16 ? hw.peak_tflops_bf16 : hw.peak_tflops_f32) * 1e12;
-  return flops / (peak * hw.gemm_efficiency);
+  return flops / (peak * hw.gemm_efficiency * share(hw, sms));
 }
 
-double gemm_seconds(const Hardware& hw, double M, double N, double K, DType compute) {
+double gemm_seconds(const Hardware& hw, double M, double N, double K, DType compute, int sms) {
   const double tiles = std::ceil(M / hw.gemm_tile_m) * std::ceil(N / hw.gemm_tile_n);
-  const double waves = std::ceil(tiles / hw.sm_count);
+  const double waves = std::ceil(tiles / (sms > 0 ? sms : hw.sm_count));
   // A wave: every SM one tile, the full K, at its share of the GEMM rate.
   const double wave = arithmetic_seconds(hw, 2.0 * hw.gemm_tile_m * hw.gemm_tile_n * K * hw.sm_count, true, compute);
   return waves * wave;
 }
 
-double flash_attention_seconds(const Hardware& hw, double flops, bool backward, DType compute) {
-  if (compute != DType::bf16) return arithmetic_seconds(hw, flops, true, compute);
-  return flops / ((backward ? hw.flash_backward_tflops : hw.flash_forward_tflops) * 1e12);
+double flash_attention_seconds(const Hardware& hw, double flops, bool backward, DType compute, int sms) {
+  if (compute != DType::bf16) return arithmetic_seconds(hw, flops, true, compute, sms);
+  return flops / ((backward ? hw.flash_backward_tflops : hw.flash_forward_tflops) * 1e12 * share(hw, sms));
 }
 
 double copy_seconds(const Hardware& hw, size_t bytes, bool pinned) {
@@ -114,12 +117,36 @@ std::string modeled_trace_events(int rank, const RankClock& clock) {
 
 // ---- timelines
 
-void RankClock::compute(double s, const char* name) {
+void RankClock::compute(double s, const char* name, double shared) {
   if (!running_) return;
   const double start = std::max(compute_, host_);
   compute_ = start + s;
   compute_busy_ += s;
   span(kComputeTrack, name, start, compute_);
+  if (!issued_.empty() && shared > s) beside_.push_back({start, compute_, shared - s});
+}
+
+void RankClock::collective_issued(double ready) {
+  if (running_) issued_.insert(ready);
+}
+
+void RankClock::collective_ran(double ready, double start, double end) {
+  auto it = issued_.find(ready);
+  if (it == issued_.end()) return;  // issued before the steps
+  issued_.erase(it);
+  double late = 0;
+  for (const Beside& op : beside_) {
+    const double overlap = std::min(op.end, end) - std::max(op.start, start);
+    if (overlap > 0) late += op.extra * overlap / (op.end - op.start);
+  }
+  if (late > 0) {
+    const double from = compute_;
+    compute_ += late;
+    compute_busy_ += late;
+    span(kComputeTrack, "SMs held by a collective", from, compute_);
+  }
+  // An op that ended before every collective still running was issued ran beside none.
+  while (!beside_.empty() && (issued_.empty() || beside_.front().end <= *issued_.begin())) beside_.pop_front();
 }
 
 void RankClock::blocking_copy(double s, bool to_host) {

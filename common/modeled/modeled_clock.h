@@ -13,7 +13,10 @@
 //             bf16 at the kernel's measured rate, anything else its flops
 //             at peak · gemm_efficiency (the bf16 tensor cores for the simple
 //             attention's products in bf16, else the FP32 rate); it starts
-//             when the compute queue and the host are both there.
+//             when the compute queue and the host are both there. An op
+//             that ran beside a collective of the rank runs, for that
+//             share of its time, on the SMs the collective's kernel leaves
+//             (collective_sms): charged when the collective is waited for.
 //   comm      each communicator is a queue of its own, shared by the group:
 //             a collective starts once every member has issued it (each
 //             member's compute queue as it was at the issue: a rank that is
@@ -68,8 +71,10 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -87,17 +92,18 @@ namespace zf {
 double op_seconds(const Hardware& hw, double math, double bytes);
 // `flops` at the peak times the GEMM efficiency: the tensor cores' bf16
 // peak for a matrix product or attention (tensor) computed in bf16, else
-// the FP32 rate.
-double arithmetic_seconds(const Hardware& hw, double flops, bool tensor, DType compute);
+// the FP32 rate. On `sms` of the SMs (0: all), at their share of it.
+double arithmetic_seconds(const Hardware& hw, double flops, bool tensor, DType compute, int sms = 0);
 // A matrix product of an M x N result over K, as cuBLAS runs it: the result
 // cut into tiles of gemm_tile_m x gemm_tile_n, each SM one tile at a time
 // over the whole K; the last wave's idle SMs and the tiles' overhang past M
 // and N cost as much as work (NVIDIA's "Matrix Multiplication Background"
-// guide: tile and wave quantization).
-double gemm_seconds(const Hardware& hw, double M, double N, double K, DType compute);
+// guide: tile and wave quantization). On `sms` of the SMs (0: all): its
+// waves are of that many tiles.
+double gemm_seconds(const Hardware& hw, double M, double N, double K, DType compute, int sms = 0);
 // Flash attention's `flops`: in bf16 at the kernel's measured rate, else
-// as arithmetic_seconds.
-double flash_attention_seconds(const Hardware& hw, double flops, bool backward, DType compute);
+// as arithmetic_seconds; on `sms` of the SMs (0: all), at their share.
+double flash_attention_seconds(const Hardware& hw, double flops, bool backward, DType compute, int sms = 0);
 // One collective of `bytes` (comm.h's full buffer) over n ranks on `nodes`
 // nodes, per_node of them on the node that has the fewest, as the profile's
 // `collectives` run it (collective_cost.cpp): its time, and the algorithm
@@ -124,8 +130,16 @@ class RankClock final : public RunHooks, public HostClock {
   // This rank's part of its host's CPU (the host's rates are the whole CPU's).
   double host_share() const { return host_share_; }
 
-  // An op of the device that takes `s`.
-  void compute(double s, const char* name = "op");
+  // An op of the device that takes `s`, or `shared` on the SMs a running
+  // collective leaves (collective_sms; -1: as long).
+  void compute(double s, const char* name = "op", double shared = -1);
+  // A collective was issued when the compute queue was at `ready`: the ops
+  // issued until it is waited for may run beside it.
+  void collective_issued(double ready);
+  // That collective ran from `start` to `end`: each op that ran beside it
+  // takes, for the share of its time they overlapped, its shared time; the
+  // compute queue is late by the sum (a span "SMs held by a collective").
+  void collective_ran(double ready, double start, double end);
   // A blocking copy: after everything on the device, then the host goes on.
   void blocking_copy(double s, bool to_host);
   // An async copy; returns when it ends. to_host: after the ops issued before it.
@@ -212,6 +226,14 @@ class RankClock final : public RunHooks, public HostClock {
   double host_ = 0, compute_ = 0, copy_ = 0;
   double compute_busy_ = 0, copy_busy_ = 0, host_busy_ = 0, exposed_comm_ = 0;
   std::vector<double> queue_busy_, last_queue_busy_;  // each communicator queue's busy time; "comm" is their sum
+  // The collectives issued and not yet waited for (their ready times), and
+  // the ops issued since the oldest of them: when, and how much longer each
+  // takes on the SMs a collective leaves.
+  std::multiset<double> issued_;
+  struct Beside {
+    double start, end, extra;
+  };
+  std::deque<Beside> beside_;
   // The disk's queue: by the host, or by the forked work while it runs
   // (the host then issues none; thread start and join order the two).
   double disk_ = 0, disk_busy_ = 0;

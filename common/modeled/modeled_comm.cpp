@@ -478,7 +478,12 @@ class ModeledCommunicator final : public Communicator {
       else if (std::optional<double> end = last.group->hold(last.seq)) after_end = std::max(after_end, *end);
       else after.push_back({last.group, last.seq});
     }
-    group_->post(issued_, rank_, clock_.compute_now(), kind, bytes, free, after_end, std::move(after));
+    const double ready = clock_.compute_now();
+    group_->post(issued_, rank_, ready, kind, bytes, free, after_end, std::move(after));
+    if (!free) {
+      ready_[issued_] = ready;
+      clock_.collective_issued(ready);
+    }
     for (int l = 0; l < 2; ++l)
       if (links & (1 << l)) links_->last[l] = {group_, issued_, false, 0};
     return issued_++;
@@ -489,6 +494,10 @@ class ModeledCommunicator final : public Communicator {
     const auto [end, seconds] = group_->end_of(seq, clock_.hardware());
     for (RankLinks::Last& last : links_->last)
       if (last.group == group_ && last.seq == seq) last.ended = true, last.end = end;
+    if (auto it = ready_.find(seq); it != ready_.end()) {  // its kernel held SMs while it ran
+      clock_.collective_ran(it->second, end - seconds, end);
+      ready_.erase(it);
+    }
     clock_.wait_collective(end);
     clock_.collective(queue_, kind, seconds, end);
     std::lock_guard<std::mutex> lock(stats_mu_);
@@ -529,6 +538,7 @@ class ModeledCommunicator final : public Communicator {
   int links_used_ = -1;  // ClockGroup::links, once known
   std::thread::id owner_;  // the rank's thread, which alone charges its clock: the one that issues
   uint64_t issued_ = 0, splits_ = 0;
+  std::map<uint64_t, double> ready_;  // the collectives issued in the steps, not yet waited for: their ready times
 };
 
 }  // namespace

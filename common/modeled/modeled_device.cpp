@@ -122,7 +122,7 @@ class ModeledDevice final : public DeviceDecorator {
   void matmul_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
                       int OC) override {
     in_->matmul_forward(out, inp, weight, bias, N, IC, OC);
-    timed("matmul_forward", gemm_seconds(hw(), N, OC, IC, compute_),
+    timed("matmul_forward", [&](int sms) { return gemm_seconds(hw(), N, OC, IC, compute_, sms); },
           (double(N) * IC + double(IC) * OC + double(N) * OC + OC) * e());
   }
   // dinp [N,IC] = dout · weight over OC, and dweight [OC,IC] = dout^T · inp
@@ -130,7 +130,8 @@ class ModeledDevice final : public DeviceDecorator {
   void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                        const void* weight, int N, int IC, int OC) override {
     in_->matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
-    timed("matmul_backward", gemm_seconds(hw(), N, IC, OC, compute_) + gemm_seconds(hw(), OC, IC, N, compute_),
+    timed("matmul_backward",
+          [&](int sms) { return gemm_seconds(hw(), N, IC, OC, compute_, sms) + gemm_seconds(hw(), OC, IC, N, compute_, sms); },
           (double(N) * OC + 3.0 * N * IC + 3.0 * IC * OC + 2.0 * OC) * e());
   }
   // Q·K^T and P·V over [B,H,T,T]: 4·B·T²·C FLOPs for the whole square (the
@@ -141,10 +142,12 @@ class ModeledDevice final : public DeviceDecorator {
     in_->attention_forward(out, saved, scratch, qkv, B, T, C, H);
     const double io = 4.0 * B * T * C * e();
     if (attention_ == AttentionForm::flash)
-      timed("attention_forward", flash_attention_seconds(hw(), 2.0 * B * T * double(T) * C, false, compute_),
+      timed("attention_forward",
+            [&](int sms) { return flash_attention_seconds(hw(), 2.0 * B * T * double(T) * C, false, compute_, sms); },
             io + 4.0 * B * H * T);
     else
-      timed("attention_forward", arithmetic_seconds(hw(), 4.0 * B * T * double(T) * C, true, compute_),
+      timed("attention_forward",
+            [&](int sms) { return arithmetic_seconds(hw(), 4.0 * B * T * double(T) * C, true, compute_, sms); },
             io + double(B) * H * double(T) * T * e());
   }
   void attention_backward(void* dqkv, float* scratch, const void* dout, const void* out, const void* qkv,
@@ -153,10 +156,12 @@ class ModeledDevice final : public DeviceDecorator {
     const double io = 11.0 * B * T * C * e();
     // The simple form reads the probabilities and writes their gradient through the softmax's.
     if (attention_ == AttentionForm::flash)
-      timed("attention_backward", flash_attention_seconds(hw(), 5.0 * B * T * double(T) * C, true, compute_),
+      timed("attention_backward",
+            [&](int sms) { return flash_attention_seconds(hw(), 5.0 * B * T * double(T) * C, true, compute_, sms); },
             io + 4.0 * B * H * T);
     else
-      timed("attention_backward", arithmetic_seconds(hw(), 8.0 * B * T * double(T) * C, true, compute_),
+      timed("attention_backward",
+            [&](int sms) { return arithmetic_seconds(hw(), 8.0 * B * T * double(T) * C, true, compute_, sms); },
             io + 3.0 * B * H * double(T) * T * e());
   }
   void gelu_forward(void* out, const void* inp, size_t n) override {
@@ -187,11 +192,17 @@ class ModeledDevice final : public DeviceDecorator {
 
   double e() const { return esize(compute_); }
   const Hardware& hw() const { return clock_.hardware(); }
-  // An op whose arithmetic takes `math` seconds.
-  void timed(const char* name, double math, double bytes) { clock_.compute(op_seconds(hw(), math, bytes), name); }
+  // An op whose arithmetic takes math(sms) seconds on `sms` of the SMs:
+  // charged on all of them, and (should a collective run beside it) on
+  // those a collective leaves; its memory traffic is the same either way.
+  template <class Math>
+  void timed(const char* name, Math math, double bytes) {
+    const int all = hw().sm_count, left = all - hw().collective_sms;
+    clock_.compute(op_seconds(hw(), math(all), bytes), name, op_seconds(hw(), math(left), bytes));
+  }
   // An op of `flops` on the FP32 units (everything but matrix products and attention).
   void op(const char* name, double flops, double bytes) {
-    timed(name, arithmetic_seconds(hw(), flops, false, compute_), bytes);
+    timed(name, [&](int sms) { return arithmetic_seconds(hw(), flops, false, compute_, sms); }, bytes);
   }
   bool is_pinned(const void* host) const {
     const uintptr_t p = reinterpret_cast<uintptr_t>(host);

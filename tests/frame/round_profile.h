@@ -16,6 +16,7 @@ gemm_efficiency = 0.5
 sm_count = 1
 gemm_tile_m = 1
 gemm_tile_n = 1
+collective_sms = 0
 flash_forward_tflops = 50
 flash_backward_tflops = 50
 memory_efficiency = 0.5

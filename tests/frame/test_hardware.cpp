@@ -124,6 +124,11 @@ TEST(Hardware, NumbersAreDecimalOnly) {
   EXPECT_NE(big.find("'gpus_per_node' must be at most 1000000"), std::string::npos) << big;
   EXPECT_EQ(big.find("whole number"), std::string::npos) << big;
   EXPECT_EQ(error_of(with_line("launch_us", "launch_us = 2.5e+1")), "");
+  // The SMs a collective holds may be none, and must leave the ops some.
+  EXPECT_EQ(error_of(with_line("collective_sms", "collective_sms = 0")), "");
+  const std::string all = error_of(with_line("collective_sms", "collective_sms = 1"));  // sm_count = 1
+  EXPECT_NE(all.find("'collective_sms' (1) must leave the ops some of the 1 SMs"), std::string::npos) << all;
+  EXPECT_NE(error_of(with_line("collective_sms", "collective_sms = -1")).find("collective_sms"), std::string::npos);
 }
 
 // A name is printed in headers and logs: control bytes come out escaped.

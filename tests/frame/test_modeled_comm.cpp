@@ -143,6 +143,33 @@ TEST(ModeledClock, TwoQueuesShareALink) {
   for (int r = 0; r < 8; ++r) EXPECT_DOUBLE_EQ(two_nodes[size_t(r)], (T + world) * 1e3) << "rank " << r;
 }
 
+// A running collective's kernel holds collective_sms of the SMs: a matrix
+// product beside it runs its waves on the others. Four tiles on four SMs
+// are one wave; on the three a collective leaves, two (the "tail effect"
+// of a GEMM sized to the SMs). The op pays that for the share of its time
+// the collective ran, at the collective's wait.
+TEST(ModeledClock, AProductBesideACollectiveRunsOnTheSmsItLeaves) {
+  Hardware hw = round_machine();  // 1x1 tiles, efficiency 0.5, launch 2 µs; one node of 4
+  hw.sm_count = 4;
+  hw.peak_tflops_f32 = 1e-6;  // 1 MFLOP/s: a wave of 4 tiles over K = 250 is 2000 FLOPs, 4 ms
+  hw.intra_node_all_gather_busbw_gb_per_s = 1e-3;  // 1 MB/s: 2048 ring bytes take 2.048 ms
+  const double wave = 2000 / 0.5e6, op = wave + 2e-6, collective = 1e-6 + 2048 / 1e6;
+  EXPECT_DOUBLE_EQ(gemm_seconds(hw, 4, 1, 250, DType::f32, 3), 2 * gemm_seconds(hw, 4, 1, 250, DType::f32));
+  for (int sms : {0, 1}) {
+    hw.collective_sms = sms;
+    const auto ms = run_modeled(hw, 2, [&](Rank& rank, int r) {
+      std::vector<float> mine(512, float(r)), all(1024);
+      rank.lap_ms();
+      CommHandle h = rank.comm->all_gather_async(mine.data(), all.data(), 512, DType::f32);
+      test::matmul(rank, 4, 250, 1);  // [0, op], beside the collective's [0, collective]
+      h.wait();
+    });
+    // The op's extra wave (4 ms) for the collective's share of its time.
+    const double late = sms ? wave * collective / op : 0.0;
+    for (double m : ms) EXPECT_NEAR(m, (op + late) * 1e3, 1e-9) << "collective_sms " << sms;
+  }
+}
+
 // Each communicator is a queue of its own: the step's phases give each
 // queue's busy time ("comm qK", K as the trace's tracks: 0 the world's),
 // "comm" their sum, and two queues' collectives run at once.

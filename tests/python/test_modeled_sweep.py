@@ -102,6 +102,15 @@ class SweepTest(unittest.TestCase):
                 l40s[-1]["ms"], 100 * l40s[-1]["mfu"], l40s[-1]["phases_ms"]["exposed comm"],
                 l40s[-1]["ms"] / h100[-1]["ms"]), modeled_sweep.side_by_side(self.sweep["runs"], pcie))
 
+    def test_the_page_says_whether_the_exposed_time_grows(self):
+        # Within 2 % of the step from the first N to the last: "hardly grows"; else "grows".
+        def rows(lo, hi):
+            return [{"stage": "dp", "model": "m", "hardware": "l40s", "ranks": n, "exposed_ms": e, "ms": 100.0}
+                    for n, e in ((8, lo), (4096, hi))]
+        self.assertTrue(modeled_sweep.exposed_range_words(rows(1.0, 2.5), "dp").startswith("hardly grows with N"))
+        grows = modeled_sweep.exposed_range_words(rows(1.0, 13.0), "dp")
+        self.assertTrue(grows.startswith("grows with N on it (1.0 ms of 100.0 at N = 8"), grows)
+
     def test_a_folder_of_other_files_is_refused(self):
         with tempfile.TemporaryDirectory() as d:
             open(os.path.join(d, "notes.txt"), "w").write("mine")
