@@ -98,7 +98,7 @@ MUTATIONS = [
      "std::max(0, log2_down(nodes)) * kTree[p].net", "(nodes - 1) * kTree[p].net",
      ["clock"], "NCCL's tree all-reduce charged a step a node, as a ring"),
     ("sms_overlap", "common/modeled/modeled_clock.cpp",
-     "if (overlap > 0) late += op.extra * overlap / (op.end - op.start);", "if (overlap > 0) late += op.extra;",
+     "if (b > a) late += op.extra * uncovered(a, b, op.charged) / (op.end - op.start);", "if (b > a) late += op.extra;",
      ["clock"], "an op beside a collective charged the SMs it lent for all its time, not the overlap"),
     ("sms_waves", "common/modeled/modeled_clock.cpp",
      "std::ceil(tiles / (sms > 0 ? sms : hw.sm_count))", "std::ceil(tiles / hw.sm_count)",

@@ -155,7 +155,8 @@ Hardware parse_hardware(const std::string& text, const std::string& where) {
     std::string list;
     for (const std::string& k : missing) list += (list.empty() ? "" : ", ") + k;
     throw UsageError(where + ": missing key" + (missing.size() > 1 ? "s " : " ") + list +
-                     " (every key is described in hardware/README.md)");
+                     " (every key is described in hardware/README.md; a profile that "
+                     "tools/calibrate_machine.py wrote before these keys: run it again)");
   }
   return hw;
 }

@@ -123,21 +123,40 @@ void RankClock::compute(double s, const char* name, double shared) {
   compute_ = start + s;
   compute_busy_ += s;
   span(kComputeTrack, name, start, compute_);
-  if (!issued_.empty() && shared > s) beside_.push_back({start, compute_, shared - s});
+  if (!issued_.empty() && shared > s) beside_.push_back({start, compute_, shared - s, {}});
 }
 
 void RankClock::collective_issued(double ready) {
   if (running_) issued_.insert(ready);
 }
 
+// The part of [a, b] that none of `covered` covers, which then covers it too.
+static double uncovered(double a, double b, std::vector<std::pair<double, double>>& covered) {
+  std::vector<std::pair<double, double>> left{{a, b}};
+  for (const auto& [c0, c1] : covered) {
+    std::vector<std::pair<double, double>> next;
+    for (const auto& [l0, l1] : left) {
+      if (c0 > l0) next.push_back({l0, std::min(l1, c0)});
+      if (c1 < l1) next.push_back({std::max(l0, c1), l1});
+    }
+    left.clear();
+    for (const auto& p : next)
+      if (p.second > p.first) left.push_back(p);
+  }
+  double length = 0;
+  for (const auto& p : left) length += p.second - p.first;
+  covered.insert(covered.end(), left.begin(), left.end());
+  return length;
+}
+
 void RankClock::collective_ran(double ready, double start, double end) {
   auto it = issued_.find(ready);
-  if (it == issued_.end()) return;  // issued before the steps
+  if (it == issued_.end() || !running_) return;  // issued before the steps, or in a step that has ended
   issued_.erase(it);
   double late = 0;
-  for (const Beside& op : beside_) {
-    const double overlap = std::min(op.end, end) - std::max(op.start, start);
-    if (overlap > 0) late += op.extra * overlap / (op.end - op.start);
+  for (Beside& op : beside_) {
+    const double a = std::max(op.start, start), b = std::min(op.end, end);
+    if (b > a) late += op.extra * uncovered(a, b, op.charged) / (op.end - op.start);
   }
   if (late > 0) {
     const double from = compute_;
@@ -343,6 +362,9 @@ void RankClock::skip() {
 
 double RankClock::lap(StepPhases& phases) {
   idle_until(0);
+  // A collective not waited for in its step lends its SMs to no later op.
+  issued_.clear();
+  beside_.clear();
   if (align_) align_();  // every rank's step ends when the slowest rank's does
   ++step_;
   between_ = true;  // until skip(): the stop vote, a save

@@ -139,6 +139,10 @@ class RankClock final : public RunHooks, public HostClock {
   // That collective ran from `start` to `end`: each op that ran beside it
   // takes, for the share of its time they overlapped, its shared time; the
   // compute queue is late by the sum (a span "SMs held by a collective").
+  // Charged at the wait, so a collective issued in between started as if
+  // the ops had not been late. Two collectives at once count as one (the
+  // op's stretch beside either is charged once); one not waited for in its
+  // step charges nothing.
   void collective_ran(double ready, double start, double end);
   // A blocking copy: after everything on the device, then the host goes on.
   void blocking_copy(double s, bool to_host);
@@ -232,6 +236,7 @@ class RankClock final : public RunHooks, public HostClock {
   std::multiset<double> issued_;
   struct Beside {
     double start, end, extra;
+    std::vector<std::pair<double, double>> charged;  // the stretches a collective has charged
   };
   std::deque<Beside> beside_;
   // The disk's queue: by the host, or by the forked work while it runs

@@ -170,6 +170,30 @@ TEST(ModeledClock, AProductBesideACollectiveRunsOnTheSmsItLeaves) {
   }
 }
 
+// Two collectives at once (HSDP: one inside a node on NVLink, one across
+// nodes on the NICs) lend the same SMs: the op's stretch beside both is
+// charged once, so the op beside them for its whole time pays one extra wave.
+TEST(ModeledClock, TwoCollectivesAtOnceAreChargedOnce) {
+  Hardware hw = round_machine();  // as above; 4 GPUs a node, ranks 0-3 and 4-7
+  hw.sm_count = 4;
+  hw.collective_sms = 1;
+  hw.peak_tflops_f32 = 1e-6;
+  hw.intra_node_all_gather_busbw_gb_per_s = 1e-3;  // the node's: 6144 ring bytes, 6.147 ms with 3 µs
+  hw.inter_node_busbw_gb_per_s = 1e-3;             // across, one GPU a node: 2048 bytes, 2.058 ms with 10 µs
+  const double wave = 2000 / 0.5e6, op = wave + 2e-6;
+  const auto ms = run_modeled(hw, 8, [&](Rank& rank, int r) {
+    auto node = rank.comm->split(r / 4, r), across = rank.comm->split(r % 4, r);
+    std::vector<float> mine(512, 1.0f), all4(4 * 512), all2(2 * 512);
+    rank.lap_ms();
+    CommHandle a = node->all_gather_async(mine.data(), all4.data(), 512, DType::f32);
+    CommHandle b = across->all_gather_async(mine.data(), all2.data(), 512, DType::f32);
+    test::matmul(rank, 4, 250, 1);
+    b.wait();  // covers the op's first 2.058 ms
+    a.wait();  // covers all of it: only the rest is new
+  });
+  for (double m : ms) EXPECT_NEAR(m, (op + wave) * 1e3, 1e-9);
+}
+
 // Each communicator is a queue of its own: the step's phases give each
 // queue's busy time ("comm qK", K as the trace's tracks: 0 the world's),
 // "comm" their sum, and two queues' collectives run at once.
