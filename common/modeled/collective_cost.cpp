@@ -167,7 +167,7 @@ CollectiveCost ring_cost(const Hardware& hw, CollectiveKind kind, size_t bytes, 
 }  // namespace
 
 CollectiveCost collective_cost(const Hardware& hw, CollectiveKind kind, size_t bytes, int n, int nodes, int per_node) {
-  if (n <= 1) return {0.0, "none", ""};
+  if (n <= 1) return {0.0, "", ""};  // nothing to run
   if (hw.collectives == Hardware::Collectives::ring) return ring_cost(hw, kind, bytes, n, nodes, per_node);
   return nccl_cost(hw, kind, bytes, n, nodes, per_node);
 }

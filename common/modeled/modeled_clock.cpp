@@ -90,12 +90,16 @@ std::string modeled_trace_events(int rank, const RankClock& clock) {
     events.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", rank}, {"tid", t},
                       {"args", {{"sort_index", sort_index}}}});
   };
-  auto span = [&](const std::string& name, const std::string& cat, int t, double start, double end, int step) {
+  auto span = [&](const std::string& name, const std::string& cat, int t, double start, double end, int step,
+                  const char* algorithm = "", const char* protocol = "") {
     // Whole nanoseconds, as trace.h's times.
     const int64_t start_ns = std::llround(start * 1e9), end_ns = std::llround(end * 1e9);
+    json args = {{"step", step}};
+    if (*algorithm) args["algorithm"] = algorithm;  // a collective's: how NCCL would run it
+    if (*protocol) args["protocol"] = protocol;
     events.push_back({{"ph", "X"}, {"name", name}, {"cat", cat}, {"pid", rank}, {"tid", t},
                       {"ts", double(start_ns) / 1000.0}, {"dur", double(end_ns - start_ns) / 1000.0},
-                      {"args", {{"step", step}}}});
+                      {"args", args}});
   };
   events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"tid", 0},
                     {"args", {{"name", "rank " + std::to_string(rank)}}}});
@@ -111,7 +115,8 @@ std::string modeled_trace_events(int rank, const RankClock& clock) {
   for (const RankClock::UnitSpan& u : clock.unit_spans())
     span((u.forward ? "fwd " : "bwd ") + u.unit, u.forward ? "forward" : "backward", units_tid, u.start, u.end,
          u.step);
-  for (const RankClock::Span& sp : clock.spans()) span(sp.name, category(sp), tid(sp.track), sp.start, sp.end, sp.step);
+  for (const RankClock::Span& sp : clock.spans())
+    span(sp.name, category(sp), tid(sp.track), sp.start, sp.end, sp.step, sp.algorithm, sp.protocol);
   return events.dump();
 }
 
@@ -185,17 +190,19 @@ double RankClock::async_copy(double s, bool to_host) {
   return copy_;
 }
 
-void RankClock::collective(int queue, CollectiveKind kind, double seconds, double end) {
+void RankClock::collective(int queue, CollectiveKind kind, double seconds, double end, const char* algorithm,
+                           const char* protocol) {
   if (!running_) return;
   if (size_t(queue) >= queue_busy_.size()) queue_busy_.resize(queue + 1, 0.0);
   queue_busy_[queue] += seconds;
-  span(kCommTrack + queue, collective_name(kind), end - seconds, end);
+  span(kCommTrack + queue, collective_name(kind), end - seconds, end, algorithm, protocol);
 }
 
-void RankClock::span(int track, const char* name, double start, double end) {
+void RankClock::span(int track, const char* name, double start, double end, const char* algorithm,
+                     const char* protocol) {
   if (!recording_) return;
   if (on_forked_thread()) worker_.spans.push_back({track, name, start, end, worker_.step});  // kept until the join
-  else spans_.push_back({track, name, start, end, between_ ? -1 : step_});
+  else spans_.push_back({track, name, start, end, between_ ? -1 : step_, algorithm, protocol});
 }
 
 namespace {

@@ -156,8 +156,10 @@ class RankClock final : public RunHooks, public HostClock {
   void synchronize();
   // Where the compute queue has got to (a collective issued now starts no earlier).
   double compute_now() const { return std::max(compute_, host_); }
-  // Communicator `queue`'s collective ran `seconds`, ending at `end`.
-  void collective(int queue, CollectiveKind kind, double seconds, double end);
+  // Communicator `queue`'s collective ran `seconds`, ending at `end`, by
+  // `algorithm` and `protocol` (collective_cost's; the trace names them).
+  void collective(int queue, CollectiveKind kind, double seconds, double end, const char* algorithm = "",
+                  const char* protocol = "");
   // A new communicator of the rank (a split): its queue's number.
   int new_queue() { return ++queues_; }
   // Every timeline waits until `t` (not counted as exposed communication).
@@ -202,6 +204,8 @@ class RankClock final : public RunHooks, public HostClock {
     const char* name;
     double start, end;
     int step;
+    const char* algorithm = "";  // a collective's: how it ran
+    const char* protocol = "";
   };
   void record() { recording_ = true; }
   const std::vector<Span>& spans() const { return spans_; }
@@ -226,7 +230,8 @@ class RankClock final : public RunHooks, public HostClock {
   std::vector<Span> spans_;
   std::vector<UnitSpan> units_;
   size_t unit_ops_ = 0;  // where the open unit's spans begin in spans_
-  void span(int track, const char* name, double start, double end);
+  void span(int track, const char* name, double start, double end, const char* algorithm = "",
+            const char* protocol = "");
   double host_ = 0, compute_ = 0, copy_ = 0;
   double compute_busy_ = 0, copy_busy_ = 0, host_busy_ = 0, exposed_comm_ = 0;
   std::vector<double> queue_busy_, last_queue_busy_;  // each communicator queue's busy time; "comm" is their sum

@@ -137,13 +137,19 @@ class ClockGroup {
   // ended and so have those it comes after on its members' links. Called
   // once every member has posted it and every earlier one (the backend's
   // collective is done, or wait_posted returned).
-  std::pair<double, double> end_of(uint64_t seq, const Hardware& hw) {
+  // How a collective ran: its end, its time, and the algorithm and protocol it took.
+  struct Ran {
+    double end, seconds;
+    const char* algorithm;
+    const char* protocol;
+  };
+  Ran end_of(uint64_t seq, const Hardware& hw) {
     resolve(seq, hw);
     std::lock_guard<std::mutex> lock(mu_);
     auto it = entries_.find(seq);
     REQUIRE(it != entries_.end(), "modeled clock: collective #" << seq << " was waited for by more ranks than "
                                                                  << size());
-    const std::pair<double, double> r{it->second.end, it->second.seconds};
+    const Ran r{it->second.end, it->second.seconds, it->second.algorithm, it->second.protocol};
     ++it->second.reads;
     forget(it);
     return r;
@@ -195,6 +201,8 @@ class ClockGroup {
  private:
   struct Entry {
     double ready = 0, end = 0, seconds = 0;
+    const char* algorithm = "";  // collective_cost's choice
+    const char* protocol = "";
     double after_end = 0;      // it starts no earlier (the ends known when it was posted)
     std::vector<After> after;  // nor before these end (held: hold())
     int posted = 0, reads = 0, refs = 0;
@@ -245,7 +253,10 @@ class ClockGroup {
         throw;
       }
       lock.lock();
-      e.seconds = collective_seconds(hw, e.kind, e.bytes, n, nodes_, per_node_);
+      const CollectiveCost cost = collective_cost(hw, e.kind, e.bytes, n, nodes_, per_node_);
+      e.seconds = cost.seconds;
+      e.algorithm = cost.algorithm;
+      e.protocol = cost.protocol;
       e.end = std::max({queue_end_, e.ready, e.after_end, start}) + e.seconds;
       queue_end_ = e.end;
       e.resolving = false;
@@ -441,7 +452,7 @@ class ModeledCommunicator final : public Communicator {
   void align() {
     group_->post(issued_++, rank_, clock_.compute_now(), CollectiveKind::barrier, 0, /*free*/ true);
     meet(issued_ - 1);
-    clock_.idle_until(group_->end_of(issued_ - 1, clock_.hardware()).first);
+    clock_.idle_until(group_->end_of(issued_ - 1, clock_.hardware()).end);
   }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
@@ -491,7 +502,7 @@ class ModeledCommunicator final : public Communicator {
 
   // The backend's collective is done: charge its modeled end to the rank.
   void finish(CollectiveKind kind, uint64_t seq) {
-    const auto [end, seconds] = group_->end_of(seq, clock_.hardware());
+    const auto [end, seconds, algorithm, protocol] = group_->end_of(seq, clock_.hardware());
     for (RankLinks::Last& last : links_->last)
       if (last.group == group_ && last.seq == seq) last.ended = true, last.end = end;
     if (auto it = ready_.find(seq); it != ready_.end()) {  // its kernel held SMs while it ran
@@ -499,7 +510,7 @@ class ModeledCommunicator final : public Communicator {
       ready_.erase(it);
     }
     clock_.wait_collective(end);
-    clock_.collective(queue_, kind, seconds, end);
+    clock_.collective(queue_, kind, seconds, end, algorithm, protocol);
     std::lock_guard<std::mutex> lock(stats_mu_);
     stats_.seconds[int(kind)] += seconds;
   }
