@@ -84,8 +84,8 @@ MUTATIONS = [
      ["cli"], "--min-lr equal to --lr refused"),
     # modeled/: the modeled clock
     ("nic_cap", "common/modeled/collective_cost.cpp",
-     "std::min(nvlink, per_node * hw.inter_node_busbw_gb_per_s)",
-     "per_node * hw.inter_node_busbw_gb_per_s",
+     "std::min(node_bw, nics * per_node * hw.inter_node_busbw_gb_per_s)",
+     "nics * per_node * hw.inter_node_busbw_gb_per_s",
      ["clock"], "the inter-node bus bandwidth not capped by NVLink's"),
     ("kind_busbw", "common/modeled/collective_cost.cpp",
      ": kind == CollectiveKind::reduce_scatter ? hw.intra_node_reduce_scatter_busbw_gb_per_s",

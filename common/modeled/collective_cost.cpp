@@ -62,6 +62,22 @@ struct Way {
   double seconds() const { return latency_us * 1e-6 + moved / (busbw * 1e9); }
 };
 
+// The profile's bus bandwidth of `kind` inside a node (a broadcast's and
+// a barrier's: the all-gather's).
+double node_busbw(const Hardware& hw, CollectiveKind kind) {
+  return kind == CollectiveKind::all_reduce       ? hw.intra_node_all_reduce_busbw_gb_per_s
+         : kind == CollectiveKind::reduce_scatter ? hw.intra_node_reduce_scatter_busbw_gb_per_s
+                                                  : hw.intra_node_all_gather_busbw_gb_per_s;
+}
+
+// A group's bus bandwidth, `node_bw` inside one node: across nodes the rings
+// spread over the NICs of the group's GPUs in a node, each GPU's own
+// (per_node of them, times `nics` where a pair of nodes share the work), at
+// most the node's own rate.
+double group_busbw(const Hardware& hw, double node_bw, int nodes, int per_node, double nics = 1) {
+  return nodes > 1 ? std::min(node_bw, nics * per_node * hw.inter_node_busbw_gb_per_s) : node_bw;
+}
+
 CollectiveCost nccl_cost(const Hardware& hw, CollectiveKind kind, size_t size, int n, int nodes, int per_node) {
   using C = Hardware::Collectives;
   if (kind == CollectiveKind::barrier) kind = CollectiveKind::all_reduce;  // of nothing
@@ -72,18 +88,12 @@ CollectiveCost nccl_cost(const Hardware& hw, CollectiveKind kind, size_t size, i
   const bool one_per_node = n == nodes;
   auto hop = [&](const Latencies& l) { return nvlink ? l.nvlink : l.pcie; };
 
-  // The bus bandwidths: the profile's for the kind inside a node (on an
-  // NVLS node the all-reduce's is NVLS's; a ring all-reduce is a
-  // reduce-scatter and an all-gather), across nodes the NICs of the
-  // group's GPUs in a node, one each.
-  const double ag = hw.intra_node_all_gather_busbw_gb_per_s, rs = hw.intra_node_reduce_scatter_busbw_gb_per_s;
-  const double intra = kind == CollectiveKind::reduce_scatter ? rs
-                       : all_reduce                          ? (nvls ? std::min(ag, rs) : hw.intra_node_all_reduce_busbw_gb_per_s)
-                                                             : ag;
-  auto across = [&](double bw, double nics = 1) {
-    return nodes > 1 ? std::min(bw, nics * per_node * hw.inter_node_busbw_gb_per_s) : bw;
-  };
-  const double bw = across(intra);
+  // The bus bandwidth: on an NVLS node the all-reduce's is NVLS's, and a
+  // ring or tree all-reduce is a reduce-scatter and an all-gather.
+  const double intra = all_reduce && nvls ? std::min(node_busbw(hw, CollectiveKind::all_gather),
+                                                     node_busbw(hw, CollectiveKind::reduce_scatter))
+                                          : node_busbw(hw, kind);
+  const double bw = group_busbw(hw, intra, nodes, per_node);
   // LL's bandwidth at most (llMaxBws: by GPU inside a node, by CPU across).
   const double ll_most = nodes == 1 ? (nvls ? 141.0 : 87.7) : nodes == 2 ? 39.0 : 20.4;
   // Posting to the network costs the GPU's steps at least this (getNetOverhead).
@@ -127,7 +137,7 @@ CollectiveCost nccl_cost(const Hardware& hw, CollectiveKind kind, size_t size, i
     if (nodes == 1) ways.push_back({"NVLS", Simple, kNvls.nvlink, ring_bytes(kind, size, n), nvls_bw});
     else
       ways.push_back({"NVLS tree", Simple, kNvlsTree.nvlink + 2.0 * log2_down(nodes) * kNvlsTree.net,
-                      ring_bytes(kind, size, n), across(nvls_bw, nodes == 2 ? 2 : 1)});
+                      ring_bytes(kind, size, n), group_busbw(hw, nvls_bw, nodes, per_node, nodes == 2 ? 2 : 1)});
   }
   // PAT: an all-gather or reduce-scatter among one GPU a node, in log
   // steps (and still a part that grows with the ranks).
@@ -145,12 +155,7 @@ CollectiveCost nccl_cost(const Hardware& hw, CollectiveKind kind, size_t size, i
 // all-reduce across nodes the faster of that and a tree.
 CollectiveCost ring_cost(const Hardware& hw, CollectiveKind kind, size_t bytes, int n, int nodes, int per_node) {
   const double intra_lat = hw.intra_node_latency_us * 1e-6, inter_lat = hw.inter_node_latency_us * 1e-6;
-  const double nvlink = kind == CollectiveKind::all_reduce       ? hw.intra_node_all_reduce_busbw_gb_per_s
-                        : kind == CollectiveKind::reduce_scatter ? hw.intra_node_reduce_scatter_busbw_gb_per_s
-                                                                 : hw.intra_node_all_gather_busbw_gb_per_s;
-  // Across nodes the rings spread over the NICs of the group's GPUs in a
-  // node, each GPU's own: per_node of them, at most the node's own rate.
-  const double busbw = (nodes > 1 ? std::min(nvlink, per_node * hw.inter_node_busbw_gb_per_s) : nvlink) * 1e9;
+  const double busbw = group_busbw(hw, node_busbw(hw, kind), nodes, per_node) * 1e9;
   const double moved = ring_bytes(kind, bytes, n) / busbw;
   // A ring takes n-1 steps (a reduce-scatter or an all-gather), twice that
   // for an all-reduce (one of each); nodes-1 of each n-1 cross a node.
