@@ -1,6 +1,7 @@
-// emu_runtime.h: what the emulated GPU's sources share (emu_runtime.cpp,
-// emu_fibers.cpp, emu_cublas.cpp): its devices, streams and their tasks,
-// sticky errors, and the notes it gives ThreadSanitizer.
+// emu_runtime.h: what the emulated GPU's sources share (emu_fibers.cpp,
+// emu_cublas.cpp, emu_nccl.cpp, ...; emu_runtime.cpp defines it): its
+// devices, streams and their tasks, sticky errors, and the notes it gives
+// ThreadSanitizer. The runtime's own state is emu_device.h's.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,7 +1,7 @@
 // cuda_runtime.h of the emulated GPU (zf_emu.h): the runtime calls the
 // project makes, with the semantics the CUDA runtime documents, on CPU
-// memory and threads (emu_runtime.cpp). ZF_EMU_GPUS (default 4) sets how
-// many GPUs there are.
+// memory and threads (emu_cuda_api.cpp, over emu_runtime.cpp).
+// ZF_EMU_GPUS (default 4) sets how many GPUs there are.
 #pragma once
 
 #include <cstddef>
