@@ -80,7 +80,7 @@ int run(int argc, char** argv) {
   auto* o_layers = app.add_option("--layers", L, "shape: blocks L (with --channels, --vocab, --seq, --heads)");
   auto* o_channels = app.add_option("--channels", C, "shape: channels C");
   auto* o_vocab = app.add_option("--vocab", V, "shape: vocabulary V");
-  auto* o_seq = app.add_option("--seq", T, "shape: sequence length T");
+  auto* o_seq = app.add_option("--seq", T, "shape: sequence length T (with --fit, alone: the family's T, default 1024)");
   auto* o_heads = app.add_option("--heads", H, "shape: attention heads H (C a multiple of H)");
   app.add_option("--ranks", ranks, "ranks N (with --fit a list: 1,2,4,8)")->capture_default_str();
   app.add_option("--stage", stage, "print one stage: dp, zero1, zero2, zero3, fsdp or offload (default: all)");
@@ -174,7 +174,8 @@ int run(int argc, char** argv) {
   if (clock == "modeled" && q.hardware.empty()) q.hardware = "h100-sxm";
   USAGE_REQUIRE(q.hardware.empty() || !deepspeed,
                 "--hardware's time column is printed with the tables, --json and --fit, not with --deepspeed");
-  if (!q.hardware.empty()) load_hardware(q.hardware);  // UsageError naming the profiles, or the key that is wrong
+  if (!q.hardware.empty())  // UsageError naming the profiles, or the key that is wrong
+    q.card_bytes = load_hardware(q.hardware).memory_gib * double(size_t(1) << 30);
 
   // The model: --params, --model, or the five shape flags.
   const std::vector<CLI::Option*> shape_opts{o_layers, o_channels, o_vocab, o_seq, o_heads};
@@ -186,8 +187,15 @@ int run(int argc, char** argv) {
                 "--layers L --channels C --vocab V --seq T --heads H");
   USAGE_REQUIRE(int(!params_text.empty()) + int(!model.empty()) + int(shape_given > 0) <= 1,
                 "give only one of --params, --model or a shape: each fixes the model's size");
-  USAGE_REQUIRE(!fitting || (params_text.empty() && model.empty() && !shape_given),
-                "--fit searches its own family of shapes (tools/README.md): drop --params, --model and the shape");
+  // --seq alone is the --fit family's sequence length.
+  const bool fit_seq = fitting && shape_given == 1 && o_seq->count() > 0;
+  USAGE_REQUIRE(!fitting || (params_text.empty() && model.empty() && (!shape_given || fit_seq)),
+                "--fit searches its own family of shapes (tools/README.md): drop --params, --model and the shape "
+                "(--seq alone sets the family's sequence length)");
+  if (fit_seq) {
+    USAGE_REQUIRE(T >= 1 && T <= kMostSeq, "--seq must be between 1 and " << kMostSeq << " (got " << T << ")");
+    shape_given = 0;
+  }
   if (shape_given) {
     for (const CLI::Option* o : shape_opts)
       USAGE_REQUIRE(o->count() > 0, "a shape needs all five of --layers, --channels, --vocab, --seq, --heads: "
@@ -264,6 +272,7 @@ int run(int argc, char** argv) {
       throw UsageError("--fit: " + std::string(e.what()));
     }
     USAGE_REQUIRE(q.fit_budget > 0, "--fit must be a size above 0, such as 80GB (got '" << fit << "')");
+    cfg.model.T = fit_seq ? T : 1024;  // the family's sequence length
     print_fit(q);
     return 0;
   }

@@ -27,6 +27,7 @@ struct Request {
   int gpus_per_node = 0;      // --deepspeed: GPUs per node (0: all on one node)
   double largest_layer = 0;   // --deepspeed: the largest layer's parameters
   std::string hardware;       // --hardware (or --clock modeled): the time column's machine; empty: no time
+  double card_bytes = 0;      // --hardware: its card's memory (the profile's memory_gib), what a peak must fit
 };
 
 // One step of a stage on the modeled clock, as its run log says it.
@@ -34,7 +35,9 @@ struct StageTime {
   bool ran = false;
   std::string why_not;  // when it did not run
   std::string clock;    // "modeled on H100 SXM x8, 1 node of 8"
+  int ranks = 0;        // N, for tokens/s per GPU
   double ms = 0, tokens_per_s = 0, mfu = 0, exposed_comm_ms = 0;
+  double compute_ms = 0, comm_ms = 0;  // the step's compute queue and collectives, each on its own
 };
 
 // The stage's dry run with the request's flags and `run`'s model and ranks
@@ -51,6 +54,11 @@ void print_json(const Request& q);
 void print_paper();
 void print_deepspeed(const Request& q);
 void print_fit(const Request& q);
+
+// The largest --batch (micro-batch per rank) whose device peak for stage s
+// is at most `budget` bytes, with the request's other flags; 0 when not
+// even 1 fits (memory_estimate_fit.cpp).
+int largest_batch(const Request& q, Stage s, double budget);
 
 // --hardware's outputs: the JSON object of a stage's time, the header of
 // its table (the clock as the run log says it) and a row's cells.

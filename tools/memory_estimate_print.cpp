@@ -57,24 +57,33 @@ std::string both(double bytes) { return bytes == 0 ? "0" : decimal(bytes) + " ("
 
 nlohmann::json time_json(const StageTime& t) {
   if (!t.ran) return {{"modeled", false}, {"why_not", t.why_not}};
-  return {{"modeled", true},       {"clock", t.clock}, {"ms_per_step", t.ms}, {"tokens_per_s", t.tokens_per_s},
-          {"mfu", t.mfu},          {"exposed_comm_ms", t.exposed_comm_ms}};
+  return {{"modeled", true},
+          {"clock", t.clock},
+          {"ms_per_step", t.ms},
+          {"tokens_per_s", t.tokens_per_s},
+          {"tokens_per_s_per_gpu", t.tokens_per_s / t.ranks},
+          {"mfu", t.mfu},
+          {"compute_ms", t.compute_ms},
+          {"comm_ms", t.comm_ms},
+          {"exposed_comm_ms", t.exposed_comm_ms}};
 }
 
 void print_time_header(const Request& q, const std::string& clock) {
   const bool bf16 = q.cfg.compute == DType::bf16;
   std::printf("\ntime per optimizer step, %s (--hardware %s), modeled, not measured:\n"
-              "each stage's own schedule run as a dry run (docs/SPEC.md section 13); tokens/s of all N GPUs;\n"
+              "each stage's own schedule run as a dry run (docs/SPEC.md section 13); tokens/s of all N GPUs and of one;\n"
               "compute %s, MFU of the %s peak%s\n",
               clock.c_str(), q.hardware.c_str(), dtype_name(q.cfg.compute), bf16 ? "bf16 tensor-core" : "FP32",
               bf16 ? "" : " (--compute bf16 for tensor cores)");
 }
 
 std::string time_cells(const StageTime& t) {
-  if (!t.ran) return "           -  not modeled: " + t.why_not;
   char buf[160];
-  std::snprintf(buf, sizeof buf, "%12.2f  %12.0f  %6.1f%%  %12.2f", t.ms, t.tokens_per_s, 100 * t.mfu,
-                t.exposed_comm_ms);
+  if (!t.ran)
+    std::snprintf(buf, sizeof buf, "%12s  %12s  %12s  %7s  %15s", "-", "-", "-", "-", "-");
+  else
+    std::snprintf(buf, sizeof buf, "%12.2f  %12.0f  %12.0f  %6.1f%%  %15.2f", t.ms, t.tokens_per_s,
+                  t.tokens_per_s / t.ranks, 100 * t.mfu, t.exposed_comm_ms);
   return buf;
 }
 
@@ -149,9 +158,20 @@ void print_tables(const Request& q) {
       if (times.back().ran) clock = times.back().clock;
     }
     print_time_header(q, clock);
-    std::printf("%-17s %12s  %12s  %7s  %12s\n", "stage", "ms/step", "tokens/s", "MFU", "exposed comm ms");
-    for (size_t i = 0; i < times.size(); ++i)
-      std::printf("%-17s %s\n", stage_label(q.stages[i]), time_cells(times[i]).c_str());
+    // Whether the step fits the card, beside its time: a time that does not
+    // fit is one that run would never reach.
+    const std::string peak_head = "device peak GiB of " + trimmed(q.card_bytes / double(1 << 30));
+    std::printf("%-17s %12s  %12s  %12s  %7s  %15s  %-28s %s\n", "stage", "ms/step", "tokens/s", "tokens/s/GPU",
+                "MFU", "exposed comm ms", peak_head.c_str(), "largest --batch that fits");
+    for (size_t i = 0; i < times.size(); ++i) {
+      const double peak = all[i].device_total();
+      const int most = largest_batch(q, q.stages[i], q.card_bytes);
+      char fits[64];
+      std::snprintf(fits, sizeof fits, "%.2f%s", peak / double(1 << 30), peak <= q.card_bytes ? "" : ", does not fit");
+      std::printf("%-17s %s  %-28s %s%s\n", stage_label(q.stages[i]), time_cells(times[i]).c_str(), fits,
+                  most > 0 ? std::to_string(most).c_str() : "none",
+                  times[i].ran ? "" : ("; not modeled: " + times[i].why_not).c_str());
+    }
   }
   if (!q.shaped)
     std::printf("\nActivations are not counted without a shape (give --model or --layers/--channels/--vocab/--seq/"
@@ -213,7 +233,12 @@ void print_json(const Request& q) {
          {{"total", number(e.comm_total())}, {"by_collective", by}, {"across_groups", number(e.comm_cross_group)}}},
         {"transfers_per_step", {{"to_host", number(e.to_host)}, {"to_device", number(e.to_device)}}},
     });
-    if (!q.hardware.empty()) stages.back()["time"] = time_json(modeled_time(q, s, c));
+    if (!q.hardware.empty()) {
+      stages.back()["time"] = time_json(modeled_time(q, s, c));
+      stages.back()["card"] = {{"bytes", number(q.card_bytes)},
+                               {"fits", e.device_total() <= q.card_bytes},
+                               {"largest_batch", largest_batch(q, s, q.card_bytes)}};
+    }
   }
   out["stages"] = stages;
   std::cout << out.dump(2) << "\n";

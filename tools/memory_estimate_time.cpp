@@ -94,6 +94,9 @@ StageTime modeled_time(const Request& q, Stage s, const RunConfig& run) {
     t.tokens_per_s = j["tokens_per_s"];
     t.mfu = j["mfu"];
     t.exposed_comm_ms = j["phases_ms"].value("exposed comm", 0.0);
+    t.compute_ms = j["phases_ms"].value("compute", 0.0);
+    t.comm_ms = j["phases_ms"].value("comm", 0.0);
+    t.ranks = cfg.ranks;
     t.ran = true;
   }
   REQUIRE(t.ran, "memory_estimate: the dry run of " << stage_name(s) << " logged no step " << shown);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "data_parallel.h"
+#include "stages/estimate_tool.h"
 #include "extensions/disk_adamw.h"
 #include "estimate.h"
 #include "fsdp.h"
@@ -195,16 +196,8 @@ TEST(EstimateVsRun, ActivationsEveryModeAndForm) {
 
 // ------------------------------------------------------------------ the tool
 
-std::string estimator() {
-  const char* p = std::getenv("ZF_MEMORY_ESTIMATE_BIN");
-  return p ? p : "build/tools/memory_estimate";
-}
-
-nlohmann::json run_json(const std::string& args) {
-  const auto r = test::run_command(estimator() + " " + args + " 2>/dev/null");
-  EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.output;
-  return nlohmann::json::parse(r.output);
-}
+using test::estimator;
+using test::run_json;
 
 // --json: one object, every stage's numbers those of estimate_stage (and
 // so of the runs above), the keys tools/README.md promises.
@@ -364,6 +357,9 @@ TEST_F(EstimateCommandLine, TheTimeIsTheTrainersDryRun) {
     EXPECT_EQ(t["tokens_per_s"].get<double>(), step["tokens_per_s"].get<double>());
     EXPECT_EQ(t["mfu"].get<double>(), step["mfu"].get<double>());
     EXPECT_EQ(t["exposed_comm_ms"].get<double>(), step["phases_ms"]["exposed comm"].get<double>());
+    EXPECT_EQ(t["compute_ms"].get<double>(), step["phases_ms"]["compute"].get<double>());
+    EXPECT_EQ(t["comm_ms"].get<double>(), step["phases_ms"]["comm"].get<double>());
+    EXPECT_EQ(t["tokens_per_s_per_gpu"].get<double>(), step["tokens_per_s"].get<double>() / summary["ranks"].get<int>());
   }
   // Beyond a dry run's ranks: no time, and why.
   const nlohmann::json far = run_json("--model tiny --stage dp --ranks 5000 --hardware h100-sxm --json");
