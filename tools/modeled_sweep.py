@@ -16,6 +16,7 @@ is typed here. Every time is modeled, not measured.
     tools/modeled_sweep.py --out /tmp/m                      # the default sweep
     tools/modeled_sweep.py --out /tmp/m --models gpt2-xl --ranks 8,64 --pcie-models gpt2-xl
     tools/modeled_sweep.py --out /tmp/m --no-plots
+    tools/modeled_sweep.py --out /tmp/m --models gpt-7b --seq 2048 --batch 8   # every shape at T and B
     tools/modeled_sweep.py --out /tmp/m --write-docs docs/tour   # docs/tour/modeled.md and its pictures
 
 The output folder gets logs/ (one run log per run), modeled.md (the tables),
@@ -34,8 +35,15 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAGES = [("dp", "00_data_parallel/dp"), ("zero1", "01_zero1/zero1"), ("zero2", "02_zero2/zero2"),
           ("zero3", "03_zero3/zero3"), ("fsdp", "04_fsdp/fsdp")]
-# Micro-batch per rank for each shape: what a card of its size is given in practice.
+# Micro-batch per rank for each shape: what a card of its size is given in practice (--batch: one for all).
 BATCH = {"gpt2": 16, "gpt2-medium": 16, "gpt2-large": 8, "gpt2-xl": 8, "gpt-7b": 2, "gpt-70b": 1}
+
+
+def shape_args(model, shape):
+    """--model and --batch of a run of `model`: shape holds --seq and --batch (None: the shape's own)."""
+    seq, batch = shape
+    return ["--model", model + (",T=%d" % seq if seq else ""), "--batch",
+            str(batch if batch else BATCH.get(model, 4))]
 # Every run: the bf16 recipe on tensor cores, flash attention, full recomputation.
 COMMON = ["--precision", "bf16", "--compute", "bf16", "--attention", "flash", "--recompute", "full",
           "--steps", "2", "--clock", "modeled", "--dry-run", "--quiet"]
@@ -95,7 +103,7 @@ def memory_gib(hardware):
     return profile_value(hardware, "memory_gib")
 
 
-def sweep(build, out, models, ranks, hardware, stages=None):
+def sweep(build, out, models, ranks, hardware, shape, stages=None):
     """Every stage of `stages` (by default all five) for every shape and rank count, on one profile."""
     rows = []
     for model in models:
@@ -103,17 +111,16 @@ def sweep(build, out, models, ranks, hardware, stages=None):
             if stages is not None and stage not in stages:
                 continue
             for n in ranks:
-                args = ["--model", model, "--ranks", str(n), "--batch", str(BATCH.get(model, 4)),
-                        "--hardware", hardware] + COMMON
+                args = shape_args(model, shape) + ["--ranks", str(n), "--hardware", hardware] + COMMON
                 r = run(build, exe, args, os.path.join(out, "logs", "%s_%s_%s_%d.json" % (label(hardware), model, stage, n)))
-                r.update(model=model, stage=stage, ranks=n, hardware=hardware, mode="")
+                r.update(model=args[1], stage=stage, ranks=n, hardware=hardware, mode="", batch=int(args[3]))
                 rows.append(r)
                 print("%-8s %-12s %-6s N=%-5d %10.1f ms  MFU %5.1f%%  exposed %8.1f ms  peak %7.1f GiB" %
                       (label(hardware), model, stage, n, r["ms"], 100 * r["mfu"], r["exposed_ms"], r["peak_gib"]), flush=True)
     return rows
 
 
-def knobs(build, out, model, n):
+def knobs(build, out, model, n, shape):
     """ZeRO-3, stage 04's modes and stage 05's offload, with and without NVLink, at one size."""
     rows = []
     modes = [("zero3", "03_zero3/zero3", []),
@@ -126,12 +133,11 @@ def knobs(build, out, model, n):
              ("offload delayed", "05_offload/offload", ["--delay-update"])]
     for hardware in ("h100-sxm", "l40s"):
         for name, exe, extra in modes:
-            args = ["--model", model, "--ranks", str(n), "--batch", str(BATCH.get(model, 4)),
-                    "--hardware", hardware] + COMMON + extra
+            args = shape_args(model, shape) + ["--ranks", str(n), "--hardware", hardware] + COMMON + extra
             log = os.path.join(out, "logs", "knob_%s_%s.json" % (hardware, name.replace(" ", "_").replace("=", "")))
             delayed = "--delay-update" in extra
             r = run(build, exe, args, log, n_steps=4 if delayed else 2, shown=2 if delayed else 1)
-            r.update(model=model, stage=os.path.basename(exe), ranks=n, hardware=hardware, mode=name)
+            r.update(model=args[1], stage=os.path.basename(exe), ranks=n, hardware=hardware, mode=name, batch=int(args[3]))
             rows.append(r)
             print("%-8s %-12s %-12s N=%-5d %10.1f ms  MFU %5.1f%%  exposed %8.1f ms" %
                   (hardware, model, name, n, r["ms"], 100 * r["mfu"], r["exposed_ms"]), flush=True)
@@ -139,11 +145,11 @@ def knobs(build, out, model, n):
 
 
 def table(rows, mem):
-    lines = ["| hardware | model | stage | mode | N | step ms | MFU | exposed comm ms | peak GiB/rank | fits |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
+    lines = ["| hardware | model | stage | mode | N | B | step ms | MFU | exposed comm ms | peak GiB/rank | fits |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
-        lines.append("| %s | %s | %s | %s | %d | %.1f | %.1f%% | %.1f | %.1f | %s |" % (
-            label(r["hardware"]), r["model"], r["stage"], r["mode"] or "", r["ranks"], r["ms"], 100 * r["mfu"],
+        lines.append("| %s | %s | %s | %s | %d | %d | %.1f | %.1f%% | %.1f | %.1f | %s |" % (
+            label(r["hardware"]), r["model"], r["stage"], r["mode"] or "", r["ranks"], r["batch"], r["ms"], 100 * r["mfu"],
             r["exposed_ms"], r["peak_gib"], "yes" if r["peak_gib"] <= mem[r["hardware"]] else "no"))
     return "\n".join(lines) + "\n"
 
@@ -164,7 +170,7 @@ def plots(rows, pcie_rows, knob_rows, out, mem):
                 ax.plot([r["ranks"] for r, f in zip(rs, fits) if not f],
                         [r[key] * scale for r, f in zip(rs, fits) if not f], "o", mfc="white",
                         color=line.get_color())
-        axes[0][i].set_title("%s, B=%d per rank" % (model, BATCH.get(model, 4)), fontsize=10)
+        axes[0][i].set_title("%s, B=%d per rank" % (model, rs[0]["batch"]), fontsize=10)
         axes[0][i].set_ylabel("modeled step, ms")
         axes[1][i].set_ylabel("modeled MFU, %")
         ranks = sorted({r["ranks"] for r in rows if r["model"] == model})
@@ -234,7 +240,8 @@ def pcie_plot(plt, rows, pcie_rows, out, mem):
         ax_exp.set_ylabel("modeled exposed comm, % of the step")
         ranks = sorted({r["ranks"] for r in pcie_rows if r["model"] == model})
         for ax in (ax_ms, ax_mfu, ax_exp):
-            ax.set_title("%s, B=%d per rank" % (model, BATCH.get(model, 4)), fontsize=10)
+            batch = next(r["batch"] for r in pcie_rows if r["model"] == model)
+            ax.set_title("%s, B=%d per rank" % (model, batch), fontsize=10)
             ax.set_xscale("log", base=2)
             ax.set_xticks(ranks, ["{:,}".format(n) for n in ranks])
             ax.set_xlabel("ranks (GPUs)")
@@ -280,6 +287,14 @@ def side_by_side(rows, pcie_rows):
             p["model"], p["stage"], p["ranks"], r["ms"], 100 * r["mfu"], r["exposed_ms"],
             p["ms"], 100 * p["mfu"], p["exposed_ms"], p["ms"] / r["ms"]))
     return "\n".join(lines) + "\n"
+
+
+def batch_words(rows):
+    """The micro-batch per rank of each shape, from the runs: "8 for gpt2-xl, 2 for gpt-7b"."""
+    seen = {}
+    for r in rows:
+        seen.setdefault(r["model"], r["batch"])
+    return ", ".join("%d for %s" % (b, m) for m, b in seen.items())
 
 
 def first_exposed(rows, stage, share):
@@ -346,7 +361,8 @@ def docs_page(rows, pcie_rows, knob_rows, mem, pictures):
         "on `--clock modeled`, which charges each op, collective, copy and host job from the stage's own "
         "order of issues and waits to the machine of a profile in hardware/. Written by "
         "`tools/modeled_sweep.py --out DIR --write-docs docs/tour`; the same command gives the same numbers "
-        "on any machine. Every run: `%s`." % " ".join(COMMON),
+        "on any machine. Every run: `%s`, the micro-batch per rank held at every N (B: %s)." % (
+            " ".join(COMMON), batch_words(rows + pcie_rows + knob_rows)),
         "",
         "## Every stage against the number of GPUs",
         "",
@@ -414,6 +430,11 @@ def main(argv=None):
     ap.add_argument("--hardware", default="h100-sxm")
     ap.add_argument("--models", default="gpt2-xl,gpt-7b,gpt-70b")
     ap.add_argument("--ranks", default="8,64,512,4096")
+    ap.add_argument("--seq", type=int, default=0,
+                    help="the sequence length T of every shape (default: each preset's own)")
+    ap.add_argument("--batch", type=int, default=0,
+                    help="the micro-batch per rank of every run (default: each shape's, %s)" %
+                         ", ".join("%s %d" % kv for kv in BATCH.items()))
     ap.add_argument("--pcie-hardware", default="l40s",
                     help="the card without NVLink of the PCIe series (default l40s)")
     ap.add_argument("--pcie-models", default="gpt2-xl",
@@ -429,6 +450,9 @@ def main(argv=None):
         ranks = sorted({int(x) for x in a.ranks.split(",")})
     except ValueError:
         ap.error("--ranks takes numbers separated by commas (got %r)" % a.ranks)
+    if a.seq < 0 or a.batch < 0:
+        ap.error("--seq and --batch take a number above 0")
+    shape = (a.seq, a.batch)
     pcie_models = [m for m in a.pcie_models.split(",") if m]
     if a.write_docs and (a.no_plots or a.no_knobs or not pcie_models):
         ap.error("--write-docs draws the pictures, the PCIe series and the knobs: "
@@ -441,9 +465,9 @@ def main(argv=None):
     os.makedirs(os.path.join(a.out, "logs"), exist_ok=True)
     start = time.time()
     try:
-        rows = sweep(a.build, a.out, a.models.split(","), ranks, a.hardware)
-        pcie_rows = sweep(a.build, a.out, pcie_models, ranks, a.pcie_hardware, PCIE_STAGES)
-        knob_rows = [] if a.no_knobs else knobs(a.build, a.out, a.knobs_model, a.knobs_ranks)
+        rows = sweep(a.build, a.out, a.models.split(","), ranks, a.hardware, shape)
+        pcie_rows = sweep(a.build, a.out, pcie_models, ranks, a.pcie_hardware, shape, PCIE_STAGES)
+        knob_rows = [] if a.no_knobs else knobs(a.build, a.out, a.knobs_model, a.knobs_ranks, shape)
     except RuntimeError as e:
         print("modeled_sweep: a run failed: %s" % e, file=sys.stderr)
         return 1
@@ -451,7 +475,8 @@ def main(argv=None):
     with open(os.path.join(a.out, "modeled.json"), "w") as f:
         json.dump({"runs": rows, "pcie": pcie_rows, "knobs": knob_rows}, f, indent=1)
     with open(os.path.join(a.out, "modeled.md"), "w") as f:
-        f.write("Modeled, not measured (docs/SPEC.md section 13): dry runs, `%s`.\n\n" % " ".join(COMMON))
+        f.write("Modeled, not measured (docs/SPEC.md section 13): dry runs, `%s`; micro-batch per rank B: %s.\n\n"
+                % (" ".join(COMMON), batch_words(rows + pcie_rows + knob_rows)))
         f.write(table(rows, mem))
         for more in (pcie_rows, knob_rows):
             if more:

@@ -66,7 +66,8 @@ class SweepTest(unittest.TestCase):
         for r in runs:
             steps, summary = log_of(self.out, "h100-sxm_gpt2_%s_%d.json" % (r["stage"], r["ranks"]))
             self.assertEqual(r["ms"], steps[-1]["ms"])
-            self.assertIn("| h100-sxm | gpt2 | %s |  | %d | %.1f |" % (r["stage"], r["ranks"], r["ms"]), self.table)
+            self.assertIn("| h100-sxm | gpt2 | %s |  | %d | %d | %.1f |" % (
+                r["stage"], r["ranks"], summary["batch"], r["ms"]), self.table)
             # MFU = tokens/s x FLOPs per token / (N x the H100's bf16 peak)
             expected = steps[-1]["tokens_per_s"] * summary["flops_per_token"] / (
                 r["ranks"] * float(profile("h100-sxm", "peak_tflops_bf16")) * 1e12)
@@ -84,8 +85,8 @@ class SweepTest(unittest.TestCase):
             self.assertTrue(summary["clock_detail"].startswith(card), summary["clock_detail"])
             self.assertEqual(r["ms"], steps[-1]["ms"])
             self.assertEqual(r["exposed_ms"], steps[-1]["phases_ms"]["exposed comm"])
-            self.assertIn("| l40s | gpt2 | %s |  | %d | %.1f | %.1f%% |" % (
-                r["stage"], r["ranks"], r["ms"], 100 * r["mfu"]), self.table)
+            self.assertIn("| l40s | gpt2 | %s |  | %d | %d | %.1f | %.1f%% |" % (
+                r["stage"], r["ranks"], summary["batch"], r["ms"], 100 * r["mfu"]), self.table)
             expected = steps[-1]["tokens_per_s"] * summary["flops_per_token"] / (
                 r["ranks"] * float(profile("l40s", "peak_tflops_bf16")) * 1e12)
             self.assertAlmostEqual(r["mfu"], expected, places=12)
@@ -101,6 +102,23 @@ class SweepTest(unittest.TestCase):
                 n, h100[-1]["ms"], 100 * h100[-1]["mfu"], h100[-1]["phases_ms"]["exposed comm"],
                 l40s[-1]["ms"], 100 * l40s[-1]["mfu"], l40s[-1]["phases_ms"]["exposed comm"],
                 l40s[-1]["ms"] / h100[-1]["ms"]), modeled_sweep.side_by_side(self.sweep["runs"], pcie))
+
+    def test_seq_and_batch_set_every_run(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "m")
+            p = subprocess.run([sys.executable, TOOL, "--build", BUILD, "--out", out, "--models", "gpt2", "--ranks",
+                                "2", "--pcie-models", "", "--no-knobs", "--no-plots", "--seq", "512", "--batch", "3"],
+                               capture_output=True, text=True)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            runs = json.load(open(os.path.join(out, "modeled.json")))["runs"]
+            self.assertEqual(len(runs), 5)
+            table = open(os.path.join(out, "modeled.md")).read()
+            self.assertIn("micro-batch per rank B: 3 for gpt2,T=512.", table)
+            for r in runs:
+                _, summary = log_of(out, "h100-sxm_gpt2_%s_2.json" % r["stage"])
+                self.assertEqual(summary["batch"], 3)
+                self.assertIn(",T=512,", summary["model"])  # the run itself at T = 512
+                self.assertIn("| h100-sxm | gpt2,T=512 | %s |  | 2 | 3 | %.1f |" % (r["stage"], r["ms"]), table)
 
     def test_the_page_says_whether_the_exposed_time_grows(self):
         # Within 2 % of the step from the first N to the last: "hardly grows"; else "grows".
