@@ -190,7 +190,8 @@ std::optional<RunConfig> parse_flags(int argc, char** argv, const StageInfo& sta
               lr_schedule = "constant",
               device_mem, fault, comm_timeout;
   app.add_option("--ranks", cfg.ranks,
-                 "ranks, as threads of this process, 1 to 1024; more than 4 per core only with "
+                 "ranks, as threads of this process, 1 to 1024 (to " + std::to_string(kMaxDryRanks) +
+                     " with --dry-run); more than 4 per core only with "
                  "ZF_OVERSUBSCRIBE=1 in the environment (ignored under mpirun/srun or RANK/WORLD_SIZE, "
                  "which say how many)")
       ->capture_default_str();
