@@ -49,6 +49,7 @@ void HostGrads::land_oldest() {
   copies_.pop_front();  // the reduced buffer (hybrid sharding: my piece's copy) is freed here
 }
 
-void HostGrads::zero() { std::fill_n(shard_.as<float>(), shard_.numel(), 0.0f); }
+// On the host CPU, as the sums: its time is the host's (--clock modeled).
+void HostGrads::zero() { host_.zero(shard_.data(), shard_.numel() * sizeof(float)); }
 
 }  // namespace zf

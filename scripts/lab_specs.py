@@ -427,7 +427,7 @@ TIME_KEYS = {
     "exposed_ms": "the time the compute queue stood waiting for a collective",
     "copy_ms": "docs/SPEC.md section 13, copy: latency + bytes / PCIe, per copy",
     "host_ms": "docs/SPEC.md section 13, host: AdamW's S / (rate / r); the norm's 4S bytes and the landed "
-               "pieces' sum into the float32 shard, 10S bytes, / (bandwidth / r)",
+               "pieces' sum into the float32 shard, 10S bytes, and its zeroing after the update, 4S, / (bandwidth / r)",
 }
 
 

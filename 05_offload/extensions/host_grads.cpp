@@ -63,9 +63,10 @@ void HostGrads::land_oldest() {
   copies_.pop_front();  // the reduced buffer (hybrid sharding: my piece's copy) is freed here
 }
 
+// On the host CPU, as the sums: its time is the host's (--clock modeled).
 void HostGrads::zero(int buffer) {
   Tensor& t = shards_.at(buffer);
-  std::fill_n(t.as<float>(), t.numel(), 0.0f);
+  host_.zero(t.data(), t.numel() * sizeof(float));
 }
 
 }  // namespace zf::extensions

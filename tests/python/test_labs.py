@@ -124,9 +124,10 @@ S8 = GPT2_P // 8
 TIME_PREDICTIONS = {
     "nvlink.comm_ms": zero3_comm_ms(H100),   # h100-sxm
     "pcie.comm_ms": zero3_comm_ms(L40S),     # l40s
-    # AdamW at 2e9 params/s; the norm's 4S bytes and the landed bf16 piece added into the
-    # float32 shard (10S bytes) at 100 GB/s; each shared by 8 GPUs
-    "offload.host_ms": 1e3 * (S8 / (2e9 / 8) + (4 + 10) * S8 / (100e9 / 8)),
+    # AdamW at 2e9 params/s; the norm's 4S bytes, the landed bf16 piece added into the
+    # float32 shard (10S bytes) and that shard zeroed after the update (4S) at 100 GB/s; each
+    # shared by 8 GPUs
+    "offload.host_ms": 1e3 * (S8 / (2e9 / 8) + (4 + 10 + 4) * S8 / (100e9 / 8)),
     # each unit's bf16 piece down and its bf16 shard up, 10 us and 55 GB/s (pinned) a copy; the
     # inputs, targets and losses, B·T = 4 x 1024 four-byte values each, 10 us and 20 GB/s (pageable)
     "offload.copy_ms": 1e3 * (2 * UNITS * 10e-6 + 2 * 2 * S8 / 55e9 + 3 * (10e-6 + 4 * 4 * 1024 / 20e9)),
