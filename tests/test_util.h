@@ -11,6 +11,8 @@
 #include <functional>
 #include <initializer_list>
 #include <string>
+#include <malloc.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -105,6 +107,28 @@ inline ProcessResult run_command(const std::string& command) {
   int status = pclose(p);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
+}
+
+// The peak resident bytes of a forked child that runs fn (wait4's). The
+// allocator's free memory goes back to the system first: a child that
+// allocated from free pages the process still holds resident (the training
+// runs' freed buffers) would grow by nothing.
+inline long child_peak(const std::function<void()>& fn) {
+  ::malloc_trim(0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    try {
+      fn();
+    } catch (...) {
+      ::_exit(1);
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  struct rusage usage {};
+  ::wait4(pid, &status, 0, &usage);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child failed";
+  return usage.ru_maxrss * 1024;
 }
 
 // Paths of the dp and offload executables (meson passes them in ZF_DP_BIN

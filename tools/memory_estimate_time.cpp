@@ -79,7 +79,7 @@ StageTime modeled_time(const Request& q, Stage s, const RunConfig& run) {
   cfg.log_json = dir.log();
   try {
     run_training(cfg, stage_fn(s, cfg.offload));
-  } catch (const UsageError& e) {  // a dry run this machine cannot hold (stage 05's host states are real)
+  } catch (const UsageError& e) {  // a dry run this machine cannot hold (its token buffers are real)
     t.why_not = e.what();
     return t;
   }

@@ -17,6 +17,8 @@
 #include <cstring>
 #include <limits>
 
+#include <sys/mman.h>
+
 namespace zf {
 
 const char* place_name(Place p) {
@@ -124,6 +126,17 @@ size_t MemoryCounts::model_states(Place p) const {
 
 // ---------------------------------------------------------------- tracker
 
+namespace {
+
+// Zero-filled pages the system backs only where written (page-aligned, so
+// 64-byte aligned); null when refused.
+void* map_unbacked(size_t bytes) {
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+}  // namespace
+
 MemoryTracker::MemoryTracker(int rank, std::optional<size_t> device_budget)
     : rank_(rank), budget_(device_budget) {}
 
@@ -198,8 +211,10 @@ void* MemoryTracker::allocate(Place place, Category cat, size_t bytes, bool pinn
     counts_.pinned_peak = std::max(counts_.pinned_peak, counts_.pinned);
     return ptr;
   }
+  const bool unbacked = place == Place::host && unbacked_host_;
   void* ptr = padded < bytes ? nullptr
               : on_device    ? device_->allocate(padded)
+              : unbacked     ? map_unbacked(padded)
                              : std::aligned_alloc(kAlign, padded);
   if (!ptr) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -209,7 +224,7 @@ void* MemoryTracker::allocate(Place place, Category cat, size_t bytes, bool pinn
                       " for " + category_name(cat) + ". Use a smaller model or batch.");
   }
   if (on_device) device_->zero(ptr, padded);
-  else std::memset(ptr, 0, padded);
+  else if (!unbacked) std::memset(ptr, 0, padded);  // a fresh mapping reads as zeros already
   return ptr;
 }
 
@@ -224,8 +239,10 @@ void MemoryTracker::release(Place place, Category cat, void* ptr, size_t bytes, 
     counts_.current[p][c] -= bytes;
     if (pinned) counts_.pinned -= bytes;
   }
-  if (pinned) device_->release_pinned(ptr, (bytes + 63) / 64 * 64);
+  const size_t padded = bytes == 0 ? 64 : (bytes + 63) / 64 * 64;
+  if (pinned) device_->release_pinned(ptr, padded);
   else if (place == Place::device && device_ != nullptr) device_->release(ptr);
+  else if (place == Place::host && unbacked_host_) ::munmap(ptr, padded);
   else std::free(ptr);
 }
 

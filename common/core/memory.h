@@ -79,6 +79,11 @@ class MemoryTracker {
   // without one they come from host memory (the simulated device).
   void set_device(Device* device) { device_ = device; }
   Device* device() const { return device_; }
+  // A dry run's host memory (pageable): counted as any, mapped but never
+  // written here, so that a page takes memory only once something writes
+  // it, and a dry run whose host computes nothing (stage 05's optimizer
+  // states) needs none.
+  void set_unbacked_host(bool unbacked) { unbacked_host_ = unbacked; }
 
   MemoryCounts counts() const;
   std::optional<size_t> device_budget() const { return budget_; }
@@ -88,6 +93,7 @@ class MemoryTracker {
   int rank_;
   std::optional<size_t> budget_;
   Device* device_ = nullptr;
+  bool unbacked_host_ = false;
   mutable std::mutex mu_;
   MemoryCounts counts_;
 };

@@ -476,6 +476,7 @@ void run_ranks(const LaunchOptions& opt, const std::function<void(RankContext&)>
       dev->make_current();
       MemoryTracker mem(r, opt.device_budget);
       mem.set_device(dev.get());
+      mem.set_unbacked_host(opt.dry_run);
       RankContext ctx{r, N, *comm, mem, *dev, control.get(), N, clock};
       if (all_started) fn(ctx);
     } catch (...) {

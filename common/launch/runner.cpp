@@ -92,8 +92,8 @@ double available_memory_bytes() {
 // buffers (the sampler's inputs and targets, the losses read back: 12 bytes
 // a position), and, in a real run, the model states, with on the CPU device
 // the device's activations and buffers too (its memory is the host's). A dry
-// run holds no model values, except stage 05's host states (its CPU
-// optimizer runs on them).
+// run holds no model values: its host states are counted but never backed
+// (MemoryTracker::set_unbacked_host), its host computes nothing.
 void check_host_memory(const RunConfig& cfg, const World& world) {
   TrainConfig at_world = cfg;
   at_world.ranks = world.size;
@@ -104,7 +104,7 @@ void check_host_memory(const RunConfig& cfg, const World& world) {
     if (cfg.stage == stage_name(s)) stage = s;
   const StageEstimate est = estimate_stage(stage, at_world, cfg.offload);
   const double tokens = 12.0 * cfg.batch * cfg.model.T;
-  const double states = cfg.dry_run && cfg.stage != "offload" ? 0 : est.states.host.total();
+  const double states = cfg.dry_run ? 0 : est.states.host.total();
   const double device = !cfg.dry_run && cfg.device == "cpu" ? est.device_total() : 0;
   const int ranks = world.multi_process() ? 1 : world.size;
   const double need = (tokens + states + device) * ranks;
@@ -119,9 +119,7 @@ void check_host_memory(const RunConfig& cfg, const World& world) {
   if (states > 0) m << show(states) << " of host model states, ";
   m << show(tokens) << " of token buffers for --batch " << cfg.batch << " x T " << cfg.model.T
     << "), and this machine has " << show(free_bytes) << " free: ";
-  if (cfg.dry_run && cfg.stage == "offload")
-    m << "dry-run stage 04 for the device side, or use a smaller model, a lower --batch or fewer --ranks";
-  else if (cfg.dry_run)
+  if (cfg.dry_run)
     m << "use a lower --batch or fewer --ranks";
   else
     m << "use a smaller model, a lower --batch, fewer --ranks, --recompute full or a stage that shards the "

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "device_decorator.h"
+#include "dry_device.h"
 
 namespace zf {
 
@@ -293,6 +294,10 @@ class ModeledHostDevice final : public DeviceDecorator {
 }  // namespace
 
 std::unique_ptr<Device> RankClock::on_host(std::unique_ptr<Device> cpu) {
+  // A dry run's host computes nothing either: its work is only charged, and
+  // host states nothing writes need no memory behind them (a 7B model's
+  // optimizer on a laptop).
+  if (dry_) cpu = make_dry_device();
   return std::make_unique<ModeledHostDevice>(std::move(cpu), *this);
 }
 

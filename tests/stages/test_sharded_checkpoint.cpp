@@ -16,9 +16,6 @@
 //   meson test -C build checkpoint
 #include <gtest/gtest.h>
 
-#include <malloc.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -210,28 +207,6 @@ TEST_F(ShardedCheckpoint, ShardAndConsolidateAreInverse) {
   EXPECT_EQ(bytes_of(inside), bytes_of(cfg.save));
 }
 
-// The peak resident bytes of a forked child that runs fn (wait4's). The
-// allocator's free memory goes back to the system first: a child that
-// allocated from free pages the process still holds resident (the training
-// runs' freed buffers) would grow by nothing.
-long child_peak(const std::function<void()>& fn) {
-  ::malloc_trim(0);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    try {
-      fn();
-    } catch (...) {
-      ::_exit(1);
-    }
-    ::_exit(0);
-  }
-  int status = 0;
-  struct rusage usage {};
-  ::wait4(pid, &status, 0, &usage);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child failed";
-  return usage.ru_maxrss * 1024;
-}
-
 // Consolidating streams: the small model's 10 MiB checkpoint passes through
 // a 256 KiB buffer, and the process grows by less than a quarter of the
 // file, where reading the states whole (the control, to show that the
@@ -272,12 +247,12 @@ TEST_F(ShardedCheckpoint, ConsolidationHoldsOnlyItsBuffer) {
   // code, the libraries' pages and the allocator's arenas are resident in
   // all three alike; then what differs is what the small model's data adds.
   auto warm = [&] { consolidate_checkpoint(path("tiny"), path("warm.safetensors." + std::to_string(::getpid())), 1 << 16); };
-  const long idle = child_peak(warm);
-  const long streamed = child_peak([&] {
+  const long idle = test::child_peak(warm);
+  const long streamed = test::child_peak([&] {
     warm();
     if (consolidate_checkpoint(path("ck"), path("a.safetensors"), 1 << 16) != (1 << 16) * sizeof(float)) ::_exit(2);
   }) - idle;
-  const long whole = child_peak([&] {
+  const long whole = test::child_peak([&] {
     warm();
     const ShardedCheckpointReader reader(path("ck"), layout);
     std::vector<std::vector<float>> all(3, std::vector<float>(layout.numel));
