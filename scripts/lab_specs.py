@@ -425,6 +425,8 @@ TIME_KEYS = {
                "bytes (section 8) / its bandwidth; count every collective of a step, the loss's and the "
                "norm's all-reduces too",
     "exposed_ms": "the time the compute queue stood waiting for a collective",
+    "compute_ms": "docs/SPEC.md section 13, compute: each op's arithmetic at the profile's rates (a product's "
+                  "waves of tiles, attention at its kernel's rate) or its bytes at the memory's, plus launch_us",
     "copy_ms": "docs/SPEC.md section 13, copy: latency + bytes / PCIe, per copy",
     "host_ms": "docs/SPEC.md section 13, host: AdamW's S / (rate / r); the norm's 4S bytes and the landed "
                "pieces' sum into the float32 shard, 10S bytes, and its zeroing after the update, 4S, / (bandwidth / r)",
@@ -436,14 +438,14 @@ class Time(Lab):
     stage, test = "03_zero3/zero3", "clock"
     defaults = dict(model="gpt2", ranks=8, precision="bf16", grad_accum=1)
     keys = {f"{run}.{k}": TIME_KEYS[k] for run, ks in (
-        ("nvlink", ("comm_ms", "exposed_ms", "step_ms")), ("pcie", ("comm_ms", "exposed_ms", "step_ms")),
+        ("nvlink", ("comm_ms", "compute_ms", "exposed_ms", "step_ms")), ("pcie", ("comm_ms", "exposed_ms", "step_ms")),
         ("pcie_prefetch0", ("exposed_ms", "step_ms")), ("pcie_prefetch1", ("exposed_ms", "step_ms")),
         ("offload", ("host_ms", "copy_ms", "step_ms")), ("offload_delayed", ("step_ms",))) for k in ks}
     # A modeled time computed by hand from SPEC section 13 and the profile: within 0.1 % (a dropped
-    # term, such as the batch's three pageable copies, is more). The steps and the exposed times
-    # are estimates: each is reported with how far off it is.
+    # term, such as the batch's three pageable copies, is more). The steps, the exposed times
+    # and the compute are estimates: each is reported with how far off it is.
     time_rel = 1e-3
-    estimate_keys = tuple(k for k in keys if k.endswith(("step_ms", "exposed_ms")))
+    estimate_keys = tuple(k for k in keys if k.endswith(("step_ms", "exposed_ms", "compute_ms")))
     takes_binary = False
 
     def validate(self, cfg, opts):
@@ -487,7 +489,8 @@ def phases(steps):
     """The measured step's modeled times, in ms."""
     s = steps[TIME_STEP] if len(steps) > TIME_STEP else steps[-1]
     p = s.get("phases_ms", {})
-    return {"step_ms": s["ms"], "comm_ms": p.get("comm", 0.0), "exposed_ms": p.get("exposed comm", 0.0),
+    return {"step_ms": s["ms"], "comm_ms": p.get("comm", 0.0), "compute_ms": p.get("compute", 0.0),
+            "exposed_ms": p.get("exposed comm", 0.0),
             "copy_ms": p.get("copy", 0.0), "host_ms": p.get("host", 0.0)}
 
 

@@ -181,12 +181,13 @@ class EveryLabPassesOnItsStage(LabTestCase):
                     self.assertRegex(out, rf"ok    prediction {key}: predicted [\d,.]+, measured [\d,.]+")
 
     def test_time_lab(self):
-        # A step estimated 30 % too long is reported, not failed.
-        guess = {"nvlink.step_ms": 100.0}
+        # A step estimated 30 % too long, and the compute half of what it is, are reported, not failed.
+        guess = {"nvlink.step_ms": 100.0, "nvlink.compute_ms": 5.0}
         out = self.passes(8, *predict({**TIME_PREDICTIONS, **guess}))
         for key in TIME_PREDICTIONS:
             self.assertRegex(out, rf"ok    prediction {key}: predicted [\d,.]+, measured [\d,.]+")
         self.assertRegex(out, r"note  estimate nvlink.step_ms: predicted 100, measured [\d,.]+, off by [-+][\d.]+ %")
+        self.assertRegex(out, r"note  estimate nvlink.compute_ms: predicted 5, measured [\d,.]+, off by -[\d.]+ %")
         for what in ("ZeRO-3 over PCIe", "prefetch moves no byte", "the delayed update hides"):
             self.assertRegex(out, "ok    " + what)
 
