@@ -91,7 +91,10 @@ int run(int argc, char** argv) {
   app.add_option("--device", device, "cpu or cuda: what --compute auto means (bf16 for bf16 on cuda)")
       ->capture_default_str();
   app.add_option("--attention", attention, "simple or flash")->capture_default_str();
-  app.add_option("--recompute", recompute, "none, full or attn")->capture_default_str();
+  app.add_option("--recompute", recompute,
+                 "none, full (keep each block's input, re-run its forward in the backward) or attn (drop the "
+                 "attention probabilities: with --attention flash there are none, so it changes nothing)")
+      ->capture_default_str();
   app.add_option("--batch", cfg.batch, "micro-batch per rank (sequences)")->capture_default_str();
   app.add_option("--grad-accum", cfg.grad_accum, "micro-steps per optimizer step K")->capture_default_str();
   app.add_flag("--json", q.json, "print one JSON object on stdout instead of the tables");

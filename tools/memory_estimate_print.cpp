@@ -72,7 +72,9 @@ void print_time_header(const Request& q, const std::string& clock) {
   const bool bf16 = q.cfg.compute == DType::bf16;
   std::printf("\ntime per optimizer step, %s (--hardware %s), modeled, not measured:\n"
               "each stage's own schedule run as a dry run (docs/SPEC.md section 13); tokens/s of all N GPUs and of one;\n"
-              "compute %s, MFU of the %s peak%s\n",
+              "compute %s, MFU of the %s peak%s (model FLOPs: recomputation not counted).\n"
+              "The model is optimistic: every published run bench/modeled_vs_published.py sets it beside (A100 and\n"
+              "H100; none on L40S) ran slower than modeled (bench/RESULTS.md gives by how much).\n",
               clock.c_str(), q.hardware.c_str(), dtype_name(q.cfg.compute), bf16 ? "bf16 tensor-core" : "FP32",
               bf16 ? "" : " (--compute bf16 for tensor cores)");
 }
@@ -159,7 +161,8 @@ void print_tables(const Request& q) {
     }
     print_time_header(q, clock);
     // Whether the step fits the card, beside its time: a time that does not
-    // fit is one that run would never reach.
+    // fit is one that run would never reach. The CUDA context and NCCL's
+    // buffers are not in the peak: the footer says to leave room for them.
     const std::string peak_head = "device peak GiB of " + trimmed(q.card_bytes / double(1 << 30));
     std::printf("%-17s %12s  %12s  %12s  %7s  %15s  %-28s %s\n", "stage", "ms/step", "tokens/s", "tokens/s/GPU",
                 "MFU", "exposed comm ms", peak_head.c_str(), "largest --batch that fits");
@@ -172,6 +175,8 @@ void print_tables(const Request& q) {
                   most > 0 ? std::to_string(most).c_str() : "none",
                   times[i].ran ? "" : ("; not modeled: " + times[i].why_not).c_str());
     }
+    std::printf("The card's memory is what its driver reports (hardware/README.md); the CUDA context and NCCL's\n"
+                "buffers take some of it and are not in the peak: leave room for them when picking --batch.\n");
   }
   if (!q.shaped)
     std::printf("\nActivations are not counted without a shape (give --model or --layers/--channels/--vocab/--seq/"

@@ -475,7 +475,7 @@ std::optional<RunConfig> parse_flags(int argc, char** argv, const StageInfo& sta
   else throw UsageError("--precision must be fp32 or bf16 (got '" + precision + "')");
   USAGE_REQUIRE(cfg.device == "cpu" || cfg.device == "cuda",
                 "--device must be cpu or cuda (got '" << cfg.device << "')");
-  if (cfg.device == "cuda") {
+  if (cfg.device == "cuda" && !cfg.dry_run) {  // a dry run is refused below with its own reason
     const std::string why = cuda_device_unavailable_reason();
     USAGE_REQUIRE(why.empty(), "--device cuda is not available: " << why
                                    << ". Use --device cpu, where the device is simulated with its memory "
@@ -530,6 +530,9 @@ std::optional<RunConfig> parse_flags(int argc, char** argv, const StageInfo& sta
                 "--hardware " << cfg.hardware << " is the machine of the modeled clock: add --clock modeled");
   if (cfg.clock == "modeled") {
     if (cfg.hardware.empty()) cfg.hardware = "h100-sxm";
+    USAGE_REQUIRE(cfg.device == "cpu" || !cfg.dry_run,
+                  "--dry-run models the GPUs of --hardware " << cfg.hardware << " and runs on none: leave out "
+                  "--device cuda (--compute bf16 gives the tensor cores' arithmetic)");
     USAGE_REQUIRE(cfg.device == "cpu", "--clock modeled models a GPU from a run on the CPU device; with --device "
                                        "cuda the wall clock is the GPU's own: leave --clock out");
   }

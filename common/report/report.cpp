@@ -288,8 +288,8 @@ void StepReporter::summary(const RunResult& run) {
   }
   // A note, on stderr: --quiet keeps it.
   if (peak_flops_ > 0 && device_peak(run) > memory_bytes_)
-    std::fprintf(stderr, "note: the device peak of %s per rank does not fit the modeled GPU's %s: on that GPU this run "
-                 "would stop out of memory\n", format_bytes(size_t(device_peak(run))).c_str(),
+    std::fprintf(stderr, "note: %s: the device peak of %s per rank does not fit the modeled GPU's %s: on that GPU this "
+                 "run would stop out of memory\n", cfg_.stage.c_str(), format_bytes(size_t(device_peak(run))).c_str(),
                  format_bytes(size_t(memory_bytes_)).c_str());
 }
 

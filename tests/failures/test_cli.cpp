@@ -126,6 +126,11 @@ TEST(Cli, ProfileTableLeavesResultsAlone) {
 
 TEST(Cli, CudaUnavailableSaysWhy) { expect_usage_error("--device cuda", {"--device cuda", "CUDA"}); }
 
+// A dry run runs on no GPU: --device cuda is refused for that reason, not for a missing GPU.
+TEST(Cli, ADryRunOnCudaSaysItRunsOnNone) {
+  expect_usage_error("--device cuda --dry-run --clock modeled", {"--dry-run", "leave out --device cuda"});
+}
+
 TEST(Cli, MissingDataFile) {
   expect_usage_error("--data /nonexistent/tokens.bin", {"/nonexistent/tokens.bin"});
 }

@@ -160,6 +160,10 @@ class SweepTest(unittest.TestCase):
                 self.assertRegex(verdict, r"^MISSED \(\d+\.\d\dx\)$", row)
                 self.assertAlmostEqual(float(verdict[8:-2]), ratio, delta=6e-3, msg=row)
         self.assertIn("%d of %d cases within 25 %%" % (sum(within), len(within)), p.stdout)
+        # memory_estimate's --hardware header and README.md say every one of these ran slower than
+        # modeled: a case the model puts slower than published makes them wrong.
+        ratios = [float(r.split("|")[5]) for r in rows[1:]]
+        self.assertTrue(all(x > 1 for x in ratios), ratios)
         # One row's FLOPs-per-token ratio by hand: MPT-7b at T = 2048 as this project's GPT (an untied
         # head over V = 50368 and learned positions) against MPT's 6,658,859,008 parameters.
         L, C, T, V = 32, 4096, 2048, 50368
