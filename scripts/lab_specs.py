@@ -479,8 +479,14 @@ class Time(Lab):
         _, _, S = F.fsdp_sizes("gpt2", cfg["ranks"])
         adamw_ms = 1e3 * S / (hw["host_adamw_params_per_s"] / min(cfg["ranks"], hw["gpus_per_node"]))
         d, u = ms["offload_delayed"]["step_ms"], ms["offload"]["step_ms"]
+        for run in ("pcie_prefetch0", "pcie_prefetch1"):
+            checks.add(ms[run]["comm_ms"] <= ms[run]["step_ms"],
+                       f"{run}: two queues, one link: the step is no shorter than its comm",
+                       f"comm <= step {ms[run]['step_ms']:.3f} ms", f"comm {ms[run]['comm_ms']:.3f} ms",
+                       "docs/SPEC.md section 13: a link carries one collective at a time")
         checks.add(adamw_ms <= d < u,
-                   "the delayed update hides the device's step under the CPU's AdamW, which still bounds the step",
+                   "the delayed update hides part of the device's step under the host's work, which still bounds "
+                   "the step",
                    f"between AdamW's {adamw_ms:.3f} and the undelayed {u:.3f} ms", f"{d:.3f} ms",
                    "05_offload/extensions/README.md, the delayed update")
 

@@ -188,7 +188,8 @@ class EveryLabPassesOnItsStage(LabTestCase):
             self.assertRegex(out, rf"ok    prediction {key}: predicted [\d,.]+, measured [\d,.]+")
         self.assertRegex(out, r"note  estimate nvlink.step_ms: predicted 100, measured [\d,.]+, off by [-+][\d.]+ %")
         self.assertRegex(out, r"note  estimate nvlink.compute_ms: predicted 5, measured [\d,.]+, off by -[\d.]+ %")
-        for what in ("ZeRO-3 over PCIe", "prefetch moves no byte", "the delayed update hides"):
+        for what in ("ZeRO-3 over PCIe", "prefetch moves no byte", "pcie_prefetch0: two queues, one link",
+                     "pcie_prefetch1: two queues, one link", "the delayed update hides"):
             self.assertRegex(out, "ok    " + what)
 
     def test_padding_counts_at_three_ranks(self):
