@@ -11,13 +11,19 @@ backward, "host", "host worker" and "disk" tracks where there were any,
 and no memory counter. This draws one row per rank and track, the spans
 colored by kind (forward, backward, optimizer, each collective, each copy
 direction), each collective and copy labelled with its kind and each
-unit's span with the unit, and below them each rank's total device bytes
-over time:
+unit's span with the unit (turned on its side where the span is narrow),
+the compute row's gaps hatched as waits (the queue stood waiting for a
+collective, a copy or the host), and below them each rank's total device
+bytes over time:
 
     build/03_zero3/zero3 --ranks 2 --model tiny --steps 2 --trace /tmp/t.json
     /usr/bin/python3 tools/trace_gantt.py /tmp/t.json gantt.png --step 1
+    /usr/bin/python3 tools/trace_gantt.py /tmp/o.json o.png --step 1-2 --ranks 0
 
---step S draws only step S (its compute and the collectives issued in it).
+--step S draws only step S (its compute and the collectives issued in it),
+--step S-E steps S to E (what a step waits for from the step before);
+--ranks R or R-Q only those ranks (a run of many alike ranks is a tall
+picture otherwise).
 It needs Debian's matplotlib (python3-matplotlib) and draws with the Agg
 backend, no display needed. A missing file, a file that is not JSON or not a
 trace, or a step the trace does not hold is an error naming it; exit status 2.
@@ -74,21 +80,38 @@ def kind_of(e):
     return e["name"] if e.get("cat") in NAMED_BY_KIND else e.get("cat", "")
 
 
-def rows_of(events, step=None):
+def span_range(text, flag):
+    """"3" -> (3, 3), "1-2" -> (1, 2); TraceError naming the flag otherwise."""
+    lo, _, hi = text.partition("-")
+    try:
+        first, last = int(lo), int(hi or lo)
+    except ValueError:
+        raise TraceError(f"{flag} wants a number or a range such as 1-2 (got {text!r})")
+    if first < 0 or last < first:
+        raise TraceError(f"{flag} wants a number or a range such as 1-2, first not above last (got {text!r})")
+    return first, last
+
+
+def rows_of(events, step=None, ranks=None):
     """The chart's rows, rank by rank, tracks in their sort order:
     [((rank, tid), "rank r compute", [span, ...])], each span (start_us,
-    dur_us, kind, label); with `step`, only that step's spans."""
+    dur_us, kind, label); with `step` (a number or a (first, last) pair),
+    only those steps' spans; with `ranks` (a (first, last) pair), only
+    those ranks' rows."""
+    steps = (step, step) if isinstance(step, int) else step
+    keep_rank = (lambda pid: True) if ranks is None else (lambda pid: ranks[0] <= pid <= ranks[1])
     names, order = {}, {}
     for e in events:
         if e["ph"] == "M" and e.get("name") == "thread_name":
             names[(e["pid"], e.get("tid", 0))] = e["args"]["name"]
         if e["ph"] == "M" and e.get("name") == "thread_sort_index":
             order[(e["pid"], e.get("tid", 0))] = e["args"]["sort_index"]
-    spans = {key: [] for key in names}
+    spans = {key: [] for key in names if keep_rank(key[0])}
     for e in events:
-        if e["ph"] != "X":
+        if e["ph"] != "X" or not keep_rank(e["pid"]):
             continue
-        if step is not None and e.get("args", {}).get("step") != step:
+        s = e.get("args", {}).get("step")
+        if steps is not None and not (isinstance(s, int) and steps[0] <= s <= steps[1]):
             continue
         kind = kind_of(e)
         label = LABELS.get(kind, "") if e.get("cat") in NAMED_BY_KIND else ""
@@ -97,6 +120,17 @@ def rows_of(events, step=None):
         spans.setdefault((e["pid"], e.get("tid", 0)), []).append((e["ts"], e["dur"], kind, label))
     keys = sorted(spans, key=lambda k: (k[0], order.get(k, k[1]), k[1]))
     return [(k, f"rank {k[0]} {names.get(k, 'tid %d' % k[1])}", sorted(spans[k])) for k in keys]
+
+
+def waits_of(spans):
+    """The gaps between a compute row's spans, from its first to its last:
+    [(start_us, dur_us)], where the queue stood waiting."""
+    gaps, end = [], None
+    for ts, dur, _, _ in sorted(spans):
+        if end is not None and ts > end:
+            gaps.append((end, ts - end))
+        end = ts + dur if end is None else max(end, ts + dur)
+    return gaps
 
 
 def memory_of(events):
@@ -111,6 +145,13 @@ def memory_of(events):
 def steps_of(events):
     return sorted({e["args"]["step"] for e in events
                    if e["ph"] == "X" and isinstance(e.get("args", {}).get("step"), int) and e["args"]["step"] >= 0})
+
+
+def since(step):
+    """The time axis's label: from the run's start, or from the first step drawn's."""
+    if step is None:
+        return "ms since the run started"
+    return "ms since step %d started" % (step if isinstance(step, int) else step[0])
 
 
 def draw(rows, memory, out_path, title, step=None):
@@ -129,23 +170,33 @@ def draw(rows, memory, out_path, title, step=None):
     else:  # a trace without the counter (the modeled clock's): the spans alone
         fig, ax = plt.subplots(figsize=(14, 1.0 + 0.55 * len(rows) + 0.6))
         mem_ax = ax
-    kinds = set()
-    for i, (_, _, spans) in enumerate(rows):
+    kinds, waited = set(), False
+    for i, (_, name, spans) in enumerate(rows):
         y = len(rows) - 1 - i
         for ts, dur, kind, label in spans:
             kinds.add(kind)
             x, w = (ts - t0) / 1000.0, dur / 1000.0
             ax.broken_barh([(x, max(w, width_ms * 1e-4))], (y - 0.4, 0.8), facecolors=COLORS.get(kind, "#bab0ac"),
                            edgecolor="black", linewidth=0.2)
-            if label and w > width_ms * 0.012:  # only where the label fits
+            if label and w > width_ms * 0.012:  # where the label fits across
                 ax.text(x + w / 2, y, label, ha="center", va="center", fontsize=6)
+            elif label and w > width_ms * 0.002:  # on its side, where it fits only so
+                ax.text(x + w / 2, y, label, ha="center", va="center", fontsize=5, rotation=90)
+        if name.endswith(" compute"):
+            for ts, dur in waits_of(spans):
+                if dur / 1000.0 > width_ms * 1e-3:  # a gap too narrow to see is no wait to show
+                    waited = True
+                    ax.broken_barh([((ts - t0) / 1000.0, dur / 1000.0)], (y - 0.4, 0.8), facecolors="none",
+                                   edgecolor="#e45756", hatch="////", linewidth=0.3)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([name for _, name, _ in reversed(rows)], fontsize=8)
     ax.set_title(title)
-    ax.legend(handles=[Patch(color=COLORS.get(k, "#bab0ac"), label=k) for k in sorted(kinds)],
-              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    handles = [Patch(color=COLORS.get(k, "#bab0ac"), label=k) for k in sorted(kinds)]
+    if waited:
+        handles.append(Patch(facecolor="none", edgecolor="#e45756", hatch="////", label="waiting"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     if not memory:
-        ax.set_xlabel("ms since the run started" if step is None else f"ms since step {step} started")
+        ax.set_xlabel(since(step))
         ax.set_xlim(0, width_ms)
         fig.tight_layout()
         fig.savefig(out_path, dpi=120)
@@ -159,7 +210,7 @@ def draw(rows, memory, out_path, title, step=None):
         mem_ax.step([(t - t0) / 1000.0 for t, _ in inside], [b / 2**20 for _, b in inside], where="post",
                     label=f"rank {r}")
     mem_ax.set_ylabel("device MiB")
-    mem_ax.set_xlabel("ms since the run started" if step is None else f"ms since step {step} started")
+    mem_ax.set_xlabel(since(step))
     mem_ax.set_xlim(0, width_ms)
     if memory:
         mem_ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
@@ -172,18 +223,27 @@ def main(argv=None):
     p = argparse.ArgumentParser(description="Draw a --trace FILE timeline as a Gantt chart (PNG).")
     p.add_argument("trace", help="the --trace FILE of a run")
     p.add_argument("out", help="the PNG to write")
-    p.add_argument("--step", type=int, help="draw only this step")
+    p.add_argument("--step", help="draw only this step, or a range of steps such as 1-2")
+    p.add_argument("--ranks", help="draw only this rank, or a range of ranks such as 0-1")
     args = p.parse_args(argv)
     try:
+        step = None if args.step is None else span_range(args.step, "--step")
+        ranks = None if args.ranks is None else span_range(args.ranks, "--ranks")
         events = load_trace(args.trace)
         steps = steps_of(events)
-        if args.step is not None and args.step not in steps:
+        if step is not None and not (step[0] in steps and step[1] in steps):
             have = f"steps {steps[0]}..{steps[-1]}" if steps else "no step"
             raise TraceError(f"{args.trace}: --step {args.step} is not in the trace (it holds {have})")
+        pids = sorted({e["pid"] for e in events if e["ph"] == "X"})
+        if ranks is not None and not any(ranks[0] <= r <= ranks[1] for r in pids):
+            raise TraceError(f"{args.trace}: --ranks {args.ranks} holds none of its ranks "
+                             f"({pids[0]}..{pids[-1]})" if pids else f"{args.trace}: no rank has a span")
     except TraceError as e:
         print(f"trace_gantt.py: error: {e}", file=sys.stderr)
         return 2
-    rows = rows_of(events, args.step)
+    if step is not None and step[0] == step[1]:
+        step = step[0]
+    rows = rows_of(events, step, ranks)
     for _, name, spans in rows:
         print(f"{name}: {len(spans)} spans")
     try:
@@ -192,8 +252,10 @@ def main(argv=None):
         print("trace_gantt.py: error: matplotlib is missing (apt-get install python3-matplotlib)", file=sys.stderr)
         return 1
     title = args.trace + (f", step {args.step}" if args.step is not None else "")
+    title += f", rank {args.ranks}" if args.ranks is not None else ""
+    memory = {r: m for r, m in memory_of(events).items() if ranks is None or ranks[0] <= r <= ranks[1]}
     try:
-        draw(rows, memory_of(events), args.out, title, args.step)
+        draw(rows, memory, args.out, title, step)
     except OSError as e:
         print(f"trace_gantt.py: error: cannot write {args.out}: {e.strerror}", file=sys.stderr)
         return 1

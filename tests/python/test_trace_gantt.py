@@ -103,6 +103,36 @@ class TraceOfARun(TracedRun):
                 self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
             self.assertIn("rank 1 comm:", r.stdout)
 
+    def test_a_range_of_steps_and_of_ranks(self):
+        events = trace_gantt.load_trace(self.trace)
+        # Steps 0 to 1: each step's spans, not the ones before step 0 (the initial broadcast).
+        both = trace_gantt.rows_of(events, (0, 1))
+        each = zip(trace_gantt.rows_of(events, 0), trace_gantt.rows_of(events, 1))
+        self.assertEqual([sp for _, _, sp in both], [sorted(a[2] + b[2]) for a, b in each])
+        one = trace_gantt.rows_of(events, 1, (1, 1))
+        self.assertEqual([name for _, name, _ in one], ["rank 1 compute", "rank 1 comm"])
+        self.assertEqual([sp for _, _, sp in one], [sp for _, _, sp in trace_gantt.rows_of(events, 1)[2:]])
+        if NO_MATPLOTLIB:
+            return
+        out = os.path.join(self.tmp.name, "r1.png")
+        r = run_tool(self.trace, out, "--step", "0-1", "--ranks", "1")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual([line.split(":")[0] for line in r.stdout.splitlines()[:-1]], ["rank 1 compute", "rank 1 comm"])
+        for bad, says in ((["--ranks", "5"], "--ranks 5 holds none of its ranks (0..1)"),
+                          (["--ranks", "1-0"], "--ranks wants a number or a range"),
+                          (["--step", "0-9"], "--step 0-9 is not in the trace"),
+                          (["--step", "x"], "--step wants a number or a range")):
+            r = run_tool(self.trace, os.path.join(self.tmp.name, "bad.png"), *bad)
+            self.assertEqual(r.returncode, 2, bad)
+            self.assertIn(says, r.stderr)
+
+    def test_waits_are_the_compute_rows_gaps(self):
+        # Spans (start, duration): 0-10, 5-12 (overlapping), 20-25, 25-30 (touching), 40-41.
+        spans = [(0, 10, "forward", ""), (5, 7, "forward", ""), (20, 5, "backward", ""), (25, 5, "backward", ""),
+                 (40, 1, "optimizer", "")]
+        self.assertEqual(trace_gantt.waits_of(spans), [(12, 8), (30, 10)])
+        self.assertEqual(trace_gantt.waits_of([]), [])
+
     def test_step_not_in_the_trace(self):
         r = run_tool(self.trace, os.path.join(self.tmp.name, "x.png"), "--step", "7")
         self.assertEqual(r.returncode, 2)
