@@ -270,7 +270,7 @@ def timelines(build, out, docs):
                 "--prefetch", str(depth), "--trace", trace] + COMMON
         run(build, "04_fsdp/fsdp", args, os.path.join(out, "logs", "timeline_prefetch%d.jsonl" % depth))
         events = trace_gantt.load_trace(trace)
-        rows = [r for r in trace_gantt.rows_of(events, 1) if r[0][0] < 2]  # ranks 0 and 1: the rest alike
+        rows = trace_gantt.rows_of(events, 1, (0, 1))  # ranks 0 and 1: the rest alike
         png = os.path.join(docs, "modeled_prefetch%d.png" % depth)
         trace_gantt.draw(rows, {}, png, "fsdp, gpt2 on 8 L40S (PCIe), --prefetch %d: step 1, modeled" % depth, 1)
         drawn.append(png)
@@ -318,6 +318,50 @@ def exposed_words(rows, pcie_rows, stage):
     return "; ".join(words)
 
 
+def choices(rows, mem):
+    """Per shape and N, in the sweep's order: the runs whose peak fits the card, shortest step first."""
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    for model in models:
+        for n in sorted({r["ranks"] for r in rows if r["model"] == model}):
+            fit = [r for r in rows if r["model"] == model and r["ranks"] == n and r["peak_gib"] <= mem[r["hardware"]]]
+            yield model, n, sorted(fit, key=lambda r: r["ms"])
+
+
+def choice_table(rows, mem):
+    """The fastest stage that fits, and the next, for each shape and N."""
+    lines = ["| model | N | fastest stage that fits | step ms | MFU | the next | its step ms |",
+             "|---|---:|---|---:|---:|---|---:|"]
+    for model, n, fit in choices(rows, mem):
+        if not fit:
+            lines.append("| %s | %d | none fits |  |  |  |  |" % (model, n))
+            continue
+        a, b = fit[0], fit[1] if len(fit) > 1 else None
+        lines.append("| %s | %d | %s | %.1f | %.1f%% | %s | %s |" % (
+            model, n, a["stage"], a["ms"], 100 * a["mfu"], b["stage"] if b else "none fits",
+            "%.1f" % b["ms"] if b else ""))
+    return "\n".join(lines) + "\n"
+
+
+def published_ratios(build):
+    """bench/modeled_vs_published.py's ratios, modeled over published model FLOP/s per GPU, run here."""
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "modeled_vs_published.py"), "--build", build],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError("bench/modeled_vs_published.py failed: " + p.stderr.strip()[-300:])
+    cells = [line.split("|") for line in p.stdout.split("\n") if line.startswith("| ") and "---" not in line]
+    return [float(c[5]) for c in cells[1:]]
+
+
+def caveat_words(ratios):
+    """What the published comparison says of the model, from its ratios."""
+    if all(x > 1 for x in ratios):
+        return ("every one of the %d published training runs bench/modeled_vs_published.py sets it beside (A100 "
+                "and H100, none on L40S) ran slower than modeled, by %.2f to %.2f times" %
+                (len(ratios), min(ratios), max(ratios)))
+    return ("against the %d published training runs of bench/modeled_vs_published.py (A100 and H100, none on "
+            "L40S) the modeled speed is %.2f to %.2f times the published" % (len(ratios), min(ratios), max(ratios)))
+
+
 def pairs(rows, pcie_rows, stage=None):
     """(main run, PCIe run) of `stage` (default: every stage) at the same shape and N, in the PCIe series'
     order."""
@@ -350,7 +394,7 @@ def exposed_range_words(pcie_rows, stage):
                                      hi["ms"])
 
 
-def docs_page(rows, pcie_rows, knob_rows, mem, pictures):
+def docs_page(rows, pcie_rows, knob_rows, mem, pictures, ratios):
     """docs/tour/modeled.md: what the sweep shows, with its pictures and tables."""
     names = {k: os.path.basename(p) for k, p in pictures.items()}
     ranks = sorted({r["ranks"] for r in rows})
@@ -414,6 +458,18 @@ def docs_page(rows, pcie_rows, knob_rows, mem, pictures):
         "",
         "Without prefetch each unit's all-gather is issued when the unit is needed and the compute waits for "
         "it; with `--prefetch 1` the next unit's is issued first and runs under this unit's compute.",
+        "",
+        "## Which stage, by these runs",
+        "",
+        "For each shape and N: the stage whose modeled step is shortest among those whose peak fits the card, "
+        "and the next.",
+        "",
+        choice_table(rows, mem),
+        "These are the model's answers, and the model is optimistic: %s (bench/RESULTS.md). It leaves out the "
+        "memory bandwidth a running collective takes from the ops, a matrix product's rate below its best "
+        "shape's beyond the waves of tiles, an eager framework's extra kernels, and what grows with the number "
+        "of GPUs besides the collectives (stragglers, a large network's congestion): read its steps as a bound "
+        "and its ranking of the stages as the lesson." % caveat_words(ratios),
         "",
         "## The numbers",
         "",
@@ -491,7 +547,7 @@ def main(argv=None):
             shutil.copyfile(os.path.join(a.out, name + ".png"), pictures[name])
         pictures["prefetch0"], pictures["prefetch1"] = timelines(a.build, a.out, a.write_docs)
         with open(os.path.join(a.write_docs, "modeled.md"), "w") as f:
-            f.write(docs_page(rows, pcie_rows, knob_rows, mem, pictures))
+            f.write(docs_page(rows, pcie_rows, knob_rows, mem, pictures, published_ratios(a.build)))
     n_runs = len(rows) + len(pcie_rows) + len(knob_rows) + (2 if a.write_docs else 0)
     print("modeled_sweep: %d runs in %.0f s -> %s" % (n_runs, time.time() - start, a.out))
     return 0

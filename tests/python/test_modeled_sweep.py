@@ -129,6 +129,19 @@ class SweepTest(unittest.TestCase):
         grows = modeled_sweep.exposed_range_words(rows(1.0, 13.0), "dp")
         self.assertTrue(grows.startswith("grows with N on it (1.0 ms of 100.0 at N = 8"), grows)
 
+    def test_the_fastest_stage_that_fits(self):
+        def run(stage, n, ms, peak):
+            return {"model": "m", "stage": stage, "ranks": n, "ms": ms, "mfu": 0.5, "peak_gib": peak,
+                    "hardware": "h100-sxm"}
+        rows = [run("dp", 8, 90.0, 100.0), run("zero3", 8, 110.0, 20.0), run("fsdp", 8, 105.0, 20.0),
+                run("dp", 64, 90.0, 100.0), run("zero3", 64, 150.0, 90.0)]
+        table = modeled_sweep.choice_table(rows, {"h100-sxm": 79.6})
+        # dp is fastest at N = 8 but does not fit: fsdp, then zero3; at N = 64 nothing fits.
+        self.assertIn("| m | 8 | fsdp | 105.0 | 50.0% | zero3 | 110.0 |", table)
+        self.assertIn("| m | 64 | none fits |", table)
+        self.assertIn("by 1.10 to 1.70 times", modeled_sweep.caveat_words([1.1, 1.7, 1.3]))
+        self.assertIn("is 0.90 to 1.70 times the published", modeled_sweep.caveat_words([0.9, 1.7]))
+
     def test_a_folder_of_other_files_is_refused(self):
         with tempfile.TemporaryDirectory() as d:
             open(os.path.join(d, "notes.txt"), "w").write("mine")
