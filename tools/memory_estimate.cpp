@@ -178,7 +178,7 @@ int run(int argc, char** argv) {
   USAGE_REQUIRE(q.hardware.empty() || !deepspeed,
                 "--hardware's time column is printed with the tables, --json and --fit, not with --deepspeed");
   if (!q.hardware.empty())  // UsageError naming the profiles, or the key that is wrong
-    q.card_bytes = load_hardware(q.hardware).memory_gib * double(size_t(1) << 30);
+    q.card_bytes = std::round(load_hardware(q.hardware).memory_gib * double(size_t(1) << 30));  // whole bytes
 
   // The model: --params, --model, or the five shape flags.
   const std::vector<CLI::Option*> shape_opts{o_layers, o_channels, o_vocab, o_seq, o_heads};

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "check.h"
+#include "memory.h"
 #include "memory_estimate.h"
 #include "run_config.h"
 #include "stage_fns.h"
@@ -80,6 +81,9 @@ StageTime modeled_time(const Request& q, Stage s, const RunConfig& run) {
   try {
     run_training(cfg, stage_fn(s, cfg.offload));
   } catch (const UsageError& e) {  // a dry run this machine cannot hold (its token buffers are real)
+    t.why_not = e.what();
+    return t;
+  } catch (const OutOfMemory& e) {  // its host states' mappings refused (an address-space limit)
     t.why_not = e.what();
     return t;
   }

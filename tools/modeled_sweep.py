@@ -39,6 +39,12 @@ STAGES = [("dp", "00_data_parallel/dp"), ("zero1", "01_zero1/zero1"), ("zero2", 
 BATCH = {"gpt2": 16, "gpt2-medium": 16, "gpt2-large": 8, "gpt2-xl": 8, "gpt-7b": 2, "gpt-70b": 1}
 
 
+def shape_order(model):
+    """Where a shape sorts: by its preset's place in BATCH ("gpt-7b,T=2048" as gpt-7b), then by name."""
+    base = model.split(",")[0]
+    return (list(BATCH).index(base) if base in BATCH else len(BATCH), model)
+
+
 def shape_args(model, shape):
     """--model and --batch of a run of `model`: shape holds --seq and --batch (None: the shape's own)."""
     seq, batch = shape
@@ -158,7 +164,7 @@ def plots(rows, pcie_rows, knob_rows, out, mem):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    models = sorted({r["model"] for r in rows}, key=lambda m: list(BATCH).index(m) if m in BATCH else 99)
+    models = sorted({r["model"] for r in rows}, key=shape_order)
     fig, axes = plt.subplots(2, len(models), figsize=(4.2 * len(models), 7), squeeze=False)
     for i, model in enumerate(models):
         for stage, _ in STAGES:
@@ -214,7 +220,7 @@ def plots(rows, pcie_rows, knob_rows, out, mem):
 def pcie_plot(plt, rows, pcie_rows, out, mem):
     """pcie.png: the PCIe series beside the same stages, shapes and rank counts of the main sweep."""
     import matplotlib.ticker
-    models = sorted({r["model"] for r in pcie_rows}, key=lambda m: list(BATCH).index(m) if m in BATCH else 99)
+    models = sorted({r["model"] for r in pcie_rows}, key=shape_order)
     fig, axes = plt.subplots(len(models), 3, figsize=(15, 4.2 * len(models)), squeeze=False)
     for i, model in enumerate(models):
         ax_ms, ax_mfu, ax_exp = axes[i]
@@ -301,7 +307,7 @@ def first_exposed(rows, stage, share):
     """Where `stage`'s exposed communication first passes `share` of the step, per shape: "N = 512 for
     gpt2-xl, ..."; "nowhere" for a shape where it does not within the sweep."""
     words = []
-    for model in sorted({r["model"] for r in rows}, key=lambda m: list(BATCH).index(m) if m in BATCH else 99):
+    for model in sorted({r["model"] for r in rows}, key=shape_order):
         over = [r["ranks"] for r in rows if r["model"] == model and r["stage"] == stage
                 and r["exposed_ms"] > share * r["ms"]]
         words.append("%s for %s" % ("N = {:,}".format(min(over)) if over else "nowhere", model))
@@ -507,7 +513,7 @@ def main(argv=None):
     except ValueError:
         ap.error("--ranks takes numbers separated by commas (got %r)" % a.ranks)
     if a.seq < 0 or a.batch < 0:
-        ap.error("--seq and --batch take a number above 0")
+        ap.error("--seq and --batch take a number above 0 (or 0, the default: each shape's own)")
     shape = (a.seq, a.batch)
     pcie_models = [m for m in a.pcie_models.split(",") if m]
     if a.write_docs and (a.no_plots or a.no_knobs or not pcie_models):

@@ -43,7 +43,7 @@ Transfer OffloadParams::upload(int g) {
   const UnitShard& us = layout_.units[g];
   if (offload_params_) {
     // Host to host: the link is crossed by each all-gather's input (send_buffer).
-    if (!published_.empty()) std::memcpy(published_.at(us.shard_offset), host_copy(g), us.shard * dtype_size(dtype_));
+    if (!published_.empty()) host_.copy(published_.at(us.shard_offset), host_copy(g), us.shard * dtype_size(dtype_));
     return {};
   }
   return dev_.to_device_async(device_copy_.at(us.shard_offset), host_copy(g), us.shard * dtype_size(dtype_));

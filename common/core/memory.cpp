@@ -219,6 +219,12 @@ void* MemoryTracker::allocate(Place place, Category cat, size_t bytes, bool pinn
   if (!ptr) {
     std::lock_guard<std::mutex> lock(mu_);
     counts_.current[p][c] -= bytes;
+    if (unbacked)  // address space, not memory: what refuses it is a limit on mappings
+      throw OutOfMemory("the system refused to map " + format_bytes(bytes) + " of address space for " +
+                        category_name(cat) + " on the host of rank " + std::to_string(rank_) +
+                        " (a dry run maps its host states without filling them; an address-space limit, ulimit "
+                        "-v, or strict overcommit, vm.overcommit_memory = 2, refuses it): raise the limit, or use "
+                        "fewer --ranks or a smaller model");
     throw OutOfMemory("out of memory on the " + std::string(place_name(place)) + " of rank " +
                       std::to_string(rank_) + ": the system refused " + format_bytes(bytes) +
                       " for " + category_name(cat) + ". Use a smaller model or batch.");

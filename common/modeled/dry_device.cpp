@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <sys/mman.h>
+
 namespace zf {
 
 namespace {
@@ -28,8 +30,16 @@ class DryDevice final : public Device {
   void to_device(void*, const void*, size_t) override {}
   void to_host(void* host_dst, const void*, size_t bytes) override { std::memset(host_dst, 0, bytes); }
   void synchronize() override {}
-  void* allocate_pinned(size_t bytes, std::string*) override { return std::calloc(1, bytes == 0 ? 1 : bytes); }
-  void release_pinned(void* p, size_t) override { std::free(p); }
+  // Host memory a copy would read or write: mapped, zero, and backed only
+  // where something writes it (a dry run's host states are never written).
+  void* allocate_pinned(size_t bytes, std::string* why) override {
+    void* p = ::mmap(nullptr, std::max<size_t>(bytes, 1), PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p != MAP_FAILED) return p;
+    if (why) *why = "the system refused to map it (an address-space limit, ulimit -v, or strict overcommit)";
+    return nullptr;
+  }
+  void release_pinned(void* p, size_t bytes) override { ::munmap(p, std::max<size_t>(bytes, 1)); }
   size_t mark() override { return 0; }
   double elapsed_ms(size_t, size_t) override { return 0.0; }
   void forget_marks() override {}

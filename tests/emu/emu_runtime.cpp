@@ -145,6 +145,8 @@ cudaError_t sticky(int id) {
   return cudaError_t(device(id).sticky.load());
 }
 
+namespace {
+
 void run_stream(Stream* s) {
   for (;;) {
     Stream::Task task;
@@ -186,6 +188,8 @@ void run_stream(Stream* s) {
     s->cv.notify_all();
   }
 }
+
+}  // namespace
 
 Stream* new_stream(Device& d, bool blocking) {
   auto* s = new Stream;
@@ -320,10 +324,14 @@ int memory_type(const void* p, int* dev) {
   return it->second.device >= 0 ? 2 : 1;
 }
 
+namespace {
+
 // What an allocation of `bytes` takes (as cudaMalloc, whole 256-byte units).
 size_t rounded_size(size_t bytes) {
   return std::max<size_t>((bytes + kAlignment - 1) / kAlignment * kAlignment, kAlignment);
 }
+
+}  // namespace
 
 void* allocate(size_t bytes, int dev) {
   const size_t rounded = rounded_size(bytes);

@@ -106,10 +106,11 @@ TEST(ModeledRun, OffloadPaysForPcieAndTheHostsOptimizer) {
 
 // A dry run of stage 05 holds no host states: they are counted (the memory
 // table's) but never written, so a model whose host states are beyond the
-// machine (gpt2's 18P = 2.2 GB here; a 7B model's 120 GB on a laptop) is
-// planned in the memory of stage 04's dry run. What it adds to the
+// machine (gpt2's 18P, about 2.9 GB here; a 7B model's 120 GB on a laptop)
+// is planned in the memory of stage 04's dry run. What it adds to the
 // process's resident memory (a child's peak over an idle child's, which
-// holds the parent's pages) stays under a quarter of those states.
+// holds the parent's pages) stays under an eighth of those states: below
+// the 4P of any one of them (the float32 gradient shard written by hand).
 TEST(ModeledRun, ADryRunOfOffloadHoldsNoHostStates) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "a sanitizer's shadow memory hides what the process itself holds";
@@ -125,7 +126,7 @@ TEST(ModeledRun, ADryRunOfOffloadHoldsNoHostStates) {
     const long grown = test::child_peak([&] { run_training(cfg, train_offload_extended); }) - idle;
     const double states = double(estimate_stage(Stage::offload, cfg, cfg.offload).states.host.total()) * 8;
     EXPECT_GT(states, 2e9);
-    EXPECT_LT(double(grown), states / 4) << "grew by " << grown << " bytes against " << states << " of host states";
+    EXPECT_LT(double(grown), states / 8) << "grew by " << grown << " bytes against " << states << " of host states";
   }
 }
 

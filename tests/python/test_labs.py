@@ -15,12 +15,15 @@
 #   meson test -C build labs
 #   ZF_BUILD=build python3 tests/python/test_labs.py [--xml FILE]
 
+import collections
 import contextlib
 import io
+import json
 import os
 import re
 import shutil
 import stat
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -395,6 +398,56 @@ class MadeUpVariants(LabTestCase):
 
     def test_hybrid_lab_fails_without_the_all_reduce_across_groups(self):
         self.fails(7, "--binary", self.hybrid(2 * 3 / 4 * 4 + 2 * 1 / 2 * 160), naming=["all_reduce bytes"])
+
+
+class TimeExperiments(LabTestCase):
+    """Lab 8's three experiments, run as solutions/lab8_tradeoffs.md answers them."""
+
+    def run_time(self, exe, *extra, hardware="h100-sxm", ranks=8):
+        """The third step of a dry run of lab 8's flags, and its collectives' protocols on rank 0."""
+        with tempfile.TemporaryDirectory() as d:
+            log, trace = os.path.join(d, "log.jsonl"), os.path.join(d, "trace.json")
+            args = [os.path.join(BUILD, exe), "--model", "gpt2", "--ranks", str(ranks), "--batch", "4",
+                    "--precision", "bf16", "--compute", "bf16", "--attention", "flash", "--steps", "4",
+                    "--clock", "modeled", "--dry-run", "--quiet", "--hardware", hardware, "--log-json", log,
+                    "--trace", trace, *extra]
+            self.assertEqual(subprocess.run(args, capture_output=True).returncode, 0, args)
+            step = [json.loads(x) for x in open(log) if '"step"' in x][2]
+            protocols = collections.Counter(
+                e["args"]["protocol"] for e in json.load(open(trace))["traceEvents"]
+                if e["ph"] == "X" and e.get("cat") == "comm" and e["pid"] == 0 and e["args"].get("step") == 2
+                and e["name"] != "all_reduce")
+        return step, protocols
+
+    def test_four_ranks(self):
+        (eight, p8), (four, p4) = (self.run_time(EXE[3], ranks=n) for n in (8, 4))
+        self.assertLess(four["phases_ms"]["comm"], eight["phases_ms"]["comm"])
+        self.assertGreater(p8["LL128"], p8["Simple"])  # most of the units' collectives: LL128 at 8 ranks
+        self.assertEqual(set(p4), {"Simple"})          # Simple at 4
+
+    def test_a_host_four_times_faster(self):
+        with tempfile.TemporaryDirectory() as d:
+            fast = os.path.join(d, "fast-host.hw")
+            with open(os.path.join(ROOT, "hardware", "h100-sxm.hw")) as f, open(fast, "w") as out:
+                for line in f:
+                    key, _, rest = line.partition("=")
+                    if key.strip() == "host_adamw_params_per_s":
+                        value, _, comment = rest.partition("#")
+                        line = "%s= %r  #%s" % (key, 4 * float(value), comment)
+                    out.write(line)
+            steps = {(hw, delay): self.run_time("05_offload/offload", *delay, hardware=hw)[0]["ms"]
+                     for hw in ("h100-sxm", fast) for delay in ((), ("--delay-update",))}
+        fell = steps[("h100-sxm", ())] - steps[(fast, ())]
+        self.assertGreater(fell, 0)
+        self.assertAlmostEqual(steps[("h100-sxm", ("--delay-update",))] - steps[(fast, ("--delay-update",))], fell,
+                               delta=1e-6 * fell)  # both steps fall by the same amount
+
+    def test_half_as_many_all_gathers(self):
+        (one, p1), (two, p2) = (self.run_time("04_fsdp/fsdp", "--prefetch", "1", "--wrap-blocks", str(w),
+                                              hardware="l40s") for w in (1, 2))
+        self.assertLess(two["phases_ms"]["comm"], one["phases_ms"]["comm"])
+        self.assertLess(two["phases_ms"]["exposed comm"], one["phases_ms"]["exposed comm"])
+        self.assertEqual(set(p1), set(p2))  # the same protocol: the bandwidth terms stay
 
 
 # A stand-in executable: runs a stage with the flags it is given (less

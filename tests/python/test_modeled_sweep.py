@@ -177,6 +177,9 @@ class SweepTest(unittest.TestCase):
         # modeled: a case the model puts slower than published makes them wrong.
         ratios = [float(r.split("|")[5]) for r in rows[1:]]
         self.assertTrue(all(x > 1 for x in ratios), ratios)
+        # ... and that the runs are of A100s and H100s, none of L40S.
+        cards = {c for r in rows[1:] for c in ("A100", "H100", "L40S") if c in r.split("|")[1]}
+        self.assertEqual(cards, {"A100", "H100"})
         # One row's FLOPs-per-token ratio by hand: MPT-7b at T = 2048 as this project's GPT (an untied
         # head over V = 50368 and learned positions) against MPT's 6,658,859,008 parameters.
         L, C, T, V = 32, 4096, 2048, 50368

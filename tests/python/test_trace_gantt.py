@@ -112,12 +112,6 @@ class TraceOfARun(TracedRun):
         one = trace_gantt.rows_of(events, 1, (1, 1))
         self.assertEqual([name for _, name, _ in one], ["rank 1 compute", "rank 1 comm"])
         self.assertEqual([sp for _, _, sp in one], [sp for _, _, sp in trace_gantt.rows_of(events, 1)[2:]])
-        if NO_MATPLOTLIB:
-            return
-        out = os.path.join(self.tmp.name, "r1.png")
-        r = run_tool(self.trace, out, "--step", "0-1", "--ranks", "1")
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertEqual([line.split(":")[0] for line in r.stdout.splitlines()[:-1]], ["rank 1 compute", "rank 1 comm"])
         for bad, says in ((["--ranks", "5"], "--ranks 5 holds none of its ranks (0..1)"),
                           (["--ranks", "1-0"], "--ranks wants a number or a range"),
                           (["--step", "0-9"], "--step 0-9 is not in the trace"),
@@ -125,6 +119,12 @@ class TraceOfARun(TracedRun):
             r = run_tool(self.trace, os.path.join(self.tmp.name, "bad.png"), *bad)
             self.assertEqual(r.returncode, 2, bad)
             self.assertIn(says, r.stderr)
+        if NO_MATPLOTLIB:
+            return
+        out = os.path.join(self.tmp.name, "r1.png")
+        r = run_tool(self.trace, out, "--step", "0-1", "--ranks", "1")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual([line.split(":")[0] for line in r.stdout.splitlines()[:-1]], ["rank 1 compute", "rank 1 comm"])
 
     def test_waits_are_the_compute_rows_gaps(self):
         # Spans (start, duration): 0-10, 5-12 (overlapping), 20-25, 25-30 (touching), 40-41.

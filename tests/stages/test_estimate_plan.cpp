@@ -7,6 +7,7 @@
 //   meson test -C build estimate
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -53,7 +54,7 @@ int largest_batch(Stage s, double card) {
 // fits. Data parallel fits no batch (16 P is above the card), ZeRO-2 fits a
 // smaller one than 8, ZeRO-3 a larger one.
 TEST(EstimatePlan, EachStageAgainstTheCard) {
-  const double card = load_hardware("h100-sxm").memory_gib * double(1 << 30);
+  const double card = std::round(load_hardware("h100-sxm").memory_gib * double(1 << 30));  // in whole bytes
   const nlohmann::json j = run_json(std::string(kPlan) + " --batch 8 --hardware h100-sxm --json");
   ASSERT_EQ(j["stages"].size(), 6u);
   std::map<std::string, int> most;
