@@ -45,11 +45,10 @@ def shape_order(model):
     return (list(BATCH).index(base) if base in BATCH else len(BATCH), model)
 
 
-def shape_args(model, shape):
-    """--model and --batch of a run of `model`: shape holds --seq and --batch (None: the shape's own)."""
+def shape_of(model, shape):
+    """The --model and --batch of a run of `model`: shape holds --seq and --batch (0: the shape's own)."""
     seq, batch = shape
-    return ["--model", model + (",T=%d" % seq if seq else ""), "--batch",
-            str(batch if batch else BATCH.get(model, 4))]
+    return model + (",T=%d" % seq if seq else ""), batch if batch else BATCH.get(model, 4)
 # Every run: the bf16 recipe on tensor cores, flash attention, full recomputation.
 COMMON = ["--precision", "bf16", "--compute", "bf16", "--attention", "flash", "--recompute", "full",
           "--steps", "2", "--clock", "modeled", "--dry-run", "--quiet"]
@@ -117,9 +116,10 @@ def sweep(build, out, models, ranks, hardware, shape, stages=None):
             if stages is not None and stage not in stages:
                 continue
             for n in ranks:
-                args = shape_args(model, shape) + ["--ranks", str(n), "--hardware", hardware] + COMMON
+                spec, batch = shape_of(model, shape)
+                args = ["--model", spec, "--batch", str(batch), "--ranks", str(n), "--hardware", hardware] + COMMON
                 r = run(build, exe, args, os.path.join(out, "logs", "%s_%s_%s_%d.json" % (label(hardware), model, stage, n)))
-                r.update(model=args[1], stage=stage, ranks=n, hardware=hardware, mode="", batch=int(args[3]))
+                r.update(model=spec, stage=stage, ranks=n, hardware=hardware, mode="", batch=batch)
                 rows.append(r)
                 print("%-8s %-12s %-6s N=%-5d %10.1f ms  MFU %5.1f%%  exposed %8.1f ms  peak %7.1f GiB" %
                       (label(hardware), model, stage, n, r["ms"], 100 * r["mfu"], r["exposed_ms"], r["peak_gib"]), flush=True)
@@ -139,11 +139,12 @@ def knobs(build, out, model, n, shape):
              ("offload delayed", "05_offload/offload", ["--delay-update"])]
     for hardware in ("h100-sxm", "l40s"):
         for name, exe, extra in modes:
-            args = shape_args(model, shape) + ["--ranks", str(n), "--hardware", hardware] + COMMON + extra
+            spec, batch = shape_of(model, shape)
+            args = ["--model", spec, "--batch", str(batch), "--ranks", str(n), "--hardware", hardware] + COMMON + extra
             log = os.path.join(out, "logs", "knob_%s_%s.json" % (hardware, name.replace(" ", "_").replace("=", "")))
             delayed = "--delay-update" in extra
             r = run(build, exe, args, log, n_steps=4 if delayed else 2, shown=2 if delayed else 1)
-            r.update(model=args[1], stage=os.path.basename(exe), ranks=n, hardware=hardware, mode=name, batch=int(args[3]))
+            r.update(model=spec, stage=os.path.basename(exe), ranks=n, hardware=hardware, mode=name, batch=batch)
             rows.append(r)
             print("%-8s %-12s %-12s N=%-5d %10.1f ms  MFU %5.1f%%  exposed %8.1f ms" %
                   (hardware, model, name, n, r["ms"], 100 * r["mfu"], r["exposed_ms"]), flush=True)

@@ -126,14 +126,20 @@ size_t MemoryCounts::model_states(Place p) const {
 
 // ---------------------------------------------------------------- tracker
 
-namespace {
-
-// Zero-filled pages the system backs only where written (page-aligned, so
-// 64-byte aligned); null when refused.
 void* map_unbacked(size_t bytes) {
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* p = ::mmap(nullptr, std::max<size_t>(bytes, 1), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   return p == MAP_FAILED ? nullptr : p;
 }
+
+void unmap_unbacked(void* p, size_t bytes) { ::munmap(p, std::max<size_t>(bytes, 1)); }
+
+namespace {
+
+// What an allocation of `bytes` takes: whole 64-byte units, at least one
+// (aligned_alloc wants a multiple of the alignment, and not 0).
+constexpr size_t kAlign = 64;
+size_t padded_size(size_t bytes) { return bytes == 0 ? kAlign : (bytes + kAlign - 1) / kAlign * kAlign; }
 
 }  // namespace
 
@@ -190,10 +196,8 @@ void* MemoryTracker::allocate(Place place, Category cat, size_t bytes, bool pinn
     counts_.peak_total[p] = std::max(counts_.peak_total[p], in_use + bytes);
   }
   // The device place comes from the rank's Device when it has one (GPU
-  // memory on a GPU run); host memory otherwise. aligned_alloc wants a size
-  // that is a multiple of the alignment (and not 0).
-  constexpr size_t kAlign = 64;
-  const size_t padded = bytes == 0 ? kAlign : (bytes + kAlign - 1) / kAlign * kAlign;
+  // memory on a GPU run); host memory otherwise.
+  const size_t padded = padded_size(bytes);
   const bool on_device = place == Place::device && device_ != nullptr;
   if (pinned) {
     std::string why;
@@ -245,10 +249,10 @@ void MemoryTracker::release(Place place, Category cat, void* ptr, size_t bytes, 
     counts_.current[p][c] -= bytes;
     if (pinned) counts_.pinned -= bytes;
   }
-  const size_t padded = bytes == 0 ? 64 : (bytes + 63) / 64 * 64;
+  const size_t padded = padded_size(bytes);
   if (pinned) device_->release_pinned(ptr, padded);
   else if (place == Place::device && device_ != nullptr) device_->release(ptr);
-  else if (place == Place::host && unbacked_host_) ::munmap(ptr, padded);
+  else if (place == Place::host && unbacked_host_) unmap_unbacked(ptr, padded);
   else std::free(ptr);
 }
 

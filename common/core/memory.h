@@ -55,6 +55,12 @@ struct MemoryCounts {
   size_t model_states(Place p) const;
 };
 
+// Zero-filled host pages the system backs only where something writes them
+// (page-aligned); null when refused. A dry run's host memory (its states,
+// and its pinned buffers) is mapped so: counted, never filled.
+void* map_unbacked(size_t bytes);
+void unmap_unbacked(void* p, size_t bytes);
+
 class MemoryTracker {
  public:
   explicit MemoryTracker(int rank = 0, std::optional<size_t> device_budget = std::nullopt);

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include <sys/mman.h>
+#include "memory.h"
 
 namespace zf {
 
@@ -33,13 +33,11 @@ class DryDevice final : public Device {
   // Host memory a copy would read or write: mapped, zero, and backed only
   // where something writes it (a dry run's host states are never written).
   void* allocate_pinned(size_t bytes, std::string* why) override {
-    void* p = ::mmap(nullptr, std::max<size_t>(bytes, 1), PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p != MAP_FAILED) return p;
-    if (why) *why = "the system refused to map it (an address-space limit, ulimit -v, or strict overcommit)";
-    return nullptr;
+    void* p = map_unbacked(bytes);
+    if (!p && why) *why = "the system refused to map it (an address-space limit, ulimit -v, or strict overcommit)";
+    return p;
   }
-  void release_pinned(void* p, size_t bytes) override { ::munmap(p, std::max<size_t>(bytes, 1)); }
+  void release_pinned(void* p, size_t bytes) override { unmap_unbacked(p, bytes); }
   size_t mark() override { return 0; }
   double elapsed_ms(size_t, size_t) override { return 0.0; }
   void forget_marks() override {}
