@@ -10,7 +10,7 @@
 #
 #   scripts/emulated.sh [--asan] [SUITE...]
 #       (default suites: gpu_emulation gpu_kernels gpu_comm gpu_comm_threads
-#        gpu_stages gpu_stages_one_gpu)
+#        gpu_stages gpu_stages_nccl gpu_stages_one_gpu)
 #
 # --asan: the same under AddressSanitizer and UndefinedBehaviorSanitizer, in
 # build-emu-asan (a kernel's access past its buffer, a use after free, a
@@ -34,7 +34,7 @@ if [[ ${1:-} == --asan ]]; then
 fi
 start=$SECONDS
 suites=("$@")
-[[ ${#suites[@]} -eq 0 ]] && suites=(gpu_emulation gpu_kernels gpu_comm gpu_comm_threads gpu_stages gpu_stages_one_gpu)
+[[ ${#suites[@]} -eq 0 ]] && suites=(gpu_emulation gpu_kernels gpu_comm gpu_comm_threads gpu_stages gpu_stages_nccl gpu_stages_one_gpu)
 # -O2 for the libraries (the emulated kernels run long enough to matter),
 # the test files at -O1 as in build/. NCCL is the emulation's; no MPI.
 if [[ ! -f $dir/build.ninja ]]; then
@@ -52,7 +52,10 @@ fi
 rm -rf "$dir/tests/results" "$dir/meson-logs/testlog.json"
 mkdir -p "$dir/tests/results"
 targets=()
-for s in "${suites[@]}"; do targets+=("tests/test_${s%_one_gpu}"); done  # one binary, two tests
+for s in "${suites[@]}"; do  # gpu_stages*: one binary, three tests
+  [[ $s == gpu_stages* ]] && s=gpu_stages
+  targets+=("tests/test_$s")
+done
 ninja -C "$dir" "${targets[@]}" >/dev/null || ninja -C "$dir" "${targets[@]}" || { echo "emulated: build failed"; exit 1; }
 built=$SECONDS
 meson test -C "$dir" --no-rebuild --num-processes 2 --print-errorlogs \

@@ -216,8 +216,8 @@ SETUP = {False: ["--buildtype=release", "-Dcuda=disabled", "-Dnccl=disabled"],
 
 
 def build(build_dir, gpu, suites=()):
-    # gpu_stages_one_gpu is gpu_stages' binary, run with one emulated GPU.
-    targets = ["tests/test_" + x.removesuffix("_one_gpu") for x in suites] if gpu else []
+    # gpu_stages_nccl and gpu_stages_one_gpu are gpu_stages' binary.
+    targets = ["tests/test_" + ("gpu_stages" if x.startswith("gpu_stages") else x) for x in suites] if gpu else []
     p = run(["ninja", "-C", build_dir] + targets)
     return p.returncode == 0, p.stdout[-3000:]
 

@@ -2,8 +2,10 @@
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "emu_runtime.h"
 
@@ -36,26 +38,49 @@ float tf32(float x) {
 
 bool type_ok(cudaDataType_t t) { return t == CUDA_R_32F || t == CUDA_R_16BF; }
 
+// s[i] += a[i] * x for i < m, four at a time: each s[i] is one multiply
+// and one add, rounded each (the build contracts no multiply-add), as in a
+// plain loop, which the compiler at -O2 would leave one element at a time.
+void axpy(float* s, const float* a, float x, int m) {
+  using V = float __attribute__((vector_size(16)));
+  int i = 0;
+  for (; i + 4 <= m; i += 4) {
+    V av, sv;
+    std::memcpy(&av, a + i, sizeof av);
+    std::memcpy(&sv, s + i, sizeof sv);
+    sv += av * x;
+    std::memcpy(s + i, &sv, sizeof sv);
+  }
+  for (; i < m; ++i) s[i] += a[i] * x;
+}
+
 // One product, column-major: C[i + j ldc] = alpha sum_k op(A)[i,k] op(B)[k,j] + beta C.
+// Each C element sums its k products in order from k = 0; the operands are
+// first copied as floats, op(A) by columns, so that the sums of a column of
+// C run side by side over contiguous memory.
 void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, const void* A,
           cudaDataType_t at, int lda, const void* B, cudaDataType_t bt, int ldb, float beta, void* C,
           cudaDataType_t ct, int ldc, bool use_tf32) {
   // For real types, CUBLAS_OP_C is CUBLAS_OP_T.
-  auto a = [&](int i, int kk) {
+  auto op_a = [&](int i, int kk) {
     const float v = ta == CUBLAS_OP_N ? read(A, at, size_t(i) + size_t(kk) * lda) : read(A, at, size_t(kk) + size_t(i) * lda);
     return use_tf32 ? tf32(v) : v;
   };
-  auto b = [&](int kk, int j) {
+  auto op_b = [&](int kk, int j) {
     const float v = tb == CUBLAS_OP_N ? read(B, bt, size_t(kk) + size_t(j) * ldb) : read(B, bt, size_t(j) + size_t(kk) * ldb);
     return use_tf32 ? tf32(v) : v;
   };
-  for (int j = 0; j < n; ++j)
+  std::vector<float> a(size_t(m) * size_t(k)), s(static_cast<size_t>(m));
+  for (int kk = 0; kk < k; ++kk)
+    for (int i = 0; i < m; ++i) a[size_t(kk) * m + i] = op_a(i, kk);
+  for (int j = 0; j < n; ++j) {
+    std::fill(s.begin(), s.end(), 0.0f);
+    for (int kk = 0; kk < k; ++kk) axpy(s.data(), a.data() + size_t(kk) * m, op_b(kk, j), m);
     for (int i = 0; i < m; ++i) {
-      float s = 0.0f;
-      for (int kk = 0; kk < k; ++kk) s += a(i, kk) * b(kk, j);
       const size_t c = size_t(i) + size_t(j) * ldc;
-      write(C, ct, c, beta == 0.0f ? alpha * s : alpha * s + beta * read(C, ct, c));
+      write(C, ct, c, beta == 0.0f ? alpha * s[size_t(i)] : alpha * s[size_t(i)] + beta * read(C, ct, c));
     }
+  }
 }
 
 cublasStatus_t check(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,

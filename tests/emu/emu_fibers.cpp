@@ -33,20 +33,6 @@
 
 #include "emu_runtime.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define ZF_EMU_ASAN 1
-#endif
-#if defined(__SANITIZE_THREAD__)
-#define ZF_EMU_TSAN 1
-#endif
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define ZF_EMU_ASAN 1
-#endif
-#if __has_feature(thread_sanitizer)
-#define ZF_EMU_TSAN 1
-#endif
-#endif
 #ifdef ZF_EMU_ASAN
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
@@ -483,7 +469,7 @@ void trap() { thread_fault("__trap()"); }
 
 void kernel_fault(const std::string& what) { thread_fault(what); }
 
-void warp_exchange(unsigned mask, WarpOp op, uint64_t mine, uint64_t out[32]) {
+void warp_exchange(unsigned mask, WarpOp op, uint64_t mine, uint64_t out[32], int from) {
   GpuThread& t = me(op_name(op));
   Runner& r = *runner;
   const int lane = lane_id();
@@ -528,7 +514,9 @@ void warp_exchange(unsigned mask, WarpOp op, uint64_t mine, uint64_t out[32]) {
   }
   if (wait) to_main();
   if (op == WarpOp::syncwarp) tsan_acquire(&x->token);
-  for (int l = 0; l < 32; ++l) out[l] = (mask >> l & 1u) ? x->values[l].load(std::memory_order_relaxed) : 0;
+  if (from >= 0) out[from] = (mask >> from & 1u) ? x->values[from].load(std::memory_order_relaxed) : 0;
+  else if (op != WarpOp::syncwarp)
+    for (int l = 0; l < 32; ++l) out[l] = (mask >> l & 1u) ? x->values[l].load(std::memory_order_relaxed) : 0;
   const TsanQuiet quiet;
   t.exchange = nullptr;
   if (--x->readers == 0) {

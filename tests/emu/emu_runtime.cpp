@@ -32,22 +32,6 @@
 #include <thread>
 #include <vector>
 
-#if defined(__SANITIZE_THREAD__)
-#define ZF_EMU_TSAN 1
-#endif
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define ZF_EMU_TSAN 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__)
-#define ZF_EMU_ASAN 1
-#endif
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define ZF_EMU_ASAN 1
-#endif
-#endif
 #ifdef ZF_EMU_ASAN
 #include <sanitizer/asan_interface.h>
 #endif
@@ -78,11 +62,6 @@ TsanQuiet::~TsanQuiet() {
 }
 void tsan_release(const void* token) { __tsan_release(const_cast<void*>(token)); }
 void tsan_acquire(const void* token) { __tsan_acquire(const_cast<void*>(token)); }
-#else
-TsanQuiet::TsanQuiet() {}
-TsanQuiet::~TsanQuiet() {}
-void tsan_release(const void*) {}
-void tsan_acquire(const void*) {}
 #endif
 
 }  // namespace zf::emu

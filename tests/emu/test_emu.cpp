@@ -246,33 +246,50 @@ TEST(EmulatedGpu, CopiesCheckTheirDirection) {
 }
 
 TEST(EmulatedGpu, GemmIsColumnMajorWithTransposes) {
-  // C (m x n) = alpha op(A) op(B) + beta C, column-major, against the sum written out.
+  // C (m x n) = alpha op(A) op(B) + beta C, column-major, each of a batch of
+  // two, against the sum written out (k products in order, unfused, as the
+  // build compiles both): every transpose pair, m = 7 so that both a column's
+  // four-wide part and its tail count.
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-  const int m = 3, n = 2, k = 4;
-  std::vector<float> A(size_t(k) * m), B(size_t(k) * n), C(size_t(m) * n, 1.0f);  // A: k x m (transposed), B: k x n
-  for (size_t i = 0; i < A.size(); ++i) A[i] = float(i + 1);
-  for (size_t i = 0; i < B.size(); ++i) B[i] = float(2 * i) - 3;
+  const int m = 7, n = 3, k = 5, batch = 2;
+  const long long sa = m * k + 1, sb = k * n + 2, sc = m * n + 3;  // strides past a matrix
+  std::vector<float> A(size_t(sa) * batch), B(size_t(sb) * batch);
+  for (size_t i = 0; i < A.size(); ++i) A[i] = float(i % 11) * 0.37f - 1.5f;
+  for (size_t i = 0; i < B.size(); ++i) B[i] = float(2 * (i % 7)) * 0.61f - 3.0f;
+  const std::vector<float> C(size_t(sc) * batch, 1.0f);
   float *dA, *dB, *dC;
   ASSERT_EQ(cudaMalloc(&dA, A.size() * 4), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&dB, B.size() * 4), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&dC, C.size() * 4), cudaSuccess);
   cudaMemcpy(dA, A.data(), A.size() * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(dB, B.data(), B.size() * 4, cudaMemcpyHostToDevice);
-  cudaMemcpy(dC, C.data(), C.size() * 4, cudaMemcpyHostToDevice);
   cublasHandle_t h;
   ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
   const float alpha = 2.0f, beta = 0.5f;
-  // op(A) = A^T with A stored k x m (lda = k); op(B) = B, k x n (ldb = k).
-  ASSERT_EQ(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, dA, CUDA_R_32F, k, dB, CUDA_R_32F, k, &beta, dC,
-                         CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-            CUBLAS_STATUS_SUCCESS);
-  std::vector<float> out(C.size());
-  cudaMemcpy(out.data(), dC, out.size() * 4, cudaMemcpyDeviceToHost);
-  for (int i = 0; i < m; ++i)
-    for (int j = 0; j < n; ++j) {
-      float s = 0;
-      for (int kk = 0; kk < k; ++kk) s += A[size_t(i) * k + kk] * B[size_t(j) * k + kk];
-      EXPECT_EQ(out[size_t(i) + size_t(j) * m], alpha * s + beta * 1.0f) << i << "," << j;
+  for (cublasOperation_t ta : {CUBLAS_OP_N, CUBLAS_OP_T})
+    for (cublasOperation_t tb : {CUBLAS_OP_N, CUBLAS_OP_T}) {
+      SCOPED_TRACE(std::to_string(int(ta)) + "," + std::to_string(int(tb)));
+      // op(A) is m x k: A is stored m x k (lda = m) or k x m (lda = k).
+      const int lda = ta == CUBLAS_OP_N ? m : k, ldb = tb == CUBLAS_OP_N ? k : n;
+      cudaMemcpy(dC, C.data(), C.size() * 4, cudaMemcpyHostToDevice);
+      ASSERT_EQ(cublasGemmStridedBatchedEx(h, ta, tb, m, n, k, &alpha, dA, CUDA_R_32F, lda, sa, dB, CUDA_R_32F, ldb,
+                                           sb, &beta, dC, CUDA_R_32F, m, sc, batch, CUBLAS_COMPUTE_32F,
+                                           CUBLAS_GEMM_DEFAULT),
+                CUBLAS_STATUS_SUCCESS);
+      std::vector<float> out(C.size());
+      cudaMemcpy(out.data(), dC, out.size() * 4, cudaMemcpyDeviceToHost);
+      for (int q = 0; q < batch; ++q)
+        for (int i = 0; i < m; ++i)
+          for (int j = 0; j < n; ++j) {
+            float s = 0;
+            for (int kk = 0; kk < k; ++kk) {
+              const float a = A[size_t(q * sa) + (ta == CUBLAS_OP_N ? size_t(i + kk * lda) : size_t(kk + i * lda))];
+              const float b = B[size_t(q * sb) + (tb == CUBLAS_OP_N ? size_t(kk + j * ldb) : size_t(j + kk * ldb))];
+              s += a * b;
+            }
+            EXPECT_EQ(out[size_t(q * sc) + size_t(i + j * m)], alpha * s + beta * 1.0f) << q << ": " << i << "," << j;
+          }
+      EXPECT_EQ(out[size_t(m * n)], 1.0f) << "past the first matrix of C, before the second: untouched";
     }
   // A leading dimension shorter than a column is refused, as cuBLAS does.
   EXPECT_EQ(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, dA, CUDA_R_32F, m - 1, dB, CUDA_R_32F, k, &beta,

@@ -76,9 +76,10 @@ void trap();
 
 // Warp operations: every lane named in mask calls with the same mask and op,
 // each its own value; returns, to each, every named lane's value (out[l] for
-// lane l; unnamed lanes' entries are 0).
+// lane l; unnamed lanes' entries are 0), or with from >= 0 (a shuffle, which
+// reads one lane) out[from] alone; __syncwarp reads none.
 enum class WarpOp { shfl, shfl_xor, reduce_add, match_any, ballot, all, any, syncwarp };
-void warp_exchange(unsigned mask, WarpOp op, uint64_t mine, uint64_t out[32]);
+void warp_exchange(unsigned mask, WarpOp op, uint64_t mine, uint64_t out[32], int from = -1);
 int lane_id();
 
 // The block's dynamic shared memory (the launch's shared_bytes).
@@ -136,21 +137,21 @@ T from_bits(uint64_t u) {
 
 template <class T>
 T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32) {
-  uint64_t out[32];
-  ::zf::emu::warp_exchange(mask, ::zf::emu::WarpOp::shfl_xor, ::zf::emu::to_bits(var), out);
   // As PTX's shfl.bfly: a source past the end of the lane's group of width
   // gives the lane its own value (an earlier group's lane is read).
   const int lane = ::zf::emu::lane_id();
   int src = lane ^ (lane_mask & 31);
   if (src > ((lane & ~(width - 1)) | (width - 1))) src = lane;
+  uint64_t out[32];
+  ::zf::emu::warp_exchange(mask, ::zf::emu::WarpOp::shfl_xor, ::zf::emu::to_bits(var), out, src);
   return ::zf::emu::from_bits<T>(out[src]);
 }
 template <class T>
 T __shfl_sync(unsigned mask, T var, int src_lane, int width = 32) {
+  const int src = (::zf::emu::lane_id() & ~(width - 1)) + (src_lane & (width - 1));
   uint64_t out[32];
-  ::zf::emu::warp_exchange(mask, ::zf::emu::WarpOp::shfl, ::zf::emu::to_bits(var), out);
-  const int lane = ::zf::emu::lane_id();
-  return ::zf::emu::from_bits<T>(out[(lane & ~(width - 1)) + (src_lane & (width - 1))]);
+  ::zf::emu::warp_exchange(mask, ::zf::emu::WarpOp::shfl, ::zf::emu::to_bits(var), out, src);
+  return ::zf::emu::from_bits<T>(out[src]);
 }
 inline unsigned __reduce_add_sync(unsigned mask, unsigned value) {
   uint64_t out[32];
