@@ -20,14 +20,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dir=build-emu
-setup=(--buildtype=custom -Doptimization=2 -Db_ndebug=true)
+setup=(--native-file scripts/emulated.ini)
 slower=1
 if [[ ${1:-} == --asan ]]; then
   shift
   dir=build-emu-asan
   slower=4
-  setup=(--buildtype=custom -Doptimization=1 -Ddebug=true -Db_ndebug=true -Db_lundef=false
-         -Db_sanitize=address,undefined)
+  # File by file, as scripts/sanitize.sh full builds (ASan's
+  # initialization-order check sees no order inside a unity file).
+  setup+=(-Doptimization=1 -Ddebug=true -Db_lundef=false -Db_sanitize=address,undefined -Dunity=off)
   rm -rf "$dir/sanitizer-reports" && mkdir -p "$dir/sanitizer-reports"
   export ASAN_OPTIONS="log_path=$PWD/$dir/sanitizer-reports/asan:detect_leaks=1"
   export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$PWD/$dir/sanitizer-reports/ubsan"
@@ -35,10 +36,8 @@ fi
 start=$SECONDS
 suites=("$@")
 [[ ${#suites[@]} -eq 0 ]] && suites=(gpu_emulation gpu_kernels gpu_comm gpu_comm_threads gpu_stages gpu_stages_nccl gpu_stages_one_gpu)
-# -O2 for the libraries (the emulated kernels run long enough to matter),
-# the test files at -O1 as in build/. NCCL is the emulation's; no MPI.
 if [[ ! -f $dir/build.ninja ]]; then
-  meson setup "$dir" -Dgpu_emulation=true -Dmpi=disabled "${setup[@]}" >/dev/null ||
+  meson setup "$dir" "${setup[@]}" >/dev/null ||
     { echo "emulated: meson setup failed"; exit 1; }
 elif [[ " ${suites[*]} " == *" gpu_comm "* ]] &&
      ! ninja -C "$dir" -t targets all 2>/dev/null | grep -q '^tests/test_gpu_comm:'; then

@@ -211,8 +211,7 @@ def on_gpu(suites):
 # (only the GPU suites' tests are built: its stages and tools would take
 # most of its build).
 SETUP = {False: ["--buildtype=release", "-Dcuda=disabled", "-Dnccl=disabled"],
-         True: ["-Dgpu_emulation=true", "-Dmpi=disabled", "--buildtype=custom", "-Doptimization=2",
-                "-Db_ndebug=true"]}
+         True: ["--native-file", os.path.join(ROOT, "scripts", "emulated.ini")]}
 
 
 def build(build_dir, gpu, suites=()):
