@@ -119,7 +119,7 @@ int run(int argc, char** argv) {
       app.add_option("--reshard-after-forward", reshard, "true or false")->group(g4),
       app.add_option("--reduce-dtype", reduce_dtype, "bf16 or fp32: the reduce-scatter's dtype")->group(g4),
       app.add_option("--shard-group", cfg.fsdp.shard_group, "F: hybrid sharding, 16P/F")->group(g4),
-      app.add_flag("--no-sync", cfg.fsdp.no_sync, "reduce-scatter once per step (with --grad-accum K > 1)")
+      app.add_flag("--no-sync", cfg.fsdp.no_sync, "reduce-scatter once per step (with --grad-accum K > 1), keeping the unsharded gradient: eP more")
           ->group(g4),
       app.add_option("--prefetch", cfg.fsdp.prefetch, "units all-gathered ahead: changes only the gathered and transient peaks")
           ->group(g4),
@@ -308,7 +308,7 @@ std::string formula(Stage s, const RunConfig& cfg) {
     case Stage::zero1: return bf ? "4P + 12P/N" : "8P + 8P/N";
     case Stage::zero2: return bf ? "2P + 14P/N" : "4P + 12P/N";
     case Stage::zero3: return "16P/N";
-    case Stage::fsdp: return "16P/" + n;
+    case Stage::fsdp: return "16P/" + n + (cfg.fsdp.no_sync ? (bf ? " + 2P" : " + 4P") + std::string(" (--no-sync)") : "");
     case Stage::offload: {
       const OffloadOptions& o = cfg.offload;
       std::string dev = o.offload_params ? "0" : (bf ? "2P/" : "4P/") + n;

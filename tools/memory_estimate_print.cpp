@@ -1,6 +1,7 @@
 // memory_estimate_print.cpp: memory_estimate's outputs: the memory and
 // communication tables, --json (one object, a contract: tools/README.md),
 // the ZeRO paper's example (--paper) and DeepSpeed's estimator (--deepspeed).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -177,6 +178,11 @@ void print_tables(const Request& q) {
     }
     std::printf("The card's memory is what its driver reports (hardware/README.md); the CUDA context and NCCL's\n"
                 "buffers take some of it and are not in the peak: leave room for them when picking --batch.\n");
+    if (std::any_of(q.stages.begin(), q.stages.end(), [](Stage s) { return s == Stage::zero1 || s == Stage::zero2; }))
+      std::printf("Exposed comm is the time the compute waits for a collective. ZeRO-1 and -2 all-gather each unit's\n"
+                  "parameters after its update: only the later units' updates run beside those all-gathers, and the\n"
+                  "step waits for the rest. The other stages' collectives run beside the backward, and stages 03-05\n"
+                  "gather each unit ahead of its use.\n");
   }
   if (!q.shaped)
     std::printf("\nActivations are not counted without a shape (give --model or --layers/--channels/--vocab/--seq/"

@@ -91,6 +91,8 @@ TEST(EstimatePlan, EachStageAgainstTheCard) {
     }
   }
   EXPECT_EQ(rows, 3) << r.output;
+  EXPECT_NE(r.output.find("ZeRO-1 and -2 all-gather each unit's"), std::string::npos)
+      << "why their exposed communication is the largest";
 }
 
 // --fit with --seq: the family at that sequence length. L fits and L + 1
@@ -114,6 +116,28 @@ TEST(EstimatePlan, FitAtAnotherSequenceLength) {
   const auto r = test::run_command(estimator() + " --fit 80GB --seq 2048 --layers 4");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--seq alone"), std::string::npos) << r.output;
+}
+
+
+// --no-sync, as a planner weighing it sees it: the formula names the
+// unsharded gradient it keeps, e bytes per padded element (the units' pieces
+// times N), and the device grads grow by exactly that; the reduce-scatters
+// fall from K a step to one.
+TEST(EstimatePlan, NoSyncSaysWhatItKeeps) {
+  for (const char* precision : {"bf16", "fp32"}) {
+    SCOPED_TRACE(precision);
+    const std::string flags = std::string("--model gpt2 --ranks 8 --stage fsdp --grad-accum 4 --precision ") + precision;
+    const nlohmann::json sync = run_json(flags + " --json"), keep = run_json(flags + " --no-sync --json");
+    const double e = std::string(precision) == "bf16" ? 2 : 4;
+    double padded = 0;
+    for (const nlohmann::json& u : keep["units"]) padded += u["piece"].get<double>() * 8;
+    const nlohmann::json &a = sync["stages"][0], &b = keep["stages"][0];
+    EXPECT_EQ(a["formula"], "16P/N");
+    EXPECT_EQ(b["formula"], e == 2 ? "16P/N + 2P (--no-sync)" : "16P/N + 4P (--no-sync)");
+    EXPECT_EQ(b["device"]["grads"].get<double>() - a["device"]["grads"].get<double>(), e * padded);
+    const double rs = a["comm_bytes_per_step"]["by_collective"]["reduce_scatter"].get<double>();
+    EXPECT_EQ(b["comm_bytes_per_step"]["by_collective"]["reduce_scatter"].get<double>(), rs / 4);
+  }
 }
 
 }  // namespace
