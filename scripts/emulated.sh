@@ -8,30 +8,45 @@
 # what only scripts/gpu_check.sh on a real GPU can). scripts/test.sh runs it
 # after the sanitizers; ZF_SKIP_EMULATED=1 skips it there.
 #
-#   scripts/emulated.sh [--asan] [SUITE...]
+#   scripts/emulated.sh [--asan | --tsan] [SUITE...]
 #       (default suites: gpu_emulation gpu_kernels gpu_comm gpu_comm_threads
 #        gpu_stages gpu_stages_nccl gpu_stages_one_gpu)
 #
 # --asan: the same under AddressSanitizer and UndefinedBehaviorSanitizer, in
 # build-emu-asan (a kernel's access past its buffer, a use after free, a
 # leak; reports in build-emu-asan/sanitizer-reports/, printed at the end).
-# Several times slower than the plain run (timeouts x4), so not part of CI:
-# scripts/sanitize.sh full runs it.
+# --tsan: the same under ThreadSanitizer, in build-emu-tsan (a missing wait
+# between streams, a host read before a synchronize, two GPU threads of a
+# block touching the same memory without a barrier; the suppressions are
+# scripts/sanitizers/tsan.supp's).
+# Several times slower than the plain run (timeouts x4, x6), so not part of
+# CI: scripts/sanitize.sh full runs both.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dir=build-emu
 setup=(--native-file scripts/emulated.ini)
 slower=1
+sanitizer=
 if [[ ${1:-} == --asan ]]; then
   shift
   dir=build-emu-asan
   slower=4
+  sanitizer=address,undefined
   # File by file, as scripts/sanitize.sh full builds (ASan's
   # initialization-order check sees no order inside a unity file).
-  setup+=(-Doptimization=1 -Ddebug=true -Db_lundef=false -Db_sanitize=address,undefined -Dunity=off)
+  setup+=(-Doptimization=1 -Ddebug=true -Db_lundef=false -Db_sanitize=$sanitizer -Dunity=off)
   rm -rf "$dir/sanitizer-reports" && mkdir -p "$dir/sanitizer-reports"
   export ASAN_OPTIONS="log_path=$PWD/$dir/sanitizer-reports/asan:detect_leaks=1"
   export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$PWD/$dir/sanitizer-reports/ubsan"
+elif [[ ${1:-} == --tsan ]]; then
+  shift
+  dir=build-emu-tsan
+  slower=6
+  sanitizer=thread
+  setup+=(-Doptimization=1 -Ddebug=true -Db_lundef=false -Db_sanitize=$sanitizer)
+  rm -rf "$dir/sanitizer-reports" && mkdir -p "$dir/sanitizer-reports"
+  export TSAN_OPTIONS="log_path=$PWD/$dir/sanitizer-reports/tsan:second_deadlock_stack=1:suppressions=$PWD/scripts/sanitizers/tsan.supp"
+  export OPENBLAS_NUM_THREADS=1  # its thread pool is not instrumented (scripts/sanitize.sh says more)
 fi
 start=$SECONDS
 suites=("$@")
@@ -44,8 +59,8 @@ elif [[ " ${suites[*]} " == *" gpu_comm "* ]] &&
   # A folder set up with -Dnccl=disabled has no NCCL suite: NCCL back on.
   meson configure "$dir" -Dnccl=auto >/dev/null || { echo "emulated: meson configure failed"; exit 1; }
 fi
-if [[ $slower -gt 1 ]] && ! grep -q '"address,undefined"' "$dir/meson-info/intro-buildoptions.json"; then
-  echo "emulated: $dir is not set up with -Db_sanitize=address,undefined: remove it and run again"
+if [[ -n $sanitizer ]] && ! grep -q "\"$sanitizer\"" "$dir/meson-info/intro-buildoptions.json"; then
+  echo "emulated: $dir is not set up with -Db_sanitize=$sanitizer: remove it and run again"
   exit 1
 fi
 rm -rf "$dir/tests/results" "$dir/meson-logs/testlog.json"
@@ -60,7 +75,7 @@ built=$SECONDS
 meson test -C "$dir" --no-rebuild --num-processes 2 --print-errorlogs \
   --timeout-multiplier "$slower" "${suites[@]}"
 status=$?
-if [[ -d $dir/sanitizer-reports ]]; then  # --asan: every finding, with its stack
+if [[ -d $dir/sanitizer-reports ]]; then  # --asan, --tsan: every finding, with its stack
   for f in "$dir"/sanitizer-reports/*; do
     [[ -s $f ]] || continue
     echo "== $f"

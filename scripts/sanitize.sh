@@ -9,7 +9,8 @@
 # CI within its time on 2 cores; full runs both sanitizers over every suite
 # they can run, file by file (about 40 minutes on 2 cores), for a change to
 # the communicators, the launch or a stage's threads, and then the GPU
-# suites on the emulated GPU under ASan and UBSan (scripts/emulated.sh --asan).
+# suites on the emulated GPU under ASan and UBSan, then under TSan
+# (scripts/emulated.sh --asan, --tsan).
 # scripts/test.sh runs `all` after the normal tests (ZF_SKIP_SANITIZE=1 skips
 # it) and sums these runs into its last line; alone, this script ends with
 # its own "N passed, N failed, N skipped". A sanitizer finding fails the run
@@ -257,10 +258,12 @@ for san in asan tsan; do
   run_sanitizer "$san" || status=1
   runs+=("build-$san/tests/results" "build-$san/meson-logs/testlog.json" --reports "build-$san/sanitizer-reports")
 done
-if [[ $which == full ]]; then  # the GPU code on the emulated GPU, under ASan and UBSan
-  scripts/emulated.sh --asan || status=1
-  runs+=(build-emu-asan/tests/results build-emu-asan/meson-logs/testlog.json
-         --reports build-emu-asan/sanitizer-reports)
+if [[ $which == full ]]; then  # the GPU code on the emulated GPU, under each sanitizer
+  for san in asan tsan; do
+    scripts/emulated.sh --$san || status=1
+    runs+=(build-emu-$san/tests/results build-emu-$san/meson-logs/testlog.json
+           --reports build-emu-$san/sanitizer-reports)
+  done
 fi
 if [[ $summary -eq 1 ]]; then
   python3 scripts/test_summary.py "${runs[@]}" || status=1

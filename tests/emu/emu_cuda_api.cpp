@@ -233,7 +233,9 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     // the caller may reuse it at once.
     auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
                                                                 static_cast<const unsigned char*>(src) + bytes);
-    enqueue_on(stream, [dst, staged, bytes] { std::memcpy(dst, staged->data(), bytes); });
+    // Moved, not shared: the stream's thread frees it after the copy, so the
+    // host never frees what the stream read without a wait between them.
+    enqueue_on(stream, [dst, staged = std::move(staged), bytes] { std::memcpy(dst, staged->data(), bytes); });
   } else {
     enqueue_on(stream, [dst, src, bytes] { std::memcpy(dst, src, bytes); });
   }
@@ -481,8 +483,15 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   Event* b = eb.get();
   if ((a->flags | b->flags) & cudaEventDisableTiming) return ret(cudaErrorInvalidResourceHandle);
   const TsanQuiet quiet;
-  std::unique_lock<std::mutex> la(a->mu), lb;
-  if (b != a) lb = std::unique_lock<std::mutex>(b->mu);
+  // Both events' locks at once, in an order of std::lock's choosing: two
+  // threads asking (a, b) and (b, a) must not deadlock.
+  std::unique_lock<std::mutex> la(a->mu, std::defer_lock), lb;
+  if (b != a) {
+    lb = std::unique_lock<std::mutex>(b->mu, std::defer_lock);
+    std::lock(la, lb);
+  } else {
+    la.lock();
+  }
   if (!a->timed || !b->timed || !a->complete[a->records] || !b->complete[b->records]) return ret(cudaErrorNotReady);
   *ms = std::chrono::duration<float, std::milli>(b->at - a->at).count();
   return cudaSuccess;

@@ -224,6 +224,13 @@ struct Runner {
 
 thread_local Runner* runner = nullptr;
 
+// The stream thread's runner, from one of its fibers (ThreadSanitizer sees
+// each fiber as a thread, and this bookkeeping as theirs to share).
+Runner& runs() {
+  const TsanQuiet quiet;
+  return *runner;
+}
+
 [[gnu::noinline]] void switch_to(Context& from, Context& to, const void* bottom, size_t size, void* tsan_to,
                                  const void** came_bottom = nullptr, size_t* came_size = nullptr) {
 #ifdef ZF_EMU_ASAN
@@ -245,9 +252,13 @@ thread_local Runner* runner = nullptr;
 
 // From the running GPU thread's fiber back to the scheduler.
 void to_main() {
-  Runner& r = *runner;
-  Fiber& f = *r.threads[size_t(r.current)].fiber;
-  switch_to(f.context, r.main, r.main_bottom, r.main_size, r.main_tsan, &r.main_bottom, &r.main_size);
+  Runner& r = runs();
+  Fiber* f;
+  {
+    const TsanQuiet quiet;
+    f = r.threads[size_t(r.current)].fiber;
+  }
+  switch_to(f->context, r.main, r.main_bottom, r.main_size, r.main_tsan, &r.main_bottom, &r.main_size);
 }
 
 void bind(Runner& r, Fiber& f, int i) {
@@ -257,15 +268,21 @@ void bind(Runner& r, Fiber& f, int i) {
 }
 
 void fiber_main() {
-  Runner& r = *runner;
+  Runner& r = runs();
 #ifdef ZF_EMU_ASAN
   __sanitizer_finish_switch_fiber(nullptr, &r.main_bottom, &r.main_size);
 #endif
   for (;;) {
-    Fiber* f = r.threads[size_t(r.current)].fiber;
+    Fiber* f;
+    const std::function<void()>* body;
+    {
+      const TsanQuiet quiet;
+      f = r.threads[size_t(r.current)].fiber;
+      body = r.body;
+    }
     for (;;) {
       tsan_acquire(&r.start_token);
-      (*r.body)();
+      (*body)();
       tsan_release(&r.end_token);
       int next = -1;
       {
@@ -411,6 +428,7 @@ void run_block(Runner& r, dim3 grid, dim3 block, uint3 block_idx) {
 }
 
 GpuThread& me(const char* what) {
+  const TsanQuiet quiet;
   if (!runner || runner->current < 0) {
     std::fprintf(stderr, "emulated GPU: %s called outside a kernel\n", what);
     std::abort();
@@ -421,7 +439,7 @@ GpuThread& me(const char* what) {
 // A thread's fault: the block stops at the thread's next switch.
 [[noreturn]] void thread_fault(const std::string& what) {
   GpuThread& t = me("a fault");
-  runner->fault = where(t) + ": " + what;
+  runs().fault = where(t) + ": " + what;
   {
     const TsanQuiet quiet;
     t.state = State::done;
@@ -442,12 +460,12 @@ int lane_id() {
 
 unsigned char* dynamic_shared() {
   me("dynamic shared memory");
-  return runner->dynamic;
+  return runs().dynamic;
 }
 
 void syncthreads() {
   GpuThread& t = me("__syncthreads");
-  Runner& r = *runner;
+  Runner& r = runs();
   const uint64_t gen = r.barrier_gen;
   tsan_release(&r.barrier_token[gen % 2]);
   {
@@ -471,15 +489,16 @@ void kernel_fault(const std::string& what) { thread_fault(what); }
 
 void warp_exchange(unsigned mask, WarpOp op, uint64_t mine, uint64_t out[32], int from) {
   GpuThread& t = me(op_name(op));
-  Runner& r = *runner;
+  Runner& r = runs();
   const int lane = lane_id();
   const unsigned bit = 1u << lane;
-  const int warp = r.current / 32;
-  // The warp's lanes that exist (a last partial warp has fewer).
-  const unsigned exist = r.count - warp * 32 >= 32 ? 0xffffffffu : (1u << (r.count - warp * 32)) - 1;
   Exchange* x = nullptr;
+  int warp;
   {
     const TsanQuiet quiet;
+    warp = r.current / 32;
+    // The warp's lanes that exist (a last partial warp has fewer).
+    const unsigned exist = r.count - warp * 32 >= 32 ? 0xffffffffu : (1u << (r.count - warp * 32)) - 1;
     if (!(mask & bit)) thread_fault(std::string(op_name(op)) + " with a mask that does not name the calling lane");
     if (mask & ~exist) thread_fault(std::string(op_name(op)) + " with a mask naming lanes the block does not have");
     // The oldest open exchange of this mask and op that this lane has not
