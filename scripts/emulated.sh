@@ -34,7 +34,7 @@ if [[ ${1:-} == --asan ]]; then
   sanitizer=address,undefined
   # File by file, as scripts/sanitize.sh full builds (ASan's
   # initialization-order check sees no order inside a unity file).
-  setup+=(-Doptimization=1 -Ddebug=true -Db_lundef=false -Db_sanitize=$sanitizer -Dunity=off)
+  setup+=(-Doptimization=1 -Ddebug=true -Db_lundef=false -Db_sanitize=$sanitizer -Dunity=off -Dtests_unity=false)
   rm -rf "$dir/sanitizer-reports" && mkdir -p "$dir/sanitizer-reports"
   export ASAN_OPTIONS="log_path=$PWD/$dir/sanitizer-reports/asan:detect_leaks=1"
   export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$PWD/$dir/sanitizer-reports/ubsan"
@@ -59,7 +59,8 @@ elif [[ " ${suites[*]} " == *" gpu_comm "* ]] &&
   # A folder set up with -Dnccl=disabled has no NCCL suite: NCCL back on.
   meson configure "$dir" -Dnccl=auto >/dev/null || { echo "emulated: meson configure failed"; exit 1; }
 fi
-if [[ -n $sanitizer ]] && ! grep -q "\"$sanitizer\"" "$dir/meson-info/intro-buildoptions.json"; then
+if [[ -n $sanitizer && $(meson introspect "$dir" --buildoptions |
+        python3 -c 'import json, sys; print(*[o["value"] for o in json.load(sys.stdin) if o["name"] == "b_sanitize"])') != "$sanitizer" ]]; then
   echo "emulated: $dir is not set up with -Db_sanitize=$sanitizer: remove it and run again"
   exit 1
 fi

@@ -312,6 +312,7 @@ std::string formula(Stage s, const RunConfig& cfg) {
     case Stage::offload: {
       const OffloadOptions& o = cfg.offload;
       std::string dev = o.offload_params ? "0" : (bf ? "2P/" : "4P/") + n;
+      if (cfg.fsdp.no_sync) dev += bf ? " + 2P (--no-sync)" : " + 4P (--no-sync)";
       double host = bf ? 18 : 16;
       if (o.delay_update) host += 4 + (o.offload_params ? (bf ? 2 : 4) : 0);
       std::string f = "device " + dev + ", host " + std::to_string(int(host)) + "P/" + n;

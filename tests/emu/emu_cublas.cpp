@@ -55,9 +55,9 @@ void axpy(float* s, const float* a, float x, int m) {
 }
 
 // One product, column-major: C[i + j ldc] = alpha sum_k op(A)[i,k] op(B)[k,j] + beta C.
-// Each C element sums its k products in order from k = 0; the operands are
-// first copied as floats, op(A) by columns, so that the sums of a column of
-// C run side by side over contiguous memory.
+// Each C element sums its k products in order from k = 0; op(A) is first
+// copied as floats by columns, so that the sums of a column of C run side
+// by side over contiguous memory.
 void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, const void* A,
           cudaDataType_t at, int lda, const void* B, cudaDataType_t bt, int ldb, float beta, void* C,
           cudaDataType_t ct, int ldc, bool use_tf32) {

@@ -439,9 +439,9 @@ GpuThread& me(const char* what) {
 // A thread's fault: the block stops at the thread's next switch.
 [[noreturn]] void thread_fault(const std::string& what) {
   GpuThread& t = me("a fault");
-  runs().fault = where(t) + ": " + what;
   {
     const TsanQuiet quiet;
+    runs().fault = where(t) + ": " + what;
     t.state = State::done;
   }
   to_main();
@@ -501,6 +501,8 @@ void warp_exchange(unsigned mask, WarpOp op, uint64_t mine, uint64_t out[32], in
     const unsigned exist = r.count - warp * 32 >= 32 ? 0xffffffffu : (1u << (r.count - warp * 32)) - 1;
     if (!(mask & bit)) thread_fault(std::string(op_name(op)) + " with a mask that does not name the calling lane");
     if (mask & ~exist) thread_fault(std::string(op_name(op)) + " with a mask naming lanes the block does not have");
+    if (from < -1 || from >= 32)
+      thread_fault(std::string(op_name(op)) + " reading a lane outside the warp (a width that is not a power of two up to 32)");
     // The oldest open exchange of this mask and op that this lane has not
     // joined yet. Lanes that ask for different things wait on different
     // exchanges, which never complete: a deadlock, reported as such.

@@ -55,6 +55,14 @@ __global__ void shuffle_width_kernel(int* out) {
   out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, int(threadIdx.x), 16, 16);
 }
 
+__global__ void shuffle_index_kernel(int* out) {
+  const int lane = int(threadIdx.x);
+  // Lane 3 of each group of 8; then, among the even lanes only, the odd lane
+  // above, which the mask does not name: the emulation gives 0.
+  out[lane] = __shfl_sync(0xffffffffu, lane * 10, 3, 8);
+  out[32 + lane] = lane % 2 == 0 ? __shfl_sync(0x55555555u, lane * 10 + 1, lane + 1) : -1;
+}
+
 __global__ void dynamic_shared_kernel(int* out) {
   const int* smem = reinterpret_cast<const int*>(zf::emu::dynamic_shared());
   out[threadIdx.x] = smem[threadIdx.x];
@@ -147,6 +155,18 @@ TEST(EmulatedGpu, AShuffleOfWidthReadsEarlierGroupsOnly) {
   zf::emu::launch(shuffle_width_kernel, 1, 32, 0, nullptr, d);
   const auto h = host(d, 32);
   for (int l = 0; l < 32; ++l) EXPECT_EQ(h[size_t(l)], l < 16 ? l : l ^ 16) << l;
+  cudaFree(d);
+}
+
+TEST(EmulatedGpu, AShuffleReadsItsGroupsLaneAndAnUnnamedLaneReadsZero) {
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  int* d = device_ints(64);
+  zf::emu::launch(shuffle_index_kernel, 1, 32, 0, nullptr, d);
+  const auto h = host(d, 64);
+  for (int l = 0; l < 32; ++l) {
+    EXPECT_EQ(h[size_t(l)], ((l & ~7) + 3) * 10) << l;
+    EXPECT_EQ(h[size_t(32 + l)], l % 2 == 0 ? 0 : -1) << l;
+  }
   cudaFree(d);
 }
 

@@ -93,6 +93,9 @@ TEST(EstimatePlan, EachStageAgainstTheCard) {
   EXPECT_EQ(rows, 3) << r.output;
   EXPECT_NE(r.output.find("ZeRO-1 and -2 all-gather each unit's"), std::string::npos)
       << "why their exposed communication is the largest";
+  const auto fsdp = test::run_command("(" + estimator() + " " + kPlan + " --batch 8 --stage fsdp --hardware h100-sxm 2>/dev/null)");
+  ASSERT_EQ(fsdp.exit_code, 0) << fsdp.output;
+  EXPECT_EQ(fsdp.output.find("ZeRO-1 and -2 all-gather"), std::string::npos) << "said only where they are listed";
 }
 
 // --fit with --seq: the family at that sequence length. L fits and L + 1
@@ -137,6 +140,13 @@ TEST(EstimatePlan, NoSyncSaysWhatItKeeps) {
     EXPECT_EQ(b["device"]["grads"].get<double>() - a["device"]["grads"].get<double>(), e * padded);
     const double rs = a["comm_bytes_per_step"]["by_collective"]["reduce_scatter"].get<double>();
     EXPECT_EQ(b["comm_bytes_per_step"]["by_collective"]["reduce_scatter"].get<double>(), rs / 4);
+    // Stage 05 keeps it on the device too, its float32 shards of the
+    // gradient being on the host: the device's gradient is that alone.
+    const nlohmann::json o = run_json(flags.substr(0, flags.find("--stage")) + "--stage offload --grad-accum 4 " +
+                                      "--precision " + precision + " --no-sync --json")["stages"][0];
+    EXPECT_NE(o["formula"].get<std::string>().find(e == 2 ? "+ 2P (--no-sync)" : "+ 4P (--no-sync)"), std::string::npos)
+        << o["formula"];
+    EXPECT_EQ(o["device"]["grads"].get<double>(), e * padded);
   }
 }
 
