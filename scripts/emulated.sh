@@ -27,26 +27,23 @@ dir=build-emu
 setup=(--native-file scripts/emulated.ini)
 slower=1
 sanitizer=
-if [[ ${1:-} == --asan ]]; then
+case ${1:-} in
+  --asan)
+    dir=build-emu-asan slower=4 sanitizer=address,undefined
+    # File by file, as scripts/sanitize.sh full builds (ASan's
+    # initialization-order check sees no order inside a unity file).
+    setup+=(-Dunity=off -Dtests_unity=false)
+    export ASAN_OPTIONS="log_path=$PWD/$dir/sanitizer-reports/asan:detect_leaks=1"
+    export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$PWD/$dir/sanitizer-reports/ubsan" ;;
+  --tsan)
+    dir=build-emu-tsan slower=6 sanitizer=thread
+    export TSAN_OPTIONS="log_path=$PWD/$dir/sanitizer-reports/tsan:second_deadlock_stack=1:suppressions=$PWD/scripts/sanitizers/tsan.supp"
+    export OPENBLAS_NUM_THREADS=1 ;;  # its thread pool is not instrumented (scripts/sanitize.sh says more)
+esac
+if [[ -n $sanitizer ]]; then
   shift
-  dir=build-emu-asan
-  slower=4
-  sanitizer=address,undefined
-  # File by file, as scripts/sanitize.sh full builds (ASan's
-  # initialization-order check sees no order inside a unity file).
-  setup+=(-Doptimization=1 -Ddebug=true -Db_lundef=false -Db_sanitize=$sanitizer -Dunity=off -Dtests_unity=false)
-  rm -rf "$dir/sanitizer-reports" && mkdir -p "$dir/sanitizer-reports"
-  export ASAN_OPTIONS="log_path=$PWD/$dir/sanitizer-reports/asan:detect_leaks=1"
-  export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$PWD/$dir/sanitizer-reports/ubsan"
-elif [[ ${1:-} == --tsan ]]; then
-  shift
-  dir=build-emu-tsan
-  slower=6
-  sanitizer=thread
   setup+=(-Doptimization=1 -Ddebug=true -Db_lundef=false -Db_sanitize=$sanitizer)
   rm -rf "$dir/sanitizer-reports" && mkdir -p "$dir/sanitizer-reports"
-  export TSAN_OPTIONS="log_path=$PWD/$dir/sanitizer-reports/tsan:second_deadlock_stack=1:suppressions=$PWD/scripts/sanitizers/tsan.supp"
-  export OPENBLAS_NUM_THREADS=1  # its thread pool is not instrumented (scripts/sanitize.sh says more)
 fi
 start=$SECONDS
 suites=("$@")

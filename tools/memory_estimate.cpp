@@ -303,16 +303,16 @@ StageEstimate estimate_for(const Request& q, Stage s) {
 std::string formula(Stage s, const RunConfig& cfg) {
   const bool bf = cfg.precision == Precision::bf16;
   const std::string n = cfg.fsdp.shard_group > 0 ? "F" : "N";
+  const std::string kept = !cfg.fsdp.no_sync ? "" : bf ? " + 2P (--no-sync)" : " + 4P (--no-sync)";  // its unsharded gradient
   switch (s) {
     case Stage::dp: return "16P";
     case Stage::zero1: return bf ? "4P + 12P/N" : "8P + 8P/N";
     case Stage::zero2: return bf ? "2P + 14P/N" : "4P + 12P/N";
     case Stage::zero3: return "16P/N";
-    case Stage::fsdp: return "16P/" + n + (cfg.fsdp.no_sync ? (bf ? " + 2P" : " + 4P") + std::string(" (--no-sync)") : "");
+    case Stage::fsdp: return "16P/" + n + kept;
     case Stage::offload: {
       const OffloadOptions& o = cfg.offload;
-      std::string dev = o.offload_params ? "0" : (bf ? "2P/" : "4P/") + n;
-      if (cfg.fsdp.no_sync) dev += bf ? " + 2P (--no-sync)" : " + 4P (--no-sync)";
+      std::string dev = (o.offload_params ? "0" : (bf ? "2P/" : "4P/") + n) + kept;
       double host = bf ? 18 : 16;
       if (o.delay_update) host += 4 + (o.offload_params ? (bf ? 2 : 4) : 0);
       std::string f = "device " + dev + ", host " + std::to_string(int(host)) + "P/" + n;

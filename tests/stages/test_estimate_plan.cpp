@@ -121,7 +121,6 @@ TEST(EstimatePlan, FitAtAnotherSequenceLength) {
   EXPECT_NE(r.output.find("--seq alone"), std::string::npos) << r.output;
 }
 
-
 // --no-sync, as a planner weighing it sees it: the formula names the
 // unsharded gradient it keeps, e bytes per padded element (the units' pieces
 // times N), and the device grads grow by exactly that; the reduce-scatters
@@ -129,8 +128,11 @@ TEST(EstimatePlan, FitAtAnotherSequenceLength) {
 TEST(EstimatePlan, NoSyncSaysWhatItKeeps) {
   for (const char* precision : {"bf16", "fp32"}) {
     SCOPED_TRACE(precision);
-    const std::string flags = std::string("--model gpt2 --ranks 8 --stage fsdp --grad-accum 4 --precision ") + precision;
-    const nlohmann::json sync = run_json(flags + " --json"), keep = run_json(flags + " --no-sync --json");
+    auto plan = [&](const char* stage, const char* more) {
+      return run_json(std::string("--model gpt2 --ranks 8 --grad-accum 4 --stage ") + stage + " --precision " +
+                      precision + more + " --json");
+    };
+    const nlohmann::json sync = plan("fsdp", ""), keep = plan("fsdp", " --no-sync");
     const double e = std::string(precision) == "bf16" ? 2 : 4;
     double padded = 0;
     for (const nlohmann::json& u : keep["units"]) padded += u["piece"].get<double>() * 8;
@@ -142,8 +144,7 @@ TEST(EstimatePlan, NoSyncSaysWhatItKeeps) {
     EXPECT_EQ(b["comm_bytes_per_step"]["by_collective"]["reduce_scatter"].get<double>(), rs / 4);
     // Stage 05 keeps it on the device too, its float32 shards of the
     // gradient being on the host: the device's gradient is that alone.
-    const nlohmann::json o = run_json(flags.substr(0, flags.find("--stage")) + "--stage offload --grad-accum 4 " +
-                                      "--precision " + precision + " --no-sync --json")["stages"][0];
+    const nlohmann::json o = plan("offload", " --no-sync")["stages"][0];
     EXPECT_NE(o["formula"].get<std::string>().find(e == 2 ? "+ 2P (--no-sync)" : "+ 4P (--no-sync)"), std::string::npos)
         << o["formula"];
     EXPECT_EQ(o["device"]["grads"].get<double>(), e * padded);
