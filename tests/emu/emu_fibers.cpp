@@ -250,7 +250,9 @@ Runner& runs() {
 #endif
 }
 
-// From the running GPU thread's fiber back to the scheduler.
+// From the running GPU thread's fiber back to the scheduler. What the
+// thread did so far happens before the block's end, also when the block
+// ends in a fault and the thread never resumes.
 void to_main() {
   Runner& r = runs();
   Fiber* f;
@@ -258,6 +260,7 @@ void to_main() {
     const TsanQuiet quiet;
     f = r.threads[size_t(r.current)].fiber;
   }
+  tsan_release(&r.end_token);
   switch_to(f->context, r.main, r.main_bottom, r.main_size, r.main_tsan, &r.main_bottom, &r.main_size);
 }
 
@@ -358,6 +361,13 @@ std::string deadlock(const Runner& r) {
   return o.str();
 }
 
+// The block ends in a fault: its threads' work so far is over (none resumes).
+[[noreturn]] void block_fault(Runner& r, const std::string& why) {
+  r.broken = true;
+  tsan_acquire(&r.end_token);
+  fault(cudaErrorLaunchFailure, why);
+}
+
 void run_block(Runner& r, dim3 grid, dim3 block, uint3 block_idx) {
   const int n = int(block.x * block.y * block.z);
   r.count = n;
@@ -407,10 +417,7 @@ void run_block(Runner& r, dim3 grid, dim3 block, uint3 block_idx) {
       if (go) {
         resume(r, i);
         ran = true;
-        if (!r.fault.empty()) {
-          r.broken = true;
-          fault(cudaErrorLaunchFailure, r.fault);
-        }
+        if (!r.fault.empty()) block_fault(r, r.fault);
       }
     }
     {
@@ -419,10 +426,7 @@ void run_block(Runner& r, dim3 grid, dim3 block, uint3 block_idx) {
     }
     r.forward = !r.forward;
     if (!left) break;
-    if (!ran) {
-      r.broken = true;
-      fault(cudaErrorLaunchFailure, deadlock(r));
-    }
+    if (!ran) block_fault(r, deadlock(r));
   }
   tsan_acquire(&r.end_token);
 }

@@ -150,10 +150,10 @@ void run_stream(Stream* s) {
         s->device->sticky.compare_exchange_strong(expected, f.error);
       }
     }
-    {
-      const TsanQuiet quiet;
-      task.run = nullptr;  // the task's captures die on this thread, before the host may free what they hold
-    }
+    // The task's captures die on this thread, before the host may free what
+    // they hold; in sight of ThreadSanitizer, which then sees a reference
+    // count they drop synchronize with the thread that drops the last.
+    task.run = nullptr;
     tsan_release(&s->done_token);
     {
       // An event's record completes with the stream's count, so that after
