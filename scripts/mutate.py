@@ -173,6 +173,9 @@ MUTATIONS = [
     ("nccl_ready_wait", "common/cuda/nccl/comm_nccl_collectives.cpp",
      "    CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, ready_, 0));\n", "",
      ["gpu_comm"], "a collective not waiting for the compute stream's work on its input"),
+    ("nccl_settle", "common/cuda/nccl/comm_nccl_collectives.cpp",
+     "  if (result == ncclSuccess) return;\n", "  if (result == ncclSuccess || result == ncclInProgress) return;\n",
+     ["gpu_comm"], "a call on a non-blocking communicator before NCCL has enqueued the one before"),
     ("nccl_split_stream", "common/cuda/nccl/comm_nccl.cpp",
      "  made->set_compute_stream(compute_stream_);\n", "",
      ["gpu_comm"], "a split's child ordered after the default stream, not the rank's"),
@@ -215,7 +218,7 @@ SETUP = {False: ["--buildtype=release", "-Dcuda=disabled", "-Dnccl=disabled"],
 
 
 def build(build_dir, gpu, suites=()):
-    # gpu_stages_nccl and gpu_stages_one_gpu are gpu_stages' binary.
+    # Every gpu_stages* test runs gpu_stages' binary.
     targets = ["tests/test_" + ("gpu_stages" if x.startswith("gpu_stages") else x) for x in suites] if gpu else []
     p = run(["ninja", "-C", build_dir] + targets)
     return p.returncode == 0, p.stdout[-3000:]

@@ -17,10 +17,14 @@
 //   - two ranks of one clique on one GPU are refused (ncclInvalidUsage, as
 //     NCCL's "Duplicate GPU detected");
 //   - non-blocking communicators (ncclConfig_t.blocking = 0) answer
-//     ncclInProgress to their creation, split, finalize and collectives, and
-//     ncclCommGetAsyncError says when that is over; blocking ones wait, except
-//     inside ncclGroupStart/End, whose end waits; a split's child without a
-//     config of its own takes its parent's;
+//     ncclInProgress to their creation, split, finalize and collectives (in
+//     a group: its ncclGroupEnd), and ncclCommGetAsyncError says when that
+//     is over; until a poll has seen a collective enqueued, the communicator
+//     refuses every other call (ncclInvalidArgument, NCCL's "not ready");
+//     blocking ones wait, except inside ncclGroupStart/End, whose end waits;
+//     a split's child without a config of its own takes its parent's;
+//   - a call that fails inside a group fails its ncclGroupEnd too (NCCL
+//     then also drops the group's other calls; here they still run);
 //   - a rank that never reaches a collective, or aborts before its peers
 //     reach it, leaves them waiting in it (a hang, as in NCCL) until they
 //     abort too: an aborted communicator's collectives end at once, their
@@ -66,6 +70,10 @@ struct State {
   ncclResult_t status = ncclInProgress;  // ncclSuccess once every rank joined; errors stick
   std::string error;                     // what failed, for ncclGetLastError
   bool aborted = false, finalizing = false, split_pending = false;
+  // Non-blocking: a collective (or a group of them) is being enqueued, as by
+  // NCCL's own thread; the next ncclCommGetAsyncError ends it, and until
+  // then the communicator takes no other call.
+  bool enqueuing = false;
   uint64_t issued = 0, splits = 0;  // collectives and splits called so far
   int running = 0;                  // collectives enqueued and not yet over
 };
@@ -123,6 +131,7 @@ auto& forming = shared.forming;
 std::string& last_error = shared.last_error;  // guarded by mu
 thread_local int group_depth = 0;
 thread_local std::vector<std::shared_ptr<State>> group_pending;
+thread_local ncclResult_t group_error = ncclSuccess;  // the group's first failed call, for its end
 
 ncclResult_t fail_locked(ncclResult_t r, const std::string& what) {
   last_error = what;
@@ -132,6 +141,9 @@ ncclResult_t fail(ncclResult_t r, const std::string& what) {
   std::lock_guard<std::mutex> lock(mu);
   return fail_locked(r, what);
 }
+// Whether a communicator takes a call (mu held): NCCL's ncclCommEnsureReady,
+// whose refusal is ncclInvalidArgument.
+bool ready_locked(const State& s) { return s.status != ncclInProgress && !s.split_pending && !s.enqueuing; }
 // A communicator's error (mu held): it sticks; the first one says why.
 void fail_state_locked(State& s, ncclResult_t r, const std::string& what) {
   if (s.status == ncclSuccess || s.status == ncclInProgress) {
@@ -232,7 +244,17 @@ bool overlap(const void* a, size_t an, const void* b, size_t bn) {
   return an > 0 && bn > 0 && x < y + bn && y < x + an;
 }
 
+ncclResult_t enqueue(Call call, ncclComm_t comm, cudaStream_t stream);
+
+// A collective call: inside a group, a failure is also the group's (its
+// ncclGroupEnd returns it, as NCCL's does).
 ncclResult_t issue(Call call, ncclComm_t comm, cudaStream_t stream) {
+  const ncclResult_t r = enqueue(call, comm, stream);
+  if (group_depth > 0 && r != ncclSuccess && r != ncclInProgress && group_error == ncclSuccess) group_error = r;
+  return r;
+}
+
+ncclResult_t enqueue(Call call, ncclComm_t comm, cudaStream_t stream) {
   if (!comm) return fail(ncclInvalidArgument, std::string(kind_name(call.kind)) + ": comm is NULL");
   const std::shared_ptr<State> s = comm->state;
   int rank, n, device;
@@ -241,9 +263,9 @@ ncclResult_t issue(Call call, ncclComm_t comm, cudaStream_t stream) {
     const std::string what = kind_name(call.kind);
     if (s->aborted) return fail_locked(ncclInvalidUsage, what + ": the communicator was aborted");
     if (s->finalizing) return fail_locked(ncclInvalidUsage, what + ": the communicator is finalized");
-    if (s->status == ncclInProgress || s->split_pending)
-      return fail_locked(ncclInvalidUsage, what + ": the communicator is not ready "
-                                                  "(ncclCommGetAsyncError says ncclInProgress)");
+    if (!ready_locked(*s))
+      return fail_locked(ncclInvalidArgument, what + ": the communicator is not ready "
+                                                     "(ncclCommGetAsyncError says ncclInProgress)");
     if (s->status != ncclSuccess) return fail_locked(s->status, s->error);
     rank = s->rank;
     n = s->n;
@@ -289,6 +311,9 @@ ncclResult_t issue(Call call, ncclComm_t comm, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mu);
     seq = s->issued++;
     s->running++;
+    // Non-blocking: in progress until polled (a group's, from its end).
+    if (group_depth > 0) group_pending.push_back(s);
+    else if (!s->blocking) s->enqueuing = true;
   }
   auto task = std::make_shared<Task>();
   task->s = s;
@@ -297,7 +322,7 @@ ncclResult_t issue(Call call, ncclComm_t comm, cudaStream_t stream) {
     run(*task->s, seq, call);
     task->ran = true;
   });
-  return s->blocking ? ncclSuccess : ncclInProgress;
+  return s->blocking || group_depth > 0 ? ncclSuccess : ncclInProgress;
 }
 
 }  // namespace
@@ -399,11 +424,15 @@ ncclResult_t ncclGroupEnd() {
   if (--group_depth > 0) return ncclSuccess;
   std::vector<std::shared_ptr<State>> pending;
   pending.swap(group_pending);
+  ncclResult_t result = group_error;
+  group_error = ncclSuccess;
   std::unique_lock<std::mutex> lock(mu);
-  ncclResult_t result = ncclSuccess;
   for (auto& s : pending) {
-    const ncclResult_t r = s->blocking ? wait_ready_locked(lock, *s)
-                           : s->split_pending ? ncclInProgress : s->status;
+    ncclResult_t r = s->blocking ? wait_ready_locked(lock, *s) : s->status;
+    if (!s->blocking && (r == ncclSuccess || r == ncclInProgress)) {
+      s->enqueuing = true;  // NCCL's thread launches the group: in progress until polled
+      r = ncclInProgress;
+    }
     if (result == ncclSuccess || result == ncclInProgress) result = r == ncclSuccess ? result : r;
   }
   return result;
@@ -417,8 +446,9 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   *newcomm = nullptr;
   const std::shared_ptr<State> s = comm->state;
   std::unique_lock<std::mutex> lock(mu);
-  if (s->status != ncclSuccess || s->split_pending || s->aborted)
-    return fail_locked(ncclInvalidUsage, "ncclCommSplit: the parent is not ready");
+  if (s->aborted) return fail_locked(ncclInvalidUsage, "ncclCommSplit: the parent was aborted");
+  if (!ready_locked(*s)) return fail_locked(ncclInvalidArgument, "ncclCommSplit: the parent is not ready");
+  if (s->status != ncclSuccess) return fail_locked(s->status, "ncclCommSplit: the parent has failed: " + s->error);
   const uint64_t no = s->splits++;
   Split& sp = s->clique->splits[no];
   if (sp.parent.empty()) {
@@ -473,10 +503,11 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
   if (!comm || !state) return fail(ncclInvalidArgument, "ncclCommGetAsyncError: NULL argument");
   std::lock_guard<std::mutex> lock(mu);
-  const State& s = *comm->state;
+  State& s = *comm->state;
   if (s.status != ncclSuccess) *state = s.status;
-  else if (s.split_pending || (s.finalizing && s.running > 0)) *state = ncclInProgress;
+  else if (s.split_pending || s.enqueuing || (s.finalizing && s.running > 0)) *state = ncclInProgress;
   else *state = ncclSuccess;
+  s.enqueuing = false;  // enqueued now: the next poll says so
   return ncclSuccess;
 }
 
@@ -522,7 +553,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
 static ncclResult_t when_ready(const ncclComm_t comm, int* out, int State::*field, const char* call) {
   if (!comm || !out) return ncclInvalidArgument;
   std::lock_guard<std::mutex> lock(mu);
-  if (comm->state->status == ncclInProgress) return fail_locked(ncclInvalidUsage, std::string(call) + ": not ready");
+  if (!ready_locked(*comm->state)) return fail_locked(ncclInvalidArgument, std::string(call) + ": not ready");
   *out = (*comm->state).*field;
   return ncclSuccess;
 }

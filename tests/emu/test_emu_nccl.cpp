@@ -1,8 +1,9 @@
 // test_emu_nccl.cpp: the emulated NCCL itself (tests/emu/emu_nccl.cpp),
 // called directly: the ring order of its sums, its refusals (two ranks on
 // one GPU, buffers NCCL cannot use, ranks that disagree), splits, the
-// non-blocking creation, and a missing rank's hang ended by abort. The
-// project's communicator on top of it is tests/cuda/nccl's (gpu_comm).
+// non-blocking creation and collectives, a group's error, and a missing
+// rank's hang ended by abort. The project's communicator on top of it is
+// tests/cuda/nccl's (gpu_comm).
 // One host thread drives every rank: a collective is a task on the rank's
 // stream, so issuing one never blocks the caller. This file runs before
 // test_emu.cpp (tests/meson.build): the fault tests there leave GPUs failed.
@@ -373,6 +374,71 @@ TEST(EmulatedNccl, ANonBlockingCreationIsInProgressUntilEveryRankJoined) {
     ncclCommDestroy(x);
   }
   OK(cudaSetDevice(0));
+}
+
+// Non-blocking, a collective is enqueued by NCCL's own thread: the call
+// answers ncclInProgress, and the communicator refuses every other call
+// (ncclInvalidArgument, as NCCL's ncclCommEnsureReady) until
+// ncclCommGetAsyncError has been asked; in a group, the calls answer
+// ncclSuccess and the group's end ncclInProgress.
+TEST(EmulatedNccl, ANonBlockingCollectiveTakesNoOtherCallUntilPolled) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  Comms c(2);
+  cudaStream_t stream[2];
+  float* b[2];
+  for (int r = 0; r < 2; r++) {
+    OK(cudaSetDevice(r));
+    OK(cudaStreamCreate(&stream[r]));
+    b[r] = device_floats(r, std::vector<float>(8, float(r + 1)));
+    const ncclResult_t made = ncclCommInitRankConfig(&c.c[size_t(r)], 2, id, r, &config);
+    EXPECT_TRUE(made == ncclSuccess || made == ncclInProgress) << made;
+  }
+  auto poll = [&](int r) {
+    ncclResult_t state = ncclInProgress;
+    EXPECT_EQ(ncclCommGetAsyncError(c.c[size_t(r)], &state), ncclSuccess);
+    return state;
+  };
+  for (int r = 0; r < 2; r++) ASSERT_EQ(poll(r), ncclSuccess) << "rank " << r << " created";
+  OK(cudaSetDevice(0));
+  ASSERT_EQ(ncclAllReduce(b[0], b[0], 8, ncclFloat32, ncclSum, c.c[0], stream[0]), ncclInProgress);
+  EXPECT_EQ(ncclAllReduce(b[0], b[0], 8, ncclFloat32, ncclSum, c.c[0], stream[0]), ncclInvalidArgument);
+  int n = 0;
+  EXPECT_EQ(ncclCommCount(c.c[0], &n), ncclInvalidArgument);
+  EXPECT_EQ(poll(0), ncclInProgress);
+  EXPECT_EQ(poll(0), ncclSuccess);
+  EXPECT_EQ(ncclCommCount(c.c[0], &n), ncclSuccess);
+  OK(cudaSetDevice(1));
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  EXPECT_EQ(ncclAllReduce(b[1], b[1], 8, ncclFloat32, ncclSum, c.c[1], stream[1]), ncclSuccess);
+  EXPECT_EQ(ncclGroupEnd(), ncclInProgress);
+  EXPECT_EQ(poll(1), ncclInProgress);
+  EXPECT_EQ(poll(1), ncclSuccess);
+  for (int r = 0; r < 2; r++) {
+    OK(cudaSetDevice(r));
+    OK(cudaStreamSynchronize(stream[r]));
+    EXPECT_EQ(host_floats(b[r], 8), std::vector<float>(8, 3.0f)) << "rank " << r << ": one all-reduce";
+    cudaFree(b[r]);
+    cudaStreamDestroy(stream[r]);
+  }
+  OK(cudaSetDevice(0));
+}
+
+// A call that fails inside a group fails the group's end too (NCCL's
+// ncclGroupEnd returns the group's error); the next group starts clean.
+TEST(EmulatedNccl, ACallThatFailsInAGroupFailsItsEnd) {
+  Ranks ranks(2);
+  float* b = device_floats(0, std::vector<float>(8, 1.0f));
+  OK(cudaSetDevice(0));
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  EXPECT_EQ(ncclAllReduce(b, b, 8, ncclFloat32, ncclRedOp_t(99), ranks.comm[0], ranks.stream[0]),
+            ncclInvalidArgument);
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidArgument);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  EXPECT_EQ(ncclGroupEnd(), ncclSuccess);
+  cudaFree(b);
 }
 
 // A rank whose peer has not come waits on its stream (a hang, as in NCCL)
