@@ -25,6 +25,13 @@
 
 namespace zf::test {
 
+// A test named by its rank count: .../N4 (so that a filter can name one).
+inline std::string rank_count_name(const ::testing::TestParamInfo<int>& info) {
+  std::string name = "N";  // not "N" + ...: GCC 12 -Wrestrict false positive
+  name += std::to_string(info.param);
+  return name;
+}
+
 // ------------------------------------------------------------------ inputs
 
 inline uint64_t splitmix64(uint64_t x) {

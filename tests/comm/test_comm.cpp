@@ -68,12 +68,7 @@ TEST_P(CommRanks, SeveralAsyncInFlightWaitedInOrder) { run(GetParam(), test::sce
 
 TEST_P(CommRanks, ByteCountersFollowTheRingModel) { run(GetParam(), test::scenario_byte_counters_follow_the_ring_model); }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, CommRanks, ::testing::Range(1, 9),
-                         [](const auto& info) {
-                           std::string name = "N";  // not "N" + ...: GCC 12 -Wrestrict false positive
-                           name += std::to_string(info.param);
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Ranks, CommRanks, ::testing::Range(1, 9), test::rank_count_name);
 
 // ------------------------------------------------------------------ the pieces on their own
 
@@ -233,12 +228,7 @@ TEST_P(DeferredTransportRanks, EveryScenarioGivesTheSameBits) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, DeferredTransportRanks, ::testing::Values(1, 2, 3, 4, 9),
-                         [](const auto& info) {
-                           std::string name = "N";
-                           name += std::to_string(info.param);
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Ranks, DeferredTransportRanks, ::testing::Values(1, 2, 3, 4, 9), test::rank_count_name);
 
 // A rank whose transport fails raises its error; the other ranks raise
 // CommAborted naming it instead of waiting for it at the barrier; the group

@@ -73,7 +73,7 @@ TEST_P(HostSideRanks, HarnessAgreesWithTheHostBackend) {
   expect_outputs(out, cases, [&](int r, size_t k) { return expected_output(cases[k], N, r); },
                  "host threads backend vs direct computation");
 }
-INSTANTIATE_TEST_SUITE_P(N, HostSideRanks, ::testing::Values(1, 2, 3, 4, 9));
+INSTANTIATE_TEST_SUITE_P(N, HostSideRanks, ::testing::Values(1, 2, 3, 4, 9), zf::test::rank_count_name);
 
 // The reduction kernel's element code, run on the host, gives the bits of
 // comm_reduce.cpp's loops: every dtype, op and N, several destinations, in
@@ -199,4 +199,4 @@ TEST_P(CudaThreadsRanks, ReduceScatterThenAllGatherEqualsAllReduceBitForBit) {
   }));
 }
 
-INSTANTIATE_TEST_SUITE_P(N, CudaThreadsRanks, ::testing::Values(1, 2, 3, 4, 8, 9));
+INSTANTIATE_TEST_SUITE_P(N, CudaThreadsRanks, ::testing::Values(1, 2, 3, 4, 8, 9), zf::test::rank_count_name);

@@ -135,13 +135,17 @@ TEST_F(CudaKernels, FlashAttentionBf16) {
   check_flash<nvbf>(ctx(), 1, 256, 768, 12);
 }
 
-// The tensor-core form, bf16 only: the same shapes, and GPT-2's at T = 1024.
+// The tensor-core form, bf16 only: the same shapes, then GPT-2's and T = 1024.
 TEST_F(CudaKernels, FlashTcBf16) {
   const Form tc = Form::tensor_cores;
   check_flash<nvbf>(ctx(), 2, 1, 8, 2, tc);
   check_flash<nvbf>(ctx(), 2, 33, 48, 3, tc);
   check_flash<nvbf>(ctx(), 2, 100, 128, 2, tc);
   check_flash<nvbf>(ctx(), 1, 130, 200, 2, tc);
+}
+
+TEST_F(CudaKernels, FlashTcBf16AtGpt2Shapes) {
+  const Form tc = Form::tensor_cores;
   check_flash<nvbf>(ctx(), 1, 256, 768, 12, tc);
   check_flash<nvbf>(ctx(), 1, 1024, 128, 2, tc);  // hs 64, 16 tiles
 }

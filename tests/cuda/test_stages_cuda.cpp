@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cmath>
 #include <functional>
+#include <ostream>
 #include <string>
 
 #include "fsdp.h"
@@ -49,10 +50,12 @@ struct Recipe {
   Precision precision;
   DType compute;
   const char* name;
+  const char* tag;  // in a test's name
 };
-const Recipe kRecipes[] = {{Precision::fp32, DType::f32, "fp32"},
-                           {Precision::bf16, DType::f32, "bf16 recipe, f32 compute"},
-                           {Precision::bf16, DType::bf16, "bf16 recipe, bf16 compute"}};
+const Recipe kRecipes[] = {{Precision::fp32, DType::f32, "fp32", "fp32"},
+                           {Precision::bf16, DType::f32, "bf16 recipe, f32 compute", "bf16_f32"},
+                           {Precision::bf16, DType::bf16, "bf16 recipe, bf16 compute", "bf16_bf16"}};
+void PrintTo(const Recipe& r, std::ostream* os) { *os << r.name; }
 
 // Every later stage, each as a run of its own (stage 05's lesson with its
 // default flags).
@@ -94,28 +97,30 @@ void expect_stages_match(const TrainConfig& cfg, const RunResult& ref, double to
   }
 }
 
-// `tiny`, 3 steps, each recipe: every stage against stage 00 on N ranks.
-void expect_every_stage_matches(int N) {
-  for (const Recipe& r : kRecipes) {
-    SCOPED_TRACE(std::string(r.name) + ", N=" + std::to_string(N));
-    const TrainConfig cfg = gpu_config("tiny", r.precision, r.compute, N, 3);
-    const RunResult ref = run_training(cfg, train_data_parallel);
-    ASSERT_EQ(ref.ranks[0].losses.size(), 3u);
-    expect_stages_match(cfg, ref, r.compute == DType::bf16 ? 3e-3 : 2e-4);
-  }
+// `tiny`, 3 steps, one recipe a test: every stage against stage 00 on N ranks.
+void expect_every_stage_matches(const Recipe& r, int N) {
+  const TrainConfig cfg = gpu_config("tiny", r.precision, r.compute, N, 3);
+  const RunResult ref = run_training(cfg, train_data_parallel);
+  ASSERT_EQ(ref.ranks[0].losses.size(), 3u);
+  expect_stages_match(cfg, ref, r.compute == DType::bf16 ? 3e-3 : 2e-4);
 }
 
-TEST(GpuStages, EveryStageBitIdenticalToDataParallelOnOneRank) {
+class GpuStagesByRecipe : public ::testing::TestWithParam<Recipe> {};
+
+TEST_P(GpuStagesByRecipe, EveryStageBitIdenticalToDataParallelOnOneRank) {
   SKIP_WITHOUT_GPU();
-  expect_every_stage_matches(1);
+  expect_every_stage_matches(GetParam(), 1);
 }
 
 // Four NCCL ranks where there are four GPUs, else four virtual ranks on one
 // (tests/meson.build runs it both ways on the emulated GPU).
-TEST(GpuStages, EveryStageBitIdenticalToDataParallelOnFourRanks) {
+TEST_P(GpuStagesByRecipe, EveryStageBitIdenticalToDataParallelOnFourRanks) {
   SKIP_WITHOUT_GPU();
-  expect_every_stage_matches(4);
+  expect_every_stage_matches(GetParam(), 4);
 }
+
+INSTANTIATE_TEST_SUITE_P(Recipes, GpuStagesByRecipe, ::testing::ValuesIn(kRecipes),
+                         [](const ::testing::TestParamInfo<Recipe>& info) { return std::string(info.param.tag); });
 
 // The `small` preset (four blocks, T = 128: every kernel's tiles past one
 // block, attention past one tile), bf16 computed in bf16, 4 ranks: every
