@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # sanitize.sh: the tests again under the sanitizers, each in its own build
-# (CPU only, MPI on): build-asan with AddressSanitizer + LeakSanitizer +
+# (MPI on, and the GPU code on the emulated GPU of the tests, tests/emu):
+# build-asan with AddressSanitizer + LeakSanitizer +
 # UndefinedBehaviorSanitizer, build-tsan with ThreadSanitizer.
 #
 #   scripts/sanitize.sh [asan|tsan|all|full] [--no-summary]
 #
 # all (CI's) runs the suites chosen below, in unity builds (below), to keep
 # CI within its time on 2 cores; full runs both sanitizers over every suite
-# they can run, file by file (about 40 minutes on 2 cores), for a change to
-# the communicators, the launch or a stage's threads, and then the GPU
-# suites on the emulated GPU under ASan and UBSan, then under TSan
-# (scripts/emulated.sh --asan, --tsan).
+# they can run, the GPU suites too, file by file (hours on 2 cores: the
+# emulated GPU's stage tests under TSan are most of it), for a change to
+# the communicators, the launch, a stage's threads or the GPU code.
 # scripts/test.sh runs `all` after the normal tests (ZF_SKIP_SANITIZE=1 skips
 # it) and sums these runs into its last line; alone, this script ends with
 # its own "N passed, N failed, N skipped". A sanitizer finding fails the run
@@ -34,8 +34,12 @@ esac
 # build is most of the time, and -O1 compiles much faster than the release
 # -O3 while keeping the run fast enough; the test files, which only
 # orchestrate, at -O0. Stack traces keep their lines.
-common_setup=(-Dcuda=disabled -Dnccl=disabled -Dmpi=enabled --buildtype=custom -Doptimization=1
+common_setup=(-Dmpi=enabled --buildtype=custom -Doptimization=1
               -Ddebug=true -Db_ndebug=true -Db_lundef=false -Dtests_optimization=0)
+# The GPU code compiled for the emulated GPU (tests/emu, docs/GPU.md): the
+# GPU suites run in the same builds as the CPU ones, which share every
+# library with them.
+gpu_setup=(-Dgpu_emulation=true -Dcuda=auto -Dnccl=auto)
 # CI's runs (asan, tsan, all) build each target as a few large translation
 # units (Meson's unity build), which compiles the shared headers once per
 # few files instead of once per file. One thing it hides: ASan's
@@ -139,6 +143,35 @@ asan_gtest_filter+=$estimator_tests
 tsan_gtest_filter+=$estimator_tests
 skip_targets=(tools/memory_estimate)
 
+# The GPU suites on the emulated GPU. Under ASan + UBSan: the emulation
+# itself, the NCCL and threads communicators on device buffers, the GPU
+# Device, every kernel against its CPU twin (each allocation ends where its
+# size says, so a kernel's step past its buffer is a report), and every
+# stage on 4 ranks over NCCL in one recipe (bf16 computed in bf16: bf16
+# parameters beside float32 masters, the bf16 kernels). Not, in CI: the
+# kernel tests that repeat a kernel on GPT-2's shapes or over many rows,
+# run it twice for determinism, or pass millions of values through the
+# gradient norm (its short tests stay: tails, subnormals, unaligned
+# starts, nothing); the other recipes, the one-GPU runs and `small` run
+# the same stage code on other sizes.
+asan_tests+=(gpu_emulation gpu_kernels gpu_comm gpu_comm_threads gpu_stages_nccl_bf16_bf16)
+gpu_heavy=":CudaKernels.*AtGpt2Shapes:CudaKernels.*IsDeterministic:CudaKernels.*OverManyRows"
+gpu_heavy+=":SumSquaresCuda.RandomBits*:SumSquaresCuda.GradientLike*:SumSquaresCuda.TopOfTheRange*:SumSquaresCuda.NonFinite*"
+asan_gpu_filter=$gpu_heavy
+# Under TSan: the emulation, both communicators on device buffers, the GPU
+# Device (each stream is a thread: a missing wait between two streams, or
+# a host read before a synchronize, is a race it reports) and the kernels
+# of the products, layernorm, softmax, attention, AdamW and the gradient
+# norm. Not, in CI: the heavy tests above, the encoder's and flash
+# attention's (a block's GPU threads are fibers, which TSan slows tens of
+# times; a kernel's missing barrier shows in its values, docs/GPU.md), the
+# threads communicator on device buffers at 8 and 9 ranks (1 to 4 run the
+# same code), nor the stage tests (one stage's 4-rank `tiny` run takes
+# minutes under it).
+tsan_tests+=(gpu_emulation gpu_kernels gpu_comm gpu_comm_threads)
+tsan_gpu_filter="$gpu_heavy:CudaKernels.Encoder*:CudaKernels.Flash*"
+tsan_gpu_filter+=":N/CudaThreadsRanks.*/N8:N/CudaThreadsRanks.*/N9:N/HostSideRanks.*/N9"
+
 sanitizer_env() {  # $1: asan|tsan, $2: the report folder
   local san=$1 rep=$2
   if [[ $san == asan ]]; then
@@ -150,7 +183,7 @@ sanitizer_env() {  # $1: asan|tsan, $2: the report folder
     # OpenMPI's entry points (see there). Not everywhere: the slow unwinder
     # on every allocation would slow the other suites several times.
     export OMPI_MCA_mca_base_env_list="ASAN_OPTIONS=$ASAN_OPTIONS:fast_unwind_on_malloc=0"
-    [[ -n $asan_gtest_filter ]] && export GTEST_FILTER=$asan_gtest_filter
+    [[ -n $asan_gtest_filter$asan_gpu_filter ]] && export GTEST_FILTER=$asan_gtest_filter$asan_gpu_filter
   else
     export TSAN_OPTIONS="log_path=$rep/tsan:second_deadlock_stack=1"
     # Suppressions only for third-party false positives, each explained there.
@@ -162,7 +195,7 @@ sanitizer_env() {  # $1: asan|tsan, $2: the report folder
     # product on the calling (instrumented) thread; blas_set_threads()
     # never raises the count above this.
     export OPENBLAS_NUM_THREADS=1
-    export GTEST_FILTER=$tsan_gtest_filter
+    export GTEST_FILTER=$tsan_gtest_filter$tsan_gpu_filter
   fi
 }
 
@@ -207,15 +240,22 @@ run_sanitizer() {  # $1: asan|tsan
   fi
   local quoted
   quoted=$(printf ",'%s'" "${args[@]}")
-  local options=(-Dunity=$unity -Dtests_unity=$tests_unity -Dunity_size=$unity_size "-Dcpp_args=[${quoted:1}]")
+  local options=(-Dunity=$unity -Dtests_unity=$tests_unity -Dunity_size=$unity_size "-Dcpp_args=[${quoted:1}]"
+                 "${gpu_setup[@]}")
   rm -rf "$dir/tests/results" "$dir/meson-logs/testlog.json" "$dir/sanitizer-reports"
   if [[ ! -f $dir/build.ninja ]]; then
     meson setup "$dir" "${common_setup[@]}" -Db_sanitize=$sanitize "${options[@]}" >/dev/null ||
       { echo "$san: meson setup failed"; return 1; }
   elif [[ $(meson introspect "$dir" --buildoptions |
-            python3 -c 'import json, sys; o = {o["name"]: o["value"] for o in json.load(sys.stdin)}; print(o["unity"], *o["cpp_args"])') != "$unity ${args[*]}" ]]; then
-    # A build of the other mode (all or full): its unity and UBSan's checks.
+            python3 -c 'import json, sys; o = {o["name"]: o["value"] for o in json.load(sys.stdin)}; print(o["unity"], o["gpu_emulation"], *o["cpp_args"])') != "$unity True ${args[*]}" ]]; then
+    # A build of the other mode (all or full): its unity and UBSan's
+    # checks; or one set up before the GPU suites ran here.
     meson configure "$dir" "${options[@]}" >/dev/null || { echo "$san: meson configure failed"; return 1; }
+  fi
+  # full: every GPU test there is (tests/meson.build names them gpu_*).
+  if [[ $which == full ]]; then
+    mapfile -t -O "${#tests[@]}" tests < <(meson introspect "$dir" --tests |
+      python3 -c 'import json, sys; print(*[t["name"] for t in json.load(sys.stdin) if t["name"].startswith("gpu_")], sep="\n")')
   fi
   mkdir -p "$dir/tests/results" "$dir/sanitizer-reports"
   local targets
@@ -223,11 +263,14 @@ run_sanitizer() {  # $1: asan|tsan
   # shellcheck disable=SC2086
   ninja -C "$dir" $targets >/dev/null || ninja -C "$dir" $targets || { echo "$san: build failed"; return 1; }
   local built=$SECONDS
+  # Sanitized code runs several times slower, and the suites' timeouts are
+  # set for the normal build; TSan slows the emulated GPU's stage runs of
+  # full the most.
+  local slower=4
+  [[ $san == tsan && $which == full ]] && slower=8
   (
     sanitizer_env "$san" "$root/$dir/sanitizer-reports"
-    # Sanitized code runs several times slower (TSan more), and
-    # the suites' timeouts are set for the normal build.
-    meson test -C "$dir" --no-rebuild --num-processes 2 --print-errorlogs --timeout-multiplier 4 "${tests[@]}"
+    meson test -C "$dir" --no-rebuild --num-processes 2 --print-errorlogs --timeout-multiplier $slower "${tests[@]}"
   )
   local status=$?
   for r in "$dir"/sanitizer-reports/*; do
@@ -249,7 +292,7 @@ if [[ $which == full ]]; then
               compute checkpoint recorder trace reference memory_model recompute cli faults signals mpi_comm_np2
               mpi_comm_np4 mpi_launch mpi_signals)
   tsan_tests=(comm launch dp zero1 zero2 zero3 fsdp offload checkpoint faults signals clock)
-  asan_gtest_filter="" skip_targets=()
+  asan_gtest_filter="" asan_gpu_filter="" tsan_gpu_filter="" skip_targets=()
 fi
 status=0
 runs=()
@@ -258,13 +301,6 @@ for san in asan tsan; do
   run_sanitizer "$san" || status=1
   runs+=("build-$san/tests/results" "build-$san/meson-logs/testlog.json" --reports "build-$san/sanitizer-reports")
 done
-if [[ $which == full ]]; then  # the GPU code on the emulated GPU, under each sanitizer
-  for san in asan tsan; do
-    scripts/emulated.sh --$san || status=1
-    runs+=(build-emu-$san/tests/results build-emu-$san/meson-logs/testlog.json
-           --reports build-emu-$san/sanitizer-reports)
-  done
-fi
 if [[ $summary -eq 1 ]]; then
   python3 scripts/test_summary.py "${runs[@]}" || status=1
 fi
