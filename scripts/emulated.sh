@@ -20,13 +20,16 @@ if [[ ! -f $dir/build.ninja ]]; then
   meson setup "$dir" --native-file scripts/emulated.ini >/dev/null ||
     { echo "emulated: meson setup failed"; exit 1; }
 elif ! ninja -C "$dir" -t targets all 2>/dev/null | grep -q '^tests/test_gpu_comm:'; then
-  # A folder set up with -Dnccl=disabled has no NCCL suite: NCCL back on.
-  meson configure "$dir" -Dnccl=auto >/dev/null || { echo "emulated: meson configure failed"; exit 1; }
+  # A folder set up with -Dnccl=disabled has no NCCL suite: NCCL back on
+  # (regenerated at once, so that the tests read below include it).
+  { meson configure "$dir" -Dnccl=auto && ninja -C "$dir" build.ninja; } >/dev/null ||
+    { echo "emulated: meson configure failed"; exit 1; }
 fi
 suites=("$@")
 if [[ ${#suites[@]} -eq 0 ]]; then
   mapfile -t suites < <(meson introspect "$dir" --tests |
-    python3 -c 'import json, sys; print(*[t["name"] for t in json.load(sys.stdin) if t["name"].startswith("gpu_")], sep="\n")')
+    python3 -c 'import json, sys; sys.stdout.writelines(t["name"] + "\n" for t in json.load(sys.stdin) if t["name"].startswith("gpu_"))')
+  [[ ${#suites[@]} -gt 0 ]] || { echo "emulated: $dir has no gpu_* test (is it a -Dgpu_emulation=true build?)"; exit 1; }
 fi
 rm -rf "$dir/tests/results" "$dir/meson-logs/testlog.json"
 mkdir -p "$dir/tests/results"

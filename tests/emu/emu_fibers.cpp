@@ -498,15 +498,20 @@ void warp_exchange(unsigned mask, WarpOp op, uint64_t mine, uint64_t out[32], in
   const unsigned bit = 1u << lane;
   Exchange* x = nullptr;
   int warp;
+  unsigned exist;
   {
     const TsanQuiet quiet;
     warp = r.current / 32;
     // The warp's lanes that exist (a last partial warp has fewer).
-    const unsigned exist = r.count - warp * 32 >= 32 ? 0xffffffffu : (1u << (r.count - warp * 32)) - 1;
-    if (!(mask & bit)) thread_fault(std::string(op_name(op)) + " with a mask that does not name the calling lane");
-    if (mask & ~exist) thread_fault(std::string(op_name(op)) + " with a mask naming lanes the block does not have");
-    if (from < -1 || from >= 32)
-      thread_fault(std::string(op_name(op)) + " reading a lane outside the warp (a width that is not a power of two up to 32)");
+    exist = r.count - warp * 32 >= 32 ? 0xffffffffu : (1u << (r.count - warp * 32)) - 1;
+  }
+  const char* bad = !(mask & bit)      ? "with a mask that does not name the calling lane"
+                    : (mask & ~exist)    ? "with a mask naming lanes the block does not have"
+                    : from < -1 || from >= 32 ? "reading a lane outside the warp (a width that is not a power of two up to 32)"
+                                         : nullptr;
+  if (bad) thread_fault(std::string(op_name(op)) + " " + bad);  // not quiet: its hand-off is seen
+  {
+    const TsanQuiet quiet;
     // The oldest open exchange of this mask and op that this lane has not
     // joined yet. Lanes that ask for different things wait on different
     // exchanges, which never complete: a deadlock, reported as such.
@@ -544,34 +549,22 @@ void warp_exchange(unsigned mask, WarpOp op, uint64_t mine, uint64_t out[32], in
     for (int l = 0; l < 32; ++l) out[l] = (mask >> l & 1u) ? x->values[l].load(std::memory_order_relaxed) : 0;
   const TsanQuiet quiet;
   t.exchange = nullptr;
-  if (--x->readers == 0) {
-    auto& list = r.warps[size_t(warp)];
-    for (auto it = list.begin(); it != list.end(); ++it)
-      if (&*it == x) {
-        list.erase(it);
-        break;
-      }
-  }
+  if (--x->readers == 0) r.warps[size_t(warp)].remove_if([x](const Exchange& e) { return &e == x; });
 }
 
 void launch_body(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
                  std::function<void()> body) {
-  if (const cudaError_t e = stream_error(stream)) {
-    set_last_error(e);
-    return;
-  }
-  // A kernel launches only on a stream of the current device.
-  if (stream_device(stream) != current_device_id()) {
-    set_last_error(cudaErrorInvalidResourceHandle);
-    return;
-  }
   const unsigned long long threads = 1ull * block.x * block.y * block.z;
   const bool bad = block.x == 0 || block.y == 0 || block.z == 0 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
                    threads > kMaxThreads || block.x > 1024 || block.y > 1024 || block.z > 64 ||
                    grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535 ||
                    shared_bytes > max_dynamic_shared(kernel);
-  if (bad) {
-    set_last_error(cudaErrorInvalidConfiguration);
+  // A failed device's error first; a kernel launches only on a stream of the current device.
+  const cudaError_t e = stream_error(stream) ? stream_error(stream)
+                        : stream_device(stream) != current_device_id() ? cudaErrorInvalidResourceHandle
+                        : bad ? cudaErrorInvalidConfiguration : cudaSuccess;
+  if (e != cudaSuccess) {
+    set_last_error(e);
     return;
   }
   enqueue_on(stream, [grid, block, shared_bytes, body = std::move(body)] {

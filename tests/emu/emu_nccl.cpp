@@ -18,11 +18,10 @@
 //     NCCL's "Duplicate GPU detected");
 //   - non-blocking communicators (ncclConfig_t.blocking = 0) answer
 //     ncclInProgress to their creation, split, finalize and collectives (in
-//     a group: its ncclGroupEnd), and ncclCommGetAsyncError says when that
-//     is over; until a poll has seen a collective enqueued, the communicator
-//     refuses every other call (ncclInvalidArgument, NCCL's "not ready");
-//     blocking ones wait, except inside ncclGroupStart/End, whose end waits;
-//     a split's child without a config of its own takes its parent's;
+//     a group, its ncclGroupEnd for them), and refuse other calls (NCCL's
+//     "not ready", ncclInvalidArgument) until ncclCommGetAsyncError says
+//     that is over; blocking ones wait, except inside ncclGroupStart/End,
+//     whose end waits; a split's child without a config takes its parent's;
 //   - a call that fails inside a group fails its ncclGroupEnd too (NCCL
 //     then also drops the group's other calls; here they still run);
 //   - a rank that never reaches a collective, or aborts before its peers
@@ -47,6 +46,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "emu_nccl.h"
@@ -70,10 +70,10 @@ struct State {
   ncclResult_t status = ncclInProgress;  // ncclSuccess once every rank joined; errors stick
   std::string error;                     // what failed, for ncclGetLastError
   bool aborted = false, finalizing = false, split_pending = false;
-  // Non-blocking: a collective (or a group of them) is being enqueued, as by
-  // NCCL's own thread; the next ncclCommGetAsyncError ends it, and until
-  // then the communicator takes no other call.
-  bool enqueuing = false;
+  // Non-blocking: a collective (or a group) is being enqueued, as by NCCL's
+  // own thread: polls left until ncclCommGetAsyncError says ncclSuccess (the
+  // first says ncclInProgress); until then the communicator takes no call.
+  int enqueuing = 0;
   uint64_t issued = 0, splits = 0;  // collectives and splits called so far
   int running = 0;                  // collectives enqueued and not yet over
 };
@@ -109,9 +109,7 @@ struct Clique {
 
 }  // namespace
 
-struct ncclComm {
-  std::shared_ptr<State> state;
-};
+struct ncclComm { std::shared_ptr<State> state; };
 
 namespace {
 
@@ -133,8 +131,10 @@ thread_local int group_depth = 0;
 thread_local std::vector<std::shared_ptr<State>> group_pending;
 thread_local ncclResult_t group_error = ncclSuccess;  // the group's first failed call, for its end
 
+// A call fails (mu held); inside a group, the group's end fails too.
 ncclResult_t fail_locked(ncclResult_t r, const std::string& what) {
   last_error = what;
+  if (group_depth > 0 && group_error == ncclSuccess) group_error = r;
   return r;
 }
 ncclResult_t fail(ncclResult_t r, const std::string& what) {
@@ -143,7 +143,7 @@ ncclResult_t fail(ncclResult_t r, const std::string& what) {
 }
 // Whether a communicator takes a call (mu held): NCCL's ncclCommEnsureReady,
 // whose refusal is ncclInvalidArgument.
-bool ready_locked(const State& s) { return s.status != ncclInProgress && !s.split_pending && !s.enqueuing; }
+bool ready_locked(const State& s) { return s.status != ncclInProgress && !s.split_pending && s.enqueuing == 0; }
 // A communicator's error (mu held): it sticks; the first one says why.
 void fail_state_locked(State& s, ncclResult_t r, const std::string& what) {
   if (s.status == ncclSuccess || s.status == ncclInProgress) {
@@ -244,17 +244,7 @@ bool overlap(const void* a, size_t an, const void* b, size_t bn) {
   return an > 0 && bn > 0 && x < y + bn && y < x + an;
 }
 
-ncclResult_t enqueue(Call call, ncclComm_t comm, cudaStream_t stream);
-
-// A collective call: inside a group, a failure is also the group's (its
-// ncclGroupEnd returns it, as NCCL's does).
 ncclResult_t issue(Call call, ncclComm_t comm, cudaStream_t stream) {
-  const ncclResult_t r = enqueue(call, comm, stream);
-  if (group_depth > 0 && r != ncclSuccess && r != ncclInProgress && group_error == ncclSuccess) group_error = r;
-  return r;
-}
-
-ncclResult_t enqueue(Call call, ncclComm_t comm, cudaStream_t stream) {
   if (!comm) return fail(ncclInvalidArgument, std::string(kind_name(call.kind)) + ": comm is NULL");
   const std::shared_ptr<State> s = comm->state;
   int rank, n, device;
@@ -313,7 +303,7 @@ ncclResult_t enqueue(Call call, ncclComm_t comm, cudaStream_t stream) {
     s->running++;
     // Non-blocking: in progress until polled (a group's, from its end).
     if (group_depth > 0) group_pending.push_back(s);
-    else if (!s->blocking) s->enqueuing = true;
+    else if (!s->blocking) s->enqueuing = 2;
   }
   auto task = std::make_shared<Task>();
   task->s = s;
@@ -424,13 +414,12 @@ ncclResult_t ncclGroupEnd() {
   if (--group_depth > 0) return ncclSuccess;
   std::vector<std::shared_ptr<State>> pending;
   pending.swap(group_pending);
-  ncclResult_t result = group_error;
-  group_error = ncclSuccess;
+  ncclResult_t result = std::exchange(group_error, ncclSuccess);
   std::unique_lock<std::mutex> lock(mu);
   for (auto& s : pending) {
     ncclResult_t r = s->blocking ? wait_ready_locked(lock, *s) : s->status;
     if (!s->blocking && (r == ncclSuccess || r == ncclInProgress)) {
-      s->enqueuing = true;  // NCCL's thread launches the group: in progress until polled
+      s->enqueuing = 2;  // NCCL's thread launches the group: in progress until polled
       r = ncclInProgress;
     }
     if (result == ncclSuccess || result == ncclInProgress) result = r == ncclSuccess ? result : r;
@@ -504,10 +493,10 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
   if (!comm || !state) return fail(ncclInvalidArgument, "ncclCommGetAsyncError: NULL argument");
   std::lock_guard<std::mutex> lock(mu);
   State& s = *comm->state;
+  if (s.enqueuing > 0) s.enqueuing--;
   if (s.status != ncclSuccess) *state = s.status;
-  else if (s.split_pending || s.enqueuing || (s.finalizing && s.running > 0)) *state = ncclInProgress;
+  else if (s.split_pending || s.enqueuing > 0 || (s.finalizing && s.running > 0)) *state = ncclInProgress;
   else *state = ncclSuccess;
-  s.enqueuing = false;  // enqueued now: the next poll says so
   return ncclSuccess;
 }
 
@@ -515,6 +504,8 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   if (!comm) return fail(ncclInvalidArgument, "ncclCommFinalize: comm is NULL");
   std::unique_lock<std::mutex> lock(mu);
   State& s = *comm->state;
+  if (s.status == ncclSuccess && !ready_locked(s))
+    return fail_locked(ncclInvalidArgument, "ncclCommFinalize: the communicator is not ready");
   s.finalizing = true;
   if (s.blocking) {
     cv.wait(lock, [&] { return s.running == 0; });
@@ -549,7 +540,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   return ncclSuccess;
 }
 
-// A communicator's size and rank: known once it is ready.
+// A communicator's size, rank and GPU: known once it is ready.
 static ncclResult_t when_ready(const ncclComm_t comm, int* out, int State::*field, const char* call) {
   if (!comm || !out) return ncclInvalidArgument;
   std::lock_guard<std::mutex> lock(mu);
@@ -564,9 +555,7 @@ ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
   return when_ready(comm, rank, &State::rank, "ncclCommUserRank");
 }
 ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
-  if (!comm || !device) return ncclInvalidArgument;
-  *device = comm->state->device;
-  return ncclSuccess;
+  return when_ready(comm, device, &State::device, "ncclCommCuDevice");
 }
 
 const char* ncclGetErrorString(ncclResult_t result) {

@@ -408,6 +408,8 @@ TEST(EmulatedNccl, ANonBlockingCollectiveTakesNoOtherCallUntilPolled) {
   int n = 0;
   EXPECT_EQ(ncclCommCount(c.c[0], &n), ncclInvalidArgument);
   EXPECT_EQ(poll(0), ncclInProgress);
+  EXPECT_EQ(ncclAllReduce(b[0], b[0], 8, ncclFloat32, ncclSum, c.c[0], stream[0]), ncclInvalidArgument)
+      << "still in progress";
   EXPECT_EQ(poll(0), ncclSuccess);
   EXPECT_EQ(ncclCommCount(c.c[0], &n), ncclSuccess);
   OK(cudaSetDevice(1));
@@ -430,15 +432,14 @@ TEST(EmulatedNccl, ANonBlockingCollectiveTakesNoOtherCallUntilPolled) {
 // ncclGroupEnd returns the group's error); the next group starts clean.
 TEST(EmulatedNccl, ACallThatFailsInAGroupFailsItsEnd) {
   Ranks ranks(2);
-  float* b = device_floats(0, std::vector<float>(8, 1.0f));
+  std::vector<float> host(8, 1.0f);  // not device memory
   OK(cudaSetDevice(0));
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
-  EXPECT_EQ(ncclAllReduce(b, b, 8, ncclFloat32, ncclRedOp_t(99), ranks.comm[0], ranks.stream[0]),
+  EXPECT_EQ(ncclAllReduce(host.data(), host.data(), 8, ncclFloat32, ncclSum, ranks.comm[0], ranks.stream[0]),
             ncclInvalidArgument);
   EXPECT_EQ(ncclGroupEnd(), ncclInvalidArgument);
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
   EXPECT_EQ(ncclGroupEnd(), ncclSuccess);
-  cudaFree(b);
 }
 
 // A rank whose peer has not come waits on its stream (a hang, as in NCCL)
