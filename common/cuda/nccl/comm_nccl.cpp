@@ -277,6 +277,7 @@ std::unique_ptr<Communicator> NcclRank::split(int color, int key) {
   const uint64_t no = splits_++;
   ncclConfig_t config = nonblocking_config();
   ncclComm_t child = nullptr;
+  std::string failed;
   {
     DeviceGuard g(device_);
     std::lock_guard<std::mutex> lock(nccl_mu_);
@@ -296,13 +297,23 @@ std::unique_ptr<Communicator> NcclRank::split(int color, int key) {
       if (q != ncclSuccess) state = q;
       if (state == ncclSuccess) break;
       if (state != ncclInProgress || seconds_since(t0) > timeout_s_) {
-        if (child) ncclCommAbort(child);
-        throw Error("[rank " + std::to_string(rank_) + "] ncclCommSplit did not complete: " +
-                    (state == ncclInProgress ? std::string("timeout (ZF_NCCL_TIMEOUT_S)")
-                                             : nccl_error_text(state)));
+        failed = "[rank " + std::to_string(rank_) + "] ncclCommSplit did not complete: " +
+                 (state == ncclInProgress ? std::string("timeout (ZF_NCCL_TIMEOUT_S)")
+                                          : nccl_error_text(state));
+        break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+  }
+  if (!failed.empty()) {
+    // NCCL's split job writes the child's handle into `child` when it ends,
+    // failed too, and the parent's abort waits for that end: so the parent
+    // (which takes no call before the split ends) is aborted, failing this
+    // rank, while `child` still exists.
+    fail(failed, false);
+    DeviceGuard g(device_);
+    if (child) ncclCommAbort(child);
+    throw Error(failed);
   }
   if (color < 0) {
     if (child) ncclCommAbort(child);

@@ -1,8 +1,9 @@
 // test_comm_nccl_faults.cpp: the nccl communicator's faults: an abort fails
 // every later collective and wakes a pending one, a stuck collective times
 // out, a failure after a device wait raises on the host, a rank that leaves
-// is named. Part of test_gpu_comm, listed last in tests/meson.build so that
-// these run after every other test of it (see test_comm_nccl.cpp).
+// is named, a split a peer never joins times out. Part of test_gpu_comm,
+// listed last in tests/meson.build so that these run after every other
+// test of it (see test_comm_nccl.cpp).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -139,6 +140,29 @@ TEST_P(NcclFaults, ARankThatLeavesIsNamed) {
   comms[1].reset();  // rank 1 leaves, having issued nothing
   rank0.join();
   EXPECT_NE(error.find("rank 1 finished after issuing only 0"), std::string::npos) << error;
+}
+
+// A split that its peer never joins times out (0.3 s) with an Error that
+// says so, and fails the rank with that reason: NCCL's split job writes the
+// child's handle into split()'s frame until the parent is aborted, so
+// split() aborts the parent before it returns (needs 2 GPUs).
+TEST_P(NcclFaults, ASplitThatAPeerNeverJoinsTimesOutAndFailsTheRank) {
+  SKIP_WITHOUT_GPU();
+  const int n = gpu_count();
+  if (n < 2) GTEST_SKIP() << "needs 2 or more GPUs (found " << n << ")";
+  auto comms = NcclCommunicator::create_group({0, 1}, test_options(0.3));
+  CUDA_CHECK(cudaSetDevice(0));
+  DevBuf buf(5, DType::f32);
+  for (int attempt = 0; attempt < 2; attempt++) {  // the split, then a collective after it
+    try {
+      if (attempt == 0) comms[0]->split(0, 0);
+      else comms[0]->all_reduce(buf.get(), 5, DType::f32);
+      ADD_FAILURE() << (attempt == 0 ? "the split completed without its peer" : "the rank still works");
+    } catch (const zf::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("ncclCommSplit did not complete: timeout"), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Last, NcclFaults, ::testing::Values(0));
