@@ -505,10 +505,10 @@ void warp_exchange(unsigned mask, WarpOp op, uint64_t mine, uint64_t out[32], in
     // The warp's lanes that exist (a last partial warp has fewer).
     exist = r.count - warp * 32 >= 32 ? 0xffffffffu : (1u << (r.count - warp * 32)) - 1;
   }
-  const char* bad = !(mask & bit)      ? "with a mask that does not name the calling lane"
-                    : (mask & ~exist)    ? "with a mask naming lanes the block does not have"
-                    : from < -1 || from >= 32 ? "reading a lane outside the warp (a width that is not a power of two up to 32)"
-                                         : nullptr;
+  const char* bad = nullptr;
+  if (!(mask & bit)) bad = "with a mask that does not name the calling lane";
+  else if (mask & ~exist) bad = "with a mask naming lanes the block does not have";
+  else if (from < -1 || from >= 32) bad = "reading a lane outside the warp (a width that is not a power of two up to 32)";
   if (bad) thread_fault(std::string(op_name(op)) + " " + bad);  // not quiet: its hand-off is seen
   {
     const TsanQuiet quiet;
@@ -560,9 +560,9 @@ void launch_body(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes,
                    grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535 ||
                    shared_bytes > max_dynamic_shared(kernel);
   // A failed device's error first; a kernel launches only on a stream of the current device.
-  const cudaError_t e = stream_error(stream) ? stream_error(stream)
-                        : stream_device(stream) != current_device_id() ? cudaErrorInvalidResourceHandle
-                        : bad ? cudaErrorInvalidConfiguration : cudaSuccess;
+  cudaError_t e = stream_error(stream);
+  if (e == cudaSuccess && stream_device(stream) != current_device_id()) e = cudaErrorInvalidResourceHandle;
+  if (e == cudaSuccess && bad) e = cudaErrorInvalidConfiguration;
   if (e != cudaSuccess) {
     set_last_error(e);
     return;

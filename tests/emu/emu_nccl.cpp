@@ -71,8 +71,8 @@ struct State {
   std::string error;                     // what failed, for ncclGetLastError
   bool aborted = false, finalizing = false, split_pending = false;
   // Non-blocking: a collective (or a group) is being enqueued, as by NCCL's
-  // own thread: polls left until ncclCommGetAsyncError says ncclSuccess (the
-  // first says ncclInProgress); until then the communicator takes no call.
+  // own thread: polls left until ncclCommGetAsyncError says ncclSuccess
+  // (kEnqueuePolls: the first says ncclInProgress); until then it takes no call.
   int enqueuing = 0;
   uint64_t issued = 0, splits = 0;  // collectives and splits called so far
   int running = 0;                  // collectives enqueued and not yet over
@@ -110,6 +110,7 @@ struct Clique {
 }  // namespace
 
 struct ncclComm { std::shared_ptr<State> state; };
+constexpr int kEnqueuePolls = 2;
 
 namespace {
 
@@ -303,7 +304,7 @@ ncclResult_t issue(Call call, ncclComm_t comm, cudaStream_t stream) {
     s->running++;
     // Non-blocking: in progress until polled (a group's, from its end).
     if (group_depth > 0) group_pending.push_back(s);
-    else if (!s->blocking) s->enqueuing = 2;
+    else if (!s->blocking) s->enqueuing = kEnqueuePolls;
   }
   auto task = std::make_shared<Task>();
   task->s = s;
@@ -419,7 +420,7 @@ ncclResult_t ncclGroupEnd() {
   for (auto& s : pending) {
     ncclResult_t r = s->blocking ? wait_ready_locked(lock, *s) : s->status;
     if (!s->blocking && (r == ncclSuccess || r == ncclInProgress)) {
-      s->enqueuing = 2;  // NCCL's thread launches the group: in progress until polled
+      s->enqueuing = kEnqueuePolls;  // NCCL's thread launches the group: in progress until polled
       r = ncclInProgress;
     }
     if (result == ncclSuccess || result == ncclInProgress) result = r == ncclSuccess ? result : r;
