@@ -52,6 +52,9 @@ def count_run(results_dir, testlog, label, failures):
         suite_failed = 0
         try:
             cases = list(ET.parse(path).getroot().iter("testcase")) if os.path.exists(path) else []
+            if os.path.exists(path) and not cases:  # a filter that names no test passes nothing
+                suite_failed += 1
+                failures.append(f"{where}: ran no test ({path}): does its --gtest_filter name any?")
         except ET.ParseError as e:
             cases = []
             suite_failed += 1

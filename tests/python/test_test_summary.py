@@ -90,6 +90,12 @@ class SummaryTest(unittest.TestCase):
         self.assertEqual(last, "1 passed, 1 failed, 0 skipped")
         self.assertEqual(status, 1)
 
+    def test_results_without_a_test_fail(self):
+        run = make_run(self.top, "build-emu", {"a": ("OK", [("x", "ok")]), "b": ("OK", [])})
+        status, last, failures = summary(run)
+        self.assertEqual((status, last), (1, "1 passed, 1 failed, 0 skipped"))
+        self.assertIn("b: ran no test", failures[0])
+
     def test_each_sanitizer_report_is_a_failure(self):
         run = make_run(self.top, "build-asan", {"a": ("OK", [("x", "ok")])})
         reports = os.path.join(self.top, "build-asan", "sanitizer-reports")
