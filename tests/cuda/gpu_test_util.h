@@ -8,6 +8,8 @@
 #include <cuda_runtime.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -41,6 +43,34 @@ struct Stall {
 };
 inline void CUDART_CB sleep_on_stream(void* p) {
   std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<Stall*>(p)->ms));
+}
+
+// Holding a stream until the host says so: cudaLaunchHostFunc(stream,
+// hold_until_open, &gate) keeps the stream busy until gate.open(). A host
+// that waited for the stream before opening would wait for ever, so the
+// gate also opens by itself after `limit`, and says so (timed_out): a test
+// of what does not wait for the GPU, with no timing of its own to flake.
+struct Gate {
+  std::chrono::milliseconds limit{10000};
+  std::mutex mu;
+  std::condition_variable cv;
+  bool opened = false, timed_out = false;
+  void open() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      opened = true;
+    }
+    cv.notify_all();
+  }
+  bool opened_by_limit() {
+    std::lock_guard<std::mutex> lock(mu);
+    return timed_out;
+  }
+};
+inline void CUDART_CB hold_until_open(void* p) {
+  auto* g = static_cast<Gate*>(p);
+  std::unique_lock<std::mutex> lock(g->mu);
+  if (!g->cv.wait_for(lock, g->limit, [g] { return g->opened; })) g->timed_out = true;
 }
 
 }  // namespace zf::test

@@ -45,6 +45,8 @@ using zf::DType;
 using zf::NcclCommunicator;
 using Clock = std::chrono::steady_clock;
 
+using zf::test::Gate;
+using zf::test::hold_until_open;
 using zf::test::seconds_since;
 using zf::test::sleep_on_stream;
 using zf::test::Stall;
@@ -140,8 +142,9 @@ std::string mismatch(const std::vector<float>& got, const std::vector<float>& wa
 // Round after round, with no host sync: all_gather into a fresh buffer,
 // wait(), a kernel on the compute stream reads the result (out = 2 * recv),
 // the buffer is released and the next round's allocation gets it back. The
-// host never waits for the stalled collectives, and every kernel saw its
-// round's result.
+// communication stream is held shut until the host has issued every round,
+// so a wait() that waited on the host would never return (until the gate's
+// limit); and every kernel saw its round's result.
 TEST(NcclDeviceWait, TheNextKernelSeesTheResultAndTheHostGoesOn) {
   SKIP_WITHOUT_GPU();
   for (const auto& gpus : groups()) {
@@ -160,11 +163,10 @@ TEST(NcclDeviceWait, TheNextKernelSeesTheResultAndTheHostGoesOn) {
         dev.release(recv);
         dev.synchronize();
       }
-      static Stall stall{5};  // per round: 200 ms on the communication stream in all
+      Gate gate;
+      CUDA_CHECK(cudaLaunchHostFunc(comm.comm_stream(), hold_until_open, &gate));
       std::vector<zf::CommHandle> handles;
-      const auto t0 = Clock::now();
       for (int i = 0; i < kRounds; i++) {
-        CUDA_CHECK(cudaLaunchHostFunc(comm.comm_stream(), sleep_on_stream, &stall));
         void* recv = dev.allocate(bytes);
         handles.push_back(comm.all_gather_async(send[size_t(i)], recv, n, DType::f32));
         handles.back().wait();
@@ -173,16 +175,15 @@ TEST(NcclDeviceWait, TheNextKernelSeesTheResultAndTheHostGoesOn) {
                                   static_cast<cudaStream_t>(dev.native_stream()));
         dev.release(recv);  // stream-ordered: after the kernel that reads it
       }
-      const double host_s = seconds_since(t0);
-      // A host wait per round would take the 5 ms stall each time (200 ms).
-      EXPECT_LT(host_s, 0.1) << "issuing " << kRounds << " rounds took " << host_s
-                             << " s: wait() blocked the host";
+      gate.open();
       for (auto& h : handles) h.wait_host();  // every one succeeded, and has completed
       for (int i = 0; i < kRounds; i++) {
         std::vector<float> want = gathered(N, n, i);
         for (float& x : want) x *= 2.0f;  // exact: small integers
         EXPECT_EQ(mismatch(download(dev, out[size_t(i)], full), want), "") << "round " << i;
       }
+      EXPECT_FALSE(gate.opened_by_limit()) << "wait() blocked the host: the " << kRounds
+                                           << " rounds were issued only after the gate's limit";
       for (void* p : send) dev.release(p);
       for (void* p : out) dev.release(p);
       dev.synchronize();
