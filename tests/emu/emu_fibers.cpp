@@ -226,10 +226,7 @@ thread_local Runner* runner = nullptr;
 
 // The stream thread's runner, from one of its fibers (ThreadSanitizer sees
 // each fiber as a thread, and this bookkeeping as theirs to share).
-Runner& runs() {
-  const TsanQuiet quiet;
-  return *runner;
-}
+ZF_EMU_UNSEEN Runner& runs() { return *runner; }
 
 [[gnu::noinline]] void switch_to(Context& from, Context& to, const void* bottom, size_t size, void* tsan_to,
                                  const void** came_bottom = nullptr, size_t* came_size = nullptr) {
@@ -250,16 +247,15 @@ Runner& runs() {
 #endif
 }
 
+// The fiber of the running GPU thread.
+ZF_EMU_UNSEEN Fiber* own_fiber(const Runner& r) { return r.threads[size_t(r.current)].fiber; }
+
 // From the running GPU thread's fiber back to the scheduler. What the
 // thread did so far happens before the block's end, also when the block
 // ends in a fault and the thread never resumes.
 void to_main() {
   Runner& r = runs();
-  Fiber* f;
-  {
-    const TsanQuiet quiet;
-    f = r.threads[size_t(r.current)].fiber;
-  }
+  Fiber* f = own_fiber(r);
   tsan_release(&r.end_token);
   switch_to(f->context, r.main, r.main_bottom, r.main_size, r.main_tsan, &r.main_bottom, &r.main_size);
 }
@@ -277,15 +273,10 @@ void fiber_main() {
 #endif
   for (;;) {
     Fiber* f;
-    const std::function<void()>* body;
-    {
-      const TsanQuiet quiet;
-      f = r.threads[size_t(r.current)].fiber;
-      body = r.body;
-    }
     for (;;) {
-      tsan_acquire(&r.start_token);
-      (*body)();
+      tsan_acquire(&r.start_token);  // a thread starts after its launch
+      f = own_fiber(r);
+      (*r.body)();
       tsan_release(&r.end_token);
       int next = -1;
       {
@@ -368,6 +359,18 @@ std::string deadlock(const Runner& r) {
   fault(cudaErrorLaunchFailure, why);
 }
 
+// Whether thread t goes on in this round: it waits, or resumes, or starts
+// (and then needs a fiber). The scheduler reads what the block's threads
+// left in the bookkeeping, unseen by TSan.
+enum class Turn { wait, resume, start };
+ZF_EMU_UNSEEN Turn take_turn(const Runner& r, GpuThread& t) {
+  const bool go = t.state == State::ready || (t.state == State::barrier && r.barrier_gen >= t.barrier_gen) ||
+                  (t.state == State::warp && t.exchange->complete);
+  if (!go) return Turn::wait;
+  t.state = State::ready;
+  return t.started ? Turn::resume : Turn::start;
+}
+
 void run_block(Runner& r, dim3 grid, dim3 block, uint3 block_idx) {
   const int n = int(block.x * block.y * block.z);
   r.count = n;
@@ -394,31 +397,23 @@ void run_block(Runner& r, dim3 grid, dim3 block, uint3 block_idx) {
     bool ran = false, left = false;
     for (int k = 0; k < n; ++k) {
       const int i = r.forward ? k : n - 1 - k;
-      GpuThread& t = r.threads[size_t(i)];
-      bool go;
-      {
+      const Turn turn = take_turn(r, r.threads[size_t(i)]);
+      if (turn == Turn::wait) continue;
+      if (turn == Turn::start) {
         const TsanQuiet quiet;
-        go = t.state == State::ready ||
-             (t.state == State::barrier && r.barrier_gen >= t.barrier_gen) ||
-             (t.state == State::warp && t.exchange->complete);
-        if (go && !t.started) {
-          Fiber* f;
-          if (!r.idle.empty()) {
-            f = r.idle.back();
-            r.idle.pop_back();
-          } else {
-            f = make_fiber(r);
-          }
-          bind(r, *f, i);
-          (r.forward ? r.first : r.last) += r.forward ? 1 : -1;  // i is that end
+        Fiber* f;
+        if (!r.idle.empty()) {
+          f = r.idle.back();
+          r.idle.pop_back();
+        } else {
+          f = make_fiber(r);
         }
-        if (go) t.state = State::ready;
+        bind(r, *f, i);
+        (r.forward ? r.first : r.last) += r.forward ? 1 : -1;  // i is that end
       }
-      if (go) {
-        resume(r, i);
-        ran = true;
-        if (!r.fault.empty()) block_fault(r, r.fault);
-      }
+      resume(r, i);
+      ran = true;
+      if (!r.fault.empty()) block_fault(r, r.fault);
     }
     {
       const TsanQuiet quiet;
@@ -431,8 +426,7 @@ void run_block(Runner& r, dim3 grid, dim3 block, uint3 block_idx) {
   tsan_acquire(&r.end_token);
 }
 
-GpuThread& me(const char* what) {
-  const TsanQuiet quiet;
+ZF_EMU_UNSEEN GpuThread& me(const char* what) {
   if (!runner || runner->current < 0) {
     std::fprintf(stderr, "emulated GPU: %s called outside a kernel\n", what);
     std::abort();
