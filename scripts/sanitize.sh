@@ -153,7 +153,7 @@ skip_targets=(tools/memory_estimate)
 # kernel tests that repeat a kernel on GPT-2's shapes or over many rows,
 # run it twice for determinism, or pass millions of values through the
 # gradient norm (its short tests stay: tails, subnormals, unaligned
-# starts, nothing); the other recipes, the one-GPU runs and `small` run
+# starts, nothing); the other recipes, the one- and two-GPU runs and `small` run
 # the same stage code on other sizes.
 # (The stage tests name their part with --gtest_filter, tests/meson.build,
 # which the filters here do not narrow.)
@@ -169,9 +169,12 @@ asan_gpu_filter=$gpu_heavy
 # attention's (a block's GPU threads are fibers, which TSan slows the
 # most; a kernel's missing barrier shows in its values, docs/GPU.md), the
 # threads communicator on device buffers at 8 and 9 ranks (1 to 4 run the
-# same code), nor the stage tests (each runs many steps of every stage,
-# far too long under TSan for CI).
-tsan_tests+=(gpu_emulation gpu_kernels gpu_comm gpu_comm_threads)
+# same code). Of the stage tests, every stage on 2 GPUs over NCCL in 2 steps
+# of one sequence, bf16 computed in bf16 (each stage's compute and
+# communication streams, prefetch, stage 05's copy stream and delayed
+# update); the four-rank and one-GPU runs of 3 steps, and the other
+# recipes, would take many times as long under TSan.
+tsan_tests+=(gpu_emulation gpu_kernels gpu_comm gpu_comm_threads gpu_stages_two_gpus_bf16_bf16)
 tsan_gpu_filter="$gpu_heavy:CudaKernels.Encoder*:CudaKernels.Flash*"
 tsan_gpu_filter+=":N/CudaThreadsRanks.*/N8:N/CudaThreadsRanks.*/N9:N/HostSideRanks.*/N9"
 
