@@ -9,7 +9,9 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -45,33 +47,61 @@ inline void CUDART_CB sleep_on_stream(void* p) {
   std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<Stall*>(p)->ms));
 }
 
-// Holding a stream until the host says so: cudaLaunchHostFunc(stream,
-// hold_until_open, &gate) keeps the stream busy until gate.open(). A host
-// that waited for the stream before opening would wait for ever, so the
-// gate also opens by itself after `limit`, and says so (timed_out): a test
-// of what does not wait for the GPU, with no timing of its own to flake.
-struct Gate {
-  std::chrono::milliseconds limit{10000};
-  std::mutex mu;
-  std::condition_variable cv;
-  bool opened = false, timed_out = false;
+// Holding a stream until the host says so, for tests of what does not wait
+// for the GPU: StreamGate gate(stream) holds the stream at that point until
+// gate.open() (or the gate's end). A host that waited for the stream before
+// opening would wait for ever, so the gate also opens by itself after
+// `limit`, and says so (opened_by_limit): no timing of its own to flake.
+// The state is shared with the host function, so a test that fails early
+// frees nothing the stream still waits on.
+class StreamGate {
+ public:
+  explicit StreamGate(cudaStream_t stream, std::chrono::milliseconds limit = std::chrono::seconds(10))
+      : stream_(stream), state_(std::make_shared<State>()) {
+    state_->limit = limit;
+    auto* ref = new std::shared_ptr<State>(state_);
+    if (cudaLaunchHostFunc(stream, wait_open, ref) != cudaSuccess) {
+      delete ref;
+      throw std::runtime_error("test: cudaLaunchHostFunc failed");
+    }
+  }
+  ~StreamGate() { open(); }
+  StreamGate(const StreamGate&) = delete;
+  StreamGate& operator=(const StreamGate&) = delete;
+
   void open() {
     {
-      std::lock_guard<std::mutex> lock(mu);
-      opened = true;
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->opened = true;
     }
-    cv.notify_all();
+    state_->cv.notify_all();
   }
-  bool opened_by_limit() {
-    std::lock_guard<std::mutex> lock(mu);
-    return timed_out;
+  // Whether the stream is still held (it has work left: the gate's, at
+  // least), so that a test can check it tested what it meant to.
+  bool holds() const { return cudaStreamQuery(stream_) == cudaErrorNotReady; }
+  // Whether the stream went on by the limit, before open(): meaningful once
+  // the stream has passed the gate (after a synchronize).
+  bool opened_by_limit() const {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    return state_->timed_out;
   }
+
+ private:
+  struct State {
+    std::chrono::milliseconds limit{};
+    std::mutex mu;
+    std::condition_variable cv;
+    bool opened = false, timed_out = false;
+  };
+  static void CUDART_CB wait_open(void* p) {
+    const std::unique_ptr<std::shared_ptr<State>> ref(static_cast<std::shared_ptr<State>*>(p));
+    State& g = **ref;
+    std::unique_lock<std::mutex> lock(g.mu);
+    if (!g.cv.wait_for(lock, g.limit, [&g] { return g.opened; })) g.timed_out = true;
+  }
+  cudaStream_t stream_;
+  std::shared_ptr<State> state_;
 };
-inline void CUDART_CB hold_until_open(void* p) {
-  auto* g = static_cast<Gate*>(p);
-  std::unique_lock<std::mutex> lock(g->mu);
-  if (!g->cv.wait_for(lock, g->limit, [g] { return g->opened; })) g->timed_out = true;
-}
 
 }  // namespace zf::test
 

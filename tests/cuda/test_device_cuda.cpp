@@ -6,12 +6,11 @@
 //
 //   build/tests/test_gpu_kernels --gtest_filter='CudaDeviceMemory*'
 //
-// How the "no device sync" tests see it: a host function that sleeps, put on
-// a stream (cudaLaunchHostFunc), holds that stream's later work back for a
-// known time. A release that waited for the GPU (cudaFree waits for every
-// stream) would take at least that long on the host; a stream-ordered one
-// returns at once. The limits are a third of the stall: the calls themselves
-// take microseconds, so only a wait could come near them.
+// How the "no device sync" tests see it: a host function put on a stream
+// (StreamGate, gpu_test_util.h) holds that stream's later work back until
+// the host opens it. A release that waited for the GPU (cudaFree waits for
+// every stream) would wait until the gate's limit, which the gate reports;
+// a stream-ordered one returns at once.
 #include <gtest/gtest.h>
 
 #include "cuda/gpu_test_util.h"
@@ -19,7 +18,6 @@
 
 #include <cuda_runtime.h>
 
-#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <iostream>
@@ -34,11 +32,7 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-using zf::test::seconds_since;
-using zf::test::sleep_on_stream;
-using zf::test::Stall;
+using zf::test::StreamGate;
 
 // Rank 0's device on GPU 0, current on this thread.
 std::unique_ptr<zf::Device> gpu0() {
@@ -49,8 +43,8 @@ std::unique_ptr<zf::Device> gpu0() {
 
 cudaStream_t stream_of(zf::Device& dev) { return static_cast<cudaStream_t>(dev.native_stream()); }
 
-// Write with op A (a copy that runs only after a 300 ms stall), release,
-// allocate again: the host never waits, and what is written into the new
+// Write with op A (a copy on a stream held shut), release, allocate again:
+// the host never waits, and what is written into the new
 // buffer lands after A. The pool usually hands the same block back (on the
 // same stream the free is ordered before the new allocation), which is what
 // makes the last check bite; CUDA allows but does not promise that reuse
@@ -67,23 +61,20 @@ TEST(CudaDeviceMemory, ReuseOnTheStreamWithoutWaitingForIt) {
   ASSERT_NE(p, nullptr);
   dev->to_device(src, ones.data(), bytes);  // synchronizes
 
-  static Stall stall{300};
-  CUDA_CHECK(cudaLaunchHostFunc(stream_of(*dev), sleep_on_stream, &stall));
-  const auto t0 = Clock::now();
-  dev->copy(p, src, bytes);  // A: p = 1.0f everywhere, 300 ms from now
+  StreamGate gate(stream_of(*dev));
+  dev->copy(p, src, bytes);  // A: p = 1.0f everywhere, once the gate opens
   dev->release(p);
   void* q = dev->allocate(bytes);
   ASSERT_NE(q, nullptr);
   dev->zero(q, bytes);  // after A in stream order, whatever the address
-  const double host_s = seconds_since(t0);
-  EXPECT_LT(host_s, 0.1) << "copy + release + allocate + zero took " << host_s
-                         << " s on the host while the stream was stalled: something waited for it";
+  EXPECT_TRUE(gate.holds()) << "the gate did not hold the stream";
+  gate.open();
   // The pool's cache at work (same stream, same size, the block just freed),
   // usually: the XML report says whether the order below was exercised.
   ::testing::Test::RecordProperty("reused_block", q == p ? "yes" : "no");
   if (q != p) std::cout << "  note: the pool handed out another block; the order was not exercised\n";
-  dev->to_host(got.data(), q, bytes);  // synchronizes: after the stall
-  EXPECT_GE(seconds_since(t0), 0.29);  // the stall did hold the stream
+  dev->to_host(got.data(), q, bytes);  // synchronizes: after the gate
+  EXPECT_FALSE(gate.opened_by_limit()) << "copy + release + allocate + zero waited for the held stream";
   size_t nonzero = 0;
   for (float x : got) nonzero += x != 0.0f;
   EXPECT_EQ(nonzero, 0u) << "the new buffer was written before the old one's last write (A)";
@@ -103,16 +94,17 @@ TEST(CudaDeviceMemory, ReleaseDoesNotWaitForOtherStreams) {
   dev->synchronize();
   cudaStream_t other;
   CUDA_CHECK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
-  static Stall stall{300};
-  CUDA_CHECK(cudaLaunchHostFunc(other, sleep_on_stream, &stall));
-  const auto t0 = Clock::now();
-  dev->release(p);
-  void* q = dev->allocate(1 << 20);  // from the pool's cache
-  ASSERT_NE(q, nullptr);
-  dev->release(q);
-  const double host_s = seconds_since(t0);
-  EXPECT_LT(host_s, 0.1) << "release/allocate waited " << host_s << " s for another stream";
-  CUDA_CHECK(cudaStreamSynchronize(other));
+  {
+    StreamGate gate(other);
+    dev->release(p);
+    void* q = dev->allocate(1 << 20);  // from the pool's cache
+    EXPECT_NE(q, nullptr);
+    dev->release(q);
+    EXPECT_TRUE(gate.holds()) << "the gate did not hold the other stream";
+    gate.open();
+    CUDA_CHECK(cudaStreamSynchronize(other));
+    EXPECT_FALSE(gate.opened_by_limit()) << "release/allocate waited for another stream";
+  }
   CUDA_CHECK(cudaStreamDestroy(other));
   dev->synchronize();
 }

@@ -10,13 +10,13 @@
 // from each rank's GPU Device (device_cuda.cu: the stream-ordered allocator),
 // whose compute stream the communicator is ordered after, as in a stage.
 //
-// How a missing order would show: before each collective, a host function
-// that sleeps is put on the communication stream (cudaLaunchHostFunc), so the
-// collective runs well after the host has issued the work that follows its
-// wait(). If wait() did not make the compute stream wait, that work would
-// read the buffer before the collective wrote it (poison), or the collective
-// would write into memory already handed to someone else; if wait() blocked
-// the host, the host would take the stall's time. Inputs are small integers
+// How a missing order would show: before the collectives, the communication
+// stream is held shut (StreamGate, gpu_test_util.h) until the host has issued
+// the work that follows their wait(). If wait() did not make the compute
+// stream wait, that work would read the buffer before the collective wrote it
+// (poison), or the collective would write into memory already handed to
+// someone else; if wait() blocked the host, the host would wait until the
+// gate's limit, which the gate reports. Inputs are small integers
 // plus 100 (never 0), so every result is exact and nonzero.
 #include <gtest/gtest.h>
 
@@ -24,7 +24,6 @@
 
 #include <cuda_runtime.h>
 
-#include <chrono>
 #include <exception>
 #include <functional>
 #include <iostream>
@@ -43,13 +42,8 @@ namespace {
 
 using zf::DType;
 using zf::NcclCommunicator;
-using Clock = std::chrono::steady_clock;
 
-using zf::test::Gate;
-using zf::test::hold_until_open;
-using zf::test::seconds_since;
-using zf::test::sleep_on_stream;
-using zf::test::Stall;
+using zf::test::StreamGate;
 
 // Rank r's n inputs for round `salt`: integers in [92, 108].
 std::vector<float> inputs(int rank, size_t n, int salt) {
@@ -163,8 +157,7 @@ TEST(NcclDeviceWait, TheNextKernelSeesTheResultAndTheHostGoesOn) {
         dev.release(recv);
         dev.synchronize();
       }
-      Gate gate;
-      CUDA_CHECK(cudaLaunchHostFunc(comm.comm_stream(), hold_until_open, &gate));
+      StreamGate gate(comm.comm_stream());
       std::vector<zf::CommHandle> handles;
       for (int i = 0; i < kRounds; i++) {
         void* recv = dev.allocate(bytes);
@@ -175,6 +168,7 @@ TEST(NcclDeviceWait, TheNextKernelSeesTheResultAndTheHostGoesOn) {
                                   static_cast<cudaStream_t>(dev.native_stream()));
         dev.release(recv);  // stream-ordered: after the kernel that reads it
       }
+      EXPECT_TRUE(gate.holds()) << "the gate did not hold the communication stream";
       gate.open();
       for (auto& h : handles) h.wait_host();  // every one succeeded, and has completed
       for (int i = 0; i < kRounds; i++) {
@@ -192,8 +186,8 @@ TEST(NcclDeviceWait, TheNextKernelSeesTheResultAndTheHostGoesOn) {
 }
 
 // The buffer a collective writes, released right after wait() and allocated
-// again and zeroed: the zeros must land after the collective's write, which
-// runs 300 ms later. That bites only if the pool hands the same block back
+// again and zeroed, while the communication stream is held: the zeros must
+// land after the collective's write, and the host never waits. That bites only if the pool hands the same block back
 // (it usually does, on the same stream); CUDA allows but does not promise
 // it ("the allocator is free to reallocate the memory as long as ...",
 // runtime API, Stream Ordered Memory Allocator), so another block is only
@@ -208,16 +202,14 @@ TEST(NcclDeviceWait, FreeAfterWaitIsOrderedAfterTheCollective) {
       void* send = upload(dev, inputs(r, n, 1));
       void* a = dev.allocate(bytes);
       comm.all_gather(send, a, n, DType::f32);  // warm-up (connects)
-      static Stall stall{300};
-      CUDA_CHECK(cudaLaunchHostFunc(comm.comm_stream(), sleep_on_stream, &stall));
-      const auto t0 = Clock::now();
+      StreamGate gate(comm.comm_stream());
       zf::CommHandle h = comm.all_gather_async(send, a, n, DType::f32);
       h.wait();
       dev.release(a);
       void* b = dev.allocate(bytes);
       dev.zero(b, bytes);
-      const double host_s = seconds_since(t0);
-      EXPECT_LT(host_s, 0.1) << "wait + release + allocate + zero took " << host_s << " s";
+      EXPECT_TRUE(gate.holds()) << "the gate did not hold the communication stream";
+      gate.open();
       ::testing::Test::RecordProperty("reused_block", b == a ? "yes" : "no");
       if (b != a)
         std::cout << "  note: the pool handed out another block; the order was not exercised\n";
@@ -229,6 +221,7 @@ TEST(NcclDeviceWait, FreeAfterWaitIsOrderedAfterTheCollective) {
       for (float x : got) nonzero += x != 0.0f;
       EXPECT_EQ(nonzero, 0u) << "the collective wrote into the buffer after it was released "
                                 "and handed out again";
+      EXPECT_FALSE(gate.opened_by_limit()) << "wait + release + allocate + zero waited for the collective";
       dev.release(b);
       dev.release(send);
       dev.synchronize();
