@@ -171,9 +171,9 @@ asan_gpu_filter=$gpu_heavy
 # threads communicator on device buffers at 8 and 9 ranks (1 to 4 run the
 # same code). Of the stage tests, every stage on 2 GPUs over NCCL in 2 steps
 # of one sequence, bf16 computed in bf16 (each stage's compute and
-# communication streams, prefetch, stage 05's copy stream and delayed
-# update); the four-rank and one-GPU runs of 3 steps, and the other
-# recipes, would take many times as long under TSan.
+# communication streams, stage 04's prefetch, stage 05's copy stream, and
+# what one step leaves the next); the four-rank and one-GPU runs of 3
+# steps, and the other recipes, would take many times as long under TSan.
 tsan_tests+=(gpu_emulation gpu_kernels gpu_comm gpu_comm_threads gpu_stages_two_gpus_bf16_bf16)
 tsan_gpu_filter="$gpu_heavy:CudaKernels.Encoder*:CudaKernels.Flash*"
 tsan_gpu_filter+=":N/CudaThreadsRanks.*/N8:N/CudaThreadsRanks.*/N9:N/HostSideRanks.*/N9"

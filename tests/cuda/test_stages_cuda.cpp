@@ -31,8 +31,8 @@
 namespace zf {
 namespace {
 
-TrainConfig gpu_config(const std::string& model, Precision p, DType compute, int N, int steps) {
-  TrainConfig cfg = test::quiet_config(model, N, 2, steps);
+TrainConfig gpu_config(const std::string& model, Precision p, DType compute, int N, int steps, int batch = 2) {
+  TrainConfig cfg = test::quiet_config(model, N, batch, steps);
   cfg.device = "cuda";
   cfg.precision = p;
   cfg.compute = compute;
@@ -99,8 +99,7 @@ void expect_stages_match(const TrainConfig& cfg, const RunResult& ref, double to
 
 // `tiny`, one recipe a test: every stage against stage 00 on N ranks.
 void expect_every_stage_matches(const Recipe& r, int N, int steps = 3, int batch = 2) {
-  TrainConfig cfg = gpu_config("tiny", r.precision, r.compute, N, steps);
-  cfg.batch = batch;
+  const TrainConfig cfg = gpu_config("tiny", r.precision, r.compute, N, steps, batch);
   const RunResult ref = run_training(cfg, train_data_parallel);
   ASSERT_EQ(ref.ranks[0].losses.size(), size_t(steps));
   expect_stages_match(cfg, ref, r.compute == DType::bf16 ? 3e-3 : 2e-4);
@@ -120,13 +119,15 @@ TEST_P(GpuStagesByRecipe, EveryStageBitIdenticalToDataParallelOnFourRanks) {
   expect_every_stage_matches(GetParam(), 4);
 }
 
-// The same on two, in 2 steps of one sequence: a step's state carried into
-// the next (prefetch, stage 05's delayed update) in the least arithmetic,
-// for ThreadSanitizer, under which the four-rank runs are too long for CI
+// The same on two ranks, in 2 steps of one sequence each: one step's update
+// and what each stage keeps from it (shards, moments, stage 05's uploaded
+// parameters), read by the next, in the least arithmetic; for
+// ThreadSanitizer, under which the four-rank runs are too long for CI
 // (scripts/sanitize.sh).
 TEST_P(GpuStagesByRecipe, EveryStageBitIdenticalToDataParallelOnTwoRanks) {
   SKIP_WITHOUT_GPU();
-  expect_every_stage_matches(GetParam(), 2, 2, 1);
+  const int steps = 2, batch = 1;
+  expect_every_stage_matches(GetParam(), 2, steps, batch);
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, GpuStagesByRecipe, ::testing::ValuesIn(kRecipes),

@@ -74,7 +74,7 @@ constexpr int kSmCount = 132;
 // Without ThreadSanitizer they are nothing, and cost nothing on the hot
 // paths of warp operations and barriers.
 #ifdef ZF_EMU_TSAN
-// For the hottest reads of that bookkeeping (a GPU thread's threadIdx, its
+// For the hottest use of that bookkeeping (a GPU thread's threadIdx, its
 // runner, the scheduler's turns): a function not instrumented at all costs
 // nothing, where TsanQuiet's annotations each record a stack. Only its own
 // reads and writes go unseen: what it calls (allocation, locks, a
