@@ -108,5 +108,6 @@ void float_to_bf16_cuda(const float* in, __nv_bfloat16* out, size_t n, cudaStrea
 
 ZF_INSTANTIATE(float)
 ZF_INSTANTIATE(__nv_bfloat16)
+#undef ZF_INSTANTIATE
 
 }  // namespace zf

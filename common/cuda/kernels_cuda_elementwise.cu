@@ -167,5 +167,6 @@ void residual_forward_cuda(F* out, const F* a, const F* b, size_t n, cudaStream_
 
 ZF_INSTANTIATE(float)
 ZF_INSTANTIATE(__nv_bfloat16)
+#undef ZF_INSTANTIATE
 
 }  // namespace zf

@@ -197,5 +197,6 @@ void encoder_backward_cuda(CudaContext& ctx, F* dwte, F* dwpe, const F* dout,
 
 ZF_INSTANTIATE(float)
 ZF_INSTANTIATE(__nv_bfloat16)
+#undef ZF_INSTANTIATE
 
 }  // namespace zf

@@ -183,5 +183,6 @@ void flash_attention_backward_cuda(F* dqkv, float* scratch, const F* dout, const
 
 ZF_INSTANTIATE(float)
 ZF_INSTANTIATE(__nv_bfloat16)
+#undef ZF_INSTANTIATE
 
 }  // namespace zf

@@ -151,5 +151,6 @@ void layernorm_backward_cuda(CudaContext& ctx, F* dinp, F* dweight, F* dbias, co
 
 ZF_INSTANTIATE(float)
 ZF_INSTANTIATE(__nv_bfloat16)
+#undef ZF_INSTANTIATE
 
 }  // namespace zf

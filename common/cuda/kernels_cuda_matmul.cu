@@ -289,5 +289,6 @@ void attention_backward_cuda(CudaContext& ctx, F* dqkv, float* scratch, const F*
 
 ZF_INSTANTIATE(float)
 ZF_INSTANTIATE(__nv_bfloat16)
+#undef ZF_INSTANTIATE
 
 }  // namespace zf

@@ -118,5 +118,6 @@ void softmax_cross_entropy_backward_cuda(F* dlogits, const F* logits, const floa
 
 ZF_INSTANTIATE(float)
 ZF_INSTANTIATE(__nv_bfloat16)
+#undef ZF_INSTANTIATE
 
 }  // namespace zf
