@@ -1,12 +1,14 @@
 // test_kernels_cuda_common.cpp: what holds for every CUDA kernel (the same
-// bits from run to run; zero sizes do nothing), and the error macros and
-// CudaContext, which need no GPU: those run (and must pass) on every machine.
+// bits from run to run; zero sizes do nothing), and the error macros,
+// CudaContext and the opening of cuBLAS, which need no GPU: those run (and
+// must pass) on every machine.
 //
-//   build/tests/test_gpu_kernels --gtest_filter='*Deterministic*:*ZeroSizes*:CudaC*'
+//   build/tests/test_gpu_kernels --gtest_filter='*Deterministic*:*ZeroSizes*:CudaC*:Cublas*'
 //
 // How the comparisons and their tolerances work: kernels_cuda_test_util.h.
 // Without a CUDA device the GPU tests here are skipped, with the reason.
 #include <gtest/gtest.h>
+#include <link.h>
 
 #include <cmath>
 #include <cstddef>
@@ -237,5 +239,26 @@ TEST(CudaContext, FailsClearlyWithoutADevice) {
     EXPECT_NE(std::string(e.what()).find("CUDA error"), std::string::npos) << e.what();
   }
 }
+
+#ifndef ZF_GPU_EMULATED
+// cuBLAS is opened on its first call (common/cuda/cublas_loader.cpp), not
+// when the program starts, so that a CPU run never loads it. Read before
+// main, when the loader has mapped every library the program names. (The
+// emulated GPU links its own cuBLAS: nothing to open.)
+bool cublas_is_loaded() {
+  return dl_iterate_phdr(
+             [](dl_phdr_info* info, size_t, void*) {
+               return int(std::string(info->dlpi_name).find("/libcublas.so") != std::string::npos);
+             },
+             nullptr) != 0;
+}
+const bool cublas_loaded_at_start = cublas_is_loaded();
+
+TEST(CublasLoader, OpensCublasOnTheFirstCallNotAtStart) {
+  EXPECT_FALSE(cublas_loaded_at_start) << "libcublas was loaded at start: is it linked (meson.build's cuda_dep)?";
+  EXPECT_STREQ(cublasGetStatusName(CUBLAS_STATUS_NOT_SUPPORTED), "CUBLAS_STATUS_NOT_SUPPORTED");
+  EXPECT_TRUE(cublas_is_loaded()) << "a cuBLAS call answered without libcublas";
+}
+#endif
 
 }  // namespace
