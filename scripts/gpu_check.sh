@@ -212,8 +212,9 @@ fi
 
 # cuBLAS: from the CUDA toolkit; if the toolkit has none, from PyTorch's
 # nvidia-cublas wheel (headers and libraries found through CPATH,
-# LIBRARY_PATH and LD_LIBRARY_PATH, with the unversioned links the linker
-# needs made in gpu_carry/cublas/).
+# LIBRARY_PATH and LD_LIBRARY_PATH, with the unversioned links that
+# configure's check for cuBLAS needs made in gpu_carry/cublas/; the programs
+# open it through LD_LIBRARY_PATH, common/cuda/cublas_loader.cpp).
 cuda_root=$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")
 if ! ls "$cuda_root"/lib64/libcublas.so "$cuda_root"/lib/libcublas.so \
        "$cuda_root"/targets/x86_64-linux/lib/libcublas.so >/dev/null 2>&1; then

@@ -1,11 +1,11 @@
 // cublas_loader.cpp: cuBLAS opened when a GPU run first calls it, not when a
-// program starts. Loading libcublas runs libcublasLt's thousands of static
-// initializers over a hundred megabytes of its data, which every CPU run,
-// every `--help` and every child process of the tests would pay for; only
-// `--device cuda` needs it. So the build links these definitions in place of
-// libcublas (meson.build): the code calls cuBLAS through cublas_v2.h as
-// usual (kernels_cuda_matmul.cu), and each function here opens libcublas on
-// the first call of any of them and forwards to its own.
+// program starts. Loading libcublas runs libcublasLt's static initializers
+// over much of its data, which every CPU run, every `--help` and every
+// child process of the tests would pay for; only `--device cuda` needs it.
+// So the build links these definitions in place of libcublas (meson.build):
+// the code calls cuBLAS through cublas_v2.h as usual
+// (kernels_cuda_matmul.cu), and each function here opens libcublas on the
+// first call of any of them and forwards to its own, looked up by name.
 //
 // The emulated GPU (tests/emu) defines the same functions itself, so its
 // builds do not compile this file.
@@ -52,39 +52,40 @@ R call_as(void* fn, A... args) {
 
 }  // namespace
 
-// Each looked up once, on its first call (a thread-safe static).
-#define ZF_CUBLAS_FORWARD(R, name, ...)               \
-  static void* const fn = cublas_symbol(#name);       \
+// Each looked up once, by its own name, on its first call (a thread-safe
+// static).
+#define ZF_CUBLAS_FORWARD(R, ...)                       \
+  static void* const fn = cublas_symbol(__func__);      \
   return call_as<R>(fn, __VA_ARGS__)
 
 extern "C" {
 
 cublasStatus_t CUBLASWINAPI cublasCreate_v2(cublasHandle_t* handle) {
-  ZF_CUBLAS_FORWARD(cublasStatus_t, cublasCreate_v2, handle);
+  ZF_CUBLAS_FORWARD(cublasStatus_t, handle);
 }
 
 cublasStatus_t CUBLASWINAPI cublasDestroy_v2(cublasHandle_t handle) {
-  ZF_CUBLAS_FORWARD(cublasStatus_t, cublasDestroy_v2, handle);
+  ZF_CUBLAS_FORWARD(cublasStatus_t, handle);
 }
 
 cublasStatus_t CUBLASWINAPI cublasSetStream_v2(cublasHandle_t handle, cudaStream_t stream) {
-  ZF_CUBLAS_FORWARD(cublasStatus_t, cublasSetStream_v2, handle, stream);
+  ZF_CUBLAS_FORWARD(cublasStatus_t, handle, stream);
 }
 
 cublasStatus_t CUBLASWINAPI cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
-  ZF_CUBLAS_FORWARD(cublasStatus_t, cublasSetMathMode, handle, mode);
+  ZF_CUBLAS_FORWARD(cublasStatus_t, handle, mode);
 }
 
 cublasStatus_t CUBLASWINAPI cublasGetMathMode(cublasHandle_t handle, cublasMath_t* mode) {
-  ZF_CUBLAS_FORWARD(cublasStatus_t, cublasGetMathMode, handle, mode);
+  ZF_CUBLAS_FORWARD(cublasStatus_t, handle, mode);
 }
 
 const char* CUBLASWINAPI cublasGetStatusName(cublasStatus_t status) {
-  ZF_CUBLAS_FORWARD(const char*, cublasGetStatusName, status);
+  ZF_CUBLAS_FORWARD(const char*, status);
 }
 
 const char* CUBLASWINAPI cublasGetStatusString(cublasStatus_t status) {
-  ZF_CUBLAS_FORWARD(const char*, cublasGetStatusString, status);
+  ZF_CUBLAS_FORWARD(const char*, status);
 }
 
 cublasStatus_t CUBLASWINAPI cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
@@ -92,7 +93,7 @@ cublasStatus_t CUBLASWINAPI cublasGemmEx(cublasHandle_t handle, cublasOperation_
                                          int lda, const void* B, cudaDataType Btype, int ldb, const void* beta,
                                          void* C, cudaDataType Ctype, int ldc, cublasComputeType_t computeType,
                                          cublasGemmAlgo_t algo) {
-  ZF_CUBLAS_FORWARD(cublasStatus_t, cublasGemmEx, handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C,
+  ZF_CUBLAS_FORWARD(cublasStatus_t, handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C,
                     Ctype, ldc, computeType, algo);
 }
 
@@ -101,7 +102,7 @@ cublasStatus_t CUBLASWINAPI cublasGemmStridedBatchedEx(
     const void* alpha, const void* A, cudaDataType Atype, int lda, long long int strideA, const void* B,
     cudaDataType Btype, int ldb, long long int strideB, const void* beta, void* C, cudaDataType Ctype, int ldc,
     long long int strideC, int batchCount, cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
-  ZF_CUBLAS_FORWARD(cublasStatus_t, cublasGemmStridedBatchedEx, handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA,
+  ZF_CUBLAS_FORWARD(cublasStatus_t, handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA,
                     B, Btype, ldb, strideB, beta, C, Ctype, ldc, strideC, batchCount, computeType, algo);
 }
 

@@ -28,33 +28,33 @@ std::string cuda_unavailable_reason() {
 
 CudaContext::CudaContext(int device, cudaStream_t stream) : device_(device), stream_(stream) {
   CUDA_CHECK(cudaSetDevice(device));
-  if (!stream_) {
+  // cuBLAS first: opening it (cublas_loader.cpp) may throw, and nothing is
+  // held yet that would need releasing.
+  CUBLAS_CHECK(cublasCreate(&cublas_));
+  // Default math, so float32 products stay float32 (no TF32) unless set_tf32
+  // asks, per call, through the compute type; plus
+  // CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION. Without it a bf16
+  // product may be split along K and its parts added up in bf16, the output
+  // type (cublas_api.h: the flag "force[s] any reductions to use the
+  // accumulator type and not output type in case of mixed precision routines
+  // with lower size output type"; PyTorch's
+  // allow_bf16_reduced_precision_reduction is the same switch), rounding
+  // several times where kernels_cuda.h promises float32 accumulation and one
+  // rounding, and the GPU tests' bf16 bounds assume it.
+  cublasStatus_t st = cublasSetMathMode(
+      cublas_, cublasMath_t(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+  cudaError_t err = cudaSuccess;
+  if (st == CUBLAS_STATUS_SUCCESS && !stream_) {
     // Non-blocking: no implicit ordering with the legacy default stream, so
     // the compute stream and a communication stream only wait where events say.
-    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    owns_stream_ = true;
+    err = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+    owns_stream_ = err == cudaSuccess;
   }
-  const cublasStatus_t st = cublasCreate(&cublas_);
-  if (st == CUBLAS_STATUS_SUCCESS) {
-    // Default math, so float32 products stay float32 (no TF32) unless
-    // set_tf32 asks, per call, through the compute type; plus
-    // CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION. Without it a bf16
-    // product may be split along K and its parts added up in bf16, the
-    // output type (cublas_api.h: the flag "force[s] any reductions to use
-    // the accumulator type and not output type in case of mixed precision
-    // routines with lower size output type"; PyTorch's
-    // allow_bf16_reduced_precision_reduction is the same switch), rounding
-    // several times where kernels_cuda.h promises float32 accumulation and
-    // one rounding, and the GPU tests' bf16 bounds assume it.
-    cublasStatus_t st2 = cublasSetMathMode(
-        cublas_, cublasMath_t(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
-    if (st2 == CUBLAS_STATUS_SUCCESS) st2 = cublasSetStream(cublas_, stream_);
-    if (st2 == CUBLAS_STATUS_SUCCESS) return;
-    cublasDestroy(cublas_);
-    if (owns_stream_) cudaStreamDestroy(stream_);
-    CUBLAS_CHECK(st2);
-  }
+  if (st == CUBLAS_STATUS_SUCCESS && err == cudaSuccess) st = cublasSetStream(cublas_, stream_);
+  if (st == CUBLAS_STATUS_SUCCESS && err == cudaSuccess) return;
   if (owns_stream_) cudaStreamDestroy(stream_);
+  cublasDestroy(cublas_);
+  CUDA_CHECK(err);
   CUBLAS_CHECK(st);
 }
 

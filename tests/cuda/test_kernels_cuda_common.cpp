@@ -8,7 +8,7 @@
 // How the comparisons and their tolerances work: kernels_cuda_test_util.h.
 // Without a CUDA device the GPU tests here are skipped, with the reason.
 #include <gtest/gtest.h>
-#include <link.h>
+#include <link.h>  // dl_iterate_phdr
 
 #include <cmath>
 #include <cstddef>
@@ -242,9 +242,8 @@ TEST(CudaContext, FailsClearlyWithoutADevice) {
 
 #ifndef ZF_GPU_EMULATED
 // cuBLAS is opened on its first call (common/cuda/cublas_loader.cpp), not
-// when the program starts, so that a CPU run never loads it. Read before
-// main, when the loader has mapped every library the program names. (The
-// emulated GPU links its own cuBLAS: nothing to open.)
+// when the program starts, so that a CPU run never loads it. (The emulated
+// GPU links its own cuBLAS: nothing to open.)
 bool cublas_is_loaded() {
   return dl_iterate_phdr(
              [](dl_phdr_info* info, size_t, void*) {
@@ -252,12 +251,46 @@ bool cublas_is_loaded() {
              },
              nullptr) != 0;
 }
-const bool cublas_loaded_at_start = cublas_is_loaded();
+// Read before the first test, once every static initializer (the
+// libraries' too) has run.
+struct CublasAtStart : ::testing::Environment {
+  static inline bool loaded = false;
+  void SetUp() override { loaded = cublas_is_loaded(); }
+};
+const auto* const cublas_at_start = ::testing::AddGlobalTestEnvironment(new CublasAtStart);
 
 TEST(CublasLoader, OpensCublasOnTheFirstCallNotAtStart) {
-  EXPECT_FALSE(cublas_loaded_at_start) << "libcublas was loaded at start: is it linked (meson.build's cuda_dep)?";
+  EXPECT_FALSE(CublasAtStart::loaded) << "libcublas was loaded at start: is it linked (meson.build's cuda_dep)?";
   EXPECT_STREQ(cublasGetStatusName(CUBLAS_STATUS_NOT_SUPPORTED), "CUBLAS_STATUS_NOT_SUPPORTED");
   EXPECT_TRUE(cublas_is_loaded()) << "a cuBLAS call answered without libcublas";
+}
+
+// Every function the loader forwards reaches cuBLAS's own: given no handle,
+// cuBLAS answers each with CUBLAS_STATUS_NOT_INITIALIZED, on any machine.
+TEST(CublasLoader, EveryFunctionReachesCublas) {
+  const cublasStatus_t no_handle = CUBLAS_STATUS_NOT_INITIALIZED;
+  cublasMath_t mode{};
+  const float one = 1.0f, zero = 0.0f;
+  EXPECT_EQ(cublasDestroy(nullptr), no_handle);
+  EXPECT_EQ(cublasSetStream(nullptr, nullptr), no_handle);
+  EXPECT_EQ(cublasSetMathMode(nullptr, CUBLAS_DEFAULT_MATH), no_handle);
+  EXPECT_EQ(cublasGetMathMode(nullptr, &mode), no_handle);
+  EXPECT_EQ(cublasGemmEx(nullptr, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, nullptr, CUDA_R_32F, 1, nullptr,
+                         CUDA_R_32F, 1, &zero, nullptr, CUDA_R_32F, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            no_handle);
+  EXPECT_EQ(cublasGemmStridedBatchedEx(nullptr, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, nullptr, CUDA_R_32F, 1, 1,
+                                       nullptr, CUDA_R_32F, 1, 1, &zero, nullptr, CUDA_R_32F, 1, 1, 1,
+                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            no_handle);
+  EXPECT_STRNE(cublasGetStatusString(no_handle), cublasGetStatusName(no_handle));
+  // And a handle where a device is (without one, cuBLAS cannot make it).
+  cublasHandle_t handle = nullptr;
+  if (no_device_reason().empty()) {
+    ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(cublasDestroy(handle), CUBLAS_STATUS_SUCCESS);
+  } else {
+    EXPECT_EQ(cublasCreate(&handle), no_handle);
+  }
 }
 #endif
 
