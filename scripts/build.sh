@@ -2,8 +2,9 @@
 # build.sh: configure (once) and build into build/. Release, C++20, Meson + Ninja.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# ZF_GPU_ARCH (CI's, .ci/run): the SM architectures nvcc compiles for, in
-# place of meson_options.txt's default. ZF_UNITY=N (CI's): compile N files
+# Read when build/ is first set up (a later change: meson configure build):
+# ZF_GPU_ARCH (CI's, .ci/run), the SM architectures nvcc compiles for, in
+# place of meson_options.txt's default; ZF_UNITY=N (CI's), N files compiled
 # at a time as one translation unit (Meson's unity build), as the sanitizer
 # and emulated builds do; unset, each file on its own, so that an edit
 # recompiles that file alone.
