@@ -61,6 +61,9 @@ using zf::emu::nccl::type_size;
 
 struct Clique;
 
+// Polls of ncclCommGetAsyncError that a non-blocking enqueue lasts (State).
+constexpr int kEnqueuePolls = 2;
+
 // A communicator: its handle (ncclComm) is freed by destroy or abort, this
 // state lives on while a task of it is queued on a stream.
 struct State {
@@ -110,7 +113,6 @@ struct Clique {
 }  // namespace
 
 struct ncclComm { std::shared_ptr<State> state; };
-constexpr int kEnqueuePolls = 2;
 
 namespace {
 
