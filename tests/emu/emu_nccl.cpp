@@ -60,9 +60,7 @@ using zf::emu::nccl::kind_name;
 using zf::emu::nccl::type_size;
 
 struct Clique;
-
-// Polls of ncclCommGetAsyncError that a non-blocking enqueue lasts (State).
-constexpr int kEnqueuePolls = 2;
+constexpr int kEnqueuePolls = 2;  // State::enqueuing's start
 
 // A communicator: its handle (ncclComm) is freed by destroy or abort, this
 // state lives on while a task of it is queued on a stream.
