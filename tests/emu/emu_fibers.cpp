@@ -12,11 +12,11 @@
 // reach, a mask naming a lane that left): the kernel faults, naming what
 // each thread waits for.
 //
-// ThreadSanitizer sees each GPU thread as a fiber of its own, and fibers
-// switch without synchronising: two threads of a block that touch the same
-// shared or global memory without a barrier between them are a race it
-// reports. A barrier (and __syncwarp) orders its threads; shuffles move
-// values, not memory order, as on the GPU.
+// ThreadSanitizer sees each fiber as a thread, and fibers switch without
+// synchronising: two threads of a block on different fibers (see Fiber) that
+// touch the same shared or global memory without a barrier between them are
+// a race it reports. A barrier (and __syncwarp) orders its threads; shuffles
+// move values, not memory order, as on the GPU.
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -25,7 +25,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <cstdio>
-#include <list>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -55,8 +54,17 @@ struct Exchange {
   unsigned arrived = 0;
   int readers = 0;
   bool complete = false;
+  uint64_t order = 0;  // exchanges open in this order
   std::atomic<uint64_t> values[32] = {};
   char token = 0;  // __syncwarp's memory order
+};
+
+// A warp's open exchanges: each has a lane that has not read it yet, and a
+// lane waits on one exchange at a time, so 32 slots are enough.
+struct Warp {
+  Exchange slots[32];
+  unsigned used = 0;  // bit k: slots[k] is open
+  uint64_t opened = 0;
 };
 
 // A fiber's saved context. On x86-64 a switch saves the registers the
@@ -133,9 +141,8 @@ enum class State { ready, barrier, warp, done };
 // its thread returns, it goes on with the next thread of the block that has
 // not started, on the same stack, so a kernel without barriers costs one
 // switch a block. A thread that waits keeps its fiber until it returns.
-// (Under TSan a fiber does not go on with the next thread, since TSan tells
-// threads apart by their fibers; an idle fiber is still reused by a later
-// thread, which TSan then sees in program order: docs/GPU.md's limits.)
+// ThreadSanitizer tells threads apart by their fibers, so it sees the
+// threads one fiber runs in turn in program order (docs/GPU.md's limits).
 struct Fiber {
   Context context;
   char* memory = nullptr;  // guard, then stack
@@ -166,12 +173,6 @@ const char* op_name(WarpOp op) {
   return "?";
 }
 
-#ifdef ZF_EMU_TSAN
-constexpr bool kChain = false;
-#else
-constexpr bool kChain = true;
-#endif
-
 // One per stream thread: the fibers, and the block they run.
 struct Runner {
   std::vector<std::unique_ptr<Fiber>> fibers;
@@ -193,7 +194,8 @@ struct Runner {
   int barrier_arrived = 0;
   char barrier_token[2] = {};
   char start_token = 0, end_token = 0;
-  std::vector<std::list<Exchange>> warps;
+  std::unique_ptr<Warp[]> warps;  // the block's
+  size_t warp_room = 0;
   unsigned char* dynamic = nullptr;  // the block's dynamic shared memory, 128-byte aligned
   size_t dynamic_bytes = 0;
   std::string fault;    // set by a thread that faults (trap, a bad warp call)
@@ -250,13 +252,11 @@ ZF_EMU_UNSEEN Runner& runs() { return *runner; }
 // The fiber of the running GPU thread.
 ZF_EMU_UNSEEN Fiber* own_fiber(const Runner& r) { return r.threads[size_t(r.current)].fiber; }
 
-// From the running GPU thread's fiber back to the scheduler. What the
-// thread did so far happens before the block's end, also when the block
-// ends in a fault and the thread never resumes.
+// From the running GPU thread's fiber back to the scheduler, which resumes
+// it later (a wait), or never (its block faults: block_fault).
 void to_main() {
   Runner& r = runs();
   Fiber* f = own_fiber(r);
-  tsan_release(&r.end_token);
   switch_to(f->context, r.main, r.main_bottom, r.main_size, r.main_tsan, &r.main_bottom, &r.main_size);
 }
 
@@ -272,19 +272,19 @@ void fiber_main() {
   __sanitizer_finish_switch_fiber(nullptr, &r.main_bottom, &r.main_size);
 #endif
   for (;;) {
-    Fiber* f;
+    // Each chained thread starts after its launch, and each ends before the
+    // block does, by program order from these two.
+    tsan_acquire(&r.start_token);
+    Fiber* f = own_fiber(r);
     for (;;) {
-      tsan_acquire(&r.start_token);  // a thread starts after its launch
-      f = own_fiber(r);
       (*r.body)();
-      tsan_release(&r.end_token);
       int next = -1;
       {
         const TsanQuiet quiet;
         GpuThread& t = r.threads[size_t(r.current)];
         t.state = State::done;
         t.fiber = nullptr;
-        if (kChain && r.fault.empty() && r.first <= r.last) next = r.forward ? r.first++ : r.last--;
+        if (r.fault.empty() && r.first <= r.last) next = r.forward ? r.first++ : r.last--;
         if (next >= 0) {
           bind(r, *f, next);
           r.current = next;
@@ -295,6 +295,7 @@ void fiber_main() {
       }
       if (next < 0) break;
     }
+    tsan_release(&r.end_token);
     switch_to(f->context, r.main, r.main_bottom, r.main_size, r.main_tsan, &r.main_bottom, &r.main_size);
   }
 }
@@ -352,9 +353,19 @@ std::string deadlock(const Runner& r) {
   return o.str();
 }
 
-// The block ends in a fault: its threads' work so far is over (none resumes).
+// The block ends in a fault: its threads' work so far is over (none resumes)
+// and, as a returning thread's, happens before the block's end: TSan is told
+// each waiting thread's release as its fiber's (its thread alone switches).
 [[noreturn]] void block_fault(Runner& r, const std::string& why) {
   r.broken = true;
+#ifdef ZF_EMU_TSAN
+  for (const GpuThread& t : r.threads) {
+    if (!t.fiber || t.state == State::done) continue;
+    __tsan_switch_to_fiber(t.fiber->tsan, __tsan_switch_to_fiber_no_sync);
+    tsan_release(&r.end_token);
+    __tsan_switch_to_fiber(r.main_tsan, __tsan_switch_to_fiber_no_sync);
+  }
+#endif
   tsan_acquire(&r.end_token);
   fault(cudaErrorLaunchFailure, why);
 }
@@ -374,12 +385,11 @@ ZF_EMU_UNSEEN Turn take_turn(const Runner& r, GpuThread& t) {
 void run_block(Runner& r, dim3 grid, dim3 block, uint3 block_idx) {
   const int n = int(block.x * block.y * block.z);
   r.count = n;
-  r.first = 0;
-  r.last = n - 1;
-  r.barrier_gen = 0;
-  r.barrier_arrived = 0;
-  r.warps.clear();
-  r.warps.resize(size_t((n + 31) / 32));
+  r.first = 0, r.last = n - 1;
+  r.barrier_gen = 0, r.barrier_arrived = 0;
+  const size_t warps = size_t((n + 31) / 32);
+  if (r.warp_room < warps) r.warps = std::make_unique<Warp[]>(r.warp_room = warps);
+  for (size_t w = 0; w < warps; ++w) r.warps[w].used = 0;
   if (r.dynamic_bytes) std::memset(r.dynamic, 0xff, r.dynamic_bytes);
   r.threads.assign(size_t(n), GpuThread{});
   for (int i = 0; i < n; ++i) {
@@ -401,13 +411,8 @@ void run_block(Runner& r, dim3 grid, dim3 block, uint3 block_idx) {
       if (turn == Turn::wait) continue;
       if (turn == Turn::start) {
         const TsanQuiet quiet;
-        Fiber* f;
-        if (!r.idle.empty()) {
-          f = r.idle.back();
-          r.idle.pop_back();
-        } else {
-          f = make_fiber(r);
-        }
+        Fiber* f = r.idle.empty() ? make_fiber(r) : r.idle.back();
+        if (!r.idle.empty()) r.idle.pop_back();
         bind(r, *f, i);
         (r.forward ? r.first : r.last) += r.forward ? 1 : -1;  // i is that end
       }
@@ -442,6 +447,7 @@ ZF_EMU_UNSEEN GpuThread& me(const char* what) {
     runs().fault = where(t) + ": " + what;
     t.state = State::done;
   }
+  tsan_release(&runs().end_token);
   to_main();
   std::abort();  // never resumed
 }
@@ -461,22 +467,24 @@ unsigned char* dynamic_shared() {
   return runs().dynamic;
 }
 
+// Thread t arrives at the block's barrier of generation gen; the last to
+// arrive opens it. Every thread of the block, as CUDA requires: one that
+// returned instead leaves the others waiting (a deadlock, reported).
+ZF_EMU_UNSEEN void arrive(Runner& r, GpuThread& t, uint64_t gen) {
+  t.state = State::barrier;
+  t.barrier_gen = gen + 1;
+  if (++r.barrier_arrived == r.count) {
+    r.barrier_gen = gen + 1;
+    r.barrier_arrived = 0;
+  }
+}
+
 void syncthreads() {
   GpuThread& t = me("__syncthreads");
   Runner& r = runs();
   const uint64_t gen = r.barrier_gen;
   tsan_release(&r.barrier_token[gen % 2]);
-  {
-    const TsanQuiet quiet;
-    t.state = State::barrier;
-    t.barrier_gen = gen + 1;
-    // Every thread of the block, as CUDA requires: one that returned
-    // instead leaves the others waiting (a deadlock, reported).
-    if (++r.barrier_arrived == r.count) {
-      r.barrier_gen = gen + 1;
-      r.barrier_arrived = 0;
-    }
-  }
+  arrive(r, t, gen);
   to_main();
   tsan_acquire(&r.barrier_token[gen % 2]);
 }
@@ -485,65 +493,69 @@ void trap() { thread_fault("__trap()"); }
 
 void kernel_fault(const std::string& what) { thread_fault(what); }
 
+// The warp of the running thread, and its lanes that exist (a last
+// partial warp has fewer).
+ZF_EMU_UNSEEN Warp& own_warp(const Runner& r, unsigned& exist) {
+  const int warp = r.current / 32;
+  exist = r.count - warp * 32 >= 32 ? 0xffffffffu : (1u << (r.count - warp * 32)) - 1;
+  return r.warps[size_t(warp)];
+}
+
+// Lane `lane` of thread t joins the oldest open exchange of this mask and op
+// that it has not joined yet, or opens one. Lanes that ask for different
+// things join different exchanges, which never complete: a deadlock, reported
+// as such. Returns the exchange; t waits on it unless it completed.
+ZF_EMU_UNSEEN Exchange* join(Warp& w, GpuThread& t, unsigned mask, WarpOp op, int lane, uint64_t mine) {
+  const unsigned bit = 1u << lane;
+  Exchange* x = nullptr;
+  for (unsigned open = w.used; open; open &= open - 1) {
+    Exchange& e = w.slots[__builtin_ctz(open)];
+    if (!e.complete && e.mask == mask && e.op == op && !(e.arrived & bit) && (!x || e.order < x->order)) x = &e;
+  }
+  if (!x) {
+    const int k = __builtin_ctz(~w.used);
+    w.used |= 1u << k;
+    x = &w.slots[k];
+    x->mask = mask, x->op = op, x->order = w.opened++;
+    x->arrived = 0, x->readers = 0, x->complete = false;
+  }
+  x->values[lane].store(mine, std::memory_order_relaxed);
+  x->arrived |= bit;
+  if (x->arrived == mask) {
+    x->complete = true;
+    x->readers = __builtin_popcount(mask);
+  } else {
+    t.state = State::warp;
+    t.exchange = x;
+  }
+  return x;
+}
+
+// Thread t has read exchange x; the last reader closes it.
+ZF_EMU_UNSEEN void leave(Warp& w, GpuThread& t, Exchange* x) {
+  t.exchange = nullptr;
+  if (--x->readers == 0) w.used &= ~(1u << (x - w.slots));
+}
+
 void warp_exchange(unsigned mask, WarpOp op, uint64_t mine, uint64_t out[32], int from) {
   GpuThread& t = me(op_name(op));
   Runner& r = runs();
   const int lane = lane_id();
-  const unsigned bit = 1u << lane;
-  Exchange* x = nullptr;
-  int warp;
   unsigned exist;
-  {
-    const TsanQuiet quiet;
-    warp = r.current / 32;
-    // The warp's lanes that exist (a last partial warp has fewer).
-    exist = r.count - warp * 32 >= 32 ? 0xffffffffu : (1u << (r.count - warp * 32)) - 1;
-  }
+  Warp& w = own_warp(r, exist);
   const char* bad = nullptr;
-  if (!(mask & bit)) bad = "with a mask that does not name the calling lane";
+  if (!(mask & (1u << lane))) bad = "with a mask that does not name the calling lane";
   else if (mask & ~exist) bad = "with a mask naming lanes the block does not have";
   else if (from < -1 || from >= 32) bad = "reading a lane outside the warp (a width that is not a power of two up to 32)";
   if (bad) thread_fault(std::string(op_name(op)) + " " + bad);  // not quiet: its hand-off is seen
-  {
-    const TsanQuiet quiet;
-    // The oldest open exchange of this mask and op that this lane has not
-    // joined yet. Lanes that ask for different things wait on different
-    // exchanges, which never complete: a deadlock, reported as such.
-    for (Exchange& e : r.warps[size_t(warp)])
-      if (!e.complete && e.mask == mask && e.op == op && !(e.arrived & bit)) {
-        x = &e;
-        break;
-      }
-    if (!x) {
-      x = &r.warps[size_t(warp)].emplace_back();
-      x->mask = mask;
-      x->op = op;
-    }
-    x->values[lane].store(mine, std::memory_order_relaxed);
-    x->arrived |= bit;
-    if (x->arrived == mask) {
-      x->complete = true;
-      x->readers = __builtin_popcount(mask);
-    }
-  }
+  Exchange* x = join(w, t, mask, op, lane, mine);
   if (op == WarpOp::syncwarp) tsan_release(&x->token);
-  bool wait;
-  {
-    const TsanQuiet quiet;
-    wait = !x->complete;
-    if (wait) {
-      t.state = State::warp;
-      t.exchange = x;
-    }
-  }
-  if (wait) to_main();
+  if (t.exchange) to_main();
   if (op == WarpOp::syncwarp) tsan_acquire(&x->token);
   if (from >= 0) out[from] = (mask >> from & 1u) ? x->values[from].load(std::memory_order_relaxed) : 0;
   else if (op != WarpOp::syncwarp)
     for (int l = 0; l < 32; ++l) out[l] = (mask >> l & 1u) ? x->values[l].load(std::memory_order_relaxed) : 0;
-  const TsanQuiet quiet;
-  t.exchange = nullptr;
-  if (--x->readers == 0) r.warps[size_t(warp)].remove_if([x](const Exchange& e) { return &e == x; });
+  leave(w, t, x);
 }
 
 void launch_body(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,

@@ -33,6 +33,9 @@ __global__ void neighbour_kernel(int* out) {
 int neighbour(int i) { return i / 64 * 64 + (i % 64 + 1) % 64; }
 
 __global__ void early_return_kernel(int* out) {
+  // Written before the fault: under TSan, ordered before the free that
+  // follows it (each thread waits at the barrier on a fiber of its own).
+  out[threadIdx.x] = 0;
   if (threadIdx.x == 3) return;  // leaves the others at the barrier
   __syncthreads();
   out[threadIdx.x] = 1;
