@@ -40,8 +40,6 @@ void run(int N, const std::function<void(RankContext&)>& fn) {
 
 class CommRanks : public ::testing::TestWithParam<int> {};
 
-}  // namespace
-
 // ------------------------------------------------------------------ every collective, N = 1..8
 
 TEST_P(CommRanks, AllReduce) {
@@ -69,6 +67,8 @@ TEST_P(CommRanks, SeveralAsyncInFlightWaitedInOrder) { run(GetParam(), test::sce
 TEST_P(CommRanks, ByteCountersFollowTheRingModel) { run(GetParam(), test::scenario_byte_counters_follow_the_ring_model); }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CommRanks, ::testing::Range(1, 9), test::rank_count_name);
+
+}  // namespace
 
 // ------------------------------------------------------------------ the pieces on their own
 
@@ -210,8 +210,6 @@ std::vector<std::unique_ptr<Communicator>> deferred_group(int N) {
 
 class DeferredTransportRanks : public ::testing::TestWithParam<int> {};
 
-}  // namespace
-
 TEST_P(DeferredTransportRanks, EveryScenarioGivesTheSameBits) {
   auto comms = deferred_group(GetParam());
   EXPECT_STREQ(comms[0]->backend(), "threads (deferred)");
@@ -229,6 +227,8 @@ TEST_P(DeferredTransportRanks, EveryScenarioGivesTheSameBits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DeferredTransportRanks, ::testing::Values(1, 2, 3, 4, 9), test::rank_count_name);
+
+}  // namespace
 
 // A rank whose transport fails raises its error; the other ranks raise
 // CommAborted naming it instead of waiting for it at the barrier; the group

@@ -52,8 +52,6 @@ struct Hsdp {
 
 class CommSplitHsdp : public ::testing::TestWithParam<Hsdp> {};
 
-}  // namespace
-
 TEST_P(CommSplitHsdp, ChildrenSumOverTheirMembersAndTheParentStillWorks) {
   const Hsdp p = GetParam();
   run_threads(p.N, [&](RankContext& ctx) { test::scenario_split_hsdp(ctx, p.S, p.reverse); });
@@ -68,6 +66,8 @@ INSTANTIATE_TEST_SUITE_P(Groups, CommSplitHsdp,
                                   std::to_string(info.param.S) +
                                   (info.param.reverse ? "_reversed" : "");
                          });
+
+}  // namespace
 
 TEST(CommSplit, StatsAreCountedApart) {
   run_threads(4, test::scenario_split_stats_apart);

@@ -49,7 +49,9 @@ using extensions::DiskAdamW;
 
 // Stage 05 with --offload-params, for the helpers that take a StageFn.
 RankResult train_offload_params(const TrainConfig& cfg, RankContext& ctx, const TokenData& d, StepLog& r) {
-  return train_offload_extended(cfg, {.offload_params = true}, ctx, d, r);
+  OffloadOptions params_on_host;
+  params_on_host.offload_params = true;
+  return train_offload_extended(cfg, params_on_host, ctx, d, r);
 }
 
 RunResult with_params_offloaded(RunConfig cfg) {

@@ -424,9 +424,10 @@ TEST_F(OffloadDelayFiles, ACheckpointHoldsTheUpdateInFlight) {
         return run_training(resume, fn);
       };
       const RunResult ref = write(train_delayed_reference, "ref.safetensors");
-      const RunResult got = write(
-          with_options(train_offload_extended, {.offload_params = offload_params, .delay_update = true}),
-          "offload.safetensors");
+      OffloadOptions delayed;
+      delayed.offload_params = offload_params;
+      delayed.delay_update = true;
+      const RunResult got = write(with_options(train_offload_extended, delayed), "offload.safetensors");
       EXPECT_EQ(bytes_of(path("offload.safetensors")), bytes_of(path("ref.safetensors")));
       ASSERT_EQ(got.ranks[0].losses.size(), 4u);
       test::expect_bit_identical(ref, got, "05 --delay-update, resumed");

@@ -69,8 +69,6 @@ class Mpi : public ::testing::Test {
   }
 };
 
-}  // namespace
-
 // ------------------------------------------------------------------ the collectives
 
 TEST_F(Mpi, AllReduce) {
@@ -318,6 +316,8 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
  private:
   int rank_;
 };
+
+}  // namespace
 
 int main(int argc, char** argv) {
   zf::blas_select_kernels(argc, argv);
