@@ -9,7 +9,6 @@
 #include "cuda/gpu_test_util.h"
 #include <cuda_runtime.h>
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -253,19 +252,15 @@ class HostMem final : public RankMem {
   Bytes a_, b_;
 };
 
-inline void sleep_on_stream(void* us) {
-  std::this_thread::sleep_for(std::chrono::microseconds(reinterpret_cast<uintptr_t>(us)));
-}
-
 // Device buffers on `device`; inputs are written on the rank's compute
 // stream, truly asynchronously (from pinned staging memory, so the copy is
 // still queued when the collective is issued: the collective must wait for
-// it), after a host callback sleeping delay_us on that stream when
-// delay_us > 0.
+// it), after a host callback sleeping delay_ms on that stream when
+// delay_ms > 0.
 class CudaMem final : public RankMem {
  public:
-  CudaMem(int device, cudaStream_t stream, size_t bytes, unsigned delay_us = 0)
-      : device_(device), stream_(stream), delay_us_(delay_us), bytes_(bytes) {
+  CudaMem(int device, cudaStream_t stream, size_t bytes, int delay_ms = 0)
+      : device_(device), stream_(stream), delay_{delay_ms}, bytes_(bytes) {
     CUDA_CHECK(cudaSetDevice(device_));
     CUDA_CHECK(cudaMalloc(&a_, bytes));
     CUDA_CHECK(cudaMalloc(&b_, bytes));
@@ -287,9 +282,7 @@ class CudaMem final : public RankMem {
     if (host.size() > bytes_) throw std::runtime_error("CudaMem::put: input larger than the arena");
     void* stage = staging_[next_++ % kSlots];
     std::memcpy(stage, host.data(), host.size());
-    if (delay_us_)
-      CUDA_CHECK(cudaLaunchHostFunc(stream_, sleep_on_stream,
-                                    reinterpret_cast<void*>(uintptr_t(delay_us_))));
+    if (delay_.ms) CUDA_CHECK(cudaLaunchHostFunc(stream_, zf::test::sleep_on_stream, &delay_));
     CUDA_CHECK(cudaMemcpyAsync(dst, stage, host.size(), cudaMemcpyHostToDevice, stream_));
   }
   Bytes get(const void* src, size_t bytes) override {
@@ -305,7 +298,7 @@ class CudaMem final : public RankMem {
   static constexpr int kSlots = 4;
   int device_;
   cudaStream_t stream_;
-  unsigned delay_us_;
+  zf::test::Stall delay_;  // the host callback reads it while the stream runs
   size_t bytes_;
   void* a_ = nullptr;
   void* b_ = nullptr;
@@ -451,7 +444,7 @@ struct CudaWorld {
   Comms comms;
   std::vector<std::unique_ptr<RankMem>> mems;
 
-  CudaWorld(int N, size_t bytes, unsigned delay_us = 0, std::vector<int> devs = {},
+  CudaWorld(int N, size_t bytes, int delay_ms = 0, std::vector<int> devs = {},
             bool default_devices = false)
       : devices(std::move(devs)) {
     if (devices.empty()) devices.assign(size_t(N), 0);
@@ -460,7 +453,7 @@ struct CudaWorld {
       cudaStream_t s;
       CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
       streams.push_back(s);
-      mems.push_back(std::make_unique<CudaMem>(devices[r], s, bytes, delay_us));
+      mems.push_back(std::make_unique<CudaMem>(devices[r], s, bytes, delay_ms));
     }
     comms = zf::make_thread_communicators_cuda(N, streams,
                                                default_devices ? std::vector<int>{} : devices);

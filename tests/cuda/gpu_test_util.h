@@ -36,10 +36,6 @@ inline int gpu_count() {
 // Stalling a stream from the host, for tests that check what does or does
 // not wait for the GPU: cudaLaunchHostFunc(stream, sleep_on_stream, &stall)
 // keeps the stream busy for stall.ms milliseconds.
-using Clock = std::chrono::steady_clock;
-inline double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 struct Stall {
   int ms;
 };

@@ -46,7 +46,7 @@ TEST(CudaThreads, WaitsForEachRanksComputeStream) {
       c.tag = tag++;
       cases.push_back(c);
     }
-  CudaWorld dev(N, arena_bytes(cases, N), /*delay_us=*/2000);
+  CudaWorld dev(N, arena_bytes(cases, N), /*delay_ms=*/2);
   const Outputs got = run_cases(dev.comms, dev.mems, cases, dev.devices);
   expect_outputs(got, cases, [&](int r, size_t k) { return expected_output(cases[k], N, r); },
                  "behind a sleeping compute stream");
@@ -90,7 +90,7 @@ TEST(CudaThreads, ComputeStreamSetAfterTheGroupIsMade) {
     c.tag = 1200 + uint64_t(dt);
     cases.push_back(c);
   }
-  CudaWorld dev(N, arena_bytes(cases, N), /*delay_us=*/2000);
+  CudaWorld dev(N, arena_bytes(cases, N), /*delay_ms=*/2);
   Comms made = zf::make_thread_communicators_cuda(N, {}, {0, 0});  // stream 0 until set
   for (int r = 0; r < N; r++) {
     EXPECT_EQ(zf::cuda_threads_compute_stream(*made[r]), cudaStream_t(nullptr));
@@ -109,8 +109,8 @@ TEST(CudaThreads, BarrierWaitsForTheComputeStream) {
   CudaWorld dev(N, 1024);
   expect_no_errors(on_ranks(dev.comms, [&](int r) {
     CUDA_CHECK(cudaSetDevice(0));
-    CUDA_CHECK(cudaLaunchHostFunc(dev.streams[r], sleep_on_stream,
-                                  reinterpret_cast<void*>(uintptr_t(20000))));
+    zf::test::Stall stall{20};  // barrier() waits for it to end
+    CUDA_CHECK(cudaLaunchHostFunc(dev.streams[r], zf::test::sleep_on_stream, &stall));
     dev.comms[r]->barrier();
     EXPECT_EQ(cudaStreamQuery(dev.streams[r]), cudaSuccess) << "rank " << r;
   }));
