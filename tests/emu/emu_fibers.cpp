@@ -18,7 +18,6 @@
 // a race it reports. A barrier (and __syncwarp) orders its threads; shuffles
 // move values, not memory order, as on the GPU.
 #include <sys/mman.h>
-#include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "emu_context.h"
 #include "emu_runtime.h"
 
 #ifdef ZF_EMU_ASAN
@@ -56,7 +56,9 @@ struct Exchange {
   bool complete = false;
   uint64_t order = 0;  // exchanges open in this order
   std::atomic<uint64_t> values[32] = {};
-  char token = 0;  // __syncwarp's memory order
+  // __syncwarp's memory order, under TSan: a byte of its own for each
+  // exchange, so that none inherits the releases of an earlier one.
+  char* token = nullptr;
 };
 
 // A warp's open exchanges: each has a lane that has not read it yet, and a
@@ -65,75 +67,19 @@ struct Warp {
   Exchange slots[32];
   unsigned used = 0;  // bit k: slots[k] is open
   uint64_t opened = 0;
-};
-
-// A fiber's saved context. On x86-64 a switch saves the registers the
-// calling convention preserves and swaps stacks (emu_switch below): a few
-// nanoseconds, where POSIX swapcontext also saves the signal mask with a
-// system call each time. Elsewhere, ucontext.
-#if defined(__x86_64__)
-extern "C" void zf_emu_switch(void** from_sp, void* to_sp);
-asm(R"(
-  .text
-  .globl zf_emu_switch
-  .type zf_emu_switch, @function
-zf_emu_switch:
-  pushq %rbp
-  pushq %rbx
-  pushq %r12
-  pushq %r13
-  pushq %r14
-  pushq %r15
-  subq $8, %rsp
-  stmxcsr (%rsp)
-  fnstcw 4(%rsp)
-  movq %rsp, (%rdi)
-  movq %rsi, %rsp
-  ldmxcsr (%rsp)
-  fldcw 4(%rsp)
-  addq $8, %rsp
-  popq %r15
-  popq %r14
-  popq %r13
-  popq %r12
-  popq %rbx
-  popq %rbp
-  ret
-  .size zf_emu_switch, .-zf_emu_switch
-  .section .note.GNU-stack, "", @progbits
-  .text
-)");
-struct Context {
-  void* sp = nullptr;
-};
-// A context that enters entry() on [stack, stack + size) as if called
-// (entry never returns): its address where the switch's ret finds it,
-// zeros for the six registers, the default MXCSR and x87 control word.
-void make_context(Context& c, char* stack, size_t size, void (*entry)()) {
-  auto top = reinterpret_cast<uintptr_t>(stack + size) & ~uintptr_t(15);
-  auto* sp = reinterpret_cast<uint64_t*>(top - 16);
-  sp[0] = reinterpret_cast<uint64_t>(entry);
-  sp[1] = 0;
-  sp -= 6;
-  for (int i = 0; i < 6; ++i) sp[i] = 0;
-  sp -= 1;
-  sp[0] = 0x1f80u | (uint64_t(0x037fu) << 32);
-  c.sp = sp;
-}
-void swap_context(Context& from, Context& to) { zf_emu_switch(&from.sp, to.sp); }
-#else
-struct Context {
-  ucontext_t uc{};
-};
-void make_context(Context& c, char* stack, size_t size, void (*entry)()) {
-  getcontext(&c.uc);
-  c.uc.uc_stack.ss_sp = stack;
-  c.uc.uc_stack.ss_size = size;
-  c.uc.uc_link = nullptr;
-  makecontext(&c.uc, entry, 0);
-}
-void swap_context(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+  ZF_EMU_UNSEEN void close(Exchange& x) {
+    used &= ~(1u << (&x - slots));
+#ifdef ZF_EMU_TSAN
+    delete x.token;  // its sync state goes with it
+    x.token = nullptr;
 #endif
+  }
+  // Before a block, and at the end: those a block that faulted left open too.
+  ZF_EMU_UNSEEN void close_all() {
+    for (unsigned open = used; open; open &= open - 1) close(slots[__builtin_ctz(open)]);
+  }
+  ~Warp() { close_all(); }
+};
 
 enum class State { ready, barrier, warp, done };
 
@@ -355,7 +301,8 @@ std::string deadlock(const Runner& r) {
 
 // The block ends in a fault: its threads' work so far is over (none resumes)
 // and, as a returning thread's, happens before the block's end: TSan is told
-// each waiting thread's release as its fiber's (its thread alone switches).
+// each waiting thread's release as its fiber's (TSan's thread switches, not
+// the stack).
 [[noreturn]] void block_fault(Runner& r, const std::string& why) {
   r.broken = true;
 #ifdef ZF_EMU_TSAN
@@ -389,7 +336,7 @@ void run_block(Runner& r, dim3 grid, dim3 block, uint3 block_idx) {
   r.barrier_gen = 0, r.barrier_arrived = 0;
   const size_t warps = size_t((n + 31) / 32);
   if (r.warp_room < warps) r.warps = std::make_unique<Warp[]>(r.warp_room = warps);
-  for (size_t w = 0; w < warps; ++w) r.warps[w].used = 0;
+  for (size_t w = 0; w < warps; ++w) r.warps[w].close_all();
   if (r.dynamic_bytes) std::memset(r.dynamic, 0xff, r.dynamic_bytes);
   r.threads.assign(size_t(n), GpuThread{});
   for (int i = 0; i < n; ++i) {
@@ -518,6 +465,9 @@ ZF_EMU_UNSEEN Exchange* join(Warp& w, GpuThread& t, unsigned mask, WarpOp op, in
     x = &w.slots[k];
     x->mask = mask, x->op = op, x->order = w.opened++;
     x->arrived = 0, x->readers = 0, x->complete = false;
+#ifdef ZF_EMU_TSAN
+    if (op == WarpOp::syncwarp) x->token = new char;
+#endif
   }
   x->values[lane].store(mine, std::memory_order_relaxed);
   x->arrived |= bit;
@@ -534,7 +484,7 @@ ZF_EMU_UNSEEN Exchange* join(Warp& w, GpuThread& t, unsigned mask, WarpOp op, in
 // Thread t has read exchange x; the last reader closes it.
 ZF_EMU_UNSEEN void leave(Warp& w, GpuThread& t, Exchange* x) {
   t.exchange = nullptr;
-  if (--x->readers == 0) w.used &= ~(1u << (x - w.slots));
+  if (--x->readers == 0) w.close(*x);
 }
 
 void warp_exchange(unsigned mask, WarpOp op, uint64_t mine, uint64_t out[32], int from) {
@@ -547,11 +497,11 @@ void warp_exchange(unsigned mask, WarpOp op, uint64_t mine, uint64_t out[32], in
   if (!(mask & (1u << lane))) bad = "with a mask that does not name the calling lane";
   else if (mask & ~exist) bad = "with a mask naming lanes the block does not have";
   else if (from < -1 || from >= 32) bad = "reading a lane outside the warp (a width that is not a power of two up to 32)";
-  if (bad) thread_fault(std::string(op_name(op)) + " " + bad);  // not quiet: its hand-off is seen
+  if (bad) thread_fault(std::string(op_name(op)) + " " + bad);
   Exchange* x = join(w, t, mask, op, lane, mine);
-  if (op == WarpOp::syncwarp) tsan_release(&x->token);
+  if (op == WarpOp::syncwarp) tsan_release(x->token);
   if (t.exchange) to_main();
-  if (op == WarpOp::syncwarp) tsan_acquire(&x->token);
+  if (op == WarpOp::syncwarp) tsan_acquire(x->token);
   if (from >= 0) out[from] = (mask >> from & 1u) ? x->values[from].load(std::memory_order_relaxed) : 0;
   else if (op != WarpOp::syncwarp)
     for (int l = 0; l < 32; ++l) out[l] = (mask >> l & 1u) ? x->values[l].load(std::memory_order_relaxed) : 0;

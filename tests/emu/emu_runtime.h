@@ -75,10 +75,11 @@ constexpr int kSmCount = 132;
 // paths of warp operations and barriers.
 #ifdef ZF_EMU_TSAN
 // For the hottest use of that bookkeeping (a GPU thread's threadIdx, its
-// runner, the scheduler's turns): a function not instrumented at all costs
-// nothing, where TsanQuiet's annotations each record a stack. Only its own
-// reads and writes go unseen: what it calls (allocation, locks, a
-// container's members, which GCC then does not inline) is still seen.
+// runner, the scheduler's turns, a barrier's arrivals, a warp operation's
+// exchange): a function not instrumented at all costs nothing, where
+// TsanQuiet's annotations each record a stack. Only its own reads and
+// writes go unseen: what it calls (allocation, locks, a container's
+// members, which GCC then does not inline) is still seen.
 #define ZF_EMU_UNSEEN __attribute__((no_sanitize("thread")))
 struct TsanQuiet {
   TsanQuiet();
