@@ -106,10 +106,10 @@ TEST(CudaThreads, ComputeStreamSetAfterTheGroupIsMade) {
 TEST(CudaThreads, BarrierWaitsForTheComputeStream) {
   SKIP_WITHOUT_GPU();
   const int N = 2;
+  zf::test::Stall stall{20};  // outlives dev, whose end waits for every stream
   CudaWorld dev(N, 1024);
   expect_no_errors(on_ranks(dev.comms, [&](int r) {
     CUDA_CHECK(cudaSetDevice(0));
-    zf::test::Stall stall{20};  // barrier() waits for it to end
     CUDA_CHECK(cudaLaunchHostFunc(dev.streams[r], zf::test::sleep_on_stream, &stall));
     dev.comms[r]->barrier();
     EXPECT_EQ(cudaStreamQuery(dev.streams[r]), cudaSuccess) << "rank " << r;

@@ -74,7 +74,8 @@ struct Warp {
     x.token = nullptr;
 #endif
   }
-  // Before a block, and at the end: those a block that faulted left open too.
+  // Before a block that has this warp, and at the end: also those a block
+  // that faulted left open.
   ZF_EMU_UNSEEN void close_all() {
     for (unsigned open = used; open; open &= open - 1) close(slots[__builtin_ctz(open)]);
   }
