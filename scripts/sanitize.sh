@@ -32,10 +32,13 @@ esac
 
 # Optimised a little (-O1) and with line tables only (-g1): on 2 cores the
 # build is most of the time, and -O1 compiles much faster than the release
-# -O3 while keeping the run fast enough; the test files, which only
-# orchestrate, at -O0. Stack traces keep their lines.
+# -O3 while keeping the run fast enough. The test files as
+# tests/meson.build builds them: those that only orchestrate at -O0, those
+# that compute (references, the GPU suites) at -O1, where a sanitizer would
+# otherwise instrument every access to an unoptimised local of a reference's
+# loops. Stack traces keep their lines.
 common_setup=(-Dmpi=enabled --buildtype=custom -Doptimization=1
-              -Ddebug=true -Db_ndebug=true -Db_lundef=false -Dtests_optimization=0)
+              -Ddebug=true -Db_ndebug=true -Db_lundef=false)
 # The GPU code compiled for the emulated GPU (tests/emu, docs/GPU.md): the
 # GPU suites run in the same builds as the CPU ones, which share every
 # library with them.
@@ -248,15 +251,16 @@ run_sanitizer() {  # $1: asan|tsan
   local quoted
   quoted=$(printf ",'%s'" "${args[@]}")
   local options=(-Dunity=$unity -Dtests_unity=$tests_unity -Dunity_size=$unity_size "-Dcpp_args=[${quoted:1}]"
-                 "${gpu_setup[@]}")
+                 -Dtests_optimization=1 "${gpu_setup[@]}")
   rm -rf "$dir/tests/results" "$dir/meson-logs/testlog.json" "$dir/sanitizer-reports"
   if [[ ! -f $dir/build.ninja ]]; then
     meson setup "$dir" "${common_setup[@]}" -Db_sanitize=$sanitize "${options[@]}" >/dev/null ||
       { echo "$san: meson setup failed"; return 1; }
   elif [[ $(meson introspect "$dir" --buildoptions |
-            python3 -c 'import json, sys; o = {o["name"]: o["value"] for o in json.load(sys.stdin)}; print(o["unity"], o["gpu_emulation"], *o["cpp_args"])') != "$unity True ${args[*]}" ]]; then
+            python3 -c 'import json, sys; o = {o["name"]: o["value"] for o in json.load(sys.stdin)}; print(o["unity"], o["gpu_emulation"], o["tests_optimization"], *o["cpp_args"])') != "$unity True 1 ${args[*]}" ]]; then
     # A build of the other mode (all or full): its unity and UBSan's
-    # checks; or one without the emulated GPU. Regenerated at once, so that
+    # checks; or one without the emulated GPU, or with the test files
+    # built otherwise. Regenerated at once, so that
     # the tests and targets read below are the new set-up's.
     { meson configure "$dir" "${options[@]}" && ninja -C "$dir" build.ninja; } >/dev/null ||
       { echo "$san: meson configure failed"; return 1; }
