@@ -20,11 +20,12 @@ if [[ ! -f $dir/build.ninja ]]; then
   meson setup "$dir" --native-file scripts/emulated.ini >/dev/null ||
     { echo "emulated: meson setup failed"; exit 1; }
 elif ! ninja -C "$dir" -t targets all 2>/dev/null | grep -q '^tests/test_gpu_comm:'; then
-  # A folder set up with -Dnccl=disabled has no NCCL suite: NCCL back on
-  # (regenerated at once, so that the tests read below include it).
-  { meson configure "$dir" -Dnccl=auto && ninja -C "$dir" build.ninja; } >/dev/null ||
-    { echo "emulated: meson configure failed"; exit 1; }
+  # A folder set up with -Dnccl=disabled has no NCCL suite: NCCL back on.
+  meson configure "$dir" -Dnccl=auto >/dev/null || { echo "emulated: meson configure failed"; exit 1; }
 fi
+# Regenerated now if a meson.build changed, so that the tests read below,
+# and their order (tests/meson.build's priorities), are current.
+ninja -C "$dir" build.ninja >/dev/null || { echo "emulated: meson could not regenerate $dir"; exit 1; }
 suites=("$@")
 if [[ ${#suites[@]} -eq 0 ]]; then
   mapfile -t suites < <(meson introspect "$dir" --tests |
