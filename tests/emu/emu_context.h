@@ -29,6 +29,6 @@ inline void swap_context(Context& from, Context& to) { swapcontext(&from.uc, &to
 
 // A context that enters entry() on [stack, stack + size) as if called
 // (entry never returns).
-void make_context(Context& c, char* stack, size_t size, void (*entry)());
+void make_context(Context& c, char* stack, std::size_t size, void (*entry)());
 
 }  // namespace zf::emu

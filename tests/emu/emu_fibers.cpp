@@ -20,7 +20,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <cstdio>
@@ -140,9 +141,12 @@ struct Runner {
   uint64_t barrier_gen = 0;
   int barrier_arrived = 0;
   char barrier_token[2] = {};
+  // What a block's threads did happens after its launch (start_token) and
+  // before its end (end_token). Each thread's end is released once: by its
+  // fiber after the last thread it ran (fiber_main), by thread_fault, or,
+  // for the threads left waiting when the block faults, by block_fault.
   char start_token = 0, end_token = 0;
-  std::unique_ptr<Warp[]> warps;  // the block's
-  size_t warp_room = 0;
+  std::vector<Warp> warps;  // the block's, or more (made, never moved)
   unsigned char* dynamic = nullptr;  // the block's dynamic shared memory, 128-byte aligned
   size_t dynamic_bytes = 0;
   std::string fault;    // set by a thread that faults (trap, a bad warp call)
@@ -199,12 +203,16 @@ ZF_EMU_UNSEEN Runner& runs() { return *runner; }
 // The fiber of the running GPU thread.
 ZF_EMU_UNSEEN Fiber* own_fiber(const Runner& r) { return r.threads[size_t(r.current)].fiber; }
 
-// From the running GPU thread's fiber back to the scheduler, which resumes
-// it later (a wait), or never (its block faults: block_fault).
+// From fiber f back to the scheduler, which resumes it later (a wait), or
+// never (its block faults: block_fault), or gives it the block's next
+// thread (fiber_main).
+void to_main(Runner& r, Fiber& f) {
+  switch_to(f.context, r.main, r.main_bottom, r.main_size, r.main_tsan, &r.main_bottom, &r.main_size);
+}
+// From the running GPU thread's fiber.
 void to_main() {
   Runner& r = runs();
-  Fiber* f = own_fiber(r);
-  switch_to(f->context, r.main, r.main_bottom, r.main_size, r.main_tsan, &r.main_bottom, &r.main_size);
+  to_main(r, *own_fiber(r));
 }
 
 void bind(Runner& r, Fiber& f, int i) {
@@ -243,7 +251,7 @@ void fiber_main() {
       if (next < 0) break;
     }
     tsan_release(&r.end_token);
-    switch_to(f->context, r.main, r.main_bottom, r.main_size, r.main_tsan, &r.main_bottom, &r.main_size);
+    to_main(r, *f);
   }
 }
 
@@ -336,7 +344,7 @@ void run_block(Runner& r, dim3 grid, dim3 block, uint3 block_idx) {
   r.first = 0, r.last = n - 1;
   r.barrier_gen = 0, r.barrier_arrived = 0;
   const size_t warps = size_t((n + 31) / 32);
-  if (r.warp_room < warps) r.warps = std::make_unique<Warp[]>(r.warp_room = warps);
+  if (r.warps.size() < warps) r.warps = std::vector<Warp>(warps);
   for (size_t w = 0; w < warps; ++w) r.warps[w].close_all();
   if (r.dynamic_bytes) std::memset(r.dynamic, 0xff, r.dynamic_bytes);
   r.threads.assign(size_t(n), GpuThread{});
@@ -404,10 +412,11 @@ ZF_EMU_UNSEEN GpuThread& me(const char* what) {
 
 const ThreadPlace& here() { return me("threadIdx/blockIdx/blockDim/gridDim").place; }
 
-int lane_id() {
-  const ThreadPlace& p = here();
-  const unsigned linear = p.thread.x + p.block_dim.x * (p.thread.y + p.block_dim.y * p.thread.z);
-  return int(linear % 32);
+// A block's threads are numbered x fastest, then y, then z (run_block),
+// and its warps are that numbering's runs of 32 (own_warp).
+ZF_EMU_UNSEEN int lane_id() {
+  me("the lane id");
+  return runner->current % 32;
 }
 
 unsigned char* dynamic_shared() {
@@ -443,7 +452,7 @@ void kernel_fault(const std::string& what) { thread_fault(what); }
 
 // The warp of the running thread, and its lanes that exist (a last
 // partial warp has fewer).
-ZF_EMU_UNSEEN Warp& own_warp(const Runner& r, unsigned& exist) {
+ZF_EMU_UNSEEN Warp& own_warp(Runner& r, unsigned& exist) {
   const int warp = r.current / 32;
   exist = r.count - warp * 32 >= 32 ? 0xffffffffu : (1u << (r.count - warp * 32)) - 1;
   return r.warps[size_t(warp)];
