@@ -168,17 +168,18 @@ asan_gpu_filter=$gpu_heavy
 # Device (each stream is a thread: a missing wait between two streams, or
 # a host read before a synchronize, is a race it reports) and the kernels
 # of the products, layernorm, softmax, attention, AdamW and the gradient
-# norm. Not, in CI: the heavy tests above, the encoder's and flash
-# attention's (a block's GPU threads are fibers, which TSan slows the
-# most; a kernel's missing barrier shows in its values, docs/GPU.md), the
-# threads communicator on device buffers at 8 and 9 ranks (1 to 4 run the
-# same code). Of the stage tests, every stage on 2 GPUs over NCCL in 2 steps
+# norm, and flash attention's on CUDA cores (float32) and on tensor cores
+# (bf16). Not, in CI: the heavy tests above; the encoder's (a block's GPU
+# threads are fibers, which TSan slows the most; its kernels run in the
+# stage test below); flash attention's on CUDA cores in bf16 (the float32
+# test's kernels, of another element type); the threads communicator on
+# device buffers at 8 and 9 ranks (1 to 4 run the same code). Of the stage tests, every stage on 2 GPUs over NCCL in 2 steps
 # of one sequence, bf16 computed in bf16 (each stage's compute and
 # communication streams, stage 04's prefetch, stage 05's copy stream, and
 # what one step leaves the next); the four-rank and one-GPU runs of 3
 # steps, and the other recipes, would take many times as long under TSan.
 tsan_tests+=(gpu_emulation gpu_kernels gpu_comm gpu_comm_threads gpu_stages_two_gpus_bf16_bf16)
-tsan_gpu_filter="$gpu_heavy:CudaKernels.Encoder*:CudaKernels.Flash*"
+tsan_gpu_filter="$gpu_heavy:CudaKernels.Encoder*:CudaKernels.FlashAttentionBf16"
 tsan_gpu_filter+=":N/CudaThreadsRanks.*/N8:N/CudaThreadsRanks.*/N9:N/HostSideRanks.*/N9"
 
 sanitizer_env() {  # $1: asan|tsan, $2: the report folder
