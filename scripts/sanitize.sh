@@ -153,33 +153,35 @@ skip_targets=(tools/memory_estimate)
 # size says, so a kernel's step past its buffer is a report), and every
 # stage on 4 ranks over NCCL in one recipe (bf16 computed in bf16: bf16
 # parameters beside float32 masters, the bf16 kernels). Not, in CI: the
-# kernel tests that repeat a kernel on GPT-2's shapes or over many rows,
-# run it twice for determinism, or pass millions of values through the
-# gradient norm (its short tests stay: tails, subnormals, unaligned
-# starts, nothing); the other recipes, the one- and two-GPU runs and `small` run
+# kernel tests that repeat a kernel on GPT-2's shapes (the same indexing
+# on larger grids) or run it twice for determinism (the same accesses
+# again); the other recipes, the one- and two-GPU runs and `small` run
 # the same stage code on other sizes.
 # (The stage tests name their part with --gtest_filter, tests/meson.build,
 # which the filters here do not narrow.)
 asan_tests+=(gpu_emulation gpu_kernels gpu_comm gpu_comm_threads gpu_stages_nccl_bf16_bf16)
-gpu_heavy=":CudaKernels.*AtGpt2Shapes:CudaKernels.*IsDeterministic:CudaKernels.*OverManyRows"
-gpu_heavy+=":SumSquaresCuda.RandomBits*:SumSquaresCuda.GradientLike*:SumSquaresCuda.TopOfTheRange*:SumSquaresCuda.NonFinite*"
-asan_gpu_filter=$gpu_heavy
+gpu_repeats=":CudaKernels.*AtGpt2Shapes:CudaKernels.*IsDeterministic"
+asan_gpu_filter=$gpu_repeats
 # Under TSan: the emulation, both communicators on device buffers, the GPU
-# Device (each stream is a thread: a missing wait between two streams, or
-# a host read before a synchronize, is a race it reports) and the kernels
-# of the products, layernorm, softmax, attention, AdamW and the gradient
-# norm, and flash attention's on CUDA cores (float32) and on tensor cores
-# (bf16). Not, in CI: the heavy tests above; the encoder's (a block's GPU
+# Device (each stream is a thread: a missing wait between two streams, or a
+# host read before a synchronize, is a race it reports) and the kernels of
+# the products, layernorm, softmax, attention, AdamW and the gradient norm,
+# and flash attention's on CUDA cores (float32) and on tensor cores (bf16).
+# Not, in CI: the repeats above; the tests over many rows, or that pass
+# millions of values through the gradient norm (its short tests stay: tails,
+# subnormals, unaligned starts, nothing); the encoder's (a block's GPU
 # threads are fibers, which TSan slows the most; its kernels run in the
 # stage test below); flash attention's on CUDA cores in bf16 (the float32
 # test's kernels, of another element type); the threads communicator on
-# device buffers at 8 and 9 ranks (1 to 4 run the same code). Of the stage tests, every stage on 2 GPUs over NCCL in 2 steps
-# of one sequence, bf16 computed in bf16 (each stage's compute and
-# communication streams, stage 04's prefetch, stage 05's copy stream, and
-# what one step leaves the next); the four-rank and one-GPU runs of 3
-# steps, and the other recipes, would take many times as long under TSan.
+# device buffers at 8 and 9 ranks (1 to 4 run the same code). Of the stage
+# tests, every stage on 2 GPUs over NCCL in 2 steps of one sequence, bf16
+# computed in bf16 (each stage's compute and communication streams, stage
+# 04's prefetch, stage 05's copy stream, and what one step leaves the next);
+# the four-rank and one-GPU runs of 3 steps, and the other recipes, would
+# take many times as long under TSan.
 tsan_tests+=(gpu_emulation gpu_kernels gpu_comm gpu_comm_threads gpu_stages_two_gpus_bf16_bf16)
-tsan_gpu_filter="$gpu_heavy:CudaKernels.Encoder*:CudaKernels.FlashAttentionBf16"
+tsan_gpu_filter="$gpu_repeats:CudaKernels.*OverManyRows:SumSquaresCuda.RandomBits*:SumSquaresCuda.GradientLike*"
+tsan_gpu_filter+=":SumSquaresCuda.TopOfTheRange*:SumSquaresCuda.NonFinite*:CudaKernels.Encoder*:CudaKernels.FlashAttentionBf16"
 tsan_gpu_filter+=":N/CudaThreadsRanks.*/N8:N/CudaThreadsRanks.*/N9:N/HostSideRanks.*/N9"
 
 sanitizer_env() {  # $1: asan|tsan, $2: the report folder
