@@ -23,9 +23,10 @@ elif ! ninja -C "$dir" -t targets all 2>/dev/null | grep -q '^tests/test_gpu_com
   # A folder set up with -Dnccl=disabled has no NCCL suite: NCCL back on.
   meson configure "$dir" -Dnccl=auto >/dev/null || { echo "emulated: meson configure failed"; exit 1; }
 fi
-# Regenerated now if a meson.build changed, so that the tests read below,
-# and their order (tests/meson.build's priorities), are current.
-ninja -C "$dir" build.ninja >/dev/null || { echo "emulated: meson could not regenerate $dir"; exit 1; }
+# Regenerated now (after a configure above, or a meson.build's change), so
+# that the tests read below, and their order (tests/meson.build's
+# priorities), are current.
+ninja -C "$dir" build.ninja >/dev/null || ninja -C "$dir" build.ninja || { echo "emulated: meson regenerate failed"; exit 1; }
 suites=("$@")
 if [[ ${#suites[@]} -eq 0 ]]; then
   mapfile -t suites < <(meson introspect "$dir" --tests |

@@ -266,9 +266,9 @@ run_sanitizer() {  # $1: asan|tsan
     # built otherwise.
     meson configure "$dir" "${options[@]}" >/dev/null || { echo "$san: meson configure failed"; return 1; }
   fi
-  # Regenerated now if a meson.build changed, so that the tests, their
-  # order and the targets read below are current.
-  ninja -C "$dir" build.ninja >/dev/null || { echo "$san: meson could not regenerate $dir"; return 1; }
+  # Regenerated now (after a configure above, or a meson.build's change),
+  # so that the tests, their order and the targets read below are current.
+  ninja -C "$dir" build.ninja >/dev/null || ninja -C "$dir" build.ninja || { echo "$san: meson regenerate failed"; return 1; }
   # full: every GPU test there is (tests/meson.build names them gpu_*).
   if [[ $which == full ]]; then
     mapfile -t -O "${#tests[@]}" tests < <(meson introspect "$dir" --tests |
@@ -276,13 +276,19 @@ run_sanitizer() {  # $1: asan|tsan
   fi
   # In meson's order (the suites' priorities, tests/meson.build: the long
   # ones first), which meson test keeps only for tests it is not given by
-  # name; a name meson does not know stays, last, for meson test to refuse.
-  mapfile -t tests < <(meson introspect "$dir" --tests | python3 -c '
+  # name. A name the build has no test of is refused here: meson test
+  # would pass over it.
+  local ordered
+  ordered=$(meson introspect "$dir" --tests | python3 -c '
 import json, sys
 names = sys.argv[1:]
 known = [t["name"] for t in json.load(sys.stdin) if t["name"] in names]
-sys.stdout.writelines(n + "\n" for n in known + [n for n in names if n not in known])
-' "${tests[@]}")
+unknown = sorted(set(names) - set(known))
+if unknown:
+    sys.exit("no test named " + ", ".join(unknown))
+print("\n".join(known))
+' "${tests[@]}") || { echo "$san: the tests to run could not be read from $dir"; return 1; }
+  mapfile -t tests <<<"$ordered"
   mkdir -p "$dir/tests/results" "$dir/sanitizer-reports"
   local targets
   targets=$(needed_targets "$dir" "${skip_targets[*]}" "${tests[@]}") || return 1

@@ -146,7 +146,9 @@ struct Runner {
   // fiber after the last thread it ran (fiber_main), by thread_fault, or,
   // for the threads left waiting when the block faults, by block_fault.
   char start_token = 0, end_token = 0;
-  std::vector<Warp> warps;  // the block's, or more (made, never moved)
+  // The block's warps, or more: made in place and never moved (they hold
+  // atomics); a larger block makes the vector anew.
+  std::vector<Warp> warps;
   unsigned char* dynamic = nullptr;  // the block's dynamic shared memory, 128-byte aligned
   size_t dynamic_bytes = 0;
   std::string fault;    // set by a thread that faults (trap, a bad warp call)
@@ -204,8 +206,8 @@ ZF_EMU_UNSEEN Runner& runs() { return *runner; }
 ZF_EMU_UNSEEN Fiber* own_fiber(const Runner& r) { return r.threads[size_t(r.current)].fiber; }
 
 // From fiber f back to the scheduler, which resumes it later (a wait), or
-// never (its block faults: block_fault), or gives it the block's next
-// thread (fiber_main).
+// never (its block faults: block_fault), or, once f is idle (fiber_main),
+// starts a later thread on it.
 void to_main(Runner& r, Fiber& f) {
   switch_to(f.context, r.main, r.main_bottom, r.main_size, r.main_tsan, &r.main_bottom, &r.main_size);
 }
