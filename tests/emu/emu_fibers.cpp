@@ -12,11 +12,12 @@
 // reach, a mask naming a lane that left): the kernel faults, naming what
 // each thread waits for.
 //
-// ThreadSanitizer sees each fiber as a thread, and fibers switch without
-// synchronising: two threads of a block on different fibers (see Fiber) that
-// touch the same shared or global memory without a barrier between them are
-// a race it reports. A barrier (and __syncwarp) orders its threads; shuffles
-// move values, not memory order, as on the GPU.
+// ThreadSanitizer sees each fiber as a thread (or nearly: see
+// kTsanIdentities), and fibers switch without synchronising: two threads of
+// a block on different fibers (see Fiber) that touch the same shared or
+// global memory without a barrier between them are a race it reports. A
+// barrier (and __syncwarp) orders its threads; shuffles move values, not
+// memory order, as on the GPU.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -48,6 +49,17 @@ namespace {
 constexpr size_t kStackBytes = size_t(256) << 10;
 constexpr size_t kGuardBytes = size_t(64) << 10;
 constexpr int kMaxThreads = 1024;
+// The threads ThreadSanitizer knows of, fibers counted, set the cost of
+// every synchronisation it sees (each walks a clock with an entry per
+// thread), and a block that waits at a barrier has a fiber per thread, on
+// every stream thread: the fibers of a stream thread share this many
+// identities, fiber i the (i mod kTsanIdentities)th. Two fibers of one
+// identity are one thread to it, in program order: a race between their
+// GPU threads goes unseen, and a report's stack below the access may mix
+// their frames. A block's threads take fibers in the order of their
+// indices (forward or backward), so a prime count puts threads a power of
+// two apart, the strides of GPU code, on different identities.
+constexpr size_t kTsanIdentities = 31;
 
 struct Exchange {
   unsigned mask = 0;
@@ -94,7 +106,7 @@ enum class State { ready, barrier, warp, done };
 struct Fiber {
   Context context;
   char* memory = nullptr;  // guard, then stack
-  void* tsan = nullptr;
+  void* tsan = nullptr;  // its identity (kTsanIdentities)
   int thread = -1;  // the GPU thread it runs
 };
 
@@ -125,6 +137,7 @@ const char* op_name(WarpOp op) {
 struct Runner {
   std::vector<std::unique_ptr<Fiber>> fibers;
   std::vector<Fiber*> idle;
+  std::vector<void*> tsan_ids;  // ThreadSanitizer's fibers, shared (kTsanIdentities)
   std::vector<GpuThread> threads;  // the block's
   Context main;
   const void* main_bottom = nullptr;
@@ -166,14 +179,14 @@ struct Runner {
     ::operator delete(dynamic, std::align_val_t(128));
   }
   void drop() {
-    for (auto& f : fibers) {
+    for (auto& f : fibers)
       if (f->memory) munmap(f->memory, guard + kStackBytes);
 #ifdef ZF_EMU_TSAN
-      if (f->tsan) __tsan_destroy_fiber(f->tsan);
+    for (void* id : tsan_ids) __tsan_destroy_fiber(id);
 #endif
-    }
     fibers.clear();
     idle.clear();
+    tsan_ids.clear();
   }
 };
 
@@ -269,7 +282,8 @@ void fiber_main() {
   if (mprotect(f->memory, r.guard, PROT_NONE) != 0) fault(cudaErrorMemoryAllocation, "could not guard a GPU thread's stack");
   make_context(f->context, f->memory + r.guard, kStackBytes, fiber_main);
 #ifdef ZF_EMU_TSAN
-  f->tsan = __tsan_create_fiber(0);
+  if (r.tsan_ids.size() < kTsanIdentities) r.tsan_ids.push_back(__tsan_create_fiber(0));
+  f->tsan = r.tsan_ids[r.fibers.size() % kTsanIdentities];
 #endif
   r.fibers.push_back(std::move(f));
   return r.fibers.back().get();

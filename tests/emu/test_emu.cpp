@@ -12,7 +12,13 @@
 #include <nccl.h>
 #endif
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -110,6 +116,69 @@ TEST(EmulatedGpu, AMissingBarrierShows) {
   }
   cudaFree(d);
 }
+
+#if defined(__SANITIZE_THREAD__)
+// Each thread writes its slot, then reads the slot `stride` threads on,
+// with or without a barrier between. The first barrier puts each thread on
+// a fiber of its own: a thread that never waits hands its fiber to the
+// next, which ThreadSanitizer then sees in program order (docs/GPU.md).
+template <bool kBarrier>
+__global__ void stride_kernel(int* out, int stride) {
+  __shared__ int s[128];
+  const int t = int(threadIdx.x);
+  __syncthreads();
+  s[t] = t;
+  if (kBarrier) __syncthreads();
+  out[t] = s[(t + stride) % 128];
+}
+
+// Under ThreadSanitizer, the read without the barrier is a race it reports,
+// also between threads a warp or two apart (the fibers share TSan's
+// identities, emu_fibers.cpp). Each case runs in a child process (this
+// binary again, ZF_EMU_RACE naming the case), whose report goes to its
+// output rather than to the run's report folder.
+TEST(EmulatedGpu, UnderThreadSanitizerAMissingBarrierIsARace) {
+  if (const char* race = std::getenv("ZF_EMU_RACE")) {
+    int stride = 0, barrier = 0;
+    ASSERT_EQ(std::sscanf(race, "%d,%d", &stride, &barrier), 2) << race;
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    int* d = device_ints(128);
+    if (barrier) {
+      zf::emu::launch(stride_kernel<true>, 1, 128, 0, nullptr, d, stride);
+    } else {
+      zf::emu::launch(stride_kernel<false>, 1, 128, 0, nullptr, d, stride);
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    cudaFree(d);
+    return;
+  }
+  std::string self(4096, '\0');
+  const ssize_t n = readlink("/proc/self/exe", self.data(), self.size());
+  ASSERT_GT(n, 0);
+  self.resize(size_t(n));
+  const char* options = std::getenv("TSAN_OPTIONS");
+  for (const int stride : {1, 32, 64}) {
+    for (const int barrier : {0, 1}) {
+      const std::string command = "ZF_EMU_RACE=" + std::to_string(stride) + "," + std::to_string(barrier) +
+                                  " TSAN_OPTIONS='" + (options ? options : "") + ":log_path=stderr:exitcode=66' '" +
+                                  self + "' --gtest_filter=EmulatedGpu.UnderThreadSanitizerAMissingBarrierIsARace 2>&1";
+      std::string output;
+      FILE* p = popen(command.c_str(), "r");
+      ASSERT_NE(p, nullptr);
+      char buf[4096];
+      while (size_t got = std::fread(buf, 1, sizeof buf, p)) output.append(buf, got);
+      const int status = pclose(p);
+      const bool reported = output.find("ThreadSanitizer: data race") != std::string::npos;
+      const std::string what = "stride " + std::to_string(stride) + (barrier ? ", barrier" : ", no barrier");
+      EXPECT_EQ(reported, !barrier) << what << ":\n" << output;
+      EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, barrier ? 0 : 66) << what << ":\n" << output;
+      if (!barrier) {
+        EXPECT_NE(output.find("stride_kernel"), std::string::npos) << what << ":\n" << output;
+      }
+    }
+  }
+}
+#endif
 
 TEST(EmulatedGpu, ABarrierAThreadNeverReachesIsAFault) {
   ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
