@@ -57,8 +57,9 @@ constexpr int kMaxThreads = 1024;
 // identity are one thread to it, in program order: a race between their
 // GPU threads goes unseen, and a report's stack below the access may mix
 // their frames. A block's threads take fibers in the order of their
-// indices (forward or backward), so a prime count puts threads a power of
-// two apart, the strides of GPU code, on different identities.
+// indices (forward or backward; run_block), so where they wait before they
+// return, a prime count puts threads a power of two apart, the strides of
+// GPU code, on different identities.
 constexpr size_t kTsanIdentities = 31;
 
 struct Exchange {
@@ -101,8 +102,9 @@ enum class State { ready, barrier, warp, done };
 // its thread returns, it goes on with the next thread of the block that has
 // not started, on the same stack, so a kernel without barriers costs one
 // switch a block. A thread that waits keeps its fiber until it returns.
-// ThreadSanitizer tells threads apart by their fibers, so it sees the
-// threads one fiber runs in turn in program order (docs/GPU.md's limits).
+// ThreadSanitizer tells threads apart by their fibers' identities, so it
+// sees the threads one fiber runs in turn in program order (docs/GPU.md's
+// limits).
 struct Fiber {
   Context context;
   char* memory = nullptr;  // guard, then stack
@@ -193,7 +195,7 @@ struct Runner {
 thread_local Runner* runner = nullptr;
 
 // The stream thread's runner, from one of its fibers (ThreadSanitizer sees
-// each fiber as a thread, and this bookkeeping as theirs to share).
+// the fibers as threads, and this bookkeeping as theirs to share).
 ZF_EMU_UNSEEN Runner& runs() { return *runner; }
 
 [[gnu::noinline]] void switch_to(Context& from, Context& to, const void* bottom, size_t size, void* tsan_to,
@@ -364,6 +366,11 @@ void run_block(Runner& r, dim3 grid, dim3 block, uint3 block_idx) {
   for (size_t w = 0; w < warps; ++w) r.warps[w].close_all();
   if (r.dynamic_bytes) std::memset(r.dynamic, 0xff, r.dynamic_bytes);
   r.threads.assign(size_t(n), GpuThread{});
+  // Every fiber is idle between blocks: stacked so that threads take them
+  // in the order they were made, whatever order the last block left them
+  // in (kTsanIdentities).
+  r.idle.clear();
+  for (auto f = r.fibers.rbegin(); f != r.fibers.rend(); ++f) r.idle.push_back(f->get());
   for (int i = 0; i < n; ++i) {
     GpuThread& t = r.threads[size_t(i)];
     t.place.thread = uint3{unsigned(i) % block.x, unsigned(i) / block.x % block.y, unsigned(i) / (block.x * block.y)};

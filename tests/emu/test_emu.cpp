@@ -20,7 +20,6 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
-#include <utility>
 #include <vector>
 
 namespace {
@@ -119,35 +118,44 @@ TEST(EmulatedGpu, AMissingBarrierShows) {
 }
 
 #if defined(__SANITIZE_THREAD__)
-// Each thread writes its slot, then reads the slot `stride` threads on,
-// with or without a barrier between. The first barrier puts each thread on
-// a fiber of its own: a thread that never waits hands its fiber to the
-// next, which ThreadSanitizer then sees in program order (docs/GPU.md).
+// Each thread writes its slot; thread `reader` then reads the slot of
+// thread `writer`, with or without a barrier between. The first barrier
+// puts each thread on a fiber of its own: a thread that never waits hands
+// its fiber to the next, which ThreadSanitizer then sees in program order
+// (docs/GPU.md).
 template <bool kBarrier>
-__global__ void stride_kernel(int* out, int stride) {
+__global__ void pair_kernel(int* out, int writer, int reader) {
   __shared__ int s[128];
   const int t = int(threadIdx.x);
   __syncthreads();
   s[t] = t;
   if (kBarrier) __syncthreads();
-  out[t] = s[(t + stride) % 128];
+  if (t == reader) out[0] = s[writer];
+}
+template <int kBarriers>
+__global__ void barriers_kernel() {
+  for (int i = 0; i < kBarriers; ++i) __syncthreads();
 }
 
 // Under ThreadSanitizer, the read without the barrier is a race it reports,
 // also between threads a warp or two apart (the fibers share TSan's
-// identities, emu_fibers.cpp). Each case runs in a child process (this
-// binary again, ZF_EMU_RACE naming the case), whose report goes to its
-// output rather than to the run's report folder.
+// identities, emu_fibers.cpp), after blocks of other sizes have left the
+// stream's fibers in another order. Each case runs in a child process
+// (this binary again, ZF_EMU_RACE naming the case), whose report goes to
+// its output rather than to the run's report folder.
 TEST(EmulatedGpu, UnderThreadSanitizerAMissingBarrierIsARace) {
   if (const char* race = std::getenv("ZF_EMU_RACE")) {
-    int stride = 0, barrier = 0;
-    ASSERT_EQ(std::sscanf(race, "%d,%d", &stride, &barrier), 2) << race;
+    int writer = 0, reader = 0, barrier = 0;
+    ASSERT_EQ(std::sscanf(race, "%d,%d,%d", &writer, &reader, &barrier), 3) << race;
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-    int* d = device_ints(128);
+    int* d = device_ints(1);
+    // 128 threads that end backward, then 64 that end forward.
+    zf::emu::launch(barriers_kernel<1>, 1, 128, 0, nullptr);
+    zf::emu::launch(barriers_kernel<2>, 1, 64, 0, nullptr);
     if (barrier) {
-      zf::emu::launch(stride_kernel<true>, 1, 128, 0, nullptr, d, stride);
+      zf::emu::launch(pair_kernel<true>, 1, 128, 0, nullptr, d, writer, reader);
     } else {
-      zf::emu::launch(stride_kernel<false>, 1, 128, 0, nullptr, d, stride);
+      zf::emu::launch(pair_kernel<false>, 1, 128, 0, nullptr, d, writer, reader);
     }
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     cudaFree(d);
@@ -158,24 +166,30 @@ TEST(EmulatedGpu, UnderThreadSanitizerAMissingBarrierIsARace) {
   ASSERT_GT(n, 0);
   self.resize(size_t(n));
   const char* options = std::getenv("TSAN_OPTIONS");
+  struct Case {
+    int writer, reader, barrier;
+  };
   // Threads 1, 32 and 64 apart without the barrier, 32 apart with it.
-  const std::pair<int, int> cases[] = {{1, 0}, {32, 0}, {64, 0}, {32, 1}};
-  for (const auto& [stride, barrier] : cases) {
-    const std::string command = "ZF_EMU_RACE=" + std::to_string(stride) + "," + std::to_string(barrier) +
-                                " TSAN_OPTIONS='" + (options ? options : "") + ":log_path=stderr:exitcode=66' '" +
-                                self + "' --gtest_filter=EmulatedGpu.UnderThreadSanitizerAMissingBarrierIsARace 2>&1";
+  const Case cases[] = {{0, 1, 0}, {62, 94, 0}, {15, 79, 0}, {62, 94, 1}};
+  for (const Case& c : cases) {
+    const std::string name = std::to_string(c.writer) + "," + std::to_string(c.reader) + "," + std::to_string(c.barrier);
+    // TSan's exit status is 66 where it reported.
+    const std::string command = "ZF_EMU_RACE=" + name + " TSAN_OPTIONS='" + (options ? options : "") +
+                                ":log_path=stderr' '" + self +
+                                "' --gtest_filter=EmulatedGpu.UnderThreadSanitizerAMissingBarrierIsARace 2>&1";
     std::string output;
     FILE* p = popen(command.c_str(), "r");
     ASSERT_NE(p, nullptr);
     char buf[4096];
     while (size_t got = std::fread(buf, 1, sizeof buf, p)) output.append(buf, got);
     const int status = pclose(p);
+    const std::string what = "writer, reader, barrier " + name + ":\n" + output;
+    EXPECT_NE(output.find("[  PASSED  ] 1 test."), std::string::npos) << what;
     const bool reported = output.find("ThreadSanitizer: data race") != std::string::npos;
-    const std::string what = "stride " + std::to_string(stride) + (barrier ? ", barrier" : ", no barrier");
-    EXPECT_EQ(reported, !barrier) << what << ":\n" << output;
-    EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, barrier ? 0 : 66) << what << ":\n" << output;
-    if (!barrier) {
-      EXPECT_NE(output.find("stride_kernel"), std::string::npos) << what << ":\n" << output;
+    EXPECT_EQ(reported, !c.barrier) << what;
+    EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, c.barrier ? 0 : 66) << what;
+    if (!c.barrier) {
+      EXPECT_NE(output.find("pair_kernel"), std::string::npos) << what;
     }
   }
 }
