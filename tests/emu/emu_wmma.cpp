@@ -1,18 +1,34 @@
 // emu_wmma.cpp: what mma.h's WMMA calls need of the emulated GPU: each
-// warp's scratch tile and the operand checks the hardware makes.
+// warp's scratch, the product, and the operand checks the hardware makes.
 #include <mma.h>
 
 #include <cstdint>
+#include <memory>
 
 #include "emu_runtime.h"
 
 namespace nvcuda::wmma::detail {
 
 float* warp_scratch() {
-  static thread_local float scratch[32][256];  // per stream thread, which runs one block at a time
+  // Per stream thread, which runs one block at a time; made by the first
+  // product it runs.
+  static thread_local std::unique_ptr<float[]> scratch;
+  if (!scratch) scratch = std::make_unique<float[]>(size_t(32) * kScratch);
   const zf::emu::ThreadPlace& p = zf::emu::here();
   const unsigned linear = p.thread.x + p.block_dim.x * (p.thread.y + p.block_dim.y * p.thread.z);
-  return scratch[linear / 32];
+  return scratch.get() + size_t(linear / 32) * kScratch;
+}
+
+// The tiles are the emulation's, written and read by the lanes around this
+// call, which its syncwarps order: ThreadSanitizer need not see each of
+// its K reads of every element.
+ZF_EMU_UNSEEN void multiply(float* c, const float* a, const float* b, int M, int N, int K) {
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      float s = c[i * N + j];
+      for (int k = 0; k < K; ++k) s += a[i * K + k] * b[k * N + j];
+      c[i * N + j] = s;
+    }
 }
 
 void check_operands(const void* p, unsigned ldm, unsigned elem_bytes) {

@@ -1,12 +1,14 @@
 // mma.h of the emulated GPU (zf_emu.h): nvcuda::wmma's fragments and their
 // warp-wide load, store, fill and multiply-accumulate. The API hides which
 // lane holds which element, so any layout that its calls treat consistently
-// is faithful: here every lane holds the whole tile (x[] row-major, M x K,
-// K x N or M x N). Each lane computes the full product itself, products
-// exact and sums in float32 in k order, as the hardware's bf16 MMA with a
-// float32 accumulator does up to the order of its additions. Like the
-// hardware, each call requires the whole warp: a syncwarp checks that every
-// lane comes, and a pointer must be 32-byte aligned (256 bits), the leading
+// is faithful: here, as on the hardware, the warp's lanes share the tile,
+// lane l holding elements l, l + 32, l + 64, ... of it (row-major: M x K,
+// K x N or M x N), num_elements of them. A product gathers the three tiles
+// into the warp's scratch, where lane 0 multiplies, products exact and sums
+// in float32 in k order, as the hardware's bf16 MMA with a float32
+// accumulator does up to the order of its additions. Like the hardware,
+// each call requires the whole warp: a syncwarp checks that every lane
+// comes, and a pointer must be 32-byte aligned (256 bits), the leading
 // dimension a multiple of 8 elements (16 bytes) for bf16, 4 for float.
 #pragma once
 
@@ -40,14 +42,33 @@ struct Shape<accumulator, M, N, K> {
   static constexpr int rows = M, cols = N;
 };
 void check_operands(const void* p, unsigned ldm, unsigned elem_bytes);
+// The calling warp's scratch: kScratch floats, room for a product's three tiles.
+constexpr int kScratch = 1024;
+float* warp_scratch();
+// c += a b, row-major M x N, M x K and K x N tiles of the warp's scratch.
+void multiply(float* c, const float* a, const float* b, int M, int N, int K);
 }  // namespace detail
 
 template <class Use, int M, int N, int K, class T, class Layout = void>
 struct fragment {
   static constexpr int rows = detail::Shape<Use, M, N, K>::rows, cols = detail::Shape<Use, M, N, K>::cols;
-  static constexpr int num_elements = rows * cols;
-  T x[num_elements];
+  static constexpr int tile = rows * cols;
+  static constexpr int num_elements = (tile + 31) / 32;  // this lane's share
+  T x[num_elements];  // x[i]: the tile's element lane + 32 i
 };
+
+namespace detail {
+// Calls fn(i, r, c) for each element x[i] of this lane's share of a
+// rows x cols tile, at row r, column c.
+template <int rows, int cols, class Fn>
+void for_each_element(Fn&& fn) {
+  const int lane = ::zf::emu::lane_id();
+  for (int i = 0; i < (rows * cols + 31) / 32; ++i) {
+    const int e = lane + 32 * i;
+    if (e < rows * cols) fn(i, e / cols, e % cols);
+  }
+}
+}  // namespace detail
 
 template <class Use, int M, int N, int K, class T, class Layout>
 void fill_fragment(fragment<Use, M, N, K, T, Layout>& f, const T& v) {
@@ -63,9 +84,9 @@ void load_matrix_sync(fragment<Use, M, N, K, T, Layout>& f, const T* p, unsigned
   __syncwarp();
   detail::check_operands(p, ldm, sizeof(T));
   using F = fragment<Use, M, N, K, T, Layout>;
-  for (int r = 0; r < F::rows; ++r)
-    for (int c = 0; c < F::cols; ++c)
-      f.x[r * F::cols + c] = std::is_same_v<Layout, row_major> ? p[size_t(r) * ldm + c] : p[size_t(c) * ldm + r];
+  detail::for_each_element<F::rows, F::cols>([&](int i, int r, int c) {
+    f.x[i] = std::is_same_v<Layout, row_major> ? p[size_t(r) * ldm + c] : p[size_t(c) * ldm + r];
+  });
 }
 
 // The accumulator: the layout is the call's.
@@ -73,44 +94,38 @@ template <int M, int N, int K, class T>
 void load_matrix_sync(fragment<accumulator, M, N, K, T>& f, const T* p, unsigned ldm, layout_t layout) {
   __syncwarp();
   detail::check_operands(p, ldm, sizeof(T));
-  for (int r = 0; r < M; ++r)
-    for (int c = 0; c < N; ++c)
-      f.x[r * N + c] = layout == mem_row_major ? p[size_t(r) * ldm + c] : p[size_t(c) * ldm + r];
+  detail::for_each_element<M, N>([&](int i, int r, int c) {
+    f.x[i] = layout == mem_row_major ? p[size_t(r) * ldm + c] : p[size_t(c) * ldm + r];
+  });
 }
 template <int M, int N, int K, class T>
 void store_matrix_sync(T* p, const fragment<accumulator, M, N, K, T>& f, unsigned ldm, layout_t layout) {
   __syncwarp();
   detail::check_operands(p, ldm, sizeof(T));
-  // Lane 0 writes: the tile is the warp's, and the others hold the same values.
-  if (::zf::emu::lane_id() == 0)
-    for (int r = 0; r < M; ++r)
-      for (int c = 0; c < N; ++c) (layout == mem_row_major ? p[size_t(r) * ldm + c] : p[size_t(c) * ldm + r]) = f.x[r * N + c];
+  detail::for_each_element<M, N>([&](int i, int r, int c) {
+    (layout == mem_row_major ? p[size_t(r) * ldm + c] : p[size_t(c) * ldm + r]) = f.x[i];
+  });
   __syncwarp();
 }
 
-namespace detail {
-// The calling warp's 256 floats (every WMMA shape's M x N).
-float* warp_scratch();
-}  // namespace detail
-
-// Lane 0 multiplies for the warp (the others would compute the same
-// numbers) into the warp's scratch; every lane then takes the result.
+// Each lane puts its share of a, b and c in the warp's scratch; lane 0
+// multiplies there for the warp; each lane takes its share of the result.
 template <int M, int N, int K, class TA, class LA, class TB, class LB>
 void mma_sync(fragment<accumulator, M, N, K, float>& d, const fragment<matrix_a, M, N, K, TA, LA>& a,
               const fragment<matrix_b, M, N, K, TB, LB>& b, const fragment<accumulator, M, N, K, float>& c) {
+  static_assert(M * K + K * N + M * N <= detail::kScratch, "a WMMA shape");
   __syncwarp();
-  static_assert(M * N <= 256, "a WMMA tile");
-  float* out = detail::warp_scratch();
-  if (::zf::emu::lane_id() == 0)
-    for (int i = 0; i < M; ++i)
-      for (int j = 0; j < N; ++j) {
-        float s = c.x[i * N + j];
-        for (int k = 0; k < K; ++k) s += float(a.x[i * K + k]) * float(b.x[k * N + j]);
-        out[i * N + j] = s;
-      }
+  float* const sa = detail::warp_scratch();
+  float* const sb = sa + M * K;
+  float* const sc = sb + K * N;
+  detail::for_each_element<M, K>([&](int i, int r, int col) { sa[r * K + col] = float(a.x[i]); });
+  detail::for_each_element<K, N>([&](int i, int r, int col) { sb[r * N + col] = float(b.x[i]); });
+  detail::for_each_element<M, N>([&](int i, int r, int col) { sc[r * N + col] = c.x[i]; });
   __syncwarp();
-  for (int i = 0; i < M * N; ++i) d.x[i] = out[i];
-  __syncwarp();  // every lane has its copy before the scratch is used again
+  if (::zf::emu::lane_id() == 0) detail::multiply(sc, sa, sb, M, N, K);
+  __syncwarp();
+  detail::for_each_element<M, N>([&](int i, int r, int col) { d.x[i] = sc[r * N + col]; });
+  __syncwarp();  // every lane has its share before the scratch is used again
 }
 
 }  // namespace nvcuda::wmma
