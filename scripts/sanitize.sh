@@ -164,15 +164,12 @@ gpu_repeats=":CudaKernels.*AtGpt2Shapes:CudaKernels.*IsDeterministic"
 asan_gpu_filter=$gpu_repeats
 # Under TSan: the emulation, both communicators on device buffers, the GPU
 # Device (each stream is a thread: a missing wait between two streams, or a
-# host read before a synchronize, is a race it reports) and the kernels of
-# the products, layernorm, softmax, attention, AdamW and the gradient norm,
-# and flash attention's on CUDA cores (float32) and on tensor cores (bf16).
+# host read before a synchronize, is a race it reports) and every kernel:
+# the products, layernorm, softmax, attention, the encoder, AdamW, the
+# gradient norm, and flash attention's on CUDA cores and on tensor cores.
 # Not, in CI: the repeats above; the tests over many rows, or that pass
 # millions of values through the gradient norm (its short tests stay: tails,
-# subnormals, unaligned starts, nothing); the encoder's (a block's GPU
-# threads are fibers, which TSan slows the most; its kernels run in the
-# stage test below); flash attention's on CUDA cores in bf16 (the float32
-# test's kernels, of another element type); the threads communicator on
+# subnormals, unaligned starts, nothing); the threads communicator on
 # device buffers at 8 and 9 ranks (1 to 4 run the same code). Of the stage
 # tests, every stage on 2 GPUs over NCCL in 2 steps of one sequence, bf16
 # computed in bf16 (each stage's compute and communication streams, stage
@@ -181,7 +178,7 @@ asan_gpu_filter=$gpu_repeats
 # take many times as long under TSan.
 tsan_tests+=(gpu_emulation gpu_kernels gpu_comm gpu_comm_threads gpu_stages_two_gpus_bf16_bf16)
 tsan_gpu_filter="$gpu_repeats:CudaKernels.*OverManyRows:SumSquaresCuda.RandomBits*:SumSquaresCuda.GradientLike*"
-tsan_gpu_filter+=":SumSquaresCuda.TopOfTheRange*:SumSquaresCuda.NonFinite*:CudaKernels.Encoder*:CudaKernels.FlashAttentionBf16"
+tsan_gpu_filter+=":SumSquaresCuda.TopOfTheRange*:SumSquaresCuda.NonFinite*"
 tsan_gpu_filter+=":N/CudaThreadsRanks.*/N8:N/CudaThreadsRanks.*/N9:N/HostSideRanks.*/N9"
 
 sanitizer_env() {  # $1: asan|tsan, $2: the report folder
