@@ -57,9 +57,9 @@ constexpr int kMaxThreads = 1024;
 // identity are one thread to it, in program order: a race between their
 // GPU threads goes unseen, and a report's stack below the access may mix
 // their frames. A block's threads take fibers in the order of their
-// indices (forward or backward; run_block), so where they wait before they
-// return, a prime count puts threads a power of two apart, the strides of
-// GPU code, on different identities.
+// indices (forward or backward; run_block), so for threads that wait
+// before returning, a prime count puts threads a power of two apart, the
+// strides of GPU code, on different identities.
 constexpr size_t kTsanIdentities = 31;
 
 struct Exchange {
@@ -166,6 +166,7 @@ struct Runner {
   std::vector<Warp> warps;
   unsigned char* dynamic = nullptr;  // the block's dynamic shared memory, 128-byte aligned
   size_t dynamic_bytes = 0;
+  std::unique_ptr<float[]> scratch{new float[size_t(kMaxThreads / 32) * kWarpScratch]};  // warp_scratch()
   std::string fault;    // set by a thread that faults (trap, a bad warp call)
   bool broken = false;  // fibers abandoned mid-kernel: made anew before the next block
 
@@ -273,6 +274,7 @@ void fiber_main() {
 }
 
 [[gnu::noinline]] Fiber* make_fiber(Runner& r) {
+  r.broken = true;  // until it is made: a fault here leaves the block's fibers mid-kernel
   auto f = std::make_unique<Fiber>();
   void* m = mmap(nullptr, r.guard + kStackBytes, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
@@ -288,6 +290,7 @@ void fiber_main() {
   f->tsan = r.tsan_ids[r.fibers.size() % kTsanIdentities];
 #endif
   r.fibers.push_back(std::move(f));
+  r.broken = false;
   return r.fibers.back().get();
 }
 
@@ -445,6 +448,13 @@ ZF_EMU_UNSEEN int lane_id() {
 unsigned char* dynamic_shared() {
   me("dynamic shared memory");
   return runs().dynamic;
+}
+
+float* warp_scratch() {
+  const GpuThread& t = me("a warp's scratch");
+  const uint3 i = t.place.thread;
+  const dim3 d = t.place.block_dim;
+  return runs().scratch.get() + size_t((i.x + d.x * (i.y + d.y * i.z)) / 32) * kWarpScratch;
 }
 
 // Thread t arrives at the block's barrier of generation gen; the last to

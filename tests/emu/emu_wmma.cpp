@@ -1,23 +1,12 @@
-// emu_wmma.cpp: what mma.h's WMMA calls need of the emulated GPU: each
-// warp's scratch, the product, and the operand checks the hardware makes.
+// emu_wmma.cpp: what mma.h's WMMA calls need of the emulated GPU: the
+// product, and the operand checks the hardware makes.
 #include <mma.h>
 
 #include <cstdint>
-#include <memory>
 
 #include "emu_runtime.h"
 
 namespace nvcuda::wmma::detail {
-
-float* warp_scratch() {
-  // Per stream thread, which runs one block at a time; made by the first
-  // product it runs.
-  static thread_local std::unique_ptr<float[]> scratch;
-  if (!scratch) scratch = std::make_unique<float[]>(size_t(32) * kScratch);
-  const zf::emu::ThreadPlace& p = zf::emu::here();
-  const unsigned linear = p.thread.x + p.block_dim.x * (p.thread.y + p.block_dim.y * p.thread.z);
-  return scratch.get() + size_t(linear / 32) * kScratch;
-}
 
 // The tiles are the emulation's, written and read by the lanes around this
 // call, which its syncwarps order: ThreadSanitizer need not see each of

@@ -173,9 +173,8 @@ TEST(EmulatedGpu, UnderThreadSanitizerAMissingBarrierIsARace) {
   const Case cases[] = {{0, 1, 0}, {62, 94, 0}, {15, 79, 0}, {62, 94, 1}};
   for (const Case& c : cases) {
     const std::string name = std::to_string(c.writer) + "," + std::to_string(c.reader) + "," + std::to_string(c.barrier);
-    // TSan's exit status is 66 where it reported.
     const std::string command = "ZF_EMU_RACE=" + name + " TSAN_OPTIONS='" + (options ? options : "") +
-                                ":log_path=stderr' '" + self +
+                                ":log_path=stderr:exitcode=66' '" + self +
                                 "' --gtest_filter=EmulatedGpu.UnderThreadSanitizerAMissingBarrierIsARace 2>&1";
     std::string output;
     FILE* p = popen(command.c_str(), "r");

@@ -1,10 +1,11 @@
 // mma.h of the emulated GPU (zf_emu.h): nvcuda::wmma's fragments and their
 // warp-wide load, store, fill and multiply-accumulate. The API hides which
 // lane holds which element, so any layout that its calls treat consistently
-// is faithful: here, as on the hardware, the warp's lanes share the tile,
-// lane l holding elements l, l + 32, l + 64, ... of it (row-major: M x K,
-// K x N or M x N), num_elements of them. A product gathers the three tiles
-// into the warp's scratch, where lane 0 multiplies, products exact and sums
+// is faithful: here the warp's lanes share the tile, as the hardware's do
+// (in an order of its own), lane l holding elements l, l + 32, ... of it
+// (row-major: M x K, K x N or M x N), num_elements of them. A product
+// gathers the three tiles into the warp's scratch (zf_emu.h's
+// warp_scratch), where lane 0 multiplies, products exact and sums
 // in float32 in k order, as the hardware's bf16 MMA with a float32
 // accumulator does up to the order of its additions. Like the hardware,
 // each call requires the whole warp: a syncwarp checks that every lane
@@ -42,9 +43,6 @@ struct Shape<accumulator, M, N, K> {
   static constexpr int rows = M, cols = N;
 };
 void check_operands(const void* p, unsigned ldm, unsigned elem_bytes);
-// The calling warp's scratch: kScratch floats, room for a product's three tiles.
-constexpr int kScratch = 1024;
-float* warp_scratch();
 // c += a b, row-major M x N, M x K and K x N tiles of the warp's scratch.
 void multiply(float* c, const float* a, const float* b, int M, int N, int K);
 }  // namespace detail
@@ -113,9 +111,9 @@ void store_matrix_sync(T* p, const fragment<accumulator, M, N, K, T>& f, unsigne
 template <int M, int N, int K, class TA, class LA, class TB, class LB>
 void mma_sync(fragment<accumulator, M, N, K, float>& d, const fragment<matrix_a, M, N, K, TA, LA>& a,
               const fragment<matrix_b, M, N, K, TB, LB>& b, const fragment<accumulator, M, N, K, float>& c) {
-  static_assert(M * K + K * N + M * N <= detail::kScratch, "a WMMA shape");
+  static_assert(M * K + K * N + M * N <= ::zf::emu::kWarpScratch, "a WMMA shape");
   __syncwarp();
-  float* const sa = detail::warp_scratch();
+  float* const sa = ::zf::emu::warp_scratch();
   float* const sb = sa + M * K;
   float* const sc = sb + K * N;
   detail::for_each_element<M, K>([&](int i, int r, int col) { sa[r * K + col] = float(a.x[i]); });

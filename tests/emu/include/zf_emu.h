@@ -85,6 +85,11 @@ int lane_id();
 // The block's dynamic shared memory (the launch's shared_bytes).
 unsigned char* dynamic_shared();
 
+// The calling warp's kWarpScratch floats, for the emulation's own use
+// (mma.h's products); made with the stream thread's runner, before any block.
+constexpr int kWarpScratch = 1024;
+float* warp_scratch();
+
 // A launch: checks the configuration as the hardware does (an error then
 // leaves cudaErrorInvalidConfiguration and runs nothing), then enqueues
 // body on the stream, run by every thread of every block.
