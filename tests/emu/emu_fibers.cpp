@@ -450,11 +450,9 @@ unsigned char* dynamic_shared() {
   return runs().dynamic;
 }
 
-float* warp_scratch() {
-  const GpuThread& t = me("a warp's scratch");
-  const uint3 i = t.place.thread;
-  const dim3 d = t.place.block_dim;
-  return runs().scratch.get() + size_t((i.x + d.x * (i.y + d.y * i.z)) / 32) * kWarpScratch;
+ZF_EMU_UNSEEN float* warp_scratch() {
+  me("a warp's scratch");
+  return runs().scratch.get() + size_t(runs().current / 32) * kWarpScratch;
 }
 
 // Thread t arrives at the block's barrier of generation gen; the last to

@@ -50,8 +50,7 @@ void multiply(float* c, const float* a, const float* b, int M, int N, int K);
 template <class Use, int M, int N, int K, class T, class Layout = void>
 struct fragment {
   static constexpr int rows = detail::Shape<Use, M, N, K>::rows, cols = detail::Shape<Use, M, N, K>::cols;
-  static constexpr int tile = rows * cols;
-  static constexpr int num_elements = (tile + 31) / 32;  // this lane's share
+  static constexpr int num_elements = (rows * cols + 31) / 32;  // this lane's share
   T x[num_elements];  // x[i]: the tile's element lane + 32 i
 };
 
