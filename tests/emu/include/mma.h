@@ -59,11 +59,7 @@ namespace detail {
 // rows x cols tile, at row r, column c.
 template <int rows, int cols, class Fn>
 void for_each_element(Fn&& fn) {
-  const int lane = ::zf::emu::lane_id();
-  for (int i = 0; i < (rows * cols + 31) / 32; ++i) {
-    const int e = lane + 32 * i;
-    if (e < rows * cols) fn(i, e / cols, e % cols);
-  }
+  for (int i = 0, e = ::zf::emu::lane_id(); e < rows * cols; ++i, e += 32) fn(i, e / cols, e % cols);
 }
 }  // namespace detail
 
