@@ -4,8 +4,6 @@
 
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -19,6 +17,7 @@
 #include "check.h"
 #include "config.h"
 #include "data_parallel.h"
+#include "run_command.h"
 #include "runner.h"
 
 namespace zf::test {
@@ -90,23 +89,6 @@ inline std::string address_space_limit(const std::string& kb) {
 #else
   return "ulimit -v " + kb + "; ";
 #endif
-}
-
-struct ProcessResult {
-  int exit_code;
-  std::string output;  // stdout and stderr together
-};
-
-// Runs `command` through the shell, capturing stdout+stderr.
-inline ProcessResult run_command(const std::string& command) {
-  ProcessResult r{-1, ""};
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.output.append(buf.data(), n);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
 }
 
 // The peak resident bytes of a forked child that runs fn (wait4's). The

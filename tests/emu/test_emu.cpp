@@ -12,15 +12,15 @@
 #include <nccl.h>
 #endif
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "run_command.h"
 
 namespace {
 
@@ -175,18 +175,13 @@ TEST(EmulatedGpu, UnderThreadSanitizerAMissingBarrierIsARace) {
     const std::string name = std::to_string(c.writer) + "," + std::to_string(c.reader) + "," + std::to_string(c.barrier);
     const std::string command = "ZF_EMU_RACE=" + name + " TSAN_OPTIONS='" + (options ? options : "") +
                                 ":log_path=stderr:exitcode=66' '" + self +
-                                "' --gtest_filter=EmulatedGpu.UnderThreadSanitizerAMissingBarrierIsARace 2>&1";
-    std::string output;
-    FILE* p = popen(command.c_str(), "r");
-    ASSERT_NE(p, nullptr);
-    char buf[4096];
-    while (size_t got = std::fread(buf, 1, sizeof buf, p)) output.append(buf, got);
-    const int status = pclose(p);
+                                "' --gtest_filter=EmulatedGpu.UnderThreadSanitizerAMissingBarrierIsARace";
+    const auto [status, output] = zf::test::run_command(command);
     const std::string what = "writer, reader, barrier " + name + ":\n" + output;
     EXPECT_NE(output.find("[  PASSED  ] 1 test."), std::string::npos) << what;
     const bool reported = output.find("ThreadSanitizer: data race") != std::string::npos;
     EXPECT_EQ(reported, !c.barrier) << what;
-    EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, c.barrier ? 0 : 66) << what;
+    EXPECT_EQ(status, c.barrier ? 0 : 66) << what;
     if (!c.barrier) {
       EXPECT_NE(output.find("pair_kernel"), std::string::npos) << what;
     }
