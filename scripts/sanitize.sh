@@ -266,25 +266,23 @@ run_sanitizer() {  # $1: asan|tsan
   # Regenerated now (after a configure above, or a meson.build's change),
   # so that the tests, their order and the targets read below are current.
   ninja -C "$dir" build.ninja >/dev/null || ninja -C "$dir" build.ninja || { echo "$san: meson regenerate failed"; return 1; }
-  # full: every GPU test there is (tests/meson.build names them gpu_*).
-  if [[ $which == full ]]; then
-    mapfile -t -O "${#tests[@]}" tests < <(meson introspect "$dir" --tests |
-      python3 -c 'import json, sys; sys.stdout.writelines(t["name"] + "\n" for t in json.load(sys.stdin) if t["name"].startswith("gpu_"))')
-  fi
   # In meson's order (the suites' priorities, tests/meson.build: the long
   # ones first), which meson test keeps only for tests it is not given by
-  # name. A name the build has no test of is refused here: meson test
+  # name; full adds every GPU test there is (tests/meson.build names them
+  # gpu_*). A name the build has no test of is refused here: meson test
   # would pass over it.
   local ordered
   ordered=$(meson introspect "$dir" --tests | python3 -c '
 import json, sys
-names = sys.argv[1:]
-known = [t["name"] for t in json.load(sys.stdin) if t["name"] in names]
-unknown = sorted(set(names) - set(known))
+which, names = sys.argv[1], set(sys.argv[2:])
+known = [t["name"] for t in json.load(sys.stdin)]
+if which == "full":
+    names.update(t for t in known if t.startswith("gpu_"))
+unknown = sorted(names - set(known))
 if unknown:
     sys.exit("no test named " + ", ".join(unknown))
-print("\n".join(known))
-' "${tests[@]}") || { echo "$san: the tests to run could not be read from $dir"; return 1; }
+print("\n".join(t for t in known if t in names))
+' "$which" "${tests[@]}") || { echo "$san: the tests to run could not be read from $dir"; return 1; }
   mapfile -t tests <<<"$ordered"
   mkdir -p "$dir/tests/results" "$dir/sanitizer-reports"
   local targets
