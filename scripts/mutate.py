@@ -183,6 +183,10 @@ MUTATIONS = [
     ("nccl_split_stream", "common/cuda/nccl/comm_nccl.cpp",
      "  made->set_compute_stream(compute_stream_);\n", "",
      ["gpu_comm"], "a split's child ordered after the default stream, not the rank's"),
+    ("gpu_nccl_last_update", "03_zero3/zero3.cpp",
+     "    for (int u = 0; u < U; ++u)\n      states.opt.update(",
+     "    for (int u = 0; u < U && step + 1 < cfg.steps; ++u)\n      states.opt.update(",
+     ["gpu_stages_nccl_fp32"], "ZeRO-3 skipping its last update, which over NCCL only the held-out loss after it sees"),
 ]
 
 

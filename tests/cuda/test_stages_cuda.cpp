@@ -69,29 +69,52 @@ const Stage kStages[] = {{"zero1", test::run_of(train_zero1)},
                          {"fsdp", test::run_of(train_fsdp)},
                          {"offload", test::run_of(train_offload)}};
 
+// Whether cfg's ranks talk over NCCL (else the threads backend on device
+// buffers, in rank order), as launch.cpp chooses.
+bool over_nccl(const TrainConfig& cfg) {
+#if defined(ZF_HAVE_NCCL)
+  return cfg.ranks > 1 && cuda_device_count() >= cfg.ranks;
+#else
+  return false;
+#endif
+}
+
+// cfg, and where its ranks talk over NCCL a held-out loss of one batch
+// before the first step and after the last: there the final parameters are
+// compared through it (expect_stages_match), since no training loss sees
+// the last update.
+TrainConfig with_final_eval(TrainConfig cfg) {
+  if (!over_nccl(cfg)) return cfg;
+  cfg.val_every = cfg.steps;
+  cfg.val_batches = 1;
+  return cfg;
+}
+
 // Every stage of cfg against stage 00 of cfg (ref), on every rank: the same
 // losses and final parameters to the bit, or, where the ranks talk over
-// NCCL, the same losses within `tol` (NCCL's sums are not in rank order:
-// reduce_scatter + all_gather need not equal all_reduce bit for bit; an
-// update 1% off moves the loss by far more than the tolerances used here).
+// NCCL, the same losses and held-out losses within `tol` (NCCL's sums are
+// not in rank order: reduce_scatter + all_gather need not equal all_reduce
+// bit for bit; an update 1% off moves the loss by far more than the
+// tolerances used here).
 void expect_stages_match(const TrainConfig& cfg, const RunResult& ref, double tol) {
-#if defined(ZF_HAVE_NCCL)
-  const bool nccl = cfg.ranks > 1 && cuda_device_count() >= cfg.ranks;  // as launch.cpp chooses
-#else
-  const bool nccl = false;  // the threads backend on device buffers, in rank order
-#endif
+  const bool nccl = over_nccl(cfg);
+  if (nccl) ASSERT_EQ(ref.ranks[0].val_losses.size(), 2u) << "cfg is not with_final_eval's";
   for (const Stage& st : kStages) {
     SCOPED_TRACE(st.name);
     const RunResult got = st.run(cfg);
     ASSERT_EQ(got.ranks.size(), size_t(cfg.ranks));
     for (const auto& rank : got.ranks) {
       ASSERT_EQ(rank.losses.size(), ref.ranks[0].losses.size());
+      ASSERT_EQ(rank.val_losses.size(), ref.ranks[0].val_losses.size());
       if (nccl) {
         for (size_t s = 0; s < rank.losses.size(); ++s)
           EXPECT_NEAR(rank.losses[s], ref.ranks[0].losses[s], tol);
+        for (size_t e = 0; e < rank.val_losses.size(); ++e)
+          EXPECT_NEAR(rank.val_losses[e].second, ref.ranks[0].val_losses[e].second, tol);
         continue;
       }
       EXPECT_EQ(rank.losses, ref.ranks[0].losses);
+      EXPECT_EQ(rank.val_losses, ref.ranks[0].val_losses);
       EXPECT_EQ(rank.param_hash, ref.ranks[0].param_hash);
     }
   }
@@ -99,7 +122,7 @@ void expect_stages_match(const TrainConfig& cfg, const RunResult& ref, double to
 
 // `tiny`, one recipe a test: every stage against stage 00 on N ranks.
 void expect_every_stage_matches(const Recipe& r, int N, int steps = 3, int batch = 2) {
-  const TrainConfig cfg = gpu_config("tiny", r.precision, r.compute, N, steps, batch);
+  const TrainConfig cfg = with_final_eval(gpu_config("tiny", r.precision, r.compute, N, steps, batch));
   const RunResult ref = run_training(cfg, train_data_parallel);
   ASSERT_EQ(ref.ranks[0].losses.size(), size_t(steps));
   expect_stages_match(cfg, ref, r.compute == DType::bf16 ? 3e-3 : 2e-4);
@@ -134,18 +157,27 @@ INSTANTIATE_TEST_SUITE_P(Recipes, GpuStagesByRecipe, ::testing::ValuesIn(kRecipe
                          [](const ::testing::TestParamInfo<Recipe>& info) { return std::string(info.param.tag); });
 
 // The `small` preset (four blocks, T = 128: every kernel's tiles past one
-// block, attention past one tile), bf16 computed in bf16, 4 ranks: every
-// stage against stage 00 on the GPU, and stage 00 within DataParallelMatchesTheCpu's
-// tolerance of the CPU.
+// block, attention past one tile): every stage against stage 00 on the GPU,
+// and stage 00 within DataParallelMatchesTheCpu's tolerance of the CPU; bf16
+// computed in bf16 on 4 ranks (over NCCL where there are 4 GPUs), and fp32
+// on one rank, to the bit.
 TEST(GpuStages, SmallTrainsOnEveryStageLikeDataParallelAndTheCpu) {
   SKIP_WITHOUT_GPU();
-  const TrainConfig cfg = gpu_config("small", Precision::bf16, DType::bf16, 4, 2);
-  TrainConfig cpu = cfg;
-  cpu.device = "cpu";
-  const RunResult ref = run_training(cfg, train_data_parallel);
-  ASSERT_EQ(ref.ranks[0].losses.size(), 2u);
-  EXPECT_LT(max_loss_diff(ref, run_training(cpu, train_data_parallel)), 3e-3);
-  expect_stages_match(cfg, ref, 3e-3);
+  const struct {
+    Recipe recipe;
+    int ranks;
+  } runs[] = {{kRecipes[2], 4}, {kRecipes[0], 1}};
+  for (const auto& [r, N] : runs) {
+    SCOPED_TRACE(std::string(r.name) + ", " + std::to_string(N) + " ranks");
+    const TrainConfig cfg = with_final_eval(gpu_config("small", r.precision, r.compute, N, 2));
+    TrainConfig cpu = cfg;
+    cpu.device = "cpu";
+    const double tol = r.compute == DType::bf16 ? 3e-3 : 2e-4;
+    const RunResult ref = run_training(cfg, train_data_parallel);
+    ASSERT_EQ(ref.ranks[0].losses.size(), 2u);
+    EXPECT_LT(max_loss_diff(ref, run_training(cpu, train_data_parallel)), tol);
+    expect_stages_match(cfg, ref, tol);
+  }
 }
 
 // Stage 00 on the GPU against stage 00 on the CPU, same data, same init.
