@@ -285,6 +285,13 @@ cudaError_t cudaMemPoolSetAccess(cudaMemPool_t pool, const cudaMemAccessDesc* de
     if (descs[i].location.type != cudaMemLocationTypeDevice || descs[i].location.id < 0 ||
         descs[i].location.id >= count())
       return ret(cudaErrorInvalidValue);
+  Device& d = *reinterpret_cast<Device*>(pool);
+  const TsanQuiet quiet;
+  std::lock_guard<std::mutex> lock(d.mu);
+  for (size_t i = 0; i < n; ++i) {
+    if (descs[i].flags == cudaMemAccessFlagsProtNone) d.pool_access.erase(descs[i].location.id);
+    else d.pool_access.insert(descs[i].location.id);
+  }
   return cudaSuccess;
 }
 cudaError_t cudaMallocFromPoolAsync(void** p, size_t bytes, cudaMemPool_t pool, cudaStream_t stream) {
@@ -296,7 +303,7 @@ cudaError_t cudaMallocFromPoolAsync(void** p, size_t bytes, cudaMemPool_t pool, 
   if (const cudaError_t e = sticky(dev)) return ret(e);
   if (bytes == 0) return cudaSuccess;
   if (bytes > kTotalBytes) return ret(cudaErrorInvalidValue);
-  *p = allocate(bytes, dev);
+  *p = allocate(bytes, dev, true);
   return *p ? cudaSuccess : ret(cudaErrorMemoryAllocation);
 }
 cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t stream) {

@@ -51,7 +51,8 @@ struct Device {
   std::mutex mu;  // the members below
   std::unique_ptr<Stream> legacy;
   std::set<Stream*> streams;  // created ones
-  std::set<int> peers;
+  std::set<int> peers;        // devices whose cudaMalloc'd memory it may reach (cudaDeviceEnablePeerAccess)
+  std::set<int> pool_access;  // devices that may reach its pool's memory (cudaMemPoolSetAccess)
   bool used = false;  // its context exists (some memory is the context's)
 };
 
@@ -100,7 +101,7 @@ void wait_record(Event& ev, uint64_t seq);
 // Memory
 bool is_device_memory(const void* p, size_t bytes, int* device_out = nullptr);
 int memory_type(const void* p, int* dev);
-void* allocate(size_t bytes, int dev);
+void* allocate(size_t bytes, int dev, bool pooled = false);  // pooled: from the device's memory pool
 bool release(void* p, bool device_memory);
 size_t device_bytes_in_use(int dev);
 void allow_dynamic_shared(const void* kernel, size_t bytes);

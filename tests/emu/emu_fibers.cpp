@@ -550,7 +550,7 @@ void warp_exchange(unsigned mask, WarpOp op, uint64_t mine, uint64_t out[32], in
 }
 
 void launch_body(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
-                 std::function<void()> body) {
+                 std::vector<uintptr_t> words, std::function<void()> body) {
   const unsigned long long threads = 1ull * block.x * block.y * block.z;
   const bool bad = block.x == 0 || block.y == 0 || block.z == 0 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
                    threads > kMaxThreads || block.x > 1024 || block.y > 1024 || block.z > 64 ||
@@ -564,7 +564,9 @@ void launch_body(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes,
     set_last_error(e);
     return;
   }
-  enqueue_on(stream, [grid, block, shared_bytes, body = std::move(body)] {
+  enqueue_on(stream, [grid, block, shared_bytes, dev = stream_device(stream), words = std::move(words),
+                      body = std::move(body)] {
+    check_reach(dev, words);
     if (!runner) {
       static thread_local Runner mine;
       runner = &mine;

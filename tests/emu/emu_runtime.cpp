@@ -75,7 +75,8 @@ constexpr std::chrono::milliseconds kLateStart{2};   // how long work nobody wai
 
 struct Block {
   size_t bytes;
-  int device;  // -1: pinned host memory
+  int device;           // -1: pinned host memory
+  bool pooled = false;  // from the device's memory pool (cudaMallocAsync)
 };
 
 std::mutex registry_mu;
@@ -312,7 +313,7 @@ size_t rounded_size(size_t bytes) {
 
 }  // namespace
 
-void* allocate(size_t bytes, int dev) {
+void* allocate(size_t bytes, int dev, bool pooled) {
   const size_t rounded = rounded_size(bytes);
   {
     const TsanQuiet quiet;
@@ -329,7 +330,7 @@ void* allocate(size_t bytes, int dev) {
 #endif
   const TsanQuiet quiet;
   std::lock_guard<std::mutex> lock(registry_mu);
-  registry[reinterpret_cast<uintptr_t>(p)] = Block{bytes, dev};
+  registry[reinterpret_cast<uintptr_t>(p)] = Block{bytes, dev, pooled};
   if (dev >= 0) device_bytes[dev] += rounded;
   return p;
 }
@@ -412,6 +413,38 @@ cudaError_t set_last_error(cudaError_t e) { return ret(e); }
 
 bool device_range(const void* p, size_t bytes, int* device) {
   return is_device_memory(p, bytes, device);
+}
+
+void check_reach(int dev, const std::vector<uintptr_t>& words) {
+  for (const uintptr_t w : words) {
+    Block b{};
+    {
+      const TsanQuiet quiet;
+      std::lock_guard<std::mutex> lock(registry_mu);
+      auto it = registry.upper_bound(w);
+      if (it == registry.begin()) continue;
+      --it;
+      // Inside it (an end pointer, one past, is never dereferenced).
+      if (w >= it->first + std::max<size_t>(it->second.bytes, 1)) continue;
+      b = it->second;
+    }
+    if (b.device < 0 || b.device == dev) continue;
+    // Pool memory is opened by its pool, cudaMalloc'd memory by the reader's peers.
+    Device& d = device(b.pooled ? b.device : dev);
+    bool open;
+    {
+      const TsanQuiet quiet;
+      std::lock_guard<std::mutex> lock(d.mu);
+      open = b.pooled ? d.pool_access.count(dev) > 0 : d.peers.count(b.device) > 0;
+    }
+    if (!open)
+      fault(cudaErrorIllegalAddress,
+            "a kernel on GPU " + std::to_string(dev) + " reaches memory of GPU " + std::to_string(b.device) +
+                (b.pooled ? " from its memory pool, which cudaMemPoolSetAccess has not opened to GPU " +
+                                std::to_string(dev)
+                          : ", and cudaDeviceEnablePeerAccess(" + std::to_string(b.device) +
+                                ") has not been called on GPU " + std::to_string(dev)));
+  }
 }
 
 int current_device_id() { return current_device; }

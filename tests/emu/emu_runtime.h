@@ -6,8 +6,10 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 // Which sanitizer the build runs under (GCC says it one way, Clang another).
 #if defined(__SANITIZE_ADDRESS__)
@@ -56,6 +58,15 @@ cudaError_t stream_error(cudaStream_t stream);
 // Whether [p, p + bytes) lies inside one device allocation (and on which
 // device, into *device when not null).
 bool device_range(const void* p, size_t bytes, int* device = nullptr);
+
+// A kernel on `device` given `words` (its arguments, 8 bytes at a time, so
+// that a struct's pointers count too) faults with cudaErrorIllegalAddress,
+// as on the GPU, when one points into another device's memory that `device`
+// may not reach: cudaMalloc'd memory without cudaDeviceEnablePeerAccess,
+// pool memory (cudaMallocAsync) without cudaMemPoolSetAccess. A size or a
+// value that happens to equal such an address would count too; they are
+// far below the heap's addresses. Called on the stream's thread.
+void check_reach(int device, const std::vector<uintptr_t>& words);
 
 // The calling host thread's current device (cudaSetDevice).
 int current_device_id();

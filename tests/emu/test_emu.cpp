@@ -87,6 +87,13 @@ int* device_ints(int n) {
   EXPECT_EQ(cudaMalloc(&p, n * sizeof(int)), cudaSuccess);
   return p;
 }
+// This program's path, for the tests that run a case in a child process.
+std::string self_exe() {
+  std::string self(4096, '\0');
+  const ssize_t n = readlink("/proc/self/exe", self.data(), self.size());
+  self.resize(n > 0 ? size_t(n) : 0);
+  return self;
+}
 std::vector<int> host(const int* d, int n) {
   std::vector<int> h(static_cast<size_t>(n));
   EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
@@ -161,10 +168,8 @@ TEST(EmulatedGpu, UnderThreadSanitizerAMissingBarrierIsARace) {
     cudaFree(d);
     return;
   }
-  std::string self(4096, '\0');
-  const ssize_t n = readlink("/proc/self/exe", self.data(), self.size());
-  ASSERT_GT(n, 0);
-  self.resize(size_t(n));
+  const std::string self = self_exe();
+  ASSERT_FALSE(self.empty());
   const char* options = std::getenv("TSAN_OPTIONS");
   struct Case {
     int writer, reader, barrier;
@@ -400,6 +405,67 @@ TEST(EmulatedGpu, GemmIsColumnMajorWithTransposes) {
   cudaFree(dA);
   cudaFree(dB);
   cudaFree(dC);
+}
+
+// A kernel given another GPU's memory faults (cudaErrorIllegalAddress), as
+// on the GPU, unless that memory is open to it: cudaMalloc'd memory after
+// cudaDeviceEnablePeerAccess, pool memory (cudaMallocAsync) after
+// cudaMemPoolSetAccess, which peer access does not stand for. Each case in
+// a child process (ZF_EMU_REACH), where GPU 1 writes into GPU 0's memory:
+// a fault fails its GPU for the rest of the process, and peer access once
+// enabled stays.
+TEST(EmulatedGpu, AKernelReachesAnotherGpusMemoryOnlyWhereItIsOpen) {
+  if (const char* reach = std::getenv("ZF_EMU_REACH")) {
+    const std::string how = reach;
+    const bool pooled = how.find("pool") == 0, peer = how.find("peer") != std::string::npos,
+               access = how.find("access") != std::string::npos;
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    int* d = nullptr;
+    if (pooled) {
+      ASSERT_EQ(cudaMallocAsync(reinterpret_cast<void**>(&d), 32 * sizeof(int), nullptr), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+    } else {
+      d = device_ints(32);
+    }
+    ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+    if (peer) {
+      ASSERT_EQ(cudaDeviceEnablePeerAccess(0, 0), cudaSuccess);
+    }
+    if (access) {
+      cudaMemPool_t pool0 = nullptr;
+      ASSERT_EQ(cudaDeviceGetDefaultMemPool(&pool0, 0), cudaSuccess);
+      cudaMemAccessDesc from1{};
+      from1.location.type = cudaMemLocationTypeDevice;
+      from1.location.id = 1;
+      from1.flags = cudaMemAccessFlagsProtReadWrite;
+      ASSERT_EQ(cudaMemPoolSetAccess(pool0, &from1, 1), cudaSuccess);
+    }
+    zf::emu::launch(write_kernel, 1, 32, 0, nullptr, d, 7, 32);
+    const bool open = pooled ? access : peer;
+    ASSERT_EQ(cudaDeviceSynchronize(), open ? cudaSuccess : cudaErrorIllegalAddress);
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    if (open) {
+      EXPECT_EQ(host(d, 32), std::vector<int>(32, 7));
+    }
+    if (pooled) {
+      EXPECT_EQ(cudaFreeAsync(d, nullptr), cudaSuccess);
+      EXPECT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+    } else {
+      EXPECT_EQ(cudaFree(d), cudaSuccess);
+    }
+    return;
+  }
+  const std::string self = self_exe();
+  ASSERT_FALSE(self.empty());
+  for (const std::string how : {"malloc", "malloc,peer", "pool,peer", "pool,access"}) {
+    const auto [status, output] = zf::test::run_command(
+        "ZF_EMU_REACH=" + how + " '" + self + "' --gtest_filter=EmulatedGpu.AKernelReachesAnotherGpusMemoryOnlyWhereItIsOpen");
+    EXPECT_EQ(status, 0) << how << ":\n" << output;
+    EXPECT_NE(output.find("[  PASSED  ] 1 test."), std::string::npos) << how << ":\n" << output;
+    const bool fault = how == "malloc" || how == "pool,peer";
+    EXPECT_EQ(output.find("a kernel on GPU 1 reaches memory of GPU 0") != std::string::npos, fault)
+        << how << ":\n" << output;
+  }
 }
 
 TEST(EmulatedGpu, AGemmPastItsOperandsIsAnIllegalAddress) {

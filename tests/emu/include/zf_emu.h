@@ -27,6 +27,7 @@
 #include <cstring>
 #include <functional>
 #include <type_traits>
+#include <vector>
 
 // ------------------------------------------------------------ the language
 #define __global__
@@ -92,16 +93,31 @@ float* warp_scratch();
 
 // A launch: checks the configuration as the hardware does (an error then
 // leaves cudaErrorInvalidConfiguration and runs nothing), then enqueues
-// body on the stream, run by every thread of every block.
+// body on the stream, run by every thread of every block once the
+// arguments' words (pointers among them) are checked to be memory the
+// stream's device may reach.
 void launch_body(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
-                 std::function<void()> body);
+                 std::vector<uintptr_t> words, std::function<void()> body);
+
+namespace detail {
+template <class T>
+void append_words(std::vector<uintptr_t>& out, const T& arg) {
+  for (size_t at = 0; at + sizeof(uintptr_t) <= sizeof(T); at += sizeof(uintptr_t)) {
+    uintptr_t w;
+    std::memcpy(&w, reinterpret_cast<const char*>(&arg) + at, sizeof w);
+    out.push_back(w);
+  }
+}
+}  // namespace detail
 
 // kernel<<<grid, block, shared_bytes, stream>>>(args...): the arguments are
 // copied now, as a launch copies them.
 template <class... Params>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
             std::type_identity_t<Params>... args) {
-  launch_body(reinterpret_cast<const void*>(kernel), grid, block, shared_bytes, stream,
+  std::vector<uintptr_t> words;
+  (detail::append_words(words, args), ...);
+  launch_body(reinterpret_cast<const void*>(kernel), grid, block, shared_bytes, stream, std::move(words),
               [kernel, args...]() { kernel(args...); });
 }
 
