@@ -252,25 +252,31 @@ class HostMem final : public RankMem {
   Bytes a_, b_;
 };
 
-// Device buffers on `device`; inputs are written on the rank's compute
-// stream, truly asynchronously (from pinned staging memory, so the copy is
-// still queued when the collective is issued: the collective must wait for
-// it), after a host callback sleeping delay_ms on that stream when
-// delay_ms > 0.
+// Device buffers on `device`, A and B: one from the device's memory pool,
+// as the GPU Device allocates, the other from cudaMalloc; A from the pool
+// on even GPUs, from cudaMalloc on odd ones. Ranks on several GPUs read
+// each other's A (the inputs), so both ways of opening memory to another
+// GPU are needed: cudaMemPoolSetAccess for a pool, cudaDeviceEnablePeerAccess
+// for cudaMalloc. Inputs are written on the rank's compute stream, truly
+// asynchronously (from pinned staging memory, so the copy is still queued
+// when the collective is issued: the collective must wait for it), after a
+// host callback sleeping delay_ms on that stream when delay_ms > 0.
 class CudaMem final : public RankMem {
  public:
   CudaMem(int device, cudaStream_t stream, size_t bytes, int delay_ms = 0)
       : device_(device), stream_(stream), delay_{delay_ms}, bytes_(bytes) {
     CUDA_CHECK(cudaSetDevice(device_));
-    CUDA_CHECK(cudaMalloc(&a_, bytes));
-    CUDA_CHECK(cudaMalloc(&b_, bytes));
+    CUDA_CHECK(cudaMallocAsync(from_pool(), bytes, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));  // usable on every stream from here
+    CUDA_CHECK(cudaMalloc(from_malloc(), bytes));
     for (auto& s : staging_) CUDA_CHECK(cudaMallocHost(&s, bytes));
   }
   ~CudaMem() override {
     cudaSetDevice(device_);
+    cudaDeviceSynchronize();  // every stream's use of them, as cudaFree waits
+    cudaFreeAsync(*from_pool(), stream_);
     cudaStreamSynchronize(stream_);
-    cudaFree(a_);
-    cudaFree(b_);
+    cudaFree(*from_malloc());
     for (void* s : staging_) cudaFreeHost(s);
   }
   char* buf(int which) override { return static_cast<char*>(which ? b_ : a_); }
@@ -296,6 +302,8 @@ class CudaMem final : public RankMem {
 
  private:
   static constexpr int kSlots = 4;
+  void** from_pool() { return device_ % 2 ? &b_ : &a_; }
+  void** from_malloc() { return device_ % 2 ? &a_ : &b_; }
   int device_;
   cudaStream_t stream_;
   zf::test::Stall delay_;  // the host callback reads it while the stream runs
