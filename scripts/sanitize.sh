@@ -174,8 +174,8 @@ asan_gpu_filter=$gpu_repeats
 # tests, every stage on 2 GPUs over NCCL in 2 steps of one sequence, bf16
 # computed in bf16 (each stage's compute and communication streams, stage
 # 04's prefetch, stage 05's copy stream, and what one step leaves the next);
-# the four-rank and one-GPU runs of 3 steps, and the other recipes, would
-# take many times as long under TSan.
+# the four-rank and one-GPU runs of two sequences a rank, and the other
+# recipes, would take many times as long under TSan.
 tsan_tests+=(gpu_emulation gpu_kernels gpu_comm gpu_comm_threads gpu_stages_two_gpus_bf16_bf16)
 tsan_gpu_filter="$gpu_repeats:CudaKernels.*OverManyRows:SumSquaresCuda.RandomBits*:SumSquaresCuda.GradientLike*"
 tsan_gpu_filter+=":SumSquaresCuda.TopOfTheRange*:SumSquaresCuda.NonFinite*"
