@@ -23,9 +23,11 @@
 // issue with an Error. Ranks read and write each other's buffers directly:
 // on one GPU these are plain device pointers; across GPUs the factory
 // enables peer access between every pair of the group's GPUs
-// (cudaDeviceEnablePeerAccess, left enabled for the process) and raises an
-// Error if a pair cannot (no staging through host memory: use one GPU, or
-// the nccl backend, there).
+// (cudaDeviceEnablePeerAccess, for cudaMalloc'd memory) and opens each GPU's
+// memory pool to the others (cudaMemPoolSetAccess, for the stream-ordered
+// allocator's memory), both left for the process, and raises an Error if a
+// pair cannot (no staging through host memory: use one GPU, or the nccl
+// backend, there).
 //
 // Streams. Rank r's collectives come after the work issued so far on its
 // compute stream: at issue, the rank's thread records an event there; the

@@ -201,7 +201,8 @@ TEST(CudaThreads, AbortAndMismatchRaiseInsteadOfHanging) {
 }
 
 // The default placement, rank r on GPU r % count: on one GPU every rank on
-// GPU 0; on several, ranks on different GPUs through peer access.
+// GPU 0; on several, ranks on different GPUs through peer access and each
+// other's memory pools.
 TEST(CudaThreads, DefaultPlacementIsRankModuloGpuCount) {
   SKIP_WITHOUT_GPU();
   const int count = gpu_count();

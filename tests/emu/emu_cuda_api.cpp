@@ -281,11 +281,15 @@ cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, vo
 cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t) { return pool ? cudaSuccess : ret(cudaErrorInvalidValue); }
 cudaError_t cudaMemPoolSetAccess(cudaMemPool_t pool, const cudaMemAccessDesc* descs, size_t n) {
   if (!pool || (n > 0 && !descs)) return ret(cudaErrorInvalidValue);
+  // Read-write or none: a read-only grant is not emulated. The pool's own
+  // GPU keeps its access (CUDA: it cannot be revoked).
+  Device& d = *reinterpret_cast<Device*>(pool);
   for (size_t i = 0; i < n; ++i)
     if (descs[i].location.type != cudaMemLocationTypeDevice || descs[i].location.id < 0 ||
-        descs[i].location.id >= count())
+        descs[i].location.id >= count() ||
+        (descs[i].flags != cudaMemAccessFlagsProtReadWrite &&
+         (descs[i].flags != cudaMemAccessFlagsProtNone || descs[i].location.id == d.id)))
       return ret(cudaErrorInvalidValue);
-  Device& d = *reinterpret_cast<Device*>(pool);
   const TsanQuiet quiet;
   std::lock_guard<std::mutex> lock(d.mu);
   for (size_t i = 0; i < n; ++i) {
@@ -313,9 +317,17 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
   if (!p) return cudaSuccess;
   Stream* s = resolve(stream);
   if (!s) return ret(cudaErrorInvalidResourceHandle);
-  if (const cudaError_t e = sticky(s->device->id)) return ret(e);
   int dev = -1;
-  if (memory_type(p, &dev) != 2) return ret(cudaErrorInvalidValue);
+  const bool on_device = memory_type(p, &dev) == 2;
+  if (const cudaError_t e = sticky(s->device->id)) {
+    // As cudaFree: a failed device's memory goes with its context.
+    if (on_device && sticky(dev)) {
+      synchronize_device(device(dev));
+      release(p, true);
+    }
+    return ret(e);
+  }
+  if (!on_device) return ret(cudaErrorInvalidValue);
   enqueue_on(stream, [p] { release(p, true); });
   return cudaSuccess;
 }

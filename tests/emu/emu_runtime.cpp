@@ -416,19 +416,20 @@ bool device_range(const void* p, size_t bytes, int* device) {
 }
 
 void check_reach(int dev, const std::vector<uintptr_t>& words) {
-  for (const uintptr_t w : words) {
-    Block b{};
-    {
-      const TsanQuiet quiet;
-      std::lock_guard<std::mutex> lock(registry_mu);
+  std::vector<Block> others;  // the other GPUs' allocations the words point into
+  {
+    const TsanQuiet quiet;
+    std::lock_guard<std::mutex> lock(registry_mu);
+    for (const uintptr_t w : words) {
       auto it = registry.upper_bound(w);
       if (it == registry.begin()) continue;
       --it;
       // Inside it (an end pointer, one past, is never dereferenced).
       if (w >= it->first + std::max<size_t>(it->second.bytes, 1)) continue;
-      b = it->second;
+      if (it->second.device >= 0 && it->second.device != dev) others.push_back(it->second);
     }
-    if (b.device < 0 || b.device == dev) continue;
+  }
+  for (const Block& b : others) {
     // Pool memory is opened by its pool, cudaMalloc'd memory by the reader's peers.
     Device& d = device(b.pooled ? b.device : dev);
     bool open;

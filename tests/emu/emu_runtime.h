@@ -63,9 +63,11 @@ bool device_range(const void* p, size_t bytes, int* device = nullptr);
 // that a struct's pointers count too) faults with cudaErrorIllegalAddress,
 // as on the GPU, when one points into another device's memory that `device`
 // may not reach: cudaMalloc'd memory without cudaDeviceEnablePeerAccess,
-// pool memory (cudaMallocAsync) without cudaMemPoolSetAccess. A size or a
-// value that happens to equal such an address would count too; they are
-// far below the heap's addresses. Called on the stream's thread.
+// pool memory (cudaMallocAsync) without cudaMemPoolSetAccess; even one the
+// kernel would not dereference. A size, a value or a struct's padding that
+// happens to equal such an address would count too: sizes and values are
+// far from the heap's addresses, and the project's argument structs have
+// no padding. Called on the stream's thread.
 void check_reach(int device, const std::vector<uintptr_t>& words);
 
 // The calling host thread's current device (cudaSetDevice).
