@@ -217,7 +217,9 @@ def refresh_copy(src):
                 if x.read() == y.read():
                     continue
         os.makedirs(os.path.dirname(b), exist_ok=True)
-        shutil.copy2(a, b)
+        # Copied now (not with the tree's time, as copy2 would): newer than
+        # the copy's last build, which may postdate the tree's edit.
+        shutil.copy(a, b)
 
 
 def on_gpu(suites):
