@@ -19,6 +19,9 @@ TEST(CpuTransfers, CopiesRoundTripAndAreCounted) { test::expect_copies_round_tri
 TEST(CpuTransfers, CopiesAreOrdered) { test::expect_copies_ordered(*make_cpu_device()); }
 TEST(CpuTransfers, ADroppedTransferWaits) { test::expect_a_dropped_transfer_waits(*make_cpu_device()); }
 TEST(CpuDevice, AccumulateWidensAndAdds) { test::expect_accumulate_widens_and_adds(*make_cpu_device()); }
+TEST(CpuDevice, FoldAddsAndRoundsToNearestEven) {
+  test::expect_fold_adds_and_rounds_to_nearest_even(*make_cpu_device());
+}
 
 // A device whose pinned allocations the host refuses, as a host at its
 // locked-memory limit does.

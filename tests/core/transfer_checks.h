@@ -1,7 +1,8 @@
-// transfer_checks.h: what every Device's asynchronous copies and pinned
-// memory must do (device.h), checked through the interface alone, so the
-// CPU device (tests/core/test_transfer.cpp) and the GPU's
-// (tests/cuda/test_device_cuda.cpp) pass the same checks.
+// transfer_checks.h: what every Device's asynchronous copies, pinned memory
+// and mixed-precision sums (accumulate, fold) must do (device.h), checked
+// through the interface alone, so the CPU device
+// (tests/core/test_transfer.cpp) and the GPU's (tests/cuda/test_device_cuda.cpp)
+// pass the same checks.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -121,6 +122,55 @@ inline void expect_accumulate_widens_and_adds(Device& dev) {
   std::vector<float> got(n);
   dev.to_host(got.data(), d_dst.data(), n * sizeof(float));
   EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0) << "dst + widen(src), bit for bit";
+}
+
+// fold (the bf16 recipe's gradient: a micro-step's float32 gradient added
+// into the bf16 one): dst widened, src added (one float32 rounding), the sum
+// rounded to the nearest bf16, ties to even; the expected bits computed here
+// from the float32 sum's bits. The values are of the same order, so that
+// most sums move dst; the first two are ties, both ways, and the last
+// moves (a kernel's bound).
+inline void expect_fold_adds_and_rounds_to_nearest_even(Device& dev) {
+  MemoryTracker mem;
+  mem.set_device(&dev);
+  const size_t n = 100003;  // not a multiple of any block or vector width
+  std::vector<bf16> dst(n), want(n);
+  std::vector<float> src(n);
+  const auto wide = [](uint16_t bits) {
+    const uint32_t u = uint32_t(bits) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    dst[i].bits = uint16_t(0x3e00u + (i * 40503u) % 0x0300u) | uint16_t(i % 2 ? 0x8000u : 0u);  // 1/8 to 16
+    src[i] = float(int(i % 4001) - 2000) / 1024.0f + 1e-4f * float(i % 13);
+  }
+  // 1 + 2^-8 lies halfway between bf16's 1 and 1 + 2^-7: to 1 (even); and
+  // (1 + 2^-7) + 2^-8 halfway between 1 + 2^-7 and 1 + 2^-6: to the latter.
+  dst[0].bits = 0x3f80;
+  src[0] = 1.0f / 256;
+  dst[1].bits = 0x3f81;
+  src[1] = 1.0f / 256;
+  dst[n - 1].bits = 0x3f80;  // 1 + 0.5
+  src[n - 1] = 0.5f;
+  for (size_t i = 0; i < n; ++i) {
+    const float sum = wide(dst[i].bits) + src[i];
+    uint32_t u;
+    std::memcpy(&u, &sum, sizeof u);
+    want[i].bits = uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // finite sums only
+  }
+  EXPECT_EQ(want[0].bits, 0x3f80);
+  EXPECT_EQ(want[1].bits, 0x3f82);
+  EXPECT_EQ(want[n - 1].bits, 0x3fc0);
+  Tensor d_dst(mem, Place::device, Category::grads, DType::bf16, n);
+  Tensor d_src(mem, Place::device, Category::comm, DType::f32, n);
+  dev.to_device(d_dst.data(), dst.data(), n * sizeof(bf16));
+  dev.to_device(d_src.data(), src.data(), n * sizeof(float));
+  dev.fold(d_dst.as<bf16>(), d_src.as<float>(), n);
+  std::vector<bf16> got(n);
+  dev.to_host(got.data(), d_dst.data(), n * sizeof(bf16));
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(bf16)), 0) << "bf16(f32(dst) + src), bit for bit";
 }
 
 }  // namespace zf::test

@@ -206,3 +206,7 @@ TEST(CudaDevice, AccumulateWidensAndAdds) {
   SKIP_WITHOUT_GPU();
   zf::test::expect_accumulate_widens_and_adds(*gpu0());
 }
+TEST(CudaDevice, FoldAddsAndRoundsToNearestEven) {
+  SKIP_WITHOUT_GPU();
+  zf::test::expect_fold_adds_and_rounds_to_nearest_even(*gpu0());
+}
