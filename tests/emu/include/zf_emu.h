@@ -11,12 +11,14 @@
 // - Warp operations (shuffles, votes, reductions, match) wait for every
 //   lane their mask names, and check that those lanes ask the same thing.
 // - __shared__ variables are thread_local: one copy per worker thread, which
-//   runs one block at a time. Dynamic shared memory: ZF_DYNAMIC_SHARED.
+//   runs one block at a time (no guard bytes around them for ASan). Dynamic
+//   shared memory: ZF_DYNAMIC_SHARED.
 // - A barrier that some threads of the block never reach (they returned, or
 //   wait at another), a warp operation whose lanes never all come, __trap,
-//   an access that leaves a shared or global buffer (ASan): the kernel
-//   fails, and the GPU with it, as on the hardware (a sticky error that every
-//   later call returns).
+//   an access that leaves a dynamic shared or a global buffer (ASan), an
+//   argument that points into another GPU's memory not open to this one:
+//   the kernel fails, and the GPU with it, as on the hardware (a sticky
+//   error that every later call returns).
 // What this proves and what it does not: docs/GPU.md.
 #pragma once
 
