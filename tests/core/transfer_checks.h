@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "device.h"
@@ -97,30 +98,49 @@ inline void expect_a_dropped_transfer_waits(Device& dev) {
   EXPECT_EQ(std::memcmp(src.data(), dst.data(), bytes), 0);
 }
 
+// The float32 a bf16's bits stand for (its high half), computed here.
+inline float widened(uint16_t bits) {
+  const uint32_t u = uint32_t(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// The DType of float or bf16 elements.
+template <class T>
+constexpr DType kDTypeOf = std::is_same_v<T, float> ? DType::f32 : DType::bf16;
+
+// dst after op(dst, src, n) on dev's memory: both copied to the device, dst
+// copied back.
+template <class D, class S, class Op>
+std::vector<D> on_device(Device& dev, const std::vector<D>& dst, const std::vector<S>& src, Op op) {
+  MemoryTracker mem;
+  mem.set_device(&dev);
+  const size_t n = dst.size();
+  Tensor d_dst(mem, Place::device, Category::grads, kDTypeOf<D>, n);
+  Tensor d_src(mem, Place::device, Category::comm, kDTypeOf<S>, n);
+  dev.to_device(d_dst.data(), dst.data(), n * sizeof(D));
+  dev.to_device(d_src.data(), src.data(), n * sizeof(S));
+  op(d_dst.as<D>(), d_src.as<S>(), n);
+  std::vector<D> got(n);
+  dev.to_host(got.data(), d_dst.data(), n * sizeof(D));
+  return got;
+}
+
 // accumulate (stage 05's sum of a landed bf16 piece into a float32 shard):
 // dst + the piece widened, one float32 rounding, against the sum computed
 // here from the bits (a bf16 is the high half of a float32).
 inline void expect_accumulate_widens_and_adds(Device& dev) {
-  MemoryTracker mem;
-  mem.set_device(&dev);
   const size_t n = 100003;  // not a multiple of any block or vector width
   std::vector<float> dst(n), want(n);
   std::vector<bf16> src(n);
   for (size_t i = 0; i < n; ++i) {
     dst[i] = float(int(i % 2001) - 1000) / 64.0f + 1e-3f * float(i % 7);
     src[i].bits = uint16_t(0x3c00u + (i * 40503u) % 0x0e00u) | uint16_t(i % 2 ? 0x8000u : 0u);
-    const uint32_t wide = uint32_t(src[i].bits) << 16;
-    float s;
-    std::memcpy(&s, &wide, sizeof s);
-    want[i] = dst[i] + s;
+    want[i] = dst[i] + widened(src[i].bits);
   }
-  Tensor d_dst(mem, Place::device, Category::grads, DType::f32, n);
-  Tensor d_src(mem, Place::device, Category::comm, DType::bf16, n);
-  dev.to_device(d_dst.data(), dst.data(), n * sizeof(float));
-  dev.to_device(d_src.data(), src.data(), n * sizeof(bf16));
-  dev.accumulate(d_dst.as<float>(), d_src.as<bf16>(), n);
-  std::vector<float> got(n);
-  dev.to_host(got.data(), d_dst.data(), n * sizeof(float));
+  const std::vector<float> got =
+      on_device(dev, dst, src, [&](float* d, const bf16* s, size_t m) { dev.accumulate(d, s, m); });
   EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0) << "dst + widen(src), bit for bit";
 }
 
@@ -131,17 +151,9 @@ inline void expect_accumulate_widens_and_adds(Device& dev) {
 // most sums move dst; the first two are ties, both ways, and the last
 // moves (a kernel's bound).
 inline void expect_fold_adds_and_rounds_to_nearest_even(Device& dev) {
-  MemoryTracker mem;
-  mem.set_device(&dev);
   const size_t n = 100003;  // not a multiple of any block or vector width
   std::vector<bf16> dst(n), want(n);
   std::vector<float> src(n);
-  const auto wide = [](uint16_t bits) {
-    const uint32_t u = uint32_t(bits) << 16;
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-  };
   for (size_t i = 0; i < n; ++i) {
     dst[i].bits = uint16_t(0x3e00u + (i * 40503u) % 0x0300u) | uint16_t(i % 2 ? 0x8000u : 0u);  // 1/8 to 16
     src[i] = float(int(i % 4001) - 2000) / 1024.0f + 1e-4f * float(i % 13);
@@ -155,7 +167,7 @@ inline void expect_fold_adds_and_rounds_to_nearest_even(Device& dev) {
   dst[n - 1].bits = 0x3f80;  // 1 + 0.5
   src[n - 1] = 0.5f;
   for (size_t i = 0; i < n; ++i) {
-    const float sum = wide(dst[i].bits) + src[i];
+    const float sum = widened(dst[i].bits) + src[i];
     uint32_t u;
     std::memcpy(&u, &sum, sizeof u);
     want[i].bits = uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // finite sums only
@@ -163,13 +175,8 @@ inline void expect_fold_adds_and_rounds_to_nearest_even(Device& dev) {
   EXPECT_EQ(want[0].bits, 0x3f80);
   EXPECT_EQ(want[1].bits, 0x3f82);
   EXPECT_EQ(want[n - 1].bits, 0x3fc0);
-  Tensor d_dst(mem, Place::device, Category::grads, DType::bf16, n);
-  Tensor d_src(mem, Place::device, Category::comm, DType::f32, n);
-  dev.to_device(d_dst.data(), dst.data(), n * sizeof(bf16));
-  dev.to_device(d_src.data(), src.data(), n * sizeof(float));
-  dev.fold(d_dst.as<bf16>(), d_src.as<float>(), n);
-  std::vector<bf16> got(n);
-  dev.to_host(got.data(), d_dst.data(), n * sizeof(bf16));
+  const std::vector<bf16> got =
+      on_device(dev, dst, src, [&](bf16* d, const float* s, size_t m) { dev.fold(d, s, m); });
   EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(bf16)), 0) << "bf16(f32(dst) + src), bit for bit";
 }
 

@@ -280,15 +280,26 @@ void implicit_waits(Stream& s) {
   }
 }
 
+namespace {
+
+// The allocation address a lies inside (its end excluded), or none; under
+// registry_mu.
+const std::pair<const uintptr_t, Block>* allocation_at(uintptr_t a) {
+  auto it = registry.upper_bound(a);
+  if (it == registry.begin()) return nullptr;
+  --it;
+  return a < it->first + it->second.bytes ? &*it : nullptr;
+}
+
+}  // namespace
+
 bool is_device_memory(const void* p, size_t bytes, int* device_out) {
   const TsanQuiet quiet;
   std::lock_guard<std::mutex> lock(registry_mu);
-  auto it = registry.upper_bound(reinterpret_cast<uintptr_t>(p));
-  if (it == registry.begin()) return false;
-  --it;
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  if (it->second.device < 0 || a + bytes > it->first + it->second.bytes) return false;
-  if (device_out) *device_out = it->second.device;
+  const auto* at = allocation_at(a);
+  if (!at || at->second.device < 0 || a + bytes > at->first + at->second.bytes) return false;
+  if (device_out) *device_out = at->second.device;
   return true;
 }
 
@@ -296,12 +307,10 @@ bool is_device_memory(const void* p, size_t bytes, int* device_out) {
 int memory_type(const void* p, int* dev) {
   const TsanQuiet quiet;
   std::lock_guard<std::mutex> lock(registry_mu);
-  auto it = registry.upper_bound(reinterpret_cast<uintptr_t>(p));
-  if (it == registry.begin()) return 0;
-  --it;
-  if (reinterpret_cast<uintptr_t>(p) >= it->first + it->second.bytes) return 0;
-  *dev = it->second.device;
-  return it->second.device >= 0 ? 2 : 1;
+  const auto* at = allocation_at(reinterpret_cast<uintptr_t>(p));
+  if (!at) return 0;
+  *dev = at->second.device;
+  return at->second.device >= 0 ? 2 : 1;
 }
 
 namespace {
@@ -421,12 +430,9 @@ void check_reach(int dev, const std::vector<uintptr_t>& words) {
     const TsanQuiet quiet;
     std::lock_guard<std::mutex> lock(registry_mu);
     for (const uintptr_t w : words) {
-      auto it = registry.upper_bound(w);
-      if (it == registry.begin()) continue;
-      --it;
-      // Inside it (an end pointer, one past, is never dereferenced).
-      if (w >= it->first + std::max<size_t>(it->second.bytes, 1)) continue;
-      if (it->second.device >= 0 && it->second.device != dev) others.push_back(it->second);
+      // Inside it: an end pointer, one past, is never dereferenced.
+      const auto* at = allocation_at(w);
+      if (at && at->second.device >= 0 && at->second.device != dev) others.push_back(at->second);
     }
   }
   for (const Block& b : others) {

@@ -88,12 +88,14 @@ int* device_ints(int n) {
   EXPECT_EQ(cudaMalloc(&p, n * sizeof(int)), cudaSuccess);
   return p;
 }
-// This program's path, for the tests that run a case in a child process.
-std::string self_exe() {
+// Runs this program's test EmulatedGpu.`test` alone in a child process,
+// `env` (NAME=value ...) set for it: for a case that would leave this
+// process changed (a failed GPU, peer access, a sanitizer's report).
+zf::test::ProcessResult run_alone(const std::string& env, const std::string& test) {
   std::string self(4096, '\0');
   const ssize_t n = readlink("/proc/self/exe", self.data(), self.size());
   self.resize(n > 0 ? size_t(n) : 0);
-  return self;
+  return zf::test::run_command(env + " '" + self + "' --gtest_filter=EmulatedGpu." + test);
 }
 std::vector<int> host(const int* d, int n) {
   std::vector<int> h(static_cast<size_t>(n));
@@ -169,8 +171,6 @@ TEST(EmulatedGpu, UnderThreadSanitizerAMissingBarrierIsARace) {
     cudaFree(d);
     return;
   }
-  const std::string self = self_exe();
-  ASSERT_FALSE(self.empty());
   const char* options = std::getenv("TSAN_OPTIONS");
   struct Case {
     int writer, reader, barrier;
@@ -179,10 +179,9 @@ TEST(EmulatedGpu, UnderThreadSanitizerAMissingBarrierIsARace) {
   const Case cases[] = {{0, 1, 0}, {62, 94, 0}, {15, 79, 0}, {62, 94, 1}};
   for (const Case& c : cases) {
     const std::string name = std::to_string(c.writer) + "," + std::to_string(c.reader) + "," + std::to_string(c.barrier);
-    const std::string command = "ZF_EMU_RACE=" + name + " TSAN_OPTIONS='" + (options ? options : "") +
-                                ":log_path=stderr:exitcode=66' '" + self +
-                                "' --gtest_filter=EmulatedGpu.UnderThreadSanitizerAMissingBarrierIsARace";
-    const auto [status, output] = zf::test::run_command(command);
+    const auto [status, output] =
+        run_alone("ZF_EMU_RACE=" + name + " TSAN_OPTIONS='" + (options ? options : "") + ":log_path=stderr:exitcode=66'",
+                  "UnderThreadSanitizerAMissingBarrierIsARace");
     const std::string what = "writer, reader, barrier " + name + ":\n" + output;
     EXPECT_NE(output.find("[  PASSED  ] 1 test."), std::string::npos) << what;
     const bool reported = output.find("ThreadSanitizer: data race") != std::string::npos;
@@ -456,16 +455,13 @@ TEST(EmulatedGpu, AKernelReachesAnotherGpusMemoryOnlyWhereItIsOpen) {
     }
     return;
   }
-  const std::string self = self_exe();
-  ASSERT_FALSE(self.empty());
   const struct {
     std::string how;
     bool fault;
   } cases[] = {{"malloc", true}, {"malloc,peer", false}, {"malloc,access", true},
                {"pool", true},   {"pool,peer", true},    {"pool,access", false}};
   for (const auto& [how, fault] : cases) {
-    const auto [status, output] = zf::test::run_command(
-        "ZF_EMU_REACH=" + how + " '" + self + "' --gtest_filter=EmulatedGpu.AKernelReachesAnotherGpusMemoryOnlyWhereItIsOpen");
+    const auto [status, output] = run_alone("ZF_EMU_REACH=" + how, "AKernelReachesAnotherGpusMemoryOnlyWhereItIsOpen");
     EXPECT_EQ(status, 0) << how << ":\n" << output;
     EXPECT_NE(output.find("[  PASSED  ] 1 test."), std::string::npos) << how << ":\n" << output;
     EXPECT_EQ(output.find("a kernel on GPU 1 reaches memory of GPU 0") != std::string::npos, fault)
