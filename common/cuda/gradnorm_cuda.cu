@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kThreads)
     square_bins_kernel(const Raw* __restrict__ x, size_t n, unsigned long long* __restrict__ lo,
                        unsigned long long* __restrict__ hi) {
   constexpr int kShift = sizeof(Raw) == 2 ? 16 : 0;
-  __shared__ unsigned long long bins[kBins];
+  ZF_STATIC_SHARED(unsigned long long[kBins], bins);
   bins[threadIdx.x] = 0;
   __syncthreads();
 

@@ -39,7 +39,7 @@ namespace {
 template <class F, int HS>
 __global__ void __launch_bounds__(kRows)
     flash_forward_kernel(F* out, float* lse, const F* qkv, Shape s) {
-  __shared__ flash::KVTiles<HS> tiles;
+  ZF_STATIC_SHARED(flash::KVTiles<HS>, tiles);
   const int rt = gridDim.x - 1 - blockIdx.x;  // the last query rows (most keys) first
   const int b = blockIdx.y / s.H, h = blockIdx.y % s.H;
   const int i = rt * kRows + threadIdx.x;
@@ -64,7 +64,7 @@ template <class F, int HS>
 __global__ void __launch_bounds__(kRows)
     flash_dq_kernel(F* dqkv, const F* dout, const F* qkv, const float* lse, const float* D,
                     Shape s) {
-  __shared__ flash::KVTiles<HS> tiles;
+  ZF_STATIC_SHARED(flash::KVTiles<HS>, tiles);
   const int rt = gridDim.x - 1 - blockIdx.x;
   const int b = blockIdx.y / s.H, h = blockIdx.y % s.H;
   const int i = rt * kRows + threadIdx.x;
@@ -85,7 +85,7 @@ template <class F, int HS, class Row>
 __global__ void __launch_bounds__(kRows)
     flash_key_kernel(F* dqkv, const F* dout, const F* qkv, const float* lse, const float* D,
                      Shape s) {
-  __shared__ flash::QTiles<HS> tiles;
+  ZF_STATIC_SHARED(flash::QTiles<HS>, tiles);
   const int kt = blockIdx.x;  // the first key rows (seen by most queries) first
   const int b = blockIdx.y / s.H, h = blockIdx.y % s.H;
   const int j = kt * kRows + threadIdx.x;

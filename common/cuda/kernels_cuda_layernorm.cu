@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kColTile * kColRows)
                                      const F* __restrict__ inp, const float* __restrict__ mean,
                                      const float* __restrict__ rstd, int N, int C,
                                      int slice_rows) {
-  __shared__ float shared[kColRows][kColTile];
+  ZF_STATIC_SHARED(float[kColRows][kColTile], shared);
   const int c = blockIdx.x * kColTile + threadIdx.x;
   const int row0 = blockIdx.y * slice_rows, row_end = min(N, row0 + slice_rows);
   float dw = 0.0f, db = 0.0f;

@@ -81,7 +81,7 @@ template <class F>
 __global__ void __launch_bounds__(kColTile * kColRows)
     bias_backward_kernel(float* __restrict__ partial, const F* __restrict__ dout, int N, int OC,
                          int slice_rows) {
-  __shared__ float shared[kColRows][kColTile];
+  ZF_STATIC_SHARED(float[kColRows][kColTile], shared);
   const int o = blockIdx.x * kColTile + threadIdx.x;
   const int row0 = blockIdx.y * slice_rows, row_end = min(N, row0 + slice_rows);
   float db = 0.0f;

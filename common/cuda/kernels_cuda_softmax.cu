@@ -38,7 +38,7 @@ constexpr int kSoftmaxThreads = 512;
 template <class F>
 __global__ void softmax_cross_entropy_forward_kernel(float* lse, float* losses, const F* logits,
                                                      const int32_t* targets, int V) {
-  __shared__ float shared[kWarp];
+  ZF_STATIC_SHARED(float[kWarp], shared);
   const int n = blockIdx.x;
   const F* x = logits + size_t(n) * V;
   float m = -INFINITY, s = 0.0f;

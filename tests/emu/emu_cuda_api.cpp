@@ -79,8 +79,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
   *p = cudaDeviceProp{};
   std::snprintf(p->name, sizeof p->name, "emulated GPU %d", d);
   p->totalGlobalMem = kTotalBytes;
-  p->sharedMemPerBlock = kStaticSharedLimit;
-  p->sharedMemPerBlockOptin = kSharedOptinLimit;
+  p->sharedMemPerBlock = kSharedMemPerBlock;
+  p->sharedMemPerBlockOptin = kSharedMemPerBlockOptin;
   p->warpSize = 32;
   p->maxThreadsPerBlock = 1024;
   p->maxThreadsDim[0] = p->maxThreadsDim[1] = 1024;
@@ -96,11 +96,11 @@ cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int d) {
   if (d < 0 || d >= count()) return ret(cudaErrorInvalidDevice);
   switch (a) {
     case cudaDevAttrMaxThreadsPerBlock: *v = 1024; return cudaSuccess;
-    case cudaDevAttrMaxSharedMemoryPerBlock: *v = int(kStaticSharedLimit); return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *v = int(kSharedMemPerBlock); return cudaSuccess;
     case cudaDevAttrMultiProcessorCount: *v = kSmCount; return cudaSuccess;
     case cudaDevAttrComputeCapabilityMajor: *v = 9; return cudaSuccess;
     case cudaDevAttrComputeCapabilityMinor: *v = 0; return cudaSuccess;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = int(kSharedOptinLimit); return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = int(kSharedMemPerBlockOptin); return cudaSuccess;
     case cudaDevAttrMemoryPoolsSupported: *v = 1; return cudaSuccess;
   }
   return ret(cudaErrorInvalidValue);
@@ -125,9 +125,12 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned flags) {
   return cudaSuccess;
 }
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
-  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || size_t(value) > kSharedOptinLimit)
+  // The GPU also refuses a value that leaves no room for the kernel's
+  // static shared memory, which is known here only once a block runs
+  // (emu_shared.cpp checks it there).
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || size_t(value) > kSharedMemPerBlockOptin)
     return ret(cudaErrorInvalidValue);
-  allow_dynamic_shared(func, std::max(size_t(value), kStaticSharedLimit));
+  set_dynamic_shared_attribute(func, size_t(value));
   return cudaSuccess;
 }
 

@@ -104,6 +104,6 @@ int memory_type(const void* p, int* dev);
 void* allocate(size_t bytes, int dev, bool pooled = false);  // pooled: from the device's memory pool
 bool release(void* p, bool device_memory);
 size_t device_bytes_in_use(int dev);
-void allow_dynamic_shared(const void* kernel, size_t bytes);
+void set_dynamic_shared_attribute(const void* kernel, size_t bytes);
 
 }  // namespace zf::emu::rt

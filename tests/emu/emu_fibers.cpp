@@ -24,7 +24,6 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <cstdio>
 #include <memory>
 #include <sstream>
@@ -164,8 +163,6 @@ struct Runner {
   // The block's warps, or more: made in place and never moved (they hold
   // atomics); a larger block makes the vector anew.
   std::vector<Warp> warps;
-  unsigned char* dynamic = nullptr;  // the block's dynamic shared memory, 128-byte aligned
-  size_t dynamic_bytes = 0;
   std::unique_ptr<float[]> scratch{new float[size_t(kMaxThreads / 32) * kWarpScratch]};  // warp_scratch()
   std::string fault;    // set by a thread that faults (trap, a bad warp call)
   bool broken = false;  // fibers abandoned mid-kernel: made anew before the next block
@@ -177,10 +174,7 @@ struct Runner {
     main_tsan = __tsan_get_current_fiber();
 #endif
   }
-  ~Runner() {
-    drop();
-    ::operator delete(dynamic, std::align_val_t(128));
-  }
+  ~Runner() { drop(); }
   void drop() {
     for (auto& f : fibers)
       if (f->memory) munmap(f->memory, guard + kStackBytes);
@@ -367,7 +361,7 @@ void run_block(Runner& r, dim3 grid, dim3 block, uint3 block_idx) {
   const size_t warps = size_t((n + 31) / 32);
   if (r.warps.size() < warps) r.warps = std::vector<Warp>(warps);
   for (size_t w = 0; w < warps; ++w) r.warps[w].close_all();
-  if (r.dynamic_bytes) std::memset(r.dynamic, 0xff, r.dynamic_bytes);
+  shared_for_block();
   r.threads.assign(size_t(n), GpuThread{});
   // Every fiber is idle between blocks: stacked so that threads take them
   // in the order they were made, whatever order the last block left them
@@ -438,16 +432,13 @@ ZF_EMU_UNSEEN GpuThread& me(const char* what) {
 
 const ThreadPlace& here() { return me("threadIdx/blockIdx/blockDim/gridDim").place; }
 
+void in_kernel(const char* what) { me(what); }
+
 // A block's threads are numbered x fastest, then y, then z (run_block),
 // and its warps are that numbering's runs of 32 (own_warp).
 ZF_EMU_UNSEEN int lane_id() {
   me("the lane id");
   return runner->current % 32;
-}
-
-unsigned char* dynamic_shared() {
-  me("dynamic shared memory");
-  return runs().dynamic;
 }
 
 ZF_EMU_UNSEEN float* warp_scratch() {
@@ -552,10 +543,12 @@ void warp_exchange(unsigned mask, WarpOp op, uint64_t mine, uint64_t out[32], in
 void launch_body(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
                  std::vector<uintptr_t> words, std::function<void()> body) {
   const unsigned long long threads = 1ull * block.x * block.y * block.z;
+  // The launch takes the kernel's attribute as it is now.
+  const std::optional<size_t> attribute = dynamic_shared_attribute(kernel);
   const bool bad = block.x == 0 || block.y == 0 || block.z == 0 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
                    threads > kMaxThreads || block.x > 1024 || block.y > 1024 || block.z > 64 ||
                    grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535 ||
-                   shared_bytes > max_dynamic_shared(kernel);
+                   shared_bytes > attribute.value_or(kSharedMemPerBlock);
   // A failed device's error first; a kernel launches only on a stream of the current device.
   cudaError_t e = stream_error(stream);
   if (e == cudaSuccess && stream_device(stream) != current_device_id()) e = cudaErrorInvalidResourceHandle;
@@ -564,7 +557,7 @@ void launch_body(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes,
     set_last_error(e);
     return;
   }
-  enqueue_on(stream, [grid, block, shared_bytes, dev = stream_device(stream), words = std::move(words),
+  enqueue_on(stream, [attribute, grid, block, shared_bytes, dev = stream_device(stream), words = std::move(words),
                       body = std::move(body)] {
     check_reach(dev, words);
     if (!runner) {
@@ -578,10 +571,7 @@ void launch_body(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes,
       r.fault.clear();
     }
     r.body = &body;
-    // Exactly the launch's bytes, so that ASan sees their end.
-    ::operator delete(r.dynamic, std::align_val_t(128));
-    r.dynamic = shared_bytes ? static_cast<unsigned char*>(::operator new(shared_bytes, std::align_val_t(128))) : nullptr;
-    r.dynamic_bytes = shared_bytes;
+    shared_for_launch(attribute, shared_bytes);
     for (unsigned z = 0; z < grid.z; ++z)
       for (unsigned y = 0; y < grid.y; ++y)
         for (unsigned x = 0; x < grid.x; ++x) run_block(r, grid, block, uint3{x, y, z});

@@ -84,7 +84,7 @@ std::map<uintptr_t, Block> registry;  // every allocation, by address
 size_t device_bytes[64] = {};
 
 std::mutex attr_mu;
-std::map<const void*, size_t> dynamic_shared_allowed;
+std::map<const void*, size_t> dynamic_shared_attributes;
 
 }  // namespace
 
@@ -397,10 +397,10 @@ size_t device_bytes_in_use(int dev) {
   return device_bytes[dev];
 }
 
-void allow_dynamic_shared(const void* kernel, size_t bytes) {
+void set_dynamic_shared_attribute(const void* kernel, size_t bytes) {
   const TsanQuiet quiet;
   std::lock_guard<std::mutex> lock(attr_mu);
-  dynamic_shared_allowed[kernel] = bytes;
+  dynamic_shared_attributes[kernel] = bytes;
 }
 
 }  // namespace zf::emu::rt
@@ -472,11 +472,12 @@ void fault(cudaError_t error, const std::string& what) {
   throw Fault{error};
 }
 
-size_t max_dynamic_shared(const void* kernel) {
+std::optional<size_t> dynamic_shared_attribute(const void* kernel) {
   const TsanQuiet quiet;
   std::lock_guard<std::mutex> lock(attr_mu);
-  auto it = dynamic_shared_allowed.find(kernel);
-  return it == dynamic_shared_allowed.end() ? kStaticSharedLimit : it->second;
+  auto it = dynamic_shared_attributes.find(kernel);
+  if (it == dynamic_shared_attributes.end()) return std::nullopt;
+  return it->second;
 }
 
 }  // namespace zf::emu

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,11 +74,25 @@ void check_reach(int device, const std::vector<uintptr_t>& words);
 // The calling host thread's current device (cudaSetDevice).
 int current_device_id();
 
-// Kernel launches remember what cudaFuncSetAttribute allowed.
-size_t max_dynamic_shared(const void* kernel);
+// The kernel's cudaFuncAttributeMaxDynamicSharedMemorySize, where
+// cudaFuncSetAttribute set one.
+std::optional<size_t> dynamic_shared_attribute(const void* kernel);
 
-constexpr size_t kStaticSharedLimit = 48 << 10;   // bytes a block may have without the attribute
-constexpr size_t kSharedOptinLimit = 227 << 10;  // the most with it (H100: 227 KiB)
+// The stream thread's shared memory (emu_shared.cpp): made anew for each
+// launch, with its dynamic bytes and the kernel's attribute as they were at
+// the launch; refilled with 0xff bytes before each block.
+void shared_for_launch(std::optional<size_t> attribute, size_t dynamic_bytes);
+void shared_for_block();
+
+// Fails unless called by a GPU thread; `what` names the call.
+void in_kernel(const char* what);
+
+// cudaDeviceProp's sharedMemPerBlock: a block's shared memory without the
+// attribute, and the most a kernel may declare statically; and
+// sharedMemPerBlockOptin: the most of static memory and the attribute
+// together (H100: 227 KiB).
+constexpr size_t kSharedMemPerBlock = 48 << 10;
+constexpr size_t kSharedMemPerBlockOptin = 227 << 10;
 constexpr int kSmCount = 132;
 
 // ThreadSanitizer: the emulation's own bookkeeping is hidden from it, and

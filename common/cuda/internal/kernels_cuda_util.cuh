@@ -181,7 +181,7 @@ template <class F>
 __global__ void __launch_bounds__(kColTile * kColRows)
     column_sums_finish_kernel(F* out0, F* out1, const float* __restrict__ partial, int slices,
                               int C) {
-  __shared__ float shared[kColRows][kColTile];
+  ZF_STATIC_SHARED(float[kColRows][kColTile], shared);
   F* out = blockIdx.y == 0 ? out0 : out1;
   const float* p = partial + size_t(blockIdx.y) * slices * C;
   const int c = blockIdx.x * kColTile + threadIdx.x;

@@ -10,12 +10,15 @@
 //   thread of its block has arrived.
 // - Warp operations (shuffles, votes, reductions, match) wait for every
 //   lane their mask names, and check that those lanes ask the same thing.
-// - __shared__ variables are thread_local: one copy per worker thread, which
-//   runs one block at a time (no guard bytes around them for ASan). Dynamic
-//   shared memory: ZF_DYNAMIC_SHARED.
+// - Shared memory, static (ZF_STATIC_SHARED) and dynamic
+//   (ZF_DYNAMIC_SHARED), is one allocation an array, each exactly its size
+//   (a step past it is ASan's report), per stream thread, which runs one
+//   block at a time; every block finds it filled with 0xff bytes, and
+//   together it stays within the launch's limit (emu_shared.cpp). A plain
+//   __shared__ does not compile here.
 // - A barrier that some threads of the block never reach (they returned, or
 //   wait at another), a warp operation whose lanes never all come, __trap,
-//   an access that leaves a dynamic shared or a global buffer (ASan), an
+//   an access that leaves a shared or a global buffer (ASan), an
 //   argument that points into another GPU's memory not open to this one:
 //   the kernel fails, and the GPU with it, as on the hardware (a sticky
 //   error that every later call returns).
@@ -38,7 +41,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
-#define __shared__ static thread_local
+#define __shared__ static_assert(false, "on the emulated GPU a kernel declares shared memory with ZF_STATIC_SHARED (launch.cuh)");
 #define __constant__ static
 #define CUDART_CB
 
@@ -87,6 +90,9 @@ int lane_id();
 
 // The block's dynamic shared memory (the launch's shared_bytes).
 unsigned char* dynamic_shared();
+// The block's static shared array of `bytes` declared at `site` (an
+// address of the declaration's own: ZF_STATIC_SHARED).
+void* static_shared(const void* site, size_t bytes, size_t align);
 
 // The calling warp's kWarpScratch floats, for the emulation's own use
 // (mma.h's products); made with the stream thread's runner, before any block.
@@ -124,6 +130,18 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_byte
 }
 
 }  // namespace zf::emu
+
+// launch.cuh's declarations of shared memory. ZF_STATIC_SHARED(type,
+// name), `__shared__ type name`: a reference to the block's array, marked
+// by a static local of the kernel's (one a template instance; not const, so
+// that no linker folds two into one). ZF_DYNAMIC_SHARED(name): the
+// launch's bytes.
+#define ZF_STATIC_SHARED(type, name)                                                                         \
+  static_assert(std::is_trivially_default_constructible_v<type>, "shared memory is never constructed");     \
+  static char zf_shared_site_##name;                                                                         \
+  auto& name = *static_cast<std::add_pointer_t<type>>(                                                      \
+      ::zf::emu::static_shared(&zf_shared_site_##name, sizeof(type), alignof(type)))
+#define ZF_DYNAMIC_SHARED(name) unsigned char* name = ::zf::emu::dynamic_shared()
 
 #define threadIdx (::zf::emu::here().thread)
 #define blockIdx (::zf::emu::here().block)
