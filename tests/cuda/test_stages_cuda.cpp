@@ -176,9 +176,10 @@ void expect_small_trains_alike(const Recipe& r, int N) {
 
 // The `small` preset (four blocks, T = 128: every kernel's tiles past one
 // block, attention past one tile): every stage against stage 00 on the GPU,
-// and stage 00 within DataParallelMatchesTheCpu's tolerance of the CPU; fp32
-// and bf16 computed in bf16, each on one rank and on 4 (over NCCL where
-// there are 4 GPUs), one sequence a rank.
+// and stage 00 within DataParallelMatchesTheCpu's tolerance of the CPU; the
+// fp32 recipe and the bf16 recipe computed in bf16, each on one rank (to the
+// bit) and on 4 (over NCCL where there are 4 GPUs: within the tolerance),
+// one sequence a rank.
 TEST(GpuStages, SmallTrainsOnEveryStageLikeDataParallelAndTheCpu) {
   SKIP_WITHOUT_GPU();
   for (const Recipe& r : {kRecipes[0], kRecipes[2]})

@@ -1,13 +1,14 @@
 // emu_shared.cpp: a block's shared memory on the emulated GPU. A stream
 // thread runs one block at a time (emu_fibers.cpp), so its blocks take
-// turns with one set of arrays: the launch's dynamic shared memory and each
-// static array a kernel declares (ZF_STATIC_SHARED), made the first time
-// one of its threads reaches the declaration. Each array is an allocation
+// turns with one set of arrays, made anew for each launch: the launch's
+// dynamic shared memory and each static array a kernel declares
+// (ZF_STATIC_SHARED), made when the first of its threads reaches the
+// declaration. Each array is an allocation
 // of exactly its bytes, so that a step past its end is AddressSanitizer's
 // report, and every block finds each filled with 0xff bytes, so that a
 // read of what the block never wrote shows (the GPU promises nothing
-// there). What a kernel declares is checked as the GPU does, at the first
-// block to reach it: static arrays within 48 KiB (nvcc's limit); then,
+// there). What a kernel declares is checked against the GPU's limits by the
+// first thread to reach it: static arrays within 48 KiB (nvcc's limit); then,
 // without the kernel's attribute (cudaFuncAttributeMaxDynamicSharedMemorySize),
 // static and dynamic memory within 48 KiB together (the launch's); with it,
 // static memory and the attribute within 227 KiB (cudaFuncSetAttribute's).
@@ -112,10 +113,10 @@ void* static_shared(const void* site, size_t bytes, size_t align) {
       shared.why = "more static shared arrays than the emulated GPU keeps (emu_shared.cpp)";
       fail = true;
     } else {
-      made = shared.add(site, bytes, align);
       shared.static_bytes += bytes;
       shared.why = shared.past_limits();
       fail = !shared.why.empty();
+      if (!fail) made = shared.add(site, bytes, align);
     }
   }
   if (fail) kernel_fault(shared.why);

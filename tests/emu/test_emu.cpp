@@ -300,6 +300,13 @@ TEST(EmulatedGpu, LaunchLimitsAreTheHardwares) {
   // What was never written reads as 0xff bytes.
   const auto h = host(d, 32);
   for (int v : h) EXPECT_EQ(v, -1);
+  // An attribute under 48 KiB is the kernel's limit too.
+  ASSERT_EQ(cudaFuncSetAttribute(static_ints_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 1024), cudaSuccess);
+  zf::emu::launch(static_ints_kernel<2>, 1, 2, 2048, nullptr, d);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  zf::emu::launch(static_ints_kernel<2>, 1, 2, 1024, nullptr, d);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cudaFree(d);
 }
 
@@ -317,8 +324,8 @@ TEST(EmulatedGpu, SharedMemoryIsEachBlocksOwnArrays) {
 
 // Shared memory within the GPU's limits: a kernel's static arrays within
 // 48 KiB; static and dynamic together within 48 KiB, unless the kernel's
-// attribute allows more dynamic memory, and then static memory and the
-// attribute within 227 KiB. Past them the kernel fails (on the GPU the
+// attribute is set, and then static memory and the attribute within
+// 227 KiB, the attribute as it was at the launch. Past them the kernel fails (on the GPU the
 // compile, the launch or cudaFuncSetAttribute would), each on a GPU of its
 // own, in a child process (ZF_EMU_SHARED): a kernel's fault fails its GPU
 // for the rest of the process.
@@ -337,6 +344,15 @@ TEST(EmulatedGpu, SharedMemoryStaysWithinTheGpusLimits) {
     ASSERT_EQ(cudaFuncSetAttribute(static_ints_kernel<8193>, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 << 10),
               cudaSuccess);
     zf::emu::launch(static_ints_kernel<8193>, 1, 32, 64 << 10, nullptr, d[0]);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    // The launch keeps the attribute it was made with: one raised past the
+    // limit while the launch waits behind 100 ms of other work is not its.
+    static int ms = 100;
+    ASSERT_EQ(cudaLaunchHostFunc(nullptr, [](void* p) { std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(p))); }, &ms),
+              cudaSuccess);
+    zf::emu::launch(static_ints_kernel<8193>, 1, 32, 0, nullptr, d[0]);
+    ASSERT_EQ(cudaFuncSetAttribute(static_ints_kernel<8193>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 << 10),
+              cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     zf::emu::launch(static_ints_kernel<8192>, 1, 32, (48 << 10) - kStatic + 4, nullptr, d[0]);
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // the dynamic bytes alone are within

@@ -13,15 +13,16 @@
 // - Shared memory, static (ZF_STATIC_SHARED) and dynamic
 //   (ZF_DYNAMIC_SHARED), is one allocation an array, each exactly its size
 //   (a step past it is ASan's report), per stream thread, which runs one
-//   block at a time; every block finds it filled with 0xff bytes, and
-//   together it stays within the launch's limit (emu_shared.cpp). A plain
-//   __shared__ does not compile here.
+//   block at a time; every block finds it filled with 0xff bytes, and it
+//   stays within the GPU's limits (emu_shared.cpp). A plain __shared__ does
+//   not compile here.
 // - A barrier that some threads of the block never reach (they returned, or
 //   wait at another), a warp operation whose lanes never all come, __trap,
 //   an access that leaves a shared or a global buffer (ASan), an
 //   argument that points into another GPU's memory not open to this one:
 //   the kernel fails, and the GPU with it, as on the hardware (a sticky
-//   error that every later call returns).
+//   error that every later call returns). So does static shared memory
+//   past the GPU's limits, which the GPU refuses before it runs.
 // What this proves and what it does not: docs/GPU.md.
 #pragma once
 
