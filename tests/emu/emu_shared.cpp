@@ -53,7 +53,6 @@ struct Shared {
   }
   unsigned char* add(const void* site, size_t size, size_t align) {
     auto* bytes = static_cast<unsigned char*>(::operator new(size, std::align_val_t(align)));
-    std::memset(bytes, 0xff, size);
     arrays[count++] = {site, bytes, size, align};
     return bytes;
   }
@@ -116,7 +115,10 @@ void* static_shared(const void* site, size_t bytes, size_t align) {
       shared.static_bytes += bytes;
       shared.why = shared.past_limits();
       fail = !shared.why.empty();
-      if (!fail) made = shared.add(site, bytes, align);
+      if (!fail) {
+        made = shared.add(site, bytes, align);
+        std::memset(made, 0xff, bytes);  // made after shared_for_block refilled the others
+      }
     }
   }
   if (fail) kernel_fault(shared.why);
