@@ -60,8 +60,7 @@ if [[ "${1:-}" == "--adamw" ]]; then
   [[ -x "$py" ]] && "$py" -c 'import torch' 2>/dev/null ||
     { echo "error: $py has no PyTorch: make the venv with scripts/bench.sh --fsdp first" >&2; exit 1; }
   "$py" -c 'import deepspeed' 2>/dev/null || DS_BUILD_OPS=0 "$py" -m pip install --quiet deepspeed
-  [[ -f build/build.ninja ]] || meson setup build --buildtype=release >/dev/null
-  ninja -C build bench/bench_adamw bench/libzf_adamw_c.so >/dev/null
+  scripts/build.sh
   exec "$py" bench/bench_adamw.py "$@"
 fi
 

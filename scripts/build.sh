@@ -8,6 +8,24 @@ cd "$(dirname "$0")/.."
 # at a time as one translation unit (Meson's unity build), as the sanitizer
 # and emulated builds do; unset, each file on its own, so that an edit
 # recompiles that file alone.
-[[ -f build/build.ninja ]] || meson setup build --buildtype=release ${ZF_GPU_ARCH:+-Dgpu_arch=$ZF_GPU_ARCH} \
-  ${ZF_UNITY:+-Dunity=on -Dunity_size=$ZF_UNITY} >/dev/null
+# With nvcc on PATH, nvcc runs behind scripts/nvcc_deps.sh, which asks it
+# for the headers each .cu file includes (older Meson does not), so that
+# editing a header recompiles the GPU code that includes it.
+setup() {  # meson setup ARGS...
+  if command -v nvcc >/dev/null; then
+    meson setup "$@" --native-file <(scripts/nvcc_deps.sh --native-file) >/dev/null
+  else
+    meson setup "$@" >/dev/null
+  fi
+}
+if [[ ! -f build/build.ninja ]]; then
+  setup build --buildtype=release ${ZF_GPU_ARCH:+-Dgpu_arch=$ZF_GPU_ARCH} \
+    ${ZF_UNITY:+-Dunity=on -Dunity_size=$ZF_UNITY}
+elif command -v nvcc >/dev/null && grep -q '^rule cuda_COMPILER' build/build.ninja &&
+     ! grep -q 'nvcc_deps\.sh' build/build.ninja; then
+  # A build/ set up without it: set up again, with the options it had
+  # (Meson keeps them), which compiles everything once.
+  echo "build.sh: setting build/ up again so that nvcc lists the headers of the GPU code (a full rebuild)"
+  setup --wipe build
+fi
 ninja -C build >/dev/null || ninja -C build  # quiet unless it fails
