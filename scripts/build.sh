@@ -21,11 +21,14 @@ setup() {  # meson setup ARGS...
 if [[ ! -f build/build.ninja ]]; then
   setup build --buildtype=release ${ZF_GPU_ARCH:+-Dgpu_arch=$ZF_GPU_ARCH} \
     ${ZF_UNITY:+-Dunity=on -Dunity_size=$ZF_UNITY}
-elif command -v nvcc >/dev/null && grep -q '^rule cuda_COMPILER' build/build.ninja &&
-     ! grep -q 'nvcc_deps\.sh' build/build.ninja; then
-  # A build/ set up without it: set up again, with the options it had
-  # (Meson keeps them), which compiles everything once.
-  echo "build.sh: setting build/ up again so that nvcc lists the headers of the GPU code (a full rebuild)"
-  setup --wipe build
+fi
+cuda_rule=$(sed -n '/^rule cuda_COMPILER/,/^$/p' build/build.ninja)
+if [[ -n $cuda_rule && $cuda_rule != *nvcc_deps.sh* && $cuda_rule != *-MF* ]]; then
+  # A build/ set up before without it, under a Meson that does not ask nvcc
+  # either: said, not mended, since setting it up again empties build/.
+  echo "build.sh: build/ was set up without scripts/nvcc_deps.sh: an edited header does not recompile" \
+       "the GPU code that includes it (the cuda_deps_py test fails). To set it up again, which empties" \
+       "build/ (move what you keep there first):" \
+       "meson setup --wipe build --native-file <(scripts/nvcc_deps.sh --native-file)" >&2
 fi
 ninja -C build >/dev/null || ninja -C build  # quiet unless it fails

@@ -290,18 +290,15 @@ run_step "carried deps" 60 "$setup_log" bash -c "$(declare -f setup_carry); carr
 conf=$res/build.log
 # sm_90 only (H100/H200): half the device code of the default "80;90".
 arch_opt=(-Dgpu_arch="${ZF_GPU_ARCH:-90}")
-# nvcc behind scripts/nvcc_deps.sh, as scripts/build.sh sets it up: a header
-# edited between two checks recompiles the GPU code that includes it.
-nvcc_ini=$(mktemp)
-scripts/nvcc_deps.sh --native-file >"$nvcc_ini"
-setup_mode=(--native-file "$nvcc_ini")
-[[ -f $build/build.ninja ]] && setup_mode=(--reconfigure)
-run_step "configure (cuda)" 60 "$conf" "${meson_cmd[@]}" setup "${setup_mode[@]}" "$build" \
-  -Dcuda=enabled -Dnccl=enabled "${nccl_opt[@]}" -Dmpi=disabled -Dbuildtype=release \
-  "${arch_opt[@]}"
-configured=$?
-rm -f "$nvcc_ini"
-[[ $configured -eq 0 ]] || finish
+conf_args=(-Dcuda=enabled -Dnccl=enabled "${nccl_opt[@]}" -Dmpi=disabled -Dbuildtype=release "${arch_opt[@]}")
+if [[ -f $build/build.ninja ]]; then
+  run_step "configure (cuda)" 60 "$conf" "${meson_cmd[@]}" setup --reconfigure "$build" "${conf_args[@]}" || finish
+else
+  # nvcc behind scripts/nvcc_deps.sh, as scripts/build.sh sets it up: a
+  # header edited between two checks recompiles the GPU code that includes it.
+  run_step "configure (cuda)" 60 "$conf" "${meson_cmd[@]}" setup "$build" \
+    --native-file <(scripts/nvcc_deps.sh --native-file) "${conf_args[@]}" || finish
+fi
 grep -E '^\s+(BLAS|MPI|CUDA|NCCL|GoogleTest)\s*:' "$conf" | sed 's/^ */  /' >&2
 
 blog=$res/build.log

@@ -14,7 +14,12 @@
 #                                          (nvcc: the one on PATH)
 #   scripts/nvcc_deps.sh NVCC ARGS...      NVCC ARGS, and -MD -MF OBJECT.d
 #                                          where ARGS compile (-c) to -o OBJECT
+#                                          (Meson's rule: -o $out -c $in)
 set -uo pipefail
+if [[ $# -eq 0 ]]; then
+  echo "usage: scripts/nvcc_deps.sh --native-file | NVCC ARGS..." >&2
+  exit 2
+fi
 if [[ ${1:-} == --native-file ]]; then
   nvcc=$(command -v nvcc) || { echo "nvcc_deps.sh: no nvcc on PATH" >&2; exit 1; }
   printf "[binaries]\ncuda = ['%s', '%s']\n" "$(cd "$(dirname "$0")" && pwd)/nvcc_deps.sh" "$nvcc"

@@ -18,11 +18,11 @@ import sys
 import tempfile
 import unittest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gtest_xml  # noqa: E402
 
-BUILD = os.path.abspath(os.environ.get("ZF_BUILD") or os.path.join(ROOT, "build"))
+BUILD = os.path.realpath(os.environ.get("ZF_BUILD") or os.path.join(ROOT, "build"))
 WRAPPER = os.path.join(ROOT, "scripts", "nvcc_deps.sh")
 
 
@@ -63,6 +63,11 @@ class Wrapper(unittest.TestCase):
         self.assertEqual(p.returncode, 0)
         self.assertEqual(p.stdout, f"[binaries]\ncuda = ['{WRAPPER}', '{self.nvcc}']\n")
 
+    def test_without_words_it_says_how_to_call_it(self):
+        p = subprocess.run([WRAPPER], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("usage: scripts/nvcc_deps.sh", p.stderr)
+
     def test_without_nvcc_the_native_file_is_refused(self):
         env = dict(os.environ, PATH=self.tmp.name + "/none")
         p = subprocess.run(["/bin/bash", WRAPPER, "--native-file"], stdout=subprocess.PIPE,
@@ -88,12 +93,14 @@ class BuildTracksHeaders(unittest.TestCase):
                 p = subprocess.run([ninja, "-C", BUILD, "-t", "deps", obj], stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True)
                 self.assertEqual(p.returncode, 0, p.stdout)
-                deps = [os.path.normpath(os.path.join(BUILD, line.strip())) for line in p.stdout.splitlines()[1:]
+                self.assertNotIn("deps not found", p.stdout, f"{obj} is not built yet: ninja -C {BUILD}")
+                deps = [os.path.realpath(os.path.join(BUILD, line.strip())) for line in p.stdout.splitlines()[1:]
                         if line.strip()]
                 headers = [d for d in deps if d.startswith(os.path.join(ROOT, "common") + os.sep)
                            and d.endswith((".h", ".cuh"))]
-                self.assertTrue(headers, f"ninja records no header of common/ for {obj} (nvcc wrote no dependency "
-                                         f"file: scripts/build.sh sets {BUILD} up again): {p.stdout[:300]}")
+                self.assertTrue(headers, f"ninja records no header of common/ for {obj}: nvcc wrote no dependency "
+                                         f"file. Set {BUILD} up again, which empties it: meson setup --wipe {BUILD} "
+                                         f"--native-file <(scripts/nvcc_deps.sh --native-file). {p.stdout[:300]}")
 
 
 if __name__ == "__main__":
