@@ -4,13 +4,16 @@
 # build-asan with AddressSanitizer + LeakSanitizer +
 # UndefinedBehaviorSanitizer, build-tsan with ThreadSanitizer.
 #
-#   scripts/sanitize.sh [asan|tsan|all|full] [--no-summary]
+#   scripts/sanitize.sh [asan|tsan|all|gpu|full] [--no-summary]
 #
 # all (CI's) runs the suites chosen below, in unity builds (below), to keep
-# CI within its time on 2 cores; full runs both sanitizers over every suite
-# they can run, the GPU suites too, file by file (far longer: the emulated
-# GPU's stage tests under TSan most of all), for a change to the
-# communicators, the launch, a stage's threads or the GPU code.
+# CI within its time on 2 cores; gpu runs both sanitizers over every test of
+# tests/cuda and tests/emu on the emulated GPU, no test left out, in the
+# same builds as all (about an hour on 2 cores, the stage tests under TSan
+# most of it), for a change to the GPU code or the emulation; full runs
+# both over every suite they can run, the GPU suites too, file by file (far
+# longer), for a change to the communicators, the launch or a stage's
+# threads.
 # scripts/test.sh runs `all` after the normal tests (ZF_SKIP_SANITIZE=1 skips
 # it) and sums these runs into its last line; alone, this script ends with
 # its own "N passed, N failed, N skipped". A sanitizer finding fails the run
@@ -26,8 +29,8 @@ which=${1:-all}
 summary=1
 [[ ${2:-} == --no-summary ]] && summary=0
 case $which in
-  asan | tsan | all | full) ;;
-  *) echo "usage: scripts/sanitize.sh [asan|tsan|all|full] [--no-summary]" >&2; exit 2 ;;
+  asan | tsan | all | gpu | full) ;;
+  *) echo "usage: scripts/sanitize.sh [asan|tsan|all|gpu|full] [--no-summary]" >&2; exit 2 ;;
 esac
 
 # Optimised a little (-O1) and with line tables only (-g1): on 2 cores the
@@ -205,7 +208,8 @@ sanitizer_env() {  # $1: asan|tsan, $2: the report folder
     # product on the calling (instrumented) thread; blas_set_threads()
     # never raises the count above this.
     export OPENBLAS_NUM_THREADS=1
-    export GTEST_FILTER=$tsan_gtest_filter$tsan_gpu_filter
+    local cut=$tsan_gtest_filter$tsan_gpu_filter
+    [[ -n $cut ]] && export GTEST_FILTER=$cut
   fi
 }
 
@@ -276,7 +280,7 @@ run_sanitizer() {  # $1: asan|tsan
 import json, sys
 which, names = sys.argv[1], set(sys.argv[2:])
 known = [t["name"] for t in json.load(sys.stdin)]
-if which == "full":
+if which in ("full", "gpu"):
     names.update(t for t in known if t.startswith("gpu_"))
 unknown = sorted(names - set(known))
 if unknown:
@@ -294,7 +298,7 @@ print("\n".join(t for t in known if t in names))
   # set for the normal build; TSan slows the emulated GPU's stage runs of
   # full the most.
   local slower=4
-  [[ $san == tsan && $which == full ]] && slower=8
+  [[ $san == tsan && ( $which == gpu || $which == full ) ]] && slower=8
   (
     sanitizer_env "$san" "$root/$dir/sanitizer-reports"
     meson test -C "$dir" --no-rebuild --num-processes 2 --print-errorlogs --timeout-multiplier $slower "${tests[@]}"
@@ -321,10 +325,14 @@ if [[ $which == full ]]; then
   tsan_tests=(comm launch dp zero1 zero2 zero3 fsdp offload checkpoint faults signals clock)
   asan_gtest_filter="" asan_gpu_filter="" tsan_gpu_filter="" skip_targets=()
 fi
+if [[ $which == gpu ]]; then  # the GPU tests alone (run_sanitizer adds them), whole
+  asan_tests=() tsan_tests=()
+  asan_gtest_filter="" asan_gpu_filter="" tsan_gtest_filter="" tsan_gpu_filter=""
+fi
 status=0
 runs=()
 for san in asan tsan; do
-  [[ $which == all || $which == full || $which == "$san" ]] || continue
+  [[ $which == all || $which == gpu || $which == full || $which == "$san" ]] || continue
   run_sanitizer "$san" || status=1
   runs+=("build-$san/tests/results" "build-$san/meson-logs/testlog.json" --reports "build-$san/sanitizer-reports")
 done
